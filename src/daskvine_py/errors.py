@@ -1,0 +1,119 @@
+"""The exception hierarchy of daskvine_py, and how remote tracebacks travel.
+
+Every error names what it is about (a key, a function, a worker), and errors that
+specialise a builtin subclass it, so callers may catch either (``GraphCycleError`` is a
+``ValueError``, ``VersionMismatch`` a ``ConnectionError``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DaskVineError(Exception):
+    """Base class of every error raised by daskvine_py itself."""
+
+
+class RemoteTraceback(Exception):
+    """The worker-side traceback of a task's exception, attached as ``__cause__``.
+
+    The user sees their own exception type and message, and under "The above
+    exception was the direct cause of the following exception" the stack as it was
+    on the worker.
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
+
+
+class TaskFailed(DaskVineError):
+    """A task could not run for a reason other than its own code raising.
+
+    Raised when a task's exception could not be transported (it was not picklable),
+    or when a task crashed its worker process more often than allowed.
+    """
+
+    def __init__(self, key: Any, reason: str, worker: str | None = None) -> None:
+        where = f" on worker {worker}" if worker else ""
+        super().__init__(f"task {key!r} failed{where}: {reason}")
+        self.key = key
+        self.reason = reason
+        self.worker = worker
+
+
+class SerializationError(DaskVineError, TypeError):
+    """A function, argument or result could not be (de)serialized.
+
+    The message names the key of the task and what could not be serialized.
+    """
+
+    def __init__(self, key: Any, what: str, detail: str) -> None:
+        super().__init__(f"cannot serialize {what} of task {key!r}: {detail}")
+        self.key = key
+
+
+class GraphCycleError(DaskVineError, ValueError):
+    """The graph has a cycle; ``cycle`` lists its keys in order."""
+
+    def __init__(self, cycle: list[Any]) -> None:
+        shown = " -> ".join(repr(k) for k in cycle[:20])
+        if len(cycle) > 20:
+            shown += f" -> ... ({len(cycle)} keys)"
+        super().__init__(f"cycle detected in the task graph: {shown}")
+        self.cycle = cycle
+
+
+class WorkerLost(DaskVineError):
+    """A worker disappeared (crash, kill, preemption or silence past the timeout)."""
+
+    def __init__(self, worker: str, reason: str) -> None:
+        super().__init__(f"worker {worker} lost: {reason}")
+        self.worker = worker
+        self.reason = reason
+
+
+class ProtocolError(DaskVineError):
+    """A message that does not follow the protocol: unknown tag, bad fields, garbage."""
+
+
+class VersionMismatch(DaskVineError, ConnectionError):
+    """A worker speaks another protocol version than its manager."""
+
+    def __init__(self, manager_version: int, worker_version: int, worker: str) -> None:
+        super().__init__(
+            f"worker {worker} speaks protocol version {worker_version}, but the manager "
+            f"speaks version {manager_version}: install the same daskvine-py on both"
+        )
+        self.manager_version = manager_version
+        self.worker_version = worker_version
+
+
+class InvalidTransition(DaskVineError, RuntimeError):
+    """The scheduler state was asked for a transition its table does not list.
+
+    This is always a bug in daskvine_py; ``story`` holds the key's recent history.
+    """
+
+    def __init__(self, key: Any, start: str, finish: str, story: list[str]) -> None:
+        lines = "\n  ".join(story[-10:]) or "(no history)"
+        super().__init__(f"invalid transition {start!r} -> {finish!r} for {key!r}:\n  {lines}")
+        self.key = key
+        self.start = start
+        self.finish = finish
+        self.story = story
+
+
+class RunCancelled(DaskVineError):
+    """The run was cancelled (Ctrl-C in ``get``, or the manager closing)."""
+
+
+def attach_remote_traceback(exc: BaseException, text: str, note: str | None) -> BaseException:
+    """Give ``exc`` its worker-side traceback as cause, and a note naming key and worker."""
+    exc.__cause__ = RemoteTraceback(text)
+    if note and hasattr(exc, "add_note"):
+        exc.add_note(note)
+    return exc

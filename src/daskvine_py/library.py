@@ -1,0 +1,101 @@
+"""The library process: a persistent Python process that runs tasks for its worker.
+
+A worker starts one library per core and keeps it for its whole life, so no task pays for
+an interpreter start or for re-importing its modules. The worker and its library talk over
+a pipe, one request and one reply at a time::
+
+    worker ──("run", task_id, key, payload, [(dep_key, Serialized), ...])──► library
+    worker ◄──("done", task_id, Serialized, seconds)───────────────────────── library
+    worker ◄──("erred", task_id, exception | None, traceback, message)─────── library
+
+A library dies with its worker (``PR_SET_PDEATHSIG`` on Linux, and the pipe closing), so a
+worker killed with SIGKILL leaves no orphan running user code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+from .errors import SerializationError
+from .serialize import dumps, dumps_exception, loads
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent (the worker) dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ()) -> None:
+    """Entry point of a library process: hoist imports, then serve requests until EOF."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
+    for module in import_modules:
+        importlib.import_module(module)
+    while True:
+        try:
+            request = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        reply = run(request, worker_name)
+        conn.send_bytes(pickle.dumps(reply, protocol=5))
+        request = reply = None  # drop references to arguments and results now
+
+
+def run(request: tuple, worker_name: str) -> tuple:
+    """Run one task request; every outcome is a reply, never an exception."""
+    _, task_id, key, payload, deps = request
+    try:
+        node = pickle.loads(payload)
+    except Exception as exc:
+        error = SerializationError(
+            key,
+            "the function or arguments",
+            f"{type(exc).__name__}: {exc} (on worker {worker_name})",
+        )
+        return _erred(task_id, error, exc)
+    try:
+        values = {dep_key: loads(value) for dep_key, value in deps}
+    except Exception as exc:
+        error = SerializationError(key, "an input", f"{type(exc).__name__}: {exc}")
+        return _erred(task_id, error, exc)
+    start = time.perf_counter()
+    try:
+        result = node(values)
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
+        return _erred(task_id, exc, None)
+    duration = time.perf_counter() - start
+    try:
+        serialized = dumps(result)
+    except Exception as exc:
+        error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
+        return _erred(task_id, error, exc)
+    return ("done", task_id, serialized, duration)
+
+
+def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> tuple:
+    if cause is not None:
+        exc.__cause__ = cause
+        exc.__traceback__ = cause.__traceback__
+    serialized, text = dumps_exception(exc)
+    return ("erred", task_id, serialized, text, _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__ must not break error reporting
+        return type(exc).__name__

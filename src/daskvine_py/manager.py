@@ -1,0 +1,454 @@
+"""The public ``Manager``: a ZeroMQ ROUTER, one I/O thread, and Dask's ``get``.
+
+Data flow::
+
+    caller threads            I/O thread (one loop)                     workers
+    ──────────────            ─────────────────────                     ───────
+    get(dsk, keys)
+      build_plan, pickle ──► commands + waker pipe ─┐
+                                                    ▼
+                                  poll(ROUTER, waker) ─► decode, check ◄── batches
+                                                    │
+                                                    ▼
+                              SchedulerState.handle(events) ─► instructions
+                                                    │
+                    ┌── RunOutput/RunDone/RunFailed ┴─ Send ─► outbox per worker
+                    ▼                                          flushed once per loop ──►
+    _Run (values, event) ─► unpickle outputs, pack, return
+
+- Callers never touch sockets or the scheduler state: they queue commands and wait on
+  their run. Results are unpickled in the caller's thread, so dispatch goes on meanwhile.
+- The loop drains every readable message, feeds the whole batch to the state, and sends
+  one multipart message per worker per iteration: batching by loop iteration, no sleeps.
+- Timers (heartbeats, silent workers, local worker processes that died) run on the
+  loop's own clock, ``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from queue import SimpleQueue
+from typing import Any
+
+import zmq
+
+from . import protocol as p
+from . import state as s
+from .errors import (
+    ProtocolError,
+    RunCancelled,
+    SerializationError,
+    TaskFailed,
+    VersionMismatch,
+    attach_remote_traceback,
+)
+from .graph import build_plan, pack_results
+from .launch import spawn
+from .options import ManagerOptions, RunOptions
+from .serialize import dumps_function, loads
+
+logger = logging.getLogger("daskvine_py.manager")
+
+#: Messages drained from the ROUTER per loop iteration, so timers and commands still run
+#: under a flood.
+DRAIN_LIMIT = 10_000
+#: Seconds between timer checks (silent workers, dead local processes, heartbeats).
+TIMER_PERIOD = 0.1
+
+
+class _Run:
+    """What a caller of ``get`` waits on; filled by the I/O thread."""
+
+    __slots__ = ("id", "values", "done", "failure")
+
+    def __init__(self, run_id: int) -> None:
+        self.id = run_id
+        self.values: dict[Any, Any] = {}
+        self.done = threading.Event()
+        self.failure: s.RunFailed | BaseException | None = None
+
+
+class _WorkerInfo:
+    __slots__ = ("name", "hostname", "cores", "memory", "pid", "last_seen", "last_sent")
+
+    def __init__(self, reg: p.Register, now: float) -> None:
+        self.name = reg.name
+        self.hostname = reg.hostname
+        self.cores = reg.cores
+        self.memory = reg.memory
+        self.pid = reg.pid
+        self.last_seen = now
+        self.last_sent = now
+
+
+class Manager:
+    """A daskvine_py manager: workers connect to it, ``get`` runs Dask graphs on them.
+
+    Parameters
+    ----------
+    host, port
+        Where to listen; ``port=0`` picks a free port. See ``address``.
+    heartbeat_interval, worker_timeout, extra_tasks_per_core
+        See ``ManagerOptions``.
+
+    Examples
+    --------
+    >>> with Manager() as manager:                           # doctest: +SKIP
+    ...     manager.start_workers(2, cores=1)
+    ...     dask.compute(x, scheduler=manager.get)
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **settings: Any) -> None:
+        self.options = ManagerOptions(host=host, port=port, **settings)
+        self._context = zmq.Context()
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.LINGER, 1000)
+        if port:
+            self._router.bind(f"tcp://{host}:{port}")
+            bound = port
+        else:
+            bound = self._router.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{bound}"
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self._commands: SimpleQueue = SimpleQueue()
+        self._state = s.SchedulerState(self.options.extra_tasks_per_core)
+        self._runs: dict[int, _Run] = {}
+        self._workers: dict[bytes, _WorkerInfo] = {}
+        self._outboxes: dict[bytes, list[Any]] = {}
+        self._events: list[Any] = []
+        self._local_processes: list[subprocess.Popen] = []
+        self._run_ids = itertools.count(1)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Manager {self.address} workers={len(self._workers)}>"
+
+    @property
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """The connected workers by name: hostname, cores, memory, pid (a snapshot)."""
+        return {
+            info.name: {
+                "hostname": info.hostname,
+                "cores": info.cores,
+                "memory": info.memory,
+                "pid": info.pid,
+            }
+            for info in list(self._workers.values())
+        }
+
+    def start_workers(
+        self, n: int, cores: int = 1, wait: bool = True, timeout: float = 60.0
+    ) -> list[subprocess.Popen]:
+        """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
+
+        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
+        """
+        if self._closed:
+            raise RuntimeError("the manager is closed")
+        before = len(self._workers)
+        start = len(self._local_processes)
+        procs = [spawn(self.address, cores=cores, name=f"local-{start + i}") for i in range(n)]
+        self._local_processes.extend(procs)
+        if wait:
+            self.wait_for_workers(before + n, timeout=timeout)
+        return procs
+
+    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
+        """Block until at least ``n`` workers are connected."""
+        deadline = time.monotonic() + timeout
+        while len(self._workers) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(self._workers)} of {n} workers connected after {timeout} s"
+                )
+            dead = [proc for proc in self._local_processes if proc.poll() not in (None, 0)]
+            if dead:
+                raise RuntimeError(
+                    f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
+                )
+            time.sleep(0.01)
+
+    def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
+        """Compute ``keys`` of the Dask graph ``dsk`` on the workers (Dask's get protocol).
+
+        ``dsk`` is anything Dask hands a scheduler: a task mapping, a ``HighLevelGraph``
+        or an expression. ``keys`` is a key or nested lists of keys; lists come back as
+        tuples. Options (see ``RunOptions``) apply to this call only.
+        """
+        run_options = RunOptions.from_kwargs(options)
+        plan = build_plan(dsk, keys)
+        if not plan.outputs:
+            return pack_results(plan.structure, {})
+        tasks = [
+            s.NewTask(
+                key, _dump_task(key, node), tuple(plan.dependencies[key]), plan.priorities[key]
+            )
+            for key, node in plan.nodes.items()
+        ]
+        run = _Run(next(self._run_ids))
+        self._command(
+            ("submit", run, s.SubmitRun(run.id, tasks, plan.outputs, run_options.retries))
+        )
+        del tasks
+        try:
+            run.done.wait()
+        except BaseException:  # Ctrl-C: cancel this graph's tasks, keep the manager
+            self._command(("cancel", run))
+            raise
+        if run.failure is not None:
+            raise _run_error(run.failure)
+        values = {}
+        for key, serialized in run.values.items():
+            try:
+                values[key] = loads(serialized)
+            except Exception as exc:
+                raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
+        return pack_results(plan.structure, values)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers this manager started, tell the others to leave, and stop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._command(("close", None))
+        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for proc in self._local_processes:
+            try:
+                proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "local worker %d did not stop in %.0f s; killing it", proc.pid, timeout
+                )
+                proc.kill()
+                proc.wait()
+        self._router.close(linger=0)
+        self._context.term()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    # -- caller side of the command queue -----------------------------------------------
+
+    def _command(self, command: tuple) -> None:
+        if self._closed and command[0] != "close":
+            raise RuntimeError("the manager is closed")
+        self._commands.put(command)
+        os.write(self._wake_write, b"x")
+
+    # -- the I/O thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        next_timer = 0.0
+        running = True
+        while running:
+            timeout = 0 if self._outboxes else max(0.0, next_timer - time.monotonic())
+            for sock, _ in poller.poll(timeout * 1000):
+                if sock is self._router:
+                    self._drain_router()
+                else:
+                    running = self._drain_commands()
+            now = time.monotonic()
+            if now >= next_timer:
+                self._check_timers(now)
+                next_timer = now + TIMER_PERIOD
+            self._apply_events()
+            self._flush()
+        self._shutdown_workers()
+
+    def _drain_commands(self) -> bool:
+        try:
+            os.read(self._wake_read, 65536)
+        except BlockingIOError:
+            pass
+        while not self._commands.empty():
+            kind, run, *rest = self._commands.get()
+            if kind == "submit":
+                self._runs[run.id] = run
+                self._events.append(rest[0])
+            elif kind == "cancel":
+                if self._runs.pop(run.id, None) is not None:
+                    self._events.append(s.CancelRun(run.id))
+            elif kind == "close":
+                return False
+        return True
+
+    def _drain_router(self) -> None:
+        router = self._router
+        now = time.monotonic()
+        for _ in range(DRAIN_LIMIT):
+            try:
+                ident, *frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            ident = ident.bytes
+            try:
+                messages = p.decode([f.buffer for f in frames], p.TO_MANAGER)
+                for message in messages:
+                    p.check_fields(message)
+            except ProtocolError as exc:
+                logger.warning("dropped a malformed message from %r: %s", ident[:32], exc)
+                continue
+            info = self._workers.get(ident)
+            if info is None:
+                self._on_stranger(ident, messages, now)
+                continue
+            info.last_seen = now
+            for message in messages:
+                kind = type(message)
+                if kind is p.Heartbeat:
+                    continue
+                if kind is p.Goodbye:
+                    self._lose_worker(ident, f"it left: {message.reason}")
+                    break
+                if kind is p.Register:
+                    continue
+                self._events.append(s.FromWorker(ident, message))
+
+    def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
+        """Messages from an identity that has not registered: only ``Register`` counts."""
+        reg = next((m for m in messages if type(m) is p.Register), None)
+        if reg is None:
+            logger.warning(
+                "dropped %d message(s) from unregistered peer %r", len(messages), ident[:32]
+            )
+            return
+        if reg.version != p.PROTOCOL_VERSION:
+            error = VersionMismatch(p.PROTOCOL_VERSION, reg.version, reg.name)
+            logger.warning("rejected worker %s: %s", reg.name, error)
+            self._outboxes.setdefault(ident, []).append(p.Rejected(str(error)))
+            return
+        info = _WorkerInfo(reg, now)
+        self._workers[ident] = info
+        logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
+        self._outboxes.setdefault(ident, []).append(
+            p.Welcome(reg.name, self.options.heartbeat_interval)
+        )
+        self._events.append(s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address))
+
+    def _lose_worker(self, ident: bytes, reason: str) -> None:
+        info = self._workers.pop(ident, None)
+        if info is None:
+            return
+        logger.warning("worker %s lost: %s", info.name, reason)
+        self._outboxes.pop(ident, None)
+        self._events.append(s.WorkerLost(ident, reason))
+
+    def _check_timers(self, now: float) -> None:
+        timeout = self.options.worker_timeout
+        interval = self.options.heartbeat_interval
+        exited = {
+            proc.pid: proc.returncode for proc in self._local_processes if proc.poll() is not None
+        }
+        for ident, info in list(self._workers.items()):
+            if info.pid in exited and info.hostname == _HOSTNAME:
+                self._lose_worker(ident, f"its process exited with code {exited[info.pid]}")
+            elif now - info.last_seen > timeout:
+                self._lose_worker(
+                    ident, f"silent for {now - info.last_seen:.1f} s (timeout {timeout} s)"
+                )
+                self._send_now(ident, [p.Shutdown("declared lost after silence")])
+            elif now - info.last_sent > interval and ident not in self._outboxes:
+                self._outboxes[ident] = [p.Heartbeat()]
+
+    def _apply_events(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        try:
+            instructions = self._state.handle(events, time.monotonic())
+        except Exception:
+            logger.exception("scheduler state failed on a batch of %d events", len(events))
+            return
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind is s.Send:
+                self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
+            elif kind is s.RunOutput:
+                run = self._runs.get(instruction.run_id)
+                if run is not None:
+                    run.values[instruction.key] = instruction.value
+            elif kind is s.RunDone:
+                run = self._runs.pop(instruction.run_id, None)
+                if run is not None:
+                    run.done.set()
+            elif kind is s.RunFailed:
+                run = self._runs.pop(instruction.run_id, None)
+                if run is not None:
+                    run.failure = instruction
+                    run.done.set()
+
+    def _flush(self) -> None:
+        outboxes, self._outboxes = self._outboxes, {}
+        now = time.monotonic()
+        for ident, messages in outboxes.items():
+            if self._send_now(ident, messages):
+                info = self._workers.get(ident)
+                if info is not None:
+                    info.last_sent = now
+
+    def _send_now(self, ident: bytes, messages: list) -> bool:
+        try:
+            self._router.send_multipart([ident, *p.encode(messages)], copy=False)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
+            self._lose_worker(ident, f"unreachable ({exc})")
+            return False
+
+    def _shutdown_workers(self) -> None:
+        for ident in list(self._workers):
+            self._send_now(ident, [p.Shutdown("the manager is closing")])
+        for run in self._runs.values():
+            run.failure = RunCancelled("the manager was closed before the run finished")
+            run.done.set()
+        self._runs.clear()
+
+
+_HOSTNAME = socket.gethostname()
+
+
+def _dump_task(key: Any, node: Any) -> bytes:
+    try:
+        return dumps_function(node)
+    except Exception as exc:
+        raise SerializationError(key, "the function or arguments", repr(exc)) from exc
+
+
+def _run_error(failure: s.RunFailed | BaseException) -> BaseException:
+    """The exception ``get`` raises for a failed run."""
+    if isinstance(failure, BaseException):
+        return failure
+    note = f"daskvine_py: raised by task {failure.key!r} on worker {failure.worker}"
+    if failure.exception is not None:
+        try:
+            exc = loads(failure.exception)
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            return attach_remote_traceback(exc, failure.traceback, note)
+    error = TaskFailed(failure.key, failure.message, failure.worker)
+    if failure.traceback:
+        attach_remote_traceback(error, failure.traceback, None)
+    return error

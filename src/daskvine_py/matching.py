@@ -1,0 +1,93 @@
+"""The ready-task structure: priorities, locality targets and soft targeting.
+
+Ready tasks wait in one heap for tasks that may run anywhere and one heap per worker for
+tasks that should run where their inputs are. A worker asking for work takes the best of
+its own heap and the shared heap; if both are empty it takes the best task targeted at
+another worker (soft targeting), so no worker idles while work is queued. Push and pop
+are O(log n). Removal is lazy: each push stamps the item with a fresh ticket, and heap
+entries whose ticket is stale are skipped when they reach the top.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from itertools import count
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+Entry = tuple[Any, int, Any]  # (priority, ticket, item)
+
+
+class ReadyQueue(Generic[T]):
+    """Priority queue of ready items with optional per-worker targets."""
+
+    __slots__ = ("_shared", "_targeted", "_ticket_of", "_tickets")
+
+    def __init__(self) -> None:
+        self._shared: list[Entry] = []
+        self._targeted: dict[Hashable, list[Entry]] = {}
+        self._ticket_of: dict[T, int] = {}  #: live items and their current ticket
+        self._tickets = count()
+
+    def __len__(self) -> int:
+        return len(self._ticket_of)
+
+    def __contains__(self, item: T) -> bool:
+        return item in self._ticket_of
+
+    def push(self, item: T, priority: Any, target: Hashable | None = None) -> None:
+        """Queue ``item``; lower ``priority`` pops first. Re-pushing replaces the old entry."""
+        ticket = next(self._tickets)
+        self._ticket_of[item] = ticket
+        heap = self._shared if target is None else self._targeted.setdefault(target, [])
+        heapq.heappush(heap, (priority, ticket, item))
+
+    def remove(self, item: T) -> None:
+        """Forget ``item`` (no-op if absent); its heap entry is dropped lazily."""
+        self._ticket_of.pop(item, None)
+
+    def forget_target(self, target: Hashable) -> None:
+        """Move tasks targeted at ``target`` (a lost worker) to the shared heap."""
+        heap = self._targeted.pop(target, [])
+        for entry in heap:
+            if self._ticket_of.get(entry[2]) == entry[1]:
+                heapq.heappush(self._shared, entry)
+
+    def pop_for(self, worker: Hashable) -> T | None:
+        """The best item for ``worker``: its own or shared work, else another's."""
+        own = self._targeted.get(worker)
+        own_top = self._top(own) if own else None
+        shared_top = self._top(self._shared)
+        if own_top is not None and (shared_top is None or own_top < shared_top):
+            return self._pop(own)  # type: ignore[arg-type]
+        if shared_top is not None:
+            return self._pop(self._shared)
+        return self._steal()
+
+    def _steal(self) -> T | None:
+        best_heap = None
+        best_top = None
+        for target, heap in list(self._targeted.items()):
+            top = self._top(heap)
+            if top is None:
+                del self._targeted[target]
+            elif best_top is None or top < best_top:
+                best_heap, best_top = heap, top
+        return None if best_heap is None else self._pop(best_heap)
+
+    def _top(self, heap: list[Entry]) -> Entry | None:
+        """The live top entry of ``heap``, discarding stale ones."""
+        ticket_of = self._ticket_of
+        while heap:
+            entry = heap[0]
+            if ticket_of.get(entry[2]) == entry[1]:
+                return entry
+            heapq.heappop(heap)
+        return None
+
+    def _pop(self, heap: list[Entry]) -> T:
+        item = heapq.heappop(heap)[2]
+        del self._ticket_of[item]
+        return item

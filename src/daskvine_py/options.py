@@ -1,0 +1,72 @@
+"""Options of a run (keyword arguments of ``get``) and of a manager.
+
+Each record is frozen and validated at construction; each tunable says what it trades.
+Run options apply to one ``get`` call only: they never become state of the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: Keyword arguments that Dask's own machinery may hand any scheduler; accepted and ignored
+#: because the manager, not the caller, decides how many processes run tasks.
+IGNORED_DASK_OPTIONS = frozenset({"num_workers", "chunksize", "pool"})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options of one ``get`` call."""
+
+    #: How often a task may be re-run after it crashed its process or lost its worker.
+    #: Higher survives more preemptions; lower reports a task that kills workers sooner.
+    #: Exceptions raised by the task's own code are never retried.
+    retries: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - known - IGNORED_DASK_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"get() got unknown option(s) {sorted(unknown)}; known options: {sorted(known)}"
+            )
+        return cls(**{k: v for k, v in kwargs.items() if k in known})
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """Settings of a manager, fixed for its lifetime."""
+
+    #: Interface to listen on. 127.0.0.1 admits local workers only; "0.0.0.0" or a
+    #: hostname admits remote workers, which must be on a trusted network: messages are
+    #: pickles, and whoever can send them can run code.
+    host: str = "127.0.0.1"
+    #: Port to listen on; 0 picks a free one (see ``Manager.address``).
+    port: int = 0
+    #: Seconds between heartbeats the manager sends to idle workers. Shorter notices a
+    #: dead manager sooner on the worker side, at the cost of more idle traffic.
+    heartbeat_interval: float = 1.0
+    #: Seconds of silence after which a worker is declared lost and its work re-run.
+    #: Shorter recovers sooner from dead nodes; too short declares busy nodes dead.
+    worker_timeout: float = 30.0
+    #: Tasks a worker holds beyond one per core, per core: they hide the round trip to
+    #: the manager. More keeps workers busier on tiny tasks, but can leave work queued on
+    #: one worker while another idles.
+    extra_tasks_per_core: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], not {self.port}")
+        if self.heartbeat_interval <= 0 or self.worker_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                "need 0 < heartbeat_interval < worker_timeout, got "
+                f"{self.heartbeat_interval} and {self.worker_timeout}"
+            )
+        if self.extra_tasks_per_core < 0:
+            raise ValueError("extra_tasks_per_core must be >= 0")

@@ -1,0 +1,199 @@
+"""The wire protocol between manager, workers and peers: message kinds and framing.
+
+Every ZeroMQ message is one batch::
+
+    [MAGIC, header, buffer_0, buffer_1, ...]
+
+``header`` is a pickled list of the records below; large buffers inside them (the
+out-of-band buffers of a ``Serialized``) travel as the following frames, never copied into
+the header. A batch carries as many operations as accumulated during one loop iteration.
+
+Messages are pickles: a port must only be reachable from a trusted network, as with
+``dask.distributed`` without TLS. What arrives is still checked: a batch that is not ours
+(wrong magic, garbage, unknown record types) raises ``ProtocolError`` and the caller logs
+and drops it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+from .errors import ProtocolError
+from .serialize import Serialized
+
+#: Bumped on any incompatible change; checked when a worker registers.
+PROTOCOL_VERSION = 1
+#: First frame of every message of ours.
+MAGIC = b"dvp"
+
+TaskId = int
+
+
+class DepLocation(NamedTuple):
+    """Where an input of a task lives: its id, its Dask key, the peers that hold it."""
+
+    task_id: TaskId
+    key: Hashable
+    peers: tuple[str, ...]
+
+
+# -- worker -> manager ----------------------------------------------------------------
+
+
+class Register(NamedTuple):
+    version: int
+    name: str
+    cores: int
+    memory: int  #: bytes of memory the worker may use for results
+    hostname: str
+    peer_address: str  #: where peers fetch this worker's results
+    pid: int
+
+
+class TaskDone(NamedTuple):
+    task_id: TaskId
+    nbytes: int
+    duration: float
+    value: Serialized | None  #: the result itself, only when the manager asked for it
+
+
+class TaskErred(NamedTuple):
+    """The task's own code raised: never retried."""
+
+    task_id: TaskId
+    exception: Serialized | None  #: None when the exception could not be pickled
+    traceback: str
+    message: str  #: ``repr`` of the exception, for when it cannot travel
+
+
+class TaskCrashed(NamedTuple):
+    """The process running the task died; the manager may retry it elsewhere."""
+
+    task_id: TaskId
+    reason: str
+
+
+class FetchFailed(NamedTuple):
+    """No listed peer could serve an input of a task; the task waits for the manager."""
+
+    task_id: TaskId
+    dep_id: TaskId
+    peers: tuple[str, ...]
+
+
+class Replicas(NamedTuple):
+    """Inputs this worker copied from peers and keeps until told to release them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Heartbeat(NamedTuple):
+    pass
+
+
+class Goodbye(NamedTuple):
+    reason: str
+
+
+# -- manager -> worker ----------------------------------------------------------------
+
+
+class Welcome(NamedTuple):
+    name: str
+    heartbeat_interval: float  #: how often the worker should speak when it has nothing to say
+
+
+class Rejected(NamedTuple):
+    reason: str
+
+
+class Execute(NamedTuple):
+    task_id: TaskId
+    key: Hashable
+    payload: bytes  #: the pickled ``GraphNode``
+    deps: tuple[DepLocation, ...]
+    want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
+
+
+class Release(NamedTuple):
+    """Forget these results: nothing needs them any more."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Cancel(NamedTuple):
+    """Do not run these tasks; their run is over or their inputs were lost."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Shutdown(NamedTuple):
+    reason: str
+
+
+# -- worker <-> worker ----------------------------------------------------------------
+
+
+class GetData(NamedTuple):
+    task_ids: tuple[TaskId, ...]
+
+
+class Data(NamedTuple):
+    task_id: TaskId
+    value: Serialized | None  #: None: this worker does not hold it
+
+
+TO_MANAGER = frozenset(
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Heartbeat, Goodbye}
+)
+TO_WORKER = frozenset({Welcome, Rejected, Execute, Release, Cancel, Heartbeat, Shutdown})
+TO_PEER = frozenset({GetData})
+FROM_PEER = frozenset({Data})
+
+
+#: Field types of what workers send, checked before the scheduler sees it.
+_FIELD_TYPES: dict[type, tuple[Any, ...]] = {
+    Register: (int, str, int, int, str, str, int),
+    TaskDone: (int, int, (float, int), (Serialized, type(None))),
+    TaskErred: (int, (Serialized, type(None)), str, str),
+    TaskCrashed: (int, str),
+    FetchFailed: (int, int, tuple),
+    Replicas: (tuple,),
+    Heartbeat: (),
+    Goodbye: (str,),
+}
+
+
+def check_fields(message: Any) -> None:
+    """``ProtocolError`` if a record from a worker has fields of the wrong types."""
+    types = _FIELD_TYPES.get(type(message))
+    if types is None:
+        return
+    for name, value, expected in zip(message._fields, message, types, strict=True):
+        if not isinstance(value, expected):
+            raise ProtocolError(f"{type(message).__name__}.{name} is a {type(value).__name__}")
+
+
+def encode(messages: Sequence[Any]) -> list[Any]:
+    """Frames of one batch; out-of-band buffers become frames of their own."""
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(list(messages), protocol=5, buffer_callback=buffers.append)
+    return [MAGIC, header, *(b.raw() for b in buffers)]
+
+
+def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+    """The records of one batch, or ``ProtocolError`` if it is not a valid batch."""
+    if len(frames) < 2 or bytes(frames[0]) != MAGIC:
+        raise ProtocolError(f"not a daskvine_py message ({len(frames)} frames)")
+    try:
+        messages = pickle.loads(frames[1], buffers=frames[2:])
+    except Exception as exc:
+        raise ProtocolError(f"undecodable message header: {exc!r}") from exc
+    if type(messages) is not list:
+        raise ProtocolError(f"message header is a {type(messages).__name__}, not a list")
+    for message in messages:
+        if type(message) not in allowed:
+            raise ProtocolError(f"unexpected record {type(message).__name__} in message")
+    return messages

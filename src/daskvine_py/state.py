@@ -1,0 +1,571 @@
+"""The scheduler as a sans-I/O state machine: events in, instructions out.
+
+``SchedulerState.handle(events, now)`` is the only way to change the state. Events are
+runs submitted or cancelled, workers joining or lost, and the messages workers send; the
+returned instructions are protocol messages to send to workers (``Send``) and news for the
+callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``). No sockets, no threads, no
+clocks: tests drive it with literal events.
+
+A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
+raises ``InvalidTransition``::
+
+    waiting ──► ready ──► processing ──► memory ──► released
+       ▲          │  ▲        │  │          │          │
+       └──────────┘  └────────┘  │          │          │ (recompute: lineage)
+       ▲                         │          │          ▼
+       └─────────────────────────┴──────────┴──── waiting / ready
+
+- waiting: some input is not in memory.
+- ready: all inputs are in memory somewhere; queued in the ``ReadyQueue``.
+- processing: sent to a worker (queued there, fetching inputs, or running).
+- memory: the result exists on at least one worker (``who_has``).
+- released: no copy is kept, because nothing still needs it (or every copy was lost).
+
+Two counters make completion and release O(edges):
+``missing`` = inputs not in memory; ``waiters`` = dependents still waiting, ready or
+processing. A result is released as soon as ``waiters`` is zero and it is not an output
+still owed to the caller.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Literal, NamedTuple
+
+from . import protocol as p
+from .errors import InvalidTransition
+from .matching import ReadyQueue
+from .serialize import Serialized
+
+Key = Hashable
+WorkerId = bytes
+TaskStateName = Literal["waiting", "ready", "processing", "memory", "released"]
+
+# -- events ---------------------------------------------------------------------------
+
+
+class NewTask(NamedTuple):
+    key: Key
+    payload: bytes
+    dependencies: tuple[Key, ...]
+    priority: int
+
+
+class SubmitRun(NamedTuple):
+    run_id: int
+    tasks: Sequence[NewTask]
+    outputs: Sequence[Key]
+    retries: int
+
+
+class CancelRun(NamedTuple):
+    run_id: int
+
+
+class WorkerJoined(NamedTuple):
+    worker: WorkerId
+    name: str
+    cores: int
+    peer_address: str
+
+
+class WorkerLost(NamedTuple):
+    worker: WorkerId
+    reason: str
+
+
+class FromWorker(NamedTuple):
+    """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``
+    or ``Replicas``."""
+
+    worker: WorkerId
+    message: Any
+
+
+# -- instructions ---------------------------------------------------------------------
+
+
+class Send(NamedTuple):
+    worker: WorkerId
+    message: Any
+
+
+class RunOutput(NamedTuple):
+    run_id: int
+    key: Key
+    value: Serialized
+
+
+class RunDone(NamedTuple):
+    run_id: int
+
+
+class RunFailed(NamedTuple):
+    run_id: int
+    key: Key
+    worker: str
+    exception: Serialized | None  #: the task's own exception, when it could travel
+    traceback: str
+    message: str  #: what went wrong, for when there is no exception object
+    crashed: bool  #: True: crashes/lost workers exhausted the retries
+
+
+# -- records --------------------------------------------------------------------------
+
+
+class WorkerRecord:
+    __slots__ = ("id", "name", "cores", "capacity", "peer_address", "processing", "has_what")
+
+    def __init__(self, id: WorkerId, name: str, cores: int, capacity: int, peer_address: str):
+        self.id = id
+        self.name = name
+        self.cores = cores
+        #: tasks this worker may hold at once: cores plus extra to hide the round trip
+        self.capacity = capacity
+        self.peer_address = peer_address
+        #: tasks sent to this worker and not finished
+        self.processing: set[TaskRecord] = set()
+        #: results this worker holds
+        self.has_what: set[TaskRecord] = set()
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} processing={len(self.processing)}>"
+
+
+class RunRecord:
+    __slots__ = ("id", "tasks", "owed", "retries")
+
+    def __init__(self, id: int, retries: int):
+        self.id = id
+        #: every task of the run, by key
+        self.tasks: dict[Key, TaskRecord] = {}
+        #: outputs whose value has not reached the manager yet
+        self.owed: set[TaskRecord] = set()
+        self.retries = retries
+
+
+class TaskRecord:
+    __slots__ = (
+        "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
+        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "delivered",
+        "attempts",
+    )  # fmt: skip
+
+    def __init__(self, id: int, key: Key, run: RunRecord, payload: bytes, priority: Any):
+        self.id = id
+        self.key = key
+        self.run = run
+        self.payload = payload
+        self.priority = priority
+        self.deps: list[TaskRecord] = []
+        self.dependents: list[TaskRecord] = []
+        self.state: TaskStateName = "waiting"
+        #: inputs not in memory
+        self.missing = 0
+        #: dependents in waiting, ready or processing: they still need this result
+        self.waiters = 0
+        self.who_has: set[WorkerRecord] = set()
+        self.nbytes = 0
+        #: the worker it is processing on
+        self.worker: WorkerRecord | None = None
+        self.is_output = False
+        #: the value reached the manager (outputs only)
+        self.delivered = False
+        #: runs that ended in a crash or a lost worker
+        self.attempts = 0
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+
+class SchedulerState:
+    """All scheduling state of a manager; mutate only through ``handle``.
+
+    The attributes are heavily correlated (a task in ``processing`` is in its worker's
+    ``processing`` set, a result in ``memory`` is in each holder's ``has_what``), which is
+    why only the transition methods touch them.
+    """
+
+    def __init__(self, extra_tasks_per_core: int = 1, story_length: int = 10_000) -> None:
+        self.extra_tasks_per_core = extra_tasks_per_core
+        self.workers: dict[WorkerId, WorkerRecord] = {}
+        self.runs: dict[int, RunRecord] = {}
+        self.tasks: dict[int, TaskRecord] = {}
+        self.queue: ReadyQueue[TaskRecord] = ReadyQueue()
+        #: recent transitions (task id, start, finish), for ``InvalidTransition`` messages
+        self.story: deque[tuple[int, str, str]] = deque(maxlen=story_length)
+        self._next_task_id = 1
+        self._out: list[Any] = []
+
+    # -- entry point ------------------------------------------------------------------
+
+    def handle(self, events: Iterable[Any], now: float = 0.0) -> list[Any]:
+        """Apply ``events`` in order, then dispatch ready work; return the instructions."""
+        out = self._out = []
+        for event in events:
+            handler = self._EVENT_HANDLERS.get(type(event))
+            if handler is None:
+                raise TypeError(f"unknown scheduler event {event!r}")
+            handler(self, event)
+        self._dispatch()
+        self._out = []
+        return out
+
+    # -- event handlers ---------------------------------------------------------------
+
+    def _on_submit(self, ev: SubmitRun) -> None:
+        if ev.run_id in self.runs:
+            raise ValueError(f"run {ev.run_id} was submitted twice")
+        run = RunRecord(ev.run_id, ev.retries)
+        self.runs[run.id] = run
+        records = run.tasks
+        for new in ev.tasks:
+            record = TaskRecord(
+                self._next_task_id, new.key, run, new.payload, (run.id, new.priority)
+            )
+            self._next_task_id += 1
+            records[new.key] = record
+            self.tasks[record.id] = record
+        for new in ev.tasks:
+            record = records[new.key]
+            for dep_key in new.dependencies:
+                dep = records[dep_key]
+                record.deps.append(dep)
+                dep.dependents.append(record)
+                dep.waiters += 1
+            record.missing = len(record.deps)
+        for key in ev.outputs:
+            record = records[key]
+            record.is_output = True
+            run.owed.add(record)
+        for record in records.values():
+            if record.missing == 0:
+                self._transition(record, "ready")
+
+    def _on_cancel(self, ev: CancelRun) -> None:
+        run = self.runs.get(ev.run_id)
+        if run is not None:
+            self._drop_run(run)
+
+    def _on_worker_joined(self, ev: WorkerJoined) -> None:
+        if ev.worker in self.workers:
+            return
+        capacity = ev.cores * (1 + self.extra_tasks_per_core)
+        self.workers[ev.worker] = WorkerRecord(
+            ev.worker, ev.name, ev.cores, capacity, ev.peer_address
+        )
+
+    def _on_worker_lost(self, ev: WorkerLost) -> None:
+        worker = self.workers.pop(ev.worker, None)
+        if worker is None:
+            return
+        lost = []
+        for task in worker.has_what:
+            task.who_has.discard(worker)
+            if not task.who_has and task.state == "memory":
+                lost.append(task)
+        worker.has_what.clear()
+        for task in list(worker.processing):
+            if self.tasks.get(task.id) is not task:
+                continue  # its run was dropped by an earlier failure in this loop
+            task.attempts += 1
+            if task.attempts > task.run.retries:
+                self._fail(
+                    task,
+                    worker,
+                    None,
+                    "",
+                    f"its worker was lost {task.attempts} times; last: {ev.reason}",
+                    crashed=True,
+                )
+            else:
+                self._transition(task, "ready")
+        self._lose([task for task in lost if task.id in self.tasks])
+        self.queue.forget_target(worker.id)
+
+    def _on_from_worker(self, ev: FromWorker) -> None:
+        worker = self.workers.get(ev.worker)
+        if worker is None:
+            return  # a message that was in flight when the worker was declared lost
+        message = ev.message
+        kind = type(message)
+        if kind is p.TaskDone:
+            self._on_task_done(worker, message)
+        elif kind is p.TaskErred:
+            self._on_task_erred(worker, message)
+        elif kind is p.TaskCrashed:
+            self._on_task_crashed(worker, message)
+        elif kind is p.FetchFailed:
+            self._on_fetch_failed(worker, message)
+        elif kind is p.Replicas:
+            self._add_replicas(worker, message.task_ids)
+        else:
+            raise TypeError(f"not a worker report: {message!r}")
+
+    def _on_task_done(self, worker: WorkerRecord, msg: p.TaskDone) -> None:
+        task = self.tasks.get(msg.task_id)
+        if task is None or task.state != "processing" or task.worker is not worker:
+            # Stale: cancelled, re-assigned, or its run is over. Nothing needs this copy.
+            if task is None or worker not in task.who_has:
+                self._send(worker, p.Release((msg.task_id,)))
+            return
+        task.nbytes = msg.nbytes
+        if task.is_output and not task.delivered:
+            if msg.value is None:
+                raise ValueError(f"worker {worker.name} sent no value for output {task.key!r}")
+            task.delivered = True
+            self._out.append(RunOutput(task.run.id, task.key, msg.value))
+            task.run.owed.discard(task)
+        self._transition(task, "memory", worker=worker)
+        if not task.run.owed:
+            self._out.append(RunDone(task.run.id))
+            self._drop_run(task.run)
+
+    def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
+        task = self.tasks.get(msg.task_id)
+        if task is None or task.state != "processing" or task.worker is not worker:
+            return
+        self._fail(task, worker, msg.exception, msg.traceback, msg.message, crashed=False)
+
+    def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
+        task = self.tasks.get(msg.task_id)
+        if task is None or task.state != "processing" or task.worker is not worker:
+            return
+        task.attempts += 1
+        if task.attempts > task.run.retries:
+            self._fail(
+                task, worker, None, "", f"{msg.reason} ({task.attempts} attempts)", crashed=True
+            )
+        else:
+            self._transition(task, "ready")
+
+    def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
+        task = self.tasks.get(msg.task_id)
+        dep = self.tasks.get(msg.dep_id)
+        if task is None or task.state != "processing" or task.worker is not worker:
+            return
+        if dep is None:
+            raise ValueError(f"fetch failure for unknown input {msg.dep_id} of {task.key!r}")
+        # Whoever could not serve it has lost it (or is unreachable): forget that copy.
+        failed = [w for w in dep.who_has if w.peer_address in msg.peers]
+        for holder in failed:
+            dep.who_has.discard(holder)
+            holder.has_what.discard(dep)
+            self._send(holder, p.Release((dep.id,)))
+        if dep.state == "memory" and not dep.who_has:
+            self._lose([dep])
+        if task.state == "processing":  # its inputs still exist elsewhere: try again
+            self._transition(task, "ready")
+
+    # -- shared steps -----------------------------------------------------------------
+
+    def _add_replicas(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
+        """Record inputs ``worker`` fetched from peers; release those nobody needs now."""
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and task.state == "memory":
+                task.who_has.add(worker)
+                worker.has_what.add(task)
+            else:
+                self._send(worker, p.Release((task_id,)))
+
+    def _lose(self, lost: list[TaskRecord]) -> None:
+        """Results whose every copy is gone: forget them, then recompute what is needed."""
+        for task in lost:
+            self._transition(task, "released")
+        for task in lost:
+            if task.state == "released" and self._needed(task):
+                self._recompute(task)
+
+    def _recompute(self, root: TaskRecord) -> None:
+        """Bring a released result back, recomputing released inputs first (lineage)."""
+        stack = [root]
+        while stack:
+            task = stack.pop()
+            if task.state != "released":
+                continue
+            missing = 0
+            for dep in task.deps:
+                dep.waiters += 1
+                if dep.state != "memory":
+                    missing += 1
+                    if dep.state == "released":
+                        stack.append(dep)
+            task.missing = missing
+            self._transition(task, "ready" if missing == 0 else "waiting")
+
+    @staticmethod
+    def _needed(task: TaskRecord) -> bool:
+        return task.waiters > 0 or (task.is_output and not task.delivered)
+
+    def _fail(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        exception: Serialized | None,
+        traceback: str,
+        message: str,
+        crashed: bool,
+    ) -> None:
+        self._out.append(
+            RunFailed(task.run.id, task.key, worker.name, exception, traceback, message, crashed)
+        )
+        self._drop_run(task.run)
+
+    def _drop_run(self, run: RunRecord) -> None:
+        """Forget a finished, failed or cancelled run; cancel and release its work."""
+        cancel: dict[WorkerRecord, list[int]] = {}
+        release: dict[WorkerRecord, list[int]] = {}
+        for task in run.tasks.values():
+            if task.state == "processing":
+                assert task.worker is not None
+                task.worker.processing.discard(task)
+                cancel.setdefault(task.worker, []).append(task.id)
+            elif task.state == "ready":
+                self.queue.remove(task)
+            for holder in task.who_has:
+                holder.has_what.discard(task)
+                release.setdefault(holder, []).append(task.id)
+            del self.tasks[task.id]
+        for worker, ids in cancel.items():
+            if worker.id in self.workers:
+                self._send(worker, p.Cancel(tuple(ids)))
+        for worker, ids in release.items():
+            if worker.id in self.workers:
+                self._send(worker, p.Release(tuple(ids)))
+        del self.runs[run.id]
+
+    def _send(self, worker: WorkerRecord, message: Any) -> None:
+        self._out.append(Send(worker.id, message))
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Give ready tasks to workers with free capacity, one per worker per round."""
+        if not self.queue:
+            return
+        hungry = [w for w in self.workers.values() if len(w.processing) < w.capacity]
+        while hungry and self.queue:
+            still_hungry = []
+            for worker in hungry:
+                task = self.queue.pop_for(worker.id)
+                if task is None:
+                    return
+                self._transition(task, "processing", worker=worker)
+                if len(worker.processing) < worker.capacity:
+                    still_hungry.append(worker)
+            hungry = still_hungry
+
+    def _target(self, task: TaskRecord) -> WorkerId | None:
+        """The worker holding most of the task's input bytes, if any."""
+        if not task.deps:
+            return None
+        held: dict[WorkerRecord, int] = {}
+        for dep in task.deps:
+            size = dep.nbytes + 1
+            for holder in dep.who_has:
+                held[holder] = held.get(holder, 0) + size
+        if not held:
+            return None
+        return max(held, key=held.__getitem__).id
+
+    # -- transitions ------------------------------------------------------------------
+
+    def _transition(self, task: TaskRecord, finish: TaskStateName, **kwargs: Any) -> None:
+        start = task.state
+        step = self._TRANSITIONS.get((start, finish))
+        if step is None:
+            story = [f"{s} -> {f}" for i, s, f in self.story if i == task.id]
+            raise InvalidTransition(task.key, start, finish, story)
+        self.story.append((task.id, start, finish))
+        task.state = finish  # before the step: nested transitions see the new state
+        step(self, task, **kwargs)
+
+    def _waiting_to_ready(self, task: TaskRecord) -> None:
+        self.queue.push(task, task.priority, self._target(task))
+
+    def _ready_to_waiting(self, task: TaskRecord) -> None:
+        self.queue.remove(task)
+
+    def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        task.worker = worker
+        worker.processing.add(task)
+        deps = tuple(
+            p.DepLocation(
+                dep.id,
+                dep.key,
+                () if worker in dep.who_has else tuple(h.peer_address for h in dep.who_has),
+            )
+            for dep in task.deps
+        )
+        self._send(worker, p.Execute(task.id, task.key, task.payload, deps, task.is_output))
+
+    def _processing_to_ready(self, task: TaskRecord) -> None:
+        self._unassign(task)
+        self.queue.push(task, task.priority, self._target(task))
+
+    def _processing_to_waiting(self, task: TaskRecord) -> None:
+        worker = self._unassign(task)
+        if worker is not None and worker.id in self.workers:
+            self._send(worker, p.Cancel((task.id,)))
+
+    def _unassign(self, task: TaskRecord) -> WorkerRecord | None:
+        worker = task.worker
+        if worker is not None:
+            worker.processing.discard(task)
+        task.worker = None
+        return worker
+
+    def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        self._unassign(task)
+        task.who_has.add(worker)
+        worker.has_what.add(task)
+        for dependent in task.dependents:
+            dependent.missing -= 1
+            if dependent.missing == 0 and dependent.state == "waiting":
+                self._transition(dependent, "ready")
+        for dep in task.deps:
+            dep.waiters -= 1
+            if dep.state == "memory" and not self._needed(dep):
+                self._transition(dep, "released")
+        if not self._needed(task):
+            self._transition(task, "released")
+
+    def _memory_to_released(self, task: TaskRecord) -> None:
+        """Drop every copy; dependents that counted on it must wait for it again."""
+        for holder in task.who_has:
+            holder.has_what.discard(task)
+            if holder.id in self.workers:
+                self._send(holder, p.Release((task.id,)))
+        task.who_has.clear()
+        for dependent in task.dependents:
+            if dependent.state in ("waiting", "ready", "processing"):
+                dependent.missing += 1
+                if dependent.state != "waiting":
+                    self._transition(dependent, "waiting")
+
+    def _released_to_waiting(self, task: TaskRecord) -> None:
+        pass
+
+    _released_to_ready = _waiting_to_ready
+
+    _TRANSITIONS: dict[tuple[str, str], Any] = {
+        ("waiting", "ready"): _waiting_to_ready,
+        ("ready", "waiting"): _ready_to_waiting,
+        ("ready", "processing"): _ready_to_processing,
+        ("processing", "ready"): _processing_to_ready,
+        ("processing", "waiting"): _processing_to_waiting,
+        ("processing", "memory"): _processing_to_memory,
+        ("memory", "released"): _memory_to_released,
+        ("released", "waiting"): _released_to_waiting,
+        ("released", "ready"): _released_to_ready,
+    }
+
+    _EVENT_HANDLERS: dict[type, Any] = {
+        SubmitRun: _on_submit,
+        CancelRun: _on_cancel,
+        WorkerJoined: _on_worker_joined,
+        WorkerLost: _on_worker_lost,
+        FromWorker: _on_from_worker,
+    }

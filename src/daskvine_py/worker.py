@@ -1,0 +1,584 @@
+"""``python -m daskvine_py.worker ADDRESS --cores N``: one worker process per node.
+
+Data flow::
+
+    manager ──Execute/Release/Cancel──► [DEALER] ─┐
+                                                  │   one loop, one thread
+    peers ◄──Data── [ROUTER peer server] ◄────────┤   (poll: manager, peers, libraries)
+    peers ──Data──► [DEALER per peer] ────────────┤
+                                                  ▼
+               store (results, serialized) ◄── library processes (one per core, pipes)
+
+- The loop drains every readable socket and pipe, then starts queued tasks on idle
+  libraries, then flushes one batched message to the manager and one per peer.
+- A task's inputs are in the local store or fetched directly from the peers the manager
+  named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
+  serve an input the manager is told (``FetchFailed``) and decides.
+- Results stay in the store until the manager releases them; only outputs travel to the
+  manager, inside ``TaskDone``.
+- The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from . import library
+from . import protocol as p
+from .errors import ProtocolError
+from .store import Store
+
+# Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
+logger = logging.getLogger("daskvine_py.worker")
+
+#: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
+DRAIN_LIMIT = 1000
+
+
+class WorkerTask:
+    __slots__ = ("id", "key", "payload", "deps", "want_result", "missing", "state")
+
+    def __init__(self, msg: p.Execute) -> None:
+        self.id = msg.task_id
+        self.key = msg.key
+        self.payload = msg.payload
+        self.deps = msg.deps
+        self.want_result = msg.want_result
+        #: inputs not yet in the local store
+        self.missing: set[int] = set()
+        self.state = "fetching"  # -> "queued" -> "running"
+
+
+class Fetch:
+    """One input being copied from peers, for the local tasks that wait on it."""
+
+    __slots__ = ("dep_id", "peers", "untried", "current", "deadline", "waiters")
+
+    def __init__(self, dep_id: int, peers: Sequence[str]) -> None:
+        self.dep_id = dep_id
+        self.peers = tuple(peers)
+        self.untried = list(peers)
+        random.shuffle(self.untried)  # spread readers of a popular result over its holders
+        self.current: str | None = None  #: the peer asked last
+        self.deadline = 0.0
+        self.waiters: set[int] = set()
+
+
+class Library:
+    """A library process and the task it is running."""
+
+    __slots__ = ("process", "conn", "task_id")
+
+    def __init__(self, process: Any, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.task_id: int | None = None
+
+
+class Worker:
+    """The worker's state and its single event loop; see the module docstring."""
+
+    def __init__(
+        self,
+        address: str,
+        cores: int = 1,
+        memory: int | None = None,
+        name: str | None = None,
+        host: str | None = None,
+        manager_timeout: float = 30.0,
+        fetch_timeout: float = 10.0,
+    ) -> None:
+        if cores < 1:
+            raise ValueError(f"cores must be >= 1, not {cores}")
+        self.address = address
+        self.cores = cores
+        self.memory = memory if memory is not None else _total_memory()
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.manager_timeout = manager_timeout
+        self.heartbeat_interval = 1.0
+        self.fetch_timeout = fetch_timeout
+        self.identity = uuid.uuid4().hex.encode()
+
+        self.context = zmq.Context()
+        self.manager = self.context.socket(zmq.DEALER)
+        self.manager.setsockopt(zmq.IDENTITY, self.identity)
+        self.manager.setsockopt(zmq.LINGER, 2000)
+        self.manager.connect(address)
+        host = host or _interface_towards(address)
+        self.peer_server = self.context.socket(zmq.ROUTER)
+        self.peer_server.setsockopt(zmq.LINGER, 0)
+        port = self.peer_server.bind_to_random_port(f"tcp://{host}")
+        self.peer_address = f"tcp://{host}:{port}"
+        self.peer_clients: dict[str, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.manager, zmq.POLLIN)
+        self.poller.register(self.peer_server, zmq.POLLIN)
+
+        self.store = Store()
+        self.tasks: dict[int, WorkerTask] = {}
+        self.runnable: deque[int] = deque()
+        self.fetches: dict[int, Fetch] = {}
+        self.libraries: list[Library] = []
+        self.library_by_fd: dict[int, Library] = {}
+        self.outbox: list[Any] = []
+        self.peer_outbox: dict[str, list[int]] = {}
+        self.registered = False
+        self.running = True
+        self.exit_code = 0
+        self.last_contact = time.monotonic()
+        self.last_sent = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Register, serve until told to stop or the manager goes silent; the exit code."""
+        for _ in range(self.cores):
+            self._start_library()
+        self.outbox.append(
+            p.Register(
+                p.PROTOCOL_VERSION,
+                self.name,
+                self.cores,
+                self.memory,
+                socket.gethostname(),
+                self.peer_address,
+                os.getpid(),
+            )
+        )
+        try:
+            while self.running:
+                self._loop_once()
+        finally:
+            self._close()
+        return self.exit_code
+
+    def stop(self, reason: str) -> None:
+        if self.running:
+            logger.info("worker %s stopping: %s", self.name, reason)
+            self.running = False
+            if self.registered:
+                self.outbox.append(p.Goodbye(reason))
+
+    def _close(self) -> None:
+        self._flush()
+        for lib in self.libraries:
+            lib.conn.close()
+        deadline = time.monotonic() + 2.0
+        for lib in self.libraries:
+            lib.process.join(max(0.0, deadline - time.monotonic()))
+            if lib.process.is_alive():
+                lib.process.kill()
+                lib.process.join(1.0)
+        for sock in self.peer_clients.values():
+            sock.close(linger=0)
+        self.peer_server.close(linger=0)
+        self.manager.close()
+        self.context.term()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop_once(self) -> None:
+        timeout_ms = self._poll_timeout_ms()
+        for sock, _ in self.poller.poll(timeout_ms):
+            if sock is self.manager:
+                self._drain_manager()
+            elif sock is self.peer_server:
+                self._serve_peers()
+            elif isinstance(sock, int):
+                self._on_library_readable(self.library_by_fd[sock])
+            else:
+                self._drain_peer_client(sock)
+        now = time.monotonic()
+        self._check_timers(now)
+        self._start_runnable()
+        self._flush()
+
+    def _poll_timeout_ms(self) -> int:
+        if self.outbox or not self.running:
+            return 0
+        now = time.monotonic()
+        deadline = min(
+            self.last_sent + self.heartbeat_interval, self.last_contact + self.manager_timeout
+        )
+        for fetch in self.fetches.values():
+            deadline = min(deadline, fetch.deadline)
+        return max(0, int((deadline - now) * 1000) + 1)
+
+    def _check_timers(self, now: float) -> None:
+        if now - self.last_contact > self.manager_timeout:
+            what = "answered" if self.registered else "answered our registration"
+            logger.warning(
+                "manager %s has not %s for %.0f s; exiting",
+                self.address,
+                what,
+                now - self.last_contact,
+            )
+            self.exit_code = 0 if self.registered else 3
+            self.running = False
+            return
+        if self.registered and now - self.last_sent > self.heartbeat_interval:
+            self.outbox.append(p.Heartbeat())
+        for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
+            logger.warning(
+                "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
+            )
+            self._reset_peer_client(fetch.current)
+            self._request_next(fetch, now)
+
+    def _flush(self) -> None:
+        if self.outbox:
+            frames = p.encode(self.outbox)
+            self.outbox = []
+            self.manager.send_multipart(frames, copy=False)
+            self.last_sent = time.monotonic()
+        if self.peer_outbox:
+            for address, ids in self.peer_outbox.items():
+                self._peer_client(address).send_multipart(
+                    p.encode([p.GetData(tuple(ids))]), copy=False
+                )
+            self.peer_outbox = {}
+
+    # -- the manager ------------------------------------------------------------------
+
+    def _drain_manager(self) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = self.manager.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.last_contact = time.monotonic()
+            try:
+                messages = p.decode([f.buffer for f in frames], p.TO_WORKER)
+            except ProtocolError as exc:
+                logger.warning("dropped a malformed message from the manager: %s", exc)
+                continue
+            for message in messages:
+                self._on_manager_message(message)
+
+    def _on_manager_message(self, msg: Any) -> None:
+        kind = type(msg)
+        if kind is p.Execute:
+            self._on_execute(msg)
+        elif kind is p.Release:
+            for task_id in msg.task_ids:
+                self.store.release(task_id)
+        elif kind is p.Cancel:
+            for task_id in msg.task_ids:
+                self._cancel(task_id)
+        elif kind is p.Welcome:
+            self.registered = True
+            self.heartbeat_interval = msg.heartbeat_interval
+            logger.info("worker %s registered as %s", self.name, msg.name)
+        elif kind is p.Rejected:
+            logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
+            self.exit_code = 2
+            self.running = False
+        elif kind is p.Shutdown:
+            self.stop(f"manager asked: {msg.reason}")
+
+    def _on_execute(self, msg: p.Execute) -> None:
+        if msg.task_id in self.tasks:
+            return  # re-sent after a cancel while it was running: its result is coming
+        task = WorkerTask(msg)
+        now = time.monotonic()
+        for dep in msg.deps:
+            if dep.task_id in self.store:
+                continue
+            if not dep.peers:  # the manager thinks we hold it, but we do not
+                self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+                self._drop_task(task)
+                return
+            task.missing.add(dep.task_id)
+            fetch = self.fetches.get(dep.task_id)
+            if fetch is None:
+                fetch = self.fetches[dep.task_id] = Fetch(dep.task_id, dep.peers)
+                self._request_next(fetch, now)
+            fetch.waiters.add(task.id)
+        self.tasks[task.id] = task
+        if not task.missing:
+            task.state = "queued"
+            self.runnable.append(task.id)
+
+    def _cancel(self, task_id: int) -> None:
+        task = self.tasks.get(task_id)
+        if task is not None and task.state != "running":
+            self._drop_task(task)
+
+    def _drop_task(self, task: WorkerTask) -> None:
+        self.tasks.pop(task.id, None)
+        for dep_id in task.missing:
+            fetch = self.fetches.get(dep_id)
+            if fetch is not None:
+                fetch.waiters.discard(task.id)
+                if not fetch.waiters:
+                    del self.fetches[dep_id]
+
+    # -- peers ------------------------------------------------------------------------
+
+    def _request_next(self, fetch: Fetch, now: float) -> None:
+        if not fetch.untried:
+            self._fetch_failed(fetch)
+            return
+        address = fetch.current = fetch.untried.pop()
+        fetch.deadline = now + self.fetch_timeout
+        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
+
+    def _fetch_failed(self, fetch: Fetch) -> None:
+        del self.fetches[fetch.dep_id]
+        for task_id in fetch.waiters:
+            task = self.tasks.get(task_id)
+            if task is not None:
+                self.outbox.append(p.FetchFailed(task_id, fetch.dep_id, fetch.peers))
+                task.missing.discard(fetch.dep_id)
+                self._drop_task(task)
+
+    def _peer_client(self, address: str) -> zmq.Socket:
+        sock = self.peer_clients.get(address)
+        if sock is None:
+            sock = self.context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+            self.peer_clients[address] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _reset_peer_client(self, address: str | None) -> None:
+        """Drop the socket to a silent peer, and the requests queued on it."""
+        sock = self.peer_clients.pop(address, None) if address else None
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+
+    def _serve_peers(self) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                ident, *frames = self.peer_server.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                requests = p.decode([f.buffer for f in frames], p.TO_PEER)
+            except (ProtocolError, ValueError) as exc:
+                logger.warning("dropped a malformed request from a peer: %s", exc)
+                continue
+            replies = [
+                p.Data(task_id, self.store.get(task_id))
+                for request in requests
+                for task_id in request.task_ids
+            ]
+            self.peer_server.send_multipart([ident, *p.encode(replies)], copy=False)
+
+    def _drain_peer_client(self, sock: zmq.Socket) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                replies = p.decode([f.buffer for f in frames], p.FROM_PEER)
+            except ProtocolError as exc:
+                logger.warning("dropped a malformed reply from a peer: %s", exc)
+                continue
+            now = time.monotonic()
+            for reply in replies:
+                self._on_data(reply, now)
+
+    def _on_data(self, reply: p.Data, now: float) -> None:
+        fetch = self.fetches.get(reply.task_id)
+        if fetch is None:
+            return  # nobody here waits for it any more
+        if reply.value is None:
+            self._request_next(fetch, now)
+            return
+        del self.fetches[reply.task_id]
+        self.store.put(reply.task_id, reply.value)
+        self.outbox.append(p.Replicas((reply.task_id,)))
+        for task_id in fetch.waiters:
+            task = self.tasks.get(task_id)
+            if task is None:
+                continue
+            task.missing.discard(reply.task_id)
+            if not task.missing:
+                task.state = "queued"
+                self.runnable.append(task_id)
+
+    # -- libraries --------------------------------------------------------------------
+
+    def _start_library(self) -> Library:
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        process = ctx.Process(
+            target=library.main,
+            args=(child_conn, self.name),
+            name=f"daskvine-library-{self.name}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        lib = Library(process, parent_conn)
+        self.libraries.append(lib)
+        self.library_by_fd[parent_conn.fileno()] = lib
+        self.poller.register(parent_conn.fileno(), zmq.POLLIN)
+        return lib
+
+    def _start_runnable(self) -> None:
+        idle = [lib for lib in self.libraries if lib.task_id is None]
+        while idle and self.runnable:
+            task = self.tasks.get(self.runnable.popleft())
+            if task is None or task.state != "queued":
+                continue
+            inputs = []
+            for dep in task.deps:
+                value = self.store.get(dep.task_id)
+                if value is None:
+                    break
+                inputs.append((dep.key, value))
+            else:
+                lib = idle.pop()
+                task.state = "running"
+                lib.task_id = task.id
+                request = ("run", task.id, task.key, task.payload, inputs)
+                try:
+                    lib.conn.send_bytes(pickle.dumps(request, protocol=5))
+                except OSError:
+                    self._on_library_death(lib)
+                continue
+            self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+            self._drop_task(task)
+
+    def _on_library_readable(self, lib: Library) -> None:
+        try:
+            reply = pickle.loads(lib.conn.recv_bytes())
+        except (EOFError, OSError):
+            self._on_library_death(lib)
+            return
+        task = self.tasks.pop(reply[1], None)
+        lib.task_id = None
+        if task is None:
+            return
+        if reply[0] == "done":
+            _, task_id, value, duration = reply
+            self.store.put(task_id, value)
+            self.outbox.append(
+                p.TaskDone(task_id, value.nbytes, duration, value if task.want_result else None)
+            )
+        else:
+            _, task_id, exception, text, message = reply
+            self.outbox.append(p.TaskErred(task_id, exception, text, message))
+
+    def _on_library_death(self, lib: Library) -> None:
+        lib.process.join(1.0)
+        code = lib.process.exitcode
+        if code is not None and code < 0:
+            how = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
+        self.poller.unregister(fd)
+        del self.library_by_fd[fd]
+        self.libraries.remove(lib)
+        lib.conn.close()
+        if lib.task_id is not None:
+            task = self.tasks.pop(lib.task_id, None)
+            if task is not None:
+                reason = f"library process {how} on worker {self.name}"
+                logger.warning("task %r: %s", task.key, reason)
+                self.outbox.append(p.TaskCrashed(task.id, reason))
+        if self.running:
+            self._start_library()
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _interface_towards(address: str) -> str:
+    """The local IP address that routes to the manager: where peers can reach us."""
+    host = address.rsplit(":", 1)[0].split("//", 1)[-1]
+    if host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m daskvine_py.worker",
+        description="Join a daskvine_py manager and run its tasks on this node.",
+    )
+    parser.add_argument("address", help="the manager's address, e.g. tcp://HOST:PORT")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="library processes to run tasks in (default: all cores)",
+    )
+    parser.add_argument(
+        "--memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="memory for results, in MB (default: the node's memory)",
+    )
+    parser.add_argument("--name", default=None, help="a name for logs and errors")
+    parser.add_argument(
+        "--host",
+        default=None,
+        help="address peers use to reach this worker (default: the "
+        "interface that routes to the manager)",
+    )
+    parser.add_argument(
+        "--manager-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="exit after this long without hearing from the manager",
+    )
+    parser.add_argument(
+        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    worker = Worker(
+        args.address,
+        cores=args.cores,
+        memory=args.memory * 2**20 if args.memory is not None else None,
+        name=args.name,
+        host=args.host,
+        manager_timeout=args.manager_timeout,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
