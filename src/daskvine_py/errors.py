@@ -11,7 +11,18 @@ from typing import Any
 
 
 class DaskVineError(Exception):
-    """Base class of every error raised by daskvine_py itself."""
+    """Base class of every error raised by daskvine_py itself.
+
+    Subclasses with their own constructor arguments keep them in ``_init_args`` so the
+    error survives pickling between processes unchanged.
+    """
+
+    _init_args: tuple = ()
+
+    def __reduce__(self) -> tuple:
+        if self._init_args:
+            return (type(self), self._init_args, self.__dict__)
+        return super().__reduce__()
 
 
 class RemoteTraceback(Exception):
@@ -39,6 +50,7 @@ class TaskFailed(DaskVineError):
 
     def __init__(self, key: Any, reason: str, worker: str | None = None) -> None:
         where = f" on worker {worker}" if worker else ""
+        self._init_args = (key, reason, worker)
         super().__init__(f"task {key!r} failed{where}: {reason}")
         self.key = key
         self.reason = reason
@@ -52,6 +64,7 @@ class SerializationError(DaskVineError, TypeError):
     """
 
     def __init__(self, key: Any, what: str, detail: str) -> None:
+        self._init_args = (key, what, detail)
         super().__init__(f"cannot serialize {what} of task {key!r}: {detail}")
         self.key = key
 
@@ -63,6 +76,7 @@ class GraphCycleError(DaskVineError, ValueError):
         shown = " -> ".join(repr(k) for k in cycle[:20])
         if len(cycle) > 20:
             shown += f" -> ... ({len(cycle)} keys)"
+        self._init_args = (cycle,)
         super().__init__(f"cycle detected in the task graph: {shown}")
         self.cycle = cycle
 
@@ -71,6 +85,7 @@ class WorkerLost(DaskVineError):
     """A worker disappeared (crash, kill, preemption or silence past the timeout)."""
 
     def __init__(self, worker: str, reason: str) -> None:
+        self._init_args = (worker, reason)
         super().__init__(f"worker {worker} lost: {reason}")
         self.worker = worker
         self.reason = reason
@@ -84,6 +99,7 @@ class VersionMismatch(DaskVineError, ConnectionError):
     """A worker speaks another protocol version than its manager."""
 
     def __init__(self, manager_version: int, worker_version: int, worker: str) -> None:
+        self._init_args = (manager_version, worker_version, worker)
         super().__init__(
             f"worker {worker} speaks protocol version {worker_version}, but the manager "
             f"speaks version {manager_version}: install the same daskvine-py on both"
@@ -100,6 +116,7 @@ class InvalidTransition(DaskVineError, RuntimeError):
 
     def __init__(self, key: Any, start: str, finish: str, story: list[str]) -> None:
         lines = "\n  ".join(story[-10:]) or "(no history)"
+        self._init_args = (key, start, finish, story)
         super().__init__(f"invalid transition {start!r} -> {finish!r} for {key!r}:\n  {lines}")
         self.key = key
         self.start = start

@@ -51,7 +51,10 @@ def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ())
         except (EOFError, OSError):
             return
         reply = run(request, worker_name)
-        conn.send_bytes(pickle.dumps(reply, protocol=5))
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=5))
+        except OSError:  # the worker is gone
+            return
         request = reply = None  # drop references to arguments and results now
 
 

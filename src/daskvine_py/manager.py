@@ -128,6 +128,8 @@ class Manager:
         self._events: list[Any] = []
         self._local_processes: list[subprocess.Popen] = []
         self._run_ids = itertools.count(1)
+        #: bytes of every message workers sent this manager: outputs, not intermediates
+        self.received_bytes = 0
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -304,8 +306,10 @@ class Manager:
             except zmq.Again:
                 return
             ident = ident.bytes
+            buffers = [f.buffer for f in frames]
+            self.received_bytes += sum(b.nbytes for b in buffers)
             try:
-                messages = p.decode([f.buffer for f in frames], p.TO_MANAGER)
+                messages = p.decode(buffers, p.TO_MANAGER)
                 for message in messages:
                     p.check_fields(message)
             except ProtocolError as exc:

@@ -408,6 +408,7 @@ class SchedulerState:
         message: str,
         crashed: bool,
     ) -> None:
+        self._unassign(task)  # its worker is done with it: no Cancel for this one
         self._out.append(
             RunFailed(task.run.id, task.key, worker.name, exception, traceback, message, crashed)
         )
@@ -418,8 +419,7 @@ class SchedulerState:
         cancel: dict[WorkerRecord, list[int]] = {}
         release: dict[WorkerRecord, list[int]] = {}
         for task in run.tasks.values():
-            if task.state == "processing":
-                assert task.worker is not None
+            if task.state == "processing" and task.worker is not None:
                 task.worker.processing.discard(task)
                 cancel.setdefault(task.worker, []).append(task.id)
             elif task.state == "ready":

@@ -1,0 +1,43 @@
+"""Fixtures: managers with real local worker processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from daskvine_py import Manager
+
+
+def _worker_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "daskvine_py.worker"], capture_output=True, text=True)
+    return {int(pid) for pid in out.stdout.split()} - {os.getpid()}
+
+
+@pytest.fixture(scope="session")
+def shared_manager():
+    """One manager with two one-core workers, shared by tests that do not break it."""
+    with Manager() as manager:
+        manager.start_workers(2, cores=1)
+        yield manager
+
+
+@pytest.fixture
+def manager():
+    """A fresh manager with two one-core workers, for tests that kill or flood things."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=3.0) as manager:
+        manager.start_workers(2, cores=1)
+        yield manager
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_workers():
+    """Every test run must leave no worker process behind."""
+    before = _worker_pids()
+    yield
+    left = _worker_pids() - before
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes left behind: {sorted(left)}"

@@ -1,0 +1,150 @@
+"""Every graph form Dask hands a scheduler, on real workers, checked against Dask's sync scheduler."""
+
+from __future__ import annotations
+
+import operator
+import threading
+
+import dask
+import dask.array as da
+import dask.bag as db
+import numpy as np
+import pandas as pd
+import pytest
+from dask._task_spec import Alias, DataNode, List, Task, TaskRef
+from dask.highlevelgraph import HighLevelGraph
+
+pytestmark = pytest.mark.integration
+
+
+def inc(x):
+    return x + 1
+
+
+def test_array_reduction(shared_manager):
+    x = da.random.default_rng(0).random((1000, 1000), chunks=250)
+    y = (x + x.T).mean(axis=0).sum()
+    (got,) = dask.compute(y, scheduler=shared_manager.get)
+    (want,) = dask.compute(y, scheduler="sync")
+    assert got == want
+
+
+def test_array_result_is_an_array(shared_manager):
+    x = da.arange(100, chunks=10).reshape(10, 10) * 2
+    got = x.compute(scheduler=shared_manager.get)
+    np.testing.assert_array_equal(got, x.compute(scheduler="sync"))
+
+
+def test_bag(shared_manager):
+    b = db.from_sequence(range(1000), npartitions=20).map(inc).filter(lambda v: v % 3)
+    got = dask.compute(b.sum(), b.frequencies(), scheduler=shared_manager.get)
+    assert got == dask.compute(b.sum(), b.frequencies(), scheduler="sync")
+
+
+def test_dataframe_groupby(shared_manager):
+    dd = pytest.importorskip("dask.dataframe")
+    rng = np.random.default_rng(1)
+    pdf = pd.DataFrame({"key": rng.integers(0, 10, 10_000), "value": rng.random(10_000)})
+    df = dd.from_pandas(pdf, npartitions=8)
+    got = df.groupby("key").value.mean().compute(scheduler=shared_manager.get)
+    want = df.groupby("key").value.mean().compute(scheduler="sync")
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index())
+
+
+def test_delayed_with_nested_outputs(shared_manager):
+    parts = [dask.delayed(inc)(i) for i in range(10)]
+    total = dask.delayed(sum)(parts)
+    got = dask.compute({"total": total, "parts": parts}, scheduler=shared_manager.get)
+    assert got == ({"total": 55, "parts": list(range(1, 11))},)
+
+
+def test_task_spec_objects(shared_manager):
+    dsk = {
+        "a": DataNode("a", 10),
+        "b": Task("b", operator.add, TaskRef("a"), 5),
+        "c": Alias("c", "b"),
+        "d": Task("d", sum, List(TaskRef("a"), Task(None, inc, TaskRef("b")), 1)),
+    }
+    assert shared_manager.get(dsk, ["a", "b", "c", "d"]) == (10, 15, 15, 27)
+    assert shared_manager.get(dsk, [["d"], "c"]) == ((27,), 15)
+
+
+def test_high_level_graph_and_literals(shared_manager):
+    layers = {
+        "in": {"x": 1, "y": [1, 2, 3]},
+        "out": {"z": (sum, "y"), "w": (operator.add, "x", "z")},
+    }
+    graph = HighLevelGraph(layers, {"in": set(), "out": {"in"}})
+    assert shared_manager.get(graph, "w") == 7
+    assert shared_manager.get(graph, ["y", "x"]) == ([1, 2, 3], 1)
+
+
+def test_whatever_dask_compute_passes_is_accepted(shared_manager):
+    """Since dask 2025.4 ``dask.compute`` hands the scheduler an expression, not a mapping."""
+    seen = []
+
+    def get(dsk, keys, **kwargs):
+        seen.append(type(dsk))
+        return shared_manager.get(dsk, keys, **kwargs)
+
+    x = da.ones((100, 100), chunks=50).sum()
+    assert dask.compute(x, scheduler=get) == (10_000,)
+    assert seen and all(hasattr(t, "__dask_graph__") or hasattr(t, "items") for t in seen)
+
+
+def test_collection_object_is_unwrapped(shared_manager):
+    x = da.ones((100, 100), chunks=50).sum()
+    assert shared_manager.get(x, x.__dask_keys__()) == (10_000,)
+
+
+def test_culling_runs_only_what_is_needed(shared_manager):
+    calls = {"bad": (operator.truediv, 1, 0), "x": (inc, 1), "y": (inc, "x")}
+    assert shared_manager.get(calls, "y") == 3  # "bad" would raise if it ran
+
+
+def test_unknown_option_is_a_clear_error(shared_manager):
+    with pytest.raises(TypeError, match="unknown option"):
+        shared_manager.get({"x": 1}, "x", no_such_option=True)
+
+
+def test_empty_key_list(shared_manager):
+    assert shared_manager.get({"x": 1}, []) == ()
+
+
+def test_several_threads_share_one_manager(shared_manager):
+    results = {}
+
+    def compute(i):
+        b = db.from_sequence(range(i * 100, (i + 1) * 100), npartitions=10).map(inc).sum()
+        results[i] = b.compute(scheduler=shared_manager.get)
+
+    threads = [threading.Thread(target=compute, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: sum(range(i * 100 + 1, (i + 1) * 100 + 1)) for i in range(4)}
+
+
+def test_same_graph_twice_at_once(shared_manager):
+    dsk = {f"x{i}": (inc, f"x{i - 1}") for i in range(1, 200)}
+    dsk["x0"] = 0
+    out = [None, None]
+
+    def run(i):
+        out[i] = shared_manager.get(dsk, "x199")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert out == [199, 199]
+
+
+def test_intermediates_are_released_after_a_run(shared_manager):
+    x = da.random.default_rng(2).random((400, 400), chunks=100)
+    assert dask.compute((x @ x.T).sum(), scheduler=shared_manager.get)[0] > 0
+    state = shared_manager._state
+    assert not state.tasks and not state.runs
+    assert all(not w.has_what and not w.processing for w in state.workers.values())

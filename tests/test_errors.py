@@ -1,0 +1,155 @@
+"""Bad input and failing tasks: clear errors naming the key, nothing hangs, manager stays usable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+from daskvine_py import GraphCycleError, RemoteTraceback, SerializationError, TaskFailed
+
+pytestmark = pytest.mark.integration
+
+
+def inc(x):
+    return x + 1
+
+
+def divide_by_zero(x):
+    return x / 0
+
+
+def raise_custom(x):
+    raise CustomError(f"custom failure on {x}")
+
+
+class CustomError(Exception):
+    pass
+
+
+def return_lock(x):
+    return threading.Lock()
+
+
+def exit_process(x):
+    os._exit(3)
+
+
+def slow(x, seconds=0.05):
+    time.sleep(seconds)
+    return x
+
+
+def test_task_exception_keeps_type_message_and_remote_traceback(shared_manager):
+    dsk = {"x": 1, "y": (divide_by_zero, "x")}
+    with pytest.raises(ZeroDivisionError, match="division by zero") as info:
+        shared_manager.get(dsk, "y")
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "divide_by_zero" in cause.text and "x / 0" in cause.text
+    assert any("'y'" in note for note in getattr(info.value, "__notes__", ["'y'"]))
+
+
+def test_user_exception_class_travels(shared_manager):
+    with pytest.raises(CustomError, match="custom failure on 5"):
+        shared_manager.get({"a": 5, "b": (raise_custom, "a")}, "b")
+
+
+def test_failure_cancels_the_rest_of_the_graph(shared_manager):
+    dsk = {f"s{i}": (slow, i, 0.05) for i in range(40)}
+    dsk["bad"] = (divide_by_zero, 1)
+    dsk["all"] = (sum, [f"s{i}" for i in range(40)] + ["bad"])
+    with pytest.raises(ZeroDivisionError):
+        shared_manager.get(dsk, "all")
+    # Nothing of that graph is left in the scheduler, and the manager keeps serving.
+    assert not shared_manager._state.tasks and not shared_manager._state.runs
+    assert shared_manager.get({"z": (inc, 1)}, "z") == 2
+
+
+def test_cycle_names_its_keys(shared_manager):
+    dsk = {"a": (inc, "c"), "b": (inc, "a"), "c": (inc, "b"), "d": 1}
+    with pytest.raises(GraphCycleError, match="cycle") as info:
+        shared_manager.get(dsk, "c")
+    assert set(info.value.cycle) == {"a", "b", "c"}
+    assert "'a'" in str(info.value)
+
+
+def test_missing_dependency_is_a_key_error(shared_manager):
+    from dask._task_spec import Task, TaskRef
+
+    with pytest.raises(KeyError, match="missing"):
+        shared_manager.get({"a": Task("a", inc, TaskRef("missing"))}, "a")
+
+
+def test_unpicklable_function_names_the_key(shared_manager):
+    lock = threading.Lock()
+    dsk = {"x": 1, "locked": (lambda x, _lock=lock: x, "x")}
+    with pytest.raises(SerializationError, match="'locked'"):
+        shared_manager.get(dsk, "locked")
+
+
+def test_unpicklable_result_names_the_key(shared_manager):
+    with pytest.raises(SerializationError, match="result of task 'lock'"):
+        shared_manager.get({"x": 1, "lock": (return_lock, "x")}, "lock")
+
+
+def test_process_killing_task_is_retried_then_reported(shared_manager):
+    with pytest.raises(TaskFailed, match=r"'die'.*exited with code 3") as info:
+        shared_manager.get({"x": 1, "die": (exit_process, "x")}, "die", retries=1)
+    assert info.value.key == "die" and info.value.worker.startswith("local-")
+    # The library process was restarted: the worker is still usable.
+    assert shared_manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
+
+
+def test_options_do_not_stick(shared_manager):
+    with pytest.raises(TaskFailed):
+        shared_manager.get({"die": (exit_process, 1)}, "die", retries=0)
+    assert shared_manager.get({"x": (inc, 1)}, "x") == 2
+
+
+def test_ctrl_c_cancels_the_run_and_keeps_the_manager(shared_manager):
+    dsk = {f"s{i}": (slow, i, 0.2) for i in range(50)}
+    main = threading.get_ident()
+    timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        shared_manager.get(dsk, list(dsk))
+    timer.join()
+    deadline = time.monotonic() + 5
+    while shared_manager._state.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not shared_manager._state.tasks
+    assert shared_manager.get({"x": (inc, 41)}, "x") == 42
+
+
+def test_only_outputs_travel_to_the_manager(shared_manager):
+    """Ten 8 MB intermediates reduced to scalars: the manager sees kilobytes, not 80 MB."""
+    dsk = {f"big{i}": (np.full, 1_000_000, float(i)) for i in range(10)}
+    dsk.update({f"sum{i}": (np.sum, f"big{i}") for i in range(10)})
+    before = shared_manager.received_bytes
+    got = shared_manager.get(dsk, [f"sum{i}" for i in range(10)])
+    assert got == tuple(1_000_000.0 * i for i in range(10))
+    assert shared_manager.received_bytes - before < 200_000
+
+
+def test_closed_manager_refuses_work():
+    from daskvine_py import Manager
+
+    manager = Manager()
+    manager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        manager.get({"x": 1}, "x")
+
+
+def test_dask_compute_error_path(shared_manager):
+    @dask.delayed
+    def fails(v):
+        raise ValueError(f"bad value {v}")
+
+    with pytest.raises(ValueError, match="bad value 3"):
+        dask.compute(fails(3), scheduler=shared_manager.get)

@@ -1,0 +1,309 @@
+"""The scheduler state machine, driven with literal events: no sockets, no processes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daskvine_py import protocol as p
+from daskvine_py import state as s
+from daskvine_py.errors import InvalidTransition
+from daskvine_py.serialize import Serialized, dumps, loads
+
+W1, W2 = b"w1", b"w2"
+
+
+def joined(worker: bytes, cores: int = 1) -> s.WorkerJoined:
+    return s.WorkerJoined(worker, worker.decode(), cores, f"tcp://{worker.decode()}")
+
+
+def chain_run(run_id: int = 1, retries: int = 3) -> s.SubmitRun:
+    """a -> b -> c, output c."""
+    tasks = [
+        s.NewTask("a", b"pa", (), 0),
+        s.NewTask("b", b"pb", ("a",), 1),
+        s.NewTask("c", b"pc", ("b",), 2),
+    ]
+    return s.SubmitRun(run_id, tasks, ["c"], retries)
+
+
+def sends(out, kind=None, worker=None):
+    return [
+        i.message
+        for i in out
+        if type(i) is s.Send
+        and (kind is None or type(i.message) is kind)
+        and (worker is None or i.worker == worker)
+    ]
+
+
+def test_no_workers_means_no_dispatch_until_one_joins():
+    st_ = s.SchedulerState()
+    assert st_.handle([chain_run()]) == []
+    out = st_.handle([joined(W1)])
+    assert out == [s.Send(W1, p.Execute(1, "a", b"pa", (), False))]
+
+
+def test_chain_runs_in_place_and_releases_inputs():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), chain_run()])
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None))])
+    assert out == [s.Send(W1, p.Execute(2, "b", b"pb", (p.DepLocation(1, "a", ()),), False))]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(2, 10, 0.1, None))])
+    assert sends(out, p.Release) == [p.Release((1,))]
+    assert sends(out, p.Execute)[0].want_result is True
+    value = dumps(42)
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 10, 0.1, value))])
+    assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
+    assert loads(out[0].value) == 42
+    assert sorted(m.task_ids for m in sends(out, p.Release)) == [(2,), (3,)]
+    assert not st_.tasks and not st_.runs and not st_.workers[W1].has_what
+
+
+def test_inputs_elsewhere_are_named_with_their_peers():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("x", b"", (), 0), s.NewTask("y", b"", (), 1),
+             s.NewTask("z", b"", ("x", "y"), 2)]  # fmt: skip
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3)])
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 1000, 0.1, None)),
+                      s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None))])  # fmt: skip
+    (execute,) = sends(out, p.Execute, worker=W1)  # most input bytes are on w1
+    assert execute.deps == (p.DepLocation(1, "x", ()), p.DepLocation(2, "y", ("tcp://w2",)))
+    # w1 fetched y: it reports the replica, then finishing z releases both copies of y.
+    out = st_.handle([s.FromWorker(W1, p.Replicas((2,))),
+                      s.FromWorker(W1, p.TaskDone(3, 8, 0.1, dumps(0)))])  # fmt: skip
+    released = {(i.worker, i.message.task_ids) for i in out
+                if type(i) is s.Send and type(i.message) is p.Release}  # fmt: skip
+    assert {(W1, (1,)), (W1, (2,)), (W2, (2,)), (W1, (3,))} <= released
+
+
+def test_task_error_fails_the_run_and_cancels_the_rest():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask(k, b"", (), i) for i, k in enumerate("abcd")]
+    st_.handle([joined(W1, cores=2), s.SubmitRun(7, tasks, list("abcd"), 3)])
+    exc = dumps(ValueError("boom"))
+    out = st_.handle([s.FromWorker(W1, p.TaskErred(1, exc, "tb", "ValueError: boom"))])
+    failed = [i for i in out if type(i) is s.RunFailed]
+    assert failed == [s.RunFailed(7, "a", "w1", exc, "tb", "ValueError: boom", False)]
+    assert sends(out, p.Cancel) == [p.Cancel((2, 3, 4))]
+    assert not st_.tasks and not st_.workers[W1].processing
+
+
+def test_crashes_are_retried_then_reported():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), 0)], ["a"], 1)])
+    out = st_.handle([s.FromWorker(W1, p.TaskCrashed(1, "library exited with code 1"))])
+    assert sends(out, p.Execute) == [p.Execute(1, "a", b"", (), True)]
+    out = st_.handle([s.FromWorker(W1, p.TaskCrashed(1, "library exited with code 1"))])
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert failed.crashed and "2 attempts" in failed.message and failed.key == "a"
+
+
+def test_lost_worker_recomputes_exactly_the_lost_results():
+    st_ = s.SchedulerState()
+    # x1 on w1, x2 on w2, then y = f(x1, x2) is waiting for a free slot.
+    tasks = [s.NewTask("x1", b"", (), 0), s.NewTask("x2", b"", (), 1),
+             s.NewTask("y", b"", ("x1", "x2"), 2)]  # fmt: skip
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
+    st_.handle([s.FromWorker(W2, p.TaskDone(2, 5, 0.1, None))])
+    out = st_.handle([s.WorkerLost(W2, "killed")])
+    # x2 existed only on w2: it is recomputed on w1; x1 is still processing there.
+    assert sends(out, p.Execute) == [p.Execute(2, "x2", b"", (), False)]
+    assert st_.tasks[1].state == "processing" and st_.tasks[3].state == "waiting"
+
+
+def test_lost_worker_with_running_tasks_requeues_them():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), 0)], ["a"], 3)])
+    out = st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
+    assert out == [s.Send(W2, p.Execute(1, "a", b"", (), True))]
+    assert st_.tasks[1].attempts == 1
+
+
+def test_fetch_failure_forgets_the_copy_and_recomputes_it():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("x", b"", (), 0), s.NewTask("y", b"", ("x",), 1)]
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
+    st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None))])
+    # Pretend y went to w2 and w1 could not serve x.
+    task_y = st_.tasks[2]
+    assert task_y.state == "processing"
+    holder = task_y.worker.id
+    other = W2 if holder == W1 else W1
+    st_.tasks[1].who_has = {st_.workers[other]}
+    st_.workers[other].has_what.add(st_.tasks[1])
+    st_.workers[W1].has_what.discard(st_.tasks[1]) if other != W1 else None
+    out = st_.handle([s.FromWorker(holder, p.FetchFailed(2, 1, (f"tcp://{other.decode()}",)))])
+    assert st_.tasks[1].state == "processing"  # x is being recomputed
+    assert st_.tasks[2].state == "waiting"
+    assert any(m.task_id == 1 for m in sends(out, p.Execute))
+
+
+def test_cancel_run_releases_everything():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1, cores=4), chain_run()])
+    st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None))])
+    out = st_.handle([s.CancelRun(1)])
+    assert sends(out, p.Cancel) == [p.Cancel((2,))]
+    assert sends(out, p.Release) == [p.Release((1,))]
+    assert not st_.tasks and not st_.runs
+
+
+def test_stale_reports_are_harmless():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), chain_run()])
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(99, 5, 0.1, None)),
+                      s.FromWorker(b"nobody", p.TaskDone(1, 5, 0.1, None))])  # fmt: skip
+    assert out == [s.Send(W1, p.Release((99,)))]
+
+
+def test_invalid_transition_names_the_key_and_its_story():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), chain_run()])
+    with pytest.raises(InvalidTransition, match="'a'") as info:
+        st_._transition(st_.tasks[1], "released")
+    assert "ready -> processing" in str(info.value)
+
+
+def test_concurrent_runs_with_the_same_keys_stay_apart():
+    st_ = s.SchedulerState()
+    out = st_.handle([joined(W1, cores=4), chain_run(1), chain_run(2)])
+    assert [m.key for m in sends(out, p.Execute)] == ["a", "a"]
+    assert len(st_.tasks) == 6
+
+
+# -- a whole cluster simulated: random graphs, random completions, random losses ----------
+
+
+class SimulatedCluster:
+    """Carries out the state's instructions the way real workers would, in random order."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.state = s.SchedulerState()
+        self.stores: dict[bytes, dict[int, object]] = {}
+        self.queued: dict[bytes, list[p.Execute]] = {}
+        self.outputs: dict[int, dict] = {}
+        self.done: dict[int, str] = {}
+        self.functions: dict[int, object] = {}
+        self.executions = 0
+
+    def apply(self, events):
+        for instruction in self.state.handle(events):
+            kind = type(instruction)
+            if kind is s.Send:
+                self.deliver(instruction.worker, instruction.message)
+            elif kind is s.RunOutput:
+                self.outputs.setdefault(instruction.run_id, {})[instruction.key] = loads(
+                    instruction.value
+                )
+            elif kind is s.RunDone:
+                self.done[instruction.run_id] = "done"
+            elif kind is s.RunFailed:
+                self.done[instruction.run_id] = "failed: " + instruction.message
+
+    def deliver(self, worker, message):
+        if worker not in self.stores:
+            return  # sent to a worker that was just lost
+        if type(message) is p.Execute:
+            self.queued[worker].append(message)
+        elif type(message) is p.Release:
+            for task_id in message.task_ids:
+                self.stores[worker].pop(task_id, None)
+        elif type(message) is p.Cancel:
+            ids = set(message.task_ids)
+            self.queued[worker] = [m for m in self.queued[worker] if m.task_id not in ids]
+
+    def join(self, name: bytes):
+        self.stores[name] = {}
+        self.queued[name] = []
+        self.apply([s.WorkerJoined(name, name.decode(), 2, name.decode())])
+
+    def lose(self, name: bytes):
+        del self.stores[name]
+        del self.queued[name]
+        self.apply([s.WorkerLost(name, "simulated")])
+
+    def step(self):
+        busy = [w for w, q in self.queued.items() if q]
+        worker = self.rng.choice(busy)
+        msg = self.queued[worker].pop(self.rng.randrange(len(self.queued[worker])))
+        store = self.stores[worker]
+        inputs = {}
+        events = []
+        fetched = []
+        for dep in msg.deps:
+            if dep.task_id in store:
+                inputs[dep.key] = store[dep.task_id]
+                continue
+            holders = [w for w in self.stores if w.decode() in dep.peers]
+            source = next((w for w in holders if dep.task_id in self.stores[w]), None)
+            if source is None:
+                self.apply([s.FromWorker(worker, p.FetchFailed(msg.task_id, dep.task_id,
+                                                               dep.peers))])  # fmt: skip
+                return
+            store[dep.task_id] = inputs[dep.key] = self.stores[source][dep.task_id]
+            fetched.append(dep.task_id)
+        if fetched:
+            events.append(s.FromWorker(worker, p.Replicas(tuple(fetched))))
+        self.executions += 1
+        value = (msg.key, tuple(sorted(inputs.items(), key=repr)))
+        store[msg.task_id] = value
+        ser = dumps(value) if msg.want_result else None
+        events.append(s.FromWorker(worker, p.TaskDone(msg.task_id, 8, 0.001, ser)))
+        self.apply(events)
+
+
+def expected_value(key, deps):
+    return (key, tuple(sorted(((d, expected_value(d, deps)) for d in deps[key]), key=repr)))
+
+
+@st.composite
+def random_graphs(draw):
+    n = draw(st.integers(1, 25))
+    deps = {}
+    for i in range(n):
+        k = f"t{i}"
+        deps[k] = tuple(draw(st.sets(st.sampled_from([f"t{j}" for j in range(i)]), max_size=3))
+                        if i else ())  # fmt: skip
+    outputs = draw(st.lists(st.sampled_from(sorted(deps)), min_size=1, max_size=4, unique=True))
+    return deps, outputs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
+       losses=st.integers(0, 3))  # fmt: skip
+def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed, losses):
+    cluster = SimulatedCluster(seed)
+    cluster.join(b"w0")
+    cluster.join(b"w1")
+    runs = {}
+    for run_id, (deps, outputs) in enumerate(graphs, start=1):
+        tasks = [s.NewTask(k, b"", deps[k], i) for i, k in enumerate(deps)]
+        cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
+        runs[run_id] = (deps, outputs)
+    names = iter(f"w{i}".encode() for i in range(2, 100))
+    for _ in range(10_000):
+        if not any(cluster.queued.values()):
+            break
+        if losses and cluster.rng.random() < 0.05:
+            losses -= 1
+            cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
+            cluster.join(next(names))
+            continue
+        cluster.step()
+    for run_id, (deps, outputs) in runs.items():
+        assert cluster.done.get(run_id) == "done", cluster.done
+        assert cluster.outputs.get(run_id, {}) == {k: expected_value(k, deps) for k in outputs}
+    # Nothing left behind: no task records, no data on any worker.
+    assert not cluster.state.tasks and not cluster.state.runs
+    assert all(not store for store in cluster.stores.values()), cluster.stores
+    assert all(not w.has_what and not w.processing for w in cluster.state.workers.values())
+
+
+def test_serialized_values_survive_the_state():
+    value = dumps(list(range(10)))
+    assert isinstance(value, Serialized) and loads(value) == list(range(10))
