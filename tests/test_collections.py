@@ -1,4 +1,4 @@
-"""Every graph form Dask hands a scheduler, on real workers, checked against Dask's sync scheduler."""
+"""Every graph form Dask hands a scheduler, on real workers, checked against sync Dask."""
 
 from __future__ import annotations
 
