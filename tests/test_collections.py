@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 
@@ -148,3 +149,10 @@ def test_intermediates_are_released_after_a_run(shared_manager):
     state = shared_manager._state
     assert not state.tasks and not state.runs
     assert all(not w.has_what and not w.processing for w in state.workers.values())
+
+
+def test_no_log_lines_per_task_below_debug(shared_manager, caplog):
+    with caplog.at_level(logging.INFO, logger="daskvine_py"):
+        b = db.from_sequence(range(500), npartitions=100).map(inc).sum()
+        assert b.compute(scheduler=shared_manager.get) == sum(range(1, 501))
+    assert len([r for r in caplog.records if r.name.startswith("daskvine_py")]) < 5

@@ -1,0 +1,202 @@
+"""Faults: killed workers, late workers, garbage on the port, a manager that goes away."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import zmq
+
+from daskvine_py import Manager, TaskFailed
+from daskvine_py import protocol as p
+from daskvine_py.launch import spawn
+
+pytestmark = pytest.mark.integration
+
+
+def inc(x):
+    return x + 1
+
+
+def slow_inc(x, seconds=0.05):
+    time.sleep(seconds)
+    return x + 1
+
+
+def segfault(x):
+    import ctypes
+
+    return ctypes.string_at(0)
+
+
+def wait_until(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)
+
+
+def test_sigkill_a_worker_mid_graph(manager):
+    """Half-way through, the worker holding intermediates dies: the answer is still right."""
+    n = 40
+    dsk = {f"a{i}": (slow_inc, i) for i in range(n)}
+    dsk.update({f"b{i}": (slow_inc, f"a{i}") for i in range(n)})
+    dsk["total"] = (sum, [f"b{i}" for i in range(n)])
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "total")))
+    thread.start()
+    state = manager._state
+    wait_until(lambda: sum(len(w.has_what) for w in list(state.workers.values())) >= 10)
+    victim = manager.workers["local-0"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert result["v"] == sum(i + 2 for i in range(n))
+    assert list(manager.workers) == ["local-1"]
+
+
+def test_lost_results_are_recomputed_from_lineage(manager):
+    """A chain whose every link lived on the killed worker is recomputed on the other."""
+    dsk = {"x0": 0, **{f"x{i}": (slow_inc, f"x{i - 1}", 0.02) for i in range(1, 60)}}
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "x59")))
+    thread.start()
+    state = manager._state
+    wait_until(lambda: any(len(w.has_what) for w in list(state.workers.values())))
+    holder = next(w.name for w in list(state.workers.values()) if w.has_what or w.processing)
+    os.kill(manager.workers[holder]["pid"], signal.SIGKILL)
+    thread.join(60)
+    assert result["v"] == 59
+
+
+def test_graph_waits_for_workers_to_join():
+    with Manager() as manager:
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(v=manager.get({"x": (inc, 1)}, "x")))
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive() and not result
+        manager.start_workers(1)
+        thread.join(30)
+        assert result == {"v": 2}
+
+
+def test_segfaulting_task_is_reported_with_its_signal(shared_manager):
+    with pytest.raises(TaskFailed, match=r"'crash'.*SIGSEGV"):
+        shared_manager.get({"crash": (segfault, 1)}, "crash", retries=0)
+    assert shared_manager.get({"x": (inc, 1)}, "x") == 2
+
+
+def _dealer(context, address, identity=None):
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(address)
+    return sock
+
+
+def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(manager, caplog):
+    host, port = manager.address[len("tcp://") :].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
+    context = zmq.Context()
+    try:
+        sock = _dealer(context, manager.address)
+        with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
+            sock.send_multipart([b"not ours"])
+            sock.send_multipart([p.MAGIC, b"\x80\x05not a pickle"])
+            sock.send_multipart([p.MAGIC, pickle.dumps({"a": 1})])
+            sock.send_multipart([p.MAGIC, pickle.dumps([1, 2, 3])])
+            sock.send_multipart(p.encode([p.TaskDone(1, 1, 0.1, None)]))  # not registered
+            # A registered impostor sending records with fields of the wrong types.
+            fake = _dealer(context, manager.address, b"impostor")
+            fake.send_multipart(p.encode([p.Register(p.PROTOCOL_VERSION, "impostor", 1, 0,
+                                                     "h", "tcp://127.0.0.1:1", 1)]))  # fmt: skip
+            assert fake.poll(5000)
+            assert type(p.decode(fake.recv_multipart(), p.TO_WORKER)[0]) is p.Welcome
+            fake.send_multipart(p.encode([p.TaskDone("one", None, "x", 5)]))
+            fake.send_multipart(p.encode([p.Goodbye("done")]))
+            wait_until(lambda: "impostor" not in manager.workers, timeout=10)
+            assert manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) >= 6, dropped
+    finally:
+        context.destroy(linger=0)
+
+
+def test_version_mismatch_is_rejected_clearly(manager):
+    context = zmq.Context()
+    try:
+        sock = _dealer(context, manager.address, b"old-worker")
+        sock.send_multipart(p.encode([p.Register(999, "old", 1, 0, "h", "tcp://x:1", 1)]))
+        assert sock.poll(5000)
+        (reply,) = p.decode(sock.recv_multipart(), p.TO_WORKER)
+        assert type(reply) is p.Rejected and "protocol version 999" in reply.reason
+        assert "old" not in manager.workers
+    finally:
+        context.destroy(linger=0)
+
+
+def _fake_manager():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    return context, router, f"tcp://127.0.0.1:{port}"
+
+
+def test_worker_exits_when_the_manager_goes_silent():
+    context, router, address = _fake_manager()
+    proc = spawn(address, cores=1, name="lonely", extra_args=["--manager-timeout", "1"])
+    try:
+        assert router.poll(20_000)
+        ident, *frames = router.recv_multipart()
+        (reg,) = p.decode(frames, p.TO_MANAGER)
+        assert type(reg) is p.Register and reg.name == "lonely" and reg.cores == 1
+        router.send_multipart([ident, *p.encode([p.Welcome("lonely", 0.2)])])
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        context.destroy(linger=0)
+
+
+def test_rejected_worker_exits_with_a_clear_code():
+    context, router, address = _fake_manager()
+    proc = spawn(address, cores=1, name="rejected")
+    try:
+        assert router.poll(20_000)
+        ident, *_ = router.recv_multipart()
+        router.send_multipart([ident, *p.encode([p.Rejected("protocol version mismatch")])])
+        assert proc.wait(timeout=20) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+        context.destroy(linger=0)
+
+
+def test_worker_without_a_manager_gives_up():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = spawn(f"tcp://127.0.0.1:{port}", extra_args=["--manager-timeout", "1"])
+    try:
+        assert proc.wait(timeout=20) == 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_closing_the_manager_stops_its_workers():
+    manager = Manager()
+    procs = manager.start_workers(2)
+    manager.close()
+    assert all(proc.poll() is not None for proc in procs)

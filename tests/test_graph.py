@@ -1,0 +1,114 @@
+"""The graph layer: normalising every form Dask hands a scheduler, culling, cycles, order."""
+
+from __future__ import annotations
+
+import operator
+
+import dask
+import dask.array as da
+import pytest
+from dask._task_spec import Alias, DataNode, Task, TaskRef
+from dask.highlevelgraph import HighLevelGraph
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daskvine_py.errors import GraphCycleError
+from daskvine_py.graph import build_plan, check_acyclic, flatten_keys, pack_results
+
+
+def inc(x):
+    return x + 1
+
+
+def test_legacy_tuples_become_nodes_with_dependencies():
+    plan = build_plan({"x": 1, "y": (inc, "x"), "z": (operator.add, (inc, "x"), "y")}, "z")
+    assert set(plan.nodes) == {"x", "y", "z"}
+    assert plan.dependencies == {"x": frozenset(), "y": {"x"}, "z": {"x", "y"}}
+    assert plan.outputs == ["z"]
+    assert plan.nodes["z"]({"x": 1, "y": 2}) == 4
+
+
+def test_culling_keeps_only_what_outputs_need():
+    plan = build_plan({"a": 1, "b": (inc, "a"), "c": (inc, "a"), "d": (inc, "c")}, ["b"])
+    assert set(plan.nodes) == {"a", "b"}
+
+
+def test_nested_keys_flatten_and_pack_like_dask():
+    keys = [["x", ("y", 0)], "z", [[("w", 1, 2)]]]
+    assert flatten_keys(keys) == ["x", ("y", 0), "z", ("w", 1, 2)]
+    values = {"x": 1, ("y", 0): 2, "z": 3, ("w", 1, 2): 4}
+    assert pack_results(keys, values) == ((1, 2), 3, ((4,),))
+    assert pack_results(("y", 0), values) == 2
+
+
+def test_duplicate_outputs_are_computed_once():
+    plan = build_plan({"x": 1}, ["x", ["x"]])
+    assert plan.outputs == ["x"]
+
+
+def test_unknown_key_is_a_key_error():
+    with pytest.raises(KeyError):
+        build_plan({"x": 1}, ["x", "nope"])
+
+
+def test_missing_dependency_names_both_keys():
+    with pytest.raises(KeyError, match="'a' depends on 'gone'"):
+        build_plan({"a": Task("a", inc, TaskRef("gone"))}, "a")
+
+
+def test_cycle_is_reported_in_order():
+    with pytest.raises(GraphCycleError) as info:
+        build_plan({"a": (inc, "b"), "b": (inc, "c"), "c": (inc, "a")}, "a")
+    cycle = info.value.cycle
+    assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+
+
+def test_self_loop_is_a_cycle():
+    with pytest.raises(GraphCycleError):
+        check_acyclic({"a": frozenset({"a"})})
+
+
+def test_long_chain_needs_no_recursion():
+    dsk = {f"x{i}": (inc, f"x{i - 1}") for i in range(1, 50_000)}
+    dsk["x0"] = 0
+    plan = build_plan(dsk, "x49999")
+    assert len(plan) == 50_000
+    assert plan.priorities["x0"] < plan.priorities["x49999"]
+
+
+def test_task_spec_and_high_level_graph_and_collections():
+    dsk = {"a": DataNode("a", 1), "b": Task("b", inc, TaskRef("a")), "c": Alias("c", "b")}
+    assert set(build_plan(dsk, "c").nodes) == {"a", "b", "c"}
+    hlg = HighLevelGraph({"l": {"x": 1, "y": (inc, "x")}}, {"l": set()})
+    assert set(build_plan(hlg, "y").nodes) == {"x", "y"}
+    x = da.ones(10, chunks=5).sum()
+    plan = build_plan(x, x.__dask_keys__())
+    assert plan.outputs == [x.__dask_keys__()[0]]
+
+
+def test_objects_without_a_graph_are_refused():
+    with pytest.raises(TypeError, match="cannot schedule"):
+        build_plan(42, "x")
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 30))
+    dsk = {}
+    for i in range(n):
+        deps = draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else set()
+        dsk[f"k{i}"] = (sum, [f"k{j}" for j in sorted(deps)]) if deps else i
+    return dsk
+
+
+@settings(max_examples=60, deadline=None)
+@given(dsk=dags(), data=st.data())
+def test_plans_compute_what_dask_computes(dsk, data):
+    outputs = data.draw(st.lists(st.sampled_from(sorted(dsk)), min_size=1, max_size=3))
+    plan = build_plan(dsk, outputs)
+    # Executing the plan's nodes in priority order gives Dask's own answers.
+    values = {}
+    for key in sorted(plan.nodes, key=plan.priorities.__getitem__):
+        assert plan.dependencies[key] <= set(values)  # order respects dependencies
+        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+    assert pack_results(outputs, values) == dask.get(dsk, outputs)

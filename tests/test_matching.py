@@ -1,0 +1,65 @@
+"""The ready queue: priorities, targets, soft targeting, lazy removal."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daskvine_py.matching import ReadyQueue
+
+
+def test_lowest_priority_first():
+    q = ReadyQueue()
+    for item, prio in [("c", 3), ("a", 1), ("b", 2)]:
+        q.push(item, prio)
+    assert [q.pop_for("w"), q.pop_for("w"), q.pop_for("w"), q.pop_for("w")] == ["a", "b", "c", None]
+
+
+def test_targeted_work_goes_to_its_worker_first_but_is_stolen_when_idle():
+    q = ReadyQueue()
+    q.push("for-w1", 5, target="w1")
+    q.push("anyone", 10)
+    assert q.pop_for("w1") == "for-w1"  # its own beats the shared one of lower priority
+    q.push("for-w1-again", 5, target="w1")
+    assert q.pop_for("w2") == "anyone"  # w2 prefers shared work
+    assert q.pop_for("w2") == "for-w1-again"  # then steals rather than idle
+    assert q.pop_for("w2") is None and len(q) == 0
+
+
+def test_removed_and_repushed_items_are_not_duplicated():
+    q = ReadyQueue()
+    q.push("x", 1, target="w1")
+    q.remove("x")
+    assert "x" not in q and q.pop_for("w1") is None
+    q.push("y", 1, target="w1")
+    q.push("y", 2)  # re-push replaces the targeted entry
+    assert q.pop_for("w2") == "y" and q.pop_for("w1") is None
+
+
+def test_forgetting_a_target_moves_its_work_to_everyone():
+    q = ReadyQueue()
+    q.push("a", 1, target="lost")
+    q.forget_target("lost")
+    assert q.pop_for("w9") == "a"
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.sampled_from(
+    [None, "w1", "w2"])), max_size=200), seed=st.integers(0, 1000))  # fmt: skip
+def test_every_pushed_item_pops_exactly_once(ops, seed):
+    rng = random.Random(seed)
+    q = ReadyQueue()
+    live = {}
+    for item, prio, target in ops:
+        q.push(item, prio, target)
+        live[item] = prio
+        if rng.random() < 0.2:
+            gone = rng.choice(sorted(live))
+            q.remove(gone)
+            del live[gone]
+    popped = []
+    while (item := q.pop_for(rng.choice(["w1", "w2", "w3"]))) is not None:
+        popped.append(item)
+    assert sorted(popped) == sorted(live)

@@ -1,0 +1,77 @@
+"""Framing and validation of messages, and serialization with out-of-band buffers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from daskvine_py import protocol as p
+from daskvine_py.errors import ProtocolError
+from daskvine_py.serialize import dumps, dumps_exception, loads
+
+
+def test_a_batch_round_trips_with_large_buffers_out_of_band():
+    big = np.arange(1_000_000, dtype="float64")
+    batch = [p.TaskDone(1, 8, 0.5, dumps(big)), p.Heartbeat(), p.Replicas((1, 2))]
+    frames = p.encode(batch)
+    assert frames[0] == p.MAGIC
+    assert len(frames[1]) < 10_000  # the 8 MB array is not in the header
+    assert sum(memoryview(f).nbytes for f in frames[2:]) >= big.nbytes
+    decoded = p.decode([bytes(f) for f in frames], p.TO_MANAGER)
+    assert decoded[1:] == batch[1:]
+    np.testing.assert_array_equal(loads(decoded[0].value), big)
+
+
+def test_small_values_stay_in_band():
+    ser = dumps({"a": np.arange(10)})
+    assert ser.buffers == [] and loads(ser)["a"].sum() == 45
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b"hello"],
+        [b"xyz", b"abc"],
+        [p.MAGIC, b"garbage"],
+        [p.MAGIC, pickle.dumps({"not": "a list"})],
+        [p.MAGIC, pickle.dumps([1, 2])],
+        [p.MAGIC, pickle.dumps([p.Execute(1, "k", b"", (), False)])],  # wrong direction
+    ],
+)
+def test_malformed_batches_raise_protocol_error(frames):
+    with pytest.raises(ProtocolError):
+        p.decode(frames, p.TO_MANAGER)
+
+
+def test_field_types_are_checked():
+    p.check_fields(p.TaskDone(1, 2, 0.1, None))
+    with pytest.raises(ProtocolError, match="TaskDone.task_id"):
+        p.check_fields(p.TaskDone("1", 2, 0.1, None))
+    with pytest.raises(ProtocolError, match="Register.cores"):
+        p.check_fields(p.Register(1, "w", "many", 0, "h", "tcp://x:1", 1))
+
+
+def test_exceptions_travel_with_their_traceback():
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        ser, text = dumps_exception(exc)
+    assert isinstance(loads(ser), KeyError)
+    assert "test_exceptions_travel_with_their_traceback" in text
+
+
+def _refuse():
+    raise RuntimeError("this exception cannot be rebuilt")
+
+
+class Unrebuildable(Exception):
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def test_exceptions_that_cannot_be_rebuilt_fall_back_to_text():
+    ser, text = dumps_exception(Unrebuildable(1))
+    assert ser is None and "Unrebuildable" in text
