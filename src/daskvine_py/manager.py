@@ -33,6 +33,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 from queue import SimpleQueue
 from typing import Any
 
@@ -133,6 +134,8 @@ class Manager:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
+        # A manager dropped without close() must not leave local workers behind.
+        weakref.finalize(self, _kill_all, self._local_processes)
 
     # -- public API -------------------------------------------------------------------
 
@@ -431,6 +434,13 @@ class Manager:
 
 
 _HOSTNAME = socket.gethostname()
+
+
+def _kill_all(processes: list[subprocess.Popen]) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _dump_task(key: Any, node: Any) -> bytes:

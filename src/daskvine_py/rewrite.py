@@ -1,0 +1,569 @@
+"""Rewrite large associative reductions as balanced trees before scheduling.
+
+Users do not always write trees: ``dask.delayed(sum)(parts)``, ``functools.reduce(operator.add,
+parts)`` or ``acc = acc + part`` in a loop reach the scheduler as one task gathering thousands of
+inputs, or as a chain thousands of tasks deep. Either way one worker ends up holding every input
+at once (the TaskVine study saw 700 GB of cache and failed workers). This module finds two
+shapes and rebuilds them as trees whose tasks read at most ``arity`` inputs each:
+
+- a **flat fan-in**: one task applying a known reducer to a list of at least ``threshold``
+  dependencies: ``sum(parts[, start])``, ``functools.reduce(op, parts[, initial])`` with an
+  associative ``op``, ``numpy.sum(parts)`` / ``numpy.add.reduce(parts)`` along axis 0 or None,
+  ``toolz.merge``, Coffea's ``accumulate``, and any function marked with :func:`associative`
+  called as ``f(parts, **options)`` or ``f(*parts, **options)``;
+- a **chain**: ``((a + b) + c) + d ...`` of one binary associative function (``operator.add``,
+  ``mul``, ``and_``, ``or_``, ``xor``, ``concat``, ``numpy.add``, ``toolz.merge``, Coffea's
+  ``add`` or a marked function), at least ``threshold`` operands long, across tasks (each link
+  its own key, as ``dask.delayed`` builds it) or nested inside one task (legacy tuples).
+
+Leaves keep their order, so a function that is associative but not commutative (list or tuple
+concatenation, dict merges where later keys win) gives the same result. The reduced key keeps
+its name and its value; the interior links of a rewritten chain disappear (nothing else read
+them); new keys are derived from the reduced key, its tree level and an index, so the same graph
+always rewrites to the same keys. Only known or marked functions are ever touched.
+
+Everything here is pure: it reads ``GraphNode`` objects, builds new ones and never mutates its
+inputs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import operator
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from dask._task_spec import Alias, GraphNode, List, Task, TaskRef, Tuple, convert_legacy_task
+
+from .graph import Key
+
+__all__ = [
+    "DEFAULT_ARITY",
+    "DEFAULT_THRESHOLD",
+    "associative",
+    "is_associative",
+    "is_commutative",
+    "rewrite_reductions",
+]
+
+#: Inputs per task of a rewritten tree. Smaller bounds the memory of each reduction more
+#: tightly (arity + 1 values alive) but makes the tree deeper: more tasks, more round trips
+#: and more transfers on its critical path. In benchmarks/bench_rewrite.py (2 cores, one
+#: ``sum`` over histograms) 2 cost the most time and tasks, 16 held roughly twice the memory
+#: of 8, and 4 and 8 were within noise of each other on time; 8 needs half the levels of 4,
+#: which matters most once each level is a network round trip. See docs/rewrite.md.
+DEFAULT_ARITY = 8
+
+#: Fewest inputs a reduction needs before it is rewritten. It sits well above the fan-ins
+#: Dask's collections already emit (``split_every`` is 4 per axis for arrays, 8 for bags and
+#: dataframes, users rarely go past 16), so their trees are left alone, and low enough that a
+#: few dozen large histograms never meet on one worker.
+DEFAULT_THRESHOLD = 32
+
+_ASSOCIATIVE_MARK = "_daskvine_associative"
+_COMMUTATIVE_MARK = "_daskvine_commutative"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def associative(func: F, *, commutative: bool = False) -> F: ...
+
+
+@overload
+def associative(func: None = None, *, commutative: bool = False) -> Callable[[F], F]: ...
+
+
+def associative(func: Any = None, *, commutative: bool = False) -> Any:
+    """Mark ``func`` as associative, so large reductions with it may become trees.
+
+    Use it bare (``@associative``) or with arguments (``@associative(commutative=True)``).
+    The mark promises that regrouping does not change the result, in the form the function is
+    called in the graph::
+
+        f(a, f(b, c)) == f(f(a, b), c)                  # binary, in chains or functools.reduce
+        f([*xs, *ys]) == f([f(xs), f(ys)])              # one list argument
+        f(*xs, *ys) == f(f(*xs), f(*ys))                # many positional arguments
+
+    Keyword arguments are passed unchanged to every call of the tree, so they must be
+    options, not data (a start value belongs in ``sum``'s ``start``, not here). The order of
+    the operands is always kept; ``commutative=True`` records that it need not be.
+
+    The mark is an attribute of the function itself, so it travels with cloudpickle whether
+    the function is pickled by reference or by value. Returns ``func`` unchanged.
+    """
+
+    def mark(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"associative() needs a callable, not {type(f).__name__}")
+        try:
+            setattr(f, _ASSOCIATIVE_MARK, True)
+            setattr(f, _COMMUTATIVE_MARK, bool(commutative))
+        except (AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"cannot mark {f!r} as associative: it takes no attributes (a builtin or a "
+                "bound method?); mark a plain function that calls it instead"
+            ) from exc
+        return f
+
+    return mark if func is None else mark(func)
+
+
+def is_associative(func: Any) -> bool:
+    """Whether ``func`` is marked associative or is a known associative binary function."""
+    return _marked(func) or _known_kind(func, _known_functions()) in {"binary", "merge"}
+
+
+def is_commutative(func: Any) -> bool:
+    """Whether ``func`` is marked ``commutative=True``. Known functions are not listed:
+    ``operator.add`` concatenates lists, so none of them is commutative for every type."""
+    return _marked(func) and getattr(func, _COMMUTATIVE_MARK, False) is True
+
+
+def rewrite_reductions(
+    nodes: Mapping[Key, GraphNode],
+    dependencies: Mapping[Key, frozenset[Key]],
+    outputs: Iterable[Key],
+    arity: int | None = DEFAULT_ARITY,
+    threshold: int = DEFAULT_THRESHOLD,
+) -> tuple[dict[Key, GraphNode], dict[Key, frozenset[Key]]]:
+    """Return new ``(nodes, dependencies)`` where large reductions are balanced trees.
+
+    ``nodes`` and ``dependencies`` are a (possibly culled) graph as ``graph.build_plan``
+    makes it; ``outputs`` are the keys the caller will read, which are never removed or
+    changed in value. A reduction over at least ``threshold`` inputs, and more than
+    ``arity``, becomes a tree whose tasks read at most ``arity`` inputs each. ``arity=None``
+    turns rewriting off. The inputs are never mutated; nodes that are not rewritten are the
+    same objects in the result, and every new entry of ``dependencies`` equals its node's
+    ``dependencies``.
+    """
+    if arity is None:
+        return dict(nodes), dict(dependencies)
+    if not isinstance(arity, int) or isinstance(arity, bool) or arity < 2:
+        raise ValueError(f"arity must be an integer >= 2 or None, not {arity!r}")
+    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 2:
+        raise ValueError(f"threshold must be an integer >= 2, not {threshold!r}")
+    graph = _Graph(nodes, dependencies, outputs, _known_functions())
+
+    trees: dict[Key, list[Task]] = {}
+    absorbed: set[Key] = set()
+    taken = set(nodes)
+    for key, node in nodes.items():
+        if type(node) is not Task:
+            continue
+        reduction = _match_fan_in(node, graph.known)
+        if not _worth_a_tree(reduction, arity, threshold):
+            reduction = None
+            if _is_link(node, graph.known) and not graph.is_interior(key):
+                reduction = graph.match_chain(key, node)
+        if reduction is not None and _worth_a_tree(reduction, arity, threshold):
+            trees[key] = _build_tree(key, reduction, arity, taken)
+            absorbed.update(reduction.absorbed)
+
+    new_nodes: dict[Key, GraphNode] = {}
+    new_dependencies: dict[Key, frozenset[Key]] = {}
+    for key, node in nodes.items():
+        if key in absorbed:
+            continue
+        for task in trees.get(key, ()):
+            new_nodes[task.key] = task
+            new_dependencies[task.key] = frozenset(task.dependencies)
+        if key not in trees:
+            new_nodes[key] = node
+            deps = dependencies.get(key)
+            new_dependencies[key] = frozenset(node.dependencies) if deps is None else deps
+    return new_nodes, new_dependencies
+
+
+# --- recognising reductions -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    """A reduction found in the graph, and how to rebuild it one level at a time."""
+
+    #: The operands in order: references, inline tasks or literals.
+    terms: tuple[Any, ...]
+    #: What ``threshold`` is compared with: operands that read other keys for a flat
+    #: fan-in (a sum of literals gathers nothing), all operands for a chain (its depth).
+    fan_in: int
+    #: Builds one inner task of the tree: (new key, a run of operands) -> task.
+    group: Callable[[Key, Sequence[Any]], Task]
+    #: Rebuilds the reduced key itself over the partial results.
+    root: Callable[[Sequence[Any]], Task]
+    #: Keys of chain links that the rewritten tree replaces.
+    absorbed: tuple[Key, ...] = ()
+
+
+def _marked(func: Any) -> bool:
+    try:
+        return getattr(func, _ASSOCIATIVE_MARK, False) is True
+    except Exception:  # an object whose __getattr__ raises something odd is simply unmarked
+        return False
+
+
+def _known_functions() -> dict[int, tuple[Any, str]]:
+    """The known reducers that are importable right now, by ``id``.
+
+    Optional libraries are looked up in ``sys.modules`` and never imported: a graph can only
+    hold one of their functions if the library is already loaded.
+    """
+    table: dict[int, tuple[Any, str]] = {}
+
+    def add(obj: Any, kind: str) -> None:
+        if obj is not None:
+            table[id(obj)] = (obj, kind)
+
+    add(builtins.sum, "sum")
+    add(functools.reduce, "reduce")
+    for op in (operator.add, operator.mul, operator.and_, operator.or_, operator.xor):
+        add(op, "binary")
+    add(operator.concat, "binary")
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        add(getattr(numpy, "sum", None), "numpy")
+        add(getattr(numpy, "add", None), "binary")
+    for name in ("toolz", "cytoolz"):
+        add(getattr(sys.modules.get(name), "merge", None), "merge")
+    coffea = sys.modules.get("coffea.processor.accumulator")
+    add(getattr(coffea, "accumulate", None), "accumulate")
+    add(getattr(coffea, "add", None), "binary")
+    return table
+
+
+def _known_kind(func: Any, known: Mapping[int, tuple[Any, str]]) -> str | None:
+    entry = known.get(id(func))
+    if entry is not None and entry[0] is func:
+        return entry[1]
+    # numpy.add.reduce is a new bound method at every attribute access: compare its owner.
+    owner = getattr(func, "__self__", None)
+    numpy = sys.modules.get("numpy")
+    if (
+        numpy is not None
+        and owner is getattr(numpy, "add", None)
+        and getattr(func, "__name__", None) == "reduce"
+    ):
+        return "numpy"
+    return None
+
+
+def _binary_op(func: Any, known: Mapping[int, tuple[Any, str]]) -> bool:
+    return _marked(func) or _known_kind(func, known) in {"binary", "merge"}
+
+
+def _same_func(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:  # bound methods are new objects at each access but compare equal
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _legacy_sequence_func() -> Any:
+    """The function Dask wraps a legacy list argument in (a private helper of Dask).
+
+    Asking ``convert_legacy_task`` once avoids naming that helper; if Dask later builds a
+    ``List`` container instead, there is no legacy form to recognise.
+    """
+    probe = convert_legacy_task(None, ["x", "x"], {"x"})
+    return probe.func if type(probe) is Task else None
+
+
+_LEGACY_SEQUENCE = _legacy_sequence_func()
+
+
+def _sequence(obj: Any) -> tuple[tuple[Any, ...], type] | None:
+    """The items of a list or tuple argument, and the container that rebuilds it."""
+    if type(obj) is List:
+        return tuple(obj.args), List
+    if type(obj) is Tuple:
+        return tuple(obj.args), Tuple
+    if (
+        _LEGACY_SEQUENCE is not None
+        and type(obj) is Task
+        and obj.key is None
+        and obj.func is _LEGACY_SEQUENCE
+        and len(obj.kwargs) == 1
+        and obj.kwargs.get("typ") in (list, tuple)
+    ):
+        return tuple(obj.args), List if obj.kwargs["typ"] is list else Tuple
+    return None
+
+
+def _reads_keys(term: Any) -> bool:
+    return isinstance(term, TaskRef) or (isinstance(term, GraphNode) and bool(term.dependencies))
+
+
+def _reference(term: Any) -> Key | None:
+    """The key that ``term`` stands for, if it is a plain reference to one."""
+    if isinstance(term, TaskRef):
+        return term.key
+    if type(term) is Alias:
+        return term.target
+    return None
+
+
+def _term_dependencies(term: Any) -> frozenset[Key]:
+    if isinstance(term, TaskRef):
+        return frozenset((term.key,))
+    if isinstance(term, GraphNode):
+        return frozenset(term.dependencies)
+    return frozenset()
+
+
+def _fold(key: Key | None, func: Any, terms: Sequence[Any]) -> Task:
+    """``func(func(func(t0, t1), t2), t3)`` as one task: a left fold keeps operand order."""
+    acc = terms[0]
+    for term in terms[1:-1]:
+        acc = Task(None, func, acc, term)
+    return Task(key, func, acc, terms[-1])
+
+
+def _match_fan_in(node: Task, known: Mapping[int, tuple[Any, str]]) -> _Reduction | None:
+    """A flat reduction ``node`` computes, or None."""
+    func, args, kwargs = node.func, node.args, node.kwargs
+    kind = _known_kind(func, known)
+    if kind is None and not _marked(func):
+        return None  # the common case: most tasks are neither known nor marked
+    producer = node.data_producer
+
+    def replacing(position: int, container: type) -> Callable[[Sequence[Any]], Task]:
+        # The reduced key keeps its call, start value included; only the list changes.
+        def root(partials: Sequence[Any]) -> Task:
+            new_args = (*args[:position], container(*partials), *args[position + 1 :])
+            return Task(node.key, func, *new_args, _data_producer=producer, **kwargs)
+
+        return root
+
+    def list_form(position: int, group: Callable[[Key, Sequence[Any]], Task]) -> _Reduction | None:
+        found = _sequence(args[position]) if len(args) > position else None
+        if found is None:
+            return None
+        terms, container = found
+        fan_in = sum(map(_reads_keys, terms))
+        return _Reduction(terms, fan_in, group, replacing(position, container))
+
+    def self_similar(position: int = 0) -> _Reduction | None:
+        found = _sequence(args[position])
+        if found is None:
+            return None
+        container = found[1]
+
+        def group(key: Key, terms: Sequence[Any]) -> Task:
+            new_args = (*args[:position], container(*terms), *args[position + 1 :])
+            return Task(key, func, *new_args, **kwargs)
+
+        return list_form(position, group)
+
+    def varargs() -> _Reduction:
+        def group(key: Key, terms: Sequence[Any]) -> Task:
+            return Task(key, func, *terms, **kwargs)
+
+        def root(partials: Sequence[Any]) -> Task:
+            return Task(node.key, func, *partials, _data_producer=producer, **kwargs)
+
+        return _Reduction(tuple(args), sum(map(_reads_keys, args)), group, root)
+
+    if kind == "sum":
+        # sum(parts, start): inner tasks add their run without the start value, which the
+        # reduced key adds once, as before.
+        if 1 <= len(args) <= 2 and set(kwargs) <= {"start"} and len(args) + len(kwargs) <= 2:
+            return list_form(0, lambda key, terms: _fold(key, operator.add, terms))
+        return None
+    if kind == "reduce":
+        if len(args) in (2, 3) and not kwargs and _binary_op(args[0], known):
+            op = args[0]
+            return list_form(1, lambda key, terms: _fold(key, op, terms))
+        return None
+    if kind == "numpy":
+        # Stacking then reducing along axis 0 (or everything) regroups exactly; keepdims,
+        # out, initial and where would be applied at every level, so they are not rewritten.
+        if len(args) in (1, 2) and set(kwargs) <= {"axis", "dtype"}:
+            if len(args) == 2 and "axis" in kwargs:
+                return None
+            axis = args[1] if len(args) == 2 else kwargs.get("axis")
+            if axis is None or (type(axis) is int and axis == 0):
+                return self_similar()
+        return None
+    if kind == "accumulate":
+        # Coffea's accumulate(items, accum=None): a given accumulator is updated in place,
+        # so only the reduced key receives it.
+        if 1 <= len(args) <= 2 and set(kwargs) <= {"accum"} and len(args) + len(kwargs) <= 2:
+            return list_form(0, lambda key, terms: Task(key, func, List(*terms)))
+        return None
+    if kind == "merge" or _marked(func):
+        if kind == "merge" and set(kwargs) - {"factory"}:
+            return None
+        if len(args) == 1:
+            return self_similar()
+        if len(args) > 2:
+            return varargs()
+    return None
+
+
+def _is_link(node: Any, known: Mapping[int, tuple[Any, str]], func: Any = None) -> bool:
+    """Whether ``node`` is one step ``op(x, y)`` of a chain (of ``func``, if given)."""
+    return (
+        type(node) is Task
+        and len(node.args) == 2
+        and not node.kwargs
+        and (_binary_op(node.func, known) if func is None else _same_func(node.func, func))
+    )
+
+
+_SEVERAL = object()  # stands for "more than one dependent" in _Graph.dependent
+
+
+class _Graph:
+    """Read-only views of the input graph that chain detection needs."""
+
+    def __init__(
+        self,
+        nodes: Mapping[Key, GraphNode],
+        dependencies: Mapping[Key, frozenset[Key]],
+        outputs: Iterable[Key],
+        known: Mapping[int, tuple[Any, str]],
+    ) -> None:
+        self.nodes = nodes
+        self.known = known
+        self.outputs = set(outputs)
+        #: The one task that reads each key, or _SEVERAL.
+        self.dependent: dict[Key, Any] = {}
+        for key, deps in dependencies.items():
+            for dep in deps:
+                self.dependent[dep] = _SEVERAL if dep in self.dependent else key
+
+    def absorbable(self, key: Key, owner: Key, func: Any, other: Any) -> bool:
+        """Whether link ``key``, read by ``owner`` next to operand ``other``, can be folded in.
+
+        Only a link that nothing else reads, that is not an output and that ``owner`` reads
+        once can disappear into the tree.
+        """
+        return (
+            key not in self.outputs
+            and self.dependent.get(key) == owner
+            and _is_link(self.nodes.get(key), self.known, func)
+            and key not in _term_dependencies(other)
+        )
+
+    def spine(self, node: Task, owner: Key, top_level: bool) -> int | None:
+        """Which operand of link ``node`` continues its chain: 0 (left-deep), 1 or None.
+
+        Inline links continue a chain anywhere; links in other tasks only from the operands
+        of a task itself (``top_level``), where one ``dependencies`` lookup proves that
+        nothing else in the task reads them.
+        """
+        for side in (0, 1):
+            operand, other = node.args[side], node.args[1 - side]
+            if _is_link(operand, self.known, node.func):
+                return side
+            ref = _reference(operand)
+            if top_level and ref is not None and self.absorbable(ref, owner, node.func, other):
+                return side
+        return None
+
+    def is_interior(self, key: Key) -> bool:
+        """Whether link ``key`` is folded into the chain of the task that reads it."""
+        owner = self.dependent.get(key)
+        if owner is None or owner is _SEVERAL or key in self.outputs:
+            return False
+        parent = self.nodes.get(owner)
+        if not _is_link(parent, self.known, self.nodes[key].func):
+            return False
+        side = self.spine(parent, owner, top_level=True)
+        return side is not None and _reference(parent.args[side]) == key
+
+    def match_chain(self, key: Key, head: Task) -> _Reduction:
+        """The chain that ends at ``head``, walked without recursion (chains can be 10^5 deep)."""
+        func = head.func
+        steps: list[tuple[int, Any]] = []  # (spine side, the other operand), head first
+        absorbed: list[Key] = []
+        node, owner, top_level = head, key, True
+        while (side := self.spine(node, owner, top_level)) is not None:
+            steps.append((side, node.args[1 - side]))
+            operand = node.args[side]
+            if type(operand) is Task:  # an inline link: same task, keep walking inside it
+                node, top_level = operand, False
+            else:  # a reference to a link that nothing else reads: it joins the tree
+                ref = _reference(operand)
+                absorbed.append(ref)
+                node, owner, top_level = self.nodes[ref], ref, True
+        terms: deque[Any] = deque(node.args)
+        for side, other in reversed(steps):
+            if side == 0:
+                terms.append(other)
+            else:
+                terms.appendleft(other)
+
+        def group(new_key: Key, run: Sequence[Any]) -> Task:
+            return _fold(new_key, func, run)
+
+        def root(partials: Sequence[Any]) -> Task:
+            return _fold(key, func, partials)
+
+        return _Reduction(tuple(terms), len(terms), group, root, tuple(absorbed))
+
+
+# --- building trees ---------------------------------------------------------------------
+
+
+def _worth_a_tree(reduction: _Reduction | None, arity: int, threshold: int) -> bool:
+    return reduction is not None and reduction.fan_in >= threshold and len(reduction.terms) > arity
+
+
+def _tree_key(key: Key, level: int, index: int, taken: set[Key]) -> Key:
+    """A new key for the ``index``-th task of ``level`` below ``key``, unused in the graph.
+
+    ``"total"`` gives ``("total-tree", level, index)`` and ``("sum-1f2e", 3)`` gives
+    ``("sum-1f2e-tree", 3, level, index)``, so ``dask.utils.key_split`` still names the
+    reduction. A clash with an existing key adds another ``-tree``.
+    """
+    name, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
+    suffix = "-tree"
+    while True:
+        candidate = (f"{name}{suffix}", *rest, level, index)
+        if candidate not in taken:
+            taken.add(candidate)
+            return candidate
+        suffix += "-tree"
+
+
+def _runs(items: Sequence[Any], count: int) -> list[Sequence[Any]]:
+    """``items`` cut into ``count`` consecutive runs whose lengths differ by at most one."""
+    size, extra = divmod(len(items), count)
+    runs, start = [], 0
+    for index in range(count):
+        stop = start + size + (index < extra)
+        runs.append(items[start:stop])
+        start = stop
+    return runs
+
+
+def _build_tree(key: Key, reduction: _Reduction, arity: int, taken: set[Key]) -> list[Task]:
+    """The tasks of a balanced tree over ``reduction.terms``, the reduced key last.
+
+    Each level cuts the operands into consecutive runs of at most ``arity`` (consecutive, so
+    order is kept and a partial result is ready as soon as its run is), until the reduced
+    key's own call needs no more than ``arity`` of them.
+    """
+    tasks: list[Task] = []
+    current: Sequence[Any] = reduction.terms
+    level = 0
+    while len(current) > arity:
+        partials: list[Any] = []
+        for index, run in enumerate(_runs(current, -(-len(current) // arity))):
+            if len(run) == 1:
+                partials.append(run[0])  # a run of one needs no task
+                continue
+            task = reduction.group(_tree_key(key, level, index, taken), run)
+            tasks.append(task)
+            partials.append(TaskRef(task.key))
+        current = partials
+        level += 1
+    tasks.append(reduction.root(current))
+    return tasks
