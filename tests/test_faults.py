@@ -7,6 +7,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -187,9 +188,11 @@ def test_worker_without_a_manager_gives_up():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = spawn(f"tcp://127.0.0.1:{port}", extra_args=["--manager-timeout", "1"])
+    proc = spawn(f"tcp://127.0.0.1:{port}", extra_args=["--manager-timeout", "1"],
+                 stderr=subprocess.PIPE)  # fmt: skip
     try:
-        assert proc.wait(timeout=20) == 3
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 3, err.decode()
     finally:
         proc.kill()
         proc.wait()

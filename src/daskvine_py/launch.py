@@ -6,10 +6,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def spawn(
-    address: str, cores: int = 1, name: str | None = None, extra_args: Sequence[str] = ()
+    address: str,
+    cores: int = 1,
+    name: str | None = None,
+    extra_args: Sequence[str] = (),
+    **popen_options: Any,
 ) -> subprocess.Popen:
     """Start ``python -m daskvine_py.worker`` as a child process that sees our ``sys.path``.
 
@@ -22,4 +27,6 @@ def spawn(
     args = [sys.executable, "-m", "daskvine_py.worker", address, "--cores", str(cores)]
     if name:
         args += ["--name", name]
-    return subprocess.Popen([*args, *extra_args], env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
+    )

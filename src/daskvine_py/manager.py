@@ -38,6 +38,7 @@ from queue import SimpleQueue
 from typing import Any
 
 import zmq
+from dask.utils import key_split
 
 from . import protocol as p
 from . import state as s
@@ -95,7 +96,7 @@ class Manager:
     ----------
     host, port
         Where to listen; ``port=0`` picks a free port. See ``address``.
-    heartbeat_interval, worker_timeout, extra_tasks_per_core
+    heartbeat_interval, worker_timeout, max_extra_tasks_per_core
         See ``ManagerOptions``.
 
     Examples
@@ -122,7 +123,7 @@ class Manager:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         self._commands: SimpleQueue = SimpleQueue()
-        self._state = s.SchedulerState(self.options.extra_tasks_per_core)
+        self._state = s.SchedulerState(self.options.max_extra_tasks_per_core)
         self._runs: dict[int, _Run] = {}
         self._workers: dict[bytes, _WorkerInfo] = {}
         self._outboxes: dict[bytes, list[Any]] = {}
@@ -206,7 +207,11 @@ class Manager:
             return pack_results(plan.structure, {})
         tasks = [
             s.NewTask(
-                key, _dump_task(key, node), tuple(plan.dependencies[key]), plan.priorities[key]
+                key,
+                _dump_task(key, node),
+                tuple(plan.dependencies[key]),
+                plan.priorities[key],
+                key_split(key),
             )
             for key, node in plan.nodes.items()
         ]

@@ -55,10 +55,11 @@ class ManagerOptions:
     #: Seconds of silence after which a worker is declared lost and its work re-run.
     #: Shorter recovers sooner from dead nodes; too short declares busy nodes dead.
     worker_timeout: float = 30.0
-    #: Tasks a worker holds beyond one per core, per core: they hide the round trip to
-    #: the manager. More keeps workers busier on tiny tasks, but can leave work queued on
-    #: one worker while another idles.
-    extra_tasks_per_core: int = 1
+    #: Upper bound on the tasks a worker holds beyond one per core. Within it, the manager
+    #: sizes each worker's queue from the measured round trip and an EMA of task durations
+    #: (see ``saturation``). Higher keeps workers busy on tiny tasks over slow links; lower
+    #: bounds how much unstarted work can sit on one worker (idle workers take it back).
+    max_extra_tasks_per_core: int = 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -68,5 +69,5 @@ class ManagerOptions:
                 "need 0 < heartbeat_interval < worker_timeout, got "
                 f"{self.heartbeat_interval} and {self.worker_timeout}"
             )
-        if self.extra_tasks_per_core < 0:
-            raise ValueError("extra_tasks_per_core must be >= 0")
+        if self.max_extra_tasks_per_core < 0:
+            raise ValueError("max_extra_tasks_per_core must be >= 0")

@@ -36,6 +36,7 @@ from typing import Any, Literal, NamedTuple
 from . import protocol as p
 from .errors import InvalidTransition
 from .matching import ReadyQueue
+from .saturation import DurationEstimates, Ema, extra_tasks
 from .serialize import Serialized
 
 Key = Hashable
@@ -50,6 +51,7 @@ class NewTask(NamedTuple):
     payload: bytes
     dependencies: tuple[Key, ...]
     priority: int
+    prefix: str = ""  #: the kind of task (``key_split``), for duration estimates
 
 
 class SubmitRun(NamedTuple):
@@ -115,17 +117,17 @@ class RunFailed(NamedTuple):
 
 
 class WorkerRecord:
-    __slots__ = ("id", "name", "cores", "capacity", "peer_address", "processing", "has_what")
+    __slots__ = ("id", "name", "cores", "peer_address", "processing", "has_what", "round_trip")
 
-    def __init__(self, id: WorkerId, name: str, cores: int, capacity: int, peer_address: str):
+    def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
         self.id = id
         self.name = name
         self.cores = cores
-        #: tasks this worker may hold at once: cores plus extra to hide the round trip
-        self.capacity = capacity
         self.peer_address = peer_address
-        #: tasks sent to this worker and not finished
-        self.processing: set[TaskRecord] = set()
+        #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
+        self.processing: dict[TaskRecord, None] = {}
+        #: overhead of a task beyond its run time, measured on tasks that found a free core
+        self.round_trip = Ema()
         #: results this worker holds
         self.has_what: set[TaskRecord] = set()
 
@@ -149,15 +151,21 @@ class TaskRecord:
     __slots__ = (
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "delivered",
-        "attempts",
+        "attempts", "prefix", "sent_at", "sent_idle",
     )  # fmt: skip
 
-    def __init__(self, id: int, key: Key, run: RunRecord, payload: bytes, priority: Any):
+    def __init__(
+        self, id: int, key: Key, run: RunRecord, payload: bytes, priority: Any, prefix: str
+    ):
         self.id = id
         self.key = key
         self.run = run
         self.payload = payload
         self.priority = priority
+        self.prefix = prefix
+        #: when it was sent to its worker, and whether a core was free there then
+        self.sent_at = 0.0
+        self.sent_idle = False
         self.deps: list[TaskRecord] = []
         self.dependents: list[TaskRecord] = []
         self.state: TaskStateName = "waiting"
@@ -187,8 +195,11 @@ class SchedulerState:
     why only the transition methods touch them.
     """
 
-    def __init__(self, extra_tasks_per_core: int = 1, story_length: int = 10_000) -> None:
-        self.extra_tasks_per_core = extra_tasks_per_core
+    def __init__(self, max_extra_tasks_per_core: int = 16, story_length: int = 10_000) -> None:
+        #: bound on the tasks a worker holds beyond one per core (see ``saturation``)
+        self.max_extra_tasks_per_core = max_extra_tasks_per_core
+        self.durations = DurationEstimates()
+        self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
         self.runs: dict[int, RunRecord] = {}
         self.tasks: dict[int, TaskRecord] = {}
@@ -203,6 +214,7 @@ class SchedulerState:
     def handle(self, events: Iterable[Any], now: float = 0.0) -> list[Any]:
         """Apply ``events`` in order, then dispatch ready work; return the instructions."""
         out = self._out = []
+        self.now = now
         for event in events:
             handler = self._EVENT_HANDLERS.get(type(event))
             if handler is None:
@@ -222,7 +234,7 @@ class SchedulerState:
         records = run.tasks
         for new in ev.tasks:
             record = TaskRecord(
-                self._next_task_id, new.key, run, new.payload, (run.id, new.priority)
+                self._next_task_id, new.key, run, new.payload, (run.id, new.priority), new.prefix
             )
             self._next_task_id += 1
             records[new.key] = record
@@ -251,10 +263,7 @@ class SchedulerState:
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
             return
-        capacity = ev.cores * (1 + self.extra_tasks_per_core)
-        self.workers[ev.worker] = WorkerRecord(
-            ev.worker, ev.name, ev.cores, capacity, ev.peer_address
-        )
+        self.workers[ev.worker] = WorkerRecord(ev.worker, ev.name, ev.cores, ev.peer_address)
 
     def _on_worker_lost(self, ev: WorkerLost) -> None:
         worker = self.workers.pop(ev.worker, None)
@@ -311,6 +320,9 @@ class SchedulerState:
                 self._send(worker, p.Release((msg.task_id,)))
             return
         task.nbytes = msg.nbytes
+        self.durations.observe(task.prefix, msg.duration)
+        if task.sent_idle:
+            worker.round_trip.observe(max(0.0, self.now - task.sent_at - msg.duration))
         if task.is_output and not task.delivered:
             if msg.value is None:
                 raise ValueError(f"worker {worker.name} sent no value for output {task.key!r}")
@@ -420,7 +432,7 @@ class SchedulerState:
         release: dict[WorkerRecord, list[int]] = {}
         for task in run.tasks.values():
             if task.state == "processing" and task.worker is not None:
-                task.worker.processing.discard(task)
+                task.worker.processing.pop(task, None)
                 cancel.setdefault(task.worker, []).append(task.id)
             elif task.state == "ready":
                 self.queue.remove(task)
@@ -442,20 +454,48 @@ class SchedulerState:
     # -- dispatch ---------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Give ready tasks to workers with free capacity, one per worker per round."""
-        if not self.queue:
-            return
-        hungry = [w for w in self.workers.values() if len(w.processing) < w.capacity]
+        """Give ready tasks to workers below their saturation, one per worker per round.
+
+        Then, if cores are idle and no task is queued here, take back tasks that wait
+        unstarted on a worker with more tasks than cores.
+        """
+        hungry = list(self.workers.values())
         while hungry and self.queue:
             still_hungry = []
             for worker in hungry:
                 task = self.queue.pop_for(worker.id)
                 if task is None:
                     return
+                if len(worker.processing) >= worker.cores + self._extra(worker, task):
+                    self.queue.push(task, task.priority, self._target(task))
+                    continue
                 self._transition(task, "processing", worker=worker)
-                if len(worker.processing) < worker.capacity:
-                    still_hungry.append(worker)
+                still_hungry.append(worker)
             hungry = still_hungry
+        if not self.queue:
+            self._steal_for_idle_workers()
+
+    def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
+        trip = worker.round_trip.value if worker.round_trip.count else None
+        return extra_tasks(
+            worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
+        )
+
+    def _steal_for_idle_workers(self) -> None:
+        idle = [w for w in self.workers.values() if len(w.processing) < w.cores]
+        if not idle:
+            return
+        for thief in idle:
+            while len(thief.processing) < thief.cores:
+                victim = max(self.workers.values(), key=lambda w: len(w.processing) - w.cores)
+                if len(victim.processing) <= victim.cores:
+                    return
+                # The newest task sent there is the least likely to have started.
+                task = next(reversed(victim.processing))
+                self._transition(task, "ready")
+                self._send(victim, p.Cancel((task.id,)))
+                self.queue.remove(task)
+                self._transition(task, "processing", worker=thief)
 
     def _target(self, task: TaskRecord) -> WorkerId | None:
         """The worker holding most of the task's input bytes, if any."""
@@ -490,7 +530,9 @@ class SchedulerState:
 
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
         task.worker = worker
-        worker.processing.add(task)
+        task.sent_at = self.now
+        task.sent_idle = len(worker.processing) < worker.cores
+        worker.processing[task] = None
         deps = tuple(
             p.DepLocation(
                 dep.id,
@@ -513,7 +555,7 @@ class SchedulerState:
     def _unassign(self, task: TaskRecord) -> WorkerRecord | None:
         worker = task.worker
         if worker is not None:
-            worker.processing.discard(task)
+            worker.processing.pop(task, None)
         task.worker = None
         return worker
 
