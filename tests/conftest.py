@@ -12,8 +12,13 @@ from daskvine_py import Manager
 
 
 def _worker_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "daskvine_py.worker"], capture_output=True, text=True)
-    return {int(pid) for pid in out.stdout.split()} - {os.getpid()}
+    """Worker processes this test process started (its children), not anyone else's."""
+    out = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "daskvine_py.worker"],
+        capture_output=True,
+        text=True,
+    )
+    return {int(pid) for pid in out.stdout.split()}
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +40,8 @@ def manager():
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_workers():
     """Every test run must leave no worker process behind."""
-    before = _worker_pids()
     yield
-    left = _worker_pids() - before
+    left = _worker_pids()
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"worker processes left behind: {sorted(left)}"

@@ -17,7 +17,9 @@ shapes and rebuilds them as trees whose tasks read at most ``arity`` inputs each
   its own key, as ``dask.delayed`` builds it) or nested inside one task (legacy tuples).
 
 Leaves keep their order, so a function that is associative but not commutative (list or tuple
-concatenation, dict merges where later keys win) gives the same result. The reduced key keeps
+concatenation, dict merges where later keys win) gives the same result. Integer sums are exact;
+floating-point sums are regrouped too, so they may differ in the last bits, as with Dask's own
+``split_every``. The reduced key keeps
 its name and its value; the interior links of a rewritten chain disappear (nothing else read
 them); new keys are derived from the reduced key, its tree level and an index, so the same graph
 always rewrites to the same keys. Only known or marked functions are ever touched.
@@ -32,6 +34,7 @@ import builtins
 import functools
 import operator
 import sys
+import types
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,12 +53,14 @@ __all__ = [
     "rewrite_reductions",
 ]
 
-#: Inputs per task of a rewritten tree. Smaller bounds the memory of each reduction more
-#: tightly (arity + 1 values alive) but makes the tree deeper: more tasks, more round trips
-#: and more transfers on its critical path. In benchmarks/bench_rewrite.py (2 cores, one
-#: ``sum`` over histograms) 2 cost the most time and tasks, 16 held roughly twice the memory
-#: of 8, and 4 and 8 were within noise of each other on time; 8 needs half the levels of 4,
-#: which matters most once each level is a network round trip. See docs/rewrite.md.
+#: Inputs per task of a rewritten tree. Smaller bounds each reduction's memory more tightly
+#: (about arity + 1 values alive) but makes the tree deeper: more tasks, and more levels on
+#: the critical path, each a round trip and a transfer once workers are remote. Measured with
+#: benchmarks/bench_rewrite.py (2 cores, Dask's threaded scheduler, one ``sum`` over 2,000
+#: histograms of 8 MB; without rewriting it holds all 16 GB at once): arity 2 made 3,999
+#: tasks and took 19.8 s (peak 124 MB), 4 took 13.7 s (159 MB), 8 took 13.7 s (231 MB), 16
+#: took 20.7 s (326 MB). 4 and 8 tie on time here; 8 needs 4 levels for 2,000 inputs where
+#: 4 needs 6, which is what counts across a network. See docs/rewrite.md.
 DEFAULT_ARITY = 8
 
 #: Fewest inputs a reduction needs before it is rewritten. It sits well above the fan-ins
@@ -67,15 +72,15 @@ DEFAULT_THRESHOLD = 32
 _ASSOCIATIVE_MARK = "_daskvine_associative"
 _COMMUTATIVE_MARK = "_daskvine_commutative"
 
-F = TypeVar("F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @overload
-def associative(func: F, *, commutative: bool = False) -> F: ...
+def associative(func: _F, *, commutative: bool = False) -> _F: ...
 
 
 @overload
-def associative(func: None = None, *, commutative: bool = False) -> Callable[[F], F]: ...
+def associative(func: None = None, *, commutative: bool = False) -> Callable[[_F], _F]: ...
 
 
 def associative(func: Any = None, *, commutative: bool = False) -> Any:
@@ -97,7 +102,7 @@ def associative(func: Any = None, *, commutative: bool = False) -> Any:
     the function is pickled by reference or by value. Returns ``func`` unchanged.
     """
 
-    def mark(f: F) -> F:
+    def mark(f: _F) -> _F:
         if not callable(f):
             raise TypeError(f"associative() needs a callable, not {type(f).__name__}")
         try:
@@ -115,12 +120,15 @@ def associative(func: Any = None, *, commutative: bool = False) -> Any:
 
 def is_associative(func: Any) -> bool:
     """Whether ``func`` is marked associative or is a known associative binary function."""
-    return _marked(func) or _known_kind(func, _known_functions()) in {"binary", "merge"}
+    return _Known().binary(func)
 
 
 def is_commutative(func: Any) -> bool:
-    """Whether ``func`` is marked ``commutative=True``. Known functions are not listed:
-    ``operator.add`` concatenates lists, so none of them is commutative for every type."""
+    """Whether ``func`` is marked ``commutative=True``.
+
+    No known function is: ``operator.add`` concatenates lists and ``toolz.merge`` lets later
+    keys win, so none of them is commutative for every type.
+    """
     return _marked(func) and getattr(func, _COMMUTATIVE_MARK, False) is True
 
 
@@ -147,7 +155,7 @@ def rewrite_reductions(
         raise ValueError(f"arity must be an integer >= 2 or None, not {arity!r}")
     if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 2:
         raise ValueError(f"threshold must be an integer >= 2, not {threshold!r}")
-    graph = _Graph(nodes, dependencies, outputs, _known_functions())
+    graph = _Graph(nodes, dependencies, outputs, _Known())
 
     trees: dict[Key, list[Task]] = {}
     absorbed: set[Key] = set()
@@ -206,53 +214,65 @@ def _marked(func: Any) -> bool:
         return False
 
 
-def _known_functions() -> dict[int, tuple[Any, str]]:
-    """The known reducers that are importable right now, by ``id``.
+class _Known:
+    """The known reducers that are loaded right now, looked up by identity.
 
-    Optional libraries are looked up in ``sys.modules`` and never imported: a graph can only
+    Optional libraries are found in ``sys.modules`` and never imported: a graph can only
     hold one of their functions if the library is already loaded.
     """
-    table: dict[int, tuple[Any, str]] = {}
 
-    def add(obj: Any, kind: str) -> None:
-        if obj is not None:
-            table[id(obj)] = (obj, kind)
+    __slots__ = ("kinds", "numpy_add")
 
-    add(builtins.sum, "sum")
-    add(functools.reduce, "reduce")
-    for op in (operator.add, operator.mul, operator.and_, operator.or_, operator.xor):
-        add(op, "binary")
-    add(operator.concat, "binary")
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        add(getattr(numpy, "sum", None), "numpy")
-        add(getattr(numpy, "add", None), "binary")
-    for name in ("toolz", "cytoolz"):
-        add(getattr(sys.modules.get(name), "merge", None), "merge")
-    coffea = sys.modules.get("coffea.processor.accumulator")
-    add(getattr(coffea, "accumulate", None), "accumulate")
-    add(getattr(coffea, "add", None), "binary")
-    return table
+    def __init__(self) -> None:
+        #: id(function) -> (function, kind); the function is kept to check identity.
+        self.kinds: dict[int, tuple[Any, str]] = {}
+        numpy = sys.modules.get("numpy")
+        coffea = sys.modules.get("coffea.processor.accumulator")
+        #: numpy.add.reduce is a new bound method at every access: it is known by its owner.
+        self.numpy_add = getattr(numpy, "add", None)
+        entries = [
+            (builtins.sum, "sum"),
+            (functools.reduce, "reduce"),
+            (getattr(numpy, "sum", None), "numpy"),
+            (getattr(coffea, "accumulate", None), "accumulate"),
+            *((getattr(sys.modules.get(name), "merge", None), "merge") for name in _TOOLZ),
+            *((op, "binary") for op in _OPERATORS),
+            (self.numpy_add, "binary"),
+            (getattr(coffea, "add", None), "binary"),
+        ]
+        for func, kind in entries:
+            if func is not None:
+                self.kinds[id(func)] = (func, kind)
+
+    def kind(self, func: Any) -> str | None:
+        entry = self.kinds.get(id(func))
+        if entry is not None and entry[0] is func:
+            return entry[1]
+        if (
+            self.numpy_add is not None
+            and type(func) is types.BuiltinMethodType
+            and func.__self__ is self.numpy_add
+            and func.__name__ == "reduce"
+        ):
+            return "numpy"
+        return None
+
+    def binary(self, func: Any) -> bool:
+        """Whether ``func(a, b)`` is associative: known or marked."""
+        return self.kind(func) in ("binary", "merge") or _marked(func)
 
 
-def _known_kind(func: Any, known: Mapping[int, tuple[Any, str]]) -> str | None:
-    entry = known.get(id(func))
-    if entry is not None and entry[0] is func:
-        return entry[1]
-    # numpy.add.reduce is a new bound method at every attribute access: compare its owner.
-    owner = getattr(func, "__self__", None)
-    numpy = sys.modules.get("numpy")
-    if (
-        numpy is not None
-        and owner is getattr(numpy, "add", None)
-        and getattr(func, "__name__", None) == "reduce"
-    ):
-        return "numpy"
-    return None
-
-
-def _binary_op(func: Any, known: Mapping[int, tuple[Any, str]]) -> bool:
-    return _marked(func) or _known_kind(func, known) in {"binary", "merge"}
+#: Associative for every type they accept (concatenation and dict merges keep order).
+#: ``iadd`` and friends are left out: folding them would mutate inputs other tasks read.
+_OPERATORS = (
+    operator.add,
+    operator.mul,
+    operator.and_,
+    operator.or_,
+    operator.xor,
+    operator.concat,
+)
+_TOOLZ = ("toolz", "cytoolz")
 
 
 def _same_func(a: Any, b: Any) -> bool:
@@ -308,26 +328,26 @@ def _reference(term: Any) -> Key | None:
     return None
 
 
-def _term_dependencies(term: Any) -> frozenset[Key]:
+def _reads(term: Any, key: Key) -> bool:
+    """Whether evaluating ``term`` reads ``key``."""
     if isinstance(term, TaskRef):
-        return frozenset((term.key,))
-    if isinstance(term, GraphNode):
-        return frozenset(term.dependencies)
-    return frozenset()
+        return term.key == key
+    return isinstance(term, GraphNode) and key in term.dependencies
 
 
-def _fold(key: Key | None, func: Any, terms: Sequence[Any]) -> Task:
-    """``func(func(func(t0, t1), t2), t3)`` as one task: a left fold keeps operand order."""
-    acc = terms[0]
-    for term in terms[1:-1]:
-        acc = Task(None, func, acc, term)
-    return Task(key, func, acc, terms[-1])
+def _fold(key: Key, func: Any, terms: Sequence[Any]) -> Task:
+    """``functools.reduce(func, [t0, t1, ...])``: a left fold keeps operand order.
+
+    One flat task rather than ``func(func(t0, t1), t2)`` nested inline: building dask
+    ``Task`` objects dominates the cost of a rewrite, and this needs two per run, not arity.
+    """
+    return Task(key, functools.reduce, func, List(*terms))
 
 
-def _match_fan_in(node: Task, known: Mapping[int, tuple[Any, str]]) -> _Reduction | None:
+def _match_fan_in(node: Task, known: _Known) -> _Reduction | None:
     """A flat reduction ``node`` computes, or None."""
     func, args, kwargs = node.func, node.args, node.kwargs
-    kind = _known_kind(func, known)
+    kind = known.kind(func)
     if kind is None and not _marked(func):
         return None  # the common case: most tasks are neither known nor marked
     producer = node.data_producer
@@ -376,7 +396,7 @@ def _match_fan_in(node: Task, known: Mapping[int, tuple[Any, str]]) -> _Reductio
             return list_form(0, lambda key, terms: _fold(key, operator.add, terms))
         return None
     if kind == "reduce":
-        if len(args) in (2, 3) and not kwargs and _binary_op(args[0], known):
+        if len(args) in (2, 3) and not kwargs and known.binary(args[0]):
             op = args[0]
             return list_form(1, lambda key, terms: _fold(key, op, terms))
         return None
@@ -406,13 +426,13 @@ def _match_fan_in(node: Task, known: Mapping[int, tuple[Any, str]]) -> _Reductio
     return None
 
 
-def _is_link(node: Any, known: Mapping[int, tuple[Any, str]], func: Any = None) -> bool:
+def _is_link(node: Any, known: _Known, func: Any = None) -> bool:
     """Whether ``node`` is one step ``op(x, y)`` of a chain (of ``func``, if given)."""
     return (
         type(node) is Task
         and len(node.args) == 2
         and not node.kwargs
-        and (_binary_op(node.func, known) if func is None else _same_func(node.func, func))
+        and (known.binary(node.func) if func is None else _same_func(node.func, func))
     )
 
 
@@ -427,7 +447,7 @@ class _Graph:
         nodes: Mapping[Key, GraphNode],
         dependencies: Mapping[Key, frozenset[Key]],
         outputs: Iterable[Key],
-        known: Mapping[int, tuple[Any, str]],
+        known: _Known,
     ) -> None:
         self.nodes = nodes
         self.known = known
@@ -437,35 +457,40 @@ class _Graph:
         for key, deps in dependencies.items():
             for dep in deps:
                 self.dependent[dep] = _SEVERAL if dep in self.dependent else key
-
-    def absorbable(self, key: Key, owner: Key, func: Any, other: Any) -> bool:
-        """Whether link ``key``, read by ``owner`` next to operand ``other``, can be folded in.
-
-        Only a link that nothing else reads, that is not an output and that ``owner`` reads
-        once can disappear into the tree.
-        """
-        return (
-            key not in self.outputs
-            and self.dependent.get(key) == owner
-            and _is_link(self.nodes.get(key), self.known, func)
-            and key not in _term_dependencies(other)
-        )
+        #: spine() of each task's own top-level link, computed once: both is_interior (for
+        #: the reader) and match_chain (for the head) ask for it.
+        self._spines: dict[Key, int | None] = {}
 
     def spine(self, node: Task, owner: Key, top_level: bool) -> int | None:
         """Which operand of link ``node`` continues its chain: 0 (left-deep), 1 or None.
 
-        Inline links continue a chain anywhere; links in other tasks only from the operands
-        of a task itself (``top_level``), where one ``dependencies`` lookup proves that
-        nothing else in the task reads them.
+        Inline links continue a chain anywhere. A link in another task continues it only
+        from the operands of a task itself (``top_level``), if nothing else reads it, it is
+        not an output and the other operand does not read it (so it is read exactly once).
         """
-        for side in (0, 1):
-            operand, other = node.args[side], node.args[1 - side]
-            if _is_link(operand, self.known, node.func):
-                return side
-            ref = _reference(operand)
-            if top_level and ref is not None and self.absorbable(ref, owner, node.func, other):
-                return side
-        return None
+        if top_level and owner in self._spines:
+            return self._spines[owner]
+        side: int | None = None
+        for candidate in (0, 1):
+            operand, other = node.args[candidate], node.args[1 - candidate]
+            if type(operand) is Task:
+                if _is_link(operand, self.known, node.func):
+                    side = candidate
+                    break
+                continue
+            ref = _reference(operand) if top_level else None
+            if (
+                ref is not None
+                and self.dependent.get(ref) == owner
+                and ref not in self.outputs
+                and _is_link(self.nodes.get(ref), self.known, node.func)
+                and not _reads(other, ref)
+            ):
+                side = candidate
+                break
+        if top_level:
+            self._spines[owner] = side
+        return side
 
     def is_interior(self, key: Key) -> bool:
         """Whether link ``key`` is folded into the chain of the task that reads it."""
@@ -490,9 +515,9 @@ class _Graph:
             if type(operand) is Task:  # an inline link: same task, keep walking inside it
                 node, top_level = operand, False
             else:  # a reference to a link that nothing else reads: it joins the tree
-                ref = _reference(operand)
-                absorbed.append(ref)
-                node, owner, top_level = self.nodes[ref], ref, True
+                owner = _reference(operand)
+                absorbed.append(owner)
+                node, top_level = self.nodes[owner], True
         terms: deque[Any] = deque(node.args)
         for side, other in reversed(steps):
             if side == 0:
@@ -509,11 +534,11 @@ class _Graph:
         return _Reduction(tuple(terms), len(terms), group, root, tuple(absorbed))
 
 
-# --- building trees ---------------------------------------------------------------------
-
-
 def _worth_a_tree(reduction: _Reduction | None, arity: int, threshold: int) -> bool:
     return reduction is not None and reduction.fan_in >= threshold and len(reduction.terms) > arity
+
+
+# --- building trees ---------------------------------------------------------------------
 
 
 def _tree_key(key: Key, level: int, index: int, taken: set[Key]) -> Key:
