@@ -75,3 +75,28 @@ class Unrebuildable(Exception):
 def test_exceptions_that_cannot_be_rebuilt_fall_back_to_text():
     ser, text = dumps_exception(Unrebuildable(1))
     assert ser is None and "Unrebuildable" in text
+
+
+def _scale(x, factor):
+    return x * factor
+
+
+def test_task_encoder_takes_functions_out_once():
+    from dask._task_spec import convert_legacy_graph
+
+    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+
+    big = np.arange(1_000_000)
+    closure = lambda x: x + big.sum()  # noqa: E731 - a closure over 8 MB
+    nodes = convert_legacy_graph({f"t{i}": (closure, i) for i in range(50)})
+    nodes.update(convert_legacy_graph({f"s{i}": (_scale, i, 2) for i in range(50)}))
+    encoder = TaskEncoder()
+    payloads = {key: encoder.encode(node) for key, node in nodes.items()}
+    assert len(encoder.functions) == 2
+    assert max(len(payload) for payload, _ in payloads.values()) < 1000
+    assert sum(len(code) for code in encoder.functions.values()) > big.nbytes
+    decoder = TaskDecoder()
+    decoder.add_functions(encoder.functions)
+    assert decoder.decode(payloads["t3"][0])({}) == 3 + big.sum()
+    assert decoder.decode(payloads["s4"][0])({}) == 8
+    assert decoder.function(payloads["t1"][1][0]) is decoder.function(payloads["t2"][1][0])

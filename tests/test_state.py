@@ -23,9 +23,9 @@ def joined(worker: bytes, cores: int = 1) -> s.WorkerJoined:
 def chain_run(run_id: int = 1, retries: int = 3) -> s.SubmitRun:
     """a -> b -> c, output c."""
     tasks = [
-        s.NewTask("a", b"pa", (), 0),
-        s.NewTask("b", b"pb", ("a",), 1),
-        s.NewTask("c", b"pc", ("b",), 2),
+        s.NewTask("a", b"pa", (), (), 0),
+        s.NewTask("b", b"pb", (), ("a",), 1),
+        s.NewTask("c", b"pc", (), ("b",), 2),
     ]
     return s.SubmitRun(run_id, tasks, ["c"], retries)
 
@@ -65,8 +65,8 @@ def test_chain_runs_in_place_and_releases_inputs():
 
 def test_inputs_elsewhere_are_named_with_their_peers():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask("x", b"", (), 0), s.NewTask("y", b"", (), 1),
-             s.NewTask("z", b"", ("x", "y"), 2)]  # fmt: skip
+    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
+             s.NewTask("z", b"", (), ("x", "y"), 2)]  # fmt: skip
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3)])
     out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 1000, 0.1, None)),
                       s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None))])  # fmt: skip
@@ -82,7 +82,7 @@ def test_inputs_elsewhere_are_named_with_their_peers():
 
 def test_task_error_fails_the_run_and_cancels_the_rest():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask(k, b"", (), i) for i, k in enumerate("abcd")]
+    tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abcd")]
     st_.handle([joined(W1, cores=2), s.SubmitRun(7, tasks, list("abcd"), 3)])
     exc = dumps(ValueError("boom"))
     out = st_.handle([s.FromWorker(W1, p.TaskErred(1, exc, "tb", "ValueError: boom"))])
@@ -94,7 +94,7 @@ def test_task_error_fails_the_run_and_cancels_the_rest():
 
 def test_crashes_are_retried_then_reported():
     st_ = s.SchedulerState()
-    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), 0)], ["a"], 1)])
+    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 1)])
     out = st_.handle([s.FromWorker(W1, p.TaskCrashed(1, "library exited with code 1"))])
     assert sends(out, p.Execute) == [p.Execute(1, "a", b"", (), True)]
     out = st_.handle([s.FromWorker(W1, p.TaskCrashed(1, "library exited with code 1"))])
@@ -105,8 +105,8 @@ def test_crashes_are_retried_then_reported():
 def test_lost_worker_recomputes_exactly_the_lost_results():
     st_ = s.SchedulerState()
     # x1 on w1, x2 on w2, then y = f(x1, x2) is waiting for a free slot.
-    tasks = [s.NewTask("x1", b"", (), 0), s.NewTask("x2", b"", (), 1),
-             s.NewTask("y", b"", ("x1", "x2"), 2)]  # fmt: skip
+    tasks = [s.NewTask("x1", b"", (), (), 0), s.NewTask("x2", b"", (), (), 1),
+             s.NewTask("y", b"", (), ("x1", "x2"), 2)]  # fmt: skip
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
     st_.handle([s.FromWorker(W2, p.TaskDone(2, 5, 0.1, None))])
     out = st_.handle([s.WorkerLost(W2, "killed")])
@@ -117,7 +117,7 @@ def test_lost_worker_recomputes_exactly_the_lost_results():
 
 def test_lost_worker_with_running_tasks_requeues_them():
     st_ = s.SchedulerState()
-    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), 0)], ["a"], 3)])
+    st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
     out = st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
     assert out == [s.Send(W2, p.Execute(1, "a", b"", (), True))]
     assert st_.tasks[1].attempts == 1
@@ -125,7 +125,7 @@ def test_lost_worker_with_running_tasks_requeues_them():
 
 def test_fetch_failure_forgets_the_copy_and_recomputes_it():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask("x", b"", (), 0), s.NewTask("y", b"", ("x",), 1)]
+    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), ("x",), 1)]
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
     st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None))])
     # Pretend y went to w2 and w1 could not serve x.
@@ -282,7 +282,7 @@ def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed
     cluster.join(b"w1")
     runs = {}
     for run_id, (deps, outputs) in enumerate(graphs, start=1):
-        tasks = [s.NewTask(k, b"", deps[k], i) for i, k in enumerate(deps)]
+        tasks = [s.NewTask(k, b"", (), deps[k], i) for i, k in enumerate(deps)]
         cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
         runs[run_id] = (deps, outputs)
     names = iter(f"w{i}".encode() for i in range(2, 100))
@@ -307,3 +307,15 @@ def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed
 def test_serialized_values_survive_the_state():
     value = dumps(list(range(10)))
     assert isinstance(value, Serialized) and loads(value) == list(range(10))
+
+
+def test_functions_travel_once_per_worker():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask(k, b"", (b"f1",), (), i) for i, k in enumerate("abc")]
+    submit = s.SubmitRun(1, tasks, list("abc"), 3, {b"f1": b"code"})
+    out = st_.handle([joined(W1, cores=4), submit])
+    assert sends(out)[0] == p.Function(b"f1", b"code")
+    assert [type(m) for m in sends(out)] == [p.Function, p.Execute, p.Execute, p.Execute]
+    # A later run with the same function sends none.
+    again = s.SubmitRun(2, [s.NewTask("d", b"", (b"f1",), (), 0)], ["d"], 3, {b"f1": b"code"})
+    assert [type(m) for m in sends(st_.handle([again]))] == [p.Execute]

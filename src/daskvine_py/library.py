@@ -4,7 +4,8 @@ A worker starts one library per core and keeps it for its whole life, so no task
 an interpreter start or for re-importing its modules. The worker and its library talk over
 a pipe, one request and one reply at a time::
 
-    worker ──("run", task_id, key, payload, [(dep_key, Serialized), ...])──► library
+    worker ──("run", task_id, key, payload, [(dep_key, Serialized), ...],
+              [(function_id, bytes), ...])──────────────────────────────► library
     worker ◄──("done", task_id, Serialized, seconds)───────────────────────── library
     worker ◄──("erred", task_id, exception | None, traceback, message)─────── library
 
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from .errors import SerializationError
-from .serialize import dumps, dumps_exception, loads
+from .serialize import TaskDecoder, dumps, dumps_exception, loads
 
 
 def _die_with_parent() -> None:
@@ -45,12 +46,13 @@ def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
     for module in import_modules:
         importlib.import_module(module)
+    decoder = TaskDecoder()  # functions stay deserialized here for the process's life
     while True:
         try:
             request = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        reply = run(request, worker_name)
+        reply = run(request, decoder, worker_name)
         try:
             conn.send_bytes(pickle.dumps(reply, protocol=5))
         except OSError:  # the worker is gone
@@ -58,11 +60,12 @@ def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ())
         request = reply = None  # drop references to arguments and results now
 
 
-def run(request: tuple, worker_name: str) -> tuple:
+def run(request: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:
     """Run one task request; every outcome is a reply, never an exception."""
-    _, task_id, key, payload, deps = request
+    _, task_id, key, payload, deps, functions = request
+    decoder.add_functions(functions)
     try:
-        node = pickle.loads(payload)
+        node = decoder.decode(payload)
     except Exception as exc:
         error = SerializationError(
             key,

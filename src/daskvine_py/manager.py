@@ -53,7 +53,7 @@ from .errors import (
 from .graph import build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
-from .serialize import dumps_function, loads
+from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -205,10 +205,11 @@ class Manager:
         plan = build_plan(dsk, keys)
         if not plan.outputs:
             return pack_results(plan.structure, {})
+        encoder = TaskEncoder()
         tasks = [
             s.NewTask(
                 key,
-                _dump_task(key, node),
+                *_encode_task(encoder, key, node),
                 tuple(plan.dependencies[key]),
                 plan.priorities[key],
                 key_split(key),
@@ -216,10 +217,9 @@ class Manager:
             for key, node in plan.nodes.items()
         ]
         run = _Run(next(self._run_ids))
-        self._command(
-            ("submit", run, s.SubmitRun(run.id, tasks, plan.outputs, run_options.retries))
-        )
-        del tasks
+        submit = s.SubmitRun(run.id, tasks, plan.outputs, run_options.retries, encoder.functions)
+        self._command(("submit", run, submit))
+        del tasks, submit, encoder
         try:
             run.done.wait()
         except BaseException:  # Ctrl-C: cancel this graph's tasks, keep the manager
@@ -448,9 +448,9 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def _dump_task(key: Any, node: Any) -> bytes:
+def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:
     try:
-        return dumps_function(node)
+        return encoder.encode(node)
     except Exception as exc:
         raise SerializationError(key, "the function or arguments", repr(exc)) from exc
 

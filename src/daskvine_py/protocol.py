@@ -117,6 +117,13 @@ class Execute(NamedTuple):
     want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
 
 
+class Function(NamedTuple):
+    """A function tasks will reference by id: sent once, before the first such task."""
+
+    function_id: bytes
+    code: Any  #: cloudpickle bytes (a buffer when large: it travels as its own frame)
+
+
 class Release(NamedTuple):
     """Forget these results: nothing needs them any more."""
 
@@ -148,7 +155,7 @@ class Data(NamedTuple):
 TO_MANAGER = frozenset(
     {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Heartbeat, Goodbye}
 )
-TO_WORKER = frozenset({Welcome, Rejected, Execute, Release, Cancel, Heartbeat, Shutdown})
+TO_WORKER = frozenset({Welcome, Rejected, Function, Execute, Release, Cancel, Heartbeat, Shutdown})
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
 

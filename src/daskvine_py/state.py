@@ -29,15 +29,16 @@ still owed to the caller.
 
 from __future__ import annotations
 
+import pickle
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from . import protocol as p
 from .errors import InvalidTransition
 from .matching import ReadyQueue
 from .saturation import DurationEstimates, Ema, extra_tasks
-from .serialize import Serialized
+from .serialize import OUT_OF_BAND_MIN_BYTES, Serialized
 
 Key = Hashable
 WorkerId = bytes
@@ -49,6 +50,7 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released"]
 class NewTask(NamedTuple):
     key: Key
     payload: bytes
+    functions: tuple[bytes, ...]  #: ids of the functions the payload references
     dependencies: tuple[Key, ...]
     priority: int
     prefix: str = ""  #: the kind of task (``key_split``), for duration estimates
@@ -59,6 +61,7 @@ class SubmitRun(NamedTuple):
     tasks: Sequence[NewTask]
     outputs: Sequence[Key]
     retries: int
+    functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
 
 
 class CancelRun(NamedTuple):
@@ -117,7 +120,9 @@ class RunFailed(NamedTuple):
 
 
 class WorkerRecord:
-    __slots__ = ("id", "name", "cores", "peer_address", "processing", "has_what", "round_trip")
+    __slots__ = (
+        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip", "functions"
+    )  # fmt: skip
 
     def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
         self.id = id
@@ -128,6 +133,8 @@ class WorkerRecord:
         self.processing: dict[TaskRecord, None] = {}
         #: overhead of a task beyond its run time, measured on tasks that found a free core
         self.round_trip = Ema()
+        #: ids of the functions this worker has been sent: each travels once
+        self.functions: set[bytes] = set()
         #: results this worker holds
         self.has_what: set[TaskRecord] = set()
 
@@ -136,10 +143,12 @@ class WorkerRecord:
 
 
 class RunRecord:
-    __slots__ = ("id", "tasks", "owed", "retries")
+    __slots__ = ("id", "tasks", "owed", "retries", "functions")
 
-    def __init__(self, id: int, retries: int):
+    def __init__(self, id: int, retries: int, functions: Mapping[bytes, bytes]):
         self.id = id
+        #: function id -> bytes, for the tasks of this run
+        self.functions = functions
         #: every task of the run, by key
         self.tasks: dict[Key, TaskRecord] = {}
         #: outputs whose value has not reached the manager yet
@@ -151,16 +160,24 @@ class TaskRecord:
     __slots__ = (
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "delivered",
-        "attempts", "prefix", "sent_at", "sent_idle",
+        "attempts", "prefix", "sent_at", "sent_idle", "functions",
     )  # fmt: skip
 
     def __init__(
-        self, id: int, key: Key, run: RunRecord, payload: bytes, priority: Any, prefix: str
+        self,
+        id: int,
+        key: Key,
+        run: RunRecord,
+        payload: bytes,
+        functions: tuple[bytes, ...],
+        priority: Any,
+        prefix: str,
     ):
         self.id = id
         self.key = key
         self.run = run
         self.payload = payload
+        self.functions = functions
         self.priority = priority
         self.prefix = prefix
         #: when it was sent to its worker, and whether a core was free there then
@@ -229,12 +246,18 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = RunRecord(ev.run_id, ev.retries)
+        run = RunRecord(ev.run_id, ev.retries, ev.functions)
         self.runs[run.id] = run
         records = run.tasks
         for new in ev.tasks:
             record = TaskRecord(
-                self._next_task_id, new.key, run, new.payload, (run.id, new.priority), new.prefix
+                self._next_task_id,
+                new.key,
+                run,
+                new.payload,
+                new.functions,
+                (run.id, new.priority),
+                new.prefix,
             )
             self._next_task_id += 1
             records[new.key] = record
@@ -533,6 +556,10 @@ class SchedulerState:
         task.sent_at = self.now
         task.sent_idle = len(worker.processing) < worker.cores
         worker.processing[task] = None
+        for fid in task.functions:
+            if fid not in worker.functions:
+                worker.functions.add(fid)
+                self._send(worker, p.Function(fid, _out_of_band(task.run.functions[fid])))
         deps = tuple(
             p.DepLocation(
                 dep.id,
@@ -611,3 +638,8 @@ class SchedulerState:
         WorkerLost: _on_worker_lost,
         FromWorker: _on_from_worker,
     }
+
+
+def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
+    """Large function bytes (big closures) travel as their own frame."""
+    return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code

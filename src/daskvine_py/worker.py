@@ -81,14 +81,16 @@ class Fetch:
 
 
 class Library:
-    """A library process and the task it is running."""
+    """A library process, the task it is running, and the functions it has not seen."""
 
-    __slots__ = ("process", "conn", "task_id")
+    __slots__ = ("process", "conn", "task_id", "unsent")
 
-    def __init__(self, process: Any, conn: Connection) -> None:
+    def __init__(self, process: Any, conn: Connection, unsent: list[bytes]) -> None:
         self.process = process
         self.conn = conn
         self.task_id: int | None = None
+        #: ids of functions to send with the next request
+        self.unsent = unsent
 
 
 class Worker:
@@ -131,6 +133,8 @@ class Worker:
         self.poller.register(self.peer_server, zmq.POLLIN)
 
         self.store = Store()
+        #: function id -> cloudpickle bytes: resident for the worker's life
+        self.functions: dict[bytes, bytes] = {}
         self.tasks: dict[int, WorkerTask] = {}
         self.runnable: deque[int] = deque()
         self.fetches: dict[int, Fetch] = {}
@@ -275,6 +279,10 @@ class Worker:
         kind = type(msg)
         if kind is p.Execute:
             self._on_execute(msg)
+        elif kind is p.Function:
+            self.functions[msg.function_id] = bytes(msg.code)
+            for lib in self.libraries:
+                lib.unsent.append(msg.function_id)
         elif kind is p.Release:
             for task_id in msg.task_ids:
                 self.store.release(task_id)
@@ -430,7 +438,7 @@ class Worker:
         )
         process.start()
         child_conn.close()
-        lib = Library(process, parent_conn)
+        lib = Library(process, parent_conn, list(self.functions))
         self.libraries.append(lib)
         self.library_by_fd[parent_conn.fileno()] = lib
         self.poller.register(parent_conn.fileno(), zmq.POLLIN)
@@ -452,7 +460,9 @@ class Worker:
                 lib = idle.pop()
                 task.state = "running"
                 lib.task_id = task.id
-                request = ("run", task.id, task.key, task.payload, inputs)
+                functions = [(fid, self.functions[fid]) for fid in lib.unsent]
+                lib.unsent = []
+                request = ("run", task.id, task.key, task.payload, inputs, functions)
                 try:
                     lib.conn.send_bytes(pickle.dumps(request, protocol=5))
                 except OSError:
