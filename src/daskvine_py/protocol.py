@@ -32,11 +32,15 @@ TaskId = int
 
 
 class DepLocation(NamedTuple):
-    """Where an input of a task lives: its id, its Dask key, the peers that hold it."""
+    """Where an input of a task lives: its id, its Dask key, the peers that hold it.
+
+    ``peers`` is ``()`` when the worker holds the input, and ``None`` when the worker is
+    computing it (the task was sent ahead, to start as soon as the input is ready).
+    """
 
     task_id: TaskId
     key: Hashable
-    peers: tuple[str, ...]
+    peers: tuple[str, ...] | None
 
 
 # -- worker -> manager ----------------------------------------------------------------

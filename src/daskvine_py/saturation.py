@@ -48,22 +48,30 @@ class Ema:
 
 
 class DurationEstimates:
-    """EMA of task run times per task prefix."""
+    """EMA of task run times per task prefix, and of all tasks as the prior for new ones.
 
-    __slots__ = ("_by_prefix",)
+    A prefix seen for the first time (graphs whose keys are all distinct, like ``x1``,
+    ``x2``, ...) borrows the estimate of recent tasks of any kind rather than none.
+    """
+
+    __slots__ = ("_by_prefix", "_all")
 
     def __init__(self) -> None:
         self._by_prefix: dict[Hashable, Ema] = {}
+        self._all = Ema()
 
     def observe(self, prefix: Hashable, duration: float) -> None:
         ema = self._by_prefix.get(prefix)
         if ema is None:
             ema = self._by_prefix[prefix] = Ema()
         ema.observe(duration)
+        self._all.observe(duration)
 
     def get(self, prefix: Hashable) -> float | None:
         ema = self._by_prefix.get(prefix)
-        return None if ema is None else ema.value
+        if ema is not None:
+            return ema.value
+        return self._all.value if self._all.count else None
 
 
 def extra_tasks(

@@ -301,6 +301,11 @@ class SchedulerState:
         for task in list(worker.processing):
             if self.tasks.get(task.id) is not task:
                 continue  # its run was dropped by an earlier failure in this loop
+            if task.state != "processing":
+                continue  # sent ahead, and already recalled with the task it waited for
+            if task.missing:
+                self._transition(task, "waiting")
+                continue
             task.attempts += 1
             if task.attempts > task.run.retries:
                 self._fail(
@@ -493,10 +498,29 @@ class SchedulerState:
                     self.queue.push(task, task.priority, self._target(task))
                     continue
                 self._transition(task, "processing", worker=worker)
+                self._send_ahead(task, worker)
                 still_hungry.append(worker)
             hungry = still_hungry
         if not self.queue:
             self._steal_for_idle_workers()
+
+    def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Send dependents whose only missing input is ``task`` to the same worker now.
+
+        The worker starts them the moment the input is ready, without a round trip to
+        the manager: a chain of small tasks runs at the worker's pace. Bounded by the
+        worker's saturation, and only for single-missing-input dependents (O(1) check).
+        """
+        while True:
+            follower = next(
+                (d for d in task.dependents if d.state == "waiting" and d.missing == 1), None
+            )
+            if follower is None:
+                return
+            if len(worker.processing) >= worker.cores + self._extra(worker, follower):
+                return
+            self._transition(follower, "processing", worker=worker)
+            task = follower
 
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
         trip = worker.round_trip.value if worker.round_trip.count else None
@@ -505,16 +529,20 @@ class SchedulerState:
         )
 
     def _steal_for_idle_workers(self) -> None:
+        """Move tasks that wait unstarted behind busy cores to workers with idle cores."""
         idle = [w for w in self.workers.values() if len(w.processing) < w.cores]
         if not idle:
             return
+        # Startable tasks beyond a worker's cores are queued there, not running.
+        surplus = {w: _startable(w) - w.cores for w in self.workers.values()}
         for thief in idle:
             while len(thief.processing) < thief.cores:
-                victim = max(self.workers.values(), key=lambda w: len(w.processing) - w.cores)
-                if len(victim.processing) <= victim.cores:
+                victim = max(surplus, key=surplus.__getitem__)
+                if surplus[victim] <= 0:
                     return
-                # The newest task sent there is the least likely to have started.
-                task = next(reversed(victim.processing))
+                # The newest startable task there is the least likely to have started.
+                task = next(t for t in reversed(victim.processing) if t.missing == 0)
+                surplus[victim] -= 1
                 self._transition(task, "ready")
                 self._send(victim, p.Cancel((task.id,)))
                 self.queue.remove(task)
@@ -552,32 +580,41 @@ class SchedulerState:
         self.queue.remove(task)
 
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        self._assign(task, worker)
+
+    def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Sent ahead: its one missing input is being computed on the same worker."""
+        self._assign(task, worker)
+
+    def _assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         task.worker = worker
         task.sent_at = self.now
-        task.sent_idle = len(worker.processing) < worker.cores
+        # Only tasks that can start at once measure the round trip.
+        task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
         worker.processing[task] = None
         for fid in task.functions:
             if fid not in worker.functions:
                 worker.functions.add(fid)
                 self._send(worker, p.Function(fid, _out_of_band(task.run.functions[fid])))
-        deps = tuple(
-            p.DepLocation(
-                dep.id,
-                dep.key,
-                () if worker in dep.who_has else tuple(h.peer_address for h in dep.who_has),
-            )
-            for dep in task.deps
-        )
+        deps = tuple(p.DepLocation(dep.id, dep.key, _peers(dep, worker)) for dep in task.deps)
         self._send(worker, p.Execute(task.id, task.key, task.payload, deps, task.is_output))
 
     def _processing_to_ready(self, task: TaskRecord) -> None:
         self._unassign(task)
+        self._recall_sent_ahead(task)
         self.queue.push(task, task.priority, self._target(task))
 
     def _processing_to_waiting(self, task: TaskRecord) -> None:
         worker = self._unassign(task)
         if worker is not None and worker.id in self.workers:
             self._send(worker, p.Cancel((task.id,)))
+        self._recall_sent_ahead(task)
+
+    def _recall_sent_ahead(self, task: TaskRecord) -> None:
+        """Dependents sent ahead to wait for ``task`` there must wait here again."""
+        for dependent in task.dependents:
+            if dependent.state == "processing":
+                self._transition(dependent, "waiting")
 
     def _unassign(self, task: TaskRecord) -> WorkerRecord | None:
         worker = task.worker
@@ -592,8 +629,12 @@ class SchedulerState:
         worker.has_what.add(task)
         for dependent in task.dependents:
             dependent.missing -= 1
-            if dependent.missing == 0 and dependent.state == "waiting":
-                self._transition(dependent, "ready")
+            if dependent.missing == 0:
+                if dependent.state == "waiting":
+                    self._transition(dependent, "ready")
+                elif dependent.state == "processing" and dependent.worker is not None:
+                    # It was sent ahead and starts now: extend the chain behind it.
+                    self._send_ahead(dependent, dependent.worker)
         for dep in task.deps:
             dep.waiters -= 1
             if dep.state == "memory" and not self._needed(dep):
@@ -623,6 +664,7 @@ class SchedulerState:
         ("waiting", "ready"): _waiting_to_ready,
         ("ready", "waiting"): _ready_to_waiting,
         ("ready", "processing"): _ready_to_processing,
+        ("waiting", "processing"): _waiting_to_processing,
         ("processing", "ready"): _processing_to_ready,
         ("processing", "waiting"): _processing_to_waiting,
         ("processing", "memory"): _processing_to_memory,
@@ -643,3 +685,16 @@ class SchedulerState:
 def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
     """Large function bytes (big closures) travel as their own frame."""
     return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
+
+
+def _startable(worker: WorkerRecord) -> int:
+    return sum(1 for task in worker.processing if task.missing == 0)
+
+
+def _peers(dep: TaskRecord, worker: WorkerRecord) -> tuple[str, ...] | None:
+    """Where ``worker`` finds an input: () it holds it, None it is computing it, else peers."""
+    if worker in dep.who_has:
+        return ()
+    if dep.state == "processing":
+        return None
+    return tuple(holder.peer_address for holder in dep.who_has)

@@ -138,6 +138,8 @@ class Worker:
         self.tasks: dict[int, WorkerTask] = {}
         self.runnable: deque[int] = deque()
         self.fetches: dict[int, Fetch] = {}
+        #: input being computed here -> tasks sent ahead that wait for it
+        self.local_waiters: dict[int, set[int]] = {}
         self.libraries: list[Library] = []
         self.library_by_fd: dict[int, Library] = {}
         self.outbox: list[Any] = []
@@ -308,6 +310,10 @@ class Worker:
         for dep in msg.deps:
             if dep.task_id in self.store:
                 continue
+            if dep.peers is None:  # being computed here: start when it is done
+                task.missing.add(dep.task_id)
+                self.local_waiters.setdefault(dep.task_id, set()).add(task.id)
+                continue
             if not dep.peers:  # the manager thinks we hold it, but we do not
                 self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
                 self._drop_task(task)
@@ -331,6 +337,11 @@ class Worker:
     def _drop_task(self, task: WorkerTask) -> None:
         self.tasks.pop(task.id, None)
         for dep_id in task.missing:
+            waiters = self.local_waiters.get(dep_id)
+            if waiters is not None:
+                waiters.discard(task.id)
+                if not waiters:
+                    del self.local_waiters[dep_id]
             fetch = self.fetches.get(dep_id)
             if fetch is not None:
                 fetch.waiters.discard(task.id)
@@ -416,11 +427,14 @@ class Worker:
         del self.fetches[reply.task_id]
         self.store.put(reply.task_id, reply.value)
         self.outbox.append(p.Replicas((reply.task_id,)))
-        for task_id in fetch.waiters:
+        self._input_arrived(reply.task_id, fetch.waiters)
+
+    def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
+        for task_id in waiters:
             task = self.tasks.get(task_id)
             if task is None:
                 continue
-            task.missing.discard(reply.task_id)
+            task.missing.discard(dep_id)
             if not task.missing:
                 task.state = "queued"
                 self.runnable.append(task_id)
@@ -484,6 +498,9 @@ class Worker:
         if reply[0] == "done":
             _, task_id, value, duration = reply
             self.store.put(task_id, value)
+            waiters = self.local_waiters.pop(task_id, None)
+            if waiters:
+                self._input_arrived(task_id, waiters)
             self.outbox.append(
                 p.TaskDone(task_id, value.nbytes, duration, value if task.want_result else None)
             )
