@@ -156,3 +156,34 @@ def test_no_log_lines_per_task_below_debug(shared_manager, caplog):
         b = db.from_sequence(range(500), npartitions=100).map(inc).sum()
         assert b.compute(scheduler=shared_manager.get) == sum(range(1, 501))
     assert len([r for r in caplog.records if r.name.startswith("daskvine_py")]) < 5
+
+
+def test_large_reductions_are_rewritten_as_trees(shared_manager):
+    import daskvine_py
+    from daskvine_py.graph import build_plan
+    from daskvine_py.options import RunOptions
+    from daskvine_py.rewrite import DEFAULT_ARITY, DEFAULT_THRESHOLD, rewrite_reductions
+
+    assert (RunOptions().reduction_arity, RunOptions().reduction_threshold) == (
+        DEFAULT_ARITY,
+        DEFAULT_THRESHOLD,
+    )
+
+    @daskvine_py.associative
+    def merge(*parts):
+        return sorted(x for part in parts for x in part)
+
+    parts = [dask.delayed(inc)(i) for i in range(200)]
+    total = dask.delayed(sum)(parts)
+    lists = [dask.delayed(lambda i: [i])(i) for i in range(100)]
+    merged = dask.delayed(merge)(*lists)
+    want = dask.compute(total, merged, scheduler="sync")
+    assert dask.compute(total, merged, scheduler=shared_manager.get) == want
+    off = dask.compute(total, merged, scheduler=shared_manager.get, reduction_arity=None)
+    assert off == want
+    # What ran: the 200-input sum became a tree of at most 8 inputs per task.
+    dsk = dict(total.__dask_graph__())
+    plan = build_plan(dsk, total.key, rewrite_reductions)
+    assert max(len(deps) for deps in plan.dependencies.values()) <= DEFAULT_ARITY
+    with pytest.raises(ValueError, match="reduction_arity"):
+        shared_manager.get(dsk, total.key, reduction_arity=1)

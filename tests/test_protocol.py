@@ -14,7 +14,7 @@ from daskvine_py.serialize import dumps, dumps_exception, loads
 
 def test_a_batch_round_trips_with_large_buffers_out_of_band():
     big = np.arange(1_000_000, dtype="float64")
-    batch = [p.TaskDone(1, 8, 0.5, dumps(big)), p.Heartbeat(), p.Replicas((1, 2))]
+    batch = [p.TaskDone(1, 8, 0.5, dumps(big)), p.Status(1, 2, 3), p.Replicas((1, 2))]
     frames = p.encode(batch)
     assert frames[0] == p.MAGIC
     assert len(frames[1]) < 10_000  # the 8 MB array is not in the header

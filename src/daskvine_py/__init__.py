@@ -23,6 +23,7 @@ from .errors import (
 )
 from .manager import Manager
 from .options import ManagerOptions, RunOptions
+from .rewrite import associative
 
 __version__ = "0.1.0"
 
@@ -40,4 +41,5 @@ __all__ = [
     "VersionMismatch",
     "WorkerLost",
     "__version__",
+    "associative",
 ]

@@ -11,7 +11,7 @@ Everything here is pure: no sockets, no processes, no serialization.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,11 +83,19 @@ def pack_results(structure: Any, values: Mapping[Key, Any]) -> Any:
     return values[structure]
 
 
-def build_plan(dsk: Any, keys: Any) -> Plan:
-    """Normalise ``dsk``, cull it to ``keys`` and order it.
+Rewrite = Callable[
+    [dict[Key, GraphNode], dict[Key, frozenset[Key]], list[Key]],
+    tuple[dict[Key, GraphNode], dict[Key, frozenset[Key]]],
+]
+
+
+def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
+    """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, and order it.
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
+    ``rewrite(nodes, dependencies, outputs)`` returns a new graph computing the same
+    outputs (the tree rewriting of reductions); it runs on the culled, acyclic graph.
     """
     mapping = as_mapping(dsk)
     outputs = list(dict.fromkeys(flatten_keys(keys)))
@@ -97,6 +105,8 @@ def build_plan(dsk: Any, keys: Any) -> Plan:
     all_nodes = convert_legacy_graph(mapping)
     nodes, dependencies = cull(all_nodes, outputs)
     check_acyclic(dependencies)
+    if rewrite is not None:
+        nodes, dependencies = rewrite(nodes, dependencies, outputs)
     priorities = (
         order(nodes, dependencies=dict(dependencies)) if len(nodes) > 1 else {k: 0 for k in nodes}
     )

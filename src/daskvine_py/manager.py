@@ -26,6 +26,7 @@ Data flow::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -53,6 +54,7 @@ from .errors import (
 from .graph import build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
+from .rewrite import rewrite_reductions
 from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -77,7 +79,9 @@ class _Run:
 
 
 class _WorkerInfo:
-    __slots__ = ("name", "hostname", "cores", "memory", "pid", "last_seen", "last_sent")
+    __slots__ = (
+        "name", "hostname", "cores", "memory", "pid", "last_seen", "last_sent", "status"
+    )  # fmt: skip
 
     def __init__(self, reg: p.Register, now: float) -> None:
         self.name = reg.name
@@ -87,6 +91,7 @@ class _WorkerInfo:
         self.pid = reg.pid
         self.last_seen = now
         self.last_sent = now
+        self.status = p.Status(0, 0, 0)
 
 
 class Manager:
@@ -151,13 +156,15 @@ class Manager:
 
     @property
     def workers(self) -> dict[str, dict[str, Any]]:
-        """The connected workers by name: hostname, cores, memory, pid (a snapshot)."""
+        """The connected workers by name: hostname, cores, memory, pid, and from their last
+        heartbeat the bytes of results they hold and their peak memory (a snapshot)."""
         return {
             info.name: {
                 "hostname": info.hostname,
                 "cores": info.cores,
                 "memory": info.memory,
                 "pid": info.pid,
+                **info.status._asdict(),
             }
             for info in list(self._workers.values())
         }
@@ -202,7 +209,14 @@ class Manager:
         tuples. Options (see ``RunOptions``) apply to this call only.
         """
         run_options = RunOptions.from_kwargs(options)
-        plan = build_plan(dsk, keys)
+        rewrite = None
+        if run_options.reduction_arity is not None:
+            rewrite = functools.partial(
+                rewrite_reductions,
+                arity=run_options.reduction_arity,
+                threshold=run_options.reduction_threshold,
+            )
+        plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         encoder = TaskEncoder()
@@ -330,7 +344,8 @@ class Manager:
             info.last_seen = now
             for message in messages:
                 kind = type(message)
-                if kind is p.Heartbeat:
+                if kind is p.Status:
+                    info.status = message
                     continue
                 if kind is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")

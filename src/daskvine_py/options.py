@@ -23,10 +23,25 @@ class RunOptions:
     #: Higher survives more preemptions; lower reports a task that kills workers sooner.
     #: Exceptions raised by the task's own code are never retried.
     retries: int = 3
+    #: Inputs per task when a large associative reduction is rewritten as a tree
+    #: (``rewrite.DEFAULT_ARITY``, where the measurements behind it are). Smaller bounds
+    #: a reducing worker's memory tighter but makes more tasks and more levels; None turns
+    #: rewriting off.
+    reduction_arity: int | None = 8
+    #: Fewest inputs a reduction needs before it is rewritten (``rewrite.DEFAULT_THRESHOLD``):
+    #: above the fan-ins of Dask's own trees, which are left alone.
+    reduction_threshold: int = 32
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
+        arity = self.reduction_arity
+        if arity is not None and (not isinstance(arity, int) or arity < 2):
+            raise ValueError(f"reduction_arity must be an integer >= 2 or None, not {arity!r}")
+        if not isinstance(self.reduction_threshold, int) or self.reduction_threshold < 2:
+            raise ValueError(
+                f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
+            )
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:

@@ -97,6 +97,14 @@ class Heartbeat(NamedTuple):
     pass
 
 
+class Status(NamedTuple):
+    """A worker's heartbeat: what it holds and the most memory its processes have used."""
+
+    stored_bytes: int
+    peak_memory: int  #: peak resident set of the worker process, bytes
+    peak_library_memory: int  #: the largest peak resident set among its library processes
+
+
 class Goodbye(NamedTuple):
     reason: str
 
@@ -157,7 +165,7 @@ class Data(NamedTuple):
 
 
 TO_MANAGER = frozenset(
-    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Heartbeat, Goodbye}
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Status, Goodbye}
 )
 TO_WORKER = frozenset({Welcome, Rejected, Function, Execute, Release, Cancel, Heartbeat, Shutdown})
 TO_PEER = frozenset({GetData})
@@ -172,7 +180,7 @@ _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
     TaskCrashed: (int, str),
     FetchFailed: (int, int, tuple),
     Replicas: (tuple,),
-    Heartbeat: (),
+    Status: (int, int, int),
     Goodbye: (str,),
 }
 

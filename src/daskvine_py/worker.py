@@ -239,13 +239,17 @@ class Worker:
             self.running = False
             return
         if self.registered and now - self.last_sent > self.heartbeat_interval:
-            self.outbox.append(p.Heartbeat())
+            self.outbox.append(self._status())
         for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
             logger.warning(
                 "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
             )
             self._reset_peer_client(fetch.current)
             self._request_next(fetch, now)
+
+    def _status(self) -> p.Status:
+        libraries = [_peak_rss(lib.process.pid) for lib in self.libraries]
+        return p.Status(self.store.nbytes, _peak_rss(os.getpid()), max(libraries, default=0))
 
     def _flush(self) -> None:
         if self.outbox:
@@ -528,6 +532,18 @@ class Worker:
                 self.outbox.append(p.TaskCrashed(task.id, reason))
         if self.running:
             self._start_library()
+
+
+def _peak_rss(pid: int | None) -> int:
+    """Peak resident memory of a process in bytes (Linux ``VmHWM``; 0 where unknown)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _total_memory() -> int:
