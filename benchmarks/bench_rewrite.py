@@ -1,6 +1,6 @@
 """Issue 6: one ``sum`` over many large histograms, with and without tree rewriting.
 
-    python benchmarks/bench_rewrite.py [--tasks 400] [--mb 2] [--scheduler sync|threads]
+    python benchmarks/bench_rewrite.py [--tasks 400] [--mb 2] [--scheduler sync|threads|daskvine]
                                        [--workers 2] [--arities none,2,4,8,16] [--repeat 1]
 
 Each task fills an int64 histogram of ``--mb`` megabytes; one ``sum`` task adds them all up, as
@@ -12,7 +12,8 @@ without rewriting that holds 16 GB at once, so try it with ``--arities 2,4,8,16`
 
 A scheduler here is a ``GetWithArity``: ``get(dsk, key, arity)``. Dask's own schedulers do not
 rewrite, so ``rewriting(get)`` does it for them before calling them, as ``Manager.get`` will
-itself; another scheduler is one more entry in ``SCHEDULERS``.
+itself; another scheduler is one more entry in ``SCHEDULERS``. With ``--scheduler daskvine``
+the wall time includes starting the workers, and the peak is the busiest worker's.
 """
 
 from __future__ import annotations
@@ -82,10 +83,47 @@ def threaded_scheduler(workers: int) -> Iterator[GetWithArity]:
     yield rewriting(functools.partial(dask.threaded.get, num_workers=workers))
 
 
+class DaskVineGet:
+    """``Manager.get`` with ``reduction_arity``, on a fresh manager and workers per run.
+
+    Fresh workers per run, because the peak memory a worker reports (``VmHWM`` of its
+    process and of its library processes) is a lifetime maximum. ``peak()`` is the busiest
+    worker's: its own peak (the store of results) plus its largest library's (the inputs
+    of the task it ran).
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.last_peak = 0
+
+    def __call__(self, dsk: Mapping, key: Any, arity: int | None) -> Any:
+        from daskvine_py import Manager
+
+        with Manager(heartbeat_interval=0.2) as manager:
+            manager.start_workers(self.workers, cores=1)
+            result = manager.get(dsk, key, reduction_arity=arity)
+            time.sleep(0.5)  # a heartbeat with each worker's peak memory
+            self.last_peak = max(
+                info["peak_memory"] + info["peak_library_memory"]
+                for info in manager.workers.values()
+            )
+        return result
+
+    def peak(self) -> int:
+        return self.last_peak
+
+
+@contextlib.contextmanager
+def daskvine_scheduler(workers: int) -> Iterator[GetWithArity]:
+    """daskvine_py: ``workers`` local one-core workers; it rewrites reductions itself."""
+    yield DaskVineGet(workers)
+
+
 #: name -> (workers -> context manager giving a GetWithArity).
 SCHEDULERS: dict[str, Callable[[int], contextlib.AbstractContextManager[GetWithArity]]] = {
     "sync": sync_scheduler,
     "threads": threaded_scheduler,
+    "daskvine": daskvine_scheduler,
 }
 
 
@@ -119,6 +157,8 @@ def run(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    if hasattr(get, "peak"):  # tasks ran in other processes: take their own peak
+        peak = get.peak()
     if result.shape != (nbins,) or int(result.sum()) != tasks * nbins:
         raise AssertionError(f"arity {arity}: wrong total {int(result.sum())}")
     return Measurement(arity, ntasks, wall, peak, result)
