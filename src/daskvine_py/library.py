@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from typing import Any
 
 from .errors import SerializationError
 from .serialize import TaskDecoder, dumps, dumps_exception, loads
@@ -49,15 +50,35 @@ def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ())
     decoder = TaskDecoder()  # functions stay deserialized here for the process's life
     while True:
         try:
-            request = pickle.loads(conn.recv_bytes())
+            request = receive(conn)
         except (EOFError, OSError):
             return
         reply = run(request, decoder, worker_name)
         try:
-            conn.send_bytes(pickle.dumps(reply, protocol=5))
+            send(conn, reply)
         except OSError:  # the worker is gone
             return
         request = reply = None  # drop references to arguments and results now
+
+
+def send(conn: Connection, message: Any) -> None:
+    """Send ``message`` over the pipe with its large buffers as messages of their own.
+
+    Inputs and results (``Serialized``) keep their buffers out of band, so a 100 MB array
+    is written as it is rather than first copied into one big pickle.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    conn.send_bytes(len(buffers).to_bytes(4, "little") + header)
+    for buffer in buffers:
+        conn.send_bytes(buffer.raw())
+
+
+def receive(conn: Connection) -> Any:
+    """The message ``send`` sent; ``EOFError`` if the other side is gone."""
+    first = conn.recv_bytes()
+    buffers = [conn.recv_bytes() for _ in range(int.from_bytes(first[:4], "little"))]
+    return pickle.loads(memoryview(first)[4:], buffers=buffers)
 
 
 def run(request: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:

@@ -25,7 +25,6 @@ import argparse
 import logging
 import multiprocessing
 import os
-import pickle
 import random
 import signal
 import socket
@@ -482,7 +481,7 @@ class Worker:
                 lib.unsent = []
                 request = ("run", task.id, task.key, task.payload, inputs, functions)
                 try:
-                    lib.conn.send_bytes(pickle.dumps(request, protocol=5))
+                    library.send(lib.conn, request)
                 except OSError:
                     self._on_library_death(lib)
                 continue
@@ -491,7 +490,7 @@ class Worker:
 
     def _on_library_readable(self, lib: Library) -> None:
         try:
-            reply = pickle.loads(lib.conn.recv_bytes())
+            reply = library.receive(lib.conn)
         except (EOFError, OSError):
             self._on_library_death(lib)
             return
