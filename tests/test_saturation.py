@@ -71,3 +71,12 @@ def test_idle_workers_take_back_unstarted_tasks_but_not_a_chain():
     chain.handle([s.FromWorker(b"w1", p.TaskDone(1, 8, 1e-5, None))], now=0.001)
     # b runs on w1 where its input is; an idle w2 must not take it.
     assert chain.handle([joined(b"w2")]) == []
+
+
+def test_a_fixed_prefetch_ignores_the_estimates():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    tasks = [s.NewTask(f"t{i}", b"", (), (), i, "noop") for i in range(10)]
+    out = st_.handle([joined(b"w1", cores=2), s.SubmitRun(1, tasks, ["t0"], 3)])
+    assert len(out) == 2  # two cores, nothing in reserve
+    st4 = s.SchedulerState(fixed_extra_tasks_per_core=4)
+    assert len(st4.handle([joined(b"w1", cores=2), s.SubmitRun(1, tasks, ["t0"], 3)])) == 10

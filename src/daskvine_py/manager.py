@@ -128,7 +128,9 @@ class Manager:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         self._commands: SimpleQueue = SimpleQueue()
-        self._state = s.SchedulerState(self.options.max_extra_tasks_per_core)
+        self._state = s.SchedulerState(
+            self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
+        )
         self._runs: dict[int, _Run] = {}
         self._workers: dict[bytes, _WorkerInfo] = {}
         self._outboxes: dict[bytes, list[Any]] = {}

@@ -75,6 +75,10 @@ class ManagerOptions:
     #: (see ``saturation``). Higher keeps workers busy on tiny tasks over slow links; lower
     #: bounds how much unstarted work can sit on one worker (idle workers take it back).
     max_extra_tasks_per_core: int = 16
+    #: A fixed number of extra tasks per core instead of the EMA sizing; None (the default)
+    #: sizes queues from measurements. For comparison benchmarks and for workloads whose
+    #: task durations vary too wildly to estimate.
+    fixed_extra_tasks_per_core: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -86,3 +90,5 @@ class ManagerOptions:
             )
         if self.max_extra_tasks_per_core < 0:
             raise ValueError("max_extra_tasks_per_core must be >= 0")
+        if self.fixed_extra_tasks_per_core is not None and self.fixed_extra_tasks_per_core < 0:
+            raise ValueError("fixed_extra_tasks_per_core must be >= 0 or None")

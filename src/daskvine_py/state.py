@@ -212,9 +212,16 @@ class SchedulerState:
     why only the transition methods touch them.
     """
 
-    def __init__(self, max_extra_tasks_per_core: int = 16, story_length: int = 10_000) -> None:
+    def __init__(
+        self,
+        max_extra_tasks_per_core: int = 16,
+        fixed_extra_tasks_per_core: int | None = None,
+        story_length: int = 10_000,
+    ) -> None:
         #: bound on the tasks a worker holds beyond one per core (see ``saturation``)
         self.max_extra_tasks_per_core = max_extra_tasks_per_core
+        #: when set, every worker holds exactly this many extra per core (no EMA sizing)
+        self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
         self.durations = DurationEstimates()
         self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
@@ -523,6 +530,8 @@ class SchedulerState:
             task = follower
 
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
+        if self.fixed_extra_tasks_per_core is not None:
+            return worker.cores * self.fixed_extra_tasks_per_core
         trip = worker.round_trip.value if worker.round_trip.count else None
         return extra_tasks(
             worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
