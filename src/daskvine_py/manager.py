@@ -51,7 +51,7 @@ from .errors import (
     VersionMismatch,
     attach_remote_traceback,
 )
-from .graph import build_plan, pack_results
+from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
 from .rewrite import rewrite_reductions
@@ -62,6 +62,10 @@ logger = logging.getLogger("daskvine_py.manager")
 #: Messages drained from the ROUTER per loop iteration, so timers and commands still run
 #: under a flood.
 DRAIN_LIMIT = 10_000
+#: Tasks per part when a graph is submitted: the workers start on the first part while
+#: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
+#: thread less often.
+SUBMIT_PART = 4096
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
 
@@ -221,24 +225,11 @@ class Manager:
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
-        encoder = TaskEncoder()
-        tasks = [
-            s.NewTask(
-                key,
-                *_encode_task(encoder, key, node),
-                tuple(plan.dependencies[key]),
-                plan.priorities[key],
-                key_split(key),
-            )
-            for key, node in plan.nodes.items()
-        ]
         run = _Run(next(self._run_ids))
-        submit = s.SubmitRun(run.id, tasks, plan.outputs, run_options.retries, encoder.functions)
-        self._command(("submit", run, submit))
-        del tasks, submit, encoder
         try:
+            self._submit_in_parts(run, plan, run_options.retries)
             run.done.wait()
-        except BaseException:  # Ctrl-C: cancel this graph's tasks, keep the manager
+        except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
             raise
         if run.failure is not None:
@@ -250,6 +241,49 @@ class Manager:
             except Exception as exc:
                 raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
         return pack_results(plan.structure, values)
+
+    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int) -> None:
+        """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
+
+        The workers start on the first part while this thread pickles the next, so a big
+        graph does not wait for all of it to be prepared. Priority order puts every task
+        after its dependencies; each task carries its dependents count, so a result is not
+        released before dependents still to come have arrived.
+        """
+        dependents = dict.fromkeys(plan.nodes, 0)
+        for deps in plan.dependencies.values():
+            for dep in deps:
+                dependents[dep] += 1
+        encoder = TaskEncoder()
+        sent_functions: set[bytes] = set()
+        part: list[s.NewTask] = []
+        first = True
+        for key in sorted(plan.nodes, key=plan.priorities.__getitem__):
+            payload, functions = _encode_task(encoder, key, plan.nodes[key])
+            deps = tuple(plan.dependencies[key])
+            prefix = key_split(key)
+            part.append(
+                s.NewTask(
+                    key, payload, functions, deps, plan.priorities[key], prefix, dependents[key]
+                )  # fmt: skip
+            )
+            if len(part) >= SUBMIT_PART:
+                first = self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                part = []
+                if run.done.is_set():
+                    return  # it failed already: stop preparing the rest
+        self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+
+    def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
+                     sent_functions: set[bytes], first: bool) -> bool:  # fmt: skip
+        functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
+        sent_functions.update(functions)
+        if first:
+            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions)
+            self._command(("submit", run, event))
+        else:
+            self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
+        return False
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the workers this manager started, tell the others to leave, and stop."""
@@ -314,6 +348,9 @@ class Manager:
             if kind == "submit":
                 self._runs[run.id] = run
                 self._events.append(rest[0])
+            elif kind == "extend":
+                if run.id in self._runs:
+                    self._events.append(rest[0])
             elif kind == "cancel":
                 if self._runs.pop(run.id, None) is not None:
                     self._events.append(s.CancelRun(run.id))

@@ -54,14 +54,28 @@ class NewTask(NamedTuple):
     dependencies: tuple[Key, ...]
     priority: int
     prefix: str = ""  #: the kind of task (``key_split``), for duration estimates
+    #: dependents in the whole graph, when the run arrives in several parts; None: count
+    #: them from the dependencies that arrive in the same event
+    dependents: int | None = None
 
 
 class SubmitRun(NamedTuple):
+    """A new run. Its tasks may come in parts: this one, then ``ExtendRun`` events, each
+    task after its dependencies (priority order does that)."""
+
     run_id: int
     tasks: Sequence[NewTask]
     outputs: Sequence[Key]
     retries: int
     functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
+
+
+class ExtendRun(NamedTuple):
+    """More tasks of a run: big graphs start running while the rest is still prepared."""
+
+    run_id: int
+    tasks: Sequence[NewTask]
+    functions: Mapping[bytes, bytes] = {}
 
 
 class CancelRun(NamedTuple):
@@ -143,16 +157,17 @@ class WorkerRecord:
 
 
 class RunRecord:
-    __slots__ = ("id", "tasks", "owed", "retries", "functions")
+    __slots__ = ("id", "tasks", "outputs", "undelivered", "retries", "functions")
 
-    def __init__(self, id: int, retries: int, functions: Mapping[bytes, bytes]):
+    def __init__(self, id: int, retries: int, outputs: Sequence[Key]):
         self.id = id
         #: function id -> bytes, for the tasks of this run
-        self.functions = functions
+        self.functions: dict[bytes, bytes] = {}
         #: every task of the run, by key
         self.tasks: dict[Key, TaskRecord] = {}
+        self.outputs = frozenset(outputs)
         #: outputs whose value has not reached the manager yet
-        self.owed: set[TaskRecord] = set()
+        self.undelivered = len(self.outputs)
         self.retries = retries
 
 
@@ -253,10 +268,21 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = RunRecord(ev.run_id, ev.retries, ev.functions)
-        self.runs[run.id] = run
+        run = self.runs[ev.run_id] = RunRecord(ev.run_id, ev.retries, ev.outputs)
+        self._add_tasks(run, ev.tasks, ev.functions)
+
+    def _on_extend(self, ev: ExtendRun) -> None:
+        run = self.runs.get(ev.run_id)
+        if run is not None:  # else it failed or was cancelled meanwhile
+            self._add_tasks(run, ev.tasks, ev.functions)
+
+    def _add_tasks(
+        self, run: RunRecord, tasks: Sequence[NewTask], functions: Mapping[bytes, bytes]
+    ) -> None:
+        run.functions.update(functions)
         records = run.tasks
-        for new in ev.tasks:
+        added = []
+        for new in tasks:
             record = TaskRecord(
                 self._next_task_id,
                 new.key,
@@ -267,21 +293,24 @@ class SchedulerState:
                 new.prefix,
             )
             self._next_task_id += 1
+            record.is_output = new.key in run.outputs
+            if new.dependents is not None:
+                record.waiters = new.dependents
             records[new.key] = record
             self.tasks[record.id] = record
-        for new in ev.tasks:
-            record = records[new.key]
+            added.append((new, record))
+        for new, record in added:
+            missing = 0
             for dep_key in new.dependencies:
                 dep = records[dep_key]
                 record.deps.append(dep)
                 dep.dependents.append(record)
-                dep.waiters += 1
-            record.missing = len(record.deps)
-        for key in ev.outputs:
-            record = records[key]
-            record.is_output = True
-            run.owed.add(record)
-        for record in records.values():
+                if new.dependents is None:
+                    dep.waiters += 1
+                if dep.state != "memory":
+                    missing += 1
+            record.missing = missing
+        for _, record in added:
             if record.missing == 0:
                 self._transition(record, "ready")
 
@@ -363,9 +392,9 @@ class SchedulerState:
                 raise ValueError(f"worker {worker.name} sent no value for output {task.key!r}")
             task.delivered = True
             self._out.append(RunOutput(task.run.id, task.key, msg.value))
-            task.run.owed.discard(task)
+            task.run.undelivered -= 1
         self._transition(task, "memory", worker=worker)
-        if not task.run.owed:
+        if not task.run.undelivered:
             self._out.append(RunDone(task.run.id))
             self._drop_run(task.run)
 
@@ -684,6 +713,7 @@ class SchedulerState:
 
     _EVENT_HANDLERS: dict[type, Any] = {
         SubmitRun: _on_submit,
+        ExtendRun: _on_extend,
         CancelRun: _on_cancel,
         WorkerJoined: _on_worker_joined,
         WorkerLost: _on_worker_lost,
