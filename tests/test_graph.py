@@ -112,3 +112,18 @@ def test_plans_compute_what_dask_computes(dsk, data):
         assert plan.dependencies[key] <= set(values)  # order respects dependencies
         values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
     assert pack_results(outputs, values) == dask.get(dsk, outputs)
+
+
+def test_large_graphs_take_the_linear_topological_order(monkeypatch):
+    from daskvine_py import graph
+
+    monkeypatch.setattr(graph, "DASK_ORDER_LIMIT", 10)
+    dsk = {f"a{i}": (inc, i) for i in range(20)}
+    dsk.update({f"b{i}": (inc, f"a{i}") for i in range(20)})
+    dsk["total"] = (sum, [f"b{i}" for i in range(20)])
+    plan = build_plan(dsk, "total")
+    rank = plan.priorities
+    assert sorted(rank.values()) == list(range(41))
+    assert all(rank[f"a{i}"] < rank[f"b{i}"] < rank["total"] for i in range(20))
+    # depth first: each b right after its a
+    assert all(rank[f"b{i}"] == rank[f"a{i}"] + 1 for i in range(20))
