@@ -2,10 +2,11 @@
 
 A worker starts one library per core and keeps it for its whole life, so no task pays for
 an interpreter start or for re-importing its modules. The worker and its library talk over
-a pipe, one request and one reply at a time::
+a pipe: a request carries one task, or a few when tasks are tiny, and each task is
+answered as soon as it is done::
 
-    worker ──("run", task_id, key, payload, [(dep_key, Serialized), ...],
-              [(function_id, bytes), ...])──────────────────────────────► library
+    worker ──("run", [(function_id, bytes), ...],
+              [(task_id, key, payload, [(dep_key, Serialized), ...]), ...])──► library
     worker ◄──("done", task_id, Serialized, seconds)───────────────────────── library
     worker ◄──("erred", task_id, exception | None, traceback, message)─────── library
 
@@ -53,12 +54,15 @@ def main(conn: Connection, worker_name: str, import_modules: Sequence[str] = ())
             request = receive(conn)
         except (EOFError, OSError):
             return
-        reply = run(request, decoder, worker_name)
-        try:
-            send(conn, reply)
-        except OSError:  # the worker is gone
-            return
-        request = reply = None  # drop references to arguments and results now
+        _, functions, calls = request
+        decoder.add_functions(functions)
+        for call in calls:
+            reply = run(call, decoder, worker_name)
+            try:
+                send(conn, reply)  # each result at once: dependents may be waiting
+            except OSError:  # the worker is gone
+                return
+        request = calls = call = reply = None  # drop references to inputs and results now
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -81,10 +85,9 @@ def receive(conn: Connection) -> Any:
     return pickle.loads(memoryview(first)[4:], buffers=buffers)
 
 
-def run(request: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:
-    """Run one task request; every outcome is a reply, never an exception."""
-    _, task_id, key, payload, deps, functions = request
-    decoder.add_functions(functions)
+def run(call: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:
+    """Run one task; every outcome is a reply, never an exception."""
+    task_id, key, payload, deps = call
     try:
         node = decoder.decode(payload)
     except Exception as exc:

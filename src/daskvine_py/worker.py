@@ -41,6 +41,7 @@ import zmq
 from . import library
 from . import protocol as p
 from .errors import ProtocolError
+from .saturation import Ema
 from .store import Store
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
@@ -48,6 +49,11 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
 DRAIN_LIMIT = 1000
+#: Tasks a library may be sent at once when tasks are tiny (recent runs under
+#: ``TINY_TASK`` seconds). More saves pipe round trips; each queued task is committed to
+#: that library, so longer tasks go one at a time and idle libraries are never starved.
+LIBRARY_BATCH = 8
+TINY_TASK = 0.001
 
 
 class WorkerTask:
@@ -80,14 +86,15 @@ class Fetch:
 
 
 class Library:
-    """A library process, the task it is running, and the functions it has not seen."""
+    """A library process, the tasks sent to it, and the functions it has not seen."""
 
-    __slots__ = ("process", "conn", "task_id", "unsent")
+    __slots__ = ("process", "conn", "sent", "unsent")
 
     def __init__(self, process: Any, conn: Connection, unsent: list[bytes]) -> None:
         self.process = process
         self.conn = conn
-        self.task_id: int | None = None
+        #: tasks sent to it, in the order it runs them: the first is running
+        self.sent: deque[int] = deque()
         #: ids of functions to send with the next request
         self.unsent = unsent
 
@@ -132,6 +139,8 @@ class Worker:
         self.poller.register(self.peer_server, zmq.POLLIN)
 
         self.store = Store()
+        #: recent task run times, to decide whether to batch tasks to libraries
+        self.recent_duration = Ema()
         #: function id -> cloudpickle bytes: resident for the worker's life
         self.functions: dict[bytes, bytes] = {}
         self.tasks: dict[int, WorkerTask] = {}
@@ -462,44 +471,79 @@ class Worker:
         return lib
 
     def _start_runnable(self) -> None:
-        idle = [lib for lib in self.libraries if lib.task_id is None]
-        while idle and self.runnable:
+        """Hand runnable tasks to libraries: one each, or a few each when tasks are tiny.
+
+        A library runs the tasks it is sent one after the other and answers each at once;
+        sending tiny tasks in batches saves a pipe round trip per task, and their replies
+        then come back, and go to the manager, in batches too.
+        """
+        if not self.runnable:
+            return
+        tiny = self.recent_duration.count and self.recent_duration.value < TINY_TASK
+        depth = LIBRARY_BATCH if tiny else 1
+        for lib in sorted(self.libraries, key=lambda lib: len(lib.sent)):
+            batch = []
+            while self.runnable and len(lib.sent) + len(batch) < depth:
+                task = self._next_runnable()
+                if task is None:
+                    break
+                batch.append(task)
+            if batch:
+                self._send_to_library(lib, batch)
+            if not self.runnable:
+                return
+
+    def _next_runnable(self) -> WorkerTask | None:
+        while self.runnable:
             task = self.tasks.get(self.runnable.popleft())
             if task is None or task.state != "queued":
                 continue
-            inputs = []
             for dep in task.deps:
-                value = self.store.get(dep.task_id)
-                if value is None:
+                if dep.task_id not in self.store:
+                    self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+                    self._drop_task(task)
                     break
-                inputs.append((dep.key, value))
             else:
-                lib = idle.pop()
-                task.state = "running"
-                lib.task_id = task.id
-                functions = [(fid, self.functions[fid]) for fid in lib.unsent]
-                lib.unsent = []
-                request = ("run", task.id, task.key, task.payload, inputs, functions)
-                try:
-                    library.send(lib.conn, request)
-                except OSError:
-                    self._on_library_death(lib)
-                continue
-            self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
-            self._drop_task(task)
+                return task
+        return None
+
+    def _send_to_library(self, lib: Library, batch: list[WorkerTask]) -> None:
+        calls = []
+        for task in batch:
+            task.state = "running"
+            lib.sent.append(task.id)
+            inputs = [(dep.key, self.store.get(dep.task_id)) for dep in task.deps]
+            calls.append((task.id, task.key, task.payload, inputs))
+        functions = [(fid, self.functions[fid]) for fid in lib.unsent]
+        lib.unsent = []
+        try:
+            library.send(lib.conn, ("run", functions, calls))
+        except OSError:
+            self._on_library_death(lib)
 
     def _on_library_readable(self, lib: Library) -> None:
-        try:
-            reply = library.receive(lib.conn)
-        except (EOFError, OSError):
-            self._on_library_death(lib)
-            return
+        """Take every reply the library has written so far."""
+        while True:
+            try:
+                reply = library.receive(lib.conn)
+            except (EOFError, OSError):
+                self._on_library_death(lib)
+                return
+            self._on_library_reply(lib, reply)
+            if not lib.sent or not lib.conn.poll(0):
+                return
+
+    def _on_library_reply(self, lib: Library, reply: tuple) -> None:
+        if lib.sent and lib.sent[0] == reply[1]:
+            lib.sent.popleft()
+        else:
+            lib.sent.remove(reply[1])
         task = self.tasks.pop(reply[1], None)
-        lib.task_id = None
         if task is None:
             return
         if reply[0] == "done":
             _, task_id, value, duration = reply
+            self.recent_duration.observe(duration)
             self.store.put(task_id, value)
             waiters = self.local_waiters.pop(task_id, None)
             if waiters:
@@ -523,12 +567,19 @@ class Worker:
         del self.library_by_fd[fd]
         self.libraries.remove(lib)
         lib.conn.close()
-        if lib.task_id is not None:
-            task = self.tasks.pop(lib.task_id, None)
+        if lib.sent:
+            # The first task was running and took the process down; the rest never
+            # started and go back to the front of the queue.
+            task = self.tasks.pop(lib.sent.popleft(), None)
             if task is not None:
                 reason = f"library process {how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
                 self.outbox.append(p.TaskCrashed(task.id, reason))
+            for task_id in reversed(lib.sent):
+                queued = self.tasks.get(task_id)
+                if queued is not None:
+                    queued.state = "queued"
+                    self.runnable.appendleft(task_id)
         if self.running:
             self._start_library()
 
