@@ -63,3 +63,12 @@ def test_every_pushed_item_pops_exactly_once(ops, seed):
     while (item := q.pop_for(rng.choice(["w1", "w2", "w3"]))) is not None:
         popped.append(item)
     assert sorted(popped) == sorted(live)
+
+
+def test_peek_shows_what_pop_would_take():
+    q = ReadyQueue()
+    q.push("mine", 2, target="w1")
+    q.push("shared", 1)
+    assert q.peek_for("w1") == "shared" == q.pop_for("w1")
+    assert q.peek_for("w2") == "mine" and len(q) == 1
+    assert q.pop_for("w2") == "mine" and q.peek_for("w2") is None

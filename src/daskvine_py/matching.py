@@ -57,16 +57,26 @@ class ReadyQueue(Generic[T]):
 
     def pop_for(self, worker: Hashable) -> T | None:
         """The best item for ``worker``: its own or shared work, else another's."""
+        heap = self._heap_for(worker)
+        return None if heap is None else self._pop(heap)
+
+    def peek_for(self, worker: Hashable) -> T | None:
+        """What ``pop_for(worker)`` would return, left in the queue."""
+        heap = self._heap_for(worker)
+        return None if heap is None else heap[0][2]
+
+    def _heap_for(self, worker: Hashable) -> list[Entry] | None:
+        """The heap whose live top is the best item for ``worker``, if any."""
         own = self._targeted.get(worker)
         own_top = self._top(own) if own else None
         shared_top = self._top(self._shared)
         if own_top is not None and (shared_top is None or own_top < shared_top):
-            return self._pop(own)  # type: ignore[arg-type]
+            return own
         if shared_top is not None:
-            return self._pop(self._shared)
-        return self._steal()
+            return self._shared
+        return self._heap_to_steal_from()
 
-    def _steal(self) -> T | None:
+    def _heap_to_steal_from(self) -> list[Entry] | None:
         best_heap = None
         best_top = None
         for target, heap in list(self._targeted.items()):
@@ -75,7 +85,7 @@ class ReadyQueue(Generic[T]):
                 del self._targeted[target]
             elif best_top is None or top < best_top:
                 best_heap, best_top = heap, top
-        return None if best_heap is None else self._pop(best_heap)
+        return best_heap
 
     def _top(self, heap: list[Entry]) -> Entry | None:
         """The live top entry of ``heap``, discarding stale ones."""

@@ -527,12 +527,12 @@ class SchedulerState:
         while hungry and self.queue:
             still_hungry = []
             for worker in hungry:
-                task = self.queue.pop_for(worker.id)
+                task = self.queue.peek_for(worker.id)
                 if task is None:
                     return
                 if len(worker.processing) >= worker.cores + self._extra(worker, task):
-                    self.queue.push(task, task.priority, self._target(task))
                     continue
+                self.queue.pop_for(worker.id)
                 self._transition(task, "processing", worker=worker)
                 self._send_ahead(task, worker)
                 still_hungry.append(worker)
