@@ -187,3 +187,15 @@ def test_large_reductions_are_rewritten_as_trees(shared_manager):
     assert max(len(deps) for deps in plan.dependencies.values()) <= DEFAULT_ARITY
     with pytest.raises(ValueError, match="reduction_arity"):
         shared_manager.get(dsk, total.key, reduction_arity=1)
+
+
+@pytest.mark.timeout(60)
+def test_tiny_tasks_with_large_results_do_not_jam_the_library_pipes(shared_manager):
+    """Regression: batches of inputs written while a library wrote big results deadlocked."""
+    dsk = {f"big{i}": (np.full, 100_000, float(i)) for i in range(300)}
+    dsk.update({f"sum{i}": (np.sum, f"big{i}") for i in range(300)})
+    keys = [f"sum{i}" for i in range(300)] + [f"big{i}" for i in range(0, 300, 50)]
+    got = shared_manager.get(dsk, keys)
+    want = dask.get(dsk, keys)
+    assert got[:300] == tuple(want[:300])
+    assert all(np.array_equal(a, b) for a, b in zip(got[300:], want[300:], strict=True))

@@ -471,19 +471,21 @@ class Worker:
         return lib
 
     def _start_runnable(self) -> None:
-        """Hand runnable tasks to libraries: one each, or a few each when tasks are tiny.
+        """Hand runnable tasks to idle libraries: one each, or a few when tasks are tiny.
 
         A library runs the tasks it is sent one after the other and answers each at once;
-        sending tiny tasks in batches saves a pipe round trip per task, and their replies
-        then come back, and go to the manager, in batches too.
+        sending tiny tasks in batches saves pipe round trips, and their replies then come
+        back, and go to the manager, in batches too.
         """
         if not self.runnable:
             return
         tiny = self.recent_duration.count and self.recent_duration.value < TINY_TASK
         depth = LIBRARY_BATCH if tiny else 1
-        for lib in sorted(self.libraries, key=lambda lib: len(lib.sent)):
+        # Only idle libraries: one blocked writing results while we write inputs would
+        # deadlock on the pipe.
+        for lib in [lib for lib in self.libraries if not lib.sent]:
             batch = []
-            while self.runnable and len(lib.sent) + len(batch) < depth:
+            while self.runnable and len(batch) < depth:
                 task = self._next_runnable()
                 if task is None:
                     break
