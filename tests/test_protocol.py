@@ -100,3 +100,20 @@ def test_task_encoder_takes_functions_out_once():
     assert decoder.decode(payloads["t3"][0])({}) == 3 + big.sum()
     assert decoder.decode(payloads["s4"][0])({}) == 8
     assert decoder.function(payloads["t1"][1][0]) is decoder.function(payloads["t2"][1][0])
+
+
+def test_partials_and_bound_methods_travel_once_too():
+    import functools
+
+    from dask._task_spec import convert_legacy_graph
+
+    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+
+    heavy = functools.partial(_scale, factor=np.ones(100_000))
+    nodes = convert_legacy_graph({f"p{i}": (heavy, i) for i in range(20)})
+    encoder = TaskEncoder()
+    payloads = [encoder.encode(node) for node in nodes.values()]
+    assert len(encoder.functions) == 1 and max(len(pl) for pl, _ in payloads) < 500
+    decoder = TaskDecoder()
+    decoder.add_functions(encoder.functions)
+    assert decoder.decode(payloads[3][0])({}).sum() == 3 * 100_000

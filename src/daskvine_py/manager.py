@@ -146,7 +146,7 @@ class Manager:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
-        # A manager dropped without close() must not leave local workers behind.
+        # A manager never closed must not leave local workers behind at interpreter exit.
         weakref.finalize(self, _kill_all, self._local_processes)
 
     # -- public API -------------------------------------------------------------------

@@ -4,15 +4,16 @@ Results: pickle protocol 5, falling back to cloudpickle for what plain pickle ca
 Large buffers (numpy arrays, bytes) stay out of band in ``Serialized.buffers``, so they
 travel as their own ZeroMQ frames and are never copied into a message header.
 
-Tasks: ``TaskEncoder`` pickles a run's tasks with every Python function taken out into a
-function table, named by the hash of its cloudpickle bytes. A task's payload then holds
-only references (``persistent_id``), so each function, with whatever it closes over,
-travels once per worker and is deserialized once per library process
-(``TaskDecoder``), however many tasks call it.
+Tasks: ``TaskEncoder`` pickles a run's tasks with every Python function (and partial, and
+bound method) taken out into a function table, named by the hash of its cloudpickle bytes.
+A task's payload then holds only references (``persistent_id``), so each function, with
+whatever it closes over, travels once per worker and is deserialized once per library
+process (``TaskDecoder``), however many tasks call it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -84,6 +85,11 @@ def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
     return ser, text
 
 
+#: Callables that go into the function table: functions, and partials and bound methods,
+#: which often carry large bound arguments (a Coffea processor, a model) every task shares.
+_CALLABLES_BY_TABLE = (types.FunctionType, functools.partial, types.MethodType)
+
+
 class _FunctionExtractingPickler(cloudpickle.Pickler):
     """cloudpickle that writes Python functions as references into a function table."""
 
@@ -92,7 +98,7 @@ class _FunctionExtractingPickler(cloudpickle.Pickler):
         self.encoder = encoder
 
     def persistent_id(self, obj: Any) -> FunctionId | None:
-        if type(obj) is types.FunctionType:
+        if type(obj) in _CALLABLES_BY_TABLE:
             return self.encoder.function_id(obj)
         return None
 
