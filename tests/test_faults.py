@@ -203,3 +203,14 @@ def test_closing_the_manager_stops_its_workers():
     procs = manager.start_workers(2)
     manager.close()
     assert all(proc.poll() is not None for proc in procs)
+
+
+def test_one_worker_with_two_library_processes():
+    import dask.bag as db
+
+    with Manager() as manager:
+        manager.start_workers(1, cores=2)
+        b = db.from_sequence(range(2000), npartitions=40).map(slow_inc, 0.001).sum()
+        assert b.compute(scheduler=manager.get) == b.compute(scheduler="sync")
+        (info,) = manager.workers.values()
+        assert info["cores"] == 2
