@@ -249,6 +249,8 @@ class Worker:
         if self.registered and now - self.last_sent > self.heartbeat_interval:
             self.outbox.append(self._status())
         for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
+            if self.fetches.get(fetch.dep_id) is not fetch:
+                continue  # dropped with a task that an earlier failure here cancelled
             logger.warning(
                 "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
             )
@@ -371,7 +373,7 @@ class Worker:
         self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
 
     def _fetch_failed(self, fetch: Fetch) -> None:
-        del self.fetches[fetch.dep_id]
+        self.fetches.pop(fetch.dep_id, None)
         for task_id in fetch.waiters:
             task = self.tasks.get(task_id)
             if task is not None:
