@@ -115,11 +115,17 @@ def test_options_do_not_stick(shared_manager):
 def test_ctrl_c_cancels_the_run_and_keeps_the_manager(shared_manager):
     dsk = {f"s{i}": (slow, i, 0.2) for i in range(50)}
     main = threading.get_ident()
+    # A process started in the background by a shell ignores SIGINT: ask for Ctrl-C's usual
+    # meaning explicitly, so the test does not depend on how pytest was started.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        shared_manager.get(dsk, list(dsk))
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shared_manager.get(dsk, list(dsk))
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 5
     while shared_manager._state.tasks and time.monotonic() < deadline:
         time.sleep(0.05)
