@@ -20,7 +20,7 @@ Targeting modes, with ``--workers`` workers:
 - ``soft``: tasks target busy workers and an idle worker that no task targets pops them
   (soft targeting: it takes the best task queued for another);
 - ``mixed``: a third each untargeted, targeted at the popping worker, targeted elsewhere;
-- ``heapq``: not the ready queue but a bare ``heapq`` of ``(priority, ticket, item)``
+- ``heapq``: not the ready queue but a bare ``heapq`` of ``(priority << 40 | ticket, item)``
   tuples, push and pop only: the floor under any design built on one binary heap.
 
 It prints ns per operation, the median of ``--rounds`` rounds, Python's loop overhead
@@ -62,7 +62,8 @@ def make_plan(
     pops: Pops = []
     nworkers = len(workers)
     for n, item in enumerate(items):
-        priority = (1, 0) if priorities == "equal" else (1, rng.randrange(1 << 30))
+        # run 1, then Dask's order within the run, packed as the scheduler does
+        priority = 1 << 32 | (0 if priorities == "equal" else rng.randrange(1 << 30))
         worker = workers[n % nworkers]
         if mode == "untargeted":
             target, popper = None, workers[0]
@@ -147,11 +148,13 @@ def measure_heapq(
     rng = random.Random(seed)
     tickets = itertools.count()
 
-    def entries(items: range) -> list[tuple[Any, int, int]]:
+    def entries(items: range) -> list[tuple[int, int]]:
+        # The queue's entry shape: (priority << 40 | ticket, item)
         return [
-            ((1, 0) if priorities == "equal" else (1, rng.randrange(1 << 30)), next(tickets), i)
+            ((1 << 32 | (0 if priorities == "equal" else rng.randrange(1 << 30))) << 40
+             | next(tickets), i)
             for i in items
-        ]
+        ]  # fmt: skip
 
     heap = entries(range(size))
     heapq.heapify(heap)

@@ -6,6 +6,10 @@ its own heap and the shared heap; if both are empty it takes the best task targe
 another worker (soft targeting), so no worker idles while work is queued. Push and pop
 are O(log n). Removal is lazy: each push stamps the item with a fresh ticket, and heap
 entries whose ticket is stale are skipped when they reach the top.
+
+A heap entry is ``(priority << TICKET_BITS | ticket, item)``: one integer compares in C,
+several times faster than nested tuples at 10^6 entries, and the ticket breaks ties in
+push order.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
 
-Entry = tuple[Any, int, Any]  # (priority, ticket, item)
+Entry = tuple[int, Any]  # (priority << TICKET_BITS | ticket, item)
+
+#: Bits of an entry's sort key that hold the ticket: 2^40 pushes before tickets would
+#: reach the priority bits.
+TICKET_BITS = 40
+_TICKET_MASK = (1 << TICKET_BITS) - 1
 
 
 class ReadyQueue(Generic[T]):
@@ -37,12 +46,13 @@ class ReadyQueue(Generic[T]):
     def __contains__(self, item: T) -> bool:
         return item in self._ticket_of
 
-    def push(self, item: T, priority: Any, target: Hashable | None = None) -> None:
-        """Queue ``item``; lower ``priority`` pops first. Re-pushing replaces the old entry."""
+    def push(self, item: T, priority: int, target: Hashable | None = None) -> None:
+        """Queue ``item``; a lower ``priority`` (an int >= 0) pops first; equal ones in push
+        order. Re-pushing replaces the old entry."""
         ticket = next(self._tickets)
         self._ticket_of[item] = ticket
         heap = self._shared if target is None else self._targeted.setdefault(target, [])
-        heapq.heappush(heap, (priority, ticket, item))
+        heapq.heappush(heap, (priority << TICKET_BITS | ticket, item))
 
     def remove(self, item: T) -> None:
         """Forget ``item`` (no-op if absent); its heap entry is dropped lazily."""
@@ -52,7 +62,7 @@ class ReadyQueue(Generic[T]):
         """Move tasks targeted at ``target`` (a lost worker) to the shared heap."""
         heap = self._targeted.pop(target, [])
         for entry in heap:
-            if self._ticket_of.get(entry[2]) == entry[1]:
+            if self._ticket_of.get(entry[1]) == entry[0] & _TICKET_MASK:
                 heapq.heappush(self._shared, entry)
 
     def pop_for(self, worker: Hashable) -> T | None:
@@ -63,7 +73,7 @@ class ReadyQueue(Generic[T]):
     def peek_for(self, worker: Hashable) -> T | None:
         """What ``pop_for(worker)`` would return, left in the queue."""
         heap = self._heap_for(worker)
-        return None if heap is None else heap[0][2]
+        return None if heap is None else heap[0][1]
 
     def _heap_for(self, worker: Hashable) -> list[Entry] | None:
         """The heap whose live top is the best item for ``worker``, if any."""
@@ -92,12 +102,12 @@ class ReadyQueue(Generic[T]):
         ticket_of = self._ticket_of
         while heap:
             entry = heap[0]
-            if ticket_of.get(entry[2]) == entry[1]:
+            if ticket_of.get(entry[1]) == entry[0] & _TICKET_MASK:
                 return entry
             heapq.heappop(heap)
         return None
 
     def _pop(self, heap: list[Entry]) -> T:
-        item = heapq.heappop(heap)[2]
+        item = heapq.heappop(heap)[1]
         del self._ticket_of[item]
         return item

@@ -44,6 +44,9 @@ Key = Hashable
 WorkerId = bytes
 TaskStateName = Literal["waiting", "ready", "processing", "memory", "released"]
 
+#: Bits for a task's priority within its run: earlier runs go first, then Dask's order.
+RUN_PRIORITY_BITS = 32
+
 # -- events ---------------------------------------------------------------------------
 
 
@@ -289,7 +292,7 @@ class SchedulerState:
                 run,
                 new.payload,
                 new.functions,
-                (run.id, new.priority),
+                run.id << RUN_PRIORITY_BITS | new.priority,
                 new.prefix,
             )
             self._next_task_id += 1
