@@ -268,14 +268,16 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                first = self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
         self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
 
     def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool) -> bool:  # fmt: skip
+                     sent_functions: set[bytes], first: bool) -> None:  # fmt: skip
+        """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
@@ -283,7 +285,6 @@ class Manager:
             self._command(("submit", run, event))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
-        return False
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the workers this manager started, tell the others to leave, and stop."""
