@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -154,34 +155,35 @@ def _fake_manager():
     return context, router, f"tcp://127.0.0.1:{port}"
 
 
-def test_worker_exits_when_the_manager_goes_silent():
+@contextlib.contextmanager
+def _worker_of_a_fake_manager(name, *extra_args):
+    """A real worker process connected to a bare ROUTER the test speaks for."""
     context, router, address = _fake_manager()
-    proc = spawn(address, cores=1, name="lonely", extra_args=["--manager-timeout", "1"])
+    proc = spawn(address, cores=1, name=name, extra_args=list(extra_args))
     try:
         assert router.poll(20_000)
         ident, *frames = router.recv_multipart()
+        yield proc, router, ident, frames
+    finally:
+        proc.kill()
+        proc.wait()
+        context.destroy(linger=0)
+
+
+def test_worker_exits_when_the_manager_goes_silent():
+    with _worker_of_a_fake_manager("lonely", "--manager-timeout", "1") as (
+        proc, router, ident, frames,
+    ):  # fmt: skip
         (reg,) = p.decode(frames, p.TO_MANAGER)
         assert type(reg) is p.Register and reg.name == "lonely" and reg.cores == 1
         router.send_multipart([ident, *p.encode([p.Welcome("lonely", 0.2)])])
         assert proc.wait(timeout=20) == 0
-    finally:
-        proc.kill()
-        proc.wait()
-        context.destroy(linger=0)
 
 
 def test_rejected_worker_exits_with_a_clear_code():
-    context, router, address = _fake_manager()
-    proc = spawn(address, cores=1, name="rejected")
-    try:
-        assert router.poll(20_000)
-        ident, *_ = router.recv_multipart()
+    with _worker_of_a_fake_manager("rejected") as (proc, router, ident, _):
         router.send_multipart([ident, *p.encode([p.Rejected("protocol version mismatch")])])
         assert proc.wait(timeout=20) == 2
-    finally:
-        proc.kill()
-        proc.wait()
-        context.destroy(linger=0)
 
 
 def test_worker_without_a_manager_gives_up():

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.errors import GraphCycleError
-from daskvine_py.graph import build_plan, check_acyclic, flatten_keys, pack_results
+from daskvine_py.graph import build_plan, flatten_keys, pack_results, topological_order
 
 
 def inc(x):
@@ -65,7 +65,7 @@ def test_cycle_is_reported_in_order():
 
 def test_self_loop_is_a_cycle():
     with pytest.raises(GraphCycleError):
-        check_acyclic({"a": frozenset({"a"})})
+        topological_order({"a": frozenset({"a"})})
 
 
 def test_long_chain_needs_no_recursion():

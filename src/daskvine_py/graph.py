@@ -172,11 +172,6 @@ def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
     return ordered
 
 
-def check_acyclic(dependencies: Mapping[Key, frozenset[Key]]) -> None:
-    """Raise ``GraphCycleError`` with the keys of one cycle, if there is any."""
-    topological_order(dependencies)
-
-
 def _find_cycle(dependencies: Mapping[Key, frozenset[Key]], stuck: set[Key]) -> list[Key]:
     """Walk dependencies among stuck keys until one repeats: that loop is a cycle."""
     key = next(iter(stuck))
