@@ -572,8 +572,8 @@ class SchedulerState:
     def _steal_for_idle_workers(self) -> None:
         """Move tasks that wait unstarted behind busy cores to workers with idle cores."""
         idle = [w for w in self.workers.values() if len(w.processing) < w.cores]
-        if not idle:
-            return
+        if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
+            return  # nobody idle, or nothing waits behind busy cores anywhere
         # Startable tasks beyond a worker's cores are queued there, not running.
         surplus = {w: _startable(w) - w.cores for w in self.workers.values()}
         for thief in idle:
