@@ -26,6 +26,7 @@ Data flow::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -55,6 +56,7 @@ from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
 from .rewrite import rewrite_reductions
+from .runinfo import RunInfo
 from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -73,10 +75,11 @@ TIMER_PERIOD = 0.1
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure")
+    __slots__ = ("id", "values", "done", "failure", "info")
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
+        self.info = RunInfo(run_id)
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
@@ -143,6 +146,8 @@ class Manager:
         self._run_ids = itertools.count(1)
         #: bytes of every message workers sent this manager: outputs, not intermediates
         self.received_bytes = 0
+        #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
+        self.last_run: RunInfo | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -222,16 +227,20 @@ class Manager:
                 arity=run_options.reduction_arity,
                 threshold=run_options.reduction_threshold,
             )
+        started = time.time()
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         run = _Run(next(self._run_ids))
+        run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
         try:
             self._submit_in_parts(run, plan, run_options.retries)
             run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
+            self._end_run(run, "cancelled")
             raise
+        self._end_run(run, "done" if run.failure is None else "failed")
         if run.failure is not None:
             raise _run_error(run.failure)
         values = {}
@@ -241,6 +250,11 @@ class Manager:
             except Exception as exc:
                 raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
         return pack_results(plan.structure, values)
+
+    def _end_run(self, run: _Run, outcome: str) -> None:
+        run.info.finished = time.time()
+        run.info.outcome = outcome
+        self.last_run = run.info
 
     def _submit_in_parts(self, run: _Run, plan: Plan, retries: int) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
