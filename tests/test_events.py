@@ -9,13 +9,8 @@ import pytest
 
 from daskvine_py import RunOptions
 from daskvine_py.events import EventLog, read_events, summary_records, write_events
-from daskvine_py.report import TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
+from daskvine_py.report import SECTIONS, TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
 from daskvine_py.runinfo import MANAGER, RunInfo
-
-SECTIONS = (
-    "summary", "options", "tasks-over-time", "worker-timeline", "transfers", "durations",
-    "slowest", "failures",
-)  # fmt: skip
 
 
 def _log() -> EventLog:

@@ -75,9 +75,12 @@ DRAIN_LIMIT = 10_000
 #: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
 #: thread less often.
 SUBMIT_PART = 4096
-#: Seconds between timer checks (silent workers, dead local processes, heartbeats), and
-#: between the samples of task counts in an event log.
+#: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
+#: Samples of task counts in an event log: every 5 ms at first, then spaced to keep about
+#: this many per run length (a few thousand for an hour), so short and long runs both
+#: draw a smooth tasks-over-time chart from a small log.
+SAMPLES_PER_RUN = 1000
 #: Worker reports that watched runs count or log.
 _TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 
@@ -85,7 +88,7 @@ _TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure", "info", "finished_tasks", "log")
+    __slots__ = ("id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample")
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
@@ -95,8 +98,9 @@ class _Run:
         self.failure: s.RunFailed | BaseException | None = None
         #: tasks finished so far, counted by the I/O thread for watched runs only
         self.finished_tasks = 0
-        #: the run's event log, when it keeps one
+        #: the run's event log, when it keeps one, and when it takes its next sample
         self.log: EventLog | None = None
+        self.next_sample = 0.0
 
 
 class _WorkerInfo:
@@ -401,6 +405,8 @@ class Manager:
                 self._check_timers(now)
                 next_timer = now + TIMER_PERIOD
             self._apply_events()
+            if self._watched:
+                self._sample_due(time.monotonic())
             self._flush()
         self._shutdown_workers()
 
@@ -515,8 +521,6 @@ class Manager:
                 self._send_now(ident, [p.Shutdown("declared lost after silence")])
             elif now - info.last_sent > interval and ident not in self._outboxes:
                 self._outboxes[ident] = [p.Heartbeat()]
-        if self._watched:
-            self._sample(now, self._watched.values())
 
     def _apply_events(self) -> None:
         if not self._events:
@@ -607,6 +611,13 @@ class Manager:
                 time.monotonic(), message.task_id, message.key, task.prefix, task.worker.name
             )
 
+    def _sample_due(self, now: float) -> None:
+        due = [
+            run for run in self._watched.values() if run.log is not None and now >= run.next_sample
+        ]
+        if due:
+            self._sample(now, due)
+
     def _sample(self, now: float, runs: Any) -> None:
         """Task counts for the tasks-over-time chart. Ready, processing and running count
         every run's tasks (they are one queue); waiting is this run's remainder."""
@@ -622,6 +633,7 @@ class Manager:
                 done = run.finished_tasks
                 waiting = max(0, run.info.tasks - done - ready - processing)
                 run.log.sample(now, waiting, ready, processing, running, done)
+                run.next_sample = now + max(0.005, (now - run.log.mono_start) / SAMPLES_PER_RUN)
 
     def _flush(self) -> None:
         outboxes, self._outboxes = self._outboxes, {}

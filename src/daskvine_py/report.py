@@ -36,6 +36,11 @@ PLOT_WIDTH = 880
 SLOWEST = 20
 #: Failures listed in full; the rest are counted.
 MAX_FAILURES = 50
+#: The ids of the report's sections, in order (``<section id=...>``).
+SECTIONS = (
+    "summary", "options", "tasks-over-time", "worker-timeline", "transfers", "durations",
+    "slowest", "failures",
+)  # fmt: skip
 #: Colours for functions, most time-consuming first; the rest share the last one.
 PALETTE = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
