@@ -7,7 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from daskvine_py import RunOptions
+from daskvine_py import ProtocolError, RunOptions
+from daskvine_py import protocol as p
 from daskvine_py.events import EventLog, read_events, summary_records, write_events
 from daskvine_py.report import SECTIONS, TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
 from daskvine_py.runinfo import MANAGER, RunInfo
@@ -166,3 +167,10 @@ def test_report_options_are_validated():
         RunOptions(progress="yes")
     with pytest.raises(ValueError, match="report must be a path"):
         RunOptions(report=3)
+
+
+def test_task_done_carries_the_workers_finish_time():
+    assert p.TaskDone(1, 2, 0.1, None).finished == 0.0  # older senders: unknown
+    p.check_fields(p.TaskDone(1, 2, 0.1, None, 1769000000.5))
+    with pytest.raises(ProtocolError, match="TaskDone.finished"):
+        p.check_fields(p.TaskDone(1, 2, 0.1, None, "late"))

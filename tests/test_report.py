@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from html.parser import HTMLParser
 
 import dask
@@ -211,3 +214,36 @@ def test_report_renders_in_headless_chromium(shared_manager, tmp_path):
     if os.environ.get("DASKVINE_PY_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["DASKVINE_PY_KEEP_SCREENSHOT"])
     assert np.isfinite(got)
+
+
+@pytest.mark.integration
+def test_progress_bar_closes_when_a_task_fails(shared_manager, capsys):
+    dsk = {("a", i): (_inc, i) for i in range(5)}
+    dsk["bad"] = (_fail, ("a", 0))
+    with pytest.raises(ZeroDivisionError):
+        shared_manager.get(dsk, ["bad", ("a", 1)], progress=True)
+    err = capsys.readouterr().err
+    assert "daskvine_py" in err and err.endswith("\n")  # closed: the line is finished
+    assert shared_manager.get({"x": (_inc, 1)}, "x", progress=True) == 2
+
+
+@pytest.mark.integration
+def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys):
+    dsk = {f"s{i}": (time.sleep, 0.2) for i in range(50)}
+    main = threading.get_ident()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shared_manager.get(dsk, list(dsk), progress=True, event_log=None)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
+    assert shared_manager.last_run.outcome == "cancelled"
+    err = capsys.readouterr().err
+    assert "/50" in err and err.endswith("\n")
+    deadline = time.monotonic() + 10
+    while shared_manager._state.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shared_manager.get({"x": (_inc, 41)}, "x") == 42
