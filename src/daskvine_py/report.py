@@ -23,6 +23,7 @@ import datetime
 import html
 import math
 import os
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -225,7 +226,7 @@ def _tasks_over_time(summary: Summary) -> str:
     if not samples:
         return _empty("No samples: the run kept no event log.")
     series = (
-        ("waiting", "waiting", "#bab0ac"),
+        ("waiting", "waiting (for inputs, or not submitted yet)", "#bab0ac"),
         ("ready", "ready (queued at the manager)", "#f28e2b"),
         ("queued", "sent, not running (queued on workers)", "#76b7b2"),
         ("running", "running", "#4e79a7"),
@@ -264,7 +265,7 @@ def _timeline(summary: Summary, colours: dict[str, str]) -> str:
             [t for t in summary.tasks if t.worker == name],
             int(summary.workers[name].get("cores") or 0),
         )
-        for name in sorted(summary.workers)
+        for name in sorted(summary.workers, key=_natural)
     }
     lane_height, gap = 12, 8
     rows = sum(max(1, len(lanes)) for lanes in lanes_by_worker.values())
@@ -486,6 +487,11 @@ def _merge(lane: list[TaskRun], chart: _Chart) -> list[tuple[float, float, str, 
     return out
 
 
+def _natural(name: str) -> list[Any]:
+    """Sort key putting local-2 before local-10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def _colours(tasks: Sequence[TaskRun]) -> dict[str, str]:
     total: dict[str, float] = {}
     for task in tasks:
@@ -578,7 +584,7 @@ def _seconds(value: float) -> str:
     if value >= 1:
         return f"{value:.2f} s"
     if value >= 1e-3:
-        return f"{value * 1e3:.2f} ms"
+        return f"{value * 1e3:.3g} ms"
     return f"{value * 1e6:.0f} µs"
 
 
