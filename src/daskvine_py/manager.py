@@ -22,6 +22,10 @@ Data flow::
   one multipart message per worker per iteration: batching by loop iteration, no sleeps.
 - Timers (heartbeats, silent workers, local worker processes that died) run on the
   loop's own clock, ``time.monotonic``.
+- Watching a run costs nothing unless the call asks for it: a run with a progress bar,
+  a report or an event log is "watched", and only then does the loop count its finished
+  tasks (read by the waiting caller ten times a second) and, for a report or event log,
+  append its task, worker and sample events to an ``events.EventLog``.
 """
 
 from __future__ import annotations
@@ -52,9 +56,12 @@ from .errors import (
     VersionMismatch,
     attach_remote_traceback,
 )
+from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
+from .progress import default_enabled, wait_with_progress
+from .report import write_report
 from .rewrite import rewrite_reductions
 from .runinfo import RunInfo
 from .serialize import TaskEncoder, loads
@@ -70,12 +77,18 @@ DRAIN_LIMIT = 10_000
 SUBMIT_PART = 4096
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
+#: Samples of task counts in an event log: every 5 ms at first, then spaced to keep about
+#: this many per run length (a few thousand for an hour), so short and long runs both
+#: draw a smooth tasks-over-time chart from a small log.
+SAMPLES_PER_RUN = 1000
+#: Worker reports that watched runs count or log.
+_TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 
 
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure", "info")
+    __slots__ = ("id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample")
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
@@ -83,6 +96,11 @@ class _Run:
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
+        #: tasks finished so far, counted by the I/O thread for watched runs only
+        self.finished_tasks = 0
+        #: the run's event log, when it keeps one, and when it takes its next sample
+        self.log: EventLog | None = None
+        self.next_sample = 0.0
 
 
 class _WorkerInfo:
@@ -139,6 +157,8 @@ class Manager:
             self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
         )
         self._runs: dict[int, _Run] = {}
+        #: runs with a progress bar or an event log (see the module docstring)
+        self._watched: dict[int, _Run] = {}
         self._workers: dict[bytes, _WorkerInfo] = {}
         self._outboxes: dict[bytes, list[Any]] = {}
         self._events: list[Any] = []
@@ -217,7 +237,8 @@ class Manager:
 
         ``dsk`` is anything Dask hands a scheduler: a task mapping, a ``HighLevelGraph``
         or an expression. ``keys`` is a key or nested lists of keys; lists come back as
-        tuples. Options (see ``RunOptions``) apply to this call only.
+        tuples. Options (see ``RunOptions``) apply to this call only: ``progress``,
+        ``report`` and ``event_log`` among them (see ``report``).
         """
         run_options = RunOptions.from_kwargs(options)
         rewrite = None
@@ -227,20 +248,26 @@ class Manager:
                 arity=run_options.reduction_arity,
                 threshold=run_options.reduction_threshold,
             )
-        started = time.time()
+        started, mono_started = time.time(), time.monotonic()
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         run = _Run(next(self._run_ids))
         run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
+        if run_options.report is not None or run_options.event_log is not None:
+            run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
+        progress = default_enabled() if run_options.progress is None else run_options.progress
         try:
-            self._submit_in_parts(run, plan, run_options.retries)
-            run.done.wait()
+            self._submit_in_parts(run, plan, run_options.retries, watch=progress)
+            if progress:
+                wait_with_progress(run.done, lambda: run.finished_tasks, len(plan.nodes))
+            else:
+                run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
-            self._end_run(run, "cancelled")
+            self._end_run(run, "cancelled", run_options)
             raise
-        self._end_run(run, "done" if run.failure is None else "failed")
+        self._end_run(run, "done" if run.failure is None else "failed", run_options)
         if run.failure is not None:
             raise _run_error(run.failure)
         values = {}
@@ -251,12 +278,40 @@ class Manager:
                 raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
         return pack_results(plan.structure, values)
 
-    def _end_run(self, run: _Run, outcome: str) -> None:
+    def _end_run(self, run: _Run, outcome: str, options: RunOptions) -> None:
         run.info.finished = time.time()
         run.info.outcome = outcome
         self.last_run = run.info
+        if run.log is None:
+            return
+        run.log.end(time.monotonic(), outcome, run.info)
+        run.info.events = run.log
+        try:
+            if options.event_log is not None:
+                write_events(run.log.records(), options.event_log)
+            if options.report is not None:
+                write_report(run.log.records(), options.report)
+        except Exception:
+            if outcome == "done":
+                raise
+            # The run's own error matters more; the report of a failed run is a bonus.
+            logger.exception("could not write the report or event log of run %d", run.id)
 
-    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int) -> None:
+    def report(self, path: str | os.PathLike) -> None:
+        """Write the performance report of the last run that ended to ``path`` (HTML).
+
+        A run called with ``report=`` or ``event_log=`` kept its event log, and the report
+        shows its tasks over time, per-worker timelines, transfers, durations per function
+        and slowest tasks; any other run gets a summary of its options, outcome and
+        transfers only. ``get(..., report=path)`` does the same as the run ends.
+        """
+        info = self.last_run
+        if info is None:
+            raise RuntimeError("no run has ended yet: there is nothing to report")
+        records = info.events.records() if info.events is not None else summary_records(info)
+        write_report(records, path)
+
+    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int, watch: bool) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -282,21 +337,21 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                self._submit_part(run, plan, retries, part, encoder, sent_functions, first, watch)
                 first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+        self._submit_part(run, plan, retries, part, encoder, sent_functions, first, watch)
 
     def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool) -> None:  # fmt: skip
+                     sent_functions: set[bytes], first: bool, watch: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
             event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions)
-            self._command(("submit", run, event))
+            self._command(("submit", run, event, watch or run.log is not None))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
 
@@ -350,6 +405,8 @@ class Manager:
                 self._check_timers(now)
                 next_timer = now + TIMER_PERIOD
             self._apply_events()
+            if self._watched:
+                self._sample_due(time.monotonic())
             self._flush()
         self._shutdown_workers()
 
@@ -363,11 +420,13 @@ class Manager:
             if kind == "submit":
                 self._runs[run.id] = run
                 self._events.append(rest[0])
+                if rest[1]:
+                    self._watch_run(run)
             elif kind == "extend":
                 if run.id in self._runs:
                     self._events.append(rest[0])
             elif kind == "cancel":
-                if self._runs.pop(run.id, None) is not None:
+                if self._pop_run(run.id) is not None:
                     self._events.append(s.CancelRun(run.id))
             elif kind == "close":
                 return False
@@ -396,8 +455,11 @@ class Manager:
                 self._on_stranger(ident, messages, now)
                 continue
             info.last_seen = now
+            watched = self._watched
             for message in messages:
                 kind = type(message)
+                if watched and kind in _TASK_REPORTS:
+                    self._on_task_report(ident, info.name, message, now)
                 if kind is p.Status:
                     info.status = message
                     continue
@@ -428,12 +490,18 @@ class Manager:
             p.Welcome(reg.name, self.options.heartbeat_interval)
         )
         self._events.append(s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address))
+        for run in self._watched.values():
+            if run.log is not None:
+                run.log.worker(now, reg.name, reg.cores, reg.hostname)
 
     def _lose_worker(self, ident: bytes, reason: str) -> None:
         info = self._workers.pop(ident, None)
         if info is None:
             return
         logger.warning("worker %s lost: %s", info.name, reason)
+        for run in self._watched.values():
+            if run.log is not None:
+                run.log.worker_lost(time.monotonic(), info.name, reason)
         self._outboxes.pop(ident, None)
         self._events.append(s.WorkerLost(ident, reason))
 
@@ -463,23 +531,109 @@ class Manager:
         except Exception:
             logger.exception("scheduler state failed on a batch of %d events", len(events))
             return
+        watched = self._watched
         for instruction in instructions:
             kind = type(instruction)
             if kind is s.Send:
                 self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
+                if watched and type(instruction.message) is p.Execute:
+                    self._on_dispatch(instruction.message)
             elif kind is s.RunOutput:
                 run = self._runs.get(instruction.run_id)
                 if run is not None:
                     run.values[instruction.key] = instruction.value
             elif kind is s.RunDone:
-                run = self._runs.pop(instruction.run_id, None)
+                run = self._pop_run(instruction.run_id)
                 if run is not None:
                     run.done.set()
             elif kind is s.RunFailed:
-                run = self._runs.pop(instruction.run_id, None)
+                run = self._pop_run(instruction.run_id)
                 if run is not None:
                     run.failure = instruction
                     run.done.set()
+
+    # -- watched runs (progress, event logs) -------------------------------------------
+
+    def _watch_run(self, run: _Run) -> None:
+        self._watched[run.id] = run
+        if run.log is not None:
+            now = time.monotonic()
+            for info in self._workers.values():
+                run.log.worker(now, info.name, info.cores, info.hostname)
+            self._sample(now, [run])
+
+    def _pop_run(self, run_id: int) -> _Run | None:
+        """Forget a run that ended; a watched one gets its last sample first."""
+        run = self._watched.pop(run_id, None)
+        if run is not None and run.log is not None:
+            self._sample(time.monotonic(), [run])
+        return self._runs.pop(run_id, None)
+
+    def _on_task_report(self, ident: bytes, worker: str, message: Any, now: float) -> None:
+        """Count and log a task's end, if it belongs to a watched run and is not stale.
+
+        Reads the state before it handles the message (same thread): a report is counted
+        when the state will take it, i.e. its task is processing on that worker.
+        """
+        task = self._state.tasks.get(message.task_id)
+        if (
+            task is None
+            or task.state != "processing"
+            or task.worker is None
+            or task.worker.id != ident
+        ):
+            return
+        run = self._watched.get(task.run.id)
+        if run is None:
+            return
+        kind = type(message)
+        if kind is p.TaskDone:
+            run.finished_tasks += 1
+            if run.log is not None:
+                run.log.done(
+                    now, message.task_id, worker, message.duration, message.finished,
+                    message.nbytes,
+                )  # fmt: skip
+        elif run.log is None:
+            return
+        elif kind is p.TaskErred:
+            run.log.erred(now, message.task_id, worker, message.message)
+        else:
+            run.log.crashed(now, message.task_id, worker, message.reason)
+
+    def _on_dispatch(self, message: p.Execute) -> None:
+        task = self._state.tasks.get(message.task_id)
+        if task is None or task.worker is None:
+            return
+        run = self._watched.get(task.run.id)
+        if run is not None and run.log is not None:
+            run.log.dispatch(
+                time.monotonic(), message.task_id, message.key, task.prefix, task.worker.name
+            )
+
+    def _sample_due(self, now: float) -> None:
+        due = [
+            run for run in self._watched.values() if run.log is not None and now >= run.next_sample
+        ]
+        if due:
+            self._sample(now, due)
+
+    def _sample(self, now: float, runs: Any) -> None:
+        """Task counts for the tasks-over-time chart. Ready, processing and running count
+        every run's tasks (they are one queue); waiting is this run's remainder."""
+        state = self._state
+        ready = len(state.queue)
+        processing = running = 0
+        for worker in state.workers.values():
+            held = len(worker.processing)
+            processing += held
+            running += min(held, worker.cores)
+        for run in runs:
+            if run.log is not None:
+                done = run.finished_tasks
+                waiting = max(0, run.info.tasks - done - ready - processing)
+                run.log.sample(now, waiting, ready, processing, running, done)
+                run.next_sample = now + max(0.005, (now - run.log.mono_start) / SAMPLES_PER_RUN)
 
     def _flush(self) -> None:
         outboxes, self._outboxes = self._outboxes, {}
@@ -505,6 +659,7 @@ class Manager:
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
         self._runs.clear()
+        self._watched.clear()
 
 
 _HOSTNAME = socket.gethostname()

@@ -6,6 +6,7 @@ Run options apply to one ``get`` call only: they never become state of the manag
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -31,6 +32,15 @@ class RunOptions:
     #: Fewest inputs a reduction needs before it is rewritten (``rewrite.DEFAULT_THRESHOLD``):
     #: above the fan-ins of Dask's own trees, which are left alone.
     reduction_threshold: int = 32
+    #: Show a progress bar (tasks done / total, rate) on stderr. None: only when stderr is
+    #: a terminal. Costs a redraw ten times a second in the waiting thread, nothing per task.
+    progress: bool | None = None
+    #: Write a self-contained HTML performance report of this run here (see ``report.py``).
+    #: Records every task's dispatch and completion: a few hundred bytes of memory per task.
+    report: str | os.PathLike | None = None
+    #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),
+    #: from which ``python -m daskvine_py report`` rebuilds the report. Same cost as ``report``.
+    event_log: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
@@ -42,6 +52,12 @@ class RunOptions:
             raise ValueError(
                 f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
             )
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
+        for name in ("report", "event_log"):
+            path = getattr(self, name)
+            if path is not None and not isinstance(path, str | os.PathLike):
+                raise ValueError(f"{name} must be a path or None, not {path!r}")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:

@@ -61,6 +61,9 @@ class TaskDone(NamedTuple):
     nbytes: int
     duration: float
     value: Serialized | None  #: the result itself, only when the manager asked for it
+    #: the worker's ``time.time()`` when the result arrived from the library (0: unknown),
+    #: for the per-worker timeline of the performance report
+    finished: float = 0.0
 
 
 class TaskErred(NamedTuple):
@@ -175,7 +178,7 @@ FROM_PEER = frozenset({Data})
 #: Field types of what workers send, checked before the scheduler sees it.
 _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
     Register: (int, str, int, int, str, str, int),
-    TaskDone: (int, int, (float, int), (Serialized, type(None))),
+    TaskDone: (int, int, (float, int), (Serialized, type(None)), (float, int)),
     TaskErred: (int, (Serialized, type(None)), str, str),
     TaskCrashed: (int, str),
     FetchFailed: (int, int, tuple),

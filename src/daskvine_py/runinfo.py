@@ -29,6 +29,8 @@ class RunInfo:
     outcome: str = ""
     #: bytes moved per (source, destination) worker name; ``MANAGER`` names the manager
     transfers: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the run's ``events.EventLog`` when it kept one (``report=`` or ``event_log=``)
+    events: Any = field(default=None, repr=False)
 
     @property
     def duration(self) -> float:

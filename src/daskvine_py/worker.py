@@ -553,7 +553,13 @@ class Worker:
             if waiters:
                 self._input_arrived(task_id, waiters)
             self.outbox.append(
-                p.TaskDone(task_id, value.nbytes, duration, value if task.want_result else None)
+                p.TaskDone(
+                    task_id,
+                    value.nbytes,
+                    duration,
+                    value if task.want_result else None,
+                    time.time(),
+                )
             )
         else:
             _, task_id, exception, text, message = reply
