@@ -22,6 +22,8 @@ Data flow::
   one multipart message per worker per iteration: batching by loop iteration, no sleeps.
 - Timers (heartbeats, silent workers, local worker processes that died) run on the
   loop's own clock, ``time.monotonic``.
+- Bytes moved are counted per (source, destination) name: workers report what they
+  fetched from peers (``Transfers``), and outputs count from their worker to ``MANAGER``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
 from .rewrite import rewrite_reductions
-from .runinfo import RunInfo
+from .runinfo import MANAGER, RunInfo
 from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -75,11 +77,13 @@ TIMER_PERIOD = 0.1
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure", "info")
+    __slots__ = ("id", "values", "done", "failure", "info", "transfers_before")
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
         self.info = RunInfo(run_id)
+        #: the manager's transfer counts when the run started (I/O thread only)
+        self.transfers_before: dict[tuple[str, str], int] = {}
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
@@ -148,6 +152,10 @@ class Manager:
         self.received_bytes = 0
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
+        #: bytes moved per (source, destination) name since the start (I/O thread writes)
+        self._transfers: dict[tuple[str, str], int] = {}
+        #: worker names by peer address, kept after they leave for late reports
+        self._names_by_peer: dict[str, str] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -180,18 +188,40 @@ class Manager:
             for info in list(self._workers.values())
         }
 
+    @property
+    def transfers(self) -> dict[tuple[str, str], int]:
+        """Bytes moved per (source, destination) worker name since the manager started;
+        ``runinfo.MANAGER`` names the manager. Per run: ``last_run.transfers``."""
+        return dict(self._transfers)
+
     def start_workers(
-        self, n: int, cores: int = 1, wait: bool = True, timeout: float = 60.0
+        self,
+        n: int,
+        cores: int = 1,
+        wait: bool = True,
+        timeout: float = 60.0,
+        memory: int | None = None,
+        disk: int | None = None,
+        workdir: str | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
-        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
+        ``memory`` and ``disk`` (MB) and ``workdir`` are the worker's ``--memory``,
+        ``--disk`` and ``--workdir``. With ``wait``, return once all of them have
+        registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
+        extra = []
+        for flag, value in (("--memory", memory), ("--disk", disk), ("--workdir", workdir)):
+            if value is not None:
+                extra += [flag, str(value)]
         before = len(self._workers)
         start = len(self._local_processes)
-        procs = [spawn(self.address, cores=cores, name=f"local-{start + i}") for i in range(n)]
+        procs = [
+            spawn(self.address, cores=cores, name=f"local-{start + i}", extra_args=extra)
+            for i in range(n)
+        ]
         self._local_processes.extend(procs)
         if wait:
             self.wait_for_workers(before + n, timeout=timeout)
@@ -234,7 +264,7 @@ class Manager:
         run = _Run(next(self._run_ids))
         run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
         try:
-            self._submit_in_parts(run, plan, run_options.retries)
+            self._submit_in_parts(run, plan, run_options)
             run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
@@ -256,7 +286,7 @@ class Manager:
         run.info.outcome = outcome
         self.last_run = run.info
 
-    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int) -> None:
+    def _submit_in_parts(self, run: _Run, plan: Plan, options: RunOptions) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -282,20 +312,23 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                self._submit_part(run, plan, options, part, encoder, sent_functions, first)
                 first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+        self._submit_part(run, plan, options, part, encoder, sent_functions, first)
 
-    def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool) -> None:  # fmt: skip
+    def _submit_part(self, run: _Run, plan: Plan, options: RunOptions, part: list,
+                     encoder: TaskEncoder, sent_functions: set[bytes],
+                     first: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
-            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions)
+            event: Any = s.SubmitRun(
+                run.id, part, plan.outputs, options.retries, functions, options.replicas
+            )
             self._command(("submit", run, event))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
@@ -362,6 +395,7 @@ class Manager:
             kind, run, *rest = self._commands.get()
             if kind == "submit":
                 self._runs[run.id] = run
+                run.transfers_before = dict(self._transfers)
                 self._events.append(rest[0])
             elif kind == "extend":
                 if run.id in self._runs:
@@ -398,7 +432,13 @@ class Manager:
             info.last_seen = now
             for message in messages:
                 kind = type(message)
-                if kind is p.Status:
+                if kind is p.TaskDone:
+                    if message.value is not None:
+                        self._count(info.name, MANAGER, message.value.nbytes)
+                elif kind is p.Transfers:
+                    self._on_transfers(info.name, message)
+                    continue
+                elif kind is p.Status:
                     info.status = message
                     continue
                 if kind is p.Goodbye:
@@ -407,6 +447,19 @@ class Manager:
                 if kind is p.Register:
                     continue
                 self._events.append(s.FromWorker(ident, message))
+
+    def _count(self, source: str, destination: str, nbytes: int) -> None:
+        pair = (source, destination)
+        self._transfers[pair] = self._transfers.get(pair, 0) + nbytes
+
+    def _on_transfers(self, destination: str, message: p.Transfers) -> None:
+        for entry in message.received:
+            try:
+                address, nbytes = entry
+                self._count(self._names_by_peer.get(address, address), destination, int(nbytes))
+            except (TypeError, ValueError):
+                logger.warning("dropped a malformed transfer count from %s", destination)
+                return
 
     def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
         """Messages from an identity that has not registered: only ``Register`` counts."""
@@ -423,6 +476,7 @@ class Manager:
             return
         info = _WorkerInfo(reg, now)
         self._workers[ident] = info
+        self._names_by_peer[reg.peer_address] = reg.name
         logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
         self._outboxes.setdefault(ident, []).append(
             p.Welcome(reg.name, self.options.heartbeat_interval)
@@ -474,12 +528,24 @@ class Manager:
             elif kind is s.RunDone:
                 run = self._runs.pop(instruction.run_id, None)
                 if run is not None:
+                    self._settle_transfers(run)
                     run.done.set()
             elif kind is s.RunFailed:
                 run = self._runs.pop(instruction.run_id, None)
                 if run is not None:
                     run.failure = instruction
+                    self._settle_transfers(run)
                     run.done.set()
+
+    def _settle_transfers(self, run: _Run) -> None:
+        """The bytes moved while ``run`` went on (runs at the same time share them)."""
+        before = run.transfers_before
+        moved = {
+            pair: nbytes - before.get(pair, 0)
+            for pair, nbytes in self._transfers.items()
+            if nbytes != before.get(pair, 0)
+        }
+        run.info.transfers = moved
 
     def _flush(self) -> None:
         outboxes, self._outboxes = self._outboxes, {}
