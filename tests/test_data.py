@@ -142,6 +142,34 @@ def test_2gb_of_intermediates_complete_with_200mb_of_memory_by_spilling(tmp_path
     assert os.listdir(workdir) == []  # each worker removed its own directory
 
 
+def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_path):
+    """One worker may hold 20 MB in memory and 40 MB on disk: it fills up, says so, and
+    the other worker takes the rest of the work; the answer is right, no file is left."""
+    n = 40
+    dsk = {f"a{i}": (block, i) for i in range(n)}
+    dsk.update({f"s{i}": (checksum, f"a{i}") for i in range(n)})
+    dsk["barrier"] = (total, *[f"s{i}" for i in range(n)])
+    dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
+    dsk["out"] = (total, *[f"b{i}" for i in range(n)])
+    workdir = tmp_path / "work"
+    with Manager() as manager:
+        manager.start_workers(1, memory=20, disk=40, workdir=str(workdir))
+        manager.start_workers(1, workdir=str(workdir))
+        state = manager._state
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "out")))
+        thread.start()
+        was_full = False
+        while thread.is_alive():
+            was_full = was_full or any(w.full for w in list(state.workers.values()))
+            time.sleep(0.005)
+        thread.join()
+        assert result["v"] == dask.get(dsk, "out")
+        assert was_full
+        wait_until(lambda: not spill_files(workdir))
+        wait_until(lambda: not any(w.full for w in list(state.workers.values())))
+
+
 def produce(i, path):
     with open(os.path.join(path, f"a{i}"), "a") as log:
         log.write("ran\n")

@@ -411,3 +411,10 @@ def test_recomputed_counts_each_lost_result_brought_back():
     st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
     # b was lost and c needs it: b comes back, and a with it (b's input, released).
     assert st_.recomputed == 2
+
+
+def test_when_every_worker_is_full_work_goes_on_rather_than_waiting_forever():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), s.FromWorker(W1, p.DiskFull(True))])
+    out = st_.handle([s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
+    assert sends(out, p.Execute) == [p.Execute(1, "a", b"", (), True)]

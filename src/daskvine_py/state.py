@@ -560,7 +560,8 @@ class SchedulerState:
         """
         hungry = list(self.workers.values())
         if self._full:
-            hungry = [w for w in hungry if not w.full]
+            # When every worker is full, waiting for room could wait forever: overflow.
+            hungry = [w for w in hungry if not w.full] or hungry
         while hungry and self.queue:
             still_hungry = []
             for worker in hungry:
