@@ -14,8 +14,8 @@ Data flow::
 - A task's inputs are in the local store or fetched directly from the peers the manager
   named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
   serve an input the manager is told (``FetchFailed``) and decides.
-- At most ``MAX_FETCHES`` inputs are fetched at once, ``MAX_FETCHES_PER_PEER`` from any
-  one peer; the rest queue. Bytes received per peer go to the manager in ``Transfers``.
+- At most ``fetching.MAX_FETCHES`` inputs are fetched at once, ``MAX_FETCHES_PER_PEER``
+  from any one peer; the rest queue. Bytes received per peer go to the manager in ``Transfers``.
 - Results stay in the store until the manager releases them; only outputs travel to the
   manager, inside ``TaskDone``. Past ``--memory`` the store spills to ``<workdir>/spill``;
   past ``--disk`` as well, the manager is told (``DiskFull``) and sends no new work.
@@ -28,7 +28,6 @@ import argparse
 import logging
 import multiprocessing
 import os
-import random
 import shutil
 import signal
 import socket
@@ -46,6 +45,7 @@ import zmq
 from . import library
 from . import protocol as p
 from .errors import ProtocolError
+from .fetching import Fetch, TransferSlots
 from .saturation import Ema
 from .store import Store
 
@@ -59,12 +59,6 @@ DRAIN_LIMIT = 1000
 #: that library, so longer tasks go one at a time and idle libraries are never starved.
 LIBRARY_BATCH = 8
 TINY_TASK = 0.001
-#: Inputs fetched from peers at once, overall and from one peer; the rest wait their turn.
-#: More in flight hides network latency for many small results; fewer bounds the memory
-#: that arriving data takes at once, and the per-peer bound keeps a popular result's holder
-#: from being swamped by one worker while others also need it.
-MAX_FETCHES = 32
-MAX_FETCHES_PER_PEER = 8
 
 
 class WorkerTask:
@@ -79,23 +73,6 @@ class WorkerTask:
         #: inputs not yet in the local store
         self.missing: set[int] = set()
         self.state = "fetching"  # -> "queued" -> "running"
-
-
-class Fetch:
-    """One input being copied from peers, for the local tasks that wait on it."""
-
-    __slots__ = ("dep_id", "peers", "untried", "current", "deadline", "waiters", "replicate")
-
-    def __init__(self, dep_id: int, peers: Sequence[str], replicate: bool = False) -> None:
-        self.dep_id = dep_id
-        self.peers = tuple(peers)
-        self.untried = list(peers)
-        random.shuffle(self.untried)  # spread readers of a popular result over its holders
-        self.current: str | None = None  #: the peer asked, while the request is in flight
-        self.deadline = float("inf")  #: while queued for a free transfer slot: none
-        self.waiters: set[int] = set()
-        #: the manager asked for a copy (``Replicate``): kept even when no task waits
-        self.replicate = replicate
 
 
 class Library:
@@ -171,11 +148,8 @@ class Worker:
         self.tasks: dict[int, WorkerTask] = {}
         self.runnable: deque[int] = deque()
         self.fetches: dict[int, Fetch] = {}
-        #: fetches waiting for a free transfer slot, and requests in flight overall/per peer
-        self.fetch_queue: deque[Fetch] = deque()
-        self.in_flight = 0
-        self.in_flight_from: dict[str, int] = {}
-        self.slot_freed = False
+        #: requests in flight overall and per peer, and fetches waiting for a free slot
+        self.slots = TransferSlots()
         #: bytes received per peer address since the last ``Transfers`` report
         self.received_from: dict[str, int] = {}
         #: input being computed here -> tasks sent ahead that wait for it
@@ -254,8 +228,9 @@ class Worker:
                 self._drain_peer_client(sock)
         now = time.monotonic()
         self._check_timers(now)
-        if self.slot_freed and self.fetch_queue:
-            self._start_queued_fetches(now)
+        if self.slots.freed and self.slots.queue:
+            for fetch, address in self.slots.startable(self._fetch_is_live):
+                self._request(fetch, address, now)
         self._start_runnable()
         if self.store.full is not self.disk_full:
             self.disk_full = self.store.full
@@ -298,7 +273,7 @@ class Worker:
                 "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
             )
             self._reset_peer_client(fetch.current)
-            self._free_slot(fetch)
+            self.slots.give_back(fetch)
             self._request_next(fetch, now)
 
     def _status(self) -> p.Status:
@@ -423,7 +398,7 @@ class Worker:
                 fetch.waiters.discard(task.id)
                 if not fetch.waiters and not fetch.replicate:
                     del self.fetches[dep_id]
-                    self._free_slot(fetch)  # a late reply finds no fetch and is dropped
+                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
 
     # -- peers ------------------------------------------------------------------------
 
@@ -431,52 +406,20 @@ class Worker:
         """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
         if not fetch.untried:
             self._fetch_failed(fetch)
-        elif not self._try_request(fetch, now):
+            return
+        address = self.slots.take(fetch)
+        if address is None:
             fetch.deadline = float("inf")
-            self.fetch_queue.append(fetch)
-
-    def _try_request(self, fetch: Fetch, now: float) -> bool:
-        if self.in_flight >= MAX_FETCHES:
-            return False
-        busy = self.in_flight_from
-        untried = fetch.untried
-        for i in range(len(untried) - 1, -1, -1):
-            address = untried[i]
-            if busy.get(address, 0) < MAX_FETCHES_PER_PEER:
-                break
+            self.slots.queue.append(fetch)
         else:
-            return False
-        del untried[i]
-        fetch.current = address
+            self._request(fetch, address, now)
+
+    def _request(self, fetch: Fetch, address: str, now: float) -> None:
         fetch.deadline = now + self.fetch_timeout
-        self.in_flight += 1
-        busy[address] = busy.get(address, 0) + 1
         self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
-        return True
 
-    def _free_slot(self, fetch: Fetch) -> None:
-        address = fetch.current
-        if address is not None:
-            fetch.current = None
-            self.in_flight -= 1
-            self.slot_freed = True
-            self.in_flight_from[address] -= 1
-
-    def _start_queued_fetches(self, now: float) -> None:
-        """Start queued fetches that have a free slot, in the order they queued."""
-        self.slot_freed = False
-        waiting = self.fetch_queue
-        self.fetch_queue = deque()
-        while waiting:
-            fetch = waiting.popleft()
-            if self.fetches.get(fetch.dep_id) is not fetch or fetch.current is not None:
-                continue  # dropped, or already asked
-            if self.in_flight >= MAX_FETCHES:
-                self.fetch_queue.append(fetch)
-                self.fetch_queue.extend(waiting)
-                return
-            if not self._try_request(fetch, now):
-                self.fetch_queue.append(fetch)  # its peers are all busy: keep its place
+    def _fetch_is_live(self, fetch: Fetch) -> bool:
+        return self.fetches.get(fetch.dep_id) is fetch
 
     def _fetch_failed(self, fetch: Fetch) -> None:
         self.fetches.pop(fetch.dep_id, None)
@@ -544,7 +487,7 @@ class Worker:
         if fetch is None or fetch.current is None:
             return  # nobody here waits for it any more, or it was asked elsewhere since
         source = fetch.current
-        self._free_slot(fetch)
+        self.slots.give_back(fetch)
         if reply.value is None:
             self._request_next(fetch, now)
             return
