@@ -26,6 +26,8 @@ Data flow::
   a report or an event log is "watched", and only then does the loop count its finished
   tasks (read by the waiting caller ten times a second) and, for a report or event log,
   append its task, worker and sample events to an ``events.EventLog``.
+- Bytes moved are counted per (source, destination) name: workers report what they
+  fetched from peers (``Transfers``), and outputs count from their worker to ``MANAGER``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from .options import ManagerOptions, RunOptions
 from .progress import default_enabled, wait_with_progress
 from .report import write_report
 from .rewrite import rewrite_reductions
-from .runinfo import RunInfo
+from .runinfo import MANAGER, RunInfo
 from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -88,11 +90,16 @@ _TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample")
+    __slots__ = (
+        "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
+        "transfers_before",
+    )  # fmt: skip
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
         self.info = RunInfo(run_id)
+        #: the manager's transfer counts when the run started (I/O thread only)
+        self.transfers_before: dict[tuple[str, str], int] = {}
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
@@ -168,6 +175,10 @@ class Manager:
         self.received_bytes = 0
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
+        #: bytes moved per (source, destination) name since the start (I/O thread writes)
+        self._transfers: dict[tuple[str, str], int] = {}
+        #: worker names by peer address, kept after they leave for late reports
+        self._names_by_peer: dict[str, str] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -200,18 +211,40 @@ class Manager:
             for info in list(self._workers.values())
         }
 
+    @property
+    def transfers(self) -> dict[tuple[str, str], int]:
+        """Bytes moved per (source, destination) worker name since the manager started;
+        ``runinfo.MANAGER`` names the manager. Per run: ``last_run.transfers``."""
+        return dict(self._transfers)
+
     def start_workers(
-        self, n: int, cores: int = 1, wait: bool = True, timeout: float = 60.0
+        self,
+        n: int,
+        cores: int = 1,
+        wait: bool = True,
+        timeout: float = 60.0,
+        memory: int | None = None,
+        disk: int | None = None,
+        workdir: str | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
-        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
+        ``memory`` and ``disk`` (MB) and ``workdir`` are the worker's ``--memory``,
+        ``--disk`` and ``--workdir``. With ``wait``, return once all of them have
+        registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
+        extra = []
+        for flag, value in (("--memory", memory), ("--disk", disk), ("--workdir", workdir)):
+            if value is not None:
+                extra += [flag, str(value)]
         before = len(self._workers)
         start = len(self._local_processes)
-        procs = [spawn(self.address, cores=cores, name=f"local-{start + i}") for i in range(n)]
+        procs = [
+            spawn(self.address, cores=cores, name=f"local-{start + i}", extra_args=extra)
+            for i in range(n)
+        ]
         self._local_processes.extend(procs)
         if wait:
             self.wait_for_workers(before + n, timeout=timeout)
@@ -258,7 +291,7 @@ class Manager:
             run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
         progress = default_enabled() if run_options.progress is None else run_options.progress
         try:
-            self._submit_in_parts(run, plan, run_options.retries, watch=progress)
+            self._submit_in_parts(run, plan, run_options, watch=progress)
             if progress:
                 wait_with_progress(run.done, lambda: run.finished_tasks, len(plan.nodes))
             else:
@@ -311,7 +344,7 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int, watch: bool) -> None:
+    def _submit_in_parts(self, run: _Run, plan: Plan, options: RunOptions, watch: bool) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -337,20 +370,23 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                self._submit_part(run, plan, retries, part, encoder, sent_functions, first, watch)
+                self._submit_part(run, plan, options, part, encoder, sent_functions, first, watch)
                 first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._submit_part(run, plan, retries, part, encoder, sent_functions, first, watch)
+        self._submit_part(run, plan, options, part, encoder, sent_functions, first, watch)
 
-    def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool, watch: bool) -> None:  # fmt: skip
+    def _submit_part(self, run: _Run, plan: Plan, options: RunOptions, part: list,
+                     encoder: TaskEncoder, sent_functions: set[bytes], first: bool,
+                     watch: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
-            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions)
+            event: Any = s.SubmitRun(
+                run.id, part, plan.outputs, options.retries, functions, options.replicas
+            )
             self._command(("submit", run, event, watch or run.log is not None))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
@@ -419,6 +455,7 @@ class Manager:
             kind, run, *rest = self._commands.get()
             if kind == "submit":
                 self._runs[run.id] = run
+                run.transfers_before = dict(self._transfers)
                 self._events.append(rest[0])
                 if rest[1]:
                     self._watch_run(run)
@@ -460,7 +497,13 @@ class Manager:
                 kind = type(message)
                 if watched and kind in _TASK_REPORTS:
                     self._on_task_report(ident, info.name, message, now)
-                if kind is p.Status:
+                if kind is p.TaskDone:
+                    if message.value is not None:
+                        self._count(info.name, MANAGER, message.value.nbytes)
+                elif kind is p.Transfers:
+                    self._on_transfers(info.name, message)
+                    continue
+                elif kind is p.Status:
                     info.status = message
                     continue
                 if kind is p.Goodbye:
@@ -469,6 +512,19 @@ class Manager:
                 if kind is p.Register:
                     continue
                 self._events.append(s.FromWorker(ident, message))
+
+    def _count(self, source: str, destination: str, nbytes: int) -> None:
+        pair = (source, destination)
+        self._transfers[pair] = self._transfers.get(pair, 0) + nbytes
+
+    def _on_transfers(self, destination: str, message: p.Transfers) -> None:
+        for entry in message.received:
+            try:
+                address, nbytes = entry
+                self._count(self._names_by_peer.get(address, address), destination, int(nbytes))
+            except (TypeError, ValueError):
+                logger.warning("dropped a malformed transfer count from %s", destination)
+                return
 
     def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
         """Messages from an identity that has not registered: only ``Register`` counts."""
@@ -485,6 +541,7 @@ class Manager:
             return
         info = _WorkerInfo(reg, now)
         self._workers[ident] = info
+        self._names_by_peer[reg.peer_address] = reg.name
         logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
         self._outboxes.setdefault(ident, []).append(
             p.Welcome(reg.name, self.options.heartbeat_interval)
@@ -545,11 +602,13 @@ class Manager:
             elif kind is s.RunDone:
                 run = self._pop_run(instruction.run_id)
                 if run is not None:
+                    self._settle_transfers(run)
                     run.done.set()
             elif kind is s.RunFailed:
                 run = self._pop_run(instruction.run_id)
                 if run is not None:
                     run.failure = instruction
+                    self._settle_transfers(run)
                     run.done.set()
 
     # -- watched runs (progress, event logs) -------------------------------------------
@@ -634,6 +693,16 @@ class Manager:
                 waiting = max(0, run.info.tasks - done - ready - processing)
                 run.log.sample(now, waiting, ready, processing, running, done)
                 run.next_sample = now + max(0.005, (now - run.log.mono_start) / SAMPLES_PER_RUN)
+
+    def _settle_transfers(self, run: _Run) -> None:
+        """The bytes moved while ``run`` went on (runs at the same time share them)."""
+        before = run.transfers_before
+        moved = {
+            pair: nbytes - before.get(pair, 0)
+            for pair, nbytes in self._transfers.items()
+            if nbytes != before.get(pair, 0)
+        }
+        run.info.transfers = moved
 
     def _flush(self) -> None:
         outboxes, self._outboxes = self._outboxes, {}

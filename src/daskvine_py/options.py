@@ -41,10 +41,16 @@ class RunOptions:
     #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),
     #: from which ``python -m daskvine_py report`` rebuilds the report. Same cost as ``report``.
     event_log: str | os.PathLike | None = None
+    #: Copies of each intermediate result to keep, on different workers. 2 or more lets a
+    #: run on preemptible nodes lose a worker without recomputing what it held, at the cost
+    #: of copying every intermediate (network, memory) while it is needed.
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, not {self.replicas!r}")
         arity = self.reduction_arity
         if arity is not None and (not isinstance(arity, int) or arity < 2):
             raise ValueError(f"reduction_arity must be an integer >= 2 or None, not {arity!r}")

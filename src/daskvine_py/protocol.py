@@ -96,6 +96,18 @@ class Replicas(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Transfers(NamedTuple):
+    """Bytes this worker received from each peer (by peer address) since its last report."""
+
+    received: tuple[tuple[str, int], ...]
+
+
+class DiskFull(NamedTuple):
+    """The store is over its memory limit with no disk left to spill to (or no longer)."""
+
+    full: bool
+
+
 class Heartbeat(NamedTuple):
     pass
 
@@ -106,6 +118,7 @@ class Status(NamedTuple):
     stored_bytes: int
     peak_memory: int  #: peak resident set of the worker process, bytes
     peak_library_memory: int  #: the largest peak resident set among its library processes
+    spilled_bytes: int = 0  #: of ``stored_bytes``, in spill files on disk
 
 
 class Goodbye(NamedTuple):
@@ -151,6 +164,13 @@ class Cancel(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Replicate(NamedTuple):
+    """Copy this result from one of these peers and keep it (``replicas=k``)."""
+
+    task_id: TaskId
+    peers: tuple[str, ...]
+
+
 class Shutdown(NamedTuple):
     reason: str
 
@@ -168,9 +188,12 @@ class Data(NamedTuple):
 
 
 TO_MANAGER = frozenset(
-    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Status, Goodbye}
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Transfers, DiskFull,
+     Status, Goodbye}
+)  # fmt: skip
+TO_WORKER = frozenset(
+    {Welcome, Rejected, Function, Execute, Release, Cancel, Replicate, Heartbeat, Shutdown}
 )
-TO_WORKER = frozenset({Welcome, Rejected, Function, Execute, Release, Cancel, Heartbeat, Shutdown})
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
 
@@ -183,7 +206,9 @@ _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
     TaskCrashed: (int, str),
     FetchFailed: (int, int, tuple),
     Replicas: (tuple,),
-    Status: (int, int, int),
+    Transfers: (tuple,),
+    DiskFull: (bool,),
+    Status: (int, int, int, int),
     Goodbye: (str,),
 }
 

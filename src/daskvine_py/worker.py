@@ -14,8 +14,11 @@ Data flow::
 - A task's inputs are in the local store or fetched directly from the peers the manager
   named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
   serve an input the manager is told (``FetchFailed``) and decides.
+- At most ``fetching.MAX_FETCHES`` inputs are fetched at once, ``MAX_FETCHES_PER_PEER``
+  from any one peer; the rest queue. Bytes received per peer go to the manager in ``Transfers``.
 - Results stay in the store until the manager releases them; only outputs travel to the
-  manager, inside ``TaskDone``.
+  manager, inside ``TaskDone``. Past ``--memory`` the store spills to ``<workdir>/spill``;
+  past ``--disk`` as well, the manager is told (``DiskFull``) and sends no new work.
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
 """
 
@@ -25,10 +28,11 @@ import argparse
 import logging
 import multiprocessing
 import os
-import random
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -41,6 +45,7 @@ import zmq
 from . import library
 from . import protocol as p
 from .errors import ProtocolError
+from .fetching import Fetch, TransferSlots
 from .saturation import Ema
 from .store import Store
 
@@ -70,21 +75,6 @@ class WorkerTask:
         self.state = "fetching"  # -> "queued" -> "running"
 
 
-class Fetch:
-    """One input being copied from peers, for the local tasks that wait on it."""
-
-    __slots__ = ("dep_id", "peers", "untried", "current", "deadline", "waiters")
-
-    def __init__(self, dep_id: int, peers: Sequence[str]) -> None:
-        self.dep_id = dep_id
-        self.peers = tuple(peers)
-        self.untried = list(peers)
-        random.shuffle(self.untried)  # spread readers of a popular result over its holders
-        self.current: str | None = None  #: the peer asked last
-        self.deadline = 0.0
-        self.waiters: set[int] = set()
-
-
 class Library:
     """A library process, the tasks sent to it, and the functions it has not seen."""
 
@@ -111,12 +101,16 @@ class Worker:
         host: str | None = None,
         manager_timeout: float = 30.0,
         fetch_timeout: float = 10.0,
+        disk: int | None = None,
+        workdir: str | None = None,
     ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, not {cores}")
         self.address = address
         self.cores = cores
+        #: bytes of results kept in memory before spilling; ``disk``: bytes of spill files
         self.memory = memory if memory is not None else _total_memory()
+        self.disk = disk
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.manager_timeout = manager_timeout
         self.heartbeat_interval = 1.0
@@ -138,7 +132,15 @@ class Worker:
         self.poller.register(self.manager, zmq.POLLIN)
         self.poller.register(self.peer_server, zmq.POLLIN)
 
-        self.store = Store()
+        #: this worker's own directory (inside ``workdir``, default the system temp dir),
+        #: removed at exit
+        if workdir is not None:
+            os.makedirs(workdir, exist_ok=True)
+        self.workdir = tempfile.mkdtemp(prefix="daskvine-", dir=workdir)
+        self.store = Store(
+            self.memory or None, os.path.join(self.workdir, "spill"), self.disk
+        )  # fmt: skip
+        self.disk_full = False
         #: recent task run times, to decide whether to batch tasks to libraries
         self.recent_duration = Ema()
         #: function id -> cloudpickle bytes: resident for the worker's life
@@ -146,6 +148,10 @@ class Worker:
         self.tasks: dict[int, WorkerTask] = {}
         self.runnable: deque[int] = deque()
         self.fetches: dict[int, Fetch] = {}
+        #: requests in flight overall and per peer, and fetches waiting for a free slot
+        self.slots = TransferSlots()
+        #: bytes received per peer address since the last ``Transfers`` report
+        self.received_from: dict[str, int] = {}
         #: input being computed here -> tasks sent ahead that wait for it
         self.local_waiters: dict[int, set[int]] = {}
         self.libraries: list[Library] = []
@@ -204,6 +210,8 @@ class Worker:
         self.peer_server.close(linger=0)
         self.manager.close()
         self.context.term()
+        self.store.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -220,7 +228,17 @@ class Worker:
                 self._drain_peer_client(sock)
         now = time.monotonic()
         self._check_timers(now)
+        if self.slots.freed and self.slots.queue:
+            for fetch, address in self.slots.startable(self._fetch_is_live):
+                self._request(fetch, address, now)
         self._start_runnable()
+        if self.store.full is not self.disk_full:
+            self.disk_full = self.store.full
+            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
+            self.outbox.append(p.DiskFull(self.disk_full))
+        if self.received_from:
+            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
+            self.received_from = {}
         self._flush()
 
     def _poll_timeout_ms(self) -> int:
@@ -255,11 +273,17 @@ class Worker:
                 "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
             )
             self._reset_peer_client(fetch.current)
+            self.slots.give_back(fetch)
             self._request_next(fetch, now)
 
     def _status(self) -> p.Status:
         libraries = [_peak_rss(lib.process.pid) for lib in self.libraries]
-        return p.Status(self.store.nbytes, _peak_rss(os.getpid()), max(libraries, default=0))
+        return p.Status(
+            self.store.nbytes,
+            _peak_rss(os.getpid()),
+            max(libraries, default=0),
+            self.store.disk_bytes,
+        )
 
     def _flush(self) -> None:
         if self.outbox:
@@ -305,6 +329,8 @@ class Worker:
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
+        elif kind is p.Replicate:
+            self._on_replicate(msg)
         elif kind is p.Welcome:
             self.registered = True
             self.heartbeat_interval = msg.heartbeat_interval
@@ -343,6 +369,17 @@ class Worker:
             task.state = "queued"
             self.runnable.append(task.id)
 
+    def _on_replicate(self, msg: p.Replicate) -> None:
+        if msg.task_id in self.store:
+            self.outbox.append(p.Replicas((msg.task_id,)))
+            return
+        fetch = self.fetches.get(msg.task_id)
+        if fetch is not None:
+            fetch.replicate = True
+        elif msg.peers:
+            fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
+            self._request_next(fetch, time.monotonic())
+
     def _cancel(self, task_id: int) -> None:
         task = self.tasks.get(task_id)
         if task is not None and task.state != "running":
@@ -359,21 +396,35 @@ class Worker:
             fetch = self.fetches.get(dep_id)
             if fetch is not None:
                 fetch.waiters.discard(task.id)
-                if not fetch.waiters:
+                if not fetch.waiters and not fetch.replicate:
                     del self.fetches[dep_id]
+                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
 
     # -- peers ------------------------------------------------------------------------
 
     def _request_next(self, fetch: Fetch, now: float) -> None:
+        """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
         if not fetch.untried:
             self._fetch_failed(fetch)
             return
-        address = fetch.current = fetch.untried.pop()
+        address = self.slots.take(fetch)
+        if address is None:
+            fetch.deadline = float("inf")
+            self.slots.queue.append(fetch)
+        else:
+            self._request(fetch, address, now)
+
+    def _request(self, fetch: Fetch, address: str, now: float) -> None:
         fetch.deadline = now + self.fetch_timeout
         self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
 
+    def _fetch_is_live(self, fetch: Fetch) -> bool:
+        return self.fetches.get(fetch.dep_id) is fetch
+
     def _fetch_failed(self, fetch: Fetch) -> None:
         self.fetches.pop(fetch.dep_id, None)
+        if fetch.replicate and not fetch.waiters:
+            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
         for task_id in fetch.waiters:
             task = self.tasks.get(task_id)
             if task is not None:
@@ -410,7 +461,7 @@ class Worker:
                 logger.warning("dropped a malformed request from a peer: %s", exc)
                 continue
             replies = [
-                p.Data(task_id, self.store.get(task_id))
+                p.Data(task_id, self.store.get(task_id, use=False))
                 for request in requests
                 for task_id in request.task_ids
             ]
@@ -433,12 +484,16 @@ class Worker:
 
     def _on_data(self, reply: p.Data, now: float) -> None:
         fetch = self.fetches.get(reply.task_id)
-        if fetch is None:
-            return  # nobody here waits for it any more
+        if fetch is None or fetch.current is None:
+            return  # nobody here waits for it any more, or it was asked elsewhere since
+        source = fetch.current
+        self.slots.give_back(fetch)
         if reply.value is None:
             self._request_next(fetch, now)
             return
         del self.fetches[reply.task_id]
+        received = self.received_from
+        received[source] = received.get(source, 0) + reply.value.nbytes
         self.store.put(reply.task_id, reply.value)
         self.outbox.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
@@ -643,7 +698,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="MB",
-        help="memory for results, in MB (default: the node's memory)",
+        help="memory for results, in MB; past it results spill to disk "
+        "(default: the node's memory)",
+    )
+    parser.add_argument(
+        "--disk",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="disk for results spilled past --memory, in MB (default: no limit)",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=None,
+        metavar="DIR",
+        help="where the worker makes its own directory, for spill files "
+        "(default: the system temp dir); removed at exit",
     )
     parser.add_argument("--name", default=None, help="a name for logs and errors")
     parser.add_argument(
@@ -677,6 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name=args.name,
         host=args.host,
         manager_timeout=args.manager_timeout,
+        disk=args.disk * 2**20 if args.disk is not None else None,
+        workdir=args.workdir,
     )
     signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
