@@ -715,7 +715,8 @@ class Manager:
 
     def _send_now(self, ident: bytes, messages: list) -> bool:
         try:
-            self._router.send_multipart([ident, *p.encode(messages)], copy=False)
+            frames = p.encode(messages)
+            self._router.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
             self._lose_worker(ident, f"unreachable ({exc})")

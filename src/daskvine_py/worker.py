@@ -289,13 +289,11 @@ class Worker:
         if self.outbox:
             frames = p.encode(self.outbox)
             self.outbox = []
-            self.manager.send_multipart(frames, copy=False)
+            self.manager.send_multipart(frames, copy=not p.zero_copy(frames))
             self.last_sent = time.monotonic()
         if self.peer_outbox:
             for address, ids in self.peer_outbox.items():
-                self._peer_client(address).send_multipart(
-                    p.encode([p.GetData(tuple(ids))]), copy=False
-                )
+                self._peer_client(address).send_multipart(p.encode([p.GetData(tuple(ids))]))
             self.peer_outbox = {}
 
     # -- the manager ------------------------------------------------------------------
@@ -465,7 +463,8 @@ class Worker:
                 for request in requests
                 for task_id in request.task_ids
             ]
-            self.peer_server.send_multipart([ident, *p.encode(replies)], copy=False)
+            frames = p.encode(replies)
+            self.peer_server.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
 
     def _drain_peer_client(self, sock: zmq.Socket) -> None:
         for _ in range(DRAIN_LIMIT):
