@@ -117,3 +117,34 @@ def test_partials_and_bound_methods_travel_once_too():
     decoder = TaskDecoder()
     decoder.add_functions(encoder.functions)
     assert decoder.decode(payloads[3][0])({}).sum() == 3 * 100_000
+
+
+def test_task_encoder_round_trips_what_plain_pickle_cannot_write():
+    """Local classes, lambdas inside data, and classes of ``__main__`` all travel."""
+    from daskvine_py.graph import LegacyCall
+    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+
+    class Local:  # plain pickle cannot find this class by name: cloudpickle writes it
+        def __init__(self, x):
+            self.x = x
+
+    class MainLike:
+        def __init__(self, x):
+            self.x = x
+
+    MainLike.__module__ = "__main__"  # as if defined in a script: travels by value
+    encoder = TaskEncoder()
+    decoder = TaskDecoder()
+    for value, check in [
+        (Local(3), lambda v: type(v).__name__ == "Local" and v.x == 3),
+        (MainLike(4), lambda v: type(v).__name__ == "MainLike" and v.x == 4),
+        ({"f": lambda y: y * 2}, lambda v: v["f"](5) == 10),
+        (("key", 1, 2.5, None, b"b"), lambda v: v == ("key", 1, 2.5, None, b"b")),
+    ]:
+        payload, functions = encoder.encode(LegacyCall((_identity, value), frozenset()))
+        decoder.add_functions({f: encoder.functions[f] for f in functions})
+        assert check(decoder.decode(payload)({})), value
+
+
+def _identity(x):
+    return x
