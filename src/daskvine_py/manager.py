@@ -146,6 +146,8 @@ class Manager:
         self._run_ids = itertools.count(1)
         #: bytes of every message workers sent this manager: outputs, not intermediates
         self.received_bytes = 0
+        #: bytes of every message this manager sent workers: tasks, functions, control
+        self.sent_bytes = 0
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
         self._closed = False
@@ -181,17 +183,28 @@ class Manager:
         }
 
     def start_workers(
-        self, n: int, cores: int = 1, wait: bool = True, timeout: float = 60.0
+        self,
+        n: int,
+        cores: int = 1,
+        wait: bool = True,
+        timeout: float = 60.0,
+        lib_resources: dict[str, int] | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
+        ``lib_resources={"cores": c, "slots": s}``: each worker runs ``cores // c``
+        library processes of ``s`` concurrent tasks each (``--lib-cores``/``--lib-slots``).
         With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
+        extra = _lib_resources_args(lib_resources or {})
         before = len(self._workers)
         start = len(self._local_processes)
-        procs = [spawn(self.address, cores=cores, name=f"local-{start + i}") for i in range(n)]
+        procs = [
+            spawn(self.address, cores=cores, name=f"local-{start + i}", extra_args=extra)
+            for i in range(n)
+        ]
         self._local_processes.extend(procs)
         if wait:
             self.wait_for_workers(before + n, timeout=timeout)
@@ -234,7 +247,7 @@ class Manager:
         run = _Run(next(self._run_ids))
         run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
         try:
-            self._submit_in_parts(run, plan, run_options.retries)
+            self._submit_in_parts(run, plan, run_options)
             run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
@@ -256,7 +269,7 @@ class Manager:
         run.info.outcome = outcome
         self.last_run = run.info
 
-    def _submit_in_parts(self, run: _Run, plan: Plan, retries: int) -> None:
+    def _submit_in_parts(self, run: _Run, plan: Plan, options: RunOptions) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -269,6 +282,8 @@ class Manager:
             for dep in deps:
                 dependents[dep] += 1
         encoder = TaskEncoder()
+        config = None if options.default_execution else _run_config(run.id, options)
+        submit = functools.partial(self._submit_part, run, plan, options.retries, config)
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
@@ -282,20 +297,22 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+                submit(part, encoder, sent_functions, first)
                 first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._submit_part(run, plan, retries, part, encoder, sent_functions, first)
+        submit(part, encoder, sent_functions, first)
+        run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _submit_part(self, run: _Run, plan: Plan, retries: int, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool) -> None:  # fmt: skip
+    def _submit_part(self, run: _Run, plan: Plan, retries: int, config: p.RunConfig | None,
+                     part: list, encoder: TaskEncoder, sent_functions: set[bytes],
+                     first: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
-            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions)
+            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions, config)
             self._command(("submit", run, event))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
@@ -491,8 +508,10 @@ class Manager:
                     info.last_sent = now
 
     def _send_now(self, ident: bytes, messages: list) -> bool:
+        frames = p.encode(messages)
+        self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
         try:
-            self._router.send_multipart([ident, *p.encode(messages)], copy=False)
+            self._router.send_multipart([ident, *frames], copy=False)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
             self._lose_worker(ident, f"unreachable ({exc})")
@@ -515,6 +534,29 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
+    unknown = set(lib_resources) - {"cores", "slots"}
+    if unknown:
+        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
+    args = []
+    for name, value in lib_resources.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
+        args += [f"--lib-{name}", str(value)]
+    return args
+
+
+def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:
+    return p.RunConfig(
+        run_id,
+        options.task_mode,
+        options.exec_mode,
+        options.import_modules,
+        tuple(options.env_vars.items()),
+        options.task_sandbox,
+    )
 
 
 def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:
