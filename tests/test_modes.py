@@ -113,9 +113,7 @@ def test_modes_run_where_they_say_and_do_not_stick(modes_manager):
 
 
 @pytest.mark.parametrize(("task_mode", "exec_mode"), MODES, ids=MODE_IDS)
-def test_env_vars_are_seen_by_the_task_and_not_by_the_next_run(
-    modes_manager, task_mode, exec_mode
-):
+def test_env_vars_are_seen_by_the_task_and_not_by_the_next_run(modes_manager, task_mode, exec_mode):
     dsk = {("e", i): (getenv, "DASKVINE_TEST_VAR") for i in range(4)}
     keys = list(dsk)
     got = modes_manager.get(
@@ -127,9 +125,7 @@ def test_env_vars_are_seen_by_the_task_and_not_by_the_next_run(
 
 
 @pytest.mark.parametrize(("task_mode", "exec_mode"), MODES, ids=MODE_IDS)
-def test_task_directory_is_the_cwd_and_temp_dir_and_is_removed(
-    modes_manager, task_mode, exec_mode
-):
+def test_task_directory_is_the_cwd_and_temp_dir_and_is_removed(modes_manager, task_mode, exec_mode):
     dsk = {("t", i): (leave_behind, i) for i in range(3)}
     got = modes_manager.get(
         dsk, list(dsk), task_mode=task_mode, exec_mode=exec_mode, task_sandbox=True

@@ -74,9 +74,7 @@ class ImportHoistingError(DaskVineError, ImportError):
 
     def __init__(self, module: str, worker: str, detail: str) -> None:
         self._init_args = (module, worker, detail)
-        super().__init__(
-            f"import_modules: cannot import {module!r} on worker {worker}: {detail}"
-        )
+        super().__init__(f"import_modules: cannot import {module!r} on worker {worker}: {detail}")
         self.module = module
         self.worker = worker
 
