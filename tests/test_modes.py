@@ -21,6 +21,7 @@ import pytest
 
 from daskvine_py import Manager, TaskFailed
 from daskvine_py.errors import ImportHoistingError, SerializationError
+from daskvine_py.launch import spawn
 
 pytestmark = pytest.mark.integration
 
@@ -233,3 +234,28 @@ def test_libraries_with_several_slots(exec_mode):
         with pytest.raises(TaskFailed, match="exited with code 7"):
             manager.get({"crash": (hard_exit, 1)}, "crash", exec_mode=exec_mode, retries=0)
         assert manager.get({"x": (inc, 1)}, "x") == 2
+
+
+def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
+    """Task directories go away after each task, even one that crashed; the worker's own
+    directory inside --workdir goes away when the worker exits."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=5.0) as manager:
+        manager._local_processes.append(
+            spawn(manager.address, name="wd", extra_args=["--workdir", str(tmp_path)])
+        )
+        manager.wait_for_workers(1)
+        (own,) = tmp_path.iterdir()
+        assert own.name.startswith("daskvine-")
+        dsk = {("t", i): (leave_behind, i) for i in range(3)}
+        for task_mode, exec_mode in MODES:
+            got = manager.get(
+                dsk, list(dsk), task_mode=task_mode, exec_mode=exec_mode, task_sandbox=True
+            )
+            assert all(cwd.startswith(str(own)) for cwd, _ in got)
+            with pytest.raises(TaskFailed):
+                manager.get(
+                    {"c": (hard_exit, 1)}, "c", task_mode=task_mode, exec_mode=exec_mode,
+                    task_sandbox=True, retries=0,
+                )  # fmt: skip
+        assert list((own / "tasks").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []

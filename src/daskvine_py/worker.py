@@ -28,6 +28,7 @@ Data flow::
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import multiprocessing
 import os
@@ -650,6 +651,9 @@ class Worker:
     def _on_library_death(self, lib: Library) -> None:
         lib.process.join(1.0)
         how = library.describe_exit(lib.process.exitcode)
+        # The directory of the sandboxed task it was running (see ``library.Runner``).
+        for path in glob.glob(os.path.join(self.tasks_dir, f"task-*-{lib.process.pid}")):
+            shutil.rmtree(path, ignore_errors=True)
         fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
