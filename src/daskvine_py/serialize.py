@@ -13,6 +13,7 @@ process (``TaskDecoder``), however many tasks call it.
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import io
@@ -145,10 +146,10 @@ _NOT_CANDIDATES = frozenset(sys.stdlib_module_names) | {"__main__", "builtins", 
 
 
 def modules_of(func: Any) -> set[str]:
-    """Third-party top-level modules ``func`` is defined in or refers to by a global name.
+    """Third-party top-level modules ``func`` is defined in, imports or names.
 
-    Cheap (once per function): the function's ``__module__`` and the module objects among
-    the globals its code names, as cloudpickle would see them.
+    Cheap (once per function): the function's ``__module__``, the modules its body
+    imports, and the module objects among the globals its code names.
     """
     while isinstance(func, (functools.partial, types.MethodType)):
         func = func.func if isinstance(func, functools.partial) else func.__func__
@@ -158,6 +159,10 @@ def modules_of(func: Any) -> set[str]:
         found.add(module.partition(".")[0])
     code = getattr(func, "__code__", None)
     namespace = getattr(func, "__globals__", None)
+    if code is not None:  # ``import numpy`` inside the body: hoisting pays off most there
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "IMPORT_NAME" and instruction.argval:
+                found.add(instruction.argval.partition(".")[0])
     if code is not None and namespace is not None:
         for name in code.co_names:
             value = namespace.get(name)
