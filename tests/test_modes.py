@@ -8,9 +8,11 @@ the worker) must be a clear error that leaves the workers usable.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import textwrap
+import time
 
 import dask
 import dask.array as da
@@ -245,7 +247,7 @@ def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
         )
         manager.wait_for_workers(1)
         (own,) = tmp_path.iterdir()
-        assert own.name.startswith("daskvine-")
+        assert own.name.startswith(f"daskvine-{socket.gethostname()}-")
         dsk = {("t", i): (leave_behind, i) for i in range(3)}
         for task_mode, exec_mode in MODES:
             got = manager.get(
@@ -259,3 +261,20 @@ def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
                 )  # fmt: skip
         assert list((own / "tasks").iterdir()) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_workdir_left_by_a_killed_worker_is_removed_by_the_next(tmp_path):
+    with Manager(heartbeat_interval=0.2, worker_timeout=5.0) as manager:
+        args = ["--workdir", str(tmp_path)]
+        first = spawn(manager.address, name="first", extra_args=args)
+        manager._local_processes.append(first)
+        manager.wait_for_workers(1)
+        first.kill()
+        first.wait()
+        (left,) = tmp_path.iterdir()
+        manager._local_processes.append(spawn(manager.address, name="next", extra_args=args))
+        deadline = time.monotonic() + 60
+        while "next" not in manager.workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left.exists()
+        assert manager.get({"x": (inc, 1)}, "x") == 2

@@ -166,7 +166,9 @@ class Worker:
         #: removed at exit: task directories, function files, spill files
         if workdir is not None:
             os.makedirs(workdir, exist_ok=True)
-        self.workdir = tempfile.mkdtemp(prefix="daskvine-", dir=workdir)
+        prefix = f"daskvine-{socket.gethostname()}-"
+        _remove_dead_workdirs(workdir or tempfile.gettempdir(), prefix)
+        self.workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=workdir)
         self.tasks_dir = os.path.join(self.workdir, "tasks")
         os.mkdir(self.tasks_dir)
 
@@ -755,6 +757,24 @@ class Worker:
             reply = ("crashed", proc.task.id, f"task process {how} on worker {self.name}")
         if self.tasks.get(proc.task.id) is proc.task:
             self._on_reply(reply)
+
+
+def _remove_dead_workdirs(parent: str, prefix: str) -> None:
+    """Remove the directories that workers of this host killed with SIGKILL left behind.
+
+    Named ``{prefix}{pid}-XXXX``: a directory whose process is gone is removed; one whose
+    pid runs (that worker, or a process reusing its pid) is left alone.
+    """
+    for path in glob.glob(os.path.join(parent, glob.escape(prefix) + "*-*")):
+        pid_text = os.path.basename(path)[len(prefix) :].partition("-")[0]
+        if not pid_text.isdigit() or not os.path.isdir(os.path.join(path, "tasks")):
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def _peak_rss(pid: int | None) -> int:
