@@ -2,7 +2,8 @@
 
     python benchmarks/harness.py [--repeat 3] [--warmup 1] [--quick] [--only noop,chain,...]
                                  [--systems daskvine_py,distributed,sync,threads,processes]
-                                 [--prefetch 0,1,4] [--workers 2] [--wide-workers 50]
+                                 [--prefetch 0,1,4] [--progress] [--event-log]
+                                 [--workers 2] [--wide-workers 50]
                                  [--timeout 600] [--json results.json] [--list]
 
 Runs the workloads of ``workloads.py`` on every system of ``systems.py``, one system at a
@@ -19,8 +20,11 @@ system, ``biggraph.py``); ``wide`` (50 one-core workers per system, started for 
 ``matching`` (``bench_matching.py``, the ready-task structure alone).
 
 ``--prefetch 0,1,4`` adds daskvine_py with a fixed prefetch of 0, 1 and 4 extra tasks per
-core beside the default (EMA-sized) one. ``--quick`` runs every workload at a small size
-once, as a smoke test (a couple of minutes); its numbers are noise.
+core beside the default (EMA-sized) one. ``--progress`` adds daskvine_py drawing a progress
+bar on every call, ``--event-log`` daskvine_py recording and writing every run's event log:
+what watching a run costs, e.g. ``--only noop-dict --systems daskvine_py --progress``.
+``--quick`` runs every workload at a small size once, as a smoke test (a couple of
+minutes); its numbers are noise.
 Ctrl-C stops every process the harness started, then prints and writes what was measured.
 """
 
@@ -140,6 +144,10 @@ def system_names(args: argparse.Namespace) -> list[str]:
         # The fixed-prefetch variants right after the default, for easy comparison.
         at = names.index(OURS) + 1 if OURS in names else 0
         names[at:at] = [systems.prefetch_name(k) for k in args.prefetch]
+    watching = [w for w, on in (("progress", args.progress), ("event-log", args.event_log)) if on]
+    if watching:
+        at = names.index(OURS) + 1 if OURS in names else 0
+        names[at:at] = [systems.watching_name(w) for w in watching]
     return names
 
 
@@ -446,6 +454,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--prefetch", type=_ints, default=[], help="also daskvine_py with these fixed prefetches"
+    )
+    parser.add_argument(
+        "--progress", action="store_true", help="also daskvine_py with a progress bar"
+    )
+    parser.add_argument(
+        "--event-log", action="store_true", help="also daskvine_py writing an event log"
     )
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument(

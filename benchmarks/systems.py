@@ -7,7 +7,10 @@ process outlives it.
 
 - ``daskvine_py``: a ``Manager`` with ``workers`` local one-core workers; the queue of each
   worker sized from measured durations (EMA), or ``daskvine_py[prefetch=K]``: a fixed ``K``
-  extra tasks per core (``Manager(fixed_extra_tasks_per_core=K)``).
+  extra tasks per core (``Manager(fixed_extra_tasks_per_core=K)``), or with what watching
+  a run costs: ``daskvine_py[progress]`` draws a progress bar on every call
+  (``get(..., progress=True)``), ``daskvine_py[event-log]`` records and writes each run's
+  event log (``get(..., event_log=...)``, into a temporary directory).
 - ``distributed``: ``LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)``.
 - ``sync``, ``threads``, ``processes``: Dask's synchronous, threaded and multiprocessing
   schedulers, the last two with ``workers`` threads or spawned processes (a pool kept warm).
@@ -22,6 +25,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -32,6 +36,8 @@ from typing import Any
 from workloads import inc
 
 SYSTEMS = ("daskvine_py", "distributed", "sync", "threads", "processes")
+#: Variants of daskvine_py that watch every run (see the module docstring).
+WATCHING = ("progress", "event-log")
 
 
 @dataclass
@@ -55,6 +61,8 @@ def parse(name: str) -> tuple[str, int | None]:
     match = re.fullmatch(r"daskvine_py\[prefetch=(\d+)\]", name)
     if match:
         return "daskvine_py", int(match.group(1))
+    if name in (watching_name(w) for w in WATCHING):
+        return "daskvine_py", None
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
     return name, None
@@ -62,6 +70,10 @@ def parse(name: str) -> tuple[str, int | None]:
 
 def prefetch_name(extra: int) -> str:
     return f"daskvine_py[prefetch={extra}]"
+
+
+def watching_name(what: str) -> str:
+    return f"daskvine_py[{what}]"
 
 
 @contextlib.contextmanager
@@ -74,6 +86,12 @@ def start(name: str, workers: int, start_timeout: float = 300.0) -> Iterator[Run
     try:
         running = stack.enter_context(_STARTERS[kind](workers, prefetch, start_timeout))
         running.name = name
+        if name == watching_name("progress"):
+            running.get = functools.partial(running.get, progress=True)
+        elif name == watching_name("event-log"):
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="daskvine-log-"))
+            log = os.path.join(folder, "run.jsonl")
+            running.get = functools.partial(running.get, event_log=log)
         # A few tasks per worker: every process has started and imported the functions.
         warm_up = {("warm-up", i): (inc, i) for i in range(4 * workers)}
         got = running.get(warm_up, list(warm_up))

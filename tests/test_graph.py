@@ -127,3 +127,65 @@ def test_large_graphs_take_the_linear_topological_order(monkeypatch):
     assert all(rank[f"a{i}"] < rank[f"b{i}"] < rank["total"] for i in range(20))
     # depth first: each b right after its a
     assert all(rank[f"b{i}"] == rank[f"a{i}"] + 1 for i in range(20))
+
+
+# --- light legacy tasks ------------------------------------------------------------------
+
+_SCALARS = st.one_of(
+    st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=2), st.booleans(),
+    st.none(), st.binary(max_size=2),
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    keys=st.lists(st.one_of(st.text(max_size=2), st.integers(-3, 3),
+                            st.tuples(st.text(max_size=1), st.integers(0, 2))),
+                  max_size=6, unique=True),
+    args=st.lists(st.one_of(_SCALARS, st.tuples(st.text(max_size=1), st.integers(0, 2))),
+                  max_size=6),
+)  # fmt: skip
+def test_light_legacy_tasks_mean_what_dask_makes_of_them(keys, args):
+    from dask._task_spec import convert_legacy_task
+
+    from daskvine_py.graph import LegacyCall, light_dependencies
+
+    graph = dict.fromkeys(keys, 0)
+    task = (_pack, *args)
+    deps = light_dependencies(task, graph)
+    try:
+        reference = convert_legacy_task("out", task, graph)
+    except TypeError:  # something unhashable: Dask cannot take it either
+        assert deps is None
+        return
+    if deps is None:  # left to Dask: a tuple argument that is not a key
+        assert any(type(a) is tuple and a not in graph for a in args)
+        return
+    assert deps == frozenset(reference.dependencies)
+    values = {key: ("value of", key) for key in deps}
+    assert LegacyCall(task, deps)(values) == reference(values)
+
+
+def test_anything_but_keys_and_scalars_is_left_to_dask():
+    from daskvine_py.graph import light_dependencies
+
+    class MyInt(int):
+        pass
+
+    graph = {"x": 1, ("y", 0): 2}
+    assert light_dependencies((inc, "x", ("y", 0), 1.5, None, b"b"), graph) == {"x", ("y", 0)}
+    for task in [
+        (inc, ["x"]),  # a list argument
+        (inc, {"a": "x"}),  # a dict argument
+        (inc, (inc, "x")),  # a nested task
+        (inc, ("z", 0)),  # a tuple that is not a key
+        (inc, MyInt(1)),  # a subclass
+        "x",  # an alias
+        (1, 2),  # not a task
+        (),
+    ]:
+        assert light_dependencies(task, graph) is None, task
+
+
+def _pack(*args):
+    return args

@@ -72,3 +72,35 @@ def test_peek_shows_what_pop_would_take():
     assert q.peek_for("w1") == "shared" == q.pop_for("w1")
     assert q.peek_for("w2") == "mine" and len(q) == 1
     assert q.pop_for("w2") == "mine" and q.peek_for("w2") is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 1 << 20), max_size=3000),
+    pops=st.lists(st.integers(0, 50), max_size=40),
+    chunk=st.sampled_from([1, 2, 3, 8]),
+)
+def test_lane_pops_in_sorted_order_across_chunk_splits(values, pops, chunk):
+    """Small chunks force every split and refill path; order must match sorting."""
+    import daskvine_py.matching as matching
+
+    old, matching.CHUNK = matching.CHUNK, chunk
+    try:
+        lane = matching.Lane()
+        reference = []
+        rng = random.Random(len(values))
+        for value in values:
+            lane.push(value)
+            reference.append(value)
+            if rng.random() < 0.1:  # interleave pops with pushes
+                for _ in range(rng.choice(pops or [0])):
+                    if reference:
+                        smallest = min(reference)
+                        reference.remove(smallest)
+                        assert lane.first() == smallest
+                        assert lane.pop() == smallest
+        assert sorted(lane) == sorted(reference) and len(lane) == len(reference)
+        assert [lane.pop() for _ in range(len(reference))] == sorted(reference)
+        assert lane.first() is None
+    finally:
+        matching.CHUNK = old

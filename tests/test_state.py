@@ -355,3 +355,66 @@ def test_a_run_in_parts_keeps_inputs_for_dependents_still_to_come():
     out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 8, 0.1, dumps("z")))])
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
     assert not st_.tasks
+
+
+def test_a_full_worker_gets_no_new_work_but_keeps_serving():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abcd")]
+    tasks.append(s.NewTask("e", b"", (), ("a",), 9))
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, list("bcde"), 3)])
+    (first,) = st_.workers[W1].processing
+    assert first.key == "a"
+    # w1 says its store is full: what it holds runs on, nothing new goes there.
+    out = st_.handle([s.FromWorker(W1, p.DiskFull(True)),
+                      s.FromWorker(W1, p.TaskDone(first.id, 5, 0.1, None))])  # fmt: skip
+    assert not sends(out, p.Execute, worker=W1)
+    executed = []
+    while st_.workers[W2].processing:
+        (task,) = st_.workers[W2].processing
+        executed.append(task.key)
+        out = st_.handle([s.FromWorker(W2, p.TaskDone(task.id, 5, 0.1, dumps(0)))])
+        assert not sends(out, p.Execute, worker=W1)
+        # An input held by the full worker is fetched from it: it still serves peers.
+        for execute in sends(out, p.Execute, worker=W2):
+            if execute.key == "e":
+                assert execute.deps == (p.DepLocation(first.id, "a", ("tcp://w1",)),)
+    assert sorted(executed) == list("bcde") and not st_.runs
+    # Room again: work goes to w1 as before.
+    st_.handle([s.FromWorker(W1, p.DiskFull(False))])
+    out = st_.handle([s.SubmitRun(2, [s.NewTask("x", b"", (), (), 0),
+                                      s.NewTask("y", b"", (), (), 1)], ["x", "y"], 3)])  # fmt: skip
+    assert sends(out, p.Execute, worker=W1)
+
+
+def test_replicas_are_requested_and_a_lost_holder_costs_no_recomputation():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
+             s.NewTask("z", b"", (), ("x", "y"), 2)]  # fmt: skip
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3, replicas=2)])
+    x = st_.tasks[1]
+    holder, other = x.worker.id, (W2 if x.worker.id == W1 else W1)
+    out = st_.handle([s.FromWorker(holder, p.TaskDone(1, 5, 0.1, None))])
+    assert sends(out, p.Replicate) == [p.Replicate(1, (f"tcp://{holder.decode()}",))]
+    assert sends(out, p.Replicate, worker=other)
+    st_.handle([s.FromWorker(other, p.Replicas((1,)))])
+    assert x.who_has == {st_.workers[W1], st_.workers[W2]}
+    st_.handle([s.WorkerLost(holder, "preempted")])
+    assert x.state == "memory" and st_.recomputed == 0
+
+
+def test_recomputed_counts_each_lost_result_brought_back():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), chain_run()])
+    st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None)),
+                s.FromWorker(W1, p.TaskDone(2, 5, 0.1, None))])  # fmt: skip
+    assert st_.tasks[1].state == "released" and st_.tasks[2].state == "memory"
+    st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
+    # b was lost and c needs it: b comes back, and a with it (b's input, released).
+    assert st_.recomputed == 2
+
+
+def test_when_every_worker_is_full_work_goes_on_rather_than_waiting_forever():
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), s.FromWorker(W1, p.DiskFull(True))])
+    out = st_.handle([s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
+    assert sends(out, p.Execute) == [p.Execute(1, "a", b"", (), True)]

@@ -6,8 +6,9 @@
     ...     dask.compute(x, scheduler=manager.get)
 
 Layers, lowest first (a module imports only from layers below it): ``errors``,
-``options``; ``serialize``, ``graph``; ``protocol``, ``matching``; ``state``, ``store``,
-``library``; ``manager``, ``worker``; ``local`` and the command line.
+``options``, ``runinfo``; ``serialize``, ``graph``, ``saturation``, ``events``, ``report``,
+``progress``; ``protocol``, ``matching``, ``rewrite``; ``state``, ``store``, ``library``;
+``manager``, ``worker``; ``local``, ``coffea`` and the command line.
 """
 
 import importlib

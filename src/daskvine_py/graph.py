@@ -6,16 +6,21 @@ and, since dask 2025.4, the expression object itself. ``build_plan`` normalises 
 to ``GraphNode`` objects, culls to the requested keys, rejects cycles and missing keys with
 errors that name them, and orders the tasks with ``dask.order``.
 
+Legacy tasks whose arguments are all keys or scalars (``(inc, ("x", 1))``, the bulk of a
+big hand-built graph) are not converted: building a ``Task`` costs several microseconds,
+which for 10^5 tasks is seconds before the first task can run. They become ``LegacyCall``
+objects, which hold the original tuple and run it the way its ``Task`` would.
+
 Everything here is pure: no sockets, no processes, no serialization.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dask._task_spec import GraphNode, convert_legacy_graph
+from dask._task_spec import Alias, DataNode, GraphNode, convert_legacy_task
 from dask.order import order
 
 from .errors import GraphCycleError
@@ -38,7 +43,7 @@ class Plan:
     requested key structure, nested lists included, for packing the results.
     """
 
-    nodes: dict[Key, GraphNode]
+    nodes: dict[Key, GraphNode | LegacyCall]
     dependencies: dict[Key, frozenset[Key]]
     outputs: list[Key]
     priorities: dict[Key, int]
@@ -48,17 +53,100 @@ class Plan:
         return len(self.nodes)
 
 
+class LegacyCall:
+    """A legacy task ``(func, *args)`` whose arguments are keys or scalars, unconverted.
+
+    Called with its inputs by key, it calls ``func`` with each argument that is a key
+    replaced by that input: what ``convert_legacy_task`` would build, without building
+    it. ``light_dependencies`` decides which tasks qualify and finds ``dependencies``.
+    """
+
+    __slots__ = ("task", "dependencies")
+
+    def __init__(self, task: tuple, dependencies: frozenset[Key]) -> None:
+        self.task = task
+        self.dependencies = dependencies
+
+    def __call__(self, values: Mapping[Key, Any]) -> Any:
+        task = self.task
+        if not self.dependencies:
+            return task[0](*task[1:])
+        deps = self.dependencies
+        return task[0](*[values[arg] if arg in deps else arg for arg in task[1:]])
+
+    def __reduce__(self) -> tuple:
+        return (LegacyCall, (self.task, self.dependencies))
+
+    def __repr__(self) -> str:
+        return f"LegacyCall({self.task!r})"
+
+
+#: Scalar argument types that ``convert_legacy_task`` checks against the graph's keys...
+_KEY_SCALARS = frozenset({int, float, str, bool})
+#: ...and scalars it passes through as they are.
+_PLAIN_SCALARS = frozenset({bytes, type(None)})
+
+
+def light_dependencies(value: Any, keys: Container) -> frozenset[Key] | None:
+    """The dependencies of a legacy task made of keys and scalars; None for anything else.
+
+    Exact types only: a subclass, a container, a dict or a nested task may mean something
+    else to Dask, so those tasks are converted by Dask itself.
+    """
+    if type(value) is not tuple or not value or not callable(value[0]):
+        return None
+    deps = []
+    for arg in value[1:]:
+        kind = type(arg)
+        if kind in _KEY_SCALARS:
+            if arg in keys:
+                deps.append(arg)
+        elif kind is tuple:
+            try:
+                if arg not in keys:
+                    return None  # a literal tuple, or a nested task
+            except TypeError:  # unhashable inside
+                return None
+            deps.append(arg)
+        elif kind not in _PLAIN_SCALARS:
+            return None
+    return frozenset(deps)
+
+
+def convert(key: Key, value: Any, keys: Container) -> GraphNode:
+    """``value`` as a ``GraphNode``, as ``convert_legacy_graph`` would make it."""
+    if isinstance(value, GraphNode):
+        return value
+    node = convert_legacy_task(key, value, keys)
+    if isinstance(node, Alias) and node.target == key:
+        raise KeyError(f"task {key!r} is an alias of itself")
+    if not isinstance(node, GraphNode):
+        node = DataNode(key, node)
+    return node
+
+
+def as_graph_nodes(nodes: Mapping[Key, Any]) -> dict[Key, GraphNode]:
+    """``nodes`` with every ``LegacyCall`` converted: a graph Dask's own schedulers run."""
+    return {
+        key: convert(key, node.task, nodes) if type(node) is LegacyCall else node
+        for key, node in nodes.items()
+    }
+
+
 def as_mapping(dsk: Any) -> Mapping:
     """The task mapping behind ``dsk``: expression objects are unwrapped."""
-    if isinstance(dsk, Mapping):
+    if isinstance(dsk, dict):
         return dsk
+    if isinstance(dsk, Mapping):
+        to_dict = getattr(dsk, "to_dict", None)  # a HighLevelGraph: one pass over layers
+        return to_dict() if to_dict is not None else dict(dsk)
     graph = getattr(dsk, "__dask_graph__", None)
     if graph is None:
         raise TypeError(
             f"cannot schedule an object of type {type(dsk).__name__}: expected a task "
             "mapping, a HighLevelGraph or a Dask expression"
         )
-    return graph()
+    return as_mapping(graph())
 
 
 def flatten_keys(keys: Any) -> list[Key]:
@@ -107,37 +195,47 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
     for key in outputs:
         if key not in mapping:
             raise KeyError(key)
-    all_nodes = convert_legacy_graph(mapping)
-    nodes, dependencies = cull(all_nodes, outputs)
+    nodes, dependencies = cull(mapping, outputs)
     topological = topological_order(dependencies)
     if rewrite is not None:
         nodes, dependencies = rewrite(nodes, dependencies, outputs)
         if len(nodes) != len(topological) or nodes.keys() != set(topological):
             topological = topological_order(dependencies)
-    if 1 < len(nodes) <= DASK_ORDER_LIMIT:
-        priorities = order(nodes, dependencies=dict(dependencies))
+    # Independent tasks need no ordering beyond the graph's own (dask.order would spend
+    # some 20 µs a task finding that out).
+    if 1 < len(nodes) <= DASK_ORDER_LIMIT and any(dependencies.values()):
+        # dask.order reads the tasks themselves: it gets legacy tuples as they were.
+        graph = {k: v.task if type(v) is LegacyCall else v for k, v in nodes.items()}
+        priorities = order(graph, dependencies=dict(dependencies))
     else:
         priorities = {key: i for i, key in enumerate(topological)}
     return Plan(nodes, dependencies, outputs, priorities, keys)
 
 
 def cull(
-    nodes: Mapping[Key, GraphNode], outputs: Iterable[Key]
-) -> tuple[dict[Key, GraphNode], dict[Key, frozenset[Key]]]:
-    """The nodes the outputs need, and their dependencies; iterative, no recursion."""
-    needed: dict[Key, GraphNode] = {}
+    graph: Mapping[Key, Any], outputs: Iterable[Key]
+) -> tuple[dict[Key, GraphNode | LegacyCall], dict[Key, frozenset[Key]]]:
+    """The nodes the outputs need, and their dependencies; iterative, no recursion.
+
+    Only the needed tasks are converted, and light legacy tasks not at all (``LegacyCall``).
+    """
+    needed: dict[Key, GraphNode | LegacyCall] = {}
     dependencies: dict[Key, frozenset[Key]] = {}
     stack = list(outputs)
     while stack:
         key = stack.pop()
         if key in needed:
             continue
-        node = nodes[key]
-        needed[key] = node
-        deps = frozenset(node.dependencies)
+        value = graph[key]
+        deps = light_dependencies(value, graph)
+        if deps is not None:
+            needed[key] = LegacyCall(value, deps)
+        else:
+            node = needed[key] = convert(key, value, graph)
+            deps = frozenset(node.dependencies)
         dependencies[key] = deps
         for dep in deps:
-            if dep not in nodes:
+            if dep not in graph:
                 raise KeyError(f"task {key!r} depends on {dep!r}, which is not in the graph")
             if dep not in needed:
                 stack.append(dep)

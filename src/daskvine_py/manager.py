@@ -22,6 +22,12 @@ Data flow::
   one multipart message per worker per iteration: batching by loop iteration, no sleeps.
 - Timers (heartbeats, silent workers, local worker processes that died) run on the
   loop's own clock, ``time.monotonic``.
+- Watching a run costs nothing unless the call asks for it: a run with a progress bar,
+  a report or an event log is "watched", and only then does the loop count its finished
+  tasks (read by the waiting caller ten times a second) and, for a report or event log,
+  append its task, worker and sample events to an ``events.EventLog``.
+- Bytes moved are counted per (source, destination) name: workers report what they
+  fetched from peers (``Transfers``), and outputs count from their worker to ``MANAGER``.
 """
 
 from __future__ import annotations
@@ -52,11 +58,14 @@ from .errors import (
     VersionMismatch,
     attach_remote_traceback,
 )
+from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .options import ManagerOptions, RunOptions
+from .progress import default_enabled, wait_with_progress
+from .report import write_report
 from .rewrite import rewrite_reductions
-from .runinfo import RunInfo
+from .runinfo import MANAGER, RunInfo
 from .serialize import TaskEncoder, loads
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -70,19 +79,35 @@ DRAIN_LIMIT = 10_000
 SUBMIT_PART = 4096
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
+#: Samples of task counts in an event log: every 5 ms at first, then spaced to keep about
+#: this many per run length (a few thousand for an hour), so short and long runs both
+#: draw a smooth tasks-over-time chart from a small log.
+SAMPLES_PER_RUN = 1000
+#: Worker reports that watched runs count or log.
+_TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 
 
 class _Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
-    __slots__ = ("id", "values", "done", "failure", "info")
+    __slots__ = (
+        "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
+        "transfers_before",
+    )  # fmt: skip
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
         self.info = RunInfo(run_id)
+        #: the manager's transfer counts when the run started (I/O thread only)
+        self.transfers_before: dict[tuple[str, str], int] = {}
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
+        #: tasks finished so far, counted by the I/O thread for watched runs only
+        self.finished_tasks = 0
+        #: the run's event log, when it keeps one, and when it takes its next sample
+        self.log: EventLog | None = None
+        self.next_sample = 0.0
 
 
 class _WorkerInfo:
@@ -139,6 +164,8 @@ class Manager:
             self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
         )
         self._runs: dict[int, _Run] = {}
+        #: runs with a progress bar or an event log (see the module docstring)
+        self._watched: dict[int, _Run] = {}
         self._workers: dict[bytes, _WorkerInfo] = {}
         self._outboxes: dict[bytes, list[Any]] = {}
         self._events: list[Any] = []
@@ -150,6 +177,10 @@ class Manager:
         self.sent_bytes = 0
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
+        #: bytes moved per (source, destination) name since the start (I/O thread writes)
+        self._transfers: dict[tuple[str, str], int] = {}
+        #: worker names by peer address, kept after they leave for late reports
+        self._names_by_peer: dict[str, str] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -182,23 +213,37 @@ class Manager:
             for info in list(self._workers.values())
         }
 
+    @property
+    def transfers(self) -> dict[tuple[str, str], int]:
+        """Bytes moved per (source, destination) worker name since the manager started;
+        ``runinfo.MANAGER`` names the manager. Per run: ``last_run.transfers``."""
+        return dict(self._transfers)
+
     def start_workers(
         self,
         n: int,
         cores: int = 1,
         wait: bool = True,
         timeout: float = 60.0,
+        memory: int | None = None,
+        disk: int | None = None,
+        workdir: str | None = None,
         lib_resources: dict[str, int] | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
-        ``lib_resources={"cores": c, "slots": s}``: each worker runs ``cores // c``
-        library processes of ``s`` concurrent tasks each (``--lib-cores``/``--lib-slots``).
-        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
+        ``memory`` and ``disk`` (MB) and ``workdir`` are the worker's ``--memory``,
+        ``--disk`` and ``--workdir``. ``lib_resources={"cores": c, "slots": s}``: each
+        worker runs ``cores // c`` library processes of ``s`` concurrent tasks each
+        (``--lib-cores``/``--lib-slots``). With ``wait``, return once all of them have
+        registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
         extra = _lib_resources_args(lib_resources or {})
+        for flag, value in (("--memory", memory), ("--disk", disk), ("--workdir", workdir)):
+            if value is not None:
+                extra += [flag, str(value)]
         before = len(self._workers)
         start = len(self._local_processes)
         procs = [
@@ -230,7 +275,8 @@ class Manager:
 
         ``dsk`` is anything Dask hands a scheduler: a task mapping, a ``HighLevelGraph``
         or an expression. ``keys`` is a key or nested lists of keys; lists come back as
-        tuples. Options (see ``RunOptions``) apply to this call only.
+        tuples. Options (see ``RunOptions``) apply to this call only: ``progress``,
+        ``report`` and ``event_log`` among them (see ``report``).
         """
         run_options = RunOptions.from_kwargs(options)
         rewrite = None
@@ -240,20 +286,26 @@ class Manager:
                 arity=run_options.reduction_arity,
                 threshold=run_options.reduction_threshold,
             )
-        started = time.time()
+        started, mono_started = time.time(), time.monotonic()
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         run = _Run(next(self._run_ids))
         run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
+        if run_options.report is not None or run_options.event_log is not None:
+            run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
+        progress = default_enabled() if run_options.progress is None else run_options.progress
         try:
-            self._submit_in_parts(run, plan, run_options)
-            run.done.wait()
+            self._submit_in_parts(run, plan, run_options, watch=progress)
+            if progress:
+                wait_with_progress(run.done, lambda: run.finished_tasks, len(plan.nodes))
+            else:
+                run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(("cancel", run))
-            self._end_run(run, "cancelled")
+            self._end_run(run, "cancelled", run_options)
             raise
-        self._end_run(run, "done" if run.failure is None else "failed")
+        self._end_run(run, "done" if run.failure is None else "failed", run_options)
         if run.failure is not None:
             raise _run_error(run.failure)
         values = {}
@@ -264,12 +316,40 @@ class Manager:
                 raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
         return pack_results(plan.structure, values)
 
-    def _end_run(self, run: _Run, outcome: str) -> None:
+    def _end_run(self, run: _Run, outcome: str, options: RunOptions) -> None:
         run.info.finished = time.time()
         run.info.outcome = outcome
         self.last_run = run.info
+        if run.log is None:
+            return
+        run.log.end(time.monotonic(), outcome, run.info)
+        run.info.events = run.log
+        try:
+            if options.event_log is not None:
+                write_events(run.log.records(), options.event_log)
+            if options.report is not None:
+                write_report(run.log.records(), options.report)
+        except Exception:
+            if outcome == "done":
+                raise
+            # The run's own error matters more; the report of a failed run is a bonus.
+            logger.exception("could not write the report or event log of run %d", run.id)
 
-    def _submit_in_parts(self, run: _Run, plan: Plan, options: RunOptions) -> None:
+    def report(self, path: str | os.PathLike) -> None:
+        """Write the performance report of the last run that ended to ``path`` (HTML).
+
+        A run called with ``report=`` or ``event_log=`` kept its event log, and the report
+        shows its tasks over time, per-worker timelines, transfers, durations per function
+        and slowest tasks; any other run gets a summary of its options, outcome and
+        transfers only. ``get(..., report=path)`` does the same as the run ends.
+        """
+        info = self.last_run
+        if info is None:
+            raise RuntimeError("no run has ended yet: there is nothing to report")
+        records = info.events.records() if info.events is not None else summary_records(info)
+        write_report(records, path)
+
+    def _submit_in_parts(self, run: _Run, plan: Plan, options: RunOptions, watch: bool) -> None:
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -283,7 +363,7 @@ class Manager:
                 dependents[dep] += 1
         encoder = TaskEncoder()
         config = None if options.default_execution else _run_config(run.id, options)
-        submit = functools.partial(self._submit_part, run, plan, options.retries, config)
+        submit = functools.partial(self._submit_part, run, plan, options, config, watch=watch)
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
@@ -305,15 +385,18 @@ class Manager:
         submit(part, encoder, sent_functions, first)
         run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _submit_part(self, run: _Run, plan: Plan, retries: int, config: p.RunConfig | None,
-                     part: list, encoder: TaskEncoder, sent_functions: set[bytes],
-                     first: bool) -> None:  # fmt: skip
+    def _submit_part(self, run: _Run, plan: Plan, options: RunOptions,
+                     config: p.RunConfig | None, part: list, encoder: TaskEncoder,
+                     sent_functions: set[bytes], first: bool,
+                     watch: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
-            event: Any = s.SubmitRun(run.id, part, plan.outputs, retries, functions, config)
-            self._command(("submit", run, event))
+            event: Any = s.SubmitRun(
+                run.id, part, plan.outputs, options.retries, functions, options.replicas, config
+            )
+            self._command(("submit", run, event, watch or run.log is not None))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
 
@@ -367,6 +450,8 @@ class Manager:
                 self._check_timers(now)
                 next_timer = now + TIMER_PERIOD
             self._apply_events()
+            if self._watched:
+                self._sample_due(time.monotonic())
             self._flush()
         self._shutdown_workers()
 
@@ -379,12 +464,15 @@ class Manager:
             kind, run, *rest = self._commands.get()
             if kind == "submit":
                 self._runs[run.id] = run
+                run.transfers_before = dict(self._transfers)
                 self._events.append(rest[0])
+                if rest[1]:
+                    self._watch_run(run)
             elif kind == "extend":
                 if run.id in self._runs:
                     self._events.append(rest[0])
             elif kind == "cancel":
-                if self._runs.pop(run.id, None) is not None:
+                if self._pop_run(run.id) is not None:
                     self._events.append(s.CancelRun(run.id))
             elif kind == "close":
                 return False
@@ -413,9 +501,18 @@ class Manager:
                 self._on_stranger(ident, messages, now)
                 continue
             info.last_seen = now
+            watched = self._watched
             for message in messages:
                 kind = type(message)
-                if kind is p.Status:
+                if watched and kind in _TASK_REPORTS:
+                    self._on_task_report(ident, info.name, message, now)
+                if kind is p.TaskDone:
+                    if message.value is not None:
+                        self._count(info.name, MANAGER, message.value.nbytes)
+                elif kind is p.Transfers:
+                    self._on_transfers(info.name, message)
+                    continue
+                elif kind is p.Status:
                     info.status = message
                     continue
                 if kind is p.Goodbye:
@@ -424,6 +521,19 @@ class Manager:
                 if kind is p.Register:
                     continue
                 self._events.append(s.FromWorker(ident, message))
+
+    def _count(self, source: str, destination: str, nbytes: int) -> None:
+        pair = (source, destination)
+        self._transfers[pair] = self._transfers.get(pair, 0) + nbytes
+
+    def _on_transfers(self, destination: str, message: p.Transfers) -> None:
+        for entry in message.received:
+            try:
+                address, nbytes = entry
+                self._count(self._names_by_peer.get(address, address), destination, int(nbytes))
+            except (TypeError, ValueError):
+                logger.warning("dropped a malformed transfer count from %s", destination)
+                return
 
     def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
         """Messages from an identity that has not registered: only ``Register`` counts."""
@@ -440,17 +550,24 @@ class Manager:
             return
         info = _WorkerInfo(reg, now)
         self._workers[ident] = info
+        self._names_by_peer[reg.peer_address] = reg.name
         logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
         self._outboxes.setdefault(ident, []).append(
             p.Welcome(reg.name, self.options.heartbeat_interval)
         )
         self._events.append(s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address))
+        for run in self._watched.values():
+            if run.log is not None:
+                run.log.worker(now, reg.name, reg.cores, reg.hostname)
 
     def _lose_worker(self, ident: bytes, reason: str) -> None:
         info = self._workers.pop(ident, None)
         if info is None:
             return
         logger.warning("worker %s lost: %s", info.name, reason)
+        for run in self._watched.values():
+            if run.log is not None:
+                run.log.worker_lost(time.monotonic(), info.name, reason)
         self._outboxes.pop(ident, None)
         self._events.append(s.WorkerLost(ident, reason))
 
@@ -480,23 +597,121 @@ class Manager:
         except Exception:
             logger.exception("scheduler state failed on a batch of %d events", len(events))
             return
+        watched = self._watched
         for instruction in instructions:
             kind = type(instruction)
             if kind is s.Send:
                 self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
+                if watched and type(instruction.message) is p.Execute:
+                    self._on_dispatch(instruction.message)
             elif kind is s.RunOutput:
                 run = self._runs.get(instruction.run_id)
                 if run is not None:
                     run.values[instruction.key] = instruction.value
             elif kind is s.RunDone:
-                run = self._runs.pop(instruction.run_id, None)
+                run = self._pop_run(instruction.run_id)
                 if run is not None:
+                    self._settle_transfers(run)
                     run.done.set()
             elif kind is s.RunFailed:
-                run = self._runs.pop(instruction.run_id, None)
+                run = self._pop_run(instruction.run_id)
                 if run is not None:
                     run.failure = instruction
+                    self._settle_transfers(run)
                     run.done.set()
+
+    # -- watched runs (progress, event logs) -------------------------------------------
+
+    def _watch_run(self, run: _Run) -> None:
+        self._watched[run.id] = run
+        if run.log is not None:
+            now = time.monotonic()
+            for info in self._workers.values():
+                run.log.worker(now, info.name, info.cores, info.hostname)
+            self._sample(now, [run])
+
+    def _pop_run(self, run_id: int) -> _Run | None:
+        """Forget a run that ended; a watched one gets its last sample first."""
+        run = self._watched.pop(run_id, None)
+        if run is not None and run.log is not None:
+            self._sample(time.monotonic(), [run])
+        return self._runs.pop(run_id, None)
+
+    def _on_task_report(self, ident: bytes, worker: str, message: Any, now: float) -> None:
+        """Count and log a task's end, if it belongs to a watched run and is not stale.
+
+        Reads the state before it handles the message (same thread): a report is counted
+        when the state will take it, i.e. its task is processing on that worker.
+        """
+        task = self._state.tasks.get(message.task_id)
+        if (
+            task is None
+            or task.state != "processing"
+            or task.worker is None
+            or task.worker.id != ident
+        ):
+            return
+        run = self._watched.get(task.run.id)
+        if run is None:
+            return
+        kind = type(message)
+        if kind is p.TaskDone:
+            run.finished_tasks += 1
+            if run.log is not None:
+                run.log.done(
+                    now, message.task_id, worker, message.duration, message.finished,
+                    message.nbytes,
+                )  # fmt: skip
+        elif run.log is None:
+            return
+        elif kind is p.TaskErred:
+            run.log.erred(now, message.task_id, worker, message.message)
+        else:
+            run.log.crashed(now, message.task_id, worker, message.reason)
+
+    def _on_dispatch(self, message: p.Execute) -> None:
+        task = self._state.tasks.get(message.task_id)
+        if task is None or task.worker is None:
+            return
+        run = self._watched.get(task.run.id)
+        if run is not None and run.log is not None:
+            run.log.dispatch(
+                time.monotonic(), message.task_id, message.key, task.prefix, task.worker.name
+            )
+
+    def _sample_due(self, now: float) -> None:
+        due = [
+            run for run in self._watched.values() if run.log is not None and now >= run.next_sample
+        ]
+        if due:
+            self._sample(now, due)
+
+    def _sample(self, now: float, runs: Any) -> None:
+        """Task counts for the tasks-over-time chart. Ready, processing and running count
+        every run's tasks (they are one queue); waiting is this run's remainder."""
+        state = self._state
+        ready = len(state.queue)
+        processing = running = 0
+        for worker in state.workers.values():
+            held = len(worker.processing)
+            processing += held
+            running += min(held, worker.cores)
+        for run in runs:
+            if run.log is not None:
+                done = run.finished_tasks
+                waiting = max(0, run.info.tasks - done - ready - processing)
+                run.log.sample(now, waiting, ready, processing, running, done)
+                run.next_sample = now + max(0.005, (now - run.log.mono_start) / SAMPLES_PER_RUN)
+
+    def _settle_transfers(self, run: _Run) -> None:
+        """The bytes moved while ``run`` went on (runs at the same time share them)."""
+        before = run.transfers_before
+        moved = {
+            pair: nbytes - before.get(pair, 0)
+            for pair, nbytes in self._transfers.items()
+            if nbytes != before.get(pair, 0)
+        }
+        run.info.transfers = moved
 
     def _flush(self) -> None:
         outboxes, self._outboxes = self._outboxes, {}
@@ -508,10 +723,10 @@ class Manager:
                     info.last_sent = now
 
     def _send_now(self, ident: bytes, messages: list) -> bool:
-        frames = p.encode(messages)
-        self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
         try:
-            self._router.send_multipart([ident, *frames], copy=False)
+            frames = p.encode(messages)
+            self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
+            self._router.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
             self._lose_worker(ident, f"unreachable ({exc})")
@@ -524,6 +739,7 @@ class Manager:
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
         self._runs.clear()
+        self._watched.clear()
 
 
 _HOSTNAME = socket.gethostname()

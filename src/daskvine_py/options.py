@@ -6,6 +6,7 @@ Run options apply to one ``get`` call only: they never become state of the manag
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -59,6 +60,19 @@ class RunOptions:
     #: ``--workdir``, removed after it. Always on in fork and tasks modes; off by default
     #: in direct mode, where it would cost more than a tiny task itself.
     task_sandbox: bool = False
+    #: Show a progress bar (tasks done / total, rate) on stderr. None: only when stderr is
+    #: a terminal. Costs a redraw ten times a second in the waiting thread, nothing per task.
+    progress: bool | None = None
+    #: Write a self-contained HTML performance report of this run here (see ``report.py``).
+    #: Records every task's dispatch and completion: a few hundred bytes of memory per task.
+    report: str | os.PathLike | None = None
+    #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),
+    #: from which ``python -m daskvine_py report`` rebuilds the report. Same cost as ``report``.
+    event_log: str | os.PathLike | None = None
+    #: Copies of each intermediate result to keep, on different workers. 2 or more lets a
+    #: run on preemptible nodes lose a worker without recomputing what it held, at the cost
+    #: of copying every intermediate (network, memory) while it is needed.
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.task_mode not in TASK_MODES:
@@ -80,6 +94,8 @@ class RunOptions:
         object.__setattr__(self, "env_vars", dict(env))
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, not {self.replicas!r}")
         arity = self.reduction_arity
         if arity is not None and (not isinstance(arity, int) or arity < 2):
             raise ValueError(f"reduction_arity must be an integer >= 2 or None, not {arity!r}")
@@ -87,6 +103,12 @@ class RunOptions:
             raise ValueError(
                 f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
             )
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
+        for name in ("report", "event_log"):
+            path = getattr(self, name)
+            if path is not None and not isinstance(path, str | os.PathLike):
+                raise ValueError(f"{name} must be a path or None, not {path!r}")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:

@@ -42,7 +42,7 @@ from typing import Any, TypeVar, overload
 
 from dask._task_spec import Alias, GraphNode, List, Task, TaskRef, Tuple, convert_legacy_task
 
-from .graph import Key
+from .graph import Key, LegacyCall
 
 __all__ = [
     "DEFAULT_ARITY",
@@ -155,7 +155,18 @@ def rewrite_reductions(
         raise ValueError(f"arity must be an integer >= 2 or None, not {arity!r}")
     if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 2:
         raise ValueError(f"threshold must be an integer >= 2, not {threshold!r}")
-    graph = _Graph(nodes, dependencies, outputs, _Known())
+    known = _Known()
+    # Light legacy tasks (graph.LegacyCall) are left unconverted; those calling a known or
+    # marked function may be reductions and become Tasks here.
+    converted = {
+        key: convert_legacy_task(key, node.task, nodes)
+        for key, node in nodes.items()
+        if type(node) is LegacyCall and (known.kind(node.task[0]) or _marked(node.task[0]))
+    }
+    original = nodes
+    if converted:
+        nodes = {**nodes, **converted}
+    graph = _Graph(nodes, dependencies, outputs, known)
 
     trees: dict[Key, list[Task]] = {}
     absorbed: set[Key] = set()
@@ -174,7 +185,7 @@ def rewrite_reductions(
 
     new_nodes: dict[Key, GraphNode] = {}
     new_dependencies: dict[Key, frozenset[Key]] = {}
-    for key, node in nodes.items():
+    for key, node in original.items():  # untouched nodes stay the same objects
         if key in absorbed:
             continue
         for task in trees.get(key, ()):

@@ -32,6 +32,8 @@ class RunInfo:
     #: top-level modules the run's functions come from or use (third-party only): what
     #: ``import_modules`` could import once per library instead of once per task
     hoisting_candidates: list[str] = field(default_factory=list)
+    #: the run's ``events.EventLog`` when it kept one (``report=`` or ``event_log=``)
+    events: Any = field(default=None, repr=False)
 
     @property
     def duration(self) -> float:

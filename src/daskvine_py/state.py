@@ -29,6 +29,7 @@ still owed to the caller.
 
 from __future__ import annotations
 
+import heapq
 import pickle
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -71,6 +72,7 @@ class SubmitRun(NamedTuple):
     outputs: Sequence[Key]
     retries: int
     functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
+    replicas: int = 1  #: copies kept of each intermediate result (``RunOptions.replicas``)
     #: how its tasks execute (``protocol.RunConfig``); None: the defaults
     config: p.RunConfig | None = None
 
@@ -100,8 +102,8 @@ class WorkerLost(NamedTuple):
 
 
 class FromWorker(NamedTuple):
-    """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``
-    or ``Replicas``."""
+    """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``,
+    ``Replicas`` or ``DiskFull``."""
 
     worker: WorkerId
     message: Any
@@ -140,8 +142,8 @@ class RunFailed(NamedTuple):
 
 class WorkerRecord:
     __slots__ = (
-        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip", "functions",
-        "configs",
+        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
+        "functions", "full", "configs",
     )  # fmt: skip
 
     def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
@@ -159,20 +161,31 @@ class WorkerRecord:
         self.configs: set[int] = set()
         #: results this worker holds
         self.has_what: set[TaskRecord] = set()
+        #: its store has no room left (``DiskFull``): it gets no new work meanwhile
+        self.full = False
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
 
 
 class RunRecord:
-    __slots__ = ("id", "tasks", "outputs", "undelivered", "retries", "functions", "config")
+    __slots__ = (
+        "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config"
+    )  # fmt: skip
 
     def __init__(
-        self, id: int, retries: int, outputs: Sequence[Key], config: p.RunConfig | None = None
+        self,
+        id: int,
+        retries: int,
+        outputs: Sequence[Key],
+        replicas: int = 1,
+        config: p.RunConfig | None = None,
     ):
         self.id = id
         #: how its tasks execute, sent to each worker before its first task there
         self.config = config
+        #: copies to keep of each intermediate result, on different workers
+        self.replicas = replicas
         #: function id -> bytes, for the tasks of this run
         self.functions: dict[bytes, bytes] = {}
         #: every task of the run, by key
@@ -259,6 +272,10 @@ class SchedulerState:
         self.story: deque[tuple[int, str, str]] = deque(maxlen=story_length)
         self._next_task_id = 1
         self._out: list[Any] = []
+        #: workers whose store is full (``DiskFull``): dispatch skips them
+        self._full = 0
+        #: results brought back after every copy was lost (lineage), since the start
+        self.recomputed = 0
 
     # -- entry point ------------------------------------------------------------------
 
@@ -280,7 +297,9 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = self.runs[ev.run_id] = RunRecord(ev.run_id, ev.retries, ev.outputs, ev.config)
+        run = self.runs[ev.run_id] = RunRecord(
+            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config
+        )
         self._add_tasks(run, ev.tasks, ev.functions)
 
     def _on_extend(self, ev: ExtendRun) -> None:
@@ -340,6 +359,8 @@ class SchedulerState:
         worker = self.workers.pop(ev.worker, None)
         if worker is None:
             return
+        if worker.full:
+            self._full -= 1
         lost = []
         for task in worker.has_what:
             task.who_has.discard(worker)
@@ -385,6 +406,8 @@ class SchedulerState:
             self._on_fetch_failed(worker, message)
         elif kind is p.Replicas:
             self._add_replicas(worker, message.task_ids)
+        elif kind is p.DiskFull:
+            self._on_disk_full(worker, message.full)
         else:
             raise TypeError(f"not a worker report: {message!r}")
 
@@ -446,7 +469,23 @@ class SchedulerState:
         if task.state == "processing":  # its inputs still exist elsewhere: try again
             self._transition(task, "ready")
 
+    def _on_disk_full(self, worker: WorkerRecord, full: bool) -> None:
+        """A full worker finishes what it holds and serves peers, but gets no new work."""
+        if full is worker.full:
+            return
+        worker.full = full
+        self._full += 1 if full else -1
+        if full:
+            self.queue.forget_target(worker.id)
+
     # -- shared steps -----------------------------------------------------------------
+
+    def _replicate(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Ask other workers for copies until ``task.run.replicas`` would exist."""
+        others = [w for w in self.workers.values() if w is not worker and not w.full]
+        wanted = task.run.replicas - len(task.who_has)
+        for other in heapq.nsmallest(wanted, others, key=lambda w: len(w.has_what)):
+            self._send(other, p.Replicate(task.id, (worker.peer_address,)))
 
     def _add_replicas(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
         """Record inputs ``worker`` fetched from peers; release those nobody needs now."""
@@ -481,6 +520,7 @@ class SchedulerState:
                     if dep.state == "released":
                         stack.append(dep)
             task.missing = missing
+            self.recomputed += 1
             self._transition(task, "ready" if missing == 0 else "waiting")
 
     @staticmethod
@@ -539,6 +579,9 @@ class SchedulerState:
         unstarted on a worker with more tasks than cores.
         """
         hungry = list(self.workers.values())
+        if self._full:
+            # When every worker is full, waiting for room could wait forever: overflow.
+            hungry = [w for w in hungry if not w.full] or hungry
         while hungry and self.queue:
             still_hungry = []
             for worker in hungry:
@@ -562,6 +605,8 @@ class SchedulerState:
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
         worker's saturation, and only for single-missing-input dependents (O(1) check).
         """
+        if worker.full:
+            return
         while True:
             follower = next(
                 (d for d in task.dependents if d.state == "waiting" and d.missing == 1), None
@@ -583,7 +628,7 @@ class SchedulerState:
 
     def _steal_for_idle_workers(self) -> None:
         """Move tasks that wait unstarted behind busy cores to workers with idle cores."""
-        idle = [w for w in self.workers.values() if len(w.processing) < w.cores]
+        idle = [w for w in self.workers.values() if len(w.processing) < w.cores and not w.full]
         if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
             return  # nobody idle, or nothing waits behind busy cores anywhere
         # Startable tasks beyond a worker's cores are queued there, not running.
@@ -610,6 +655,8 @@ class SchedulerState:
             size = dep.nbytes + 1
             for holder in dep.who_has:
                 held[holder] = held.get(holder, 0) + size
+        if self._full:
+            held = {w: size for w, size in held.items() if not w.full}
         if not held:
             return None
         return max(held, key=held.__getitem__).id
@@ -703,6 +750,8 @@ class SchedulerState:
                 self._transition(dep, "released")
         if not self._needed(task):
             self._transition(task, "released")
+        elif task.run.replicas > 1:
+            self._replicate(task, worker)
 
     def _memory_to_released(self, task: TaskRecord) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""

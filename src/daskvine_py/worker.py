@@ -15,13 +15,16 @@ Data flow::
 - A task's inputs are in the local store or fetched directly from the peers the manager
   named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
   serve an input the manager is told (``FetchFailed``) and decides.
+- At most ``fetching.MAX_FETCHES`` inputs are fetched at once, ``MAX_FETCHES_PER_PEER``
+  from any one peer; the rest queue. Bytes received per peer go to the manager in ``Transfers``.
 - Results stay in the store until the manager releases them; only outputs travel to the
-  manager, inside ``TaskDone``.
+  manager, inside ``TaskDone``. Past ``--memory`` the store spills to ``<workdir>/spill``;
+  past ``--disk`` as well, the manager is told (``DiskFull``) and sends no new work.
 - A run that does not use the defaults (``RunConfig``: exec mode, hoisted imports,
   environment) is announced once, before its first task; its tasks go to libraries with
   it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.task``.
-- Task directories, spill files and function files live in this worker's own directory
-  inside ``--workdir``, removed when the worker exits.
+- Task directories and function files live in ``<workdir>/tasks`` and
+  ``<workdir>/functions``, removed with the worker's directory when it exits.
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
 """
 
@@ -33,7 +36,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import random
 import shutil
 import signal
 import socket
@@ -53,6 +55,7 @@ from . import library
 from . import protocol as p
 from . import task as task_process
 from .errors import ProtocolError
+from .fetching import Fetch, TransferSlots
 from .saturation import Ema
 from .store import Store
 
@@ -84,21 +87,6 @@ class WorkerTask:
         self.state = "fetching"  # -> "queued" -> "running"
         #: how it runs (its run's ``RunConfig``); None: the defaults
         self.config = config
-
-
-class Fetch:
-    """One input being copied from peers, for the local tasks that wait on it."""
-
-    __slots__ = ("dep_id", "peers", "untried", "current", "deadline", "waiters")
-
-    def __init__(self, dep_id: int, peers: Sequence[str]) -> None:
-        self.dep_id = dep_id
-        self.peers = tuple(peers)
-        self.untried = list(peers)
-        random.shuffle(self.untried)  # spread readers of a popular result over its holders
-        self.current: str | None = None  #: the peer asked last
-        self.deadline = 0.0
-        self.waiters: set[int] = set()
 
 
 class Library:
@@ -142,6 +130,7 @@ class Worker:
         host: str | None = None,
         manager_timeout: float = 30.0,
         fetch_timeout: float = 10.0,
+        disk: int | None = None,
         workdir: str | None = None,
         lib_cores: int = 1,
         lib_slots: int = 1,
@@ -152,7 +141,9 @@ class Worker:
             raise ValueError(f"lib_cores and lib_slots must be >= 1, not {lib_cores}, {lib_slots}")
         self.address = address
         self.cores = cores
+        #: bytes of results kept in memory before spilling; ``disk``: bytes of spill files
         self.memory = memory if memory is not None else _total_memory()
+        self.disk = disk
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.manager_timeout = manager_timeout
         self.heartbeat_interval = 1.0
@@ -161,7 +152,7 @@ class Worker:
         #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
         self.library_count = max(1, cores // lib_cores)
         self.lib_slots = lib_slots
-        self.slots = self.library_count * lib_slots
+        self.task_slots = self.library_count * lib_slots
         #: this worker's own directory (inside ``workdir``, default the system temp dir),
         #: removed at exit: task directories, function files, spill files
         if workdir is not None:
@@ -187,7 +178,10 @@ class Worker:
         self.poller.register(self.manager, zmq.POLLIN)
         self.poller.register(self.peer_server, zmq.POLLIN)
 
-        self.store = Store()
+        self.store = Store(
+            self.memory or None, os.path.join(self.workdir, "spill"), self.disk
+        )  # fmt: skip
+        self.disk_full = False
         #: recent task run times, to decide whether to batch tasks to libraries
         self.recent_duration = Ema()
         #: function id -> cloudpickle bytes: resident for the worker's life
@@ -195,6 +189,10 @@ class Worker:
         self.tasks: dict[int, WorkerTask] = {}
         self.runnable: deque[int] = deque()
         self.fetches: dict[int, Fetch] = {}
+        #: requests in flight overall and per peer, and fetches waiting for a free slot
+        self.slots = TransferSlots()
+        #: bytes received per peer address since the last ``Transfers`` report
+        self.received_from: dict[str, int] = {}
         #: input being computed here -> tasks sent ahead that wait for it
         self.local_waiters: dict[int, set[int]] = {}
         self.libraries: list[Library] = []
@@ -225,7 +223,7 @@ class Worker:
             p.Register(
                 p.PROTOCOL_VERSION,
                 self.name,
-                self.slots,
+                self.task_slots,
                 self.memory,
                 socket.gethostname(),
                 self.peer_address,
@@ -265,6 +263,7 @@ class Worker:
         self.peer_server.close(linger=0)
         self.manager.close()
         self.context.term()
+        self.store.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- the loop ---------------------------------------------------------------------
@@ -286,9 +285,19 @@ class Worker:
                 self._drain_peer_client(sock)
         now = time.monotonic()
         self._check_timers(now)
+        if self.slots.freed and self.slots.queue:
+            for fetch, address in self.slots.startable(self._fetch_is_live):
+                self._request(fetch, address, now)
         self._start_runnable()
         if self.process_runnable:
             self._start_processes()
+        if self.store.full is not self.disk_full:
+            self.disk_full = self.store.full
+            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
+            self.outbox.append(p.DiskFull(self.disk_full))
+        if self.received_from:
+            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
+            self.received_from = {}
         self._flush()
 
     def _poll_timeout_ms(self) -> int:
@@ -323,23 +332,27 @@ class Worker:
                 "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
             )
             self._reset_peer_client(fetch.current)
+            self.slots.give_back(fetch)
             self._request_next(fetch, now)
 
     def _status(self) -> p.Status:
         libraries = [_peak_rss(lib.process.pid) for lib in self.libraries]
-        return p.Status(self.store.nbytes, _peak_rss(os.getpid()), max(libraries, default=0))
+        return p.Status(
+            self.store.nbytes,
+            _peak_rss(os.getpid()),
+            max(libraries, default=0),
+            self.store.disk_bytes,
+        )
 
     def _flush(self) -> None:
         if self.outbox:
             frames = p.encode(self.outbox)
             self.outbox = []
-            self.manager.send_multipart(frames, copy=False)
+            self.manager.send_multipart(frames, copy=not p.zero_copy(frames))
             self.last_sent = time.monotonic()
         if self.peer_outbox:
             for address, ids in self.peer_outbox.items():
-                self._peer_client(address).send_multipart(
-                    p.encode([p.GetData(tuple(ids))]), copy=False
-                )
+                self._peer_client(address).send_multipart(p.encode([p.GetData(tuple(ids))]))
             self.peer_outbox = {}
 
     # -- the manager ------------------------------------------------------------------
@@ -377,6 +390,8 @@ class Worker:
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
+        elif kind is p.Replicate:
+            self._on_replicate(msg)
         elif kind is p.Welcome:
             self.registered = True
             self.heartbeat_interval = msg.heartbeat_interval
@@ -421,6 +436,17 @@ class Worker:
         else:
             self.runnable.append(task.id)
 
+    def _on_replicate(self, msg: p.Replicate) -> None:
+        if msg.task_id in self.store:
+            self.outbox.append(p.Replicas((msg.task_id,)))
+            return
+        fetch = self.fetches.get(msg.task_id)
+        if fetch is not None:
+            fetch.replicate = True
+        elif msg.peers:
+            fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
+            self._request_next(fetch, time.monotonic())
+
     def _cancel(self, task_id: int) -> None:
         task = self.tasks.get(task_id)
         if task is not None and task.state != "running":
@@ -437,21 +463,35 @@ class Worker:
             fetch = self.fetches.get(dep_id)
             if fetch is not None:
                 fetch.waiters.discard(task.id)
-                if not fetch.waiters:
+                if not fetch.waiters and not fetch.replicate:
                     del self.fetches[dep_id]
+                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
 
     # -- peers ------------------------------------------------------------------------
 
     def _request_next(self, fetch: Fetch, now: float) -> None:
+        """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
         if not fetch.untried:
             self._fetch_failed(fetch)
             return
-        address = fetch.current = fetch.untried.pop()
+        address = self.slots.take(fetch)
+        if address is None:
+            fetch.deadline = float("inf")
+            self.slots.queue.append(fetch)
+        else:
+            self._request(fetch, address, now)
+
+    def _request(self, fetch: Fetch, address: str, now: float) -> None:
         fetch.deadline = now + self.fetch_timeout
         self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
 
+    def _fetch_is_live(self, fetch: Fetch) -> bool:
+        return self.fetches.get(fetch.dep_id) is fetch
+
     def _fetch_failed(self, fetch: Fetch) -> None:
         self.fetches.pop(fetch.dep_id, None)
+        if fetch.replicate and not fetch.waiters:
+            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
         for task_id in fetch.waiters:
             task = self.tasks.get(task_id)
             if task is not None:
@@ -488,11 +528,12 @@ class Worker:
                 logger.warning("dropped a malformed request from a peer: %s", exc)
                 continue
             replies = [
-                p.Data(task_id, self.store.get(task_id))
+                p.Data(task_id, self.store.get(task_id, use=False))
                 for request in requests
                 for task_id in request.task_ids
             ]
-            self.peer_server.send_multipart([ident, *p.encode(replies)], copy=False)
+            frames = p.encode(replies)
+            self.peer_server.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
 
     def _drain_peer_client(self, sock: zmq.Socket) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -511,12 +552,16 @@ class Worker:
 
     def _on_data(self, reply: p.Data, now: float) -> None:
         fetch = self.fetches.get(reply.task_id)
-        if fetch is None:
-            return  # nobody here waits for it any more
+        if fetch is None or fetch.current is None:
+            return  # nobody here waits for it any more, or it was asked elsewhere since
+        source = fetch.current
+        self.slots.give_back(fetch)
         if reply.value is None:
             self._request_next(fetch, now)
             return
         del self.fetches[reply.task_id]
+        received = self.received_from
+        received[source] = received.get(source, 0) + reply.value.nbytes
         self.store.put(reply.task_id, reply.value)
         self.outbox.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
@@ -641,7 +686,13 @@ class Worker:
             if waiters:
                 self._input_arrived(task_id, waiters)
             self.outbox.append(
-                p.TaskDone(task_id, value.nbytes, duration, value if task.want_result else None)
+                p.TaskDone(
+                    task_id,
+                    value.nbytes,
+                    duration,
+                    value if task.want_result else None,
+                    time.time(),
+                )
             )
         elif reply[0] == "erred":
             _, task_id, exception, text, message = reply
@@ -681,7 +732,7 @@ class Worker:
     # -- task processes (task_mode="tasks") ---------------------------------------------
 
     def _start_processes(self) -> None:
-        while self.process_runnable and len(self.process_by_fd) < self.slots:
+        while self.process_runnable and len(self.process_by_fd) < self.task_slots:
             task = self._next_runnable(self.process_runnable)
             if task is None:
                 return
@@ -826,7 +877,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="MB",
-        help="memory for results, in MB (default: the node's memory)",
+        help="memory for results, in MB; past it results spill to disk "
+        "(default: the node's memory)",
+    )
+    parser.add_argument(
+        "--disk",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="disk for results spilled past --memory, in MB (default: no limit)",
     )
     parser.add_argument(
         "--workdir",
@@ -881,6 +940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name=args.name,
         host=args.host,
         manager_timeout=args.manager_timeout,
+        disk=args.disk * 2**20 if args.disk is not None else None,
         workdir=args.workdir,
         lib_cores=args.lib_cores,
         lib_slots=args.lib_slots,

@@ -1,0 +1,259 @@
+"""The data plane on real workers: peer transfers and their accounting, bounded fetches,
+spilling past --memory, replicas, and recomputing exactly what a lost worker held."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+from daskvine_py import Manager
+from daskvine_py.runinfo import MANAGER
+
+pytestmark = pytest.mark.integration
+
+MB = 2**20
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except RuntimeError:  # a dict of the I/O thread changed while we looked
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.01)
+
+
+def block(i, mb=8):
+    return np.full(mb * MB // 8, float(i))
+
+
+def dot(a, b):
+    return float(a @ b)
+
+
+def total(*values):
+    return sum(values)
+
+
+def test_pairwise_8mb_intermediates_move_between_peers_never_through_the_manager(
+    shared_manager,
+):
+    """100 x 8 MB arrays combined pairwise: the manager receives the scalars only."""
+    n = 100
+    dsk = {f"a{i}": (block, i) for i in range(n)}
+    dsk.update({f"c{i}": (dot, f"a{i}", f"a{(i + 1) % n}") for i in range(n)})
+    keys = [f"c{i}" for i in range(n)]
+    before = shared_manager.received_bytes
+    got = shared_manager.get(dsk, keys)
+    assert got == dask.get(dsk, keys)
+    received = shared_manager.received_bytes - before
+    assert received < 1 * MB  # one relayed intermediate alone would be 8 MB
+    transfers = shared_manager.last_run.transfers
+    to_manager = sum(v for (_, dst), v in transfers.items() if dst == MANAGER)
+    assert 0 < to_manager < received
+    between_workers = {pair: v for pair, v in transfers.items() if MANAGER not in pair}
+    # Neighbours on different workers travel peer to peer, as whole 8 MB arrays.
+    assert between_workers and all(v >= 8 * MB for v in between_workers.values())
+    assert set(between_workers) <= {("local-0", "local-1"), ("local-1", "local-0")}
+    assert shared_manager.transfers.keys() >= transfers.keys()
+
+
+def small_block(i):
+    return np.full(20_000, float(i))
+
+
+def gather(*blocks):
+    return float(sum(b.sum() for b in blocks))
+
+
+def test_a_task_with_many_inputs_on_one_peer_fetches_them_all_in_bounded_batches(
+    shared_manager,
+):
+    """120 inputs, about half of them on the other worker: more than the per-peer bound
+    of fetches in flight, so most wait their turn; all arrive and the sum is right."""
+    n = 120
+    dsk = {f"s{i}": (small_block, i) for i in range(n)}
+    dsk["all"] = (gather, *[f"s{i}" for i in range(n)])
+    assert shared_manager.get(dsk, "all", reduction_arity=None) == dask.get(dsk, "all")
+    moved = sum(v for pair, v in shared_manager.last_run.transfers.items() if MANAGER not in pair)
+    assert moved >= 20 * 160_000  # the inputs held by the other worker came over
+
+
+def test_a_popular_result_feeds_many_tasks_on_both_workers(shared_manager):
+    dsk = {"p": (block, 1, 2)}
+    dsk.update({f"u{i}": (dot, "p", f"v{i}") for i in range(60)})
+    dsk.update({f"v{i}": (block, i, 2) for i in range(60)})
+    keys = [f"u{i}" for i in range(60)]
+    assert shared_manager.get(dsk, keys) == dask.get(dsk, keys)
+
+
+def spill_files(root):
+    return [
+        os.path.join(d.path, "spill", f)
+        for d in os.scandir(root)
+        if os.path.isdir(os.path.join(d.path, "spill"))
+        for f in os.listdir(os.path.join(d.path, "spill"))
+    ]
+
+
+def checksum(a):
+    return float(a[::4096].sum())
+
+
+def shifted(a, barrier):
+    return float(a[::4096].sum()) + barrier
+
+
+def test_2gb_of_intermediates_complete_with_200mb_of_memory_by_spilling(tmp_path):
+    """256 x 8 MB arrays all held until a barrier: each worker spills past --memory 200,
+    reads them back, and leaves no spill file behind."""
+    n = 256
+    dsk = {f"a{i}": (block, i) for i in range(n)}
+    dsk.update({f"s{i}": (checksum, f"a{i}") for i in range(n)})
+    dsk["barrier"] = (total, *[f"s{i}" for i in range(n)])
+    dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
+    dsk["out"] = (total, *[f"b{i}" for i in range(n)])
+    expected = dask.get(dsk, "out")
+    workdir = tmp_path / "work"
+    with Manager() as manager:
+        manager.start_workers(2, memory=200, workdir=str(workdir))
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "out")))
+        thread.start()
+        most = 0
+        while thread.is_alive():
+            most = max(most, len(spill_files(workdir)))
+            time.sleep(0.05)
+        thread.join()
+        assert result["v"] == expected
+        # More than 1.5 GB were on disk at once: every worker spilled all but ~200 MB.
+        assert most * 8 * MB > 1.5 * 2**30
+        wait_until(lambda: not spill_files(workdir))
+    assert os.listdir(workdir) == []  # each worker removed its own directory
+
+
+def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_path):
+    """One worker may hold 20 MB in memory and 40 MB on disk: it fills up, says so, and
+    the other worker takes the rest of the work; the answer is right, no file is left."""
+    n = 40
+    dsk = {f"a{i}": (block, i) for i in range(n)}
+    dsk.update({f"s{i}": (checksum, f"a{i}") for i in range(n)})
+    dsk["barrier"] = (total, *[f"s{i}" for i in range(n)])
+    dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
+    dsk["out"] = (total, *[f"b{i}" for i in range(n)])
+    workdir = tmp_path / "work"
+    with Manager() as manager:
+        manager.start_workers(1, memory=20, disk=40, workdir=str(workdir))
+        manager.start_workers(1, workdir=str(workdir))
+        state = manager._state
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "out")))
+        thread.start()
+        was_full = False
+        while thread.is_alive():
+            was_full = was_full or any(w.full for w in list(state.workers.values()))
+            time.sleep(0.005)
+        thread.join()
+        assert result["v"] == dask.get(dsk, "out")
+        assert was_full
+        wait_until(lambda: not spill_files(workdir))
+        wait_until(lambda: not any(w.full for w in list(state.workers.values())))
+
+
+def produce(i, path):
+    with open(os.path.join(path, f"a{i}"), "a") as log:
+        log.write("ran\n")
+    time.sleep(0.02)
+    return np.full(1000, float(i))
+
+
+def gate(seconds):
+    time.sleep(seconds)
+    return 0.0
+
+
+def combine(a, g):
+    return float(a.sum()) + g
+
+
+def _gated_graph(path, n=20, seconds=4.0):
+    """a_i all finish, then wait (held on their workers) while one worker runs the gate."""
+    dsk = {f"a{i}": (produce, i, path) for i in range(n)}
+    dsk["gate"] = (gate, seconds)
+    dsk.update({f"b{i}": (combine, f"a{i}", "gate") for i in range(n)})
+    dsk["total"] = (total, *[f"b{i}" for i in range(n)])
+    return dsk
+
+
+def _executions(path):
+    return sum(len(open(e.path).readlines()) for e in os.scandir(path))
+
+
+def _kill_during_the_gate(manager, dsk, path, replicas):
+    """Run ``dsk``; once every a_i is done, SIGKILL the worker not running the gate.
+
+    Returns the result, the a_i that existed only on the victim, and the state's count
+    of recomputed results."""
+    state = manager._state
+    before = state.recomputed
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(v=manager.get(dsk, "total", replicas=replicas))
+    )
+    thread.start()
+
+    def a_tasks():
+        (run,) = list(state.runs.values())
+        return [t for k, t in list(run.tasks.items()) if k.startswith("a")], run.tasks["gate"]
+
+    def settled():
+        if not state.runs:
+            return False  # not submitted yet
+        tasks, gate_task = a_tasks()
+        return (
+            gate_task.state == "processing"
+            and all(t.state == "memory" for t in tasks)
+            and all(len(t.who_has) >= replicas for t in tasks)
+        )
+
+    wait_until(settled)
+    tasks, gate_task = a_tasks()
+    victim = next(w for w in list(state.workers.values()) if w is not gate_task.worker)
+    lost = {t.key for t in tasks if t.who_has == {victim}}
+    os.kill(manager.workers[victim.name]["pid"], signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    return result["v"], lost, state.recomputed - before
+
+
+def test_a_killed_worker_costs_exactly_the_recomputation_of_what_only_it_held(manager, tmp_path):
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "run").mkdir()
+    expected = dask.get(_gated_graph(str(tmp_path / "sync")), "total")
+    dsk = _gated_graph(str(tmp_path / "run"))
+    value, lost, recomputed = _kill_during_the_gate(manager, dsk, str(tmp_path / "run"), 1)
+    assert value == expected
+    assert lost  # the victim ran a_i while the other worker ran the gate
+    assert recomputed == len(lost)
+    assert _executions(tmp_path / "run") == 20 + len(lost)
+
+
+def test_with_two_replicas_a_killed_worker_costs_no_recomputation(manager, tmp_path):
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "run").mkdir()
+    expected = dask.get(_gated_graph(str(tmp_path / "sync")), "total")
+    dsk = _gated_graph(str(tmp_path / "run"))
+    value, lost, recomputed = _kill_during_the_gate(manager, dsk, str(tmp_path / "run"), 2)
+    assert value == expected
+    assert lost == set() and recomputed == 0
+    assert _executions(tmp_path / "run") == 20

@@ -1,0 +1,249 @@
+"""Progress bars, event logs and reports of real runs on local workers; the report in Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from html.parser import HTMLParser
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from daskvine_py.events import read_events
+from daskvine_py.report import SECTIONS
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium")
+                                        else None)  # fmt: skip
+
+
+def _inc(x):
+    return x + 1
+
+
+def _fail(x):
+    return 1 / 0
+
+
+def _array():
+    x = da.arange(4_000, chunks=100)
+    return ((x + 1) * 2).sum()
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.tasks = 0
+        self.attrs: dict[str, str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self.sections.append(attrs["id"])
+        if tag == "rect" and attrs.get("class") == "task":
+            self.tasks += 1
+        if tag == "html":
+            self.attrs = {k: v or "" for k, v in attrs.items()}
+
+
+def _parse(text: str) -> _Page:
+    page = _Page()
+    page.feed(text)
+    return page
+
+
+@pytest.mark.integration
+def test_report_and_event_log_of_a_real_run(shared_manager, tmp_path):
+    report, log = tmp_path / "run.html", tmp_path / "run.jsonl"
+    y = _array()
+    (got,) = dask.compute(y, scheduler=shared_manager.get, report=report, event_log=str(log))
+    (expected,) = dask.compute(y, scheduler="sync")
+    assert got == expected
+
+    info = shared_manager.last_run
+    page = _parse(report.read_text())
+    assert page.sections == list(SECTIONS)
+    assert page.tasks > 0
+    records = read_events(log)
+    done = {r["id"] for r in records if r["event"] == "done"}
+    assert len(done) == info.tasks  # every task of the plan finished once at least
+    workers = {r["worker"] for r in records if r["event"] == "worker"}
+    assert workers == set(shared_manager.workers)
+    assert records[-1]["event"] == "end" and records[-1]["outcome"] == "done"
+    assert all(0 <= r["start"] <= r["end"] for r in records if r["event"] == "done")
+    assert any(r["event"] == "sample" and r["done"] == info.tasks for r in records)
+
+    # The report rebuilt from the log is the same page.
+    again = tmp_path / "again.html"
+    subprocess.run(
+        [sys.executable, "-m", "daskvine_py", "report", str(log), "-o", str(again)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert again.read_text() == report.read_text()
+    # And so is the one the manager writes for its last run.
+    later = tmp_path / "later.html"
+    shared_manager.report(later)
+    assert later.read_text() == report.read_text()
+
+
+@pytest.mark.integration
+def test_a_failed_run_still_writes_its_report(shared_manager, tmp_path):
+    report = tmp_path / "failed.html"
+    dsk = {("a", i): (_inc, i) for i in range(10)}
+    dsk["bad"] = (_fail, ("a", 3))
+    with pytest.raises(ZeroDivisionError):
+        shared_manager.get(dsk, ["bad", ("a", 0)], report=report)
+    assert shared_manager.last_run.outcome == "failed"
+    text = report.read_text()
+    assert "ZeroDivisionError" in text and "failed" in text
+
+
+@pytest.mark.integration
+def test_options_apply_to_one_call_only(shared_manager, tmp_path):
+    dsk = {("a", i): (_inc, i) for i in range(20)}
+    keys = [("a", i) for i in range(20)]
+    assert shared_manager.get(dsk, keys, event_log=tmp_path / "one.jsonl.gz") == tuple(
+        dask.get(dsk, keys)
+    )
+    assert shared_manager.last_run.events is not None
+    assert shared_manager.get(dsk, keys) == tuple(dask.get(dsk, keys))
+    assert shared_manager.last_run.events is None  # nothing recorded when not asked
+    assert not shared_manager._watched
+    summary = tmp_path / "summary.html"
+    shared_manager.report(summary)
+    assert "kept no event log" in summary.read_text()
+    assert len(read_events(tmp_path / "one.jsonl.gz")) > 20
+
+
+@pytest.mark.integration
+def test_progress_bar_counts_every_task(shared_manager, capsys):
+    dsk = {("a", i): (_inc, i) for i in range(300)}
+    keys = [("a", i) for i in range(300)]
+    assert shared_manager.get(dsk, keys, progress=True) == tuple(dask.get(dsk, keys))
+    err = capsys.readouterr().err
+    assert "daskvine_py" in err and "300/300" in err and "100%" in err
+
+
+@pytest.mark.integration
+def test_progress_is_off_when_stderr_is_not_a_terminal(shared_manager, capsys):
+    dsk = {("a", i): (_inc, i) for i in range(30)}
+    keys = [("a", i) for i in range(30)]
+    assert not sys.stderr.isatty()
+    assert shared_manager.get(dsk, keys) == tuple(dask.get(dsk, keys))
+    assert capsys.readouterr().err == ""
+
+
+#: Put first in a copy of the report: records script errors, console errors and
+#: resources fetched into attributes of <html>, which --dump-dom shows.
+_PROBE = """<script>
+(function () {
+  var root = document.documentElement, errors = [];
+  function note(text) {
+    errors.push(String(text));
+    root.setAttribute('data-errors', errors.join(' | '));
+  }
+  window.addEventListener('error', function (e) {
+    var target = e.target && (e.target.src || e.target.href);
+    note(e.message || ('failed to load ' + target));
+  }, true);
+  var error = console.error;
+  console.error = function () {
+    note(Array.prototype.join.call(arguments, ' '));
+    error.apply(console, arguments);
+  };
+  window.addEventListener('load', function () {
+    root.setAttribute('data-loaded', '1');
+    var fetched = performance.getEntriesByType('resource').length;
+    root.setAttribute('data-resources', String(fetched));
+  });
+})();
+</script>"""
+
+
+def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+         "--v=0", *args],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+
+
+def _probed(tmp_path, text: str, name: str) -> str:
+    path = tmp_path / name
+    path.write_text(text.replace("<head>", "<head>" + _PROBE, 1))
+    return path.as_uri()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_report_renders_in_headless_chromium(shared_manager, tmp_path):
+    report = tmp_path / "run.html"
+    y = _array()
+    (got,) = dask.compute(y, scheduler=shared_manager.get, report=report)
+    assert got == dask.compute(y, scheduler="sync")[0]
+    text = report.read_text()
+
+    dom = _chromium(tmp_path, "--dump-dom", _probed(tmp_path, text, "probed.html"))
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = _parse(dom.stdout)
+    assert page.attrs.get("data-loaded") == "1", dom.stdout[:500]
+    assert "data-errors" not in page.attrs, page.attrs["data-errors"]
+    assert page.attrs.get("data-resources") == "0"  # self-contained: nothing fetched
+    assert page.sections == list(SECTIONS) and page.tasks > 0
+    assert "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
+
+    # The probe does see errors: a page with a broken script and a missing image.
+    broken = text.replace("</body>", "<img src='missing.png'><script>nope(</script></body>")
+    bad = _chromium(tmp_path, "--dump-dom", _probed(tmp_path, broken, "broken.html"))
+    assert "data-errors" in _parse(bad.stdout).attrs
+
+    shot = tmp_path / "run.png"
+    done = _chromium(tmp_path, "--hide-scrollbars", "--window-size=1100,2400",
+                     f"--screenshot={shot}", report.as_uri())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    if os.environ.get("DASKVINE_PY_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["DASKVINE_PY_KEEP_SCREENSHOT"])
+    assert np.isfinite(got)
+
+
+@pytest.mark.integration
+def test_progress_bar_closes_when_a_task_fails(shared_manager, capsys):
+    dsk = {("a", i): (_inc, i) for i in range(5)}
+    dsk["bad"] = (_fail, ("a", 0))
+    with pytest.raises(ZeroDivisionError):
+        shared_manager.get(dsk, ["bad", ("a", 1)], progress=True)
+    err = capsys.readouterr().err
+    assert "daskvine_py" in err and err.endswith("\n")  # closed: the line is finished
+    assert shared_manager.get({"x": (_inc, 1)}, "x", progress=True) == 2
+
+
+@pytest.mark.integration
+def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys):
+    dsk = {f"s{i}": (time.sleep, 0.2) for i in range(50)}
+    main = threading.get_ident()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shared_manager.get(dsk, list(dsk), progress=True, event_log=None)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
+    assert shared_manager.last_run.outcome == "cancelled"
+    err = capsys.readouterr().err
+    assert "/50" in err and err.endswith("\n")
+    deadline = time.monotonic() + 10
+    while shared_manager._state.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shared_manager.get({"x": (_inc, 41)}, "x") == 42
