@@ -11,9 +11,13 @@ Layers, lowest first (a module imports only from layers below it): ``errors``,
 ``manager``, ``worker``; ``local``, ``coffea`` and the command line.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     DaskVineError,
     GraphCycleError,
+    ImportHoistingError,
     ProtocolError,
     RemoteTraceback,
     RunCancelled,
@@ -22,15 +26,33 @@ from .errors import (
     VersionMismatch,
     WorkerLost,
 )
-from .manager import Manager
 from .options import ManagerOptions, RunOptions
-from .rewrite import associative
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .manager import Manager
+    from .rewrite import associative
+
+#: Names imported on first use: ``Manager`` and ``associative`` bring in dask and zmq,
+#: which a library or task process (``python -m daskvine_py.task``) must not pay for
+#: before its task even asks for them.
+_LAZY = {"Manager": ".manager", "associative": ".rewrite"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'daskvine_py' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DaskVineError",
     "GraphCycleError",
+    "ImportHoistingError",
     "Manager",
     "ManagerOptions",
     "ProtocolError",

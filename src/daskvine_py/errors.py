@@ -69,6 +69,16 @@ class SerializationError(DaskVineError, TypeError):
         self.key = key
 
 
+class ImportHoistingError(DaskVineError, ImportError):
+    """A module of ``import_modules`` failed to import on a worker: the run fails at once."""
+
+    def __init__(self, module: str, worker: str, detail: str) -> None:
+        self._init_args = (module, worker, detail)
+        super().__init__(f"import_modules: cannot import {module!r} on worker {worker}: {detail}")
+        self.module = module
+        self.worker = worker
+
+
 class GraphCycleError(DaskVineError, ValueError):
     """The graph has a cycle; ``cycle`` lists its keys in order."""
 

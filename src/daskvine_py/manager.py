@@ -173,6 +173,8 @@ class Manager:
         self._run_ids = itertools.count(1)
         #: bytes of every message workers sent this manager: outputs, not intermediates
         self.received_bytes = 0
+        #: bytes of every message this manager sent workers: tasks, functions, control
+        self.sent_bytes = 0
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
         #: bytes moved per (source, destination) name since the start (I/O thread writes)
@@ -226,16 +228,19 @@ class Manager:
         memory: int | None = None,
         disk: int | None = None,
         workdir: str | None = None,
+        lib_resources: dict[str, int] | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
         ``memory`` and ``disk`` (MB) and ``workdir`` are the worker's ``--memory``,
-        ``--disk`` and ``--workdir``. With ``wait``, return once all of them have
+        ``--disk`` and ``--workdir``. ``lib_resources={"cores": c, "slots": s}``: each
+        worker runs ``cores // c`` library processes of ``s`` concurrent tasks each
+        (``--lib-cores``/``--lib-slots``). With ``wait``, return once all of them have
         registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
-        extra = []
+        extra = _lib_resources_args(lib_resources or {})
         for flag, value in (("--memory", memory), ("--disk", disk), ("--workdir", workdir)):
             if value is not None:
                 extra += [flag, str(value)]
@@ -357,6 +362,8 @@ class Manager:
             for dep in deps:
                 dependents[dep] += 1
         encoder = TaskEncoder()
+        config = None if options.default_execution else _run_config(run.id, options)
+        submit = functools.partial(self._submit_part, run, plan, options, config, watch=watch)
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
@@ -370,22 +377,24 @@ class Manager:
                 )  # fmt: skip
             )
             if len(part) >= SUBMIT_PART:
-                self._submit_part(run, plan, options, part, encoder, sent_functions, first, watch)
+                submit(part, encoder, sent_functions, first)
                 first = False
                 part = []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._submit_part(run, plan, options, part, encoder, sent_functions, first, watch)
+        submit(part, encoder, sent_functions, first)
+        run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _submit_part(self, run: _Run, plan: Plan, options: RunOptions, part: list,
-                     encoder: TaskEncoder, sent_functions: set[bytes], first: bool,
+    def _submit_part(self, run: _Run, plan: Plan, options: RunOptions,
+                     config: p.RunConfig | None, part: list, encoder: TaskEncoder,
+                     sent_functions: set[bytes], first: bool,
                      watch: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
             event: Any = s.SubmitRun(
-                run.id, part, plan.outputs, options.retries, functions, options.replicas
+                run.id, part, plan.outputs, options.retries, functions, options.replicas, config
             )
             self._command(("submit", run, event, watch or run.log is not None))
         else:
@@ -716,6 +725,7 @@ class Manager:
     def _send_now(self, ident: bytes, messages: list) -> bool:
         try:
             frames = p.encode(messages)
+            self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
             self._router.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
@@ -740,6 +750,29 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
+    unknown = set(lib_resources) - {"cores", "slots"}
+    if unknown:
+        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
+    args = []
+    for name, value in lib_resources.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
+        args += [f"--lib-{name}", str(value)]
+    return args
+
+
+def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:
+    return p.RunConfig(
+        run_id,
+        options.task_mode,
+        options.exec_mode,
+        options.import_modules,
+        tuple(options.env_vars.items()),
+        options.task_sandbox,
+    )
 
 
 def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: Keyword arguments that Dask's own machinery may hand any scheduler; accepted and ignored
 #: because the manager, not the caller, decides how many processes run tasks.
 IGNORED_DASK_OPTIONS = frozenset({"num_workers", "chunksize", "pool"})
+
+TASK_MODES = ("function-calls", "tasks")
+EXEC_MODES = ("direct", "fork")
+
+#: Options that belong to workers, not to a run: ``get`` names where they go instead.
+WORKER_SETTINGS = {
+    "lib_resources": "it shapes a worker's persistent library processes: pass it to "
+    "start_workers(lib_resources=...) or give the worker --lib-cores/--lib-slots",
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,25 @@ class RunOptions:
     #: Fewest inputs a reduction needs before it is rewritten (``rewrite.DEFAULT_THRESHOLD``):
     #: above the fan-ins of Dask's own trees, which are left alone.
     reduction_threshold: int = 32
+    #: "function-calls": tasks run inside the worker's resident library processes (no
+    #: interpreter start, functions deserialized once). "tasks": every task runs in a
+    #: fresh Python interpreter: full isolation, at the cost of a start-up per task.
+    task_mode: str = "function-calls"
+    #: In function-calls mode: "direct" runs a task in the library process itself
+    #: (fastest); "fork" runs it in a child forked from the library, so nothing a task
+    #: leaves behind (globals, patched modules, leaked memory) reaches the next one, at
+    #: the cost of a fork per task.
+    exec_mode: str = "direct"
+    #: Modules each library imports once, before the first task of this run (import
+    #: hoisting). A module that fails to import fails the run with an error naming it.
+    import_modules: tuple[str, ...] = ()
+    #: Environment variables set for each task of this run (restored after it in direct
+    #: mode; set in the child in fork and tasks modes).
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    #: Give every task its own current directory and ``TMPDIR`` under the worker's
+    #: ``--workdir``, removed after it. Always on in fork and tasks modes; off by default
+    #: in direct mode, where it would cost more than a tiny task itself.
+    task_sandbox: bool = False
     #: Show a progress bar (tasks done / total, rate) on stderr. None: only when stderr is
     #: a terminal. Costs a redraw ten times a second in the waiting thread, nothing per task.
     progress: bool | None = None
@@ -47,6 +75,23 @@ class RunOptions:
     replicas: int = 1
 
     def __post_init__(self) -> None:
+        if self.task_mode not in TASK_MODES:
+            raise ValueError(f"task_mode must be one of {TASK_MODES}, not {self.task_mode!r}")
+        if self.exec_mode not in EXEC_MODES:
+            raise ValueError(f"exec_mode must be one of {EXEC_MODES}, not {self.exec_mode!r}")
+        modules = self.import_modules
+        if isinstance(modules, str):
+            modules = (modules,)
+        modules = tuple(modules)
+        if not all(isinstance(m, str) and m for m in modules):
+            raise ValueError(f"import_modules must be module names, not {self.import_modules!r}")
+        object.__setattr__(self, "import_modules", modules)
+        env = self.env_vars
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError(f"env_vars must map names to strings, not {env!r}")
+        object.__setattr__(self, "env_vars", dict(env))
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
         if not isinstance(self.replicas, int) or self.replicas < 1:
@@ -68,12 +113,25 @@ class RunOptions:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:
         known = {f.name for f in fields(cls)}
+        for name in WORKER_SETTINGS.keys() & kwargs.keys():
+            raise TypeError(f"{name} is not an option of get(): {WORKER_SETTINGS[name]}")
         unknown = set(kwargs) - known - IGNORED_DASK_OPTIONS
         if unknown:
             raise TypeError(
                 f"get() got unknown option(s) {sorted(unknown)}; known options: {sorted(known)}"
             )
         return cls(**{k: v for k, v in kwargs.items() if k in known})
+
+    @property
+    def default_execution(self) -> bool:
+        """True when tasks run the default way, so workers need to be told nothing."""
+        return (
+            self.task_mode == "function-calls"
+            and self.exec_mode == "direct"
+            and not self.import_modules
+            and not self.env_vars
+            and not self.task_sandbox
+        )
 
 
 @dataclass(frozen=True)

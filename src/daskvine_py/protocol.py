@@ -24,7 +24,7 @@ from .errors import ProtocolError
 from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: First frame of every message of ours.
 MAGIC = b"dvp"
 
@@ -143,6 +143,19 @@ class Execute(NamedTuple):
     payload: bytes  #: the pickled ``GraphNode``
     deps: tuple[DepLocation, ...]
     want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
+    run_id: int = 0  #: its run, when the run has a ``RunConfig``; 0: the defaults
+
+
+class RunConfig(NamedTuple):
+    """How the tasks of one run execute: sent once per worker, before the run's first
+    ``Execute`` there, and only for a run that does not use the defaults."""
+
+    run_id: int
+    task_mode: str  #: "function-calls" or "tasks"
+    exec_mode: str  #: "direct" or "fork"
+    import_modules: tuple[str, ...]  #: imported once per library before the run's tasks
+    env_vars: tuple[tuple[str, str], ...]
+    sandbox: bool  #: own cwd and TMPDIR per task (always, in fork and tasks modes)
 
 
 class Function(NamedTuple):
@@ -192,8 +205,9 @@ TO_MANAGER = frozenset(
      Status, Goodbye}
 )  # fmt: skip
 TO_WORKER = frozenset(
-    {Welcome, Rejected, Function, Execute, Release, Cancel, Replicate, Heartbeat, Shutdown}
-)
+    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Replicate, Heartbeat,
+     Shutdown}
+)  # fmt: skip
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
 

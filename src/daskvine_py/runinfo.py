@@ -29,6 +29,9 @@ class RunInfo:
     outcome: str = ""
     #: bytes moved per (source, destination) worker name; ``MANAGER`` names the manager
     transfers: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: top-level modules the run's functions come from or use (third-party only): what
+    #: ``import_modules`` could import once per library instead of once per task
+    hoisting_candidates: list[str] = field(default_factory=list)
     #: the run's ``events.EventLog`` when it kept one (``report=`` or ``event_log=``)
     events: Any = field(default=None, repr=False)
 

@@ -13,13 +13,15 @@ process (``TaskDecoder``), however many tasks call it.
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import io
 import pickle
+import sys
 import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -131,6 +133,8 @@ class TaskEncoder:
         # id(function) -> (function, id): the function is kept so its id() stays unique
         self._known: dict[int, tuple[Any, FunctionId]] = {}
         self._used: dict[FunctionId, None] = {}
+        #: third-party top-level modules the functions come from or use (hoisting candidates)
+        self.modules: set[str] = set()
         self._buffer = io.BytesIO()
         self._fast = _FastPickler(self._buffer, self)
         self._pickler = _FunctionExtractingPickler(self._buffer, self)
@@ -157,17 +161,54 @@ class TaskEncoder:
             code = cloudpickle.dumps(func, protocol=5)
             fid = hashlib.blake2b(code, digest_size=16).digest()
             self.functions.setdefault(fid, code)
+            self.modules.update(modules_of(func))
             entry = self._known[id(func)] = (func, fid)
         self._used[entry[1]] = None
         return entry[1]
 
 
+#: Modules never worth hoisting: always there, or not a module users import.
+_NOT_CANDIDATES = frozenset(sys.stdlib_module_names) | {"__main__", "builtins", "daskvine_py"}
+
+
+def modules_of(func: Any) -> set[str]:
+    """Third-party top-level modules ``func`` is defined in, imports or names.
+
+    Cheap (once per function): the function's ``__module__``, the modules its body
+    imports, and the module objects among the globals its code names.
+    """
+    while isinstance(func, (functools.partial, types.MethodType)):
+        func = func.func if isinstance(func, functools.partial) else func.__func__
+    found = set()
+    module = getattr(func, "__module__", None)
+    if isinstance(module, str):
+        found.add(module.partition(".")[0])
+    code = getattr(func, "__code__", None)
+    namespace = getattr(func, "__globals__", None)
+    if code is not None:  # ``import numpy`` inside the body: hoisting pays off most there
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "IMPORT_NAME" and instruction.argval:
+                found.add(instruction.argval.partition(".")[0])
+    if code is not None and namespace is not None:
+        for name in code.co_names:
+            value = namespace.get(name)
+            if isinstance(value, types.ModuleType):
+                found.add(value.__name__.partition(".")[0])
+            elif callable(value):  # a function or class imported by name
+                owner = getattr(value, "__module__", None)
+                if isinstance(owner, str):
+                    found.add(owner.partition(".")[0])
+    return found - _NOT_CANDIDATES
+
+
 class TaskDecoder:
     """Unpickles task payloads against resident functions, each deserialized once."""
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: Callable[[FunctionId], bytes | None] | None = None) -> None:
         self._code: dict[FunctionId, bytes] = {}
         self._loaded: dict[FunctionId, Any] = {}
+        #: where to find a function not added: a fresh task process reads them from files
+        self._lookup = lookup
 
     def add_functions(self, functions: Mapping[FunctionId, bytes] | list) -> None:
         self._code.update(functions)
@@ -176,6 +217,8 @@ class TaskDecoder:
         func = self._loaded.get(fid)
         if func is None:
             code = self._code.get(fid)
+            if code is None and self._lookup is not None:
+                code = self._lookup(fid)
             if code is None:
                 raise pickle.UnpicklingError(f"unknown function {fid.hex()}")
             func = self._loaded[fid] = pickle.loads(code)

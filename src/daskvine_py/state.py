@@ -73,6 +73,8 @@ class SubmitRun(NamedTuple):
     retries: int
     functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
     replicas: int = 1  #: copies kept of each intermediate result (``RunOptions.replicas``)
+    #: how its tasks execute (``protocol.RunConfig``); None: the defaults
+    config: p.RunConfig | None = None
 
 
 class ExtendRun(NamedTuple):
@@ -141,7 +143,7 @@ class RunFailed(NamedTuple):
 class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full",
+        "functions", "full", "configs",
     )  # fmt: skip
 
     def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
@@ -155,6 +157,8 @@ class WorkerRecord:
         self.round_trip = Ema()
         #: ids of the functions this worker has been sent: each travels once
         self.functions: set[bytes] = set()
+        #: runs whose ``RunConfig`` this worker has been sent
+        self.configs: set[int] = set()
         #: results this worker holds
         self.has_what: set[TaskRecord] = set()
         #: its store has no room left (``DiskFull``): it gets no new work meanwhile
@@ -165,10 +169,21 @@ class WorkerRecord:
 
 
 class RunRecord:
-    __slots__ = ("id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas")
+    __slots__ = (
+        "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config"
+    )  # fmt: skip
 
-    def __init__(self, id: int, retries: int, outputs: Sequence[Key], replicas: int = 1):
+    def __init__(
+        self,
+        id: int,
+        retries: int,
+        outputs: Sequence[Key],
+        replicas: int = 1,
+        config: p.RunConfig | None = None,
+    ):
         self.id = id
+        #: how its tasks execute, sent to each worker before its first task there
+        self.config = config
         #: copies to keep of each intermediate result, on different workers
         self.replicas = replicas
         #: function id -> bytes, for the tasks of this run
@@ -282,7 +297,9 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = self.runs[ev.run_id] = RunRecord(ev.run_id, ev.retries, ev.outputs, ev.replicas)
+        run = self.runs[ev.run_id] = RunRecord(
+            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config
+        )
         self._add_tasks(run, ev.tasks, ev.functions)
 
     def _on_extend(self, ev: ExtendRun) -> None:
@@ -545,6 +562,9 @@ class SchedulerState:
         for worker, ids in release.items():
             if worker.id in self.workers:
                 self._send(worker, p.Release(tuple(ids)))
+        if run.config is not None:
+            for worker in self.workers.values():
+                worker.configs.discard(run.id)
         del self.runs[run.id]
 
     def _send(self, worker: WorkerRecord, message: Any) -> None:
@@ -672,12 +692,21 @@ class SchedulerState:
         # Only tasks that can start at once measure the round trip.
         task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
         worker.processing[task] = None
+        run = task.run
+        config_id = 0  # the defaults: nothing to announce
+        if run.config is not None:
+            config_id = run.id
+            if run.id not in worker.configs:
+                worker.configs.add(run.id)
+                self._send(worker, run.config)
         for fid in task.functions:
             if fid not in worker.functions:
                 worker.functions.add(fid)
-                self._send(worker, p.Function(fid, _out_of_band(task.run.functions[fid])))
+                self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(p.DepLocation(dep.id, dep.key, _peers(dep, worker)) for dep in task.deps)
-        self._send(worker, p.Execute(task.id, task.key, task.payload, deps, task.is_output))
+        self._send(
+            worker, p.Execute(task.id, task.key, task.payload, deps, task.is_output, config_id)
+        )
 
     def _processing_to_ready(self, task: TaskRecord) -> None:
         self._unassign(task)

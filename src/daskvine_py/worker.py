@@ -8,6 +8,7 @@ Data flow::
     peers ──Data──► [DEALER per peer] ────────────┤
                                                   ▼
                store (results, serialized) ◄── library processes (one per core, pipes)
+                                              ◄── task processes (task_mode="tasks")
 
 - The loop drains every readable socket and pipe, then starts queued tasks on idle
   libraries, then flushes one batched message to the manager and one per peer.
@@ -19,18 +20,26 @@ Data flow::
 - Results stay in the store until the manager releases them; only outputs travel to the
   manager, inside ``TaskDone``. Past ``--memory`` the store spills to ``<workdir>/spill``;
   past ``--disk`` as well, the manager is told (``DiskFull``) and sends no new work.
+- A run that does not use the defaults (``RunConfig``: exec mode, hoisted imports,
+  environment) is announced once, before its first task; its tasks go to libraries with
+  it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.task``.
+- Task directories and function files live in ``<workdir>/tasks`` and
+  ``<workdir>/functions``, removed with the worker's directory when it exits.
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +53,7 @@ import zmq
 
 from . import library
 from . import protocol as p
+from . import task as task_process
 from .errors import ProtocolError
 from .fetching import Fetch, TransferSlots
 from .saturation import Ema
@@ -59,12 +69,14 @@ DRAIN_LIMIT = 1000
 #: that library, so longer tasks go one at a time and idle libraries are never starved.
 LIBRARY_BATCH = 8
 TINY_TASK = 0.001
+#: Run configurations kept for runs that may still send tasks; older ones are forgotten.
+MAX_RUN_CONFIGS = 256
 
 
 class WorkerTask:
-    __slots__ = ("id", "key", "payload", "deps", "want_result", "missing", "state")
+    __slots__ = ("id", "key", "payload", "deps", "want_result", "missing", "state", "config")
 
-    def __init__(self, msg: p.Execute) -> None:
+    def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
         self.id = msg.task_id
         self.key = msg.key
         self.payload = msg.payload
@@ -73,20 +85,37 @@ class WorkerTask:
         #: inputs not yet in the local store
         self.missing: set[int] = set()
         self.state = "fetching"  # -> "queued" -> "running"
+        #: how it runs (its run's ``RunConfig``); None: the defaults
+        self.config = config
 
 
 class Library:
     """A library process, the tasks sent to it, and the functions it has not seen."""
 
-    __slots__ = ("process", "conn", "sent", "unsent")
+    __slots__ = ("process", "conn", "sent", "unsent", "slots")
 
-    def __init__(self, process: Any, conn: Connection, unsent: list[bytes]) -> None:
+    def __init__(self, process: Any, conn: Connection, unsent: list[bytes], slots: int) -> None:
         self.process = process
         self.conn = conn
+        #: tasks it runs at once
+        self.slots = slots
         #: tasks sent to it, in the order it runs them: the first is running
         self.sent: deque[int] = deque()
         #: ids of functions to send with the next request
         self.unsent = unsent
+
+
+class TaskProcess:
+    """A fresh interpreter running one task (``task_mode="tasks"``)."""
+
+    __slots__ = ("task", "process", "directory", "fd")
+
+    def __init__(self, task: WorkerTask, process: subprocess.Popen, directory: str, fd: int):
+        self.task = task
+        self.process = process
+        self.directory = directory
+        #: read end of a pipe only the child holds open: readable (EOF) when it exits
+        self.fd = fd
 
 
 class Worker:
@@ -103,9 +132,13 @@ class Worker:
         fetch_timeout: float = 10.0,
         disk: int | None = None,
         workdir: str | None = None,
+        lib_cores: int = 1,
+        lib_slots: int = 1,
     ) -> None:
         if cores < 1:
             raise ValueError(f"cores must be >= 1, not {cores}")
+        if lib_cores < 1 or lib_slots < 1:
+            raise ValueError(f"lib_cores and lib_slots must be >= 1, not {lib_cores}, {lib_slots}")
         self.address = address
         self.cores = cores
         #: bytes of results kept in memory before spilling; ``disk``: bytes of spill files
@@ -116,6 +149,19 @@ class Worker:
         self.heartbeat_interval = 1.0
         self.fetch_timeout = fetch_timeout
         self.identity = uuid.uuid4().hex.encode()
+        #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
+        self.library_count = max(1, cores // lib_cores)
+        self.lib_slots = lib_slots
+        self.task_slots = self.library_count * lib_slots
+        #: this worker's own directory (inside ``workdir``, default the system temp dir),
+        #: removed at exit: task directories, function files, spill files
+        if workdir is not None:
+            os.makedirs(workdir, exist_ok=True)
+        prefix = f"daskvine-{socket.gethostname()}-"
+        _remove_dead_workdirs(workdir or tempfile.gettempdir(), prefix)
+        self.workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=workdir)
+        self.tasks_dir = os.path.join(self.workdir, "tasks")
+        os.mkdir(self.tasks_dir)
 
         self.context = zmq.Context()
         self.manager = self.context.socket(zmq.DEALER)
@@ -132,11 +178,6 @@ class Worker:
         self.poller.register(self.manager, zmq.POLLIN)
         self.poller.register(self.peer_server, zmq.POLLIN)
 
-        #: this worker's own directory (inside ``workdir``, default the system temp dir),
-        #: removed at exit
-        if workdir is not None:
-            os.makedirs(workdir, exist_ok=True)
-        self.workdir = tempfile.mkdtemp(prefix="daskvine-", dir=workdir)
         self.store = Store(
             self.memory or None, os.path.join(self.workdir, "spill"), self.disk
         )  # fmt: skip
@@ -156,6 +197,14 @@ class Worker:
         self.local_waiters: dict[int, set[int]] = {}
         self.libraries: list[Library] = []
         self.library_by_fd: dict[int, Library] = {}
+        #: run id -> how its tasks run, for runs that do not use the defaults
+        self.run_configs: dict[int, p.RunConfig] = {}
+        #: tasks of task_mode="tasks" runs waiting for a slot, and those running
+        self.process_runnable: deque[int] = deque()
+        self.process_by_fd: dict[int, TaskProcess] = {}
+        #: functions written to ``functions_dir`` for task processes
+        self.functions_dir = os.path.join(self.workdir, "functions")
+        self.functions_written: set[bytes] = set()
         self.outbox: list[Any] = []
         self.peer_outbox: dict[str, list[int]] = {}
         self.registered = False
@@ -168,13 +217,13 @@ class Worker:
 
     def run(self) -> int:
         """Register, serve until told to stop or the manager goes silent; the exit code."""
-        for _ in range(self.cores):
+        for _ in range(self.library_count):
             self._start_library()
         self.outbox.append(
             p.Register(
                 p.PROTOCOL_VERSION,
                 self.name,
-                self.cores,
+                self.task_slots,
                 self.memory,
                 socket.gethostname(),
                 self.peer_address,
@@ -197,6 +246,10 @@ class Worker:
 
     def _close(self) -> None:
         self._flush()
+        for proc in self.process_by_fd.values():
+            proc.process.kill()
+            proc.process.wait()
+            os.close(proc.fd)
         for lib in self.libraries:
             lib.conn.close()
         deadline = time.monotonic() + 2.0
@@ -223,7 +276,11 @@ class Worker:
             elif sock is self.peer_server:
                 self._serve_peers()
             elif isinstance(sock, int):
-                self._on_library_readable(self.library_by_fd[sock])
+                lib = self.library_by_fd.get(sock)
+                if lib is not None:
+                    self._on_library_readable(lib)
+                else:
+                    self._on_process_exit(self.process_by_fd[sock])
             else:
                 self._drain_peer_client(sock)
         now = time.monotonic()
@@ -232,6 +289,8 @@ class Worker:
             for fetch, address in self.slots.startable(self._fetch_is_live):
                 self._request(fetch, address, now)
         self._start_runnable()
+        if self.process_runnable:
+            self._start_processes()
         if self.store.full is not self.disk_full:
             self.disk_full = self.store.full
             logger.warning("worker %s disk full: %s", self.name, self.disk_full)
@@ -317,6 +376,10 @@ class Worker:
         kind = type(msg)
         if kind is p.Execute:
             self._on_execute(msg)
+        elif kind is p.RunConfig:
+            if len(self.run_configs) >= MAX_RUN_CONFIGS:
+                del self.run_configs[next(iter(self.run_configs))]
+            self.run_configs[msg.run_id] = msg
         elif kind is p.Function:
             self.functions[msg.function_id] = bytes(msg.code)
             for lib in self.libraries:
@@ -343,7 +406,7 @@ class Worker:
     def _on_execute(self, msg: p.Execute) -> None:
         if msg.task_id in self.tasks:
             return  # re-sent after a cancel while it was running: its result is coming
-        task = WorkerTask(msg)
+        task = WorkerTask(msg, self.run_configs.get(msg.run_id))
         now = time.monotonic()
         for dep in msg.deps:
             if dep.task_id in self.store:
@@ -364,7 +427,13 @@ class Worker:
             fetch.waiters.add(task.id)
         self.tasks[task.id] = task
         if not task.missing:
-            task.state = "queued"
+            self._enqueue(task)
+
+    def _enqueue(self, task: WorkerTask) -> None:
+        task.state = "queued"
+        if task.config is not None and task.config.task_mode == "tasks":
+            self.process_runnable.append(task.id)
+        else:
             self.runnable.append(task.id)
 
     def _on_replicate(self, msg: p.Replicate) -> None:
@@ -504,8 +573,7 @@ class Worker:
                 continue
             task.missing.discard(dep_id)
             if not task.missing:
-                task.state = "queued"
-                self.runnable.append(task_id)
+                self._enqueue(task)
 
     # -- libraries --------------------------------------------------------------------
 
@@ -514,36 +582,42 @@ class Worker:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
             target=library.main,
-            args=(child_conn, self.name),
+            args=(child_conn, self.name, (), self.tasks_dir, self.lib_slots),
             name=f"daskvine-library-{self.name}",
             daemon=True,
         )
         process.start()
         child_conn.close()
-        lib = Library(process, parent_conn, list(self.functions))
+        lib = Library(process, parent_conn, list(self.functions), self.lib_slots)
         self.libraries.append(lib)
         self.library_by_fd[parent_conn.fileno()] = lib
         self.poller.register(parent_conn.fileno(), zmq.POLLIN)
         return lib
 
     def _start_runnable(self) -> None:
-        """Hand runnable tasks to idle libraries: one each, or a few when tasks are tiny.
+        """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
+        few when tasks are tiny, all of one run configuration per request.
 
-        A library runs the tasks it is sent one after the other and answers each at once;
-        sending tiny tasks in batches saves pipe round trips, and their replies then come
-        back, and go to the manager, in batches too.
+        A library runs the tasks it is sent one after the other (or ``slots`` at once)
+        and answers each at once; sending tiny tasks in batches saves pipe round trips,
+        and their replies then come back, and go to the manager, in batches too.
         """
         if not self.runnable:
             return
         tiny = self.recent_duration.count and self.recent_duration.value < TINY_TASK
         depth = LIBRARY_BATCH if tiny else 1
-        # Only idle libraries: one blocked writing results while we write inputs would
-        # deadlock on the pipe.
-        for lib in [lib for lib in self.libraries if not lib.sent]:
-            batch = []
-            while self.runnable and len(batch) < depth:
+        # Only libraries with a free slot: a one-slot library blocked writing results
+        # while we write inputs would deadlock on the pipe (a library of several slots
+        # keeps reading while its slots write).
+        for lib in [lib for lib in self.libraries if len(lib.sent) < lib.slots]:
+            batch: list[WorkerTask] = []
+            room = lib.slots * depth - len(lib.sent)
+            while self.runnable and len(batch) < room:
                 task = self._next_runnable()
                 if task is None:
+                    break
+                if batch and task.config is not batch[0].config:
+                    self.runnable.appendleft(task.id)  # for the next request
                     break
                 batch.append(task)
             if batch:
@@ -551,9 +625,10 @@ class Worker:
             if not self.runnable:
                 return
 
-    def _next_runnable(self) -> WorkerTask | None:
-        while self.runnable:
-            task = self.tasks.get(self.runnable.popleft())
+    def _next_runnable(self, queue: deque[int] | None = None) -> WorkerTask | None:
+        queue = self.runnable if queue is None else queue
+        while queue:
+            task = self.tasks.get(queue.popleft())
             if task is None or task.state != "queued":
                 continue
             for dep in task.deps:
@@ -575,7 +650,7 @@ class Worker:
         functions = [(fid, self.functions[fid]) for fid in lib.unsent]
         lib.unsent = []
         try:
-            library.send(lib.conn, ("run", functions, calls))
+            library.send(lib.conn, ("run", functions, batch[0].config, calls))
         except OSError:
             self._on_library_death(lib)
 
@@ -596,6 +671,10 @@ class Worker:
             lib.sent.popleft()
         else:
             lib.sent.remove(reply[1])
+        self._on_reply(reply)
+
+    def _on_reply(self, reply: tuple) -> None:
+        """A task's outcome, from a library or a task process."""
         task = self.tasks.pop(reply[1], None)
         if task is None:
             return
@@ -615,30 +694,33 @@ class Worker:
                     time.time(),
                 )
             )
-        else:
+        elif reply[0] == "erred":
             _, task_id, exception, text, message = reply
             self.outbox.append(p.TaskErred(task_id, exception, text, message))
+        else:  # "crashed": the process running it died (fork and tasks modes)
+            logger.warning("task %r: %s", task.key, reply[2])
+            self.outbox.append(p.TaskCrashed(reply[1], reply[2]))
 
     def _on_library_death(self, lib: Library) -> None:
         lib.process.join(1.0)
-        code = lib.process.exitcode
-        if code is not None and code < 0:
-            how = f"killed by signal {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
+        how = library.describe_exit(lib.process.exitcode)
+        # The directory of the sandboxed task it was running (see ``library.Runner``).
+        for path in glob.glob(os.path.join(self.tasks_dir, f"task-*-{lib.process.pid}")):
+            shutil.rmtree(path, ignore_errors=True)
         fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
         self.libraries.remove(lib)
         lib.conn.close()
-        if lib.sent:
-            # The first task was running and took the process down; the rest never
-            # started and go back to the front of the queue.
+        # The first tasks (one per slot) were running, and one took the process down; the
+        # rest never started and go back to the front of the queue.
+        for _ in range(min(lib.slots, len(lib.sent))):
             task = self.tasks.pop(lib.sent.popleft(), None)
             if task is not None:
                 reason = f"library process {how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
                 self.outbox.append(p.TaskCrashed(task.id, reason))
+        if lib.sent:
             for task_id in reversed(lib.sent):
                 queued = self.tasks.get(task_id)
                 if queued is not None:
@@ -646,6 +728,104 @@ class Worker:
                     self.runnable.appendleft(task_id)
         if self.running:
             self._start_library()
+
+    # -- task processes (task_mode="tasks") ---------------------------------------------
+
+    def _start_processes(self) -> None:
+        while self.process_runnable and len(self.process_by_fd) < self.task_slots:
+            task = self._next_runnable(self.process_runnable)
+            if task is None:
+                return
+            self._start_process(task)
+
+    def _start_process(self, task: WorkerTask) -> None:
+        """Start ``python -m daskvine_py.task`` for ``task``, its call in a file."""
+        config = task.config
+        assert config is not None
+        self._write_functions()
+        directory = os.path.join(self.tasks_dir, f"task-{task.id}")
+        os.makedirs(directory, exist_ok=True)
+        inputs = [(dep.key, self.store.get(dep.task_id)) for dep in task.deps]
+        call = (task.id, task.key, task.payload, inputs)
+        with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
+            pickle.dump(
+                (call, self.functions_dir, self.name, config.import_modules), file, protocol=5
+            )
+        env = dict(os.environ)
+        env.update(config.env_vars)
+        env["TMPDIR"] = directory
+        read_fd, write_fd = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "daskvine_py.task", directory],
+                cwd=directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(write_fd,),
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            shutil.rmtree(directory, ignore_errors=True)
+            self.tasks.pop(task.id, None)
+            reason = f"cannot start a task process on worker {self.name}: {exc}"
+            self.outbox.append(p.TaskCrashed(task.id, reason))
+            return
+        finally:
+            os.close(write_fd)
+        task.state = "running"
+        self.process_by_fd[read_fd] = TaskProcess(task, process, directory, read_fd)
+        self.poller.register(read_fd, zmq.POLLIN)
+
+    def _write_functions(self) -> None:
+        """Put every function not yet written into ``functions_dir``, one file each."""
+        if len(self.functions_written) == len(self.functions):
+            return
+        os.makedirs(self.functions_dir, exist_ok=True)
+        for fid, code in self.functions.items():
+            if fid not in self.functions_written:
+                path = task_process.function_file(self.functions_dir, fid)
+                with open(path + ".part", "wb") as file:
+                    file.write(code)
+                os.replace(path + ".part", path)
+                self.functions_written.add(fid)
+
+    def _on_process_exit(self, proc: TaskProcess) -> None:
+        self.poller.unregister(proc.fd)
+        del self.process_by_fd[proc.fd]
+        os.close(proc.fd)
+        code = proc.process.wait()
+        reply = None
+        try:
+            with open(os.path.join(proc.directory, task_process.REPLY_FILE), "rb") as file:
+                reply = pickle.load(file)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # a torn reply: treat as a crash
+            logger.warning("unreadable reply of task %r: %r", proc.task.key, exc)
+        shutil.rmtree(proc.directory, ignore_errors=True)
+        if reply is None:
+            how = library.describe_exit(code)
+            reply = ("crashed", proc.task.id, f"task process {how} on worker {self.name}")
+        if self.tasks.get(proc.task.id) is proc.task:
+            self._on_reply(reply)
+
+
+def _remove_dead_workdirs(parent: str, prefix: str) -> None:
+    """Remove the directories that workers of this host killed with SIGKILL left behind.
+
+    Named ``{prefix}{pid}-XXXX``: a directory whose process is gone is removed; one whose
+    pid runs (that worker, or a process reusing its pid) is left alone.
+    """
+    for path in glob.glob(os.path.join(parent, glob.escape(prefix) + "*-*")):
+        pid_text = os.path.basename(path)[len(prefix) :].partition("-")[0]
+        if not pid_text.isdigit() or not os.path.isdir(os.path.join(path, "tasks")):
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def _peak_rss(pid: int | None) -> int:
@@ -711,8 +891,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--workdir",
         default=None,
         metavar="DIR",
-        help="where the worker makes its own directory, for spill files "
-        "(default: the system temp dir); removed at exit",
+        help="where the worker makes its own directory for task directories and spill "
+        "files, removed at exit (default: the system temp dir)",
+    )
+    parser.add_argument(
+        "--lib-cores",
+        type=int,
+        default=1,
+        metavar="C",
+        help="cores per library process: the worker runs cores // C libraries (default 1)",
+    )
+    parser.add_argument(
+        "--lib-slots",
+        type=int,
+        default=1,
+        metavar="S",
+        help="tasks each library process runs at once, in threads (default 1)",
     )
     parser.add_argument("--name", default=None, help="a name for logs and errors")
     parser.add_argument(
@@ -748,6 +942,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         manager_timeout=args.manager_timeout,
         disk=args.disk * 2**20 if args.disk is not None else None,
         workdir=args.workdir,
+        lib_cores=args.lib_cores,
+        lib_slots=args.lib_slots,
     )
     signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
