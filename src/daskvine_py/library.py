@@ -10,6 +10,7 @@ are tiny, and each task is answered as soon as it is done::
     worker ◄──("done", task_id, Serialized, seconds)───────────────────────── library
     worker ◄──("erred", task_id, exception | None, traceback, message)─────── library
     worker ◄──("crashed", task_id, reason)─────────── library (fork mode: the child died)
+    worker ◄──("ready",)────────── library (once, when started and its imports are done)
 
 How a task runs is its run's ``RunConfig`` (None: the defaults, the fast path):
 
@@ -52,6 +53,10 @@ from .serialize import TaskDecoder, dumps, dumps_exception, loads
 
 _prctl: Any = None
 
+#: Imported before the library says it is ready: every task payload needs Dask's task
+#: classes, and importing Dask takes most of a second, which the first task would pay.
+WARM_IMPORTS = ("daskvine_py.graph",)
+
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent (the worker) dies."""
@@ -81,9 +86,13 @@ def main(
     """
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
-    for module in import_modules:
+    for module in (*WARM_IMPORTS, *import_modules):
         importlib.import_module(module)
     runner = Runner(worker_name, workdir or tempfile.gettempdir())
+    try:
+        send(conn, ("ready",))  # the worker registers once every library has said this
+    except OSError:
+        return
     if slots > 1:
         _serve_in_slots(conn, runner, slots)
         return

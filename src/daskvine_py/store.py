@@ -92,6 +92,13 @@ class Store:
         if self.memory_limit is not None and self.memory_bytes > self.memory_limit:
             self._spill()
 
+    def size(self, task_id: int) -> int:
+        """Bytes of a result, in memory or spilled (0 if absent), without reading it."""
+        value = self._memory.get(task_id)
+        if value is None:
+            value = self._disk.get(task_id)
+        return 0 if value is None else value.nbytes
+
     def get(self, task_id: int, use: bool = True) -> Serialized | None:
         """The result, read back from disk if spilled; ``use`` makes it most recent.
 

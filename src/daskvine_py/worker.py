@@ -69,6 +69,13 @@ DRAIN_LIMIT = 1000
 #: that library, so longer tasks go one at a time and idle libraries are never starved.
 LIBRARY_BATCH = 8
 TINY_TASK = 0.001
+#: Tasks shorter than this (recent runs) get the next task queued in their library's
+#: pipe while they run, saving the library a wait for the worker between tasks. Longer
+#: tasks do not: a queued task is committed to its library, and another might free up.
+SHORT_TASK = 0.05
+#: Largest request queued behind a running task: well within a pipe's buffer, so the
+#: worker never blocks writing it while the library is blocked writing a result.
+QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
 
@@ -92,11 +99,13 @@ class WorkerTask:
 class Library:
     """A library process, the tasks sent to it, and the functions it has not seen."""
 
-    __slots__ = ("process", "conn", "sent", "unsent", "slots")
+    __slots__ = ("process", "conn", "sent", "unsent", "slots", "ready")
 
     def __init__(self, process: Any, conn: Connection, unsent: list[bytes], slots: int) -> None:
         self.process = process
         self.conn = conn
+        #: it has started and imported what every task needs
+        self.ready = False
         #: tasks it runs at once
         self.slots = slots
         #: tasks sent to it, in the order it runs them: the first is running
@@ -208,6 +217,7 @@ class Worker:
         self.outbox: list[Any] = []
         self.peer_outbox: dict[str, list[int]] = {}
         self.registered = False
+        self.register_sent = False
         self.running = True
         self.exit_code = 0
         self.last_contact = time.monotonic()
@@ -219,6 +229,18 @@ class Worker:
         """Register, serve until told to stop or the manager goes silent; the exit code."""
         for _ in range(self.library_count):
             self._start_library()
+        if not self.libraries:
+            self._register()
+        try:
+            while self.running:
+                self._loop_once()
+        finally:
+            self._close()
+        return self.exit_code
+
+    def _register(self) -> None:
+        """Join the manager: once, when every library is ready to run tasks at once."""
+        self.register_sent = True
         self.outbox.append(
             p.Register(
                 p.PROTOCOL_VERSION,
@@ -230,12 +252,6 @@ class Worker:
                 os.getpid(),
             )
         )
-        try:
-            while self.running:
-                self._loop_once()
-        finally:
-            self._close()
-        return self.exit_code
 
     def stop(self, reason: str) -> None:
         if self.running:
@@ -604,26 +620,46 @@ class Worker:
         """
         if not self.runnable:
             return
-        tiny = self.recent_duration.count and self.recent_duration.value < TINY_TASK
+        recent = self.recent_duration.value if self.recent_duration.count else None
+        tiny = recent is not None and recent < TINY_TASK
         depth = LIBRARY_BATCH if tiny else 1
-        # Only libraries with a free slot: a one-slot library blocked writing results
+        # Libraries with a free slot first. A one-slot library blocked writing results
         # while we write inputs would deadlock on the pipe (a library of several slots
-        # keeps reading while its slots write).
+        # keeps reading while its slots write)...
         for lib in [lib for lib in self.libraries if len(lib.sent) < lib.slots]:
-            batch: list[WorkerTask] = []
-            room = lib.slots * depth - len(lib.sent)
-            while self.runnable and len(batch) < room:
-                task = self._next_runnable()
-                if task is None:
-                    break
-                if batch and task.config is not batch[0].config:
-                    self.runnable.appendleft(task.id)  # for the next request
-                    break
-                batch.append(task)
-            if batch:
-                self._send_to_library(lib, batch)
+            self._fill_library(lib, lib.slots * depth - len(lib.sent), None)
             if not self.runnable:
                 return
+        # ...then, for short tasks, one small task queued behind the running one: it fits
+        # in the pipe's buffer, so writing it cannot block, and the library starts it
+        # without waiting for us to hear of the previous one.
+        if tiny or recent is None or recent > SHORT_TASK:
+            return
+        for lib in self.libraries:
+            if lib.slots == 1 and len(lib.sent) == 1 and lib.ready:
+                self._fill_library(lib, 1, QUEUED_REQUEST_BYTES)
+                if not self.runnable:
+                    return
+
+    def _fill_library(self, lib: Library, room: int, max_bytes: int | None) -> None:
+        """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
+        ``max_bytes`` (payloads and inputs) when given."""
+        batch: list[WorkerTask] = []
+        while self.runnable and len(batch) < room:
+            task = self._next_runnable()
+            if task is None:
+                break
+            if (batch and task.config is not batch[0].config) or (
+                max_bytes is not None and self._request_bytes(task) > max_bytes
+            ):
+                self.runnable.appendleft(task.id)  # for the next request
+                break
+            batch.append(task)
+        if batch:
+            self._send_to_library(lib, batch)
+
+    def _request_bytes(self, task: WorkerTask) -> int:
+        return len(task.payload) + sum(self.store.size(dep.task_id) for dep in task.deps)
 
     def _next_runnable(self, queue: deque[int] | None = None) -> WorkerTask | None:
         queue = self.runnable if queue is None else queue
@@ -667,6 +703,11 @@ class Worker:
                 return
 
     def _on_library_reply(self, lib: Library, reply: tuple) -> None:
+        if reply[0] == "ready":
+            lib.ready = True
+            if not self.register_sent and all(other.ready for other in self.libraries):
+                self._register()
+            return
         if lib.sent and lib.sent[0] == reply[1]:
             lib.sent.popleft()
         else:
