@@ -104,3 +104,15 @@ def test_lane_pops_in_sorted_order_across_chunk_splits(values, pops, chunk):
         assert lane.first() is None
     finally:
         matching.CHUNK = old
+
+
+def test_stealing_takes_the_best_of_all_targets_and_its_lane_stays_bounded():
+    q = ReadyQueue()
+    for i in range(100):
+        q.push(("w", i), 1000 - i, target=f"w{i % 10}")
+    assert q.pop_for("idle") == ("w", 99)  # the lowest priority of any worker's lane
+    # Owners taking their own work leave dead entries in the steal lane; they are dropped.
+    for _ in range(20_000):
+        q.push("x", 5, target="w1")
+        assert q.pop_for("w1") in ("x", ("w", 91), ("w", 81), ("w", 71))
+    assert len(q._all) < 2 * len(q) + 4096 + 1

@@ -3,7 +3,9 @@
 Ready tasks wait in one lane for tasks that may run anywhere and one lane per worker for
 tasks that should run where their inputs are. A worker asking for work takes the best of
 its own lane and the shared lane; if both are empty it takes the best task targeted at
-another worker (soft targeting), so no worker idles while work is queued. Removal is lazy:
+another worker (soft targeting), so no worker idles while work is queued. Targeted tasks
+are also in one more lane of all of them, so that taking one is O(1) however many workers
+there are. Removal is lazy:
 each push stamps the item with a fresh ticket, and entries whose ticket is stale are
 skipped when they reach the front.
 
@@ -127,11 +129,14 @@ class Lane:
 class ReadyQueue(Generic[T]):
     """Priority queue of ready items with optional per-worker targets."""
 
-    __slots__ = ("_shared", "_targeted", "_ticket_of", "_item_of", "_tickets")
+    __slots__ = ("_shared", "_targeted", "_all", "_ticket_of", "_item_of", "_tickets")
 
     def __init__(self) -> None:
         self._shared = Lane()
         self._targeted: dict[Hashable, Lane] = {}
+        #: every entry once more, for stealing: a worker with no work of its own takes the
+        #: front here in O(1) instead of comparing the fronts of every worker's lane
+        self._all = Lane()
         self._ticket_of: dict[T, int] = {}  #: live items and their current ticket
         self._item_of: dict[int, T] = {}  #: the same, the other way round
         self._tickets = count()
@@ -151,13 +156,18 @@ class ReadyQueue(Generic[T]):
             del self._item_of[old]
         self._ticket_of[item] = ticket
         self._item_of[ticket] = item
+        entry = priority << TICKET_BITS | ticket
         if target is None:
-            lane = self._shared
-        else:
-            lane = self._targeted.get(target)
-            if lane is None:
-                lane = self._targeted[target] = Lane()
-        lane.push(priority << TICKET_BITS | ticket)
+            self._shared.push(entry)
+            return
+        lane = self._targeted.get(target)
+        if lane is None:
+            lane = self._targeted[target] = Lane()
+        lane.push(entry)
+        steal = self._all
+        steal.push(entry)
+        if steal.size > 2 * len(self._item_of) + 4096:
+            self._compact_steal_lane()
 
     def remove(self, item: T) -> None:
         """Forget ``item`` (no-op if absent); its entry is dropped lazily."""
@@ -201,15 +211,17 @@ class ReadyQueue(Generic[T]):
         return self._lane_to_steal_from()
 
     def _lane_to_steal_from(self) -> Lane | None:
-        best_lane = None
-        best_top = None
-        for target, lane in list(self._targeted.items()):
-            top = self._front(lane)
-            if top is None:
-                del self._targeted[target]
-            elif best_top is None or top < best_top:
-                best_lane, best_top = lane, top
-        return best_lane
+        """The lane of every targeted entry, if any is live (own and shared are empty)."""
+        return self._all if self._front(self._all) is not None else None
+
+    def _compact_steal_lane(self) -> None:
+        """Drop entries taken from their own lanes: without steals nothing else would."""
+        item_of = self._item_of
+        live = Lane()
+        for entry in self._all:
+            if entry & _TICKET_MASK in item_of:
+                live.push(entry)
+        self._all = live
 
     def _front(self, lane: Lane) -> int | None:
         """The live front entry of ``lane``, discarding stale ones."""
