@@ -32,7 +32,6 @@ Data flow::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
@@ -291,7 +290,7 @@ class Manager:
         if not plan.outputs:
             return pack_results(plan.structure, {})
         run = _Run(next(self._run_ids))
-        run.info = RunInfo(run.id, dataclasses.asdict(run_options), len(plan.nodes), started)
+        run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
             run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
         progress = default_enabled() if run_options.progress is None else run_options.progress

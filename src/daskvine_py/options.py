@@ -110,6 +110,11 @@ class RunOptions:
             if path is not None and not isinstance(path, str | os.PathLike):
                 raise ValueError(f"{name} must be a path or None, not {path!r}")
 
+    def as_dict(self) -> dict[str, Any]:
+        """The options by name (shallow: ``dataclasses.asdict`` deep-copies, at some
+        100 µs per call)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:
         known = {f.name for f in fields(cls)}

@@ -137,13 +137,15 @@ class TaskEncoder:
         self.modules: set[str] = set()
         self._buffer = io.BytesIO()
         self._fast = _FastPickler(self._buffer, self)
-        self._pickler = _FunctionExtractingPickler(self._buffer, self)
+        self._pickler: _FunctionExtractingPickler | None = None  # made when first needed
 
     def encode(self, obj: Any) -> tuple[bytes, tuple[FunctionId, ...]]:
         """The payload of ``obj`` and the ids of the functions it references."""
         try:
             return self._dump(self._fast, obj)
         except Exception:  # a local class, a module, ...: cloudpickle writes those
+            if self._pickler is None:
+                self._pickler = _FunctionExtractingPickler(self._buffer, self)
             return self._dump(self._pickler, obj)
 
     def _dump(self, pickler: pickle.Pickler, obj: Any) -> tuple[bytes, tuple[FunctionId, ...]]:
@@ -186,9 +188,7 @@ def modules_of(func: Any) -> set[str]:
     code = getattr(func, "__code__", None)
     namespace = getattr(func, "__globals__", None)
     if code is not None:  # ``import numpy`` inside the body: hoisting pays off most there
-        for instruction in dis.get_instructions(code):
-            if instruction.opname == "IMPORT_NAME" and instruction.argval:
-                found.add(instruction.argval.partition(".")[0])
+        found.update(_imported_by(code))
     if code is not None and namespace is not None:
         for name in code.co_names:
             value = namespace.get(name)
@@ -199,6 +199,17 @@ def modules_of(func: Any) -> set[str]:
                 if isinstance(owner, str):
                     found.add(owner.partition(".")[0])
     return found - _NOT_CANDIDATES
+
+
+@functools.lru_cache(maxsize=4096)
+def _imported_by(code: types.CodeType) -> frozenset[str]:
+    """Top-level modules a code object's own body imports (cached: ``dis`` is slow, and
+    the same functions come back in every ``get``)."""
+    return frozenset(
+        instruction.argval.partition(".")[0]
+        for instruction in dis.get_instructions(code)
+        if instruction.opname == "IMPORT_NAME" and instruction.argval
+    )
 
 
 class TaskDecoder:
