@@ -199,3 +199,37 @@ def test_tiny_tasks_with_large_results_do_not_jam_the_library_pipes(shared_manag
     want = dask.get(dsk, keys)
     assert got[:300] == tuple(want[:300])
     assert all(np.array_equal(a, b) for a, b in zip(got[300:], want[300:], strict=True))
+
+
+def _append_line(path, key, seconds):
+    """A task with a side effect: running it twice would write its line twice."""
+    import time
+
+    time.sleep(seconds)
+    with open(path, "a") as f:
+        f.write(f"{key}\n")
+    return key
+
+
+def test_tasks_with_side_effects_run_exactly_once(manager, tmp_path):
+    """Fresh workers (no duration estimates yet) take uneven work and then take some back
+    for whoever is idle: that must never run a task twice. Dask's disk shuffle relies on
+    it (each shuffle task appends to files), and so do tasks like these."""
+    durations = [0.05 if i % 50 == 49 else 0.0 for i in range(300)]
+    for round in range(4):  # new keys each round: their durations are unknown again
+        path = str(tmp_path / f"log{round}")
+        dsk = {(f"t{round}", i): (_append_line, path, i, d) for i, d in enumerate(durations)}
+        assert sorted(manager.get(dsk, list(dsk))) == list(range(300))
+        with open(path) as f:
+            lines = f.read().split()
+        assert sorted(map(int, lines)) == list(range(300)), f"round {round}"
+
+
+def test_disk_shuffle_groupby_on_fresh_workers(manager):
+    ddf = pd.DataFrame({"key": np.arange(20_000) % 97, "value": np.linspace(0, 1, 20_000)})
+    df = __import__("dask.dataframe", fromlist=["x"]).from_pandas(ddf, npartitions=40)
+    with dask.config.set({"dataframe.shuffle.method": "disk"}):
+        result = df.groupby("key").value.mean(split_out=4)
+        expected = result.compute(scheduler="sync")
+        got = result.compute(scheduler=manager.get)
+    pd.testing.assert_series_equal(got.sort_index(), expected.sort_index())

@@ -61,9 +61,11 @@ def test_idle_workers_take_back_unstarted_tasks_but_not_a_chain():
     st_.handle([s.FromWorker(b"w1", p.TaskDone(done, 8, 1e-5, dumps(0)))], now=0.001)
     assert len(st_.workers[b"w1"].processing) == 3
     out = st_.handle([joined(b"w2")])
-    # w2 is idle and nothing is queued: it takes the newest unstarted task from w1.
-    assert [type(i.message) for i in out] == [p.Cancel, p.Execute]
-    assert out[0].worker == b"w1" and out[1].worker == b"w2"
+    # w2 is idle and nothing is queued: w1 is asked for its newest task back, and once it
+    # says it dropped it unstarted, w2 gets it.
+    assert [(i.worker, type(i.message)) for i in out] == [(b"w1", p.Withdraw)]
+    out = st_.handle([s.FromWorker(b"w1", p.Withdrawn(out[0].message.task_ids))])
+    assert [(i.worker, type(i.message)) for i in out] == [(b"w2", p.Execute)]
 
     chain = s.SchedulerState()
     links = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1)]

@@ -204,6 +204,10 @@ class SimulatedCluster:
         self.done: dict[int, str] = {}
         self.functions: dict[int, object] = {}
         self.executions = 0
+        #: answers the workers owe the state, delivered at the next step
+        self.pending: list = []
+        #: (run id, key) -> times executed: without losses, each task runs exactly once
+        self.runs_of: dict = {}
 
     def apply(self, events):
         for instruction in self.state.handle(events):
@@ -230,6 +234,12 @@ class SimulatedCluster:
         elif type(message) is p.Cancel:
             ids = set(message.task_ids)
             self.queued[worker] = [m for m in self.queued[worker] if m.task_id not in ids]
+        elif type(message) is p.Withdraw:  # unstarted ones come back, answered later
+            ids = set(message.task_ids)
+            dropped = tuple(m.task_id for m in self.queued[worker] if m.task_id in ids)
+            self.queued[worker] = [m for m in self.queued[worker] if m.task_id not in ids]
+            if dropped:
+                self.pending.append(s.FromWorker(worker, p.Withdrawn(dropped)))
 
     def join(self, name: bytes):
         self.stores[name] = {}
@@ -246,6 +256,10 @@ class SimulatedCluster:
         return all(dep.peers is not None or dep.task_id in store for dep in msg.deps)
 
     def step(self):
+        if self.pending:
+            pending, self.pending = self.pending, []
+            self.apply(pending)
+            return
         choices = [(w, i) for w, q in self.queued.items() for i, m in enumerate(q)
                    if self.startable(w, m)]  # fmt: skip
         assert choices, f"deadlock: nothing can start: {self.queued}"
@@ -270,6 +284,7 @@ class SimulatedCluster:
         if fetched:
             events.append(s.FromWorker(worker, p.Replicas(tuple(fetched))))
         self.executions += 1
+        self.runs_of[msg.task_id] = self.runs_of.get(msg.task_id, 0) + 1
         value = (msg.key, tuple(sorted(inputs.items(), key=repr)))
         store[msg.task_id] = value
         ser = dumps(value) if msg.want_result else None
@@ -306,11 +321,13 @@ def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed
         cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
         runs[run_id] = (deps, outputs)
     names = iter(f"w{i}".encode() for i in range(2, 100))
+    lost = False
     for _ in range(10_000):
-        if not any(cluster.queued.values()):
+        if not any(cluster.queued.values()) and not cluster.pending:
             break
         if losses and cluster.rng.random() < 0.05:
             losses -= 1
+            lost = True
             cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
             cluster.join(next(names))
             continue
@@ -318,6 +335,8 @@ def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed
     for run_id, (deps, outputs) in runs.items():
         assert cluster.done.get(run_id) == "done", cluster.done
         assert cluster.outputs.get(run_id, {}) == {k: expected_value(k, deps) for k in outputs}
+    if not lost:  # taking work back for idle workers never runs a task twice
+        assert max(cluster.runs_of.values(), default=1) == 1, cluster.runs_of
     # Nothing left behind: no task records, no data on any worker.
     assert not cluster.state.tasks and not cluster.state.runs
     assert all(not store for store in cluster.stores.values()), cluster.stores
@@ -418,3 +437,24 @@ def test_when_every_worker_is_full_work_goes_on_rather_than_waiting_forever():
     st_.handle([joined(W1), s.FromWorker(W1, p.DiskFull(True))])
     out = st_.handle([s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
     assert sends(out, p.Execute) == [p.Execute(1, "a", b"", (), True)]
+
+
+def test_work_is_taken_back_only_once_its_worker_gave_it_up_unstarted():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
+    tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abc")]
+    out = st_.handle([joined(W1, cores=1), s.SubmitRun(1, tasks, list("abc"), 3)])
+    assert [m.task_id for m in sends(out, p.Execute, worker=W1)] == [1, 2, 3]
+    out = st_.handle([joined(W2, cores=1)])  # idle, and nothing queued: ask W1 for one back
+    assert sends(out) == [p.Withdraw((3,))] and st_.tasks[3].worker.id == W1
+    out = st_.handle([joined(W2, cores=1)])  # asking again would take too much
+    assert not sends(out)
+    out = st_.handle([s.FromWorker(W1, p.Withdrawn((3,)))])
+    assert sends(out, p.Execute, worker=W2) == [p.Execute(3, "c", b"", (), True)]
+    # Had W1 started it, its result would simply count: nothing runs twice.
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
+    st_.handle([joined(W1, cores=1), s.SubmitRun(1, tasks, list("abc"), 3)])
+    st_.handle([joined(W2, cores=1)])
+    value = dumps(3)
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 8, 0.1, value))])
+    assert not sends(out, p.Execute) and any(type(i) is s.RunOutput for i in out)
+    assert sends(out, p.Withdraw) == [p.Withdraw((2,))]  # W2 is still idle: ask for the next

@@ -24,7 +24,7 @@ from .errors import ProtocolError
 from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: First frame of every message of ours.
 MAGIC = b"dvp"
 
@@ -92,6 +92,13 @@ class FetchFailed(NamedTuple):
 
 class Replicas(NamedTuple):
     """Inputs this worker copied from peers and keeps until told to release them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Withdrawn(NamedTuple):
+    """Tasks the worker dropped unstarted when asked to (``Withdraw``): the manager may
+    now run them elsewhere. Tasks already started are not listed; they report as usual."""
 
     task_ids: tuple[TaskId, ...]
 
@@ -177,6 +184,17 @@ class Cancel(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Withdraw(NamedTuple):
+    """Give these tasks back if they have not started (answer: ``Withdrawn``).
+
+    Taking work back for an idle worker must never run a task twice: a task may have
+    side effects (Dask's disk shuffle appends to files), so the manager moves it only
+    once its first worker has confirmed that it dropped it unstarted.
+    """
+
+    task_ids: tuple[TaskId, ...]
+
+
 class Replicate(NamedTuple):
     """Copy this result from one of these peers and keep it (``replicas=k``)."""
 
@@ -201,12 +219,12 @@ class Data(NamedTuple):
 
 
 TO_MANAGER = frozenset(
-    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Transfers, DiskFull,
-     Status, Goodbye}
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Withdrawn, Transfers,
+     DiskFull, Status, Goodbye}
 )  # fmt: skip
 TO_WORKER = frozenset(
-    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Replicate, Heartbeat,
-     Shutdown}
+    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,
+     Heartbeat, Shutdown}
 )  # fmt: skip
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
@@ -220,6 +238,7 @@ _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
     TaskCrashed: (int, str),
     FetchFailed: (int, int, tuple),
     Replicas: (tuple,),
+    Withdrawn: (tuple,),
     Transfers: (tuple,),
     DiskFull: (bool,),
     Status: (int, int, int, int),

@@ -103,7 +103,7 @@ class WorkerLost(NamedTuple):
 
 class FromWorker(NamedTuple):
     """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``,
-    ``Replicas`` or ``DiskFull``."""
+    ``Replicas``, ``Withdrawn`` or ``DiskFull``."""
 
     worker: WorkerId
     message: Any
@@ -276,6 +276,8 @@ class SchedulerState:
         self._full = 0
         #: results brought back after every copy was lost (lineage), since the start
         self.recomputed = 0
+        #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
+        self._withdrawing: set[TaskRecord] = set()
 
     # -- entry point ------------------------------------------------------------------
 
@@ -406,6 +408,8 @@ class SchedulerState:
             self._on_fetch_failed(worker, message)
         elif kind is p.Replicas:
             self._add_replicas(worker, message.task_ids)
+        elif kind is p.Withdrawn:
+            self._on_withdrawn(worker, message.task_ids)
         elif kind is p.DiskFull:
             self._on_disk_full(worker, message.full)
         else:
@@ -549,6 +553,7 @@ class SchedulerState:
         for task in run.tasks.values():
             if task.state == "processing" and task.worker is not None:
                 task.worker.processing.pop(task, None)
+                self._withdrawing.discard(task)
                 cancel.setdefault(task.worker, []).append(task.id)
             elif task.state == "ready":
                 self.queue.remove(task)
@@ -627,22 +632,52 @@ class SchedulerState:
         )
 
     def _steal_for_idle_workers(self) -> None:
-        """Move tasks that wait unstarted behind busy cores to workers with idle cores."""
+        """Ask for tasks that wait unstarted behind busy cores back, for idle cores.
+
+        Only asked (``Withdraw``): a task moves once its worker confirms it dropped it
+        unstarted (``Withdrawn``), so no task ever runs twice because of this.
+        """
         idle = [w for w in self.workers.values() if len(w.processing) < w.cores and not w.full]
         if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
             return  # nobody idle, or nothing waits behind busy cores anywhere
+        wanted = sum(w.cores - len(w.processing) for w in idle) - len(self._withdrawing)
+        if wanted <= 0:
+            return  # enough already asked for
         # Startable tasks beyond a worker's cores are queued there, not running.
         surplus = {w: _startable(w) - w.cores for w in self.workers.values()}
-        for thief in idle:
-            while len(thief.processing) < thief.cores:
-                victim = max(surplus, key=surplus.__getitem__)
-                if surplus[victim] <= 0:
-                    return
-                # The newest startable task there is the least likely to have started.
-                task = next(t for t in reversed(victim.processing) if t.missing == 0)
-                surplus[victim] -= 1
-                self._transition(task, "ready")
-                self._send(victim, p.Cancel((task.id,)))
+        for task in self._withdrawing:
+            if task.worker in surplus:
+                surplus[task.worker] -= 1
+        asked: dict[WorkerRecord, list[int]] = {}
+        for _ in range(wanted):
+            victim = max(surplus, key=surplus.__getitem__)
+            if surplus[victim] <= 0:
+                break
+            # The newest startable task there is the least likely to have started.
+            task = next(
+                t
+                for t in reversed(victim.processing)
+                if t.missing == 0 and t not in self._withdrawing
+            )
+            surplus[victim] -= 1
+            self._withdrawing.add(task)
+            asked.setdefault(victim, []).append(task.id)
+        for victim, ids in asked.items():
+            self._send(victim, p.Withdraw(tuple(ids)))
+
+    def _on_withdrawn(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
+        """Tasks a worker gave back unstarted: queue them for whoever is free."""
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is None or task.state != "processing" or task.worker is not worker:
+                continue
+            self._transition(task, "ready")
+            thief = next(
+                (w for w in self.workers.values()
+                 if w is not worker and not w.full and len(w.processing) < w.cores),
+                None,
+            )  # fmt: skip
+            if thief is not None:  # straight to an idle worker, not back to the queue's front
                 self.queue.remove(task)
                 self._transition(task, "processing", worker=thief)
 
@@ -726,6 +761,7 @@ class SchedulerState:
                 self._transition(dependent, "waiting")
 
     def _unassign(self, task: TaskRecord) -> WorkerRecord | None:
+        self._withdrawing.discard(task)
         worker = task.worker
         if worker is not None:
             worker.processing.pop(task, None)

@@ -406,6 +406,10 @@ class Worker:
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
+        elif kind is p.Withdraw:
+            dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
+            if dropped:
+                self.outbox.append(p.Withdrawn(dropped))
         elif kind is p.Replicate:
             self._on_replicate(msg)
         elif kind is p.Welcome:
@@ -463,10 +467,13 @@ class Worker:
             fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
             self._request_next(fetch, time.monotonic())
 
-    def _cancel(self, task_id: int) -> None:
+    def _cancel(self, task_id: int) -> bool:
+        """Drop a task that has not started; whether it was dropped."""
         task = self.tasks.get(task_id)
         if task is not None and task.state != "running":
             self._drop_task(task)
+            return True
+        return False
 
     def _drop_task(self, task: WorkerTask) -> None:
         self.tasks.pop(task.id, None)
