@@ -134,9 +134,11 @@ class ReadyQueue(Generic[T]):
     def __init__(self) -> None:
         self._shared = Lane()
         self._targeted: dict[Hashable, Lane] = {}
-        #: every entry once more, for stealing: a worker with no work of its own takes the
-        #: front here in O(1) instead of comparing the fronts of every worker's lane
-        self._all = Lane()
+        #: every targeted entry once more, for stealing: a worker with no work of its own
+        #: takes the front here in O(1) instead of comparing the fronts of every worker's
+        #: lane. Built at the first steal and dropped once empty, so that runs that never
+        #: steal do not push twice.
+        self._all: Lane | None = None
         self._ticket_of: dict[T, int] = {}  #: live items and their current ticket
         self._item_of: dict[int, T] = {}  #: the same, the other way round
         self._tickets = count()
@@ -165,9 +167,10 @@ class ReadyQueue(Generic[T]):
             lane = self._targeted[target] = Lane()
         lane.push(entry)
         steal = self._all
-        steal.push(entry)
-        if steal.size > 2 * len(self._item_of) + 4096:
-            self._compact_steal_lane()
+        if steal is not None:
+            steal.push(entry)
+            if steal.size > 2 * len(self._item_of) + 4096:
+                self._compact_steal_lane()
 
     def remove(self, item: T) -> None:
         """Forget ``item`` (no-op if absent); its entry is dropped lazily."""
@@ -212,15 +215,25 @@ class ReadyQueue(Generic[T]):
 
     def _lane_to_steal_from(self) -> Lane | None:
         """The lane of every targeted entry, if any is live (own and shared are empty)."""
-        return self._all if self._front(self._all) is not None else None
+        if self._all is None:
+            if not self._targeted:
+                return None
+            self._compact_steal_lane()
+        steal = self._all
+        if steal is not None and self._front(steal) is not None:
+            return steal
+        self._all = None  # nothing left to steal: stop keeping it
+        return None
 
     def _compact_steal_lane(self) -> None:
-        """Drop entries taken from their own lanes: without steals nothing else would."""
+        """(Re)build the steal lane from the live targeted entries."""
         item_of = self._item_of
         live = Lane()
-        for entry in self._all:
-            if entry & _TICKET_MASK in item_of:
-                live.push(entry)
+        lanes = self._targeted.values() if self._all is None else (self._all,)
+        for lane in lanes:
+            for entry in lane:
+                if entry & _TICKET_MASK in item_of:
+                    live.push(entry)
         self._all = live
 
     def _front(self, lane: Lane) -> int | None:
