@@ -216,3 +216,18 @@ def test_one_worker_with_two_library_processes():
         assert b.compute(scheduler=manager.get) == b.compute(scheduler="sync")
         (info,) = manager.workers.values()
         assert info["cores"] == 2
+
+
+def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
+    """Before it registers (its libraries still importing), a worker has no heartbeat due:
+    its poll waits for the manager rather than spinning at timeout 0."""
+    from daskvine_py.worker import Worker
+
+    worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
+    try:
+        assert not worker.registered and not worker.outbox
+        assert 29_000 <= worker._poll_timeout_ms() <= 30_001
+        worker.registered, worker.last_sent = True, time.monotonic()
+        assert 0 < worker._poll_timeout_ms() <= 1_001  # the next heartbeat
+    finally:
+        worker._close()

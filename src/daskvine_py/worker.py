@@ -320,9 +320,9 @@ class Worker:
         if self.outbox or not self.running:
             return 0
         now = time.monotonic()
-        deadline = min(
-            self.last_sent + self.heartbeat_interval, self.last_contact + self.manager_timeout
-        )
+        deadline = self.last_contact + self.manager_timeout
+        if self.registered:  # heartbeats start with registration; until then, nothing is due
+            deadline = min(deadline, self.last_sent + self.heartbeat_interval)
         for fetch in self.fetches.values():
             deadline = min(deadline, fetch.deadline)
         return max(0, int((deadline - now) * 1000) + 1)
