@@ -16,12 +16,25 @@ def test_a_batch_round_trips_with_large_buffers_out_of_band():
     big = np.arange(1_000_000, dtype="float64")
     batch = [p.TaskDone(1, 8, 0.5, dumps(big)), p.Status(1, 2, 3), p.Replicas((1, 2))]
     frames = p.encode(batch)
-    assert frames[0] == p.MAGIC
-    assert len(frames[1]) < 10_000  # the 8 MB array is not in the header
-    assert sum(memoryview(f).nbytes for f in frames[2:]) >= big.nbytes
+    assert frames[0].startswith(p.MAGIC)
+    assert len(frames[0]) < 10_000  # the 8 MB array is not in the header
+    assert sum(memoryview(f).nbytes for f in frames[1:]) >= big.nbytes
     decoded = p.decode([bytes(f) for f in frames], p.TO_MANAGER)
     assert decoded[1:] == batch[1:]
     np.testing.assert_array_equal(loads(decoded[0].value), big)
+
+
+def test_a_small_batch_is_one_frame():
+    frames = p.encode([p.TaskDone(1, 8, 0.5, dumps(1)), p.Status(1, 2, 3, 4)])
+    assert len(frames) == 1 and not p.zero_copy(frames)
+    assert p.decode(frames, p.TO_MANAGER)[1] == p.Status(1, 2, 3, 4)
+
+
+def test_an_old_worker_registration_is_still_read_to_be_rejected_clearly():
+    """Protocol 3 and older sent the magic as a frame of its own; the manager must read
+    such a registration to answer with a version mismatch rather than drop it."""
+    old = p.Register(3, "old", 1, 0, "h", "tcp://127.0.0.1:1", 1)
+    assert p.decode([p.MAGIC, pickle.dumps([old])], p.TO_MANAGER) == [old]
 
 
 def test_small_values_stay_in_band():
@@ -39,6 +52,10 @@ def test_small_values_stay_in_band():
         [p.MAGIC, pickle.dumps({"not": "a list"})],
         [p.MAGIC, pickle.dumps([1, 2])],
         [p.MAGIC, pickle.dumps([p.Execute(1, "k", b"", (), False)])],  # wrong direction
+        [p.MAGIC + b"garbage"],
+        [p.MAGIC + pickle.dumps([1, 2])],
+        [b"dv" + pickle.dumps([p.Status(1, 2, 3, 4)])],  # truncated magic
+        [p.MAGIC + pickle.dumps([p.Execute(1, "k", b"", (), False)])],  # wrong direction
     ],
 )
 def test_malformed_batches_raise_protocol_error(frames):

@@ -366,13 +366,30 @@ def test_a_run_in_parts_keeps_inputs_for_dependents_still_to_come():
     st_.handle([joined(W1, cores=4), s.SubmitRun(1, first, ["y", "z"], 3)])
     out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
                       s.FromWorker(W1, p.TaskDone(2, 8, 0.1, dumps("y")))])  # fmt: skip
-    # y is delivered but the run is not done (z is owed), and x is kept for z.
+    # y is delivered but the run is not done (z is owed), and x is kept for z. y is an
+    # output nothing reads: its worker kept no copy, so there is nothing to release.
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput]
-    assert st_.tasks[1].state == "memory" and sends(out, p.Release) == [p.Release((2,))]
+    assert st_.tasks[1].state == "memory" and sends(out, p.Release) == []
     out = st_.handle([s.ExtendRun(1, [s.NewTask("z", b"", (), ("x",), 2, "z", 0)])])
-    assert sends(out, p.Execute) == [p.Execute(3, "z", b"", (p.DepLocation(1, "x", ()),), True)]
+    assert sends(out, p.Execute) == [
+        p.Execute(3, "z", b"", (p.DepLocation(1, "x", ()),), True, 0, False)
+    ]
     out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 8, 0.1, dumps("z")))])
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
+    assert sends(out, p.Release) == [p.Release((1,))]
+    assert not st_.tasks
+
+
+def test_only_outputs_that_tasks_read_are_kept_on_workers():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("a", b"", (), (), 0, "a", 1), s.NewTask("b", b"", (), ("a",), 1, "b", 0)]
+    out = st_.handle([joined(W1, cores=1), s.SubmitRun(1, tasks, ["a", "b"], 0)])
+    assert [(m.key, m.keep) for m in sends(out, p.Execute)] == [("a", True), ("b", False)]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, dumps(1)))])
+    assert sends(out, p.Release) == []  # b still reads a
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(2, 8, 0.1, dumps(2)))])
+    assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
+    assert sends(out, p.Release) == [p.Release((1,))]  # a, which b read; never b
     assert not st_.tasks
 
 

@@ -66,6 +66,7 @@ from .report import write_report
 from .rewrite import rewrite_reductions
 from .runinfo import MANAGER, RunInfo
 from .serialize import TaskEncoder, loads
+from .transport import send_batch
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -96,7 +97,7 @@ class _Run:
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
-        self.info = RunInfo(run_id)
+        self.info: RunInfo  # set by ``get`` with the run's options and size
         #: the manager's transfer counts when the run started (I/O thread only)
         self.transfers_before: dict[tuple[str, str], int] = {}
         self.values: dict[Any, Any] = {}
@@ -725,7 +726,7 @@ class Manager:
         try:
             frames = p.encode(messages)
             self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
-            self._router.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
+            send_batch(self._router, frames, ident)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
             self._lose_worker(ident, f"unreachable ({exc})")

@@ -113,11 +113,13 @@ class RunOptions:
     def as_dict(self) -> dict[str, Any]:
         """The options by name (shallow: ``dataclasses.asdict`` deep-copies, at some
         100 µs per call)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in _RUN_OPTION_NAMES}
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:
-        known = {f.name for f in fields(cls)}
+        if not kwargs:
+            return _DEFAULT_RUN_OPTIONS  # frozen; most calls pass no options
+        known = frozenset(_RUN_OPTION_NAMES)
         for name in WORKER_SETTINGS.keys() & kwargs.keys():
             raise TypeError(f"{name} is not an option of get(): {WORKER_SETTINGS[name]}")
         unknown = set(kwargs) - known - IGNORED_DASK_OPTIONS
@@ -137,6 +139,10 @@ class RunOptions:
             and not self.env_vars
             and not self.task_sandbox
         )
+
+
+_RUN_OPTION_NAMES = tuple(f.name for f in fields(RunOptions))
+_DEFAULT_RUN_OPTIONS = RunOptions()
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 Every ZeroMQ message is one batch::
 
-    [MAGIC, header, buffer_0, buffer_1, ...]
+    [MAGIC + header, buffer_0, buffer_1, ...]
 
 ``header`` is a pickled list of the records below; large buffers inside them (the
 out-of-band buffers of a ``Serialized``) travel as the following frames, never copied into
-the header. A batch carries as many operations as accumulated during one loop iteration.
+the header. A small batch is one frame: every frame costs a send call on each side. A
+batch carries as many operations as accumulated during one loop iteration.
 
 Messages are pickles: a port must only be reachable from a trusted network, as with
 ``dask.distributed`` without TLS. What arrives is still checked: a batch that is not ours
@@ -24,8 +25,8 @@ from .errors import ProtocolError
 from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 3
-#: First frame of every message of ours.
+PROTOCOL_VERSION = 4
+#: How the first frame of every message of ours begins.
 MAGIC = b"dvp"
 
 TaskId = int
@@ -151,6 +152,9 @@ class Execute(NamedTuple):
     deps: tuple[DepLocation, ...]
     want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
     run_id: int = 0  #: its run, when the run has a ``RunConfig``; 0: the defaults
+    #: keep the result for later tasks; False for an output nothing else reads (the
+    #: manager then sends no ``Release`` for it)
+    keep: bool = True
 
 
 class RunConfig(NamedTuple):
@@ -260,7 +264,7 @@ def encode(messages: Sequence[Any]) -> list[Any]:
     """Frames of one batch; out-of-band buffers become frames of their own."""
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps(list(messages), protocol=5, buffer_callback=buffers.append)
-    return [MAGIC, header, *(b.raw() for b in buffers)]
+    return [MAGIC + header, *(b.raw() for b in buffers)]
 
 
 def zero_copy(frames: Sequence[Any]) -> bool:
@@ -269,15 +273,21 @@ def zero_copy(frames: Sequence[Any]) -> bool:
     ZeroMQ's zero-copy sends cost bookkeeping (measured here: 20 µs per small message,
     against 13 µs copied); a batch of records alone is small, so it is copied.
     """
-    return len(frames) > 2
+    return len(frames) > 1
 
 
 def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
     """The records of one batch, or ``ProtocolError`` if it is not a valid batch."""
-    if len(frames) < 2 or bytes(frames[0]) != MAGIC:
+    first = memoryview(frames[0]) if frames else memoryview(b"")
+    if first[: len(MAGIC)] != MAGIC:
         raise ProtocolError(f"not a daskvine_py message ({len(frames)} frames)")
+    header, buffers = first[len(MAGIC) :], frames[1:]
+    if not header and len(frames) > 1:
+        # Protocol 3 and older sent the magic as a frame of its own: reading that layout
+        # lets an old worker's registration be rejected with a clear version mismatch.
+        header, buffers = frames[1], frames[2:]
     try:
-        messages = pickle.loads(frames[1], buffers=frames[2:])
+        messages = pickle.loads(header, buffers=buffers)
     except Exception as exc:
         raise ProtocolError(f"undecodable message header: {exc!r}") from exc
     if type(messages) is not list:

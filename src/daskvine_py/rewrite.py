@@ -155,6 +155,8 @@ def rewrite_reductions(
         raise ValueError(f"arity must be an integer >= 2 or None, not {arity!r}")
     if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 2:
         raise ValueError(f"threshold must be an integer >= 2, not {threshold!r}")
+    if len(nodes) <= threshold:  # too small to hold a reduction of ``threshold`` inputs
+        return dict(nodes), dict(dependencies)
     known = _Known()
     # Light legacy tasks (graph.LegacyCall) are left unconverted; those calling a known or
     # marked function may be reductions and become Tasks here.

@@ -18,7 +18,8 @@ raises ``InvalidTransition``::
 - waiting: some input is not in memory.
 - ready: all inputs are in memory somewhere; queued in the ``ReadyQueue``.
 - processing: sent to a worker (queued there, fetching inputs, or running).
-- memory: the result exists on at least one worker (``who_has``).
+- memory: the result exists on at least one worker (``who_has``); an output no task
+  reads passes through with no copy kept (its value went to the manager).
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
 
 Two counters make completion and release O(edges):
@@ -199,8 +200,8 @@ class RunRecord:
 class TaskRecord:
     __slots__ = (
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
-        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "delivered",
-        "attempts", "prefix", "sent_at", "sent_idle", "functions",
+        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
+        "delivered", "attempts", "prefix", "sent_at", "sent_idle", "functions",
     )  # fmt: skip
 
     def __init__(
@@ -235,6 +236,8 @@ class TaskRecord:
         #: the worker it is processing on
         self.worker: WorkerRecord | None = None
         self.is_output = False
+        #: an output no task of its run reads: its worker sends the value and keeps no copy
+        self.unread = False
         #: the value reached the manager (outputs only)
         self.delivered = False
         #: runs that ended in a crash or a lost worker
@@ -329,6 +332,7 @@ class SchedulerState:
             record.is_output = new.key in run.outputs
             if new.dependents is not None:
                 record.waiters = new.dependents
+                record.unread = record.is_output and not new.dependents
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))
@@ -740,8 +744,12 @@ class SchedulerState:
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(p.DepLocation(dep.id, dep.key, _peers(dep, worker)) for dep in task.deps)
         self._send(
-            worker, p.Execute(task.id, task.key, task.payload, deps, task.is_output, config_id)
-        )
+            worker,
+            p.Execute(
+                task.id, task.key, task.payload, deps, task.is_output, config_id,
+                not task.unread,
+            ),
+        )  # fmt: skip
 
     def _processing_to_ready(self, task: TaskRecord) -> None:
         self._unassign(task)
@@ -770,8 +778,9 @@ class SchedulerState:
 
     def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self._unassign(task)
-        task.who_has.add(worker)
-        worker.has_what.add(task)
+        if not task.unread:  # an unread output is not kept: nothing to release later
+            task.who_has.add(worker)
+            worker.has_what.add(task)
         for dependent in task.dependents:
             dependent.missing -= 1
             if dependent.missing == 0:

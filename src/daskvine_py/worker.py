@@ -58,6 +58,7 @@ from .errors import ProtocolError
 from .fetching import Fetch, TransferSlots
 from .saturation import Ema
 from .store import Store
+from .transport import send_batch
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
 logger = logging.getLogger("daskvine_py.worker")
@@ -81,7 +82,9 @@ MAX_RUN_CONFIGS = 256
 
 
 class WorkerTask:
-    __slots__ = ("id", "key", "payload", "deps", "want_result", "missing", "state", "config")
+    __slots__ = (
+        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config"
+    )  # fmt: skip
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
         self.id = msg.task_id
@@ -89,6 +92,7 @@ class WorkerTask:
         self.payload = msg.payload
         self.deps = msg.deps
         self.want_result = msg.want_result
+        self.keep = msg.keep
         #: inputs not yet in the local store
         self.missing: set[int] = set()
         self.state = "fetching"  # -> "queued" -> "running"
@@ -364,11 +368,11 @@ class Worker:
         if self.outbox:
             frames = p.encode(self.outbox)
             self.outbox = []
-            self.manager.send_multipart(frames, copy=not p.zero_copy(frames))
+            send_batch(self.manager, frames)
             self.last_sent = time.monotonic()
         if self.peer_outbox:
             for address, ids in self.peer_outbox.items():
-                self._peer_client(address).send_multipart(p.encode([p.GetData(tuple(ids))]))
+                send_batch(self._peer_client(address), p.encode([p.GetData(tuple(ids))]))
             self.peer_outbox = {}
 
     # -- the manager ------------------------------------------------------------------
@@ -556,7 +560,7 @@ class Worker:
                 for task_id in request.task_ids
             ]
             frames = p.encode(replies)
-            self.peer_server.send_multipart([ident, *frames], copy=not p.zero_copy(frames))
+            send_batch(self.peer_server, frames, ident)
 
     def _drain_peer_client(self, sock: zmq.Socket) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -729,7 +733,8 @@ class Worker:
         if reply[0] == "done":
             _, task_id, value, duration = reply
             self.recent_duration.observe(duration)
-            self.store.put(task_id, value)
+            if task.keep:
+                self.store.put(task_id, value)
             waiters = self.local_waiters.pop(task_id, None)
             if waiters:
                 self._input_arrived(task_id, waiters)
