@@ -165,3 +165,32 @@ def test_task_encoder_round_trips_what_plain_pickle_cannot_write():
 
 def _identity(x):
     return x
+
+
+def test_module_functions_are_pickled_once_per_process_closures_every_time(monkeypatch):
+    """A function pickled by name cannot change, so later gets reuse its bytes; a closure
+    is pickled by value, so a changed captured value is never served from a cache."""
+    import cloudpickle
+
+    from daskvine_py import serialize
+    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+
+    calls = []
+    real = cloudpickle.dumps
+    monkeypatch.setattr(
+        serialize.cloudpickle, "dumps", lambda f, **k: calls.append(f) or real(f, **k)
+    )
+    monkeypatch.setattr(serialize, "_BY_REFERENCE", {})
+    ids = {TaskEncoder().function_id(_scale) for _ in range(3)}
+    assert len(ids) == 1 and calls == [_scale]
+
+    def closure_over(n):
+        return lambda x: x + n
+
+    decoder = TaskDecoder()
+    for n in (1, 2):
+        encoder = TaskEncoder()
+        fid = encoder.function_id(closure_over(n))
+        decoder.add_functions(encoder.functions)
+        assert decoder.function(fid)(10) == 10 + n
+    assert len(calls) == 3
