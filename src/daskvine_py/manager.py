@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -66,7 +67,7 @@ from .report import write_report
 from .rewrite import rewrite_reductions
 from .runinfo import MANAGER, RunInfo
 from .serialize import TaskEncoder, loads
-from .transport import send_batch
+from .transport import has_more, send_batch
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -440,7 +441,8 @@ class Manager:
         running = True
         while running:
             timeout = 0 if self._outboxes else max(0.0, next_timer - time.monotonic())
-            for sock, _ in poller.poll(timeout * 1000):
+            # Whole milliseconds, rounded up: a fraction would be cut to 0 and spin.
+            for sock, _ in poller.poll(math.ceil(timeout * 1000)):
                 if sock is self._router:
                     self._drain_router()
                 else:
@@ -521,6 +523,8 @@ class Manager:
                 if kind is p.Register:
                     continue
                 self._events.append(s.FromWorker(ident, message))
+            if not has_more(router):
+                return
 
     def _count(self, source: str, destination: str, nbytes: int) -> None:
         pair = (source, destination)

@@ -58,7 +58,7 @@ from .errors import ProtocolError
 from .fetching import Fetch, TransferSlots
 from .saturation import Ema
 from .store import Store
-from .transport import send_batch
+from .transport import has_more, send_batch
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
 logger = logging.getLogger("daskvine_py.worker")
@@ -391,6 +391,8 @@ class Worker:
                 continue
             for message in messages:
                 self._on_manager_message(message)
+            if not has_more(self.manager):
+                return
 
     def _on_manager_message(self, msg: Any) -> None:
         kind = type(msg)
