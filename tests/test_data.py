@@ -89,6 +89,21 @@ def test_a_task_with_many_inputs_on_one_peer_fetches_them_all_in_bounded_batches
     assert moved >= 20 * 160_000  # the inputs held by the other worker came over
 
 
+def test_a_tree_of_small_partial_results_moves_nothing_between_peers(shared_manager):
+    """Small results ride inside TaskDone and Execute: the partial sums of a bag reduce
+    across both workers without a single fetch from a peer."""
+    import dask.bag as db
+
+    total = db.from_sequence(range(2_000), npartitions=200).map(lambda x: x * 3).sum()
+    assert dask.compute(total, scheduler=shared_manager.get) == dask.compute(
+        total, scheduler="sync"
+    )
+    transfers = shared_manager.last_run.transfers
+    assert not {pair: v for pair, v in transfers.items() if MANAGER not in pair}, transfers
+    inline = {dst: v for (src, dst), v in transfers.items() if src == MANAGER}
+    assert inline and all(v > 0 for v in inline.values()), transfers  # partials came inline
+
+
 def test_a_popular_result_feeds_many_tasks_on_both_workers(shared_manager):
     dsk = {"p": (block, 1, 2)}
     dsk.update({f"u{i}": (dot, "p", f"v{i}") for i in range(60)})

@@ -129,6 +129,29 @@ def test_lost_worker_recomputes_exactly_the_lost_results():
     assert st_.tasks[1].state == "processing" and st_.tasks[3].state == "waiting"
 
 
+def test_small_inputs_travel_inside_execute_large_ones_from_peers():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("small", b"", (), (), 0, "small", 1),
+             s.NewTask("large", b"", (), (), 1, "large", 1),
+             s.NewTask("y", b"", (), ("small", "large"), 2, "y", 0)]  # fmt: skip
+    out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
+    holder = {m.key: w for w in (W1, W2) for m in sends(out, p.Execute, worker=w)}
+    assert holder["small"] != holder["large"]
+    small, large = dumps(7), 50 * 2**20
+    out = st_.handle([s.FromWorker(holder["small"], p.TaskDone(1, 30, 0.1, small)),
+                      s.FromWorker(holder["large"], p.TaskDone(2, large, 0.1, None))])  # fmt: skip
+    # y goes where the 50 MB input is; the small one comes inside the Execute.
+    (execute,) = sends(out, p.Execute, worker=holder["large"])
+    assert execute.key == "y"
+    by_key = {d.key: d for d in execute.deps}
+    assert by_key["small"].value is small and by_key["large"] == p.DepLocation(2, "large", ())
+    out = st_.handle([s.FromWorker(holder["large"], p.TaskDone(3, 8, 0.1, dumps(0)))])
+    # The inline copy was never held by y's worker: nothing to release there for it.
+    assert sorted(sends(out, p.Release, worker=holder["large"])) == [p.Release((2,))]
+    assert sends(out, p.Release, worker=holder["small"]) == [p.Release((1,))]
+    assert not st_.tasks
+
+
 def test_lost_worker_with_running_tasks_requeues_them():
     st_ = s.SchedulerState()
     st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
@@ -253,7 +276,10 @@ class SimulatedCluster:
 
     def startable(self, worker, msg):
         store = self.stores[worker]
-        return all(dep.peers is not None or dep.task_id in store for dep in msg.deps)
+        return all(
+            dep.value is not None or dep.peers is not None or dep.task_id in store
+            for dep in msg.deps
+        )
 
     def step(self):
         if self.pending:
@@ -270,6 +296,9 @@ class SimulatedCluster:
         events = []
         fetched = []
         for dep in msg.deps:
+            if dep.value is not None:  # a small input sent inside the Execute
+                inputs[dep.key] = loads(dep.value)
+                continue
             if dep.task_id in store:
                 inputs[dep.key] = store[dep.task_id]
                 continue
@@ -286,8 +315,13 @@ class SimulatedCluster:
         self.executions += 1
         self.runs_of[msg.task_id] = self.runs_of.get(msg.task_id, 0) + 1
         value = (msg.key, tuple(sorted(inputs.items(), key=repr)))
-        store[msg.task_id] = value
-        ser = dumps(value) if msg.want_result else None
+        if msg.keep:
+            store[msg.task_id] = value
+        ser = dumps(value)
+        # Small results go back inline (as real workers do) half the time here, so both
+        # inline inputs and fetches from peers are exercised.
+        if not msg.want_result and not (p.inlinable(ser) and self.rng.random() < 0.5):
+            ser = None
         events.append(s.FromWorker(worker, p.TaskDone(msg.task_id, 8, 0.001, ser)))
         self.apply(events)
 

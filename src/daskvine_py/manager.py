@@ -709,6 +709,10 @@ class Manager:
 
     def _settle_transfers(self, run: _Run) -> None:
         """The bytes moved while ``run`` went on (runs at the same time share them)."""
+        for worker in self._state.workers.values():  # small inputs sent inside Execute
+            if worker.inlined_bytes:
+                self._count(MANAGER, worker.name, worker.inlined_bytes)
+                worker.inlined_bytes = 0
         before = run.transfers_before
         moved = {
             pair: nbytes - before.get(pair, 0)

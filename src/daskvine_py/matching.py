@@ -188,21 +188,21 @@ class ReadyQueue(Generic[T]):
             if entry & _TICKET_MASK in item_of:
                 self._shared.push(entry)
 
-    def pop_for(self, worker: Hashable) -> T | None:
-        """The best item for ``worker``: its own or shared work, else another's."""
-        lane = self._lane_for(worker)
+    def pop_for(self, worker: Hashable, steal: bool = True) -> T | None:
+        """The best item for ``worker``: its own or shared work, else (``steal``) another's."""
+        lane = self._lane_for(worker, steal)
         if lane is None:
             return None
         item = self._item_of.pop(lane.pop() & _TICKET_MASK)
         del self._ticket_of[item]
         return item
 
-    def peek_for(self, worker: Hashable) -> T | None:
-        """What ``pop_for(worker)`` would return, left in the queue."""
-        lane = self._lane_for(worker)
+    def peek_for(self, worker: Hashable, steal: bool = True) -> T | None:
+        """What ``pop_for(worker, steal)`` would return, left in the queue."""
+        lane = self._lane_for(worker, steal)
         return None if lane is None else self._item_of[lane.first() & _TICKET_MASK]
 
-    def _lane_for(self, worker: Hashable) -> Lane | None:
+    def _lane_for(self, worker: Hashable, steal: bool = True) -> Lane | None:
         """The lane whose live front is the best item for ``worker``, if any."""
         own = self._targeted.get(worker)
         own_top = self._front(own) if own is not None else None
@@ -211,7 +211,7 @@ class ReadyQueue(Generic[T]):
             return own
         if shared_top is not None:
             return self._shared
-        return self._lane_to_steal_from()
+        return self._lane_to_steal_from() if steal else None
 
     def _lane_to_steal_from(self) -> Lane | None:
         """The lane of every targeted entry, if any is live (own and shared are empty)."""

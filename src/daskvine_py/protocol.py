@@ -26,6 +26,11 @@ from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
 PROTOCOL_VERSION = 4
+#: Results this small (pickled, nothing out of band) ride along with ``TaskDone`` to the
+#: manager, which hands them to the tasks that read them inside ``Execute``: a tree of
+#: small partial results moves no data between peers (a fetch costs two messages and two
+#: wake-ups on each side), for a few hundred bytes through the manager per result.
+INLINE_BYTES = 1024
 #: How the first frame of every message of ours begins.
 MAGIC = b"dvp"
 
@@ -37,11 +42,14 @@ class DepLocation(NamedTuple):
 
     ``peers`` is ``()`` when the worker holds the input, and ``None`` when the worker is
     computing it (the task was sent ahead, to start as soon as the input is ready).
+    ``value`` is the input itself when it is small (see ``INLINE_BYTES``) and the worker
+    does not hold it: no fetch from a peer, and the worker keeps no copy.
     """
 
     task_id: TaskId
     key: Hashable
     peers: tuple[str, ...] | None
+    value: Serialized | None = None
 
 
 # -- worker -> manager ----------------------------------------------------------------
@@ -61,7 +69,8 @@ class TaskDone(NamedTuple):
     task_id: TaskId
     nbytes: int
     duration: float
-    value: Serialized | None  #: the result itself, only when the manager asked for it
+    #: the result itself: when the manager asked for it (outputs) or when it is small
+    value: Serialized | None
     #: the worker's ``time.time()`` when the result arrived from the library (0: unknown),
     #: for the per-worker timeline of the performance report
     finished: float = 0.0
@@ -248,6 +257,11 @@ _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
     Status: (int, int, int, int),
     Goodbye: (str,),
 }
+
+
+def inlinable(value: Serialized) -> bool:
+    """Whether a result is small enough to travel inside ``TaskDone`` and ``Execute``."""
+    return not value.buffers and len(value.header) <= INLINE_BYTES
 
 
 def check_fields(message: Any) -> None:

@@ -144,7 +144,7 @@ class RunFailed(NamedTuple):
 class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs",
+        "functions", "full", "configs", "inlined_bytes",
     )  # fmt: skip
 
     def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
@@ -164,6 +164,8 @@ class WorkerRecord:
         self.has_what: set[TaskRecord] = set()
         #: its store has no room left (``DiskFull``): it gets no new work meanwhile
         self.full = False
+        #: bytes of inputs sent to it inside ``Execute`` (counted as moved from the manager)
+        self.inlined_bytes = 0
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
@@ -201,7 +203,7 @@ class TaskRecord:
     __slots__ = (
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
-        "delivered", "attempts", "prefix", "sent_at", "sent_idle", "functions",
+        "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
     )  # fmt: skip
 
     def __init__(
@@ -233,6 +235,9 @@ class TaskRecord:
         self.waiters = 0
         self.who_has: set[WorkerRecord] = set()
         self.nbytes = 0
+        #: the result itself while in memory, when small (``protocol.inlinable``): tasks
+        #: on other workers get it inside their ``Execute`` instead of fetching it
+        self.value: p.Serialized | None = None
         #: the worker it is processing on
         self.worker: WorkerRecord | None = None
         self.is_output = False
@@ -427,6 +432,8 @@ class SchedulerState:
                 self._send(worker, p.Release((msg.task_id,)))
             return
         task.nbytes = msg.nbytes
+        if msg.value is not None and task.waiters and p.inlinable(msg.value):
+            task.value = msg.value
         self.durations.observe(task.prefix, msg.duration)
         if task.sent_idle:
             worker.round_trip.observe(max(0.0, self.now - task.sent_at - msg.duration))
@@ -584,26 +591,30 @@ class SchedulerState:
     def _dispatch(self) -> None:
         """Give ready tasks to workers below their saturation, one per worker per round.
 
-        Then, if cores are idle and no task is queued here, take back tasks that wait
+        Workers first take their own (targeted) and untargeted work, and only then work
+        targeted elsewhere: when both are free, a task runs where its inputs are. Then,
+        if cores are idle and no task is queued here, take back tasks that wait
         unstarted on a worker with more tasks than cores.
         """
-        hungry = list(self.workers.values())
+        workers = list(self.workers.values())
         if self._full:
             # When every worker is full, waiting for room could wait forever: overflow.
-            hungry = [w for w in hungry if not w.full] or hungry
-        while hungry and self.queue:
-            still_hungry = []
-            for worker in hungry:
-                task = self.queue.peek_for(worker.id)
-                if task is None:
-                    return
-                if len(worker.processing) >= worker.cores + self._extra(worker, task):
-                    continue
-                self.queue.pop_for(worker.id)
-                self._transition(task, "processing", worker=worker)
-                self._send_ahead(task, worker)
-                still_hungry.append(worker)
-            hungry = still_hungry
+            workers = [w for w in workers if not w.full] or workers
+        for steal in (False, True):
+            hungry = workers
+            while hungry and self.queue:
+                still_hungry = []
+                for worker in hungry:
+                    task = self.queue.peek_for(worker.id, steal)
+                    if task is None:
+                        continue
+                    if len(worker.processing) >= worker.cores + self._extra(worker, task):
+                        continue
+                    self.queue.pop_for(worker.id, steal)
+                    self._transition(task, "processing", worker=worker)
+                    self._send_ahead(task, worker)
+                    still_hungry.append(worker)
+                hungry = still_hungry
         if not self.queue:
             self._steal_for_idle_workers()
 
@@ -742,7 +753,7 @@ class SchedulerState:
             if fid not in worker.functions:
                 worker.functions.add(fid)
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
-        deps = tuple(p.DepLocation(dep.id, dep.key, _peers(dep, worker)) for dep in task.deps)
+        deps = tuple(_location(dep, worker) for dep in task.deps)
         self._send(
             worker,
             p.Execute(
@@ -800,6 +811,7 @@ class SchedulerState:
 
     def _memory_to_released(self, task: TaskRecord) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""
+        task.value = None
         for holder in task.who_has:
             holder.has_what.discard(task)
             if holder.id in self.workers:
@@ -846,6 +858,14 @@ def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
 
 def _startable(worker: WorkerRecord) -> int:
     return sum(1 for task in worker.processing if task.missing == 0)
+
+
+def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
+    """Where ``worker`` finds an input of a task: inline when small and not held there."""
+    if dep.value is not None and worker not in dep.who_has:
+        worker.inlined_bytes += len(dep.value.header)
+        return p.DepLocation(dep.id, dep.key, (), dep.value)
+    return p.DepLocation(dep.id, dep.key, _peers(dep, worker))
 
 
 def _peers(dep: TaskRecord, worker: WorkerRecord) -> tuple[str, ...] | None:

@@ -435,7 +435,7 @@ class Worker:
         task = WorkerTask(msg, self.run_configs.get(msg.run_id))
         now = time.monotonic()
         for dep in msg.deps:
-            if dep.task_id in self.store:
+            if dep.value is not None or dep.task_id in self.store:
                 continue
             if dep.peers is None:  # being computed here: start when it is done
                 task.missing.add(dep.task_id)
@@ -672,7 +672,10 @@ class Worker:
             self._send_to_library(lib, batch)
 
     def _request_bytes(self, task: WorkerTask) -> int:
-        return len(task.payload) + sum(self.store.size(dep.task_id) for dep in task.deps)
+        return len(task.payload) + sum(
+            dep.value.nbytes if dep.value is not None else self.store.size(dep.task_id)
+            for dep in task.deps
+        )
 
     def _next_runnable(self, queue: deque[int] | None = None) -> WorkerTask | None:
         queue = self.runnable if queue is None else queue
@@ -681,7 +684,7 @@ class Worker:
             if task is None or task.state != "queued":
                 continue
             for dep in task.deps:
-                if dep.task_id not in self.store:
+                if dep.value is None and dep.task_id not in self.store:
                     self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
                     self._drop_task(task)
                     break
@@ -694,7 +697,7 @@ class Worker:
         for task in batch:
             task.state = "running"
             lib.sent.append(task.id)
-            inputs = [(dep.key, self.store.get(dep.task_id)) for dep in task.deps]
+            inputs = [(dep.key, self._input(dep)) for dep in task.deps]
             calls.append((task.id, task.key, task.payload, inputs))
         functions = [(fid, self.functions[fid]) for fid in lib.unsent]
         lib.unsent = []
@@ -702,6 +705,10 @@ class Worker:
             library.send(lib.conn, ("run", functions, batch[0].config, calls))
         except OSError:
             self._on_library_death(lib)
+
+    def _input(self, dep: p.DepLocation) -> Any:
+        """An input's value: inline in the ``Execute`` (small ones), else in the store."""
+        return dep.value if dep.value is not None else self.store.get(dep.task_id)
 
     def _on_library_readable(self, lib: Library) -> None:
         """Take every reply the library has written so far."""
@@ -745,7 +752,7 @@ class Worker:
                     task_id,
                     value.nbytes,
                     duration,
-                    value if task.want_result else None,
+                    value if task.want_result or p.inlinable(value) else None,
                     time.time(),
                 )
             )
@@ -800,7 +807,7 @@ class Worker:
         self._write_functions()
         directory = os.path.join(self.tasks_dir, f"task-{task.id}")
         os.makedirs(directory, exist_ok=True)
-        inputs = [(dep.key, self.store.get(dep.task_id)) for dep in task.deps]
+        inputs = [(dep.key, self._input(dep)) for dep in task.deps]
         call = (task.id, task.key, task.payload, inputs)
         with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
             pickle.dump(
