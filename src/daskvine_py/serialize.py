@@ -105,10 +105,19 @@ class _FunctionExtractingPickler(cloudpickle.Pickler):
         return None
 
 
+def resident(fid: FunctionId) -> Any:
+    """Stands in, in a payload, for the function ``fid`` of the table: a ``TaskDecoder``
+    resolves it (``find_class``); unpickled anywhere else, it fails clearly."""
+    raise pickle.UnpicklingError(f"function {fid.hex()} outside a task decoder")
+
+
 class _FastPickler(pickle.Pickler):
     """The C pickler with the same function table: tasks are mostly tuples, keys and
     numbers, which it writes several times faster than cloudpickle's pickler.
 
+    Functions are written as ``resident(fid)`` from ``reducer_override``, which the C
+    pickler calls only for objects that are not numbers, strings or plain containers
+    (a ``persistent_id`` hook would be called for every object of every payload).
     Classes defined in ``__main__`` go into the table too (cloudpickle writes them by
     value there); anything else it cannot write makes the encoder retry with cloudpickle.
     """
@@ -117,11 +126,15 @@ class _FastPickler(pickle.Pickler):
         super().__init__(file, protocol=5)
         self.encoder = encoder
 
-    def persistent_id(self, obj: Any) -> FunctionId | None:
+    def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind in _CALLABLES_BY_TABLE or (kind is type and obj.__module__ == "__main__"):
-            return self.encoder.function_id(obj)
-        return None
+        if kind in _CALLABLES_BY_TABLE:
+            if obj is resident:
+                return NotImplemented  # the stand-in itself: written by name
+            return resident, (self.encoder.function_id(obj),)
+        if kind is type and obj.__module__ == "__main__":
+            return resident, (self.encoder.function_id(obj),)
+        return NotImplemented
 
 
 class TaskEncoder:
@@ -258,6 +271,18 @@ class TaskDecoder:
         return func
 
     def decode(self, payload: bytes) -> Any:
-        unpickler = pickle.Unpickler(io.BytesIO(payload))
+        unpickler = _TaskUnpickler(io.BytesIO(payload))
+        unpickler.decoder = self
         unpickler.persistent_load = self.function  # type: ignore[method-assign]
         return unpickler.load()
+
+
+class _TaskUnpickler(pickle.Unpickler):
+    """Resolves ``resident(fid)`` in payloads to the decoder's functions."""
+
+    decoder: TaskDecoder
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "resident" and module == __name__:
+            return self.decoder.function
+        return super().find_class(module, name)
