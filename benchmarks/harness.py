@@ -381,6 +381,17 @@ def table(results: Sequence[Result], repeat: int) -> str:
     return "\n".join(lines)
 
 
+def sleep_overshoot(calls: int = 200) -> float:
+    """What ``time.sleep(0.001)`` takes here (median): sleep1ms cannot beat it, so its
+    efficiency is at most 1 ms / this on any system."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        time.sleep(0.001)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -388,6 +399,7 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_start": os.getloadavg(),
+        "sleep_1ms_s": sleep_overshoot(),
     }
     with contextlib.suppress(OSError):
         cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -548,7 +560,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\n{info.get('cpu')}, {info['cpus']} cpus, load {info['loadavg_start'][0]:.2f} "
         f"at start; dask {info['versions'].get('dask')}; {profile} sizes; "
-        f"{info['elapsed_s']:.0f} s in all, load {info['loadavg_end'][0]:.2f} at the end"
+        f"{info['elapsed_s']:.0f} s in all, load {info['loadavg_end'][0]:.2f} at the end; "
+        f"time.sleep(1 ms) takes {info['sleep_1ms_s'] * 1e3:.3f} ms here, so sleep1ms "
+        f"efficiency is at most {0.001 / info['sleep_1ms_s']:.2f}"
     )
     if results:
         print(table(results, args.repeat))
