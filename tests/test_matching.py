@@ -116,3 +116,33 @@ def test_stealing_takes_the_best_of_all_targets_and_its_lane_stays_bounded():
         q.push("x", 5, target="w1")
         assert q.pop_for("w1") in ("x", ("w", 91), ("w", 81), ("w", 71))
     assert q._all is None or len(q._all) < 2 * len(q) + 4096 + 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 9), st.sampled_from(
+    ["w1", "w2", "w3", None]), st.sampled_from(["push", "pop", "steal", "remove"])),
+    max_size=300))  # fmt: skip
+def test_a_steal_always_takes_the_best_task_of_any_lane(ops):
+    """Against a model: a worker with nothing of its own or shared takes the task of
+    lowest priority (then oldest) among everyone's targeted work."""
+    q = ReadyQueue()
+    model: dict = {}  # item -> (priority, push order, target)
+    for n, (item, prio, target, op) in enumerate(ops):
+        if op == "push":
+            q.push(item, prio, target)
+            model[item] = (prio, n, target)
+        elif op == "remove" and model:
+            gone = sorted(model)[item % len(model)]
+            q.remove(gone)
+            del model[gone]
+        elif op == "pop":  # w1 takes its own or shared work, if any
+            mine = [k for k, v in model.items() if v[2] in ("w1", None)]
+            got = q.pop_for("w1", steal=False)
+            expected = min(mine, key=lambda k: model[k][:2]) if mine else None
+            assert got == expected
+            model.pop(got, None)
+        elif op == "steal" and not any(v[2] in ("idle", None) for v in model.values()):
+            got = q.pop_for("idle")
+            expected = min(model, key=lambda k: model[k][:2]) if model else None
+            assert got == expected
+            model.pop(got, None)
