@@ -220,7 +220,7 @@ class ReadyQueue(Generic[T]):
                 return None
             self._compact_steal_lane()
         steal = self._all
-        if steal is not None and self._front(steal) is not None:
+        if self._front(steal) is not None:
             return steal
         self._all = None  # nothing left to steal: stop keeping it
         return None

@@ -6,7 +6,7 @@ travel as their own ZeroMQ frames and are never copied into a message header.
 
 Tasks: ``TaskEncoder`` pickles a run's tasks with every Python function (and partial, and
 bound method) taken out into a function table, named by the hash of its cloudpickle bytes.
-A task's payload then holds only references (``persistent_id``), so each function, with
+A task's payload then holds only references (``resident(fid)``), so each function, with
 whatever it closes over, travels once per worker and is deserialized once per library
 process (``TaskDecoder``), however many tasks call it.
 """
@@ -92,34 +92,31 @@ def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
 _CALLABLES_BY_TABLE = (types.FunctionType, functools.partial, types.MethodType)
 
 
-class _FunctionExtractingPickler(cloudpickle.Pickler):
-    """cloudpickle that writes Python functions as references into a function table."""
-
-    def __init__(self, file: io.BytesIO, encoder: TaskEncoder) -> None:
-        super().__init__(file, protocol=5)
-        self.encoder = encoder
-
-    def persistent_id(self, obj: Any) -> FunctionId | None:
-        if type(obj) in _CALLABLES_BY_TABLE:
-            return self.encoder.function_id(obj)
-        return None
-
-
 def resident(fid: FunctionId) -> Any:
     """Stands in, in a payload, for the function ``fid`` of the table: a ``TaskDecoder``
     resolves it (``find_class``); unpickled anywhere else, it fails clearly."""
     raise pickle.UnpicklingError(f"function {fid.hex()} outside a task decoder")
 
 
-class _FastPickler(pickle.Pickler):
-    """The C pickler with the same function table: tasks are mostly tuples, keys and
-    numbers, which it writes several times faster than cloudpickle's pickler.
+def _into_table(encoder: TaskEncoder, obj: Any) -> tuple | None:
+    """``resident(fid)`` for what goes into the function table: functions, partials and
+    bound methods, and classes of ``__main__`` (which cloudpickle writes by value)."""
+    kind = type(obj)
+    if (kind in _CALLABLES_BY_TABLE and obj is not resident) or (
+        kind is type and obj.__module__ == "__main__"
+    ):
+        return resident, (encoder.function_id(obj),)
+    return None
 
-    Functions are written as ``resident(fid)`` from ``reducer_override``, which the C
-    pickler calls only for objects that are not numbers, strings or plain containers
-    (a ``persistent_id`` hook would be called for every object of every payload).
-    Classes defined in ``__main__`` go into the table too (cloudpickle writes them by
-    value there); anything else it cannot write makes the encoder retry with cloudpickle.
+
+class _FastPickler(pickle.Pickler):
+    """The C pickler with the function table: tasks are mostly tuples, keys and numbers,
+    which it writes several times faster than cloudpickle's pickler.
+
+    The table is filled from ``reducer_override``, which the C pickler calls only for
+    objects that are not numbers, strings or plain containers (a ``persistent_id`` hook
+    would be called for every object of every payload). Anything else it cannot write
+    makes the encoder retry with ``_FunctionExtractingPickler``.
     """
 
     def __init__(self, file: io.BytesIO, encoder: TaskEncoder) -> None:
@@ -127,14 +124,20 @@ class _FastPickler(pickle.Pickler):
         self.encoder = encoder
 
     def reducer_override(self, obj: Any) -> Any:
-        kind = type(obj)
-        if kind in _CALLABLES_BY_TABLE:
-            if obj is resident:
-                return NotImplemented  # the stand-in itself: written by name
-            return resident, (self.encoder.function_id(obj),)
-        if kind is type and obj.__module__ == "__main__":
-            return resident, (self.encoder.function_id(obj),)
-        return NotImplemented
+        reduction = _into_table(self.encoder, obj)
+        return NotImplemented if reduction is None else reduction
+
+
+class _FunctionExtractingPickler(cloudpickle.Pickler):
+    """cloudpickle (local classes, modules, ...) with the same function table."""
+
+    def __init__(self, file: io.BytesIO, encoder: TaskEncoder) -> None:
+        super().__init__(file, protocol=5)
+        self.encoder = encoder
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduction = _into_table(self.encoder, obj)
+        return super().reducer_override(obj) if reduction is None else reduction
 
 
 class TaskEncoder:
@@ -273,7 +276,6 @@ class TaskDecoder:
     def decode(self, payload: bytes) -> Any:
         unpickler = _TaskUnpickler(io.BytesIO(payload))
         unpickler.decoder = self
-        unpickler.persistent_load = self.function  # type: ignore[method-assign]
         return unpickler.load()
 
 

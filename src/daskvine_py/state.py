@@ -861,7 +861,8 @@ def _startable(worker: WorkerRecord) -> int:
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
-    """Where ``worker`` finds an input of a task: inline when small and not held there."""
+    """Where ``worker`` finds an input of a task: inline when small and not held there
+    (those bytes are counted on the worker record, as moved from the manager)."""
     if dep.value is not None and worker not in dep.who_has:
         worker.inlined_bytes += len(dep.value.header)
         return p.DepLocation(dep.id, dep.key, (), dep.value)
