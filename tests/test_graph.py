@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from unittest import mock
 
 import dask
 import dask.array as da
@@ -105,13 +106,23 @@ def dags(draw):
 @given(dsk=dags(), data=st.data())
 def test_plans_compute_what_dask_computes(dsk, data):
     outputs = data.draw(st.lists(st.sampled_from(sorted(dsk)), min_size=1, max_size=3))
-    plan = build_plan(dsk, outputs)
-    # Executing the plan's nodes in priority order gives Dask's own answers.
-    values = {}
-    for key in sorted(plan.nodes, key=plan.priorities.__getitem__):
-        assert plan.dependencies[key] <= set(values)  # order respects dependencies
-        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
-    assert pack_results(outputs, values) == dask.get(dsk, outputs)
+    ordered_by_dask = build_plan(dsk, outputs)
+    with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
+        ordered_linearly = build_plan(dsk, outputs)
+    for plan in (ordered_by_dask, ordered_linearly):
+        # The plan's order is its priorities', and it counts every task's readers.
+        assert plan.order == sorted(plan.nodes, key=plan.priorities.__getitem__)
+        readers = {key: 0 for key in plan.nodes}
+        for deps in plan.dependencies.values():
+            for dep in deps:
+                readers[dep] += 1
+        assert {k: plan.dependents.get(k, 0) for k in plan.nodes} == readers
+        # Executing the plan's nodes in that order gives Dask's own answers.
+        values = {}
+        for key in plan.order:
+            assert plan.dependencies[key] <= set(values)  # order respects dependencies
+            values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+        assert pack_results(outputs, values) == dask.get(dsk, outputs)
 
 
 def test_large_graphs_take_the_linear_topological_order(monkeypatch):
@@ -189,3 +200,23 @@ def test_anything_but_keys_and_scalars_is_left_to_dask():
 
 def _pack(*args):
     return args
+
+
+def test_a_rewritten_graph_is_ordered_and_counted_anew():
+    from functools import partial
+
+    from daskvine_py.rewrite import rewrite_reductions
+
+    dsk = {("part", i): (inc, i) for i in range(40)}
+    dsk["total"] = (sum, [("part", i) for i in range(40)])
+    plan = build_plan(dsk, "total", partial(rewrite_reductions, arity=4, threshold=8))
+    assert len(plan.nodes) > 41  # the sum became a tree
+    assert sorted(plan.order, key=repr) == sorted(plan.nodes, key=repr)
+    position = {key: i for i, key in enumerate(plan.order)}
+    assert all(position[d] < position[k] for k, deps in plan.dependencies.items() for d in deps)
+    assert all(len(deps) <= 4 for deps in plan.dependencies.values())  # no task reads 40
+    assert sum(plan.dependents.values()) == sum(map(len, plan.dependencies.values()))
+    values = {}
+    for key in plan.order:
+        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+    assert values["total"] == dask.get(dsk, "total") == sum(range(1, 41))

@@ -40,7 +40,10 @@ class Plan:
     ``nodes`` maps each needed key to its ``GraphNode``; ``dependencies`` holds, per key,
     the keys it reads; ``outputs`` are the flat requested keys (no duplicates, in order);
     ``priorities`` comes from ``dask.order`` (lower runs first); ``structure`` is the
-    requested key structure, nested lists included, for packing the results.
+    requested key structure, nested lists included, for packing the results. ``order``
+    lists the keys by priority (every key after its dependencies) and ``dependents``
+    counts, per key, the tasks that read it: both fall out of the topological pass, so a
+    big graph is not sorted or walked again before its first task is sent.
     """
 
     nodes: dict[Key, GraphNode | LegacyCall]
@@ -48,6 +51,8 @@ class Plan:
     outputs: list[Key]
     priorities: dict[Key, int]
     structure: Any
+    order: list[Key]
+    dependents: dict[Key, int]
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -196,20 +201,23 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
         if key not in mapping:
             raise KeyError(key)
     nodes, dependencies = cull(mapping, outputs)
-    topological = topological_order(dependencies)
+    topological, dependents = _topological(dependencies)
     if rewrite is not None:
+        old_keys = nodes.keys()
         nodes, dependencies = rewrite(nodes, dependencies, outputs)
-        if len(nodes) != len(topological) or nodes.keys() != set(topological):
-            topological = topological_order(dependencies)
+        if nodes.keys() != old_keys:  # a tree adds keys; untouched graphs keep theirs
+            topological, dependents = _topological(dependencies)
     # Independent tasks need no ordering beyond the graph's own (dask.order would spend
     # some 20 µs a task finding that out).
-    if 1 < len(nodes) <= DASK_ORDER_LIMIT and any(dependencies.values()):
+    if 1 < len(nodes) <= DASK_ORDER_LIMIT and len(dependents) > 0:
         # dask.order reads the tasks themselves: it gets legacy tuples as they were.
         graph = {k: v.task if type(v) is LegacyCall else v for k, v in nodes.items()}
         priorities = order(graph, dependencies=dict(dependencies))
+        topological = sorted(nodes, key=priorities.__getitem__)
     else:
         priorities = {key: i for i, key in enumerate(topological)}
-    return Plan(nodes, dependencies, outputs, priorities, keys)
+    counts = {key: len(readers) for key, readers in dependents.items()}
+    return Plan(nodes, dependencies, outputs, priorities, keys, topological, counts)
 
 
 def cull(
@@ -249,25 +257,46 @@ def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
     taken last-in first-out, so a dependent runs soon after its inputs: the order finishes
     what it started, which keeps few intermediates alive.
     """
-    remaining = {key: len(deps) for key, deps in dependencies.items()}
-    dependents: dict[Key, list[Key]] = {key: [] for key in dependencies}
+    return _topological(dependencies)[0]
+
+
+def _topological(
+    dependencies: Mapping[Key, frozenset[Key]],
+) -> tuple[list[Key], dict[Key, list[Key]]]:
+    """``topological_order`` and the dependents of every key that has any.
+
+    Keys without dependents get no list and roots no counter: most keys of a big graph
+    are one or the other, and this pass is on the way to its first task.
+    """
+    remaining: dict[Key, int] = {}
+    dependents: dict[Key, list[Key]] = {}
+    ready = []
     for key, deps in dependencies.items():
+        if not deps:
+            ready.append(key)
+            continue
+        remaining[key] = len(deps)
         for dep in deps:
-            dependents[dep].append(key)
-    ready = [key for key, count in remaining.items() if count == 0]
+            readers = dependents.get(dep)
+            if readers is None:
+                dependents[dep] = [key]
+            else:
+                readers.append(key)
     ready.reverse()  # the first roots of the graph come out first
     ordered = []
+    no_readers: tuple = ()
     while ready:
         key = ready.pop()
         ordered.append(key)
-        for child in dependents[key]:
-            remaining[child] -= 1
-            if remaining[child] == 0:
+        for child in dependents.get(key, no_readers):
+            count = remaining[child] - 1
+            remaining[child] = count
+            if count == 0:
                 ready.append(child)
     if len(ordered) != len(dependencies):
         stuck = {k for k, c in remaining.items() if c}
         raise GraphCycleError(_find_cycle(dependencies, stuck))
-    return ordered
+    return ordered, dependents
 
 
 def _find_cycle(dependencies: Mapping[Key, frozenset[Key]], stuck: set[Key]) -> list[Key]:

@@ -358,24 +358,19 @@ class Manager:
         after its dependencies; each task carries its dependents count, so a result is not
         released before dependents still to come have arrived.
         """
-        dependents = dict.fromkeys(plan.nodes, 0)
-        for deps in plan.dependencies.values():
-            for dep in deps:
-                dependents[dep] += 1
         encoder = TaskEncoder()
         config = None if options.default_execution else _run_config(run.id, options)
         submit = functools.partial(self._submit_part, run, plan, options, config, watch=watch)
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
-        for key in sorted(plan.nodes, key=plan.priorities.__getitem__):
+        dependents = plan.dependents
+        for key in plan.order:
             payload, functions = _encode_task(encoder, key, plan.nodes[key])
             deps = tuple(plan.dependencies[key])
-            prefix = key_split(key)
+            prefix, readers = key_split(key), dependents.get(key, 0)
             part.append(
-                s.NewTask(
-                    key, payload, functions, deps, plan.priorities[key], prefix, dependents[key]
-                )  # fmt: skip
+                s.NewTask(key, payload, functions, deps, plan.priorities[key], prefix, readers)
             )
             if len(part) >= SUBMIT_PART:
                 submit(part, encoder, sent_functions, first)
