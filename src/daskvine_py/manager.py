@@ -296,10 +296,13 @@ class Manager:
         if run_options.report is not None or run_options.event_log is not None:
             run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
         progress = default_enabled() if run_options.progress is None else run_options.progress
+        structure, ntasks = plan.structure, len(plan.nodes)
         try:
             self._submit_in_parts(run, plan, run_options, watch=progress)
+            # The scheduler has what it needs: the graph need not live through the run.
+            del plan
             if progress:
-                wait_with_progress(run.done, lambda: run.finished_tasks, len(plan.nodes))
+                wait_with_progress(run.done, lambda: run.finished_tasks, ntasks)
             else:
                 run.done.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
@@ -315,7 +318,7 @@ class Manager:
                 values[key] = loads(serialized)
             except Exception as exc:
                 raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
-        return pack_results(plan.structure, values)
+        return pack_results(structure, values)
 
     def _end_run(self, run: _Run, outcome: str, options: RunOptions) -> None:
         run.info.finished = time.time()
