@@ -36,6 +36,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import shutil
 import signal
 import socket
@@ -103,11 +104,15 @@ class WorkerTask:
 class Library:
     """A library process, the tasks sent to it, and the functions it has not seen."""
 
-    __slots__ = ("process", "conn", "sent", "unsent", "slots", "ready")
+    __slots__ = ("process", "conn", "sent", "unsent", "slots", "ready", "pending")
 
     def __init__(self, process: Any, conn: Connection, unsent: list[bytes], slots: int) -> None:
         self.process = process
         self.conn = conn
+        #: asks whether another reply is waiting: ``Connection.poll`` would build a
+        #: selector on every call, about once per task
+        self.pending = select.poll()
+        self.pending.register(conn.fileno(), select.POLLIN)
         #: it has started and imported what every task needs
         self.ready = False
         #: tasks it runs at once
@@ -719,7 +724,7 @@ class Worker:
                 self._on_library_death(lib)
                 return
             self._on_library_reply(lib, reply)
-            if not lib.sent or not lib.conn.poll(0):
+            if not lib.sent or not lib.pending.poll(0):
                 return
 
     def _on_library_reply(self, lib: Library, reply: tuple) -> None:
