@@ -42,8 +42,9 @@ class Plan:
     ``priorities`` comes from ``dask.order`` (lower runs first); ``structure`` is the
     requested key structure, nested lists included, for packing the results. ``order``
     lists the keys by priority (every key after its dependencies) and ``dependents``
-    counts, per key, the tasks that read it: both fall out of the topological pass, so a
-    big graph is not sorted or walked again before its first task is sent.
+    counts, per key, the tasks that read it (keys nobody reads are absent): both fall
+    out of the topological pass, so a big graph is not sorted or walked again before its
+    first task is sent.
     """
 
     nodes: dict[Key, GraphNode | LegacyCall]
