@@ -58,15 +58,21 @@ def test_missing_dependency_names_both_keys():
 
 
 def test_cycle_is_reported_in_order():
+    dsk = {"a": (inc, "b"), "b": (inc, "c"), "c": (inc, "a"), "x": (inc, "a"), "y": 1}
     with pytest.raises(GraphCycleError) as info:
-        build_plan({"a": (inc, "b"), "b": (inc, "c"), "c": (inc, "a")}, "a")
+        build_plan(dsk, ["y", "x"])
     cycle = info.value.cycle
     assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+    # in execution order: each key is read by the next
+    assert all(dsk[after][1] == before for before, after in zip(cycle, cycle[1:], strict=False))
 
 
 def test_self_loop_is_a_cycle():
     with pytest.raises(GraphCycleError):
         topological_order({"a": frozenset({"a"})})
+    with pytest.raises(GraphCycleError) as info:
+        build_plan({"a": (inc, "a")}, "a")
+    assert info.value.cycle == ["a", "a"]
 
 
 def test_long_chain_needs_no_recursion():
@@ -220,3 +226,23 @@ def test_a_rewritten_graph_is_ordered_and_counted_anew():
     for key in plan.order:
         values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
     assert values["total"] == dask.get(dsk, "total") == sum(range(1, 41))
+
+
+def test_the_linear_order_finishes_one_output_before_the_next():
+    dsk = {}
+    for g in range(5):
+        for i in range(4):
+            dsk[("leaf", g, i)] = (inc, i)
+            dsk[("inc", g, i)] = (inc, ("leaf", g, i))
+        dsk[("sum", g)] = (sum, [("inc", g, i) for i in range(4)])
+    outputs = [("sum", g) for g in (3, 0, 4, 1, 2)]
+    with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
+        plan = build_plan(dsk, outputs)
+    groups = [key[1] for key in plan.order]
+    # each output's nine tasks in one stretch, in the order the outputs were asked for
+    assert groups == [g for g in (3, 0, 4, 1, 2) for _ in range(9)]
+    assert [key for key in plan.order if key[0] == "sum"] == outputs
+    assert plan.dependents == {
+        **{("leaf", g, i): 1 for g in range(5) for i in range(4)},
+        **{("inc", g, i): 1 for g in range(5) for i in range(4)},
+    }

@@ -201,40 +201,44 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
     for key in outputs:
         if key not in mapping:
             raise KeyError(key)
-    nodes, dependencies = cull(mapping, outputs)
-    topological, dependents = _topological(dependencies)
+    nodes, dependencies, topological, readers = cull(mapping, outputs)
     if rewrite is not None:
         old_keys = nodes.keys()
         nodes, dependencies = rewrite(nodes, dependencies, outputs)
         if nodes.keys() != old_keys:  # a tree adds keys; untouched graphs keep theirs
-            topological, dependents = _topological(dependencies)
+            topological, readers = _topological(dependencies)
     # Independent tasks need no ordering beyond the graph's own (dask.order would spend
     # some 20 µs a task finding that out).
-    if 1 < len(nodes) <= DASK_ORDER_LIMIT and len(dependents) > 0:
+    if 1 < len(nodes) <= DASK_ORDER_LIMIT and len(readers) > 0:
         # dask.order reads the tasks themselves: it gets legacy tuples as they were.
         graph = {k: v.task if type(v) is LegacyCall else v for k, v in nodes.items()}
         priorities = order(graph, dependencies=dict(dependencies))
         topological = sorted(nodes, key=priorities.__getitem__)
     else:
         priorities = {key: i for i, key in enumerate(topological)}
-    counts = {key: len(readers) for key, readers in dependents.items()}
-    return Plan(nodes, dependencies, outputs, priorities, keys, topological, counts)
+    return Plan(nodes, dependencies, outputs, priorities, keys, topological, readers)
 
 
 def cull(
     graph: Mapping[Key, Any], outputs: Iterable[Key]
-) -> tuple[dict[Key, GraphNode | LegacyCall], dict[Key, frozenset[Key]]]:
-    """The nodes the outputs need, and their dependencies; iterative, no recursion.
+) -> tuple[dict[Key, GraphNode | LegacyCall], dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
+    """The nodes the outputs need, their dependencies, an order and each key's readers.
 
-    Only the needed tasks are converted, and light legacy tasks not at all (``LegacyCall``).
+    One iterative depth-first walk from the outputs, in their order: a key is listed once
+    all its dependencies are, so the order finishes one output before it starts the next,
+    which keeps few intermediates alive (and is the plan's order for graphs too big for
+    ``dask.order``). ``readers`` counts the tasks that read each key; keys nobody reads are
+    absent. A dependency met again while its own walk is unfinished is a cycle:
+    ``GraphCycleError``. Only the needed tasks are converted, and light legacy tasks not at
+    all (``LegacyCall``).
     """
     needed: dict[Key, GraphNode | LegacyCall] = {}
     dependencies: dict[Key, frozenset[Key]] = {}
-    stack = list(outputs)
-    while stack:
-        key = stack.pop()
-        if key in needed:
-            continue
+    ordered: list[Key] = []
+    listed: set[Key] = set()
+    readers: dict[Key, int] = {}
+
+    def enter(key: Key) -> frozenset[Key]:
         value = graph[key]
         deps = light_dependencies(value, graph)
         if deps is not None:
@@ -243,12 +247,31 @@ def cull(
             node = needed[key] = convert(key, value, graph)
             deps = frozenset(node.dependencies)
         dependencies[key] = deps
-        for dep in deps:
-            if dep not in graph:
-                raise KeyError(f"task {key!r} depends on {dep!r}, which is not in the graph")
-            if dep not in needed:
-                stack.append(dep)
-    return needed, dependencies
+        return deps
+
+    for root in outputs:
+        if root in needed:
+            continue
+        stack = [(root, iter(enter(root)))]
+        while stack:
+            key, unvisited = stack[-1]
+            for dep in unvisited:
+                readers[dep] = readers.get(dep, 0) + 1
+                if dep in needed:
+                    if dep not in listed:  # on the current path: a loop
+                        path = [k for k, _ in stack]
+                        stuck = set(path[path.index(dep) :])
+                        raise GraphCycleError(_find_cycle(dependencies, stuck))
+                    continue
+                if dep not in graph:
+                    raise KeyError(f"task {key!r} depends on {dep!r}, which is not in the graph")
+                stack.append((dep, iter(enter(dep))))
+                break
+            else:
+                stack.pop()
+                listed.add(key)
+                ordered.append(key)
+    return needed, dependencies, ordered, readers
 
 
 def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
@@ -263,12 +286,9 @@ def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
 
 def _topological(
     dependencies: Mapping[Key, frozenset[Key]],
-) -> tuple[list[Key], dict[Key, list[Key]]]:
-    """``topological_order`` and the dependents of every key that has any.
-
-    Keys without dependents get no list and roots no counter: most keys of a big graph
-    are one or the other, and this pass is on the way to its first task.
-    """
+) -> tuple[list[Key], dict[Key, int]]:
+    """``topological_order`` and how many tasks read each key (keys nobody reads are
+    absent), for graphs that ``cull`` did not walk (rewritten ones)."""
     remaining: dict[Key, int] = {}
     dependents: dict[Key, list[Key]] = {}
     ready = []
@@ -297,7 +317,7 @@ def _topological(
     if len(ordered) != len(dependencies):
         stuck = {k for k, c in remaining.items() if c}
         raise GraphCycleError(_find_cycle(dependencies, stuck))
-    return ordered, dependents
+    return ordered, {key: len(keys) for key, keys in dependents.items()}
 
 
 def _find_cycle(dependencies: Mapping[Key, frozenset[Key]], stuck: set[Key]) -> list[Key]:
