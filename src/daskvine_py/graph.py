@@ -16,6 +16,7 @@ Everything here is pure: no sockets, no processes, no serialization.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +43,9 @@ class Plan:
     ``priorities`` comes from ``dask.order`` (lower runs first); ``structure`` is the
     requested key structure, nested lists included, for packing the results. ``order``
     lists the keys by priority (every key after its dependencies) and ``dependents``
-    counts, per key, the tasks that read it (keys nobody reads are absent): both fall
-    out of the topological pass, so a big graph is not sorted or walked again before its
-    first task is sent.
+    counts, per key, the tasks that read it (keys nobody reads are absent): both come
+    from the walk that culls the graph, so a big graph is not sorted or walked again
+    before its first task is sent.
     """
 
     nodes: dict[Key, GraphNode | LegacyCall]
@@ -206,7 +207,8 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
         old_keys = nodes.keys()
         nodes, dependencies = rewrite(nodes, dependencies, outputs)
         if nodes.keys() != old_keys:  # a tree adds keys; untouched graphs keep theirs
-            topological, readers = _topological(dependencies)
+            roots = itertools.chain(outputs, dependencies)
+            _, topological, readers = depth_first(roots, dependencies.__getitem__, dependencies)
     # Independent tasks need no ordering beyond the graph's own (dask.order would spend
     # some 20 µs a task finding that out).
     if 1 < len(nodes) <= DASK_ORDER_LIMIT and len(readers) > 0:
@@ -224,100 +226,70 @@ def cull(
 ) -> tuple[dict[Key, GraphNode | LegacyCall], dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
     """The nodes the outputs need, their dependencies, an order and each key's readers.
 
-    One iterative depth-first walk from the outputs, in their order: a key is listed once
-    all its dependencies are, so the order finishes one output before it starts the next,
-    which keeps few intermediates alive (and is the plan's order for graphs too big for
-    ``dask.order``). ``readers`` counts the tasks that read each key; keys nobody reads are
-    absent. A dependency met again while its own walk is unfinished is a cycle:
-    ``GraphCycleError``. Only the needed tasks are converted, and light legacy tasks not at
-    all (``LegacyCall``).
+    One ``depth_first`` walk from the outputs. Only the needed tasks are converted, and
+    light legacy tasks not at all (``LegacyCall``).
     """
     needed: dict[Key, GraphNode | LegacyCall] = {}
-    dependencies: dict[Key, frozenset[Key]] = {}
-    ordered: list[Key] = []
-    listed: set[Key] = set()
-    readers: dict[Key, int] = {}
 
-    def enter(key: Key) -> frozenset[Key]:
+    def convert_needed(key: Key) -> frozenset[Key]:
         value = graph[key]
         deps = light_dependencies(value, graph)
         if deps is not None:
             needed[key] = LegacyCall(value, deps)
-        else:
-            node = needed[key] = convert(key, value, graph)
-            deps = frozenset(node.dependencies)
-        dependencies[key] = deps
-        return deps
+            return deps
+        node = needed[key] = convert(key, value, graph)
+        return frozenset(node.dependencies)
 
-    for root in outputs:
-        if root in needed:
+    dependencies, ordered, readers = depth_first(outputs, convert_needed, graph)
+    return needed, dependencies, ordered, readers
+
+
+def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
+    """Every key of ``dependencies`` after its own dependencies (``depth_first`` from each
+    key in turn); ``GraphCycleError`` with the keys of one cycle, if there is any."""
+    return depth_first(dependencies, dependencies.__getitem__, dependencies)[1]
+
+
+def depth_first(
+    roots: Iterable[Key], dependencies_of: Callable[[Key], frozenset[Key]], known: Container
+) -> tuple[dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
+    """Walk from ``roots`` (in their order) through ``dependencies_of``, iteratively.
+
+    Returns the dependencies of every key reached, the keys in post-order (each after its
+    dependencies, one root's keys finished before the next root's start, which keeps few
+    intermediates alive) and how many tasks read each key (keys nobody reads are absent).
+    A dependency met again while its own walk is unfinished is a cycle: ``GraphCycleError``;
+    one outside ``known`` is a ``KeyError`` naming both keys.
+    """
+    dependencies: dict[Key, frozenset[Key]] = {}
+    ordered: list[Key] = []
+    listed: set[Key] = set()
+    readers: dict[Key, int] = {}
+    for root in roots:
+        if root in dependencies:
             continue
-        stack = [(root, iter(enter(root)))]
+        deps = dependencies[root] = dependencies_of(root)
+        stack = [(root, iter(deps))]
         while stack:
             key, unvisited = stack[-1]
             for dep in unvisited:
                 readers[dep] = readers.get(dep, 0) + 1
-                if dep in needed:
+                if dep in dependencies:
                     if dep not in listed:  # on the current path: a loop
                         path = [k for k, _ in stack]
                         stuck = set(path[path.index(dep) :])
                         raise GraphCycleError(_find_cycle(dependencies, stuck))
                     continue
-                if dep not in graph:
+                if dep not in known:
                     raise KeyError(f"task {key!r} depends on {dep!r}, which is not in the graph")
-                stack.append((dep, iter(enter(dep))))
+                deps = dependencies[dep] = dependencies_of(dep)
+                stack.append((dep, iter(deps)))
                 break
             else:
                 stack.pop()
                 listed.add(key)
                 ordered.append(key)
-    return needed, dependencies, ordered, readers
-
-
-def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
-    """Keys with every dependency before its dependents, depth first.
-
-    Raises ``GraphCycleError`` with the keys of one cycle, if there is any. Ready keys are
-    taken last-in first-out, so a dependent runs soon after its inputs: the order finishes
-    what it started, which keeps few intermediates alive.
-    """
-    return _topological(dependencies)[0]
-
-
-def _topological(
-    dependencies: Mapping[Key, frozenset[Key]],
-) -> tuple[list[Key], dict[Key, int]]:
-    """``topological_order`` and how many tasks read each key (keys nobody reads are
-    absent), for graphs that ``cull`` did not walk (rewritten ones)."""
-    remaining: dict[Key, int] = {}
-    dependents: dict[Key, list[Key]] = {}
-    ready = []
-    for key, deps in dependencies.items():
-        if not deps:
-            ready.append(key)
-            continue
-        remaining[key] = len(deps)
-        for dep in deps:
-            readers = dependents.get(dep)
-            if readers is None:
-                dependents[dep] = [key]
-            else:
-                readers.append(key)
-    ready.reverse()  # the first roots of the graph come out first
-    ordered = []
-    no_readers: tuple = ()
-    while ready:
-        key = ready.pop()
-        ordered.append(key)
-        for child in dependents.get(key, no_readers):
-            count = remaining[child] - 1
-            remaining[child] = count
-            if count == 0:
-                ready.append(child)
-    if len(ordered) != len(dependencies):
-        stuck = {k for k, c in remaining.items() if c}
-        raise GraphCycleError(_find_cycle(dependencies, stuck))
-    return ordered, {key: len(keys) for key, keys in dependents.items()}
+    return dependencies, ordered, readers
 
 
 def _find_cycle(dependencies: Mapping[Key, frozenset[Key]], stuck: set[Key]) -> list[Key]:
