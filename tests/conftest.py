@@ -37,6 +37,14 @@ def manager():
         yield manager
 
 
+@pytest.fixture
+def insecure_manager():
+    """A manager without CurveZMQ, for tests that speak raw bytes to its port."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=3.0, security=False) as manager:
+        manager.start_workers(2, cores=1)
+        yield manager
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_workers():
     """Every test run must leave no worker process behind."""

@@ -222,7 +222,9 @@ def test_listen_address_with_remote_worker(fileset, iterative_output):
     try:
         manager = executor.start()
         assert manager.workers == {}
-        proc = spawn(manager.address, cores=1, name="remote")
+        proc = spawn(
+            manager.address, cores=1, name="remote", connection_file=manager.connection_file
+        )
         assert_same_output(run_processor(executor, fileset), iterative_output)
         assert list(manager.workers) == ["remote"]
 

@@ -105,7 +105,10 @@ def _dealer(context, address, identity=None):
     return sock
 
 
-def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(manager, caplog):
+def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_manager, caplog):
+    """What a worker holding the keys could send by mistake (test_security.py shows that
+    without the keys nothing reaches the decoder at all)."""
+    manager = insecure_manager
     host, port = manager.address[len("tcp://") :].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
@@ -135,7 +138,8 @@ def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(manager, c
         context.destroy(linger=0)
 
 
-def test_version_mismatch_is_rejected_clearly(manager):
+def test_version_mismatch_is_rejected_clearly(insecure_manager):
+    manager = insecure_manager
     context = zmq.Context()
     try:
         sock = _dealer(context, manager.address, b"old-worker")
@@ -232,3 +236,30 @@ def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
         assert 0 < worker._poll_timeout_ms() <= 1_001  # the next heartbeat
     finally:
         worker._close()
+
+
+def test_a_worker_that_cannot_reach_its_manager_exits_within_its_timeout():
+    """Issue 13: it used to linger 2 s on its unsendable registration after the timeout."""
+    from daskvine_py.worker import EXIT_NO_MANAGER, Worker
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    worker = Worker(f"tcp://127.0.0.1:{port}", manager_timeout=1.0)
+    assert worker.run() == EXIT_NO_MANAGER
+    assert time.monotonic() - started < 1.0 + 1.0  # was 3 s and more: the socket's linger
+
+
+@pytest.mark.parametrize(
+    "address", ["tcp://127.0.0.1", "127.0.0.1:80:80", "tcp://host:port", "tcp://h:99999",
+                "ipc:///tmp/x", "tcp://h:0"],
+)  # fmt: skip
+def test_a_malformed_manager_address_is_a_one_line_error(address, capsys):
+    from daskvine_py.worker import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([address])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "tcp://HOST:PORT" in err.splitlines()[-1]

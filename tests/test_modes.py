@@ -243,7 +243,12 @@ def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
     directory inside --workdir goes away when the worker exits."""
     with Manager(heartbeat_interval=0.2, worker_timeout=5.0) as manager:
         manager._local_processes.append(
-            spawn(manager.address, name="wd", extra_args=["--workdir", str(tmp_path)])
+            spawn(
+                None,
+                name="wd",
+                extra_args=["--workdir", str(tmp_path)],
+                connection_file=manager.connection_file,
+            )
         )
         manager.wait_for_workers(1)
         (own,) = tmp_path.iterdir()
@@ -266,13 +271,15 @@ def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
 def test_a_workdir_left_by_a_killed_worker_is_removed_by_the_next(tmp_path):
     with Manager(heartbeat_interval=0.2, worker_timeout=5.0) as manager:
         args = ["--workdir", str(tmp_path)]
-        first = spawn(manager.address, name="first", extra_args=args)
+        first = spawn(None, name="first", extra_args=args, connection_file=manager.connection_file)
         manager._local_processes.append(first)
         manager.wait_for_workers(1)
         first.kill()
         first.wait()
         (left,) = tmp_path.iterdir()
-        manager._local_processes.append(spawn(manager.address, name="next", extra_args=args))
+        manager._local_processes.append(
+            spawn(None, name="next", extra_args=args, connection_file=manager.connection_file)
+        )
         deadline = time.monotonic() + 60
         while "next" not in manager.workers and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .errors import TaskFailed
 from .manager import Manager
 from .options import RunOptions
+from .protocol import split_address
 
 __all__ = ["DaskVinePyExecutor", "accumulation_graph"]
 
@@ -168,7 +169,7 @@ class _Shared:
                 if isinstance(spec, Manager):
                     manager = spec
                 else:
-                    host, port = ("127.0.0.1", 0) if spec is None else parse_address(spec)
+                    host, port = ("127.0.0.1", 0) if spec is None else split_address(spec)
                     manager = Manager(host=host, port=port)
                     self.finalizer = weakref.finalize(self, manager.close)
                 self.manager = manager
@@ -188,15 +189,6 @@ class _Shared:
             self.manager = None
             self.finalizer = None
             self.local_workers = 0
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``tcp://HOST:PORT`` (or ``HOST:PORT``) as ``(host, port)``."""
-    rest = address[len("tcp://") :] if address.startswith("tcp://") else address
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected an address like tcp://0.0.0.0:9123, not {address!r}")
-    return host, int(port)
 
 
 def local_cores() -> int:
@@ -269,7 +261,7 @@ class DaskVinePyExecutor(ExecutorBase):
         if self.cores < 1:
             raise ValueError(f"cores must be >= 1, not {self.cores}")
         if isinstance(self.manager, str):
-            parse_address(self.manager)  # fail at construction, not in the middle of a run
+            split_address(self.manager)  # fail at construction, not in the middle of a run
         elif self.manager is not None and not isinstance(self.manager, Manager):
             raise TypeError(
                 "manager must be None, a daskvine_py.Manager or an address to listen on, "

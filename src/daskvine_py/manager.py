@@ -32,13 +32,16 @@ Data flow::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import ipaddress
 import itertools
 import logging
 import math
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import weakref
@@ -49,6 +52,7 @@ import zmq
 from dask.utils import key_split
 
 from . import protocol as p
+from . import security
 from . import state as s
 from .errors import (
     ProtocolError,
@@ -146,18 +150,42 @@ class Manager:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **settings: Any) -> None:
         self.options = ManagerOptions(host=host, port=port, **settings)
+        self._keys = _manager_keys(self.options)
         self._context = zmq.Context()
+        #: the ZAP handler admitting workers (None without security)
+        self._gate: security.Gate | None = None
         self._router = self._context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 1000)
-        if port:
-            self._router.bind(f"tcp://{host}:{port}")
-            bound = port
-        else:
-            bound = self._router.bind_to_random_port(f"tcp://{host}")
+        try:
+            if self._keys is not None:
+                # The gate must listen before the ROUTER binds: a CurveZMQ server with no
+                # ZAP handler would admit any key.
+                self._gate = security.Gate(self._context, self._keys.worker_public, "manager")
+                self._gate.start()
+                assert self._keys.manager_secret is not None
+                security.serve(self._router, self._keys.manager_public, self._keys.manager_secret)
+            if port:
+                self._router.bind(f"tcp://{host}:{port}")
+                bound = port
+            else:
+                bound = self._router.bind_to_random_port(f"tcp://{host}")
+        except BaseException:
+            self._close_sockets()
+            raise
         self.address = f"tcp://{host}:{bound}"
+        if self._keys is None and not _is_loopback(host):
+            logger.warning(
+                "manager listening on %s without security: anyone who can reach it can "
+                "run code as this user (use security=True outside trusted benchmarks)",
+                self.address,
+            )
+        #: the JSON file workers join with (``--connection-file``); see ``security``
+        self.connection_file, self._cleanup_paths = _write_connection_file(
+            self.options.connection_file, self.address, self._keys
+        )
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         self._commands: SimpleQueue = SimpleQueue()
@@ -248,26 +276,39 @@ class Manager:
         before = len(self._workers)
         start = len(self._local_processes)
         procs = [
-            spawn(self.address, cores=cores, name=f"local-{start + i}", extra_args=extra)
+            spawn(
+                None,
+                cores=cores,
+                name=f"local-{start + i}",
+                extra_args=extra,
+                connection_file=self.connection_file,
+            )
             for i in range(n)
         ]
         self._local_processes.extend(procs)
         if wait:
-            self.wait_for_workers(before + n, timeout=timeout)
+            self.wait_for_workers(before + n, timeout=timeout, processes=procs)
         return procs
 
-    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
-        """Block until at least ``n`` workers are connected."""
+    def wait_for_workers(
+        self, n: int, timeout: float = 60.0, processes: list[subprocess.Popen] | None = None
+    ) -> None:
+        """Block until at least ``n`` workers are connected.
+
+        ``processes``: local worker processes to watch meanwhile; one that exits fails
+        the wait at once (``start_workers`` passes the ones it started).
+        """
         deadline = time.monotonic() + timeout
         while len(self._workers) < n:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{len(self._workers)} of {n} workers connected after {timeout} s"
                 )
-            dead = [proc for proc in self._local_processes if proc.poll() not in (None, 0)]
+            dead = [proc for proc in processes or () if proc.poll() is not None]
             if dead:
                 raise RuntimeError(
                     f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
+                    f"{_exit_meaning(dead[0].returncode)}"
                 )
             time.sleep(0.01)
 
@@ -416,10 +457,18 @@ class Manager:
                 )
                 proc.kill()
                 proc.wait()
-        self._router.close(linger=0)
-        self._context.term()
+        self._close_sockets()
         os.close(self._wake_read)
         os.close(self._wake_write)
+        for path in self._cleanup_paths:  # the file, then a directory made for it
+            with contextlib.suppress(OSError):
+                os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
+
+    def _close_sockets(self) -> None:
+        self._router.close(linger=0)
+        if self._gate is not None:
+            self._gate.stop()
+        self._context.term()
 
     # -- caller side of the command queue -----------------------------------------------
 
@@ -749,6 +798,59 @@ class Manager:
 
 
 _HOSTNAME = socket.gethostname()
+
+
+def _manager_keys(options: ManagerOptions) -> security.Keys | None:
+    """The run's keys: none without security, else from ``key_file`` (made if missing)."""
+    if not options.security:
+        return None
+    if options.key_file is None:
+        return security.Keys.generate()
+    path = os.fspath(options.key_file)
+    if os.path.exists(path):
+        return security.read_key_file(path, need_manager_secret=True)
+    keys = security.Keys.generate()
+    security.write_key_file(path, keys)
+    return keys
+
+
+def _write_connection_file(
+    path: str | os.PathLike | None, address: str, keys: security.Keys | None
+) -> tuple[str, str | None]:
+    """Write the connection file; its path, and what to remove when the manager closes
+    (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        security.write_connection_file(path, address, keys)
+        return path, []
+    port = address.rsplit(":", 1)[1]
+    name = f"manager-{_HOSTNAME}-{os.getpid()}-{port}.json"
+    try:
+        directory = security.private_dir(security.default_connection_dir())
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path]
+    except OSError:  # no writable home directory: a private temporary one
+        directory = tempfile.mkdtemp(prefix="daskvine-py-")
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path, directory]
+
+
+def _exit_meaning(code: int | None) -> str:
+    from .worker import EXIT_MEANINGS  # the worker module imports no more than we do
+
+    meaning = EXIT_MEANINGS.get(code)
+    return f" ({meaning})" if meaning else ""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _kill_all(processes: list[subprocess.Popen]) -> None:

@@ -150,8 +150,7 @@ class ManagerOptions:
     """Settings of a manager, fixed for its lifetime."""
 
     #: Interface to listen on. 127.0.0.1 admits local workers only; "0.0.0.0" or a
-    #: hostname admits remote workers, which must be on a trusted network: messages are
-    #: pickles, and whoever can send them can run code.
+    #: hostname admits remote workers (they join with the connection file).
     host: str = "127.0.0.1"
     #: Port to listen on; 0 picks a free one (see ``Manager.address``).
     port: int = 0
@@ -170,6 +169,18 @@ class ManagerOptions:
     #: sizes queues from measurements. For comparison benchmarks and for workloads whose
     #: task durations vary too wildly to estimate.
     fixed_extra_tasks_per_core: int | None = None
+    #: CurveZMQ on every socket (see ``security``): only holders of the run's keys can
+    #: connect, and every message is encrypted. False is for trusted benchmarks only:
+    #: then anyone who can reach the port can run code as you.
+    security: bool = True
+    #: A file of the manager's keys to reuse across restarts, so that workers holding an
+    #: earlier connection file can join the new manager; made with fresh keys if it does
+    #: not exist. None: fresh keys for every manager.
+    key_file: str | os.PathLike | None = None
+    #: Where to write the connection file workers join with (mode 0600, its directory
+    #: made 0700). None: a new file under ``security.default_connection_dir()``, removed
+    #: when the manager closes.
+    connection_file: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -183,3 +194,7 @@ class ManagerOptions:
             raise ValueError("max_extra_tasks_per_core must be >= 0")
         if self.fixed_extra_tasks_per_core is not None and self.fixed_extra_tasks_per_core < 0:
             raise ValueError("fixed_extra_tasks_per_core must be >= 0 or None")
+        if not isinstance(self.security, bool):
+            raise ValueError(f"security must be True or False, not {self.security!r}")
+        if self.key_file is not None and not self.security:
+            raise ValueError("key_file needs security=True: without security there are no keys")

@@ -259,6 +259,17 @@ _FIELD_TYPES: dict[type, tuple[Any, ...]] = {
 }
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` (or ``HOST:PORT``, ``tcp://[IPv6]:PORT``) as ``(host, port)``."""
+    rest = address[len("tcp://") :] if address.startswith("tcp://") else address
+    host, sep, port = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535 or "/" in rest:
+        raise ValueError(f"expected an address like tcp://HOST:PORT, not {address!r}")
+    return host, int(port)
+
+
 def inlinable(value: Serialized) -> bool:
     """Whether a result is small enough to travel inside ``TaskDone`` and ``Execute``."""
     return not value.buffers and len(value.header) <= INLINE_BYTES

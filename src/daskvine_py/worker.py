@@ -51,12 +51,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from . import library
+from . import library, security
 from . import protocol as p
 from . import task as task_process
 from .errors import ProtocolError
 from .fetching import Fetch, TransferSlots
+from .protocol import split_address
 from .saturation import Ema
 from .store import Store
 from .transport import has_more, send_batch
@@ -80,6 +82,32 @@ SHORT_TASK = 0.05
 QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
+#: Failed CurveZMQ handshakes with the manager, with none succeeding between them, after
+#: which the worker gives up (one ZAP refusal is enough: the manager said no). Two, not
+#: one, for failures without detail: a connection cut mid-handshake looks the same.
+HANDSHAKE_FAILURES = 2
+
+#: Exit statuses of ``python -m daskvine_py.worker`` besides 0 (told to stop, or the
+#: manager went silent after we had joined) and argparse's 2 for bad arguments.
+EXIT_REJECTED = 2
+EXIT_NO_MANAGER = 3
+EXIT_AUTH_FAILED = 4
+EXIT_MEANINGS = {
+    EXIT_REJECTED: "the manager rejected it (version mismatch) or its arguments were bad",
+    EXIT_NO_MANAGER: "the manager never answered its registration",
+    EXIT_AUTH_FAILED: "it could not authenticate with the manager: wrong or missing keys",
+}
+_HANDSHAKE_FAILURE = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this worker's key",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this worker has",
+}
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class WorkerTask:
@@ -152,7 +180,11 @@ class Worker:
         workdir: str | None = None,
         lib_cores: int = 1,
         lib_slots: int = 1,
+        keys: security.Keys | None = None,
+        peer_port: int = 0,
+        contact_address: str | None = None,
     ) -> None:
+        split_address(address)  # ValueError for a malformed address, before anything starts
         if cores < 1:
             raise ValueError(f"cores must be >= 1, not {cores}")
         if lib_cores < 1 or lib_slots < 1:
@@ -181,20 +213,39 @@ class Worker:
         self.tasks_dir = os.path.join(self.workdir, "tasks")
         os.mkdir(self.tasks_dir)
 
+        #: the run's keys (CurveZMQ on every socket); None: no security
+        self.keys = keys
         self.context = zmq.Context()
+        #: the ZAP handler admitting peers to ``peer_server`` (None without keys)
+        self.gate: security.Gate | None = None
         self.manager = self.context.socket(zmq.DEALER)
         self.manager.setsockopt(zmq.IDENTITY, self.identity)
         self.manager.setsockopt(zmq.LINGER, 2000)
+        if keys is not None:
+            security.connect_as_worker(self.manager, keys.manager_public, keys)
+        #: handshake outcomes with the manager: a refused worker exits, saying why
+        self.manager_events = self.manager.get_monitor_socket(_HANDSHAKE_EVENTS)
+        self.handshake_failures = 0
         self.manager.connect(address)
         host = host or _interface_towards(address)
         self.peer_server = self.context.socket(zmq.ROUTER)
         self.peer_server.setsockopt(zmq.LINGER, 0)
-        port = self.peer_server.bind_to_random_port(f"tcp://{host}")
-        self.peer_address = f"tcp://{host}:{port}"
+        if keys is not None:
+            self.gate = security.Gate(self.context, keys.worker_public, f"worker {self.name}")
+            self.gate.start()  # before the bind: a server with no ZAP handler admits anyone
+            security.serve(self.peer_server, keys.worker_public, keys.worker_secret)
+        if peer_port:
+            self.peer_server.bind(f"tcp://{host}:{peer_port}")
+            port = peer_port
+        else:
+            port = self.peer_server.bind_to_random_port(f"tcp://{host}")
+        #: where peers fetch our results: the bound address, or one that forwards to it
+        self.peer_address = contact_address or f"tcp://{host}:{port}"
         self.peer_clients: dict[str, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.poller.register(self.manager, zmq.POLLIN)
         self.poller.register(self.peer_server, zmq.POLLIN)
+        self.poller.register(self.manager_events, zmq.POLLIN)
 
         self.store = Store(
             self.memory or None, os.path.join(self.workdir, "spill"), self.disk
@@ -227,6 +278,8 @@ class Worker:
         self.peer_outbox: dict[str, list[int]] = {}
         self.registered = False
         self.register_sent = False
+        #: the manager went silent or refused our keys: nothing more can reach it
+        self.manager_gone = False
         self.running = True
         self.exit_code = 0
         self.last_contact = time.monotonic()
@@ -277,7 +330,9 @@ class Worker:
             os.close(proc.fd)
         for lib in self.libraries:
             lib.conn.close()
-        deadline = time.monotonic() + 2.0
+        # Libraries see the closed pipe and exit; one still importing (a worker that
+        # never reached its manager) is not waited for.
+        deadline = time.monotonic() + (0.0 if self.manager_gone else 2.0)
         for lib in self.libraries:
             lib.process.join(max(0.0, deadline - time.monotonic()))
             if lib.process.is_alive():
@@ -286,7 +341,12 @@ class Worker:
         for sock in self.peer_clients.values():
             sock.close(linger=0)
         self.peer_server.close(linger=0)
-        self.manager.close()
+        self.manager.disable_monitor()
+        self.manager_events.close(linger=0)
+        # A manager that is gone or refused us will not take what is queued for it.
+        self.manager.close(linger=0 if self.manager_gone else None)
+        if self.gate is not None:
+            self.gate.stop()
         self.context.term()
         self.store.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -300,6 +360,8 @@ class Worker:
                 self._drain_manager()
             elif sock is self.peer_server:
                 self._serve_peers()
+            elif sock is self.manager_events:
+                self._on_handshake_events()
             elif isinstance(sock, int):
                 lib = self.library_by_fd.get(sock)
                 if lib is not None:
@@ -345,7 +407,8 @@ class Worker:
                 what,
                 now - self.last_contact,
             )
-            self.exit_code = 0 if self.registered else 3
+            self.exit_code = 0 if self.registered else EXIT_NO_MANAGER
+            self.manager_gone = True
             self.running = False
             return
         if self.registered and now - self.last_sent > self.heartbeat_interval:
@@ -381,6 +444,34 @@ class Worker:
             self.peer_outbox = {}
 
     # -- the manager ------------------------------------------------------------------
+
+    def _on_handshake_events(self) -> None:
+        """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
+        while self.manager_events.poll(0):
+            event = recv_monitor_message(self.manager_events)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_failures = 0
+                continue
+            self.handshake_failures += 1
+            if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                if self.handshake_failures < HANDSHAKE_FAILURES:
+                    continue
+            if self.keys is None:
+                why = "this worker has no keys, and the manager requires them"
+            else:
+                why = _HANDSHAKE_FAILURE.get(event, f"handshake failed (event {event})")
+            logger.error(
+                "worker %s could not authenticate with the manager at %s: %s; exiting. "
+                "Join with the manager's current connection file (--connection-file): "
+                "a manager restarted without key_file has new keys",
+                self.name,
+                self.address,
+                why,
+            )
+            self.exit_code = EXIT_AUTH_FAILED
+            self.manager_gone = True
+            self.running = False
+            return
 
     def _drain_manager(self) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -429,7 +520,7 @@ class Worker:
             logger.info("worker %s registered as %s", self.name, msg.name)
         elif kind is p.Rejected:
             logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
-            self.exit_code = 2
+            self.exit_code = EXIT_REJECTED
             self.running = False
         elif kind is p.Shutdown:
             self.stop(f"manager asked: {msg.reason}")
@@ -538,6 +629,8 @@ class Worker:
         if sock is None:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self.keys is not None:  # every peer serves with the workers' key pair
+                security.connect_as_worker(sock, self.keys.worker_public, self.keys)
             sock.connect(address)
             self.peer_clients[address] = sock
             self.poller.register(sock, zmq.POLLIN)
@@ -916,7 +1009,7 @@ def _total_memory() -> int:
 
 def _interface_towards(address: str) -> str:
     """The local IP address that routes to the manager: where peers can reach us."""
-    host = address.rsplit(":", 1)[0].split("//", 1)[-1]
+    host, _ = split_address(address)
     if host in ("127.0.0.1", "localhost"):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -932,7 +1025,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m daskvine_py.worker",
         description="Join a daskvine_py manager and run its tasks on this node.",
     )
-    parser.add_argument("address", help="the manager's address, e.g. tcp://HOST:PORT")
+    parser.add_argument(
+        "address",
+        nargs="?",
+        type=_manager_address,
+        help="the manager's address, e.g. tcp://HOST:PORT (default: the connection file's)",
+    )
+    parser.add_argument(
+        "--connection-file",
+        metavar="PATH",
+        default=None,
+        help="the manager's connection file (manager.connection_file): its address and "
+        f"keys (default: ${security.CONNECTION_FILE_ENV})",
+    )
+    parser.add_argument(
+        "--key-file",
+        metavar="PATH",
+        default=None,
+        help="keys only, from a connection file or a manager's key file; the address is "
+        "given as the first argument",
+    )
     parser.add_argument(
         "--cores",
         type=int,
@@ -983,6 +1095,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "interface that routes to the manager)",
     )
     parser.add_argument(
+        "--peer-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="port peers fetch results from (default: a free port)",
+    )
+    parser.add_argument(
+        "--contact-address",
+        type=_manager_address,
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="address peers use when it is not the one bound (NAT, port forwarding)",
+    )
+    parser.add_argument(
         "--manager-timeout",
         type=float,
         default=30.0,
@@ -992,7 +1118,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 <= args.peer_port < 65536:
+        parser.error(f"--peer-port must be a port number, not {args.peer_port}")
+    try:
+        args.address, args.keys = _connection(args)
+    except (security.SecurityError, ValueError) as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _manager_address(text: str) -> str:
+    """An argparse type: ``tcp://HOST:PORT`` with a real port, as a one-line error."""
+    try:
+        _, port = split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not text.startswith("tcp://") or port == 0:
+        raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT, not {text!r}")
+    return text
+
+
+def _connection(args: argparse.Namespace) -> tuple[str, security.Keys | None]:
+    """The manager's address and the run's keys, from the arguments or the environment."""
+    if args.connection_file and args.key_file:
+        raise ValueError("give --connection-file or --key-file, not both")
+    path = args.connection_file
+    if path is None and args.key_file is None:
+        path = os.environ.get(security.CONNECTION_FILE_ENV) or None
+    if path is not None:
+        connection = security.read_connection_file(path)
+        address = args.address or _manager_address(connection.address)
+        return address, connection.keys
+    if args.address is None:
+        raise ValueError(
+            "the manager's address is needed: give tcp://HOST:PORT or --connection-file"
+        )
+    if args.key_file is not None:
+        return args.address, security.read_key_file(args.key_file)
+    return args.address, None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1000,6 +1164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if args.keys is None:
+        logger.info("joining %s without security (no connection or key file)", args.address)
     worker = Worker(
         args.address,
         cores=args.cores,
@@ -1011,6 +1177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir=args.workdir,
         lib_cores=args.lib_cores,
         lib_slots=args.lib_slots,
+        keys=args.keys,
+        peer_port=args.peer_port,
+        contact_address=args.contact_address,
     )
     signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
