@@ -2,7 +2,7 @@
 
     python benchmarks/harness.py [--repeat 3] [--warmup 1] [--quick] [--only noop,chain,...]
                                  [--systems daskvine_py,distributed,sync,threads,processes]
-                                 [--prefetch 0,1,4] [--progress] [--event-log]
+                                 [--prefetch 0,1,4] [--progress] [--event-log] [--insecure]
                                  [--workers 2] [--wide-workers 50]
                                  [--timeout 600] [--json results.json] [--list]
 
@@ -23,6 +23,8 @@ system, ``biggraph.py``); ``wide`` (50 one-core workers per system, started for 
 core beside the default (EMA-sized) one. ``--progress`` adds daskvine_py drawing a progress
 bar on every call, ``--event-log`` daskvine_py recording and writing every run's event log:
 what watching a run costs, e.g. ``--only noop-dict --systems daskvine_py --progress``.
+``--insecure`` adds daskvine_py without CurveZMQ (``Manager(security=False)``): what
+security costs, e.g. ``--only chain,tree10k,noop-dict --systems daskvine_py --insecure``.
 ``--quick`` runs every workload at a small size once, as a smoke test (a couple of
 minutes); its numbers are noise.
 Ctrl-C stops every process the harness started, then prints and writes what was measured.
@@ -148,6 +150,9 @@ def system_names(args: argparse.Namespace) -> list[str]:
     if watching:
         at = names.index(OURS) + 1 if OURS in names else 0
         names[at:at] = [systems.watching_name(w) for w in watching]
+    if args.insecure:
+        at = names.index(OURS) + 1 if OURS in names else 0
+        names[at:at] = [systems.INSECURE]
     return names
 
 
@@ -484,6 +489,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--event-log", action="store_true", help="also daskvine_py writing an event log"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="also daskvine_py without CurveZMQ (security=False): what security costs",
     )
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument(

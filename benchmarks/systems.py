@@ -10,7 +10,9 @@ process outlives it.
   extra tasks per core (``Manager(fixed_extra_tasks_per_core=K)``), or with what watching
   a run costs: ``daskvine_py[progress]`` draws a progress bar on every call
   (``get(..., progress=True)``), ``daskvine_py[event-log]`` records and writes each run's
-  event log (``get(..., event_log=...)``, into a temporary directory).
+  event log (``get(..., event_log=...)``, into a temporary directory), or
+  ``daskvine_py[insecure]``: ``Manager(security=False)``, no CurveZMQ, to measure what
+  security costs (the default ``daskvine_py`` has it on, as users get it).
 - ``distributed``: ``LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)``.
 - ``sync``, ``threads``, ``processes``: Dask's synchronous, threaded and multiprocessing
   schedulers, the last two with ``workers`` threads or spawned processes (a pool kept warm).
@@ -38,6 +40,8 @@ from workloads import inc
 SYSTEMS = ("daskvine_py", "distributed", "sync", "threads", "processes")
 #: Variants of daskvine_py that watch every run (see the module docstring).
 WATCHING = ("progress", "event-log")
+#: daskvine_py without CurveZMQ: what security costs.
+INSECURE = "daskvine_py[insecure]"
 
 
 @dataclass
@@ -61,7 +65,7 @@ def parse(name: str) -> tuple[str, int | None]:
     match = re.fullmatch(r"daskvine_py\[prefetch=(\d+)\]", name)
     if match:
         return "daskvine_py", int(match.group(1))
-    if name in (watching_name(w) for w in WATCHING):
+    if name in (watching_name(w) for w in WATCHING) or name == INSECURE:
         return "daskvine_py", None
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
@@ -84,7 +88,10 @@ def start(name: str, workers: int, start_timeout: float = 300.0) -> Iterator[Run
     before = descendants()
     stack = contextlib.ExitStack()
     try:
-        running = stack.enter_context(_STARTERS[kind](workers, prefetch, start_timeout))
+        starter = _STARTERS[kind]
+        if name == INSECURE:
+            starter = functools.partial(_daskvine, security=False)
+        running = stack.enter_context(starter(workers, prefetch, start_timeout))
         running.name = name
         if name == watching_name("progress"):
             running.get = functools.partial(running.get, progress=True)
@@ -189,10 +196,14 @@ def sigint_ignored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _daskvine(workers: int, prefetch: int | None, start_timeout: float) -> Iterator[Running]:
+def _daskvine(
+    workers: int, prefetch: int | None, start_timeout: float, security: bool = True
+) -> Iterator[Running]:
     from daskvine_py import Manager
 
-    settings = {} if prefetch is None else {"fixed_extra_tasks_per_core": prefetch}
+    settings: dict[str, Any] = {"security": security}
+    if prefetch is not None:
+        settings["fixed_extra_tasks_per_core"] = prefetch
     with Manager(**settings) as manager:
         manager.start_workers(workers, cores=1, timeout=start_timeout)
         yield Running("daskvine_py", manager.get, workers, manager=manager)
