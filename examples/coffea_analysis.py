@@ -7,7 +7,8 @@ One command, on this machine (an embedded manager, one local worker per core)::
 With no ``--sample`` it first writes small NanoAOD-like files (a Drell-Yan-like sample with a
 Z peak and a ttbar-like one with real MET) and checks the result against coffea's
 ``IterativeExecutor``. On workers of other machines, listen on an address they can reach and
-start ``python -m daskvine_py.worker tcp://THIS_HOST:9123 --cores 12`` on each node::
+start ``python -m daskvine_py.worker --connection-file PATH --cores 12`` on each node, with the
+connection file the script prints::
 
     python examples/coffea_analysis.py --listen tcp://0.0.0.0:9123 \\
         --sample DY='/store/dy/*.root' --sample TT='/store/tt/*.root'
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -273,10 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with executor:
             manager = executor.start()
             if args.listen:
-                port = manager.address.rsplit(":", 1)[1]
                 print(
-                    f"workers connect with: python -m daskvine_py.worker "
-                    f"tcp://{socket.gethostname()}:{port} --cores N"
+                    "workers connect with: python -m daskvine_py.worker "
+                    f"--connection-file {manager.connection_file} --cores N"
                 )
             print(f"manager {manager.address}, workers connected: {len(manager.workers)}")
             started = time.perf_counter()

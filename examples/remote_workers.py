@@ -1,8 +1,9 @@
 """A manager for workers on other machines.
 
-Run this on the submit node, then on each compute node::
+Run this on the submit node, then on each compute node, with the connection file it prints
+(under ``~/.daskvine_py/connections``, which a shared home directory makes visible there)::
 
-    python -m daskvine_py.worker tcp://THIS_HOST:9123 --cores 12
+    python -m daskvine_py.worker --connection-file PATH --cores 12
 
 It waits for ``--workers`` workers, runs a bag computation on them and prints the result.
 With ``--local N`` it starts N local workers instead, to try it on one machine.
@@ -11,7 +12,6 @@ With ``--local N`` it starts N local workers instead, to try it on one machine.
 from __future__ import annotations
 
 import argparse
-import socket
 
 import dask.bag as db
 
@@ -30,8 +30,7 @@ def main() -> None:
     parser.add_argument("--local", type=int, default=0, help="start this many local workers")
     args = parser.parse_args()
     with Manager(host=args.host, port=args.port) as manager:
-        port = manager.address.rsplit(":", 1)[1]
-        print(f"workers connect to tcp://{socket.gethostname()}:{port}")
+        print(f"workers join with: --connection-file {manager.connection_file}")
         if args.local:
             manager.start_workers(args.local)
         manager.wait_for_workers(args.workers, timeout=3600)

@@ -215,8 +215,9 @@ class DaskVinePyExecutor(ExecutorBase):
         ``workers`` local workers. A ``Manager``: use it and the workers connected to it
         (it stays yours to close). An address such as ``"tcp://0.0.0.0:9123"``: start a
         manager listening there, for workers started on other nodes with
-        ``python -m daskvine_py.worker tcp://THIS_HOST:9123``; a graph submitted before
-        any worker joins waits for one.
+        ``python -m daskvine_py.worker --connection-file PATH`` (``PATH``: the
+        ``connection_file`` of ``start()``'s manager); a graph submitted before any
+        worker joins waits for one.
     workers
         Local worker processes to start. Default: one per core with the embedded manager,
         none otherwise.

@@ -183,8 +183,12 @@ class Manager:
                 self.address,
             )
         #: the JSON file workers join with (``--connection-file``); see ``security``
+        # A wildcard bind is reached at this host's name.
+        reachable = self.address
+        if host in ("0.0.0.0", "::", "*"):
+            reachable = f"tcp://{_HOSTNAME}:{bound}"
         self.connection_file, self._cleanup_paths = _write_connection_file(
-            self.options.connection_file, self.address, self._keys
+            self.options.connection_file, reachable, self._keys
         )
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
@@ -213,8 +217,10 @@ class Manager:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="daskvine-manager", daemon=True)
         self._thread.start()
-        # A manager never closed must not leave local workers behind at interpreter exit.
+        # A manager never closed must not leave local workers behind at interpreter exit,
+        # nor its keys on disk.
         weakref.finalize(self, _kill_all, self._local_processes)
+        weakref.finalize(self, _remove_paths, self._cleanup_paths)
 
     # -- public API -------------------------------------------------------------------
 
@@ -277,7 +283,7 @@ class Manager:
         start = len(self._local_processes)
         procs = [
             spawn(
-                None,
+                self.address,
                 cores=cores,
                 name=f"local-{start + i}",
                 extra_args=extra,
@@ -460,9 +466,7 @@ class Manager:
         self._close_sockets()
         os.close(self._wake_read)
         os.close(self._wake_write)
-        for path in self._cleanup_paths:  # the file, then a directory made for it
-            with contextlib.suppress(OSError):
-                os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
+        _remove_paths(self._cleanup_paths)
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)
@@ -835,6 +839,13 @@ def _write_connection_file(
         path = os.path.join(directory, name)
         security.write_connection_file(path, address, keys)
         return path, [path, directory]
+
+
+def _remove_paths(paths: list[str]) -> None:
+    """Remove files, then the (empty) directories made for them."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
 
 
 def _exit_meaning(code: int | None) -> str:
