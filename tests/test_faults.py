@@ -263,3 +263,15 @@ def test_a_malformed_manager_address_is_a_one_line_error(address, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "tcp://HOST:PORT" in err.splitlines()[-1]
+
+
+def test_start_workers_after_a_local_worker_died():
+    """Issue 13: a dead earlier worker used to fail every later start_workers call."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=3.0) as manager:
+        (first,) = manager.start_workers(1)
+        first.kill()
+        first.wait()
+        wait_until(lambda: not manager.workers)
+        (second,) = manager.start_workers(1)
+        assert second.poll() is None and len(manager.workers) == 1
+        assert manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
