@@ -236,6 +236,44 @@ def test_a_worker_without_the_keys_exits_saying_authentication(tmp_path):
         assert not manager.workers
 
 
+#: A ZMTP 3.0 greeting from a CurveZMQ server: what a keyless worker reads first when the
+#: manager's greeting reaches it before the manager drops the connection.
+_CURVE_GREETING = (
+    b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\x00") + b"\x01"
+    + b"\x00" * 31
+)  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_keyless_worker_refused_once_for_its_mechanism_exits_and_never_hangs():
+    """One EVENT_HANDSHAKE_FAILED_PROTOCOL is final: libzmq does not reconnect after a
+    protocol error, so the worker must not wait for a second failure, nor block sending
+    its registration on a connection that is gone. Across hosts (tests/test_multihost.py)
+    a keyless worker sees this first, as the manager's greeting arrives before its close."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        proc = spawn(
+            f"tcp://127.0.0.1:{port}",
+            name="keyless",
+            extra_args=["--manager-timeout", "60"],
+            stderr=subprocess.PIPE,
+        )
+        try:
+            listener.settimeout(20)
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(_CURVE_GREETING)  # and keep the connection open
+                _, err = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_AUTH_FAILED, err.decode()
+    assert "could not authenticate" in err.decode()
+    assert "no keys" in err.decode()
+
+
 def test_a_peer_port_serves_only_holders_of_the_keys(tmp_path):
     marker = tmp_path / "unpickled"
     with Manager() as manager:

@@ -83,9 +83,14 @@ QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
 #: Failed CurveZMQ handshakes with the manager, with none succeeding between them, after
-#: which the worker gives up (one ZAP refusal is enough: the manager said no). Two, not
-#: one, for failures without detail: a connection cut mid-handshake looks the same.
+#: which the worker gives up. One ZAP refusal or mechanism mismatch is enough: the manager
+#: said no, and libzmq does not reconnect after either. Two, not one, for failures
+#: without detail: a connection cut mid-handshake looks the same, and it reconnects.
 HANDSHAKE_FAILURES = 2
+#: Seconds a send to the manager may wait for a connection to take it before the loop
+#: goes on and tries again: with no connection (the manager refused ours) a send would
+#: otherwise block for good, before the refusal is read.
+MANAGER_SEND_TIMEOUT = 1.0
 
 #: Exit statuses of ``python -m daskvine_py.worker`` besides 0 (told to stop, or the
 #: manager went silent after we had joined) and argparse's 2 for bad arguments.
@@ -97,6 +102,8 @@ EXIT_MEANINGS = {
     EXIT_NO_MANAGER: "the manager never answered its registration",
     EXIT_AUTH_FAILED: "it could not authenticate with the manager: wrong or missing keys",
 }
+#: Handshake failures after which libzmq drops the connection for good.
+_FINAL_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _HANDSHAKE_FAILURE = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this worker's key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
@@ -221,6 +228,7 @@ class Worker:
         self.manager = self.context.socket(zmq.DEALER)
         self.manager.setsockopt(zmq.IDENTITY, self.identity)
         self.manager.setsockopt(zmq.LINGER, 2000)
+        self.manager.setsockopt(zmq.SNDTIMEO, int(MANAGER_SEND_TIMEOUT * 1000))
         if keys is not None:
             security.connect_as_worker(self.manager, keys.manager_public, keys)
         #: handshake outcomes with the manager: a refused worker exits, saying why
@@ -433,11 +441,14 @@ class Worker:
         )
 
     def _flush(self) -> None:
-        if self.outbox:
-            frames = p.encode(self.outbox)
-            self.outbox = []
-            send_batch(self.manager, frames)
-            self.last_sent = time.monotonic()
+        if self.outbox and not self.manager_gone:
+            messages, self.outbox = self.outbox, []
+            try:
+                send_batch(self.manager, p.encode(messages))
+            except zmq.Again:  # no connection took it in time: kept for the next pass
+                self.outbox[:0] = messages
+            else:
+                self.last_sent = time.monotonic()
         if self.peer_outbox:
             for address, ids in self.peer_outbox.items():
                 send_batch(self._peer_client(address), p.encode([p.GetData(tuple(ids))]))
@@ -453,7 +464,7 @@ class Worker:
                 self.handshake_failures = 0
                 continue
             self.handshake_failures += 1
-            if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if event not in _FINAL_HANDSHAKE_FAILURES:
                 if self.handshake_failures < HANDSHAKE_FAILURES:
                     continue
             if self.keys is None:
