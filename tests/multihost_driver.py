@@ -1,10 +1,11 @@
 """The manager's side of tests/test_multihost.py, run on the manager's host (namespace).
 
-It talks to the test in JSON lines: on stdout ``{"event": "listening", ...}`` once the
-manager is bound, then ``{"event": "ran", ...}`` with what the test checks (results
-against Dask's sync scheduler, bytes moved per pair of names, each worker's hostname and
-peer address); then it waits for a line on stdin (or its end) and, before it closes the
-manager, says ``{"event": "closing", ...}`` with every worker name that ever joined.
+It talks to the test in JSON lines on stdout: ``{"event": "listening", ...}`` once the
+manager is bound and its connection file written (``--connection-file``); then
+``{"event": "ran", ...}`` with what the test checks (results against Dask's sync
+scheduler, bytes moved per pair of names, each worker's hostname and peer address). It
+then waits for a line on stdin (or its end) and, before it closes the manager, says
+``{"event": "closing", ...}`` with every worker name that ever joined.
 
 The graph makes workers read each other's results: 16 producers of 200 KB arrays (well
 past the size that travels inline through the manager), 16 consumers of producers i and
@@ -59,14 +60,18 @@ def emit(event: str, **fields) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--connection-file", required=True)
+    parser.add_argument("--insecure", action="store_true", help="Manager(security=False)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args()
-    with Manager(host=args.host, port=args.port) as manager:
+    with Manager(
+        host=args.host, connection_file=args.connection_file, security=not args.insecure
+    ) as manager:
         emit(
             "listening",
             address=manager.address,
+            connection_file=manager.connection_file,
             hostname=socket.gethostname(),
             package=daskvine_py.__file__,
         )

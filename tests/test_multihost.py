@@ -22,13 +22,13 @@ import pytest
 
 import daskvine_py
 import netns
+from daskvine_py import security
+from daskvine_py.worker import EXIT_AUTH_FAILED
 
 pytestmark = pytest.mark.integration
 
 DRIVER = Path(__file__).with_name("multihost_driver.py")
 WORKERS = ("alpha", "beta")
-#: the manager's port on its host (the namespace is private, so any free port will do)
-PORT = 9123
 
 
 @pytest.fixture
@@ -87,38 +87,71 @@ class Lines:
         return record
 
 
-def _start_worker(hosts: netns.Hosts, host: str, address: str, logs: Path, *args: str):
+def _start_worker(hosts: netns.Hosts, host: str, name: str, join: list[str], logs: Path):
+    """``python -m daskvine_py.worker`` on ``host``, joining with ``join`` (an address, or
+    a connection file); its stderr goes to ``logs/<name>.log``."""
     return hosts.popen(
         host,
-        [sys.executable, "-m", "daskvine_py.worker", address, "--cores", "1",
-         "--name", host, "--workdir", str(logs / host), "--manager-timeout", "20", *args],
+        [sys.executable, "-m", "daskvine_py.worker", *join, "--cores", "1", "--name", name,
+         "--workdir", str(logs / name), "--manager-timeout", "20"],
         env=_env(),
         stdout=subprocess.DEVNULL,
-        stderr=(logs / f"{host}.log").open("w"),
+        stderr=(logs / f"{name}.log").open("w"),
     )  # fmt: skip
 
 
+def _intruders(hosts: netns.Hosts, address: str, connection_file: Path, logs: Path) -> dict:
+    """Workers on the fourth host that must be refused: one without keys, one with a
+    stale connection file (every key another manager's), one that knows the manager's
+    public key but holds a worker key pair of its own."""
+    real = security.read_connection_file(str(connection_file))
+    assert real.keys is not None
+    stale, own = logs / "keys" / "stale.json", logs / "keys" / "own.json"
+    security.write_connection_file(str(stale), address, security.Keys.generate())
+    mine = security.Keys.generate()
+    own_keys = security.Keys(real.keys.manager_public, mine.worker_public, mine.worker_secret)
+    security.write_connection_file(str(own), address, own_keys)
+    joins = {
+        "keyless": [address],
+        "stale-keys": ["--connection-file", str(stale)],
+        "own-keys": ["--connection-file", str(own)],
+    }
+    return {
+        name: _start_worker(hosts, "intruder", name, join, logs) for name, join in joins.items()
+    }
+
+
 @pytest.mark.timeout(90)
-def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path):
+@pytest.mark.parametrize("secure", [True, False], ids=["curve", "plain"])
+def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path, secure):
+    """Secure (the default): workers join with the connection file and three workers
+    without the run's keys are refused. Plain (``security=False``): workers join with
+    the manager's address alone."""
     manager_ip = hosts.addresses["manager"]
+    connection_file = tmp_path / "keys" / "manager.json"
     driver_log = tmp_path / "driver.log"
     driver = hosts.popen(
         "manager",
-        [sys.executable, str(DRIVER), "--host", manager_ip, "--port", str(PORT)],
+        [sys.executable, str(DRIVER), "--host", manager_ip,
+         "--connection-file", str(connection_file), *([] if secure else ["--insecure"])],
         env=_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=driver_log.open("w"),
         text=True,
-    )
+    )  # fmt: skip
     lines = Lines(driver, driver_log)
     listening = lines.next("listening", timeout=30)
     address = listening["address"]
-    assert address == f"tcp://{manager_ip}:{PORT}"
+    assert address.startswith(f"tcp://{manager_ip}:")
     assert listening["hostname"] == "manager"
     assert listening["package"] == daskvine_py.__file__  # this checkout, on every host
+    assert listening["connection_file"] == str(connection_file)
+    assert security.read_connection_file(str(connection_file)).address == address
 
-    workers = [_start_worker(hosts, host, address, tmp_path) for host in WORKERS]
+    join = ["--connection-file", str(connection_file)] if secure else [address]
+    workers = [_start_worker(hosts, host, host, join, tmp_path) for host in WORKERS]
+    intruders = _intruders(hosts, address, connection_file, tmp_path) if secure else {}
     ran = lines.next("ran", timeout=45)
 
     # The graph's results are Dask's.
@@ -141,21 +174,29 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
     assert {name for pair in transfers for name in pair} <= {"manager", *WORKERS}, transfers
     assert ran["received_bytes"] < ran["producer_bytes"]
 
+    # Without the run's keys, a worker is refused during the handshake and says so.
+    for name, proc in intruders.items():
+        code = proc.wait(timeout=30)
+        log = (tmp_path / f"{name}.log").read_text()
+        assert code == EXIT_AUTH_FAILED, (name, code, log)
+        assert "could not authenticate" in log, (name, log)
+
     driver.stdin.write("done\n")
     driver.stdin.flush()
     closing = lines.next("closing", timeout=30)
-    assert closing["joined"] == sorted(WORKERS)
+    assert closing["joined"] == sorted(WORKERS)  # no intruder ever registered
     assert driver.wait(timeout=30) == 0
     for proc in workers:
         assert proc.wait(timeout=30) == 0
 
-    # The bridge's ports agree: what the worker hosts sent and the manager's host did not
-    # receive went from one worker host to the other, and it is at least what the
-    # manager counted (payloads, without the TCP and ZeroMQ framing around them).
+    # The bridge's ports agree. What the other hosts sent and the manager's host did not
+    # receive went between them (the intruders sent to the manager only): at least what
+    # the manager counted (payloads, without the TCP, ZeroMQ and CurveZMQ framing).
     counters = hosts.counters()
-    crossed = sum(counters[host]["sent"] for host in WORKERS) - counters["manager"]["received"]
+    sent = sum(counters[host]["sent"] for host in hosts.hosts if host != "manager")
+    crossed = sent - counters["manager"]["received"]
     counted = sum(between.values())
     assert counted <= crossed < 2 * counted + 256 * 1024, (counters, transfers)
     # Results never went through the manager's host.
     assert counters["manager"]["received"] < ran["producer_bytes"], counters
-    print(f"between workers: manager counted {counted} bytes, the bridge saw {crossed}")
+    print(f"between worker hosts: the manager counted {counted} bytes, the bridge saw {crossed}")
