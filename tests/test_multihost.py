@@ -3,9 +3,10 @@
 The hosts are network namespaces joined by a bridge (``netns.Hosts``), each with its own
 address in 10.231.47.0/24, its own hostname and no route anywhere else; the manager runs
 on one (``multihost_driver.py``), a worker on each of two others. Results cross between
-the worker hosts peer to peer, and the bytes the manager counts are checked against what
-the bridge's ports saw. Needs root: it skips elsewhere, and fails instead of skipping
-when ``DASKVINE_PY_REQUIRE_NETNS=1`` (CI).
+the worker hosts peer to peer, the bytes the manager counts are checked against what the
+bridge's ports saw, and workers on a fourth host without the run's keys are refused.
+Needs root: it skips elsewhere, and fails instead of skipping when
+``DASKVINE_PY_REQUIRE_NETNS=1`` (CI).
 """
 
 from __future__ import annotations
@@ -53,9 +54,12 @@ def _cannot(reason: str) -> None:
 
 
 def _env() -> dict[str, str]:
-    """Our own ``sys.path``, so every host imports this checkout's daskvine_py."""
+    """Our own ``sys.path``, so every host imports this checkout's daskvine_py; no
+    connection file from our environment, so a worker has only the keys it is given."""
     paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    env.pop(security.CONNECTION_FILE_ENV, None)
+    return env
 
 
 class Lines:
@@ -90,14 +94,15 @@ class Lines:
 def _start_worker(hosts: netns.Hosts, host: str, name: str, join: list[str], logs: Path):
     """``python -m daskvine_py.worker`` on ``host``, joining with ``join`` (an address, or
     a connection file); its stderr goes to ``logs/<name>.log``."""
-    return hosts.popen(
-        host,
-        [sys.executable, "-m", "daskvine_py.worker", *join, "--cores", "1", "--name", name,
-         "--workdir", str(logs / name), "--manager-timeout", "20"],
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=(logs / f"{name}.log").open("w"),
-    )  # fmt: skip
+    with (logs / f"{name}.log").open("w") as log:
+        return hosts.popen(
+            host,
+            [sys.executable, "-m", "daskvine_py.worker", *join, "--cores", "1", "--name",
+             name, "--workdir", str(logs / name), "--manager-timeout", "20"],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
 
 
 def _intruders(hosts: netns.Hosts, address: str, connection_file: Path, logs: Path) -> dict:
@@ -130,16 +135,17 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
     manager_ip = hosts.addresses["manager"]
     connection_file = tmp_path / "keys" / "manager.json"
     driver_log = tmp_path / "driver.log"
-    driver = hosts.popen(
-        "manager",
-        [sys.executable, str(DRIVER), "--host", manager_ip,
-         "--connection-file", str(connection_file), *([] if secure else ["--insecure"])],
-        env=_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=driver_log.open("w"),
-        text=True,
-    )  # fmt: skip
+    with driver_log.open("w") as log:
+        driver = hosts.popen(
+            "manager",
+            [sys.executable, str(DRIVER), "--host", manager_ip,
+             "--connection-file", str(connection_file), *([] if secure else ["--insecure"])],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )  # fmt: skip
     lines = Lines(driver, driver_log)
     listening = lines.next("listening", timeout=30)
     address = listening["address"]
@@ -158,12 +164,15 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
     assert ran["results"] == ran["expected"]
 
     # Each worker joined from its own host and advertises its own host's address, which
-    # the other reached: the fetches below went to it.
+    # the other reaches (the fetches below went to it; here a TCP connection says so).
     assert set(ran["workers"]) == set(WORKERS)
-    for host in WORKERS:
+    for host, other in zip(WORKERS, reversed(WORKERS), strict=True):
         info = ran["workers"][host]
         assert info["hostname"] == host
         assert info["peer_address"].startswith(f"tcp://{hosts.addresses[host]}:"), info
+        ip, port = info["peer_address"][len("tcp://") :].rsplit(":", 1)
+        reach = f"import socket; socket.create_connection(({ip!r}, {port}), timeout=5).close()"
+        assert hosts.run(other, [sys.executable, "-c", reach], timeout=20).returncode == 0
 
     # Results moved between the worker hosts, peer to peer, in at least one direction
     # at least one producer's array; only small values went through the manager. Every
