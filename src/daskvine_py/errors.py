@@ -138,6 +138,37 @@ class RunCancelled(DaskVineError):
     """The run was cancelled (Ctrl-C in ``get``, or the manager closing)."""
 
 
+class SchedulerError(DaskVineError, RuntimeError):
+    """The manager failed on something that concerns a run, so the run failed.
+
+    Raised by ``get`` when handling an event of the run raised (a report about one of its
+    tasks, its submission) or a worker sent a malformed report about one of its tasks.
+    ``what`` names the event, its task's key and the worker; ``__cause__`` is the error
+    itself. Other runs go on.
+    """
+
+    def __init__(self, run_id: int, what: str, detail: str) -> None:
+        self._init_args = (run_id, what, detail)
+        super().__init__(f"run {run_id} failed: the manager could not handle {what}: {detail}")
+        self.run_id = run_id
+        self.what = what
+
+
+class ManagerDied(DaskVineError, RuntimeError):
+    """The manager's I/O thread died: no run can go on, and none can start.
+
+    ``__cause__`` is what killed it. Close the manager (``close`` still stops its local
+    workers) and start a new one.
+    """
+
+    def __init__(self, detail: str) -> None:
+        self._init_args = (detail,)
+        super().__init__(
+            f"the manager's I/O thread died ({detail}): no run can go on; close this "
+            "manager and start a new one"
+        )
+
+
 def attach_remote_traceback(exc: BaseException, text: str, note: str | None) -> BaseException:
     """Give ``exc`` its worker-side traceback as cause, and a note naming key and worker."""
     exc.__cause__ = RemoteTraceback(text)

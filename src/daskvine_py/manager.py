@@ -28,6 +28,12 @@ Data flow::
   append its task, worker and sample events to an ``events.EventLog``.
 - Bytes moved are counted per (source, destination) name: workers report what they
   fetched from peers (``Transfers``), and outputs count from their worker to ``MANAGER``.
+- Every run ends. Each step of the loop is guarded: an exception fails the runs it
+  concerns (``SchedulerError``, the exception as its cause) and the loop goes on; one
+  that concerns no run is logged and dropped. A malformed record from a worker fails the
+  runs of the tasks it names (``state.BadReport``); the good records beside it count.
+  Should the thread die all the same, every waiting and later ``get`` raises
+  ``ManagerDied`` at once.
 """
 
 from __future__ import annotations
@@ -55,8 +61,10 @@ from . import protocol as p
 from . import security
 from . import state as s
 from .errors import (
+    ManagerDied,
     ProtocolError,
     RunCancelled,
+    SchedulerError,
     SerializationError,
     TaskFailed,
     VersionMismatch,
@@ -147,6 +155,14 @@ class Manager:
     ...     manager.start_workers(2, cores=1)
     ...     dask.compute(x, scheduler=manager.get)
     """
+
+    #: what killed the I/O thread, once it has died (see ``ManagerDied``)
+    _io_error: BaseException | None = None
+
+    @functools.cached_property
+    def _drops(self) -> p.DropLog:
+        """Warnings about dropped messages and loop errors, rate-limited (I/O thread)."""
+        return p.DropLog(logger)
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **settings: Any) -> None:
         self.options = ManagerOptions(host=host, port=port, **settings)
@@ -306,6 +322,7 @@ class Manager:
         """
         deadline = time.monotonic() + timeout
         while len(self._workers) < n:
+            self._raise_if_dead()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{len(self._workers)} of {n} workers connected after {timeout} s"
@@ -327,6 +344,7 @@ class Manager:
         ``report`` and ``event_log`` among them (see ``report``).
         """
         run_options = RunOptions.from_kwargs(options)
+        self._raise_if_dead()
         rewrite = None
         if run_options.reduction_arity is not None:
             rewrite = functools.partial(
@@ -481,17 +499,44 @@ class Manager:
             raise RuntimeError("the manager is closed")
         self._commands.put(command)
         os.write(self._wake_write, b"x")
+        if self._io_error is not None and command[1] is not None:
+            # Queued after the dying thread failed what it found: nobody will read it.
+            self._fail_dead(command[1])
+
+    def _raise_if_dead(self) -> None:
+        if self._io_error is not None:
+            raise self._dead_error()
+
+    def _dead_error(self) -> ManagerDied:
+        cause = self._io_error
+        error = ManagerDied(f"{type(cause).__name__}: {cause}")
+        error.__cause__ = cause
+        return error
+
+    def _fail_dead(self, run: _Run) -> None:
+        if not run.done.is_set():
+            run.failure = self._dead_error()
+            run.done.set()
 
     # -- the I/O thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+            self._shutdown_workers()
+        except BaseException as exc:
+            self._died(exc)
+
+    def _serve(self) -> None:
+        """The loop: each step guarded, so that an error fails only the runs it concerns."""
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         next_timer = 0.0
         running = True
         while running:
-            timeout = 0 if self._outboxes else max(0.0, next_timer - time.monotonic())
+            busy = self._outboxes or self._events
+            timeout = 0 if busy else max(0.0, next_timer - time.monotonic())
             # Whole milliseconds, rounded up: a fraction would be cut to 0 and spin.
             for sock, _ in poller.poll(math.ceil(timeout * 1000)):
                 if sock is self._router:
@@ -500,13 +545,59 @@ class Manager:
                     running = self._drain_commands()
             now = time.monotonic()
             if now >= next_timer:
-                self._check_timers(now)
+                try:
+                    self._check_timers(now)
+                except Exception as exc:
+                    self._loop_error(exc, "checking the workers' timers")
                 next_timer = now + TIMER_PERIOD
             self._apply_events()
             if self._watched:
-                self._sample_due(time.monotonic())
+                try:
+                    self._sample_due(time.monotonic())
+                except Exception as exc:
+                    self._loop_error(exc, "sampling watched runs", run_ids=list(self._watched))
             self._flush()
-        self._shutdown_workers()
+
+    def _loop_error(
+        self,
+        exc: Exception,
+        what: str,
+        task_ids: Any = (),
+        run_ids: Any = (),
+    ) -> None:
+        """An exception in a step of the loop: fail the runs it concerns (those of
+        ``run_ids`` and of the tasks ``task_ids``), or, concerning none, log and go on."""
+        runs = {run_id: None for run_id in run_ids if run_id in self._runs}
+        for task_id in task_ids:
+            task = self._state.tasks.get(task_id)
+            if task is not None and task.run.id in self._runs:
+                runs[task.run.id] = None
+        if not runs:
+            self._drops.warn(
+                ("loop", what), time.monotonic(), "the manager dropped %s: it raised %r", what,
+                exc, exc_info=exc,
+            )  # fmt: skip
+        for run_id in runs:
+            self._events.append(s.AbortRun(run_id, exc, what))
+
+    def _died(self, exc: BaseException) -> None:
+        """The I/O thread is dying: fail every run, waiting or queued, and tell the
+        workers to leave, so that nothing waits on a loop that is gone."""
+        self._io_error = exc
+        logger.error("the manager's I/O thread died; every run fails", exc_info=exc)
+        for run in list(self._runs.values()):
+            self._fail_dead(run)
+        self._runs.clear()
+        self._watched.clear()
+        while not self._commands.empty():
+            _, run, *_ = self._commands.get()
+            if run is not None:
+                self._fail_dead(run)
+        try:
+            for ident in list(self._workers):
+                self._send_now(ident, [p.Shutdown("the manager's I/O thread died")])
+        except BaseException:
+            logger.warning("could not tell every worker to leave", exc_info=True)
 
     def _drain_commands(self) -> bool:
         try:
@@ -515,20 +606,23 @@ class Manager:
             pass
         while not self._commands.empty():
             kind, run, *rest = self._commands.get()
-            if kind == "submit":
-                self._runs[run.id] = run
-                run.transfers_before = dict(self._transfers)
-                self._events.append(rest[0])
-                if rest[1]:
-                    self._watch_run(run)
-            elif kind == "extend":
-                if run.id in self._runs:
+            try:
+                if kind == "submit":
+                    self._runs[run.id] = run
+                    run.transfers_before = dict(self._transfers)
                     self._events.append(rest[0])
-            elif kind == "cancel":
-                if self._pop_run(run.id) is not None:
-                    self._events.append(s.CancelRun(run.id))
-            elif kind == "close":
-                return False
+                    if rest[1]:
+                        self._watch_run(run)
+                elif kind == "extend":
+                    if run.id in self._runs:
+                        self._events.append(rest[0])
+                elif kind == "cancel":
+                    if self._pop_run(run.id) is not None:
+                        self._events.append(s.CancelRun(run.id))
+                elif kind == "close":
+                    return False
+            except Exception as exc:
+                self._loop_error(exc, f"the {kind} command of run {run.id}", run_ids=(run.id,))
         return True
 
     def _drain_router(self) -> None:
@@ -542,21 +636,44 @@ class Manager:
             ident = ident.bytes
             buffers = [f.buffer for f in frames]
             self.received_bytes += sum(b.nbytes for b in buffers)
-            try:
-                messages = p.decode(buffers, p.TO_MANAGER)
-                for message in messages:
-                    p.check_fields(message)
-            except ProtocolError as exc:
-                logger.warning("dropped a malformed message from %r: %s", ident[:32], exc)
-                continue
             info = self._workers.get(ident)
+            try:
+                messages = p.unpack(buffers, p.TO_MANAGER)
+            except ProtocolError as exc:
+                source = info.name if info is not None else "unregistered peers"
+                self._drops.warn(
+                    ("malformed", source), now, "dropped a malformed message from %s (%r): %s",
+                    source, ident[:32], exc,
+                )  # fmt: skip
+                continue
             if info is None:
                 self._on_stranger(ident, messages, now)
+            else:
+                self._on_worker_batch(ident, info, messages, now)
+            if not has_more(router):
+                return
+
+    def _on_worker_batch(self, ident: bytes, info: _WorkerInfo, messages: list, now: float) -> None:
+        """The records of one batch from a registered worker, each checked on its own: a
+        malformed one fails the runs of the tasks it names, the others count."""
+        watched = self._watched
+        valid = False
+        for message in messages:
+            kind = type(message)
+            try:
+                p.check_fields(message)
+            except ProtocolError as exc:
+                self._drops.warn(
+                    ("malformed", info.name), now, "dropped a malformed record from worker %s: %s",
+                    info.name, exc,
+                )  # fmt: skip
+                named = p.task_ids_named(message)
+                self._events.append(s.BadReport(ident, kind.__name__, named, exc))
                 continue
-            info.last_seen = now
-            watched = self._watched
-            for message in messages:
-                kind = type(message)
+            if not valid:
+                valid = True
+                info.last_seen = now  # only what we can read shows that it is alive
+            try:
                 if watched and kind in _TASK_REPORTS:
                     self._on_task_report(ident, info.name, message, now)
                 if kind is p.TaskDone:
@@ -570,38 +687,51 @@ class Manager:
                     continue
                 if kind is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")
-                    break
+                    return
                 if kind is p.Register:
                     continue
-                self._events.append(s.FromWorker(ident, message))
-            if not has_more(router):
-                return
+            except Exception as exc:
+                what = f"a {kind.__name__} from worker {info.name}"
+                self._loop_error(exc, what, task_ids=p.task_ids_named(message))
+            self._events.append(s.FromWorker(ident, message))
 
     def _count(self, source: str, destination: str, nbytes: int) -> None:
         pair = (source, destination)
         self._transfers[pair] = self._transfers.get(pair, 0) + nbytes
 
     def _on_transfers(self, destination: str, message: p.Transfers) -> None:
-        for entry in message.received:
-            try:
-                address, nbytes = entry
-                self._count(self._names_by_peer.get(address, address), destination, int(nbytes))
-            except (TypeError, ValueError):
-                logger.warning("dropped a malformed transfer count from %s", destination)
-                return
+        for address, nbytes in message.received:  # checked: (str, int) pairs
+            self._count(self._names_by_peer.get(address, address), destination, nbytes)
 
     def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
-        """Messages from an identity that has not registered: only ``Register`` counts."""
+        """Messages from an identity that has not registered: only ``Register`` counts.
+
+        Its version is read first, before its other fields are checked: another version
+        may mean other fields, and deserves a clear mismatch rather than a malformed one.
+        """
         reg = next((m for m in messages if type(m) is p.Register), None)
         if reg is None:
-            logger.warning(
-                "dropped %d message(s) from unregistered peer %r", len(messages), ident[:32]
-            )
+            self._drops.warn(
+                ("unregistered",), now, "dropped %d record(s) from unregistered peer %r",
+                len(messages), ident[:32],
+            )  # fmt: skip
             return
-        if reg.version != p.PROTOCOL_VERSION:
-            error = VersionMismatch(p.PROTOCOL_VERSION, reg.version, reg.name)
-            logger.warning("rejected worker %s: %s", reg.name, error)
+        version = reg[0] if len(reg) else None
+        if type(version) is int and version != p.PROTOCOL_VERSION:
+            name = reg.name if len(reg) > 1 and type(reg.name) is str else repr(ident[:32])
+            error = VersionMismatch(p.PROTOCOL_VERSION, version, name)
+            logger.warning("rejected worker %s: %s", name, error)
             self._outboxes.setdefault(ident, []).append(p.Rejected(str(error)))
+            return
+        try:
+            p.check_fields(reg)
+        except ProtocolError as exc:
+            self._drops.warn(
+                ("unregistered",), now, "rejected a malformed registration from %r: %s",
+                ident[:32], exc,
+            )  # fmt: skip
+            rejected = p.Rejected(f"malformed registration: {exc}")
+            self._outboxes.setdefault(ident, []).append(rejected)
             return
         info = _WorkerInfo(reg, now)
         self._workers[ident] = info
@@ -649,31 +779,67 @@ class Manager:
         events, self._events = self._events, []
         try:
             instructions = self._state.handle(events, time.monotonic())
-        except Exception:
-            logger.exception("scheduler state failed on a batch of %d events", len(events))
+        except Exception as exc:  # handle never raises; if it does, no run can trust it
+            logger.error("the scheduler failed on %d events; every run fails", len(events),
+                         exc_info=exc)  # fmt: skip
+            for run_id in list(self._runs):
+                self._end_failed(run_id, exc, f"a batch of {len(events)} events")
             return
         watched = self._watched
         for instruction in instructions:
             kind = type(instruction)
-            if kind is s.Send:
-                self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
-                if watched and type(instruction.message) is p.Execute:
-                    self._on_dispatch(instruction.message)
-            elif kind is s.RunOutput:
-                run = self._runs.get(instruction.run_id)
-                if run is not None:
-                    run.values[instruction.key] = instruction.value
-            elif kind is s.RunDone:
-                run = self._pop_run(instruction.run_id)
-                if run is not None:
-                    self._settle_transfers(run)
-                    run.done.set()
-            elif kind is s.RunFailed:
-                run = self._pop_run(instruction.run_id)
-                if run is not None:
-                    run.failure = instruction
-                    self._settle_transfers(run)
-                    run.done.set()
+            try:
+                if kind is s.Send:
+                    self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
+                    if watched and type(instruction.message) is p.Execute:
+                        self._on_dispatch(instruction.message)
+                elif kind is s.RunOutput:
+                    run = self._runs.get(instruction.run_id)
+                    if run is not None:
+                        run.values[instruction.key] = instruction.value
+                elif kind is s.RunDone:
+                    run = self._pop_run(instruction.run_id)
+                    if run is not None:
+                        self._settle_transfers(run)
+                        run.done.set()
+                elif kind is s.RunFailed:
+                    run = self._pop_run(instruction.run_id)
+                    if run is not None:
+                        run.failure = instruction
+                        self._settle_transfers(run)
+                        run.done.set()
+                elif kind is s.RunAborted:
+                    self._end_failed(instruction.run_id, instruction.error, instruction.what)
+                elif kind is s.EventDropped:
+                    error = instruction.error
+                    self._drops.warn(
+                        ("scheduler", instruction.what), time.monotonic(),
+                        "the scheduler dropped %s: handling it raised %r", instruction.what,
+                        error, exc_info=error,
+                    )  # fmt: skip
+            except Exception as exc:
+                run_id = getattr(instruction, "run_id", None)
+                task_ids = p.task_ids_named(instruction.message) if kind is s.Send else ()
+                self._loop_error(
+                    exc, f"a {kind.__name__} instruction", task_ids,
+                    () if run_id is None else (run_id,),
+                )  # fmt: skip
+
+    def _end_failed(self, run_id: int, cause: BaseException, what: str) -> None:
+        """A run failed by an exception of the manager's own: ``get`` raises
+        ``SchedulerError``, naming ``what``, with the exception as its cause."""
+        run = self._pop_run(run_id)
+        if run is None:
+            return
+        logger.error("run %d failed: the manager could not handle %s", run_id, what,
+                     exc_info=cause)  # fmt: skip
+        error = SchedulerError(run_id, what, f"{type(cause).__name__}: {cause}")
+        error.__cause__ = cause
+        run.failure = error
+        try:
+            self._settle_transfers(run)
+        finally:
+            run.done.set()
 
     # -- watched runs (progress, event logs) -------------------------------------------
 
@@ -784,12 +950,31 @@ class Manager:
     def _send_now(self, ident: bytes, messages: list) -> bool:
         try:
             frames = p.encode(messages)
+        except Exception:
+            frames = self._encode_what_can_be(ident, messages)
+        try:
             self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
             send_batch(self._router, frames, ident)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone
             self._lose_worker(ident, f"unreachable ({exc})")
             return False
+
+    def _encode_what_can_be(self, ident: bytes, messages: list) -> list:
+        """A batch that would not encode: send the messages that do; the runs of the tasks
+        the others name fail, since their worker will never hear of them."""
+        info = self._workers.get(ident)
+        name = info.name if info is not None else repr(ident[:32])
+        good = []
+        for message in messages:
+            try:
+                p.encode([message])
+            except Exception as exc:
+                what = f"a {type(message).__name__} for worker {name}"
+                self._loop_error(exc, what, p.task_ids_named(message))
+            else:
+                good.append(message)
+        return p.encode(good)
 
     def _shutdown_workers(self) -> None:
         for ident in list(self._workers):

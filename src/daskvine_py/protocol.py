@@ -17,11 +17,14 @@ and drops it.
 
 from __future__ import annotations
 
+import numbers
 import pickle
-from collections.abc import Hashable, Sequence
+import re
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from .errors import ProtocolError
+from .options import EXEC_MODES, TASK_MODES
 from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
@@ -243,20 +246,262 @@ TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
 
 
-#: Field types of what workers send, checked before the scheduler sees it.
-_FIELD_TYPES: dict[type, tuple[Any, ...]] = {
-    Register: (int, str, int, int, str, str, int),
-    TaskDone: (int, int, (float, int), (Serialized, type(None)), (float, int)),
-    TaskErred: (int, (Serialized, type(None)), str, str),
-    TaskCrashed: (int, str),
-    FetchFailed: (int, int, tuple),
-    Replicas: (tuple,),
-    Withdrawn: (tuple,),
-    Transfers: (tuple,),
-    DiskFull: (bool,),
-    Status: (int, int, int, int),
-    Goodbye: (str,),
+# -- validation -------------------------------------------------------------------------
+#
+# Every record that arrives is checked field by field before anything reads it: its
+# length, the type of each field, the types inside containers (task ids, peer addresses,
+# the parts of a ``Serialized``, the inputs of an ``Execute``), and the few values that
+# would break a loop later (a NaN duration poisons the duration estimates, a NaN
+# heartbeat interval the worker's poll timeout). A field's rule is a type (or tuple of
+# types) for ``isinstance`` and, for containers and values, a function saying what is
+# wrong with it (None: nothing). This is on the hot path: see ``check_fields``.
+
+
+class _Field(NamedTuple):
+    types: type | tuple[type, ...]
+    problem: Callable[[Any], str | None] | None = None
+
+
+class _Rule(NamedTuple):
+    types: tuple[type | tuple[type, ...], ...]  #: one per field, for ``isinstance``
+    deep: tuple[tuple[int, Callable[[Any], str | None]], ...]  #: (field index, check)
+
+
+#: What out-of-band decoding yields for a buffer: the frame objects the receiver passed
+#: (memoryviews of ZeroMQ frames, or bytes), ``bytes``/``bytearray`` when it travelled in
+#: band, a ``PickleBuffer`` in a record made locally.
+_BUFFER_TYPES = (bytes, bytearray, memoryview, pickle.PickleBuffer)
+#: A header is pickled in band, so it arrives as bytes. Not a memoryview: the manager
+#: passes small values on inside ``Execute``, and a memoryview cannot be pickled again.
+_HEADER_TYPES = (bytes, bytearray)
+_NUMBER = (int, float)
+#: Dask's keys: these, and tuples of them (``dask.core.iskey``), nested this deep at most.
+_KEY_ATOMS = (str, bytes, int, float)
+_KEY_ATOM_SET = frozenset(_KEY_ATOMS)
+MAX_KEY_DEPTH = 16
+_INF = float("inf")
+
+
+def _serialized(value: Any) -> str | None:
+    if value is None:
+        return None
+    if type(value) is not Serialized:
+        return f"a {type(value).__name__}, not a Serialized"
+    if not isinstance(value.header, _HEADER_TYPES):
+        return f"its header is a {type(value.header).__name__}"
+    buffers = value.buffers
+    if type(buffers) is not list and type(buffers) is not tuple:
+        return f"its buffers are a {type(buffers).__name__}"
+    for buffer in buffers:
+        if not isinstance(buffer, _BUFFER_TYPES):
+            return f"a buffer is a {type(buffer).__name__}"
+    return None
+
+
+def _ids(values: tuple) -> str | None:
+    for value in values:
+        if type(value) is not int:
+            return f"a task id is a {type(value).__name__}"
+    return None
+
+
+def _texts(values: tuple) -> str | None:
+    for value in values:
+        if type(value) is not str:
+            return f"holds a {type(value).__name__}, not a str"
+    return None
+
+
+def _text_pairs(values: tuple) -> str | None:
+    for value in values:
+        if type(value) is not tuple or len(value) != 2 or _texts(value) is not None:
+            return f"holds {value!r:.60}, not a pair of str"
+    return None
+
+
+def _transfer_counts(values: tuple) -> str | None:
+    for value in values:
+        if (
+            type(value) is not tuple
+            or len(value) != 2
+            or type(value[0]) is not str
+            or type(value[1]) is not int
+            or value[1] < 0
+        ):
+            return f"holds {value!r:.60}, not (peer address, bytes)"
+    return None
+
+
+def _key(key: Any, depth: int = 0) -> str | None:
+    if type(key) is tuple:
+        if depth >= MAX_KEY_DEPTH:
+            return f"a key nested more than {MAX_KEY_DEPTH} deep"
+        for part in key:
+            if type(part) not in _KEY_ATOM_SET:
+                problem = _key(part, depth + 1)
+                if problem is not None:
+                    return problem
+        return None
+    if isinstance(key, _KEY_ATOMS):
+        return None
+    if isinstance(key, numbers.Real):
+        return None  # numpy integers, which Dask itself does not accept everywhere
+    return f"a key cannot hold a {type(key).__name__}"
+
+
+def _deps(deps: tuple) -> str | None:
+    for dep in deps:
+        if type(dep) is not DepLocation or len(dep) != 4:
+            return f"an input is a {type(dep).__name__}, not a DepLocation"
+        task_id, key, peers, value = dep
+        if type(task_id) is not int:
+            return f"an input's task id is a {type(task_id).__name__}"
+        problem = _key(key)
+        if problem is None and peers is not None:
+            problem = _texts(peers) if type(peers) is tuple else "its peers are not a tuple"
+        if problem is None:
+            problem = _serialized(value)
+        if problem is not None:
+            return f"input {task_id}: {problem}"
+    return None
+
+
+def _size(value: int) -> str | None:
+    return None if value >= 0 else "negative"
+
+
+def _positive(value: int) -> str | None:
+    return None if value >= 1 else "below 1"
+
+
+def _seconds(value: float) -> str | None:
+    # NaN fails both comparisons.
+    return None if 0.0 <= value < _INF else f"{value!r} is not a finite number >= 0"
+
+
+def _interval(value: float) -> str | None:
+    return None if 0.0 < value < _INF else f"{value!r} is not a finite number > 0"
+
+
+def _address(value: str) -> str | None:
+    return None if connectable(value) else f"{value!r:.60} is not tcp://HOST:PORT"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        return None if value in choices else f"{value!r:.40} is not one of {choices}"
+
+    return check
+
+
+_ID = _Field(int)
+_IDS = _Field(tuple, _ids)
+_TEXT = _Field(str)
+_TEXTS = _Field(tuple, _texts)
+_FLAG = _Field(bool)
+_SIZE = _Field(int, _size)
+_SECONDS = _Field(_NUMBER, _seconds)
+_VALUE = _Field((Serialized, type(None)), _serialized)
+_KEY = _Field((*_KEY_ATOMS, tuple), _key)
+
+_FIELDS: dict[type, tuple[_Field, ...]] = {
+    # worker -> manager
+    Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
+    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS),
+    TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
+    TaskCrashed: (_ID, _TEXT),
+    FetchFailed: (_ID, _ID, _TEXTS),
+    Replicas: (_IDS,),
+    Withdrawn: (_IDS,),
+    Transfers: (_Field(tuple, _transfer_counts),),
+    DiskFull: (_FLAG,),
+    Status: (_SIZE, _SIZE, _SIZE, _SIZE),
+    Goodbye: (_TEXT,),
+    # manager -> worker
+    Welcome: (_TEXT, _Field(_NUMBER, _interval)),
+    Rejected: (_TEXT,),
+    Function: (_Field(bytes), _Field(_BUFFER_TYPES)),
+    RunConfig: (
+        _ID,
+        _Field(str, _one_of(TASK_MODES)),
+        _Field(str, _one_of(EXEC_MODES)),
+        _TEXTS,
+        _Field(tuple, _text_pairs),
+        _FLAG,
+    ),
+    Execute: (_ID, _KEY, _Field(bytes), _Field(tuple, _deps), _FLAG, _ID, _FLAG),
+    Release: (_IDS,),
+    Cancel: (_IDS,),
+    Withdraw: (_IDS,),
+    Replicate: (_ID, _TEXTS),
+    Heartbeat: (),
+    Shutdown: (_TEXT,),
+    # worker <-> worker
+    GetData: (_IDS,),
+    Data: (_ID, _VALUE),
 }
+
+_RULES: dict[type, _Rule] = {
+    kind: _Rule(
+        tuple(field.types for field in fields),
+        tuple((i, field.problem) for i, field in enumerate(fields) if field.problem),
+    )
+    for kind, fields in _FIELDS.items()
+}
+
+
+# Predicates for the hot records, stricter than the rules (exact types only): what they
+# do not accept goes through the rules, which accept or explain.
+
+
+def _task_done_ok(m: Any) -> bool:
+    if len(m) != 5:
+        return False
+    task_id, nbytes, duration, value, finished = m
+    return (
+        type(task_id) is int
+        and type(nbytes) is int
+        and nbytes >= 0
+        and type(duration) is float
+        and 0.0 <= duration < _INF
+        and type(finished) is float
+        and 0.0 <= finished < _INF
+        and (value is None or _serialized(value) is None)
+    )
+
+
+def _execute_ok(m: Any) -> bool:
+    if len(m) != 7:
+        return False
+    task_id, key, payload, deps, want_result, run_id, keep = m
+    if not (
+        type(task_id) is int
+        and type(payload) is bytes
+        and type(deps) is tuple
+        and type(want_result) is bool
+        and type(run_id) is int
+        and type(keep) is bool
+        and (type(key) is str or _key(key) is None)
+    ):
+        return False
+    for dep in deps:
+        if type(dep) is not DepLocation or len(dep) != 4:
+            return False
+        dep_id, dep_key, peers, value = dep
+        if type(dep_id) is not int or (type(dep_key) is not str and _key(dep_key) is not None):
+            return False
+        if peers is not None:
+            if type(peers) is not tuple:
+                return False
+            for peer in peers:
+                if type(peer) is not str:
+                    return False
+        if value is not None and _serialized(value) is not None:
+            return False
+    return True
+
+
+_FAST: dict[type, Callable[[Any], bool]] = {TaskDone: _task_done_ok, Execute: _execute_ok}
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -270,19 +515,72 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: What ZeroMQ connects to without refusing it at once: a host name of letters, digits,
+#: dots, dashes and underscores, an IPv4 address or an IPv6 one in brackets, and a port.
+_CONNECTABLE = re.compile(r"tcp://(\[[0-9A-Za-z:.%]+\]|[0-9A-Za-z._-]+):([0-9]{1,5})")
+
+
+def connectable(address: str) -> bool:
+    """Whether ``address`` is a ``tcp://HOST:PORT`` a peer socket can connect to: anything
+    else (spaces, ``*``, a missing port) makes ``connect`` raise."""
+    match = _CONNECTABLE.fullmatch(address)
+    return match is not None and 0 < int(match.group(2)) < 65536
+
+
 def inlinable(value: Serialized) -> bool:
     """Whether a result is small enough to travel inside ``TaskDone`` and ``Execute``."""
     return not value.buffers and len(value.header) <= INLINE_BYTES
 
 
 def check_fields(message: Any) -> None:
-    """``ProtocolError`` if a record from a worker has fields of the wrong types."""
-    types = _FIELD_TYPES.get(type(message))
-    if types is None:
+    """``ProtocolError`` unless ``message`` is a record of ours with valid fields.
+
+    The most frequent records (``TaskDone``, ``Execute``) first go through a predicate
+    written out by hand for speed; a record it does not accept, and every other kind, is
+    checked rule by rule, which also says what is wrong. Measured with timeit on this
+    machine: 0.2 µs for a ``TaskDone``, 1 µs for an ``Execute`` with three inputs.
+    """
+    fast = _FAST.get(type(message))
+    if fast is not None and fast(message):
         return
-    for name, value, expected in zip(message._fields, message, types, strict=True):
+    kind = type(message)
+    rule = _RULES.get(kind)
+    if rule is None:
+        raise ProtocolError(f"unexpected record {kind.__name__}")
+    types, deep = rule
+    if len(message) != len(types):
+        raise ProtocolError(f"{kind.__name__} has {len(message)} fields, not {len(types)}")
+    for value, expected in zip(message, types, strict=True):
         if not isinstance(value, expected):
-            raise ProtocolError(f"{type(message).__name__}.{name} is a {type(value).__name__}")
+            raise _field_error(message, types)
+    try:
+        for index, problem_of in deep:
+            problem = problem_of(message[index])
+            if problem is not None:
+                raise ProtocolError(f"{kind.__name__}.{kind._fields[index]}: {problem}")
+    except (AttributeError, TypeError, ValueError) as exc:  # an object built by a crafted pickle
+        raise ProtocolError(f"{kind.__name__}: unreadable field ({exc!r})") from exc
+
+
+def _field_error(message: Any, types: tuple) -> ProtocolError:
+    kind = type(message)
+    for name, value, expected in zip(kind._fields, message, types, strict=True):
+        if not isinstance(value, expected):
+            return ProtocolError(f"{kind.__name__}.{name} is a {type(value).__name__}")
+    raise AssertionError("no field is wrong")
+
+
+def task_ids_named(message: Any) -> tuple[int, ...]:
+    """The task ids a record names (``task_id``, ``task_ids``), as far as they are ints:
+    for a record that fails ``check_fields``, what its sender was talking about."""
+    named = []
+    fields = getattr(type(message), "_fields", ())
+    for name, value in zip(fields, message, strict=False):  # a crafted one may be short
+        if name == "task_id" and type(value) is int:
+            named.append(value)
+        elif name == "task_ids" and type(value) is tuple:
+            named.extend(v for v in value if type(v) is int)
+    return tuple(named)
 
 
 def encode(messages: Sequence[Any]) -> list[Any]:
@@ -301,8 +599,13 @@ def zero_copy(frames: Sequence[Any]) -> bool:
     return len(frames) > 1
 
 
-def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
-    """The records of one batch, or ``ProtocolError`` if it is not a valid batch."""
+def unpack(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+    """The records of one batch, their fields not checked yet (``check_fields``), or
+    ``ProtocolError`` if it is not a batch of ours, of records ``allowed`` here.
+
+    For receivers that keep the good records of a batch beside a bad one; ``decode``
+    checks them all.
+    """
     first = memoryview(frames[0]) if frames else memoryview(b"")
     if first[: len(MAGIC)] != MAGIC:
         raise ProtocolError(f"not a daskvine_py message ({len(frames)} frames)")
@@ -321,3 +624,48 @@ def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
         if type(message) not in allowed:
             raise ProtocolError(f"unexpected record {type(message).__name__} in message")
     return messages
+
+
+def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+    """The records of one batch, every field checked, or ``ProtocolError``."""
+    messages = unpack(frames, allowed)
+    for message in messages:
+        check_fields(message)
+    return messages
+
+
+class DropLog:
+    """Warnings about what a loop drops, at most one per kind per ``interval`` seconds.
+
+    The first drop of a kind (say, malformed messages from one worker) is logged at once;
+    later ones within ``interval`` are only counted, and the next warning of that kind
+    says how many there were. A flood of garbage costs a few lines a minute, never one
+    per message. ``now`` is the caller's monotonic clock.
+    """
+
+    __slots__ = ("logger", "interval", "max_kinds", "_last")
+
+    def __init__(self, logger: Any, interval: float = 60.0, max_kinds: int = 1024) -> None:
+        self.logger = logger
+        self.interval = interval
+        #: kinds remembered at most (sources come and go): past it, all are forgotten
+        self.max_kinds = max_kinds
+        #: kind -> [when its last warning was logged, drops since then not logged]
+        self._last: dict[Hashable, list] = {}
+
+    def warn(self, kind: Hashable, now: float, msg: str, *args: Any, exc_info: Any = None) -> bool:
+        """Log ``msg % args`` unless a warning of ``kind`` was logged in the last
+        ``interval`` seconds (then count it); whether it was logged."""
+        last = self._last.get(kind)
+        if last is not None and now - last[0] < self.interval:
+            last[1] += 1
+            self.logger.debug(msg, *args)
+            return False
+        if last is None and len(self._last) >= self.max_kinds:
+            self._last.clear()
+        if last is not None and last[1]:
+            msg += " (and %d more like it in the last %.0f s)"
+            args += (last[1], now - last[0])
+        self._last[kind] = [now, 0]
+        self.logger.warning(msg, *args, exc_info=exc_info)
+        return True

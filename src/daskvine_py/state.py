@@ -3,8 +3,15 @@
 ``SchedulerState.handle(events, now)`` is the only way to change the state. Events are
 runs submitted or cancelled, workers joining or lost, and the messages workers send; the
 returned instructions are protocol messages to send to workers (``Send``) and news for the
-callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``). No sockets, no threads, no
-clocks: tests drive it with literal events.
+callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``). No sockets,
+no threads, no clocks: tests drive it with literal events.
+
+Every run ends. Events are handled one at a time, and one that raises never takes the
+events beside it down: the runs it concerns fail with its exception (``RunAborted``: the
+run of the task a report is about, the run a ``SubmitRun``/``ExtendRun`` is about, the runs
+with work on a worker being lost) and are dropped the usual way, which tolerates a
+half-applied handler; an event that concerns no run is dropped (``EventDropped``, for the
+manager to log). ``handle`` itself never raises.
 
 A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
 raises ``InvalidTransition``::
@@ -110,6 +117,24 @@ class FromWorker(NamedTuple):
     message: Any
 
 
+class BadReport(NamedTuple):
+    """A record from a worker that failed validation (``protocol.check_fields``): the runs
+    of the tasks it names that are processing there fail, since their report is lost."""
+
+    worker: WorkerId
+    kind: str  #: the record's type name
+    task_ids: tuple[int, ...]  #: the ids it names (``protocol.task_ids_named``)
+    error: BaseException
+
+
+class AbortRun(NamedTuple):
+    """Fail a run with an exception raised outside the state (the manager's loop)."""
+
+    run_id: int
+    error: BaseException
+    what: str  #: what was being done, for the message: "a TaskDone from worker w1"
+
+
 # -- instructions ---------------------------------------------------------------------
 
 
@@ -136,6 +161,21 @@ class RunFailed(NamedTuple):
     traceback: str
     message: str  #: what went wrong, for when there is no exception object
     crashed: bool  #: True: crashes/lost workers exhausted the retries
+
+
+class RunAborted(NamedTuple):
+    """A run failed because handling something that concerns it raised ``error``."""
+
+    run_id: int
+    error: BaseException
+    what: str  #: the event: "a TaskDone about task 'x' (id 3) from worker w1"
+
+
+class EventDropped(NamedTuple):
+    """Handling an event that concerns no run raised ``error``; the event was dropped."""
+
+    what: str
+    error: BaseException
 
 
 # -- records --------------------------------------------------------------------------
@@ -290,17 +330,121 @@ class SchedulerState:
     # -- entry point ------------------------------------------------------------------
 
     def handle(self, events: Iterable[Any], now: float = 0.0) -> list[Any]:
-        """Apply ``events`` in order, then dispatch ready work; return the instructions."""
+        """Apply ``events`` in order, then dispatch ready work; return the instructions.
+
+        Never raises: an event whose handling raises fails the runs it concerns
+        (``RunAborted``) or, concerning none, is dropped (``EventDropped``).
+        """
         out = self._out = []
         self.now = now
+        handlers = self._EVENT_HANDLERS
         for event in events:
-            handler = self._EVENT_HANDLERS.get(type(event))
+            handler = handlers.get(type(event))
             if handler is None:
-                raise TypeError(f"unknown scheduler event {event!r}")
-            handler(self, event)
-        self._dispatch()
+                self._out.append(
+                    EventDropped(f"an unknown event {event!r:.80}", TypeError("unknown event"))
+                )
+                continue
+            # What a worker being lost concerns must be read before its records go.
+            lost = self._runs_on(event.worker) if type(event) is WorkerLost else ()
+            try:
+                handler(self, event)
+            except Exception as exc:
+                self._on_handler_error(event, exc, lost)
+        try:
+            self._dispatch()
+        except Exception as exc:  # outside any one task: no telling which runs it spared
+            for run_id in list(self.runs):
+                self._abort(run_id, exc, "dispatching ready tasks")
         self._out = []
         return out
+
+    # -- failures of the handlers themselves --------------------------------------------
+
+    def _on_handler_error(self, event: Any, exc: Exception, lost: Iterable[int]) -> None:
+        what = self._describe(event)
+        kind = type(event)
+        if kind in (SubmitRun, ExtendRun, CancelRun, AbortRun):
+            runs: Iterable[int] = (event.run_id,)
+        elif kind is WorkerLost:
+            runs = lost
+        elif kind is FromWorker:
+            runs = self._runs_of(p.task_ids_named(event.message))
+        elif kind is BadReport:
+            runs = self._runs_of(event.task_ids)
+        else:
+            runs = ()
+        runs = list(runs)
+        if not runs:
+            self._out.append(EventDropped(what, exc))
+        for run_id in runs:
+            self._abort(run_id, exc, what)
+
+    def _abort(self, run_id: int, error: BaseException, what: str) -> None:
+        """Fail a run with ``error`` and drop it, however far a handler got with it."""
+        self._out.append(RunAborted(run_id, error, what))
+        run = self.runs.get(run_id)
+        if run is None:
+            return  # over already, or its submission failed before it was recorded
+        try:
+            self._drop_run(run, sweep=True)
+        except Exception:  # never expected: forget it without cancelling anything
+            for task in run.tasks.values():
+                self.tasks.pop(task.id, None)
+                self.queue.remove(task)
+            self.runs.pop(run.id, None)
+
+    def _runs_of(self, task_ids: Iterable[int]) -> list[int]:
+        """The runs of these tasks (those still known), each once."""
+        runs: dict[int, None] = {}
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None:
+                runs[task.run.id] = None
+        return list(runs)
+
+    def _runs_on(self, worker_id: WorkerId) -> list[int]:
+        """The runs with tasks processing on, or results held by, a worker."""
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            return []
+        runs = {task.run.id: None for task in worker.processing}
+        runs.update((task.run.id, None) for task in worker.has_what)
+        return list(runs)
+
+    def _describe(self, event: Any) -> str:
+        """An event in words, for error messages: its kind, its task and key, its worker."""
+        kind = type(event)
+        if kind is FromWorker or kind is BadReport:
+            worker = self.workers.get(event.worker)
+            name = worker.name if worker is not None else f"{event.worker!r:.40} (unknown)"
+            if kind is FromWorker:
+                record = type(event.message).__name__
+                ids = p.task_ids_named(event.message)
+            else:
+                record, ids = f"malformed {event.kind}", event.task_ids
+            about = ""
+            if ids:
+                task = self.tasks.get(ids[0])
+                key = f"{task.key!r} " if task is not None else ""
+                more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+                about = f" about task {key}(id {ids[0]}){more}"
+            return f"a {record}{about} from worker {name}"
+        if kind is SubmitRun:
+            return f"the submission of run {event.run_id}"
+        if kind is ExtendRun:
+            return f"more tasks of run {event.run_id}"
+        if kind is CancelRun:
+            return f"the cancellation of run {event.run_id}"
+        if kind is AbortRun:
+            return event.what
+        if kind is WorkerJoined:
+            return f"worker {event.name} joining"
+        if kind is WorkerLost:
+            worker = self.workers.get(event.worker)
+            name = worker.name if worker is not None else repr(event.worker)
+            return f"the loss of worker {name} ({event.reason})"
+        return f"a {kind.__name__} event"
 
     # -- event handlers ---------------------------------------------------------------
 
@@ -360,6 +504,22 @@ class SchedulerState:
         run = self.runs.get(ev.run_id)
         if run is not None:
             self._drop_run(run)
+
+    def _on_abort(self, ev: AbortRun) -> None:
+        self._abort(ev.run_id, ev.error, ev.what)
+
+    def _on_bad_report(self, ev: BadReport) -> None:
+        """The runs of the tasks a malformed report names, processing on its sender, fail:
+        the report was all the manager would have heard of them."""
+        worker = self.workers.get(ev.worker)
+        runs: dict[int, None] = {}
+        for task_id in ev.task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and task.worker is worker and task.state == "processing":
+                runs[task.run.id] = None
+        what = self._describe(ev)  # none: nothing waits on it (the manager logged it)
+        for run_id in runs:
+            self._abort(run_id, ev.error, what)
 
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
@@ -464,15 +624,17 @@ class SchedulerState:
                 task, worker, None, "", f"{msg.reason} ({task.attempts} attempts)", crashed=True
             )
         else:
-            self._transition(task, "ready")
+            self._requeue(task)
 
     def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
         task = self.tasks.get(msg.task_id)
         dep = self.tasks.get(msg.dep_id)
         if task is None or task.state != "processing" or task.worker is not worker:
             return
-        if dep is None:
-            raise ValueError(f"fetch failure for unknown input {msg.dep_id} of {task.key!r}")
+        if dep is None or dep.run is not task.run:
+            # Not one of its inputs: all that is known is that the worker dropped the task.
+            self._requeue(task)
+            return
         # Whoever could not serve it has lost it (or is unreachable): forget that copy.
         failed = [w for w in dep.who_has if w.peer_address in msg.peers]
         for holder in failed:
@@ -482,7 +644,12 @@ class SchedulerState:
         if dep.state == "memory" and not dep.who_has:
             self._lose([dep])
         if task.state == "processing":  # its inputs still exist elsewhere: try again
-            self._transition(task, "ready")
+            self._requeue(task)
+
+    def _requeue(self, task: TaskRecord) -> None:
+        """A processing task its worker gave up: queue it, or, when it was sent ahead of an
+        input still missing, let it wait for that input here."""
+        self._transition(task, "ready" if task.missing == 0 else "waiting")
 
     def _on_disk_full(self, worker: WorkerRecord, full: bool) -> None:
         """A full worker finishes what it holds and serves peers, but gets no new work."""
@@ -557,21 +724,33 @@ class SchedulerState:
         )
         self._drop_run(task.run)
 
-    def _drop_run(self, run: RunRecord) -> None:
-        """Forget a finished, failed or cancelled run; cancel and release its work."""
+    def _drop_run(self, run: RunRecord, sweep: bool = False) -> None:
+        """Forget a finished, failed or cancelled run; cancel and release its work.
+
+        ``sweep`` (a run aborted by an exception, maybe half-way through a transition):
+        also look for its tasks in every worker's records, whatever their states say.
+        """
         cancel: dict[WorkerRecord, list[int]] = {}
         release: dict[WorkerRecord, list[int]] = {}
         for task in run.tasks.values():
-            if task.state == "processing" and task.worker is not None:
-                task.worker.processing.pop(task, None)
-                self._withdrawing.discard(task)
-                cancel.setdefault(task.worker, []).append(task.id)
-            elif task.state == "ready":
-                self.queue.remove(task)
+            worker = task.worker
+            if worker is not None and (task.state == "processing" or sweep):
+                if worker.processing.pop(task, False) is None or task.state == "processing":
+                    cancel.setdefault(worker, []).append(task.id)
+            self._withdrawing.discard(task)
+            self.queue.remove(task)  # nothing if not queued
             for holder in task.who_has:
                 holder.has_what.discard(task)
                 release.setdefault(holder, []).append(task.id)
-            del self.tasks[task.id]
+            self.tasks.pop(task.id, None)
+        if sweep:
+            for worker in self.workers.values():
+                for task in [t for t in worker.processing if t.run is run]:
+                    del worker.processing[task]
+                    cancel.setdefault(worker, []).append(task.id)
+                for task in [t for t in worker.has_what if t.run is run]:
+                    worker.has_what.discard(task)
+                    release.setdefault(worker, []).append(task.id)
         for worker, ids in cancel.items():
             if worker.id in self.workers:
                 self._send(worker, p.Cancel(tuple(ids)))
@@ -581,7 +760,7 @@ class SchedulerState:
         if run.config is not None:
             for worker in self.workers.values():
                 worker.configs.discard(run.id)
-        del self.runs[run.id]
+        self.runs.pop(run.id, None)
 
     def _send(self, worker: WorkerRecord, message: Any) -> None:
         self._out.append(Send(worker.id, message))
@@ -611,12 +790,20 @@ class SchedulerState:
                     if len(worker.processing) >= worker.cores + self._extra(worker, task):
                         continue
                     self.queue.pop_for(worker.id, steal)
-                    self._transition(task, "processing", worker=worker)
-                    self._send_ahead(task, worker)
+                    try:
+                        self._transition(task, "processing", worker=worker)
+                        self._send_ahead(task, worker)
+                    except Exception as exc:
+                        what = f"sending task {task.key!r} (id {task.id}) to worker {worker.name}"
+                        self._abort(task.run.id, exc, what)
+                        continue
                     still_hungry.append(worker)
                 hungry = still_hungry
         if not self.queue:
-            self._steal_for_idle_workers()
+            try:
+                self._steal_for_idle_workers()
+            except Exception as exc:  # stealing is an optimisation: runs go on without it
+                self._out.append(EventDropped("taking queued tasks back for idle workers", exc))
 
     def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Send dependents whose only missing input is ``task`` to the same worker now.
@@ -685,6 +872,9 @@ class SchedulerState:
         for task_id in task_ids:
             task = self.tasks.get(task_id)
             if task is None or task.state != "processing" or task.worker is not worker:
+                continue
+            if task.missing:
+                self._transition(task, "waiting")
                 continue
             self._transition(task, "ready")
             thief = next(
@@ -848,6 +1038,8 @@ class SchedulerState:
         WorkerJoined: _on_worker_joined,
         WorkerLost: _on_worker_lost,
         FromWorker: _on_from_worker,
+        BadReport: _on_bad_report,
+        AbortRun: _on_abort,
     }
 
 

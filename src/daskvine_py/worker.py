@@ -26,11 +26,18 @@ Data flow::
 - Task directories and function files live in ``<workdir>/tasks`` and
   ``<workdir>/functions``, removed with the worker's directory when it exits.
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
+  Only records that pass validation count as hearing from it.
+- Every record from the manager and from peers is validated (``protocol.check_fields``);
+  a bad one is dropped with a rate-limited warning and the worker goes on. A task whose
+  ``Execute`` it cannot read or take is reported crashed (``TaskCrashed``), so that the
+  manager retries it elsewhere or fails its run; an error while serving a peer costs that
+  peer its reply (it tries another holder), never the worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import logging
 import multiprocessing
@@ -173,6 +180,11 @@ class TaskProcess:
 
 class Worker:
     """The worker's state and its single event loop; see the module docstring."""
+
+    @functools.cached_property
+    def _drops(self) -> p.DropLog:
+        """Warnings about dropped messages, rate-limited."""
+        return p.DropLog(logger)
 
     def __init__(
         self,
@@ -449,10 +461,30 @@ class Worker:
                 self.outbox[:0] = messages
             else:
                 self.last_sent = time.monotonic()
-        if self.peer_outbox:
-            for address, ids in self.peer_outbox.items():
-                send_batch(self._peer_client(address), p.encode([p.GetData(tuple(ids))]))
-            self.peer_outbox = {}
+        # A peer that cannot be asked passes its fetches on to their next holders, which
+        # may add requests: until none is left (each fetch has finitely many holders).
+        while self.peer_outbox:
+            outbox, self.peer_outbox = self.peer_outbox, {}
+            for address, ids in outbox.items():
+                if address not in self.peer_clients and not p.connectable(address):
+                    self._unreachable(address, ids, "not an address to connect to")
+                    continue
+                try:
+                    send_batch(self._peer_client(address), p.encode([p.GetData(tuple(ids))]))
+                except zmq.ZMQError as exc:
+                    self._unreachable(address, ids, str(exc))
+
+    def _unreachable(self, address: str, ids: list[int], why: str) -> None:
+        now = time.monotonic()
+        self._drops.warn(
+            ("unreachable", address), now, "worker %s cannot ask peer %r for results: %s",
+            self.name, address, why,
+        )  # fmt: skip
+        for dep_id in ids:
+            fetch = self.fetches.get(dep_id)
+            if fetch is not None and fetch.current == address:
+                self.slots.give_back(fetch)
+                self._request_next(fetch, now)
 
     # -- the manager ------------------------------------------------------------------
 
@@ -490,16 +522,58 @@ class Worker:
                 frames = self.manager.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self.last_contact = time.monotonic()
-            try:
-                messages = p.decode([f.buffer for f in frames], p.TO_WORKER)
-            except ProtocolError as exc:
-                logger.warning("dropped a malformed message from the manager: %s", exc)
-                continue
-            for message in messages:
-                self._on_manager_message(message)
+            self._on_manager_frames([f.buffer for f in frames])
             if not has_more(self.manager):
                 return
+
+    def _on_manager_frames(self, frames: list) -> None:
+        """One batch from the manager, each record checked on its own: a bad one is
+        dropped (its task reported crashed), the others taken. Only a valid record shows
+        that the manager is there (``last_contact``)."""
+        now = time.monotonic()
+        try:
+            messages = p.unpack(frames, p.TO_WORKER)
+        except ProtocolError as exc:
+            self._drops.warn(
+                "manager", now, "worker %s dropped a malformed message from the manager: %s",
+                self.name, exc,
+            )  # fmt: skip
+            return
+        for message in messages:
+            try:
+                p.check_fields(message)
+            except ProtocolError as exc:
+                self._drops.warn(
+                    "manager", now, "worker %s dropped a malformed record from the manager: %s",
+                    self.name, exc,
+                )  # fmt: skip
+                self._cannot_take(message, f"it could not read the task: {exc}")
+                continue
+            self.last_contact = now
+            try:
+                self._on_manager_message(message)
+            except Exception as exc:
+                kind = type(message).__name__
+                self._drops.warn(
+                    ("handling", kind), now, "worker %s could not handle a %s from the manager: %r",
+                    self.name, kind, exc, exc_info=exc,
+                )  # fmt: skip
+                self._cannot_take(message, f"it could not take the task: {exc!r}")
+
+    def _cannot_take(self, message: Any, why: str) -> None:
+        """An ``Execute`` that was dropped: forget what was kept of its task, and tell the
+        manager, which would otherwise wait for it forever."""
+        if type(message) is not p.Execute or len(message) < 1 or type(message[0]) is not int:
+            return
+        task_id = message[0]
+        task = self.tasks.get(task_id)
+        if task is not None and task.state == "running":
+            return  # an earlier Execute of it runs: its own report will come
+        if task is not None:
+            self._drop_task(task)
+        for waiters in [*self.local_waiters.values(), *(f.waiters for f in self.fetches.values())]:
+            waiters.discard(task_id)
+        self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
 
     def _on_manager_message(self, msg: Any) -> None:
         kind = type(msg)
@@ -660,18 +734,39 @@ class Worker:
                 ident, *frames = self.peer_server.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                requests = p.decode([f.buffer for f in frames], p.TO_PEER)
-            except (ProtocolError, ValueError) as exc:
-                logger.warning("dropped a malformed request from a peer: %s", exc)
-                continue
-            replies = [
-                p.Data(task_id, self.store.get(task_id, use=False))
-                for request in requests
-                for task_id in request.task_ids
-            ]
-            frames = p.encode(replies)
-            send_batch(self.peer_server, frames, ident)
+            replies = self._peer_replies(ident.bytes, [f.buffer for f in frames])
+            if replies:
+                try:
+                    send_batch(self.peer_server, p.encode(replies), ident)
+                except Exception as exc:  # the peer asks another holder after its timeout
+                    self._drops.warn(
+                        ("reply",), time.monotonic(), "worker %s could not answer a peer: %r",
+                        self.name, exc, exc_info=exc,
+                    )  # fmt: skip
+
+    def _peer_replies(self, ident: bytes, frames: list) -> list[p.Data] | None:
+        """The answer to one request from a peer; None for a request that is not valid."""
+        try:
+            requests = p.decode(frames, p.TO_PEER)
+        except ProtocolError as exc:
+            self._drops.warn(
+                ("request",), time.monotonic(), "worker %s dropped a malformed request from "
+                "peer %r: %s", self.name, ident[:32], exc,
+            )  # fmt: skip
+            return None
+        replies = []
+        for request in requests:
+            for task_id in request.task_ids:
+                try:
+                    value = self.store.get(task_id, use=False)
+                except Exception as exc:  # a spill file that cannot be read back
+                    self._drops.warn(
+                        ("store",), time.monotonic(), "worker %s cannot serve result %d: %r",
+                        self.name, task_id, exc,
+                    )  # fmt: skip
+                    value = None  # "not held here": the peer asks the next holder
+                replies.append(p.Data(task_id, value))
+        return replies
 
     def _drain_peer_client(self, sock: zmq.Socket) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -679,14 +774,31 @@ class Worker:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self._on_peer_frames([f.buffer for f in frames])
+
+    def _on_peer_frames(self, frames: list) -> None:
+        """A peer's replies; a malformed one is dropped, and its fetch times out."""
+        now = time.monotonic()
+        try:
+            replies = p.decode(frames, p.FROM_PEER)
+        except ProtocolError as exc:
+            self._drops.warn(
+                ("reply from a peer",), now, "worker %s dropped a malformed reply from a "
+                "peer: %s", self.name, exc,
+            )  # fmt: skip
+            return
+        for reply in replies:
+            fetch = self.fetches.get(reply.task_id)
             try:
-                replies = p.decode([f.buffer for f in frames], p.FROM_PEER)
-            except ProtocolError as exc:
-                logger.warning("dropped a malformed reply from a peer: %s", exc)
-                continue
-            now = time.monotonic()
-            for reply in replies:
                 self._on_data(reply, now)
+            except Exception as exc:  # storing it failed: the tasks that wait give up on it
+                self._drops.warn(
+                    ("data",), now, "worker %s could not take result %d from a peer: %r",
+                    self.name, reply.task_id, exc, exc_info=exc,
+                )  # fmt: skip
+                if fetch is not None:
+                    self.slots.give_back(fetch)
+                    self._fetch_failed(fetch)
 
     def _on_data(self, reply: p.Data, now: float) -> None:
         fetch = self.fetches.get(reply.task_id)
