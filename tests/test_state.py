@@ -304,9 +304,9 @@ class SimulatedCluster:
                 continue
             holders = [w for w in self.stores if w.decode() in (dep.peers or ())]
             source = next((w for w in holders if dep.task_id in self.stores[w]), None)
-            if source is None:
-                self.apply([s.FromWorker(worker, p.FetchFailed(msg.task_id, dep.task_id,
-                                                               dep.peers))])  # fmt: skip
+            if source is None:  # as a real worker does, naming itself if it was the holder
+                peers = dep.peers or (worker.decode(),)
+                self.apply([s.FromWorker(worker, p.FetchFailed(msg.task_id, dep.task_id, peers))])
                 return
             store[dep.task_id] = inputs[dep.key] = self.stores[source][dep.task_id]
             fetched.append(dep.task_id)
