@@ -26,7 +26,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError
+from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
 from daskvine_py import protocol as p
 from daskvine_py import state as s
 from daskvine_py.serialize import Serialized, dumps, loads
@@ -232,6 +232,21 @@ def test_a_malformed_report_fails_the_runs_of_the_tasks_it_names_that_run_there(
     assert aborted.run_id == 1 and aborted.error is error
     assert "malformed TaskDone about task 'a'" in aborted.what and "w1" in aborted.what
     assert set(st_.runs) == {2}
+
+
+def test_a_task_given_back_before_its_input_exists_waits_for_it():
+    """Found by the fuzzing below: a task sent ahead of its input, then given back, was
+    queued as ready and sent where nobody computes that input."""
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1)]
+    st_.handle([s.WorkerJoined(W1, "w1", 1, "tcp://w1:1"), s.SubmitRun(1, tasks, ["b"], 3)])
+    a, b = st_.tasks[1], st_.tasks[2]
+    assert b.state == "processing" and b.missing == 1  # sent ahead behind a
+    st_.handle([s.FromWorker(W1, p.TaskCrashed(b.id, "library exited"))])
+    assert b.state == "waiting" and b not in st_.queue
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(a.id, 8, 0.1, None))])
+    (execute,) = [i.message for i in out if type(i) is s.Send and type(i.message) is p.Execute]
+    assert execute.task_id == b.id and execute.deps == (p.DepLocation(a.id, "a", ()),)
 
 
 def test_a_failing_report_fails_its_run_over_the_real_manager_and_the_batch_counts():
@@ -451,6 +466,21 @@ def test_a_task_the_worker_cannot_read_is_reported_crashed(worker, caplog):
     assert len(caplog.records) == 1  # two bad records, one warning
 
 
+def test_a_task_whose_execute_no_worker_can_read_fails_its_run_saying_why(manager):
+    """The manager's side of it: the crash report comes back, the task is retried, and
+    the run fails naming the task and what the worker could not read."""
+    real = s._location
+
+    def broken(dep, worker):
+        return real(dep, worker)._replace(task_id=str(dep.id))
+
+    dsk = {"x": 1, "y": (inc, "x")}
+    with mock.patch.object(s, "_location", broken):
+        with pytest.raises(TaskFailed, match=r"'y'.*could not read the task.*Execute.deps"):
+            manager.get(dsk, "y", retries=1)
+    assert manager.get(dsk, "y") == dask.get(dsk, "y")
+
+
 def test_a_task_the_worker_fails_to_take_is_reported_crashed(worker):
     deps = (p.DepLocation(1, "x", ("tcp://127.0.0.1:2",)),)
     with mock.patch.object(worker, "_request_next", side_effect=RuntimeError("a bug")):
@@ -610,11 +640,11 @@ _ANY = st.recursive(
 
 @st.composite
 def records(draw, kinds):
-    """A record of one of ``kinds``: valid fields, some replaced by anything at all, and
-    now and then too few or too many fields."""
+    """A record of one of ``kinds``: valid, or with some fields replaced by anything at
+    all, and now and then too few or too many fields."""
     kind = draw(st.sampled_from(sorted(kinds, key=lambda k: k.__name__)))
-    fields = [draw(st.one_of(valid, _ANY) if draw(st.booleans()) else valid)
-              for valid in VALID[kind]]  # fmt: skip
+    corrupt = draw(st.booleans())  # half of them valid throughout
+    fields = [draw(_ANY if corrupt and draw(st.booleans()) else valid) for valid in VALID[kind]]
     if draw(st.integers(0, 9)) == 0:
         fields = fields[: draw(st.integers(0, len(fields)))] + draw(st.lists(_ANY, max_size=2))
         return tuple.__new__(kind, fields)
@@ -691,10 +721,16 @@ _REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p
 
 
 @st.composite
-def bogus_reports(draw, max_id):
-    """A report that no worker should send now: stale, unknown or simply false."""
-    worker = draw(st.sampled_from([b"w0", b"w1", b"w2", b"nobody"]))
-    task_id = draw(st.integers(1, max_id + 3))
+def bogus_reports(draw, state):
+    """A report that no worker should send now: stale, unknown or simply false; half of
+    them about a task that is processing, from its own worker."""
+    max_id = state._next_task_id
+    processing = sorted((t.id, t.worker.id) for t in state.tasks.values() if t.worker)
+    if processing and draw(st.booleans()):
+        task_id, worker = draw(st.sampled_from(processing))
+    else:
+        worker = draw(st.sampled_from([b"w0", b"w1", b"w2", b"nobody"]))
+        task_id = draw(st.integers(1, max_id + 3))
     kind = draw(st.sampled_from(_REPORTS + (p.Status,)))
     if kind is p.TaskDone:
         value = draw(st.sampled_from([None, dumps("bogus")]))
@@ -741,12 +777,13 @@ def test_fuzz_inconsistent_reports_never_break_the_state_and_every_run_ends(grap
     for run_id, (deps, outputs) in enumerate(graphs, start=1):
         tasks = [s.NewTask(k, b"", (), deps[k], i) for i, k in enumerate(deps)]
         cluster.apply([s.SubmitRun(run_id, tasks, outputs, 3)])
-    max_id = cluster.state._next_task_id
     for _ in range(5_000):
-        if not any(cluster.queued.values()) and not cluster.pending:
-            break
+        if not cluster.pending and not any(
+            cluster.startable(w, m) for w, queue in cluster.queued.items() for m in queue
+        ):
+            break  # what is left waits for inputs a false report made the state drop
         if cluster.rng.random() < 0.15:
-            cluster.apply([data.draw(bogus_reports(max_id))])
+            cluster.apply([data.draw(bogus_reports(cluster.state))])
             continue
         cluster.step()
     # Every run ended: done, failed or aborted; none is left waiting.
