@@ -98,6 +98,10 @@ TIMER_PERIOD = 0.1
 SAMPLES_PER_RUN = 1000
 #: Worker reports that watched runs count or log.
 _TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
+#: Worker reports the scheduler state takes (``state.FromWorker``).
+_STATE_REPORTS = frozenset(
+    {p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Withdrawn, p.DiskFull}
+)
 
 
 class _Run:
@@ -593,11 +597,11 @@ class Manager:
             _, run, *_ = self._commands.get()
             if run is not None:
                 self._fail_dead(run)
-        try:
-            for ident in list(self._workers):
+        for ident in list(self._workers):
+            try:
                 self._send_now(ident, [p.Shutdown("the manager's I/O thread died")])
-        except BaseException:
-            logger.warning("could not tell every worker to leave", exc_info=True)
+            except BaseException:
+                logger.warning("could not tell a worker to leave", exc_info=True)
 
     def _drain_commands(self) -> bool:
         try:
@@ -640,10 +644,12 @@ class Manager:
             try:
                 messages = p.unpack(buffers, p.TO_MANAGER)
             except ProtocolError as exc:
-                source = info.name if info is not None else "unregistered peers"
+                if info is not None:
+                    self._unreadable(ident, info, exc)
+                    continue
                 self._drops.warn(
-                    ("malformed", source), now, "dropped a malformed message from %s (%r): %s",
-                    source, ident[:32], exc,
+                    ("malformed", "unregistered peers"), now, "dropped a malformed message "
+                    "from unregistered peers (%r): %s", ident[:32], exc,
                 )  # fmt: skip
                 continue
             if info is None:
@@ -652,6 +658,14 @@ class Manager:
                 self._on_worker_batch(ident, info, messages, now)
             if not has_more(router):
                 return
+
+    def _unreadable(self, ident: bytes, info: _WorkerInfo, exc: ProtocolError) -> None:
+        """A registered worker sent a batch that is not one: the reports in it are lost,
+        and the tasks they were about would wait forever. The worker is lost (its tasks
+        run elsewhere) and told to leave."""
+        reason = f"it sent a message that could not be read ({exc})"
+        self._lose_worker(ident, reason)
+        self._send_now(ident, [p.Shutdown(reason)])
 
     def _on_worker_batch(self, ident: bytes, info: _WorkerInfo, messages: list, now: float) -> None:
         """The records of one batch from a registered worker, each checked on its own: a
@@ -693,6 +707,8 @@ class Manager:
             except Exception as exc:
                 what = f"a {kind.__name__} from worker {info.name}"
                 self._loop_error(exc, what, task_ids=p.task_ids_named(message))
+                if kind not in _STATE_REPORTS:
+                    continue
             self._events.append(s.FromWorker(ident, message))
 
     def _count(self, source: str, destination: str, nbytes: int) -> None:
@@ -952,6 +968,8 @@ class Manager:
             frames = p.encode(messages)
         except Exception:
             frames = self._encode_what_can_be(ident, messages)
+            if frames is None:
+                return False
         try:
             self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
             send_batch(self._router, frames, ident)
@@ -960,9 +978,10 @@ class Manager:
             self._lose_worker(ident, f"unreachable ({exc})")
             return False
 
-    def _encode_what_can_be(self, ident: bytes, messages: list) -> list:
-        """A batch that would not encode: send the messages that do; the runs of the tasks
-        the others name fail, since their worker will never hear of them."""
+    def _encode_what_can_be(self, ident: bytes, messages: list) -> list | None:
+        """A batch that would not encode: the frames of the messages that do (None if
+        none does); the runs of the tasks the others name fail, since their worker will
+        never hear of them."""
         info = self._workers.get(ident)
         name = info.name if info is not None else repr(ident[:32])
         good = []
@@ -974,7 +993,7 @@ class Manager:
                 self._loop_error(exc, what, p.task_ids_named(message))
             else:
                 good.append(message)
-        return p.encode(good)
+        return p.encode(good) if good else None
 
     def _shutdown_workers(self) -> None:
         for ident in list(self._workers):

@@ -611,12 +611,14 @@ class SchedulerState:
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self.tasks.get(msg.task_id)
         if task is None or task.state != "processing" or task.worker is not worker:
+            self._not_held(task, worker)
             return
         self._fail(task, worker, msg.exception, msg.traceback, msg.message, crashed=False)
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self.tasks.get(msg.task_id)
         if task is None or task.state != "processing" or task.worker is not worker:
+            self._not_held(task, worker)
             return
         task.attempts += 1
         if task.attempts > task.run.retries:
@@ -630,6 +632,7 @@ class SchedulerState:
         task = self.tasks.get(msg.task_id)
         dep = self.tasks.get(msg.dep_id)
         if task is None or task.state != "processing" or task.worker is not worker:
+            self._not_held(task, worker)
             return
         if dep is None or dep.run is not task.run:
             # Not one of its inputs: all that is known is that the worker dropped the task.
@@ -645,6 +648,18 @@ class SchedulerState:
             self._lose([dep])
         if task.state == "processing":  # its inputs still exist elsewhere: try again
             self._requeue(task)
+
+    def _not_held(self, task: TaskRecord | None, worker: WorkerRecord) -> None:
+        """``worker`` could not run ``task`` (it erred, crashed or lacked an input), which
+        the state believes it holds: the ``TaskDone`` that said so was false, and the
+        copy does not exist. Without this, tasks sent ahead to wait for it there would
+        wait forever. (An honest worker runs a task again only once its result is gone.)"""
+        if task is None or task.state != "memory" or worker not in task.who_has:
+            return
+        task.who_has.discard(worker)
+        worker.has_what.discard(task)
+        if not task.who_has:
+            self._lose([task])
 
     def _requeue(self, task: TaskRecord) -> None:
         """A processing task its worker gave up: queue it, or, when it was sent ahead of an

@@ -571,8 +571,16 @@ class Worker:
             return  # an earlier Execute of it runs: its own report will come
         if task is not None:
             self._drop_task(task)
-        for waiters in [*self.local_waiters.values(), *(f.waiters for f in self.fetches.values())]:
-            waiters.discard(task_id)
+        # What a handler that failed half-way kept of it, found by id.
+        for dep_id in [d for d, waiters in self.local_waiters.items() if task_id in waiters]:
+            self.local_waiters[dep_id].discard(task_id)
+            if not self.local_waiters[dep_id]:
+                del self.local_waiters[dep_id]
+        for fetch in list(self.fetches.values()):
+            fetch.waiters.discard(task_id)
+            if not fetch.waiters and not fetch.replicate:  # for nobody: a later task would
+                del self.fetches[fetch.dep_id]  # wait on it forever, never requested
+                self.slots.give_back(fetch)
         self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
 
     def _on_manager_message(self, msg: Any) -> None:
