@@ -722,9 +722,13 @@ class Worker:
         if sock is None:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            if self.keys is not None:  # every peer serves with the workers' key pair
-                security.connect_as_worker(sock, self.keys.worker_public, self.keys)
-            sock.connect(address)
+            try:
+                if self.keys is not None:  # every peer serves with the workers' key pair
+                    security.connect_as_worker(sock, self.keys.worker_public, self.keys)
+                sock.connect(address)
+            except zmq.ZMQError:
+                sock.close(linger=0)  # an open socket would hang the context's term
+                raise
             self.peer_clients[address] = sock
             self.poller.register(sock, zmq.POLLIN)
         return sock
