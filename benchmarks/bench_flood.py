@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import pickle
 import platform
+import resource
 import socket
 import statistics
 import sys
@@ -67,13 +68,20 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
                 pass
         return
     # A refused client does not retry on its own: every attempt is a new socket, with
-    # the last few kept open so that their handshakes overlap.
+    # the last 200 kept open so that each gets as far as its handshake.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 8192)
     public, secret = zmq.curve_keypair()
     batch = [b"dvp" + pickle.dumps([_Bomb()], protocol=5)]
     recent: collections.deque = collections.deque()
     while not stop.is_set():
-        sock = context.socket(zmq.DEALER)
+        try:
+            sock = context.socket(zmq.DEALER)
+        except zmq.ZMQError:  # closed sockets are reaped in the background: wait for it
+            time.sleep(0.001)
+            continue
         sock.setsockopt(zmq.LINGER, 0)
         if kind == "wrong-key":
             sock.curve_serverkey = server_key
@@ -84,11 +92,12 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
         except zmq.Again:
             pass
         recent.append(sock)
-        if len(recent) > 20:
+        if len(recent) > 200:  # each lives long enough for its handshake (~0.1 s)
             old = recent.popleft()
             if old.poll(0):
                 answered.value += 1
             old.close()
+        time.sleep(0.0005)
     context.destroy(linger=0)
 
 
