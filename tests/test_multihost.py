@@ -197,6 +197,8 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
     assert driver.wait(timeout=30) == 0
     for proc in workers:
         assert proc.wait(timeout=30) == 0
+    # A manager without security on an address other hosts reach says what that exposes.
+    assert ("without security" in driver_log.read_text()) is not secure
 
     # The bridge's ports agree. What the other hosts sent and the manager's host did not
     # receive went between them (the intruders sent to the manager only): at least what
