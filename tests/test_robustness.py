@@ -215,7 +215,7 @@ def test_a_half_applied_transition_still_drops_its_run_cleanly():
     assert aborted.run_id == 1 and isinstance(aborted.error, OSError)
     # The state said "memory" while its worker still listed it as processing: the drop
     # found it in both places, released the copy and cancelled it there.
-    assert task.state == "memory"
+    assert task.state == "forgotten"
     sent = [i.message for i in out if type(i) is s.Send]
     assert p.Release((ids["a"],)) in sent and p.Cancel((ids["a"],)) in sent
     assert not st_.workers[W1].has_what
@@ -377,17 +377,16 @@ def test_if_the_io_thread_dies_every_get_raises_at_once_and_close_returns():
 def test_an_error_in_a_step_of_the_loop_fails_only_the_runs_it_concerns(insecure_manager):
     """A bug outside the state (here: counting a worker's transfers) costs that run only."""
     manager = insecure_manager
-    real = manager._on_task_report
+    real = manager._on_task_finished
     poisoned = {}
 
-    def flaky(ident, worker, message, now):
-        task = manager._state.tasks.get(message.task_id)
-        if task is not None and task.key == "bad":
-            poisoned["run"] = task.run.id
+    def flaky(finished):
+        if finished.key == "bad":
+            poisoned["run"] = finished.run_id
             raise RuntimeError("a bug in the loop")
-        return real(ident, worker, message, now)
+        return real(finished)
 
-    manager._on_task_report = flaky
+    manager._on_task_finished = flaky
     bad = Background(manager.get, {"bad": (inc, 1)}, "bad", progress=True)
     error = bad.error(60)
     assert isinstance(error, SchedulerError) and isinstance(error.__cause__, RuntimeError)

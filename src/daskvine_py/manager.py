@@ -96,8 +96,6 @@ TIMER_PERIOD = 0.1
 #: this many per run length (a few thousand for an hour), so short and long runs both
 #: draw a smooth tasks-over-time chart from a small log.
 SAMPLES_PER_RUN = 1000
-#: Worker reports that watched runs count or log.
-_TASK_REPORTS = frozenset({p.TaskDone, p.TaskErred, p.TaskCrashed})
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
     {p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Withdrawn, p.DiskFull}
@@ -461,10 +459,12 @@ class Manager:
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
+            watched = watch or run.log is not None
             event: Any = s.SubmitRun(
-                run.id, part, plan.outputs, options.retries, functions, options.replicas, config
-            )
-            self._command(("submit", run, event, watch or run.log is not None))
+                run.id, part, plan.outputs, options.retries, functions, options.replicas, config,
+                watched,
+            )  # fmt: skip
+            self._command(("submit", run, event, watched))
         else:
             self._command(("extend", run, s.ExtendRun(run.id, part, functions)))
 
@@ -572,10 +572,9 @@ class Manager:
         """An exception in a step of the loop: fail the runs it concerns (those of
         ``run_ids`` and of the tasks ``task_ids``), or, concerning none, log and go on."""
         runs = {run_id: None for run_id in run_ids if run_id in self._runs}
-        for task_id in task_ids:
-            task = self._state.tasks.get(task_id)
-            if task is not None and task.run.id in self._runs:
-                runs[task.run.id] = None
+        for run_id in self._state.runs_of(task_ids):
+            if run_id in self._runs:
+                runs[run_id] = None
         if not runs:
             self._drops.warn(
                 ("loop", what), time.monotonic(), "the manager dropped %s: it raised %r", what,
@@ -670,7 +669,6 @@ class Manager:
     def _on_worker_batch(self, ident: bytes, info: _WorkerInfo, messages: list, now: float) -> None:
         """The records of one batch from a registered worker, each checked on its own: a
         malformed one fails the runs of the tasks it names, the others count."""
-        watched = self._watched
         valid = False
         for message in messages:
             kind = type(message)
@@ -688,8 +686,6 @@ class Manager:
                 valid = True
                 info.last_seen = now  # only what we can read shows that it is alive
             try:
-                if watched and kind in _TASK_REPORTS:
-                    self._on_task_report(ident, info.name, message, now)
                 if kind is p.TaskDone:
                     if message.value is not None:
                         self._count(info.name, MANAGER, message.value.nbytes)
@@ -801,14 +797,17 @@ class Manager:
             for run_id in list(self._runs):
                 self._end_failed(run_id, exc, f"a batch of {len(events)} events")
             return
-        watched = self._watched
         for instruction in instructions:
             kind = type(instruction)
             try:
                 if kind is s.Send:
                     self._outboxes.setdefault(instruction.worker, []).append(instruction.message)
-                    if watched and type(instruction.message) is p.Execute:
-                        self._on_dispatch(instruction.message)
+                elif kind is s.TaskFinished:
+                    self._on_task_finished(instruction)
+                elif kind is s.Dispatched:
+                    self._on_dispatched(instruction)
+                elif kind is s.BytesInlined:
+                    self._count(MANAGER, instruction.name, instruction.nbytes)
                 elif kind is s.RunOutput:
                     run = self._runs.get(instruction.run_id)
                     if run is not None:
@@ -836,10 +835,12 @@ class Manager:
             except Exception as exc:
                 run_id = getattr(instruction, "run_id", None)
                 task_ids = p.task_ids_named(instruction.message) if kind is s.Send else ()
-                self._loop_error(
-                    exc, f"a {kind.__name__} instruction", task_ids,
-                    () if run_id is None else (run_id,),
-                )  # fmt: skip
+                what = f"a {kind.__name__} instruction"
+                if kind is s.TaskFinished:
+                    what = f"a {type(instruction.report).__name__} from worker {instruction.worker}"
+                self._loop_error(exc, what, task_ids, () if run_id is None else (run_id,))
+                if run_id is not None:  # now: its RunDone may follow in this very list
+                    self._end_failed(run_id, exc, what)
 
     def _end_failed(self, run_id: int, cause: BaseException, what: str) -> None:
         """A run failed by an exception of the manager's own: ``get`` raises
@@ -874,47 +875,31 @@ class Manager:
             self._sample(time.monotonic(), [run])
         return self._runs.pop(run_id, None)
 
-    def _on_task_report(self, ident: bytes, worker: str, message: Any, now: float) -> None:
-        """Count and log a task's end, if it belongs to a watched run and is not stale.
-
-        Reads the state before it handles the message (same thread): a report is counted
-        when the state will take it, i.e. its task is processing on that worker.
-        """
-        task = self._state.tasks.get(message.task_id)
-        if (
-            task is None
-            or task.state != "processing"
-            or task.worker is None
-            or task.worker.id != ident
-        ):
-            return
-        run = self._watched.get(task.run.id)
+    def _on_task_finished(self, finished: s.TaskFinished) -> None:
+        """Count and log a task's end (the state reports only those of watched runs)."""
+        run = self._watched.get(finished.run_id)
         if run is None:
             return
+        message, worker = finished.report, finished.worker
         kind = type(message)
         if kind is p.TaskDone:
             run.finished_tasks += 1
-            if run.log is not None:
-                run.log.done(
-                    now, message.task_id, worker, message.duration, message.finished,
-                    message.nbytes,
-                )  # fmt: skip
-        elif run.log is None:
+        if run.log is None:
             return
+        now = time.monotonic()
+        if kind is p.TaskDone:
+            run.log.done(
+                now, message.task_id, worker, message.duration, message.finished, message.nbytes
+            )
         elif kind is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
         else:
             run.log.crashed(now, message.task_id, worker, message.reason)
 
-    def _on_dispatch(self, message: p.Execute) -> None:
-        task = self._state.tasks.get(message.task_id)
-        if task is None or task.worker is None:
-            return
-        run = self._watched.get(task.run.id)
+    def _on_dispatched(self, sent: s.Dispatched) -> None:
+        run = self._watched.get(sent.run_id)
         if run is not None and run.log is not None:
-            run.log.dispatch(
-                time.monotonic(), message.task_id, message.key, task.prefix, task.worker.name
-            )
+            run.log.dispatch(time.monotonic(), sent.task_id, sent.key, sent.prefix, sent.worker)
 
     def _sample_due(self, now: float) -> None:
         due = [
@@ -926,13 +911,7 @@ class Manager:
     def _sample(self, now: float, runs: Any) -> None:
         """Task counts for the tasks-over-time chart. Ready, processing and running count
         every run's tasks (they are one queue); waiting is this run's remainder."""
-        state = self._state
-        ready = len(state.queue)
-        processing = running = 0
-        for worker in state.workers.values():
-            held = len(worker.processing)
-            processing += held
-            running += min(held, worker.cores)
+        ready, processing, running = self._state.load()
         for run in runs:
             if run.log is not None:
                 done = run.finished_tasks
@@ -942,10 +921,6 @@ class Manager:
 
     def _settle_transfers(self, run: _Run) -> None:
         """The bytes moved while ``run`` went on (runs at the same time share them)."""
-        for worker in self._state.workers.values():  # small inputs sent inside Execute
-            if worker.inlined_bytes:
-                self._count(MANAGER, worker.name, worker.inlined_bytes)
-                worker.inlined_bytes = 0
         before = run.transfers_before
         moved = {
             pair: nbytes - before.get(pair, 0)

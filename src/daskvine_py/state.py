@@ -3,8 +3,15 @@
 ``SchedulerState.handle(events, now)`` is the only way to change the state. Events are
 runs submitted or cancelled, workers joining or lost, and the messages workers send; the
 returned instructions are protocol messages to send to workers (``Send``) and news for the
-callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``). No sockets,
-no threads, no clocks: tests drive it with literal events.
+callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) and for the
+manager's accounting (``BytesInlined``). No sockets, no threads, no clocks: tests drive it
+with literal events. The records live in ``state_records``, the events and instructions in
+``state_messages`` (re-exported here), and failure handling and the end of runs in
+``state_failures``.
+
+A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
+yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report the state
+takes about one of its tasks; unwatched runs pay one flag test per task for this.
 
 Every run ends. Events are handled one at a time, and one that raises never takes the
 events beside it down: the runs it concerns fail with its exception (``RunAborted``: the
@@ -14,7 +21,8 @@ half-applied handler; an event that concerns no run is dropped (``EventDropped``
 manager to log). ``handle`` itself never raises.
 
 A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
-raises ``InvalidTransition``::
+raises ``InvalidTransition``. When its run ends, every task goes from whatever state it is
+in to "forgotten" (``state_failures``), which leaves it in no record::
 
     waiting ──► ready ──► processing ──► memory ──► released
        ▲          │  ▲        │  │          │          │
@@ -28,6 +36,10 @@ raises ``InvalidTransition``::
 - memory: the result exists on at least one worker (``who_has``); an output no task
   reads passes through with no copy kept (its value went to the manager).
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
+- forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
+
+A report from a worker counts only if its task is processing on that worker
+(``_held``); any other is stale (cancelled, moved, or its run over).
 
 Two counters make completion and release O(edges):
 ``missing`` = inputs not in memory; ``waiters`` = dependents still waiting, ready or
@@ -40,259 +52,50 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from . import protocol as p
 from .errors import InvalidTransition
 from .matching import ReadyQueue
-from .saturation import DurationEstimates, Ema, extra_tasks
-from .serialize import OUT_OF_BAND_MIN_BYTES, Serialized
+from .saturation import DurationEstimates, extra_tasks
+from .serialize import OUT_OF_BAND_MIN_BYTES
+from .state_failures import FailureHandling
+from .state_messages import (
+    RUN_PRIORITY_BITS,
+    AbortRun,
+    BadReport,
+    BytesInlined,
+    CancelRun,
+    Dispatched,
+    EventDropped,
+    ExtendRun,
+    FromWorker,
+    Key,
+    NewTask,
+    RunAborted,
+    RunDone,
+    RunFailed,
+    RunOutput,
+    Send,
+    SubmitRun,
+    TaskFinished,
+    WorkerId,
+    WorkerJoined,
+    WorkerLost,
+)
+from .state_records import RunRecord, TaskRecord, TaskStateName, WorkerRecord
 
-Key = Hashable
-WorkerId = bytes
-TaskStateName = Literal["waiting", "ready", "processing", "memory", "released"]
-
-#: Bits for a task's priority within its run: earlier runs go first, then Dask's order.
-RUN_PRIORITY_BITS = 32
-
-# -- events ---------------------------------------------------------------------------
-
-
-class NewTask(NamedTuple):
-    key: Key
-    payload: bytes
-    functions: tuple[bytes, ...]  #: ids of the functions the payload references
-    dependencies: tuple[Key, ...]
-    priority: int
-    prefix: str = ""  #: the kind of task (``key_split``), for duration estimates
-    #: dependents in the whole graph, when the run arrives in several parts; None: count
-    #: them from the dependencies that arrive in the same event
-    dependents: int | None = None
-
-
-class SubmitRun(NamedTuple):
-    """A new run. Its tasks may come in parts: this one, then ``ExtendRun`` events, each
-    task after its dependencies (priority order does that)."""
-
-    run_id: int
-    tasks: Sequence[NewTask]
-    outputs: Sequence[Key]
-    retries: int
-    functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
-    replicas: int = 1  #: copies kept of each intermediate result (``RunOptions.replicas``)
-    #: how its tasks execute (``protocol.RunConfig``); None: the defaults
-    config: p.RunConfig | None = None
+__all__ = [
+    "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
+    "EventDropped", "ExtendRun", "FromWorker", "Key", "NewTask", "RunAborted", "RunDone",
+    "RunFailed", "RunOutput", "RunRecord", "SchedulerState", "Send", "SubmitRun",
+    "TaskFinished", "TaskRecord", "TaskStateName", "WorkerId", "WorkerJoined", "WorkerLost",
+    "WorkerRecord",
+]  # fmt: skip
 
 
-class ExtendRun(NamedTuple):
-    """More tasks of a run: big graphs start running while the rest is still prepared."""
-
-    run_id: int
-    tasks: Sequence[NewTask]
-    functions: Mapping[bytes, bytes] = {}
-
-
-class CancelRun(NamedTuple):
-    run_id: int
-
-
-class WorkerJoined(NamedTuple):
-    worker: WorkerId
-    name: str
-    cores: int
-    peer_address: str
-
-
-class WorkerLost(NamedTuple):
-    worker: WorkerId
-    reason: str
-
-
-class FromWorker(NamedTuple):
-    """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``,
-    ``Replicas``, ``Withdrawn`` or ``DiskFull``."""
-
-    worker: WorkerId
-    message: Any
-
-
-class BadReport(NamedTuple):
-    """A record from a worker that failed validation (``protocol.check_fields``): the runs
-    of the tasks it names that are processing there fail, since their report is lost."""
-
-    worker: WorkerId
-    kind: str  #: the record's type name
-    task_ids: tuple[int, ...]  #: the ids it names (``protocol.task_ids_named``)
-    error: BaseException
-
-
-class AbortRun(NamedTuple):
-    """Fail a run with an exception raised outside the state (the manager's loop)."""
-
-    run_id: int
-    error: BaseException
-    what: str  #: what was being done, for the message: "a TaskDone from worker w1"
-
-
-# -- instructions ---------------------------------------------------------------------
-
-
-class Send(NamedTuple):
-    worker: WorkerId
-    message: Any
-
-
-class RunOutput(NamedTuple):
-    run_id: int
-    key: Key
-    value: Serialized
-
-
-class RunDone(NamedTuple):
-    run_id: int
-
-
-class RunFailed(NamedTuple):
-    run_id: int
-    key: Key
-    worker: str
-    exception: Serialized | None  #: the task's own exception, when it could travel
-    traceback: str
-    message: str  #: what went wrong, for when there is no exception object
-    crashed: bool  #: True: crashes/lost workers exhausted the retries
-
-
-class RunAborted(NamedTuple):
-    """A run failed because handling something that concerns it raised ``error``."""
-
-    run_id: int
-    error: BaseException
-    what: str  #: the event: "a TaskDone about task 'x' (id 3) from worker w1"
-
-
-class EventDropped(NamedTuple):
-    """Handling an event that concerns no run raised ``error``; the event was dropped."""
-
-    what: str
-    error: BaseException
-
-
-# -- records --------------------------------------------------------------------------
-
-
-class WorkerRecord:
-    __slots__ = (
-        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs", "inlined_bytes",
-    )  # fmt: skip
-
-    def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
-        self.id = id
-        self.name = name
-        self.cores = cores
-        self.peer_address = peer_address
-        #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
-        self.processing: dict[TaskRecord, None] = {}
-        #: overhead of a task beyond its run time, measured on tasks that found a free core
-        self.round_trip = Ema()
-        #: ids of the functions this worker has been sent: each travels once
-        self.functions: set[bytes] = set()
-        #: runs whose ``RunConfig`` this worker has been sent
-        self.configs: set[int] = set()
-        #: results this worker holds
-        self.has_what: set[TaskRecord] = set()
-        #: its store has no room left (``DiskFull``): it gets no new work meanwhile
-        self.full = False
-        #: bytes of inputs sent to it inside ``Execute`` (counted as moved from the manager)
-        self.inlined_bytes = 0
-
-    def __repr__(self) -> str:
-        return f"<Worker {self.name} processing={len(self.processing)}>"
-
-
-class RunRecord:
-    __slots__ = (
-        "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config"
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        id: int,
-        retries: int,
-        outputs: Sequence[Key],
-        replicas: int = 1,
-        config: p.RunConfig | None = None,
-    ):
-        self.id = id
-        #: how its tasks execute, sent to each worker before its first task there
-        self.config = config
-        #: copies to keep of each intermediate result, on different workers
-        self.replicas = replicas
-        #: function id -> bytes, for the tasks of this run
-        self.functions: dict[bytes, bytes] = {}
-        #: every task of the run, by key
-        self.tasks: dict[Key, TaskRecord] = {}
-        self.outputs = frozenset(outputs)
-        #: outputs whose value has not reached the manager yet
-        self.undelivered = len(self.outputs)
-        self.retries = retries
-
-
-class TaskRecord:
-    __slots__ = (
-        "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
-        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
-        "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        id: int,
-        key: Key,
-        run: RunRecord,
-        payload: bytes,
-        functions: tuple[bytes, ...],
-        priority: Any,
-        prefix: str,
-    ):
-        self.id = id
-        self.key = key
-        self.run = run
-        self.payload = payload
-        self.functions = functions
-        self.priority = priority
-        self.prefix = prefix
-        #: when it was sent to its worker, and whether a core was free there then
-        self.sent_at = 0.0
-        self.sent_idle = False
-        self.deps: list[TaskRecord] = []
-        self.dependents: list[TaskRecord] = []
-        self.state: TaskStateName = "waiting"
-        #: inputs not in memory
-        self.missing = 0
-        #: dependents in waiting, ready or processing: they still need this result
-        self.waiters = 0
-        self.who_has: set[WorkerRecord] = set()
-        self.nbytes = 0
-        #: the result itself while in memory, when small (``protocol.inlinable``): tasks
-        #: on other workers get it inside their ``Execute`` instead of fetching it
-        self.value: p.Serialized | None = None
-        #: the worker it is processing on
-        self.worker: WorkerRecord | None = None
-        self.is_output = False
-        #: an output no task of its run reads: its worker sends the value and keeps no copy
-        self.unread = False
-        #: the value reached the manager (outputs only)
-        self.delivered = False
-        #: runs that ended in a crash or a lost worker
-        self.attempts = 0
-
-    def __repr__(self) -> str:
-        return f"<Task {self.key!r} {self.state}>"
-
-
-class SchedulerState:
+class SchedulerState(FailureHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -326,6 +129,8 @@ class SchedulerState:
         self.recomputed = 0
         #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
         self._withdrawing: set[TaskRecord] = set()
+        #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
+        self._inlined: dict[WorkerRecord, int] = {}
 
     # -- entry point ------------------------------------------------------------------
 
@@ -356,95 +161,24 @@ class SchedulerState:
         except Exception as exc:  # outside any one task: no telling which runs it spared
             for run_id in list(self.runs):
                 self._abort(run_id, exc, "dispatching ready tasks")
+        if self._inlined:
+            for worker, nbytes in self._inlined.items():
+                out.append(BytesInlined(worker.id, worker.name, nbytes))
+            self._inlined = {}
         self._out = []
         return out
 
-    # -- failures of the handlers themselves --------------------------------------------
+    # -- queries ----------------------------------------------------------------------
 
-    def _on_handler_error(self, event: Any, exc: Exception, lost: Iterable[int]) -> None:
-        what = self._describe(event)
-        kind = type(event)
-        if kind in (SubmitRun, ExtendRun, CancelRun, AbortRun):
-            runs: Iterable[int] = (event.run_id,)
-        elif kind is WorkerLost:
-            runs = lost
-        elif kind is FromWorker:
-            runs = self._runs_of(p.task_ids_named(event.message))
-        elif kind is BadReport:
-            runs = self._runs_of(event.task_ids)
-        else:
-            runs = ()
-        runs = list(runs)
-        if not runs:
-            self._out.append(EventDropped(what, exc))
-        for run_id in runs:
-            self._abort(run_id, exc, what)
-
-    def _abort(self, run_id: int, error: BaseException, what: str) -> None:
-        """Fail a run with ``error`` and drop it, however far a handler got with it."""
-        self._out.append(RunAborted(run_id, error, what))
-        run = self.runs.get(run_id)
-        if run is None:
-            return  # over already, or its submission failed before it was recorded
-        try:
-            self._drop_run(run, sweep=True)
-        except Exception:  # never expected: forget it without cancelling anything
-            for task in run.tasks.values():
-                self.tasks.pop(task.id, None)
-                self.queue.remove(task)
-            self.runs.pop(run.id, None)
-
-    def _runs_of(self, task_ids: Iterable[int]) -> list[int]:
-        """The runs of these tasks (those still known), each once."""
-        runs: dict[int, None] = {}
-        for task_id in task_ids:
-            task = self.tasks.get(task_id)
-            if task is not None:
-                runs[task.run.id] = None
-        return list(runs)
-
-    def _runs_on(self, worker_id: WorkerId) -> list[int]:
-        """The runs with tasks processing on, or results held by, a worker."""
-        worker = self.workers.get(worker_id)
-        if worker is None:
-            return []
-        runs = {task.run.id: None for task in worker.processing}
-        runs.update((task.run.id, None) for task in worker.has_what)
-        return list(runs)
-
-    def _describe(self, event: Any) -> str:
-        """An event in words, for error messages: its kind, its task and key, its worker."""
-        kind = type(event)
-        if kind is FromWorker or kind is BadReport:
-            worker = self.workers.get(event.worker)
-            name = worker.name if worker is not None else f"{event.worker!r:.40} (unknown)"
-            if kind is FromWorker:
-                record = type(event.message).__name__
-                ids = p.task_ids_named(event.message)
-            else:
-                record, ids = f"malformed {event.kind}", event.task_ids
-            about = ""
-            if ids:
-                task = self.tasks.get(ids[0])
-                key = f"{task.key!r} " if task is not None else ""
-                more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
-                about = f" about task {key}(id {ids[0]}){more}"
-            return f"a {record}{about} from worker {name}"
-        if kind is SubmitRun:
-            return f"the submission of run {event.run_id}"
-        if kind is ExtendRun:
-            return f"more tasks of run {event.run_id}"
-        if kind is CancelRun:
-            return f"the cancellation of run {event.run_id}"
-        if kind is AbortRun:
-            return event.what
-        if kind is WorkerJoined:
-            return f"worker {event.name} joining"
-        if kind is WorkerLost:
-            worker = self.workers.get(event.worker)
-            name = worker.name if worker is not None else repr(event.worker)
-            return f"the loss of worker {name} ({event.reason})"
-        return f"a {kind.__name__} event"
+    def load(self) -> tuple[int, int, int]:
+        """Tasks ready (queued here), processing (sent to workers) and running (those of
+        them that have a core), over every run."""
+        processing = running = 0
+        for worker in self.workers.values():
+            held = len(worker.processing)
+            processing += held
+            running += min(held, worker.cores)
+        return len(self.queue), processing, running
 
     # -- event handlers ---------------------------------------------------------------
 
@@ -452,7 +186,7 @@ class SchedulerState:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
         run = self.runs[ev.run_id] = RunRecord(
-            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config
+            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched
         )
         self._add_tasks(run, ev.tasks, ev.functions)
 
@@ -505,22 +239,6 @@ class SchedulerState:
         if run is not None:
             self._drop_run(run)
 
-    def _on_abort(self, ev: AbortRun) -> None:
-        self._abort(ev.run_id, ev.error, ev.what)
-
-    def _on_bad_report(self, ev: BadReport) -> None:
-        """The runs of the tasks a malformed report names, processing on its sender, fail:
-        the report was all the manager would have heard of them."""
-        worker = self.workers.get(ev.worker)
-        runs: dict[int, None] = {}
-        for task_id in ev.task_ids:
-            task = self.tasks.get(task_id)
-            if task is not None and task.worker is worker and task.state == "processing":
-                runs[task.run.id] = None
-        what = self._describe(ev)  # none: nothing waits on it (the manager logged it)
-        for run_id in runs:
-            self._abort(run_id, ev.error, what)
-
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
             return
@@ -565,32 +283,29 @@ class SchedulerState:
         worker = self.workers.get(ev.worker)
         if worker is None:
             return  # a message that was in flight when the worker was declared lost
-        message = ev.message
-        kind = type(message)
-        if kind is p.TaskDone:
-            self._on_task_done(worker, message)
-        elif kind is p.TaskErred:
-            self._on_task_erred(worker, message)
-        elif kind is p.TaskCrashed:
-            self._on_task_crashed(worker, message)
-        elif kind is p.FetchFailed:
-            self._on_fetch_failed(worker, message)
-        elif kind is p.Replicas:
-            self._add_replicas(worker, message.task_ids)
-        elif kind is p.Withdrawn:
-            self._on_withdrawn(worker, message.task_ids)
-        elif kind is p.DiskFull:
-            self._on_disk_full(worker, message.full)
-        else:
-            raise TypeError(f"not a worker report: {message!r}")
+        handler = self._REPORT_HANDLERS.get(type(ev.message))
+        if handler is None:
+            raise TypeError(f"not a worker report: {ev.message!r}")
+        handler(self, worker, ev.message)
+
+    def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
+        """The task a report from ``worker`` is about, if it is processing there; None if
+        the report is stale (cancelled, re-assigned, or its run is over)."""
+        task = self.tasks.get(task_id)
+        if task is None or task.state != "processing" or task.worker is not worker:
+            return None
+        return task
 
     def _on_task_done(self, worker: WorkerRecord, msg: p.TaskDone) -> None:
-        task = self.tasks.get(msg.task_id)
-        if task is None or task.state != "processing" or task.worker is not worker:
-            # Stale: cancelled, re-assigned, or its run is over. Nothing needs this copy.
-            if task is None or worker not in task.who_has:
+        task = self._held(msg.task_id, worker)
+        if task is None:
+            # Nothing needs this copy (unless it is known to be there already).
+            known = self.tasks.get(msg.task_id)
+            if known is None or worker not in known.who_has:
                 self._send(worker, p.Release((msg.task_id,)))
             return
+        if task.run.watched:
+            self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
@@ -609,17 +324,21 @@ class SchedulerState:
             self._drop_run(task.run)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
-        task = self.tasks.get(msg.task_id)
-        if task is None or task.state != "processing" or task.worker is not worker:
-            self._not_held(task, worker)
+        task = self._held(msg.task_id, worker)
+        if task is None:
+            self._not_held(msg.task_id, worker)
             return
+        if task.run.watched:
+            self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         self._fail(task, worker, msg.exception, msg.traceback, msg.message, crashed=False)
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
-        task = self.tasks.get(msg.task_id)
-        if task is None or task.state != "processing" or task.worker is not worker:
-            self._not_held(task, worker)
+        task = self._held(msg.task_id, worker)
+        if task is None:
+            self._not_held(msg.task_id, worker)
             return
+        if task.run.watched:
+            self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         task.attempts += 1
         if task.attempts > task.run.retries:
             self._fail(
@@ -629,11 +348,11 @@ class SchedulerState:
             self._requeue(task)
 
     def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
-        task = self.tasks.get(msg.task_id)
-        dep = self.tasks.get(msg.dep_id)
-        if task is None or task.state != "processing" or task.worker is not worker:
-            self._not_held(task, worker)
+        task = self._held(msg.task_id, worker)
+        if task is None:
+            self._not_held(msg.task_id, worker)
             return
+        dep = self.tasks.get(msg.dep_id)
         if dep is None or dep.run is not task.run:
             # Not one of its inputs: all that is known is that the worker dropped the task.
             self._requeue(task)
@@ -649,11 +368,12 @@ class SchedulerState:
         if task.state == "processing":  # its inputs still exist elsewhere: try again
             self._requeue(task)
 
-    def _not_held(self, task: TaskRecord | None, worker: WorkerRecord) -> None:
+    def _not_held(self, task_id: int, worker: WorkerRecord) -> None:
         """``worker`` could not run ``task`` (it erred, crashed or lacked an input), which
         the state believes it holds: the ``TaskDone`` that said so was false, and the
         copy does not exist. Without this, tasks sent ahead to wait for it there would
         wait forever. (An honest worker runs a task again only once its result is gone.)"""
+        task = self.tasks.get(task_id)
         if task is None or task.state != "memory" or worker not in task.who_has:
             return
         task.who_has.discard(worker)
@@ -666,8 +386,9 @@ class SchedulerState:
         input still missing, let it wait for that input here."""
         self._transition(task, "ready" if task.missing == 0 else "waiting")
 
-    def _on_disk_full(self, worker: WorkerRecord, full: bool) -> None:
+    def _on_disk_full(self, worker: WorkerRecord, msg: p.DiskFull) -> None:
         """A full worker finishes what it holds and serves peers, but gets no new work."""
+        full = msg.full
         if full is worker.full:
             return
         worker.full = full
@@ -684,9 +405,9 @@ class SchedulerState:
         for other in heapq.nsmallest(wanted, others, key=lambda w: len(w.has_what)):
             self._send(other, p.Replicate(task.id, (worker.peer_address,)))
 
-    def _add_replicas(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
+    def _on_replicas(self, worker: WorkerRecord, msg: p.Replicas) -> None:
         """Record inputs ``worker`` fetched from peers; release those nobody needs now."""
-        for task_id in task_ids:
+        for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is not None and task.state == "memory":
                 task.who_has.add(worker)
@@ -723,59 +444,6 @@ class SchedulerState:
     @staticmethod
     def _needed(task: TaskRecord) -> bool:
         return task.waiters > 0 or (task.is_output and not task.delivered)
-
-    def _fail(
-        self,
-        task: TaskRecord,
-        worker: WorkerRecord,
-        exception: Serialized | None,
-        traceback: str,
-        message: str,
-        crashed: bool,
-    ) -> None:
-        self._unassign(task)  # its worker is done with it: no Cancel for this one
-        self._out.append(
-            RunFailed(task.run.id, task.key, worker.name, exception, traceback, message, crashed)
-        )
-        self._drop_run(task.run)
-
-    def _drop_run(self, run: RunRecord, sweep: bool = False) -> None:
-        """Forget a finished, failed or cancelled run; cancel and release its work.
-
-        ``sweep`` (a run aborted by an exception, maybe half-way through a transition):
-        also look for its tasks in every worker's records, whatever their states say.
-        """
-        cancel: dict[WorkerRecord, list[int]] = {}
-        release: dict[WorkerRecord, list[int]] = {}
-        for task in run.tasks.values():
-            worker = task.worker
-            if worker is not None and (task.state == "processing" or sweep):
-                if worker.processing.pop(task, False) is None or task.state == "processing":
-                    cancel.setdefault(worker, []).append(task.id)
-            self._withdrawing.discard(task)
-            self.queue.remove(task)  # nothing if not queued
-            for holder in task.who_has:
-                holder.has_what.discard(task)
-                release.setdefault(holder, []).append(task.id)
-            self.tasks.pop(task.id, None)
-        if sweep:
-            for worker in self.workers.values():
-                for task in [t for t in worker.processing if t.run is run]:
-                    del worker.processing[task]
-                    cancel.setdefault(worker, []).append(task.id)
-                for task in [t for t in worker.has_what if t.run is run]:
-                    worker.has_what.discard(task)
-                    release.setdefault(worker, []).append(task.id)
-        for worker, ids in cancel.items():
-            if worker.id in self.workers:
-                self._send(worker, p.Cancel(tuple(ids)))
-        for worker, ids in release.items():
-            if worker.id in self.workers:
-                self._send(worker, p.Release(tuple(ids)))
-        if run.config is not None:
-            for worker in self.workers.values():
-                worker.configs.discard(run.id)
-        self.runs.pop(run.id, None)
 
     def _send(self, worker: WorkerRecord, message: Any) -> None:
         self._out.append(Send(worker.id, message))
@@ -882,11 +550,11 @@ class SchedulerState:
         for victim, ids in asked.items():
             self._send(victim, p.Withdraw(tuple(ids)))
 
-    def _on_withdrawn(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
+    def _on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
         """Tasks a worker gave back unstarted: queue them for whoever is free."""
-        for task_id in task_ids:
-            task = self.tasks.get(task_id)
-            if task is None or task.state != "processing" or task.worker is not worker:
+        for task_id in msg.task_ids:
+            task = self._held(task_id, worker)
+            if task is None:
                 continue
             if task.missing:
                 self._transition(task, "waiting")
@@ -959,6 +627,9 @@ class SchedulerState:
                 worker.functions.add(fid)
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(_location(dep, worker) for dep in task.deps)
+        for dep in deps:
+            if dep.value is not None:  # inline: bytes moved from the manager
+                self._inlined[worker] = self._inlined.get(worker, 0) + len(dep.value.header)
         self._send(
             worker,
             p.Execute(
@@ -966,6 +637,8 @@ class SchedulerState:
                 not task.unread,
             ),
         )  # fmt: skip
+        if run.watched:
+            self._out.append(Dispatched(run.id, task.id, task.key, task.prefix, worker.name))
 
     def _processing_to_ready(self, task: TaskRecord) -> None:
         self._unassign(task)
@@ -1044,6 +717,21 @@ class SchedulerState:
         ("memory", "released"): _memory_to_released,
         ("released", "waiting"): _released_to_waiting,
         ("released", "ready"): _released_to_ready,
+        ("waiting", "forgotten"): FailureHandling._to_forgotten,
+        ("ready", "forgotten"): FailureHandling._to_forgotten,
+        ("processing", "forgotten"): FailureHandling._processing_to_forgotten,
+        ("memory", "forgotten"): FailureHandling._to_forgotten,
+        ("released", "forgotten"): FailureHandling._to_forgotten,
+    }
+
+    _REPORT_HANDLERS: dict[type, Any] = {
+        p.TaskDone: _on_task_done,
+        p.TaskErred: _on_task_erred,
+        p.TaskCrashed: _on_task_crashed,
+        p.FetchFailed: _on_fetch_failed,
+        p.Replicas: _on_replicas,
+        p.Withdrawn: _on_withdrawn,
+        p.DiskFull: _on_disk_full,
     }
 
     _EVENT_HANDLERS: dict[type, Any] = {
@@ -1053,8 +741,8 @@ class SchedulerState:
         WorkerJoined: _on_worker_joined,
         WorkerLost: _on_worker_lost,
         FromWorker: _on_from_worker,
-        BadReport: _on_bad_report,
-        AbortRun: _on_abort,
+        BadReport: FailureHandling._on_bad_report,
+        AbortRun: FailureHandling._on_abort,
     }
 
 
@@ -1068,10 +756,8 @@ def _startable(worker: WorkerRecord) -> int:
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
-    """Where ``worker`` finds an input of a task: inline when small and not held there
-    (those bytes are counted on the worker record, as moved from the manager)."""
+    """Where ``worker`` finds an input of a task: inline when small and not held there."""
     if dep.value is not None and worker not in dep.who_has:
-        worker.inlined_bytes += len(dep.value.header)
         return p.DepLocation(dep.id, dep.key, (), dep.value)
     return p.DepLocation(dep.id, dep.key, _peers(dep, worker))
 
