@@ -360,7 +360,7 @@ def test_if_the_io_thread_dies_every_get_raises_at_once_and_close_returns():
         def boom(now):
             raise Fatal("injected into the loop")
 
-        manager._check_timers = boom
+        manager._io._check_timers = boom
         error = pending.error(30)
         assert isinstance(error, ManagerDied) and isinstance(error.__cause__, Fatal)
         assert "I/O thread died" in str(error) and "injected" in str(error)
@@ -377,16 +377,16 @@ def test_if_the_io_thread_dies_every_get_raises_at_once_and_close_returns():
 def test_an_error_in_a_step_of_the_loop_fails_only_the_runs_it_concerns(insecure_manager):
     """A bug outside the state (here: counting a worker's transfers) costs that run only."""
     manager = insecure_manager
-    real = manager._on_task_finished
+    real = manager._io.watching.task_finished
     poisoned = {}
 
-    def flaky(finished):
+    def flaky(finished, now):
         if finished.key == "bad":
             poisoned["run"] = finished.run_id
             raise RuntimeError("a bug in the loop")
-        return real(finished)
+        return real(finished, now)
 
-    manager._on_task_finished = flaky
+    manager._io.watching.task_finished = flaky
     bad = Background(manager.get, {"bad": (inc, 1)}, "bad", progress=True)
     error = bad.error(60)
     assert isinstance(error, SchedulerError) and isinstance(error.__cause__, RuntimeError)
