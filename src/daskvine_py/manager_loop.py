@@ -295,6 +295,10 @@ class IOLoop:
                 run_ids = () if run is None else (run.id,)
                 what = f"the {type(command).__name__} command of run {getattr(run, 'id', None)}"
                 self._loop_error(exc, what, run_ids=run_ids)
+                if type(command) is Submit and run.id not in self.watching.runs:
+                    # Never recorded: no AbortRun will reach it, so it ends here.
+                    self.watching.runs[run.id] = run
+                    self._end_failed(run.id, exc, what)
         return True
 
     def _on_submit(self, command: Submit) -> None:
