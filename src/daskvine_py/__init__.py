@@ -6,9 +6,11 @@
     ...     dask.compute(x, scheduler=manager.get)
 
 Layers, lowest first (a module imports only from layers below it): ``errors``,
-``options``, ``runinfo``; ``serialize``, ``graph``, ``saturation``, ``events``, ``report``,
-``progress``; ``protocol``, ``matching``, ``rewrite``; ``state``, ``store``, ``library``;
-``manager``, ``worker``; ``local``, ``coffea`` and the command line.
+``options``, ``runinfo``; ``serialize``, ``graph``, ``saturation``, ``security``,
+``launch``, ``task``, ``events``, ``report``, ``progress``; ``protocol``, ``matching``,
+``rewrite``; ``state_messages``, ``state_records``, ``state_failures``, ``state``,
+``store``, ``fetching``, ``library``, ``liveness``; ``transport``, ``watching``,
+``manager_loop``, ``manager``, ``worker``; ``local``, ``coffea`` and the command line.
 """
 
 import importlib
