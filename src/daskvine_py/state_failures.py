@@ -138,14 +138,14 @@ class FailureHandling:
         """The runs of the tasks a malformed report names, processing on its sender, fail:
         the report was all the manager would have heard of them."""
         worker = self.workers.get(ev.worker)
-        runs: dict[int, None] = {}
         if worker is None:
-            return
+            return  # nothing runs there: nothing waits on it (the manager logged it)
+        runs: dict[int, None] = {}
         for task_id in ev.task_ids:
             task = self._held(task_id, worker)
             if task is not None:
                 runs[task.run.id] = None
-        what = self._describe(ev)  # none: nothing waits on it (the manager logged it)
+        what = self._describe(ev)
         for run_id in runs:
             self._abort(run_id, ev.error, what)
 
