@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from dask.utils import key_split
@@ -46,7 +46,7 @@ from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
-from .manager_loop import HOSTNAME, Cancel, Close, Extend, IOLoop, Submit
+from .manager_loop import HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, Submit
 from .options import ManagerOptions, RunOptions
 from .progress import default_enabled, wait_with_progress
 from .report import write_report
@@ -54,6 +54,9 @@ from .rewrite import rewrite_reductions
 from .runinfo import RunInfo
 from .serialize import TaskEncoder, loads
 from .watching import Run
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -126,6 +129,8 @@ class Manager:
             self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
         )
         self._local_processes: list[subprocess.Popen] = []
+        #: worker pools on batch systems (``scale``), closed with the manager
+        self._pools: list[WorkerPool] = []
         self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
         self._run_ids = itertools.count(1)
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
@@ -390,10 +395,36 @@ class Manager:
         else:
             self._command(Extend(run, s.ExtendRun(run.id, part, functions)))
 
+    def scale(self, provider: Any, **pool_options: Any) -> WorkerPool:
+        """Keep workers on a batch system, sized to the work, through a Parsl provider.
+
+        ``pool_options`` are ``WorkerPool``'s: ``min_workers``, ``max_workers``, ``cores``,
+        ``memory``, ``disk``, ``idle_timeout``, ``poll_interval``, ``python``. The pool
+        runs until its ``close()`` or the manager's, which cancel its jobs.
+        """
+        from .pool import WorkerPool
+
+        if self._closed:
+            raise RuntimeError("the manager is closed")
+        pool = WorkerPool(self, provider, **pool_options)
+        self._pools.append(pool)
+        return pool
+
+    def demand(self) -> Demand:
+        """The cores the work could use now and each worker's idle time (updated every
+        0.1 s by the I/O thread): what worker pools size themselves on."""
+        return self._io.demand
+
+    def retire(self, name: str, reason: str = "retired") -> None:
+        """Tell the worker ``name`` to leave (it finishes nothing more; idle workers only)."""
+        self._command(Retire(name, reason))
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the workers this manager started, tell the others to leave, and stop."""
         if self._closed:
             return
+        for pool in self._pools:
+            pool.close()
         self._closed = True
         self._command(Close())
         self._thread.join(timeout)
@@ -419,7 +450,7 @@ class Manager:
 
     # -- caller side of the command queue -----------------------------------------------
 
-    def _command(self, command: Submit | Extend | Cancel | Close) -> None:
+    def _command(self, command: Submit | Extend | Cancel | Close | Retire) -> None:
         if self._closed and type(command) is not Close:
             raise RuntimeError("the manager is closed")
         self._io.command(command)

@@ -93,6 +93,23 @@ class Close(NamedTuple):
     """Tell the workers to leave and stop the loop."""
 
 
+class Retire(NamedTuple):
+    """Tell the worker of this name to leave (a pool retiring an idle worker)."""
+
+    name: str
+    reason: str
+
+
+class Demand(NamedTuple):
+    """What the work asks of the workers, published with every timer check (worker pools
+    size themselves on it)."""
+
+    #: tasks queued here and tasks on workers: the cores the work could use now
+    cores_needed: int
+    #: worker name -> (cores, seconds since it last held a task; 0 while it holds any)
+    workers: dict[str, tuple[int, float]]
+
+
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
@@ -153,6 +170,10 @@ class IOLoop:
         self.changed = threading.Condition()
         #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
         self.snapshot: dict[bytes, dict[str, Any]] = {}
+        #: the latest ``Demand`` (replaced whole, so other threads read it without a lock)
+        self.demand = Demand(0, {})
+        #: when each worker last held a task (the loop's clock)
+        self._busy_at: dict[bytes, float] = {}
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -161,7 +182,7 @@ class IOLoop:
 
     # -- other threads ----------------------------------------------------------------
 
-    def command(self, command: Submit | Extend | Cancel | Close) -> None:
+    def command(self, command: Submit | Extend | Cancel | Close | Retire) -> None:
         """Queue a command and wake the loop (any thread)."""
         self.commands.put(command)
         os.write(self.wake_write, b"x")
@@ -314,10 +335,18 @@ class IOLoop:
         if self.watching.pop(command.run.id, time.monotonic()) is not None:
             self.events.append(s.CancelRun(command.run.id))
 
+    def _on_retire(self, command: Retire) -> None:
+        for ident, info in self.workers.items():
+            if info.name == command.name:
+                logger.info("retiring worker %s: %s", info.name, command.reason)
+                self.outboxes.setdefault(ident, []).append(p.Shutdown(command.reason))
+                return
+
     _COMMAND_HANDLERS: dict[type, Callable[[IOLoop, Any], None]] = {
         Submit: _on_submit,
         Extend: _on_extend,
         Cancel: _on_cancel,
+        Retire: _on_retire,
     }
 
     def _drain_router(self) -> None:
@@ -465,6 +494,24 @@ class IOLoop:
         for ident in verdict.heartbeat:
             if ident not in self.outboxes:
                 self.outboxes[ident] = [p.Heartbeat()]
+        self._publish_demand(now)
+
+    def _publish_demand(self, now: float) -> None:
+        """The work's demand and each worker's idle time, for worker pools."""
+        ready, processing, _ = self.state.load()
+        loads = self.state.worker_loads()
+        busy_at = self._busy_at
+        workers = {}
+        for ident, (cores, held) in loads.items():
+            info = self.workers.get(ident)
+            if info is None:
+                continue
+            if held or ident not in busy_at:
+                busy_at[ident] = now  # holding work now, or just joined
+            workers[info.name] = (cores, now - busy_at[ident])
+        for ident in [ident for ident in busy_at if ident not in loads]:
+            del busy_at[ident]
+        self.demand = Demand(ready + processing, workers)
 
     def _apply_events(self) -> None:
         if not self.events:

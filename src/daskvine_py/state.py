@@ -180,6 +180,10 @@ class SchedulerState(FailureHandling):
             running += min(held, worker.cores)
         return len(self.queue), processing, running
 
+    def worker_loads(self) -> dict[WorkerId, tuple[int, int]]:
+        """Each worker's cores and the tasks it holds (queued there, fetching or running)."""
+        return {wid: (worker.cores, len(worker.processing)) for wid, worker in self.workers.items()}
+
     # -- event handlers ---------------------------------------------------------------
 
     def _on_submit(self, ev: SubmitRun) -> None:

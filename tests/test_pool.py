@@ -1,0 +1,176 @@
+"""Worker pools through Parsl's providers (issue 16): LocalProvider everywhere, and a real
+single-node Slurm where one runs (``scripts/slurm-single-node.sh start``, as CI does)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from daskvine_py import Manager
+
+parsl_providers = pytest.importorskip("parsl.providers")
+from parsl.launchers import SimpleLauncher  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def slow_inc(x, seconds=0.02):
+    time.sleep(seconds)
+    return x + 1
+
+
+def _slurm_available() -> str | None:
+    """Why Slurm cannot be used here, or None."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        return "no Slurm commands (scripts/slurm-single-node.sh start installs and starts one)"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                             timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed: {exc}"
+    if out.returncode != 0 or not any(s in out.stdout for s in ("idle", "mixed", "alloc")):
+        return f"no Slurm node up (sinfo: {out.stdout.strip() or out.stderr.strip()})"
+    return None
+
+
+def _provider(kind: str, tmp_path, worker_init: str = ""):
+    if kind == "local":
+        provider = parsl_providers.LocalProvider(
+            init_blocks=0, min_blocks=0, max_blocks=4, worker_init=worker_init
+        )
+    else:
+        why = _slurm_available()
+        if why is not None:
+            if os.environ.get("DASKVINE_PY_REQUIRE_SLURM") == "1":
+                pytest.fail(f"Slurm is required here: {why}")
+            pytest.skip(why)
+        provider = parsl_providers.SlurmProvider(
+            partition="debug",
+            nodes_per_block=1,
+            init_blocks=0,
+            min_blocks=0,
+            max_blocks=4,
+            walltime="00:10:00",
+            launcher=SimpleLauncher(),
+            worker_init=worker_init,
+            exclusive=False,
+            # one core per job, so two jobs fit on a 2-core node
+            scheduler_options="#SBATCH --cpus-per-task=1 --mem=1000",
+        )
+    provider.script_dir = str(tmp_path / "jobs")
+    os.makedirs(provider.script_dir)
+    return provider
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+def _env_for_jobs(monkeypatch):
+    """Jobs start from the batch system, not from us: they must import this checkout."""
+    import daskvine_py
+
+    src = os.path.dirname(os.path.dirname(daskvine_py.__file__))
+    here = os.path.dirname(os.path.abspath(__file__))  # this module's tasks, by reference
+    paths = [src, here, os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["local", "slurm"])
+def test_a_pool_grows_to_the_work_and_shrinks_to_nothing_when_idle(kind, tmp_path, monkeypatch):
+    import dask
+
+    _env_for_jobs(monkeypatch)
+    provider = _provider(kind, tmp_path)
+    with Manager(heartbeat_interval=0.2, worker_timeout=10.0) as manager:
+        pool = manager.scale(provider, max_workers=2, cores=1, idle_timeout=1.0,
+                             poll_interval=0.2, manager_timeout=20)  # fmt: skip
+        assert pool.status()["jobs"] == {}  # no work, no jobs
+        dsk = {f"x{i}": (slow_inc, i) for i in range(60)}
+        dsk["total"] = (sum, [f"x{i}" for i in range(60)])
+        started = time.monotonic()
+        assert manager.get(dsk, "total") == dask.get(dsk, "total")
+        took = time.monotonic() - started
+        status = pool.status()
+        assert sum(status["jobs"].values()) == 2, status  # grew to its maximum, no more
+        assert len(manager.last_run.transfers) >= 0
+        # Idle: both workers are retired and their jobs end; no job is left.
+        _wait(lambda: not manager.workers, 60, f"workers still connected: {manager.workers}")
+        _wait(
+            lambda: set(pool.status()["jobs"]) <= {"done", "cancelled"},
+            60,
+            f"jobs still live: {pool.status()}",
+        )
+        assert pool.status()["failures"] == []
+        print(f"{kind}: the run took {took:.1f} s from submission with no worker")
+    if kind == "slurm":
+        queue = subprocess.run(["squeue", "-h", "-n", "daskvine-" + pool.name + "-0"],
+                               capture_output=True, text=True).stdout  # fmt: skip
+        assert queue.strip() == ""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["local", "slurm"])
+def test_a_job_whose_worker_init_fails_is_reported_with_its_output(kind, tmp_path, monkeypatch):
+    _env_for_jobs(monkeypatch)
+    provider = _provider(kind, tmp_path, worker_init="echo no-such-module-xyz >&2; exit 3")
+    with Manager() as manager:
+        pool = manager.scale(provider, max_workers=1, poll_interval=0.2)
+        thread = threading.Thread(
+            target=_ignore, args=(manager.get, {"x": (slow_inc, 1)}, "x"), daemon=True
+        )
+        thread.start()
+        _wait(lambda: pool.status()["failures"], 60, f"no failure reported: {pool.status()}")
+        failure = pool.status()["failures"][0]
+        assert "no-such-module-xyz" in failure or "exit code 3" in failure, failure
+        # The pool backs off instead of resubmitting in a loop.
+        assert sum(pool.status()["jobs"].values()) == 1
+        pool.close()
+    thread.join(10)
+    assert not thread.is_alive()  # the run ended with the manager
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["local", "slurm"])
+def test_closing_the_manager_mid_run_ends_the_jobs(kind, tmp_path, monkeypatch):
+    _env_for_jobs(monkeypatch)
+    provider = _provider(kind, tmp_path)
+    manager = Manager(heartbeat_interval=0.2, worker_timeout=10.0)
+    try:
+        pool = manager.scale(provider, max_workers=2, poll_interval=0.2)
+        dsk = {f"x{i}": (slow_inc, i, 0.5) for i in range(40)}
+        thread = threading.Thread(target=lambda: _ignore(manager.get, dsk, list(dsk)),
+                                  daemon=True)  # fmt: skip
+        thread.start()
+        _wait(lambda: manager.workers, 60, "no worker joined")
+    finally:
+        manager.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    status = pool.status()
+    assert set(status["jobs"]) <= {"done", "cancelled"}, status
+    if kind == "slurm":
+        job_ids = list(pool.jobs)
+        _wait(
+            lambda: not subprocess.run(["squeue", "-h", "-j", ",".join(job_ids)],
+                                       capture_output=True, text=True).stdout.strip(),
+            30,
+            "jobs still in the queue",
+        )  # fmt: skip
+
+
+def _ignore(get, *args):
+    try:
+        get(*args)
+    except Exception:
+        pass
