@@ -30,12 +30,10 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -48,7 +46,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .errors import TaskFailed
 from .manager import Manager
-from .options import RunOptions
 from .protocol import split_address
 
 __all__ = ["DaskVinePyExecutor", "accumulation_graph"]
@@ -199,11 +196,6 @@ def local_cores() -> int:
         return os.cpu_count() or 1
 
 
-#: Whether ``Manager.get`` draws its own progress bar (``progress=``); then ``status`` is
-#: passed on, otherwise this module shows a phase-level status line.
-_GET_HAS_PROGRESS = "progress" in {f.name for f in fields(RunOptions)}
-
-
 @dataclass
 class DaskVinePyExecutor(ExecutorBase):
     """Run coffea's ``processor.Runner`` on daskvine_py workers.
@@ -230,8 +222,9 @@ class DaskVinePyExecutor(ExecutorBase):
         Re-runs of a task whose process crashed or whose worker was lost (``Manager.get``'s
         ``retries``). ``Runner`` also reads it: it retries exceptions raised in a chunk
         that many times on the worker, as with coffea's other executors.
-    status, desc, unit
-        Progress display (from ``ExecutorBase``).
+    status
+        Whether ``Manager.get`` draws its progress bar (tasks done / total, rate) on stderr
+        (from ``ExecutorBase``; ``desc`` and ``unit`` are not shown).
     compression
         LZ4 level at which partial results are compressed on the workers, in their stores
         and on the wire (from ``ExecutorBase``, default 1); ``None`` keeps them as objects.
@@ -313,42 +306,12 @@ class DaskVinePyExecutor(ExecutorBase):
             name=_task_name(self.function_name),
         )
         manager = self.start()
-        with self._status(len(items)) as options:
-            try:
-                result = manager.get(graph, final, retries=self.retries, **options)
-            except TaskFailed as exc:
-                _name_item(exc, graph)
-                raise
+        try:
+            result = manager.get(graph, final, retries=self.retries, progress=self.status)
+        except TaskFailed as exc:
+            _name_item(exc, graph)
+            raise
         return accumulate([decompress(result)], accumulator), 0
-
-    @contextmanager
-    def _status(self, total: int) -> Iterator[dict[str, Any]]:
-        """Options for ``get``, and a status line while it runs if ``get`` draws none."""
-        if _GET_HAS_PROGRESS:
-            yield {"progress": self.status}
-            return
-        if not self.status:
-            yield {}
-            return
-        from coffea.util import coffea_console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        # get() reports nothing until it returns: a pulsing bar, then the count and time.
-        bar = Progress(
-            TextColumn("[bold blue]{task.description}"),
-            BarColumn(bar_width=None),
-            TextColumn("{task.fields[done]}"),
-            TimeElapsedColumn(),
-            console=coffea_console,
-        )
-        with bar:
-            task = bar.add_task(self.desc, total=None, done=f"{total} {self.unit}")
-            started = time.perf_counter()
-            yield {}
-            rate = total / max(time.perf_counter() - started, 1e-9)
-            bar.update(
-                task, total=total, completed=total, done=f"{total} {self.unit}, {rate:.1f}/s"
-            )
 
 
 def _task_name(function_name: str | None) -> str:
