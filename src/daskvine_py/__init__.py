@@ -28,7 +28,6 @@ from .errors import (
     SerializationError,
     TaskFailed,
     VersionMismatch,
-    WorkerLost,
 )
 from .options import ManagerOptions, RunOptions
 
@@ -68,7 +67,6 @@ __all__ = [
     "SerializationError",
     "TaskFailed",
     "VersionMismatch",
-    "WorkerLost",
     "__version__",
     "associative",
 ]

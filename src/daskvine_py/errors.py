@@ -91,16 +91,6 @@ class GraphCycleError(DaskVineError, ValueError):
         self.cycle = cycle
 
 
-class WorkerLost(DaskVineError):
-    """A worker disappeared (crash, kill, preemption or silence past the timeout)."""
-
-    def __init__(self, worker: str, reason: str) -> None:
-        self._init_args = (worker, reason)
-        super().__init__(f"worker {worker} lost: {reason}")
-        self.worker = worker
-        self.reason = reason
-
-
 class ProtocolError(DaskVineError):
     """A message that does not follow the protocol: unknown tag, bad fields, garbage."""
 
