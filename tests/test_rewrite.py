@@ -22,15 +22,29 @@ from dask.order import order
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py.graph import LegacyCall, as_graph_nodes, build_plan, convert
+from daskvine_py.graph import LegacyCall, build_plan, convert
 from daskvine_py.rewrite import (
+    _COMMUTATIVE_MARK,
     DEFAULT_ARITY,
     DEFAULT_THRESHOLD,
     associative,
     is_associative,
-    is_commutative,
     rewrite_reductions,
 )
+
+
+def as_graph_nodes(nodes):
+    """``nodes`` with every ``LegacyCall`` converted: a graph Dask's own schedulers run."""
+    return {
+        key: convert(key, node.task, nodes) if type(node) is LegacyCall else node
+        for key, node in nodes.items()
+    }
+
+
+def is_commutative(func):
+    """Whether ``associative(func, commutative=True)`` marked ``func``."""
+    return getattr(func, _COMMUTATIVE_MARK, False) is True
+
 
 # --- functions the graphs use: values are tuples of ints, so order errors show -----------
 

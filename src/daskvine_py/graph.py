@@ -132,14 +132,6 @@ def convert(key: Key, value: Any, keys: Container) -> GraphNode:
     return node
 
 
-def as_graph_nodes(nodes: Mapping[Key, Any]) -> dict[Key, GraphNode]:
-    """``nodes`` with every ``LegacyCall`` converted: a graph Dask's own schedulers run."""
-    return {
-        key: convert(key, node.task, nodes) if type(node) is LegacyCall else node
-        for key, node in nodes.items()
-    }
-
-
 def as_mapping(dsk: Any) -> Mapping:
     """The task mapping behind ``dsk``: expression objects are unwrapped."""
     if isinstance(dsk, dict):
@@ -242,12 +234,6 @@ def cull(
 
     dependencies, ordered, readers = depth_first(outputs, convert_needed, graph)
     return needed, dependencies, ordered, readers
-
-
-def topological_order(dependencies: Mapping[Key, frozenset[Key]]) -> list[Key]:
-    """Every key of ``dependencies`` after its own dependencies (``depth_first`` from each
-    key in turn); ``GraphCycleError`` with the keys of one cycle, if there is any."""
-    return depth_first(dependencies, dependencies.__getitem__, dependencies)[1]
 
 
 def depth_first(

@@ -49,7 +49,6 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "associative",
     "is_associative",
-    "is_commutative",
     "rewrite_reductions",
 ]
 
@@ -96,7 +95,8 @@ def associative(func: Any = None, *, commutative: bool = False) -> Any:
 
     Keyword arguments are passed unchanged to every call of the tree, so they must be
     options, not data (a start value belongs in ``sum``'s ``start``, not here). The order of
-    the operands is always kept; ``commutative=True`` records that it need not be.
+    the operands is always kept; ``commutative=True`` records on ``func`` that it need not be
+    (nothing reads that yet).
 
     The mark is an attribute of the function itself, so it travels with cloudpickle whether
     the function is pickled by reference or by value. Returns ``func`` unchanged.
@@ -121,15 +121,6 @@ def associative(func: Any = None, *, commutative: bool = False) -> Any:
 def is_associative(func: Any) -> bool:
     """Whether ``func`` is marked associative or is a known associative binary function."""
     return _Known().binary(func)
-
-
-def is_commutative(func: Any) -> bool:
-    """Whether ``func`` is marked ``commutative=True``.
-
-    No known function is: ``operator.add`` concatenates lists and ``toolz.merge`` lets later
-    keys win, so none of them is commutative for every type.
-    """
-    return _marked(func) and getattr(func, _COMMUTATIVE_MARK, False) is True
 
 
 def rewrite_reductions(
