@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import re
+import typing
 from html.parser import HTMLParser
 
 import pytest
 
 from daskvine_py import ProtocolError, RunOptions
 from daskvine_py import protocol as p
-from daskvine_py.events import EventLog, read_events, summary_records, write_events
+from daskvine_py.events import (
+    _RECORD,
+    Dispatched,
+    Entry,
+    EventLog,
+    Finished,
+    read_events,
+    summary_records,
+    write_events,
+)
 from daskvine_py.report import SECTIONS, TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
 from daskvine_py.runinfo import MANAGER, RunInfo
 
@@ -63,6 +73,43 @@ def test_write_then_read_round_trips(tmp_path, name):
     records = list(_log().records())
     write_events(records, tmp_path / name)
     assert read_events(tmp_path / name) == records
+
+
+#: ``_log()`` as the version that kept its entries as plain tuples wrote it: the format is
+#: the same, so logs written before entries became named records still load.
+_OLD_LOG = """\
+{"event":"run","format":1,"run":7,"started":1000.0,"tasks":4,"options":{"retries":3}}
+{"event":"worker","t":0.0,"worker":"w1","cores":2,"host":"node1"}
+{"event":"worker","t":0.0,"worker":"w2","cores":1,"host":"node2"}
+{"event":"sample","t":0.0,"waiting":4,"ready":0,"processing":0,"running":0,"done":0}
+{"event":"dispatch","t":0.1,"id":1,"key":["inc",0],"prefix":"inc","worker":"w1"}
+{"event":"dispatch","t":0.1,"id":2,"key":["inc",1],"prefix":"inc","worker":"w2"}
+{"event":"dispatch","t":0.1,"id":3,"key":"total","prefix":"total","worker":"w1"}
+{"event":"sample","t":0.2,"waiting":1,"ready":0,"processing":3,"running":3,"done":0}
+{"event":"done","t":0.4,"id":1,"worker":"w1","start":0.15,"end":0.35,"nbytes":8}
+{"event":"done","t":0.5,"id":2,"worker":"w2","start":0.15,"end":0.45,"nbytes":8}
+{"event":"erred","t":0.6,"id":3,"worker":"w1","message":"ZeroDivisionError('division by zero')"}
+{"event":"worker_lost","t":0.7,"worker":"w2","reason":"silent for 31 s"}
+{"event":"sample","t":0.7,"waiting":0,"ready":0,"processing":0,"running":0,"done":2}
+{"event":"transfer","source":"w1","destination":"w2","bytes":800}
+{"event":"transfer","source":"w2","destination":"manager","bytes":16}
+{"event":"end","t":0.7999999999999972,"outcome":"failed","hoisting_candidates":[],"duration":0.7999999999999545}
+"""
+
+
+def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
+    path = tmp_path / "old.jsonl"
+    path.write_text(_OLD_LOG)
+    assert read_events(path) == list(_log().records())
+
+
+def test_entries_are_named_records_and_each_type_has_its_record():
+    entries = _log().entries
+    assert type(entries[3]) is Dispatched and entries[3].key == ("inc", 0)
+    done = entries[7]
+    assert type(done) is Finished and (done.id, done.worker, done.nbytes) == (1, "w1", 8)
+    assert (done.end, done.duration) == pytest.approx((0.35, 0.2))
+    assert set(_RECORD) == set(typing.get_args(Entry))
 
 
 def test_read_rejects_what_is_not_an_event_log(tmp_path):

@@ -1,8 +1,9 @@
 """The event log of one run: what the manager saw, compact, machine-readable, replayable.
 
 Recorded only when a ``get`` asks for it (``report=`` or ``event_log=``): the manager's I/O
-thread appends a tuple per event to an ``EventLog``, nothing more (no formatting, no I/O).
-When the run ends the log becomes records, one JSON object per line::
+thread appends a named record per event (``Dispatched``, ``Finished``, ...: ``Entry``) to an
+``EventLog``, nothing more (no formatting, no I/O). When the run ends the log becomes JSON
+records, one object per line, each entry type turned into its ``event`` by one function::
 
     {"event": "run", "format": 1, "run": 3, "started": 1769000000.1, "tasks": 10000, ...}
     {"event": "worker", "t": 0.0, "worker": "local-0", "cores": 1, "host": "node7"}
@@ -30,15 +31,94 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Hashable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.
 FORMAT = 1
 
 
+class WorkerSeen(NamedTuple):
+    """A worker took part in the run ("worker"): joined during it, or was there at its start."""
+
+    t: float
+    worker: str
+    cores: int
+    host: str
+
+
+class WorkerGone(NamedTuple):
+    """A worker was lost during the run ("worker_lost"), and why."""
+
+    t: float
+    worker: str
+    reason: str
+
+
+class Dispatched(NamedTuple):
+    """A task was sent to a worker ("dispatch"); ``id`` joins it to its outcome."""
+
+    t: float
+    id: int
+    key: Hashable
+    prefix: str
+    worker: str
+
+
+class Finished(NamedTuple):
+    """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale."""
+
+    t: float
+    id: int
+    worker: str
+    end: float
+    duration: float
+    nbytes: int
+
+
+class Erred(NamedTuple):
+    """A task raised ("erred"); ``message`` is the exception's repr."""
+
+    t: float
+    id: int
+    worker: str
+    message: str
+
+
+class Crashed(NamedTuple):
+    """A task's process died or its worker was lost under it ("crashed")."""
+
+    t: float
+    id: int
+    worker: str
+    message: str
+
+
+class Sample(NamedTuple):
+    """The run's task counts by state, taken periodically ("sample")."""
+
+    t: float
+    waiting: int
+    ready: int
+    processing: int
+    running: int
+    done: int
+
+
+class Transfer(NamedTuple):
+    """Bytes moved from ``source`` to ``destination`` over the whole run ("transfer")."""
+
+    source: str
+    destination: str
+    nbytes: int
+
+
+#: What an ``EventLog`` holds between the run's record and its end record.
+Entry = WorkerSeen | WorkerGone | Dispatched | Finished | Erred | Crashed | Sample | Transfer
+
+
 class EventLog:
-    """Events of one run, appended by the manager's I/O thread as plain tuples.
+    """Events of one run, appended by the manager's I/O thread as ``Entry`` records.
 
     ``mono_start`` and ``wall_start`` are the run's start on the manager's monotonic clock
     (the ``now`` of every call) and on the wall clock (what workers' ``finished`` uses).
@@ -54,45 +134,45 @@ class EventLog:
         self.mono_start = mono_start
         self.tasks = tasks
         self.options = options
-        #: (kind, seconds since start, *fields), in the order the manager saw them
-        self.entries: list[tuple] = []
+        #: the run's events, in the order the manager saw them; times since the start
+        self.entries: list[Entry] = []
         #: the "end" record's extra fields, set by ``end``
         self.info: dict[str, Any] | None = None
 
     def worker(self, now: float, name: str, cores: int, host: str) -> None:
-        self.entries.append(("worker", now - self.mono_start, name, cores, host))
+        self.entries.append(WorkerSeen(now - self.mono_start, name, cores, host))
 
     def worker_lost(self, now: float, name: str, reason: str) -> None:
-        self.entries.append(("worker_lost", now - self.mono_start, name, reason))
+        self.entries.append(WorkerGone(now - self.mono_start, name, reason))
 
     def dispatch(self, now: float, task_id: int, key: Hashable, prefix: str, worker: str) -> None:
-        self.entries.append(("dispatch", now - self.mono_start, task_id, key, prefix, worker))
+        self.entries.append(Dispatched(now - self.mono_start, task_id, key, prefix, worker))
 
     def done(
         self, now: float, task_id: int, worker: str, duration: float, finished: float, nbytes: int
     ) -> None:
         t = now - self.mono_start
         end = finished - self.wall_start if finished else t
-        self.entries.append(("done", t, task_id, worker, min(end, t), duration, nbytes))
+        self.entries.append(Finished(t, task_id, worker, min(end, t), duration, nbytes))
 
     def erred(self, now: float, task_id: int, worker: str, message: str) -> None:
-        self.entries.append(("erred", now - self.mono_start, task_id, worker, message))
+        self.entries.append(Erred(now - self.mono_start, task_id, worker, message))
 
     def crashed(self, now: float, task_id: int, worker: str, reason: str) -> None:
-        self.entries.append(("crashed", now - self.mono_start, task_id, worker, reason))
+        self.entries.append(Crashed(now - self.mono_start, task_id, worker, reason))
 
     def sample(
         self, now: float, waiting: int, ready: int, processing: int, running: int, done: int
     ) -> None:
         self.entries.append(
-            ("sample", now - self.mono_start, waiting, ready, processing, running, done)
+            Sample(now - self.mono_start, waiting, ready, processing, running, done)
         )
 
     def end(self, now: float, outcome: str, info: Any) -> None:
         """Close the log with the run's outcome and what ``RunInfo`` knows (transfers...)."""
         self.info = {"t": now - self.mono_start, "outcome": outcome, **_info_fields(info)}
         for (source, destination), nbytes in sorted(getattr(info, "transfers", {}).items()):
-            self.entries.append(("transfer", 0.0, source, destination, nbytes))
+            self.entries.append(Transfer(source, destination, nbytes))
 
     # -- records ------------------------------------------------------------------------
 
@@ -107,35 +187,62 @@ class EventLog:
             "options": _jsonable(self.options),
         }
         for entry in list(self.entries):  # a snapshot: a cancelled run may still grow
-            kind = entry[0]
-            t = round(entry[1], 6)
-            if kind == "dispatch":
-                _, _, task_id, key, prefix, worker = entry
-                yield {"event": kind, "t": t, "id": task_id, "key": _jsonable_key(key),
-                       "prefix": prefix, "worker": worker}  # fmt: skip
-            elif kind == "done":
-                _, _, task_id, worker, end, duration, nbytes = entry
-                yield {"event": kind, "t": t, "id": task_id, "worker": worker,
-                       "start": round(end - duration, 6), "end": round(end, 6),
-                       "nbytes": nbytes}  # fmt: skip
-            elif kind == "sample":
-                _, _, waiting, ready, processing, running, done = entry
-                yield {"event": kind, "t": t, "waiting": waiting, "ready": ready,
-                       "processing": processing, "running": running, "done": done}  # fmt: skip
-            elif kind == "worker":
-                _, _, name, cores, host = entry
-                yield {"event": kind, "t": t, "worker": name, "cores": cores, "host": host}
-            elif kind == "worker_lost":
-                yield {"event": kind, "t": t, "worker": entry[2], "reason": entry[3]}
-            elif kind in ("erred", "crashed"):
-                yield {"event": kind, "t": t, "id": entry[2], "worker": entry[3],
-                       "message": entry[4]}  # fmt: skip
-            elif kind == "transfer":
-                _, _, source, destination, nbytes = entry
-                yield {"event": kind, "source": source, "destination": destination,
-                       "bytes": nbytes}  # fmt: skip
+            yield _RECORD[type(entry)](entry)
         if self.info is not None:
             yield {"event": "end", **_jsonable(self.info)}
+
+
+def _worker_seen(e: WorkerSeen) -> dict[str, Any]:
+    return {"event": "worker", "t": round(e.t, 6), "worker": e.worker, "cores": e.cores,
+            "host": e.host}  # fmt: skip
+
+
+def _worker_gone(e: WorkerGone) -> dict[str, Any]:
+    return {"event": "worker_lost", "t": round(e.t, 6), "worker": e.worker, "reason": e.reason}
+
+
+def _dispatched(e: Dispatched) -> dict[str, Any]:
+    return {"event": "dispatch", "t": round(e.t, 6), "id": e.id, "key": _jsonable_key(e.key),
+            "prefix": e.prefix, "worker": e.worker}  # fmt: skip
+
+
+def _finished(e: Finished) -> dict[str, Any]:
+    return {"event": "done", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
+            "start": round(e.end - e.duration, 6), "end": round(e.end, 6),
+            "nbytes": e.nbytes}  # fmt: skip
+
+
+def _erred(e: Erred) -> dict[str, Any]:
+    return {"event": "erred", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
+            "message": e.message}  # fmt: skip
+
+
+def _crashed(e: Crashed) -> dict[str, Any]:
+    return {"event": "crashed", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
+            "message": e.message}  # fmt: skip
+
+
+def _sample(e: Sample) -> dict[str, Any]:
+    return {"event": "sample", "t": round(e.t, 6), "waiting": e.waiting, "ready": e.ready,
+            "processing": e.processing, "running": e.running, "done": e.done}  # fmt: skip
+
+
+def _transfer(e: Transfer) -> dict[str, Any]:
+    return {"event": "transfer", "source": e.source, "destination": e.destination,
+            "bytes": e.nbytes}  # fmt: skip
+
+
+#: The JSON record of each kind of entry: one function per type, as the file spells it.
+_RECORD: dict[type, Callable[[Any], dict[str, Any]]] = {
+    WorkerSeen: _worker_seen,
+    WorkerGone: _worker_gone,
+    Dispatched: _dispatched,
+    Finished: _finished,
+    Erred: _erred,
+    Crashed: _crashed,
+    Sample: _sample,
+    Transfer: _transfer,
+}
 
 
 def summary_records(info: Any) -> list[dict[str, Any]]:
