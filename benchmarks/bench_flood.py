@@ -57,12 +57,14 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
     """One attacker process: hammer ``address`` until ``stop`` is set."""
     import zmq
 
-    host, port = address[len("tcp://") :].rsplit(":", 1)
+    from daskvine_py.protocol import split_address
+
+    host, port = split_address(address)
     if kind == "tcp-garbage":
         junk = os.urandom(4096)
         while not stop.is_set():
             try:
-                with socket.create_connection((host, int(port)), timeout=1) as raw:
+                with socket.create_connection((host, port), timeout=1) as raw:
                     raw.sendall(junk)
             except OSError:
                 pass

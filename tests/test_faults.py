@@ -109,8 +109,7 @@ def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_m
     """What a worker holding the keys could send by mistake (test_security.py shows that
     without the keys nothing reaches the decoder at all)."""
     manager = insecure_manager
-    host, port = manager.address[len("tcp://") :].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as raw:
+    with socket.create_connection(p.split_address(manager.address), timeout=5) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
     context = zmq.Context()
     try:

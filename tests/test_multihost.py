@@ -24,6 +24,7 @@ import pytest
 import daskvine_py
 import netns
 from daskvine_py import security
+from daskvine_py.protocol import split_address
 from daskvine_py.worker import EXIT_AUTH_FAILED
 
 pytestmark = pytest.mark.integration
@@ -170,7 +171,7 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
         info = ran["workers"][host]
         assert info["hostname"] == host
         assert info["peer_address"].startswith(f"tcp://{hosts.addresses[host]}:"), info
-        ip, port = info["peer_address"][len("tcp://") :].rsplit(":", 1)
+        ip, port = split_address(info["peer_address"])
         reach = f"import socket; socket.create_connection(({ip!r}, {port}), timeout=5).close()"
         assert hosts.run(other, [sys.executable, "-c", reach], timeout=20).returncode == 0
 

@@ -327,7 +327,7 @@ def _through_relays(security_on: bool) -> tuple[list[Relay], bytes, object]:
     relays: list[Relay] = []
     with Manager(security=security_on) as manager:
         try:
-            to_manager = Relay(int(manager.address.rsplit(":", 1)[1]))
+            to_manager = Relay(p.split_address(manager.address)[1])
             relays.append(to_manager)
             procs = []
             for name in ("a", "b"):
