@@ -472,6 +472,19 @@ def test_replicas_are_requested_and_a_lost_holder_costs_no_recomputation():
     assert x.state == "memory" and st_.recomputed == 0
 
 
+def test_outputs_that_tasks_read_are_replicated_and_unread_ones_are_not():
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
+             s.NewTask("z", b"", (), ("x",), 2)]  # fmt: skip
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["x", "y", "z"], 3, replicas=2)])
+    x, y = st_.tasks[1], st_.tasks[2]
+    out = st_.handle([s.FromWorker(x.worker.id, p.TaskDone(1, 5, 0.1, dumps(1)))])
+    assert [m.task_id for m in sends(out, p.Replicate)] == [1]  # z reads x: x is copied
+    out = st_.handle([s.FromWorker(y.worker.id, p.TaskDone(2, 5, 0.1, dumps(2)))])
+    assert sends(out, p.Replicate) == []  # nothing reads y: its value went to the caller
+    assert y.state == "released" and not y.who_has
+
+
 def test_recomputed_counts_each_lost_result_brought_back():
     st_ = s.SchedulerState()
     st_.handle([joined(W1), chain_run()])

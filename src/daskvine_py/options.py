@@ -69,9 +69,10 @@ class RunOptions:
     #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),
     #: from which ``python -m daskvine_py report`` rebuilds the report. Same cost as ``report``.
     event_log: str | os.PathLike | None = None
-    #: Copies of each intermediate result to keep, on different workers. 2 or more lets a
-    #: run on preemptible nodes lose a worker without recomputing what it held, at the cost
-    #: of copying every intermediate (network, memory) while it is needed.
+    #: Copies to keep, on different workers, of each result that other tasks read (outputs
+    #: included; an output nothing reads goes to the caller and is kept nowhere). 2 or more
+    #: lets a run on preemptible nodes lose a worker without recomputing what it held, at
+    #: the cost of copying every intermediate (network, memory) while it is needed.
     replicas: int = 1
 
     def __post_init__(self) -> None:
