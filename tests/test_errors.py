@@ -93,6 +93,42 @@ def test_unpicklable_function_names_the_key(shared_manager):
         shared_manager.get(dsk, "locked")
 
 
+def touch(path):
+    with open(path, "w"):
+        pass
+    return path
+
+
+class PicklesOnceItExists:
+    """Cannot be pickled; says so only once ``path`` exists (a task wrote it) or after 30 s."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise TypeError(f"cannot pickle {type(self).__name__}")
+
+
+def test_unpicklable_task_after_the_first_part_fails_after_tasks_ran(
+    shared_manager, monkeypatch, tmp_path
+):
+    """The graph goes out in parts of SUBMIT_PART tasks, each pickled while earlier ones run:
+    a task that cannot be pickled in a later part fails the run after tasks of earlier parts
+    ran (docs/errors.md)."""
+    from daskvine_py import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "SUBMIT_PART", 1)
+    marker = str(tmp_path / "ran")
+    dsk = {"mark": (touch, marker), "late": (lambda x, _o: x, "mark", PicklesOnceItExists(marker))}
+    with pytest.raises(SerializationError, match="'late'"):
+        shared_manager.get(dsk, "late")
+    assert os.path.exists(marker)  # "mark" ran before the error
+    assert shared_manager.get({"x": (inc, 1)}, "x") == 2
+
+
 def test_unpicklable_result_names_the_key(shared_manager):
     with pytest.raises(SerializationError, match="result of task 'lock'"):
         shared_manager.get({"x": 1, "lock": (return_lock, "x")}, "lock")
