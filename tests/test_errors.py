@@ -11,6 +11,7 @@ import dask
 import numpy as np
 import pytest
 
+from beacon import Beacon, interrupt_once_a_task_runs, ping_then_sleep
 from daskvine_py import GraphCycleError, RemoteTraceback, SerializationError, TaskFailed
 
 pytestmark = pytest.mark.integration
@@ -149,24 +150,24 @@ def test_options_do_not_stick(shared_manager):
 
 
 def test_ctrl_c_cancels_the_run_and_keeps_the_manager(shared_manager):
-    dsk = {f"s{i}": (slow, i, 0.2) for i in range(50)}
-    main = threading.get_ident()
     # A process started in the background by a shell ignores SIGINT: ask for Ctrl-C's usual
     # meaning explicitly, so the test does not depend on how pytest was started.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            shared_manager.get(dsk, list(dsk))
-    finally:
-        timer.join()
-        signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 5
-    while shared_manager._state.tasks and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not shared_manager._state.tasks
-    assert shared_manager.get({"x": (inc, 41)}, "x") == 42
+    with Beacon() as beacon:
+        dsk = {f"s{i}": (ping_then_sleep, i, beacon.address, 0.2) for i in range(50)}
+        interrupter = interrupt_once_a_task_runs(beacon)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                shared_manager.get(dsk, list(dsk))
+        finally:
+            interrupter.join()
+            signal.signal(signal.SIGINT, previous)
+        assert shared_manager.last_run.outcome == "cancelled"
+        # The next run is not queued behind the cancelled one's tasks.
+        assert shared_manager.get({"x": (inc, 41)}, "x") == 42
+        started = 1 + len(beacon.drain())
+    assert started < 50
+    assert not shared_manager._state.tasks  # the cancelled run left nothing in the state
 
 
 def test_only_outputs_travel_to_the_manager(shared_manager):

@@ -228,22 +228,36 @@ def test_progress_bar_closes_when_a_task_fails(shared_manager, capsys):
 
 
 @pytest.mark.integration
-def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys):
+def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys, monkeypatch):
+    import tqdm
+
+    drawn = threading.Event()
+
+    class Bar(tqdm.tqdm):
+        """tqdm's bar, telling the test once it is on the screen."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.set()
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
     dsk = {f"s{i}": (time.sleep, 0.2) for i in range(50)}
     main = threading.get_ident()
+
+    def interrupt():
+        if drawn.wait(60):
+            signal.pthread_kill(main, signal.SIGINT)
+
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.5, signal.pthread_kill, args=(main, signal.SIGINT))
-    timer.start()
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             shared_manager.get(dsk, list(dsk), progress=True, event_log=None)
     finally:
-        timer.join()
+        interrupter.join()
         signal.signal(signal.SIGINT, previous)
     assert shared_manager.last_run.outcome == "cancelled"
     err = capsys.readouterr().err
     assert "/50" in err and err.endswith("\n")
-    deadline = time.monotonic() + 10
-    while shared_manager._state.tasks and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert shared_manager.get({"x": (_inc, 41)}, "x") == 42
