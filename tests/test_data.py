@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -12,7 +13,9 @@ import dask
 import numpy as np
 import pytest
 
+from beacon import Beacon, ping
 from daskvine_py import Manager
+from daskvine_py.launch import spawn
 from daskvine_py.runinfo import MANAGER
 
 pytestmark = pytest.mark.integration
@@ -22,12 +25,7 @@ MB = 2**20
 
 def wait_until(predicate, timeout=30.0):
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except RuntimeError:  # a dict of the I/O thread changed while we looked
-            pass
+    while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         time.sleep(0.01)
@@ -167,22 +165,42 @@ def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_pat
     dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
     dsk["out"] = (total, *[f"b{i}" for i in range(n)])
     workdir = tmp_path / "work"
+    full, room = threading.Event(), threading.Event()
+
+    def watch(lines):
+        """The limited worker says when it tells the manager it is full, and not any more."""
+        for line in lines:
+            if "disk full: True" in line:
+                full.set()
+            elif "disk full: False" in line and full.is_set():
+                room.set()
+
     with Manager() as manager:
-        manager.start_workers(1, memory=20, disk=40, workdir=str(workdir))
-        manager.start_workers(1, workdir=str(workdir))
-        state = manager._state
-        result = {}
-        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "out")))
-        thread.start()
-        was_full = False
-        while thread.is_alive():
-            was_full = was_full or any(w.full for w in list(state.workers.values()))
-            time.sleep(0.005)
-        thread.join()
-        assert result["v"] == dask.get(dsk, "out")
-        assert was_full
-        wait_until(lambda: not spill_files(workdir))
-        wait_until(lambda: not any(w.full for w in list(state.workers.values())))
+        limited = spawn(
+            manager.address,
+            name="limited",
+            extra_args=["--memory", "20", "--disk", "40", "--workdir", str(workdir)],
+            connection_file=manager.connection_file,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        watcher = threading.Thread(target=watch, args=(limited.stderr,))
+        watcher.start()
+        try:
+            manager.wait_for_workers(1, processes=[limited])
+            manager.start_workers(1, workdir=str(workdir))
+            assert manager.get(dsk, "out") == dask.get(dsk, "out")
+            assert full.wait(30)
+            assert room.wait(30)  # its results released: it takes work again
+            wait_until(lambda: not spill_files(workdir))
+        finally:
+            manager.close()
+            try:
+                limited.wait(20)
+            except subprocess.TimeoutExpired:
+                limited.kill()
+                limited.wait()
+            watcher.join(20)
 
 
 def produce(i, path):
@@ -192,8 +210,11 @@ def produce(i, path):
     return np.full(1000, float(i))
 
 
-def gate(seconds):
-    time.sleep(seconds)
+def gate(address):
+    """Tell the test which worker runs this (its process's parent), then wait until the test
+    opens the gate; without a test to ask (Dask's scheduler), pass at once."""
+    if address is not None:
+        ping(address, str(os.getppid()).encode(), hold=True)
     return 0.0
 
 
@@ -201,10 +222,10 @@ def combine(a, g):
     return float(a.sum()) + g
 
 
-def _gated_graph(path, n=20, seconds=4.0):
+def _gated_graph(path, address=None, n=20):
     """a_i all finish, then wait (held on their workers) while one worker runs the gate."""
     dsk = {f"a{i}": (produce, i, path) for i in range(n)}
-    dsk["gate"] = (gate, seconds)
+    dsk["gate"] = (gate, address)
     dsk.update({f"b{i}": (combine, f"a{i}", "gate") for i in range(n)})
     dsk["total"] = (total, *[f"b{i}" for i in range(n)])
     return dsk
@@ -214,38 +235,40 @@ def _executions(path):
     return sum(len(open(e.path).readlines()) for e in os.scandir(path))
 
 
-def _kill_during_the_gate(manager, dsk, path, replicas):
-    """Run ``dsk``; once every a_i is done, SIGKILL the worker not running the gate.
+def _kill_during_the_gate(manager, path, replicas):
+    """Run the gated graph; once every a_i is done, SIGKILL the worker not running the gate,
+    then open the gate.
 
     Returns the result, the a_i that existed only on the victim, and the state's count
-    of recomputed results."""
+    of recomputed results. Which results only the victim held, and that the manager knows
+    every a_i done, come from the manager's private state: it offers no public view of
+    where results are."""
     state = manager._state
     before = state.recomputed
     result = {}
+    beacon = Beacon()
+    dsk = _gated_graph(path, beacon.address)
     thread = threading.Thread(
         target=lambda: result.update(v=manager.get(dsk, "total", replicas=replicas))
     )
     thread.start()
+    gate_pid, gate_conn = beacon.accept()  # the gate runs, and waits for us
 
     def a_tasks():
         (run,) = list(state.runs.values())
-        return [t for k, t in list(run.tasks.items()) if k.startswith("a")], run.tasks["gate"]
+        return [t for k, t in list(run.tasks.items()) if k.startswith("a")]
 
     def settled():
-        if not state.runs:
-            return False  # not submitted yet
-        tasks, gate_task = a_tasks()
-        return (
-            gate_task.state == "processing"
-            and all(t.state == "memory" for t in tasks)
-            and all(len(t.who_has) >= replicas for t in tasks)
-        )
+        return all(t.state == "memory" and len(t.who_has) >= replicas for t in a_tasks())
 
-    wait_until(settled)
-    tasks, gate_task = a_tasks()
-    victim = next(w for w in list(state.workers.values()) if w is not gate_task.worker)
-    lost = {t.key for t in tasks if t.who_has == {victim}}
-    os.kill(manager.workers[victim.name]["pid"], signal.SIGKILL)
+    try:
+        wait_until(settled)
+        (victim,) = [n for n, w in manager.workers.items() if w["pid"] != int(gate_pid)]
+        lost = {t.key for t in a_tasks() if {w.name for w in list(t.who_has)} == {victim}}
+        os.kill(manager.workers[victim]["pid"], signal.SIGKILL)
+    finally:
+        gate_conn.close()  # open the gate
+        beacon.close()
     thread.join(60)
     assert not thread.is_alive()
     return result["v"], lost, state.recomputed - before
@@ -260,8 +283,7 @@ def test_a_killed_worker_costs_exactly_the_recomputation_of_what_only_it_held(
     (tmp_path / "sync").mkdir()
     (tmp_path / "run").mkdir()
     expected = dask.get(_gated_graph(str(tmp_path / "sync")), "total")
-    dsk = _gated_graph(str(tmp_path / "run"))
-    value, lost, recomputed = _kill_during_the_gate(manager, dsk, str(tmp_path / "run"), replicas)
+    value, lost, recomputed = _kill_during_the_gate(manager, str(tmp_path / "run"), replicas)
     assert value == expected
     if replicas == 1:
         assert lost  # the victim ran a_i while the other worker ran the gate
