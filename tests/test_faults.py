@@ -15,6 +15,7 @@ import time
 import pytest
 import zmq
 
+from beacon import Beacon, ping
 from daskvine_py import Manager, TaskFailed
 from daskvine_py import protocol as p
 from daskvine_py.launch import spawn
@@ -29,6 +30,13 @@ def inc(x):
 def slow_inc(x, seconds=0.05):
     time.sleep(seconds)
     return x + 1
+
+
+def slow_inc_pinging(x, seconds, address):
+    """``slow_inc`` that then tells the test which worker (its library's parent) made it."""
+    y = slow_inc(x, seconds)
+    ping(address, str(os.getppid()).encode())
+    return y
 
 
 def segfault(x):
@@ -48,17 +56,19 @@ def wait_until(predicate, timeout=20.0):
 def test_sigkill_a_worker_mid_graph(manager):
     """Half-way through, the worker holding intermediates dies: the answer is still right."""
     n = 40
-    dsk = {f"a{i}": (slow_inc, i) for i in range(n)}
-    dsk.update({f"b{i}": (slow_inc, f"a{i}") for i in range(n)})
-    dsk["total"] = (sum, [f"b{i}" for i in range(n)])
     result = {}
-    thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "total")))
-    thread.start()
-    state = manager._state
-    wait_until(lambda: sum(len(w.has_what) for w in list(state.workers.values())) >= 10)
     victim = manager.workers["local-0"]["pid"]
-    os.kill(victim, signal.SIGKILL)
-    thread.join(60)
+    with Beacon() as beacon:
+        dsk = {f"a{i}": (slow_inc_pinging, i, 0.05, beacon.address) for i in range(n)}
+        dsk.update({f"b{i}": (slow_inc_pinging, f"a{i}", 0.05, beacon.address) for i in range(n)})
+        dsk["total"] = (sum, [f"b{i}" for i in range(n)])
+        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "total")))
+        thread.start()
+        made_there = 0
+        while made_there < 5:  # results the victim made (and holds, or is about to report)
+            made_there += int(beacon.wait(1)[0]) == victim
+        os.kill(victim, signal.SIGKILL)
+        thread.join(60)
     assert not thread.is_alive()
     assert result["v"] == sum(i + 2 for i in range(n))
     assert list(manager.workers) == ["local-1"]
@@ -66,15 +76,17 @@ def test_sigkill_a_worker_mid_graph(manager):
 
 def test_lost_results_are_recomputed_from_lineage(manager):
     """A chain whose every link lived on the killed worker is recomputed on the other."""
-    dsk = {"x0": 0, **{f"x{i}": (slow_inc, f"x{i - 1}", 0.02) for i in range(1, 60)}}
     result = {}
-    thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "x59")))
-    thread.start()
-    state = manager._state
-    wait_until(lambda: any(len(w.has_what) for w in list(state.workers.values())))
-    holder = next(w.name for w in list(state.workers.values()) if w.has_what or w.processing)
-    os.kill(manager.workers[holder]["pid"], signal.SIGKILL)
-    thread.join(60)
+    with Beacon() as beacon:
+        dsk = {"x0": 0}
+        dsk |= {f"x{i}": (slow_inc_pinging, f"x{i - 1}", 0.02, beacon.address)
+                for i in range(1, 60)}  # fmt: skip
+        thread = threading.Thread(target=lambda: result.update(v=manager.get(dsk, "x59")))
+        thread.start()
+        holder = int(beacon.wait(1)[0])  # made x1, holds it and runs the chain on
+        assert holder in {w["pid"] for w in manager.workers.values()}
+        os.kill(holder, signal.SIGKILL)
+        thread.join(60)
     assert result["v"] == 59
 
 

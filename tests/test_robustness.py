@@ -26,6 +26,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
 from daskvine_py import protocol as p
 from daskvine_py import state as s
@@ -354,8 +355,9 @@ def test_if_the_io_thread_dies_every_get_raises_at_once_and_close_returns():
     manager = Manager()
     try:
         procs = manager.start_workers(1)
-        pending = Background(manager.get, {"n": (nap, 3.0)}, "n")
-        wait_until(lambda: any(w.processing for w in list(manager._state.workers.values())))
+        with Beacon() as beacon:
+            pending = Background(manager.get, {"n": (ping_then_sleep, 0, beacon.address, 3.0)}, "n")
+            beacon.wait(1)  # the task runs
 
         def boom(now):
             raise Fatal("injected into the loop")
