@@ -174,6 +174,8 @@ class IOLoop:
         self.demand = Demand(0, {})
         #: when each worker last held a task (the loop's clock)
         self._busy_at: dict[bytes, float] = {}
+        #: workers told to leave by a pool: their leaving is no news
+        self._retiring: set[bytes] = set()
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -339,6 +341,7 @@ class IOLoop:
         for ident, info in self.workers.items():
             if info.name == command.name:
                 logger.info("retiring worker %s: %s", info.name, command.reason)
+                self._retiring.add(ident)
                 self.outboxes.setdefault(ident, []).append(p.Shutdown(command.reason))
                 return
 
@@ -475,7 +478,11 @@ class IOLoop:
         info = self.workers.pop(ident, None)
         if info is None:
             return
-        logger.warning("worker %s lost: %s", info.name, reason)
+        if ident in self._retiring:
+            self._retiring.discard(ident)
+            logger.info("worker %s left: %s", info.name, reason)
+        else:
+            logger.warning("worker %s lost: %s", info.name, reason)
         self.liveness.left(ident)
         self._publish(ident, None)
         self.watching.worker_lost(time.monotonic(), info.name, reason)
