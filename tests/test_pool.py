@@ -174,3 +174,59 @@ def _ignore(get, *args):
         get(*args)
     except Exception:
         pass
+
+
+def test_the_htcondor_submit_description_has_what_condor_submit_needs(tmp_path, monkeypatch):
+    """HTCondor cannot run here: ``condor_submit`` is a script that keeps what it is given
+    and answers as the real one does, so the description CondorProvider writes for our
+    worker jobs can be checked."""
+    from parsl.launchers import SimpleLauncher
+
+    bin_dir, captured = tmp_path / "bin", tmp_path / "captured"
+    bin_dir.mkdir()
+    captured.mkdir()
+    tools = {
+        "condor_submit": f'cp "$1" {captured}/\n'
+        f'cp "${{1%.submit}}.script" {captured}/ 2>/dev/null\n'
+        'echo "Submitting job(s)."\necho "1 job(s) submitted to cluster 42."\n',
+        "condor_q": "exit 0\n",
+        "condor_rm": "exit 0\n",
+    }
+    for name, body in tools.items():
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    provider = parsl_providers.CondorProvider(
+        init_blocks=0,
+        cores_per_slot=4,
+        mem_per_slot=8,
+        requirements='OpSysAndVer == "AlmaLinux9"',
+        scheduler_options='+JobFlavour = "workday"\n',
+        worker_init="source /shared/venv/bin/activate",
+        launcher=SimpleLauncher(),
+    )
+    provider.script_dir = str(tmp_path / "jobs")
+    os.makedirs(provider.script_dir)
+    with Manager() as manager:
+        pool = manager.scale(provider, max_workers=1, cores=4, poll_interval=0.2)
+        thread = threading.Thread(
+            target=_ignore, args=(manager.get, {"x": (slow_inc, 1)}, "x"), daemon=True
+        )
+        thread.start()
+        _wait(lambda: any(captured.glob("*.submit")), 30, "nothing was submitted")
+        pool.close()
+        keys = open(manager.connection_file).read()
+    (description,) = [p.read_text() for p in captured.glob("*.submit")]
+    for needed in ("executable", "RequestCpus = 4", "RequestMemory = 8192",
+                   'OpSysAndVer == "AlmaLinux9"', '+JobFlavour = "workday"', "queue"):  # fmt: skip
+        assert needed in description, (needed, description)
+    scripts = [p.read_text() for p in captured.glob("*.script")]
+    job = "\n".join(scripts) + description
+    assert "source /shared/venv/bin/activate" in job
+    assert "-m daskvine_py.worker --connection-file" in job and "--cores 4" in job
+    import json
+
+    secret = json.loads(keys)["worker_secret_key"]
+    assert secret not in job  # the keys stay in the file
+    thread.join(10)
