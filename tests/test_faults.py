@@ -256,9 +256,9 @@ def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
 
     worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
     try:
-        assert not worker.registered and not worker.outbox
+        assert not worker.state.registered and not worker.state.outbox
         assert 29_000 <= worker._poll_timeout_ms() <= 30_001
-        worker.registered, worker.last_sent = True, time.monotonic()
+        worker.state.registered, worker.state.last_sent = True, time.monotonic()
         assert 0 < worker._poll_timeout_ms() <= 1_001  # the next heartbeat
     finally:
         worker._close()

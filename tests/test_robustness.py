@@ -146,8 +146,8 @@ def offline_worker():
     try:
         yield worker
     finally:
-        worker.outbox.clear()
-        worker.peer_outbox.clear()
+        worker.state.outbox.clear()
+        worker.state.peer_outbox.clear()
         worker.manager_gone = True  # nothing waits for its unsendable messages
         worker._close()
 
@@ -448,11 +448,11 @@ def test_a_result_that_cannot_be_read_back_is_answered_as_not_held(worker):
 def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
     deps = (p.DepLocation(1, "x", ("tcp://127.0.0.1:2",)),)
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
-    assert 1 in worker.fetches
+    assert 1 in worker.state.fetches
     worker._on_peer_frames(p.encode([p.Data(1, Crafted(b"x", [5]))]))
-    assert 1 in worker.fetches and 1 not in worker.store  # it waits for a valid answer
+    assert 1 in worker.state.fetches and 1 not in worker.store  # it waits for a valid answer
     worker._on_peer_frames(p.encode([p.Data(1, dumps(41))]))
-    assert 1 not in worker.fetches and loads(worker.store.get(1)) == 41
+    assert 1 not in worker.state.fetches and loads(worker.store.get(1)) == 41
 
 
 # -- 4. what the worker hears from the manager ------------------------------------------------
@@ -460,13 +460,13 @@ def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
 
 def test_only_valid_messages_from_the_manager_count_as_contact(worker):
     """Problem 4: any bytes from the manager's socket used to reset the silence timer."""
-    worker.last_contact = -1.0
+    worker.state.last_contact = -1.0
     for frames in ([b"junk"], [p.MAGIC + b"junk"], p.encode([p.Welcome("w", math.nan)]),
                    p.encode([p.Release(("1",))]), p.encode([p.GetData((1,))])):  # fmt: skip
         worker._on_manager_frames(frames)
-        assert worker.last_contact == -1.0
+        assert worker.state.last_contact == -1.0
     worker._on_manager_frames(p.encode([p.Heartbeat()]))
-    assert worker.last_contact > -1.0
+    assert worker.state.last_contact > -1.0
 
 
 def test_a_worker_fed_garbage_by_its_manager_still_notices_the_silence():
@@ -481,7 +481,7 @@ def test_a_worker_fed_garbage_by_its_manager_still_notices_the_silence():
         worker._flush()
         assert router.poll(5000)
         ident = router.recv_multipart()[0]
-        worker.last_contact = time.monotonic()
+        worker.state.last_contact = time.monotonic()
         deadline = time.monotonic() + 20.0
         while worker.running and time.monotonic() < deadline:
             router.send_multipart([ident, p.MAGIC + b"garbage"])
@@ -499,10 +499,10 @@ def test_a_task_the_worker_cannot_read_is_reported_crashed(worker, caplog):
     good = p.Execute(8, "j", b"", (), False)
     with caplog.at_level(logging.WARNING, logger="daskvine_py.worker"):
         worker._on_manager_frames(p.encode([bad, good, p.Cancel(("x",))]))
-    (crashed,) = worker.outbox
+    (crashed,) = worker.state.outbox
     assert type(crashed) is p.TaskCrashed and crashed.task_id == 7
     assert "could not read" in crashed.reason and "Execute.deps" in crashed.reason
-    assert 7 not in worker.tasks and 8 in worker.tasks
+    assert 7 not in worker.state.tasks and 8 in worker.state.tasks
     assert len(caplog.records) == 1  # two bad records, one warning
 
 
@@ -523,13 +523,15 @@ def test_a_task_whose_execute_no_worker_can_read_fails_its_run_saying_why(manage
 
 def test_a_task_the_worker_fails_to_take_is_reported_crashed(worker):
     deps = (p.DepLocation(1, "x", None), p.DepLocation(2, "z", ("tcp://127.0.0.1:2",)))
-    with mock.patch.object(worker, "_request_next", side_effect=RuntimeError("a bug")):
+    with mock.patch.object(worker.state, "_request_next", side_effect=RuntimeError("a bug")):
         worker._on_manager_frames(p.encode([p.Execute(9, "y", b"", deps, False)]))
-    (crashed,) = worker.outbox
+    (crashed,) = worker.state.outbox
     assert type(crashed) is p.TaskCrashed and crashed.task_id == 9
     assert "could not take the task" in crashed.reason and "a bug" in crashed.reason
     # What the handler had kept before it failed is gone with it.
-    assert 9 not in worker.tasks and not worker.local_waiters and not worker.fetches
+    assert (
+        9 not in worker.state.tasks and not worker.state.local_waiters and not worker.state.fetches
+    )
     _check_worker_consistent(worker)
 
 
@@ -538,11 +540,11 @@ def test_an_address_zeromq_refuses_moves_the_fetch_to_the_next_holder(worker):
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
     for _ in range(2):
         worker._flush()
-    fetch = worker.fetches.get(1)
+    fetch = worker.state.fetches.get(1)
     if fetch is not None:  # the good holder was asked (first or after the bad one)
         assert fetch.current == "tcp://127.0.0.1:2"
     else:  # the bad one was the last to try: the manager is told
-        assert any(type(m) is p.FetchFailed for m in worker.outbox)
+        assert any(type(m) is p.FetchFailed for m in worker.state.outbox)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -880,19 +882,19 @@ def test_fuzz_inconsistent_reports_never_break_the_state_and_every_run_ends(grap
 
 
 def _check_worker_consistent(worker):
-    tasks = worker.tasks
-    for dep_id, fetch in worker.fetches.items():
+    tasks = worker.state.tasks
+    for dep_id, fetch in worker.state.fetches.items():
         assert fetch.dep_id == dep_id and fetch.waiters <= set(tasks), (dep_id, fetch.waiters)
-    for dep_id, waiters in worker.local_waiters.items():
+    for dep_id, waiters in worker.state.local_waiters.items():
         assert waiters and waiters <= set(tasks), (dep_id, waiters)
     for task in tasks.values():
         for dep_id in task.missing:
-            fetch = worker.fetches.get(dep_id)
+            fetch = worker.state.fetches.get(dep_id)
             assert (fetch is not None and task.id in fetch.waiters) or task.id in (
-                worker.local_waiters.get(dep_id, ())
+                worker.state.local_waiters.get(dep_id, ())
             ), (task.id, dep_id)
-    in_flight = sum(1 for f in worker.fetches.values() if f.current is not None)
-    assert worker.slots.in_flight == in_flight
+    in_flight = sum(1 for f in worker.state.fetches.values() if f.current is not None)
+    assert worker.state.slots.in_flight == in_flight
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -916,17 +918,17 @@ def test_fuzz_the_workers_handlers_never_raise_and_stay_consistent(batches):
                 frames = p.encode(batch)
             except (TypeError, ValueError, pickle.PicklingError):
                 frames = [p.MAGIC + pickle.dumps(batch, protocol=5)]
-            before = worker.last_contact
+            before = worker.state.last_contact
             if source == "manager":
                 worker._on_manager_frames(frames)
-                if worker.last_contact != before:  # only a valid record counts as contact
+                if worker.state.last_contact != before:  # only a valid record counts as contact
                     assert any(_valid(r) for r in batch)
             else:
                 replies = worker._peer_replies(b"peer", frames)
                 assert replies is None or all(type(r) is p.Data for r in replies)
                 worker._on_peer_frames(frames)
             _check_worker_consistent(worker)
-            worker.outbox.clear()
+            worker.state.outbox.clear()
 
 
 def _valid(record):

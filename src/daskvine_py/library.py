@@ -5,12 +5,15 @@ whole life, so no task pays for an interpreter start or for re-importing its mod
 worker and its library talk over a pipe: a request carries one task, or a few when tasks
 are tiny, and each task is answered as soon as it is done::
 
-    worker ──("run", [(function_id, bytes), ...], RunConfig | None,
-              [(task_id, key, payload, [(dep_key, Serialized), ...]), ...])──► library
-    worker ◄──("done", task_id, Serialized, seconds)───────────────────────── library
-    worker ◄──("erred", task_id, exception | None, traceback, message)─────── library
-    worker ◄──("crashed", task_id, reason)─────────── library (fork mode: the child died)
-    worker ◄──("ready",)────────── library (once, when started and its imports are done)
+    worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
+                 calls=[Call(task_id, key, payload, [(dep_key, Serialized), ...]), ...])──►
+    worker ◄──Done(task_id, Serialized, seconds)─────────────────────────────── library
+    worker ◄──Erred(task_id, exception | None, traceback, message)───────────── library
+    worker ◄──Crashed(task_id, reason)──────────── library (fork mode: the child died)
+    worker ◄──Ready()───────────── library (once, when started and its imports are done)
+
+The records are the NamedTuples below, dispatched by type; a task process
+(``task_mode="tasks"``) writes the same replies to its reply file.
 
 How a task runs is its run's ``RunConfig`` (None: the defaults, the fast path):
 
@@ -46,12 +49,57 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ImportHoistingError, SerializationError
 from .serialize import TaskDecoder, dumps, dumps_exception, loads
 
 _prctl: Any = None
+
+
+class Call(NamedTuple):
+    """One task to run: its inputs' values come with it, by their Dask keys."""
+
+    task_id: int
+    key: Any
+    payload: bytes  #: the pickled ``GraphNode``
+    inputs: list  #: [(dep_key, Serialized), ...]
+
+
+class Run(NamedTuple):
+    """Worker -> library: functions it has not seen, then tasks of one run configuration."""
+
+    functions: list  #: [(function_id, cloudpickle bytes), ...]
+    config: Any  #: the run's ``protocol.RunConfig``; None: the defaults
+    calls: list  #: [Call, ...]
+
+
+class Ready(NamedTuple):
+    """Library -> worker, once: started, and the warm imports are done."""
+
+
+class Done(NamedTuple):
+    task_id: int
+    value: Any  #: the result, ``Serialized``
+    duration: float  #: seconds the call took, serialization excluded
+
+
+class Erred(NamedTuple):
+    """The task's own code raised (or its function, inputs or result could not be
+    (de)serialized): the fields of ``protocol.TaskErred``."""
+
+    task_id: int
+    exception: Any  #: ``Serialized`` exception; None when it could not be pickled
+    traceback: str
+    message: str
+
+
+class Crashed(NamedTuple):
+    """The process running the task died (fork mode's child, a task process)."""
+
+    task_id: int
+    reason: str
+
 
 #: Imported before the library says it is ready: every task payload needs Dask's task
 #: classes, and importing Dask takes most of a second, which the first task would pay.
@@ -90,7 +138,7 @@ def main(
         importlib.import_module(module)
     runner = Runner(worker_name, workdir or tempfile.gettempdir())
     try:
-        send(conn, ("ready",))  # the worker registers once every library has said this
+        send(conn, Ready())  # the worker registers once every library has said this
     except OSError:
         return
     if slots > 1:
@@ -101,7 +149,7 @@ def main(
             request = receive(conn)
         except (EOFError, OSError):
             return
-        _, functions, config, calls = request
+        functions, config, calls = request
         runner.decoder.add_functions(functions)
         for call in calls:
             reply = runner.execute(call, config)
@@ -134,7 +182,7 @@ def _serve_in_slots(conn: Connection, runner: Runner, slots: int) -> None:
         thread.start()
     while True:
         try:
-            _, functions, config, calls = receive(conn)
+            functions, config, calls = receive(conn)
         except (EOFError, OSError):
             break
         runner.decoder.add_functions(functions)
@@ -154,7 +202,7 @@ class Runner:
         #: run id -> the import failure of its ``import_modules`` (None: all imported)
         self._prepared: dict[int, ImportHoistingError | None] = {}
 
-    def execute(self, call: tuple, config: Any) -> tuple:
+    def execute(self, call: Call, config: Any) -> Done | Erred | Crashed:
         """The reply to one call; ``config`` is its run's ``RunConfig`` or None."""
         if config is None:
             return run(call, self.decoder, self.worker_name)
@@ -172,7 +220,7 @@ class Runner:
             self._prepared[config.run_id] = import_all(config.import_modules, self.worker_name)
         return self._prepared[config.run_id]
 
-    def _direct(self, call: tuple, config: Any) -> tuple:
+    def _direct(self, call: Call, config: Any) -> Done | Erred | Crashed:
         saved_env = {name: os.environ.get(name) for name, _ in config.env_vars}
         os.environ.update(config.env_vars)
         task_dir = cwd = saved_tempdir = None
@@ -194,7 +242,7 @@ class Runner:
                 tempfile.tempdir = saved_tempdir
                 shutil.rmtree(task_dir, ignore_errors=True)
 
-    def _forked(self, call: tuple, config: Any) -> tuple:
+    def _forked(self, call: Call, config: Any) -> Done | Erred | Crashed:
         """Run ``call`` in a forked child; its reply comes back through a pipe."""
         try:  # deserialize the function here, once, so every child inherits it
             self.decoder.decode(call[2])
@@ -227,7 +275,7 @@ class Runner:
             except Exception:
                 pass  # cut short: the child died while writing
         how = describe_exit(os.waitstatus_to_exitcode(status))
-        return ("crashed", call[0], f"forked task process {how} on worker {self.worker_name}")
+        return Crashed(call[0], f"forked task process {how} on worker {self.worker_name}")
 
     def _task_dir(self, task_id: int) -> str:
         path = os.path.join(self.workdir, f"task-{task_id}-{os.getpid()}")
@@ -285,7 +333,7 @@ def receive(conn: Connection) -> Any:
     return pickle.loads(memoryview(first)[4:], buffers=buffers)
 
 
-def run(call: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:
+def run(call: Call, decoder: TaskDecoder, worker_name: str) -> Done | Erred:
     """Run one task; every outcome is a reply, never an exception."""
     task_id, key, payload, deps = call
     try:
@@ -313,15 +361,15 @@ def run(call: tuple, decoder: TaskDecoder, worker_name: str) -> tuple:
     except Exception as exc:
         error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
-    return ("done", task_id, serialized, duration)
+    return Done(task_id, serialized, duration)
 
 
-def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> tuple:
+def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> Erred:
     if cause is not None:
         exc.__cause__ = cause
         exc.__traceback__ = cause.__traceback__
     serialized, text = dumps_exception(exc)
-    return ("erred", task_id, serialized, text, _describe(exc))
+    return Erred(task_id, serialized, text, _describe(exc))
 
 
 def _describe(exc: BaseException) -> str:

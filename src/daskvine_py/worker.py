@@ -52,7 +52,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -64,31 +63,16 @@ from . import library, security
 from . import protocol as p
 from . import task as task_process
 from .errors import ProtocolError
-from .fetching import Fetch, TransferSlots
 from .protocol import split_address
-from .saturation import Ema
 from .store import Store
 from .transport import has_more, send_batch
+from .worker_state import LibraryRecord, WorkerState, WorkerTask
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
 logger = logging.getLogger("daskvine_py.worker")
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
 DRAIN_LIMIT = 1000
-#: Tasks a library may be sent at once when tasks are tiny (recent runs under
-#: ``TINY_TASK`` seconds). More saves pipe round trips; each queued task is committed to
-#: that library, so longer tasks go one at a time and idle libraries are never starved.
-LIBRARY_BATCH = 8
-TINY_TASK = 0.001
-#: Tasks shorter than this (recent runs) get the next task queued in their library's
-#: pipe while they run, saving the library a wait for the worker between tasks. Longer
-#: tasks do not: a queued task is committed to its library, and another might free up.
-SHORT_TASK = 0.05
-#: Largest request queued behind a running task: well within a pipe's buffer, so the
-#: worker never blocks writing it while the library is blocked writing a result.
-QUEUED_REQUEST_BYTES = 32 * 1024
-#: Run configurations kept for runs that may still send tasks; older ones are forgotten.
-MAX_RUN_CONFIGS = 256
 #: Failed CurveZMQ handshakes with the manager, with none succeeding between them, after
 #: which the worker gives up. One ZAP refusal or mechanism mismatch is enough: the manager
 #: said no, and libzmq does not reconnect after either. Two, not one, for failures
@@ -116,6 +100,8 @@ _HANDSHAKE_FAILURE = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this worker has",
 }
+#: Records from the manager about this worker's life rather than its tasks: the shell's.
+_LIFECYCLE = (p.Welcome, p.Rejected, p.Shutdown)
 _HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -124,45 +110,19 @@ _HANDSHAKE_EVENTS = (
 )
 
 
-class WorkerTask:
-    __slots__ = (
-        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config"
-    )  # fmt: skip
-
-    def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
-        self.id = msg.task_id
-        self.key = msg.key
-        self.payload = msg.payload
-        self.deps = msg.deps
-        self.want_result = msg.want_result
-        self.keep = msg.keep
-        #: inputs not yet in the local store
-        self.missing: set[int] = set()
-        self.state = "fetching"  # -> "queued" -> "running"
-        #: how it runs (its run's ``RunConfig``); None: the defaults
-        self.config = config
-
-
 class Library:
-    """A library process, the tasks sent to it, and the functions it has not seen."""
+    """A library process and its pipe; its bookkeeping is the state's ``record``."""
 
-    __slots__ = ("process", "conn", "sent", "unsent", "slots", "ready", "pending")
+    __slots__ = ("process", "conn", "pending", "record")
 
-    def __init__(self, process: Any, conn: Connection, unsent: list[bytes], slots: int) -> None:
+    def __init__(self, process: Any, conn: Connection, record: LibraryRecord) -> None:
         self.process = process
         self.conn = conn
         #: asks whether another reply is waiting: ``Connection.poll`` would build a
         #: selector on every call, about once per task
         self.pending = select.poll()
         self.pending.register(conn.fileno(), select.POLLIN)
-        #: it has started and imported what every task needs
-        self.ready = False
-        #: tasks it runs at once
-        self.slots = slots
-        #: tasks sent to it, in the order it runs them: the first is running
-        self.sent: deque[int] = deque()
-        #: ids of functions to send with the next request
-        self.unsent = unsent
+        self.record = record
 
 
 class TaskProcess:
@@ -179,7 +139,8 @@ class TaskProcess:
 
 
 class Worker:
-    """The worker's state and its single event loop; see the module docstring."""
+    """The worker's I/O and its single event loop around a ``WorkerState``; see the
+    module docstring."""
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -208,15 +169,12 @@ class Worker:
             raise ValueError(f"cores must be >= 1, not {cores}")
         if lib_cores < 1 or lib_slots < 1:
             raise ValueError(f"lib_cores and lib_slots must be >= 1, not {lib_cores}, {lib_slots}")
+        if not fetch_timeout > 0:
+            raise ValueError(f"fetch_timeout must be > 0, not {fetch_timeout}")
         self.address = address
-        self.cores = cores
-        #: bytes of results kept in memory before spilling; ``disk``: bytes of spill files
+        #: bytes of results kept in memory before spilling (``disk``: of spill files)
         self.memory = memory if memory is not None else _total_memory()
-        self.disk = disk
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.manager_timeout = manager_timeout
-        self.heartbeat_interval = 1.0
-        self.fetch_timeout = fetch_timeout
         self.identity = uuid.uuid4().hex.encode()
         #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
         self.library_count = max(1, cores // lib_cores)
@@ -267,43 +225,24 @@ class Worker:
         self.poller.register(self.peer_server, zmq.POLLIN)
         self.poller.register(self.manager_events, zmq.POLLIN)
 
-        self.store = Store(
-            self.memory or None, os.path.join(self.workdir, "spill"), self.disk
+        self.store = Store(self.memory or None, os.path.join(self.workdir, "spill"), disk)
+        #: every decision: tasks, fetches, library slots, manager liveness
+        self.state = WorkerState(
+            self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
+            time.monotonic(),
         )  # fmt: skip
-        self.disk_full = False
-        #: recent task run times, to decide whether to batch tasks to libraries
-        self.recent_duration = Ema()
-        #: function id -> cloudpickle bytes: resident for the worker's life
-        self.functions: dict[bytes, bytes] = {}
-        self.tasks: dict[int, WorkerTask] = {}
-        self.runnable: deque[int] = deque()
-        self.fetches: dict[int, Fetch] = {}
-        #: requests in flight overall and per peer, and fetches waiting for a free slot
-        self.slots = TransferSlots()
-        #: bytes received per peer address since the last ``Transfers`` report
-        self.received_from: dict[str, int] = {}
-        #: input being computed here -> tasks sent ahead that wait for it
-        self.local_waiters: dict[int, set[int]] = {}
-        self.libraries: list[Library] = []
         self.library_by_fd: dict[int, Library] = {}
-        #: run id -> how its tasks run, for runs that do not use the defaults
-        self.run_configs: dict[int, p.RunConfig] = {}
-        #: tasks of task_mode="tasks" runs waiting for a slot, and those running
-        self.process_runnable: deque[int] = deque()
+        self.next_library_id = 0
+        #: task processes (task_mode="tasks") by the fd that says they exited
         self.process_by_fd: dict[int, TaskProcess] = {}
         #: functions written to ``functions_dir`` for task processes
         self.functions_dir = os.path.join(self.workdir, "functions")
         self.functions_written: set[bytes] = set()
-        self.outbox: list[Any] = []
-        self.peer_outbox: dict[str, list[int]] = {}
-        self.registered = False
         self.register_sent = False
         #: the manager went silent or refused our keys: nothing more can reach it
         self.manager_gone = False
         self.running = True
         self.exit_code = 0
-        self.last_contact = time.monotonic()
-        self.last_sent = 0.0
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -311,7 +250,7 @@ class Worker:
         """Register, serve until told to stop or the manager goes silent; the exit code."""
         for _ in range(self.library_count):
             self._start_library()
-        if not self.libraries:
+        if not self.library_by_fd:
             self._register()
         try:
             while self.running:
@@ -323,7 +262,7 @@ class Worker:
     def _register(self) -> None:
         """Join the manager: once, when every library is ready to run tasks at once."""
         self.register_sent = True
-        self.outbox.append(
+        self.state.outbox.append(
             p.Register(
                 p.PROTOCOL_VERSION,
                 self.name,
@@ -339,8 +278,8 @@ class Worker:
         if self.running:
             logger.info("worker %s stopping: %s", self.name, reason)
             self.running = False
-            if self.registered:
-                self.outbox.append(p.Goodbye(reason))
+            if self.state.registered:
+                self.state.outbox.append(p.Goodbye(reason))
 
     def _close(self) -> None:
         self._flush()
@@ -348,12 +287,13 @@ class Worker:
             proc.process.kill()
             proc.process.wait()
             os.close(proc.fd)
-        for lib in self.libraries:
+        libraries = list(self.library_by_fd.values())
+        for lib in libraries:
             lib.conn.close()
         # Libraries see the closed pipe and exit; one still importing (a worker that
         # never reached its manager) is not waited for.
         deadline = time.monotonic() + (0.0 if self.manager_gone else 2.0)
-        for lib in self.libraries:
+        for lib in libraries:
             lib.process.join(max(0.0, deadline - time.monotonic()))
             if lib.process.is_alive():
                 lib.process.kill()
@@ -392,59 +332,42 @@ class Worker:
                 self._drain_peer_client(sock)
         now = time.monotonic()
         self._check_timers(now)
-        if self.slots.freed and self.slots.queue:
-            for fetch, address in self.slots.startable(self._fetch_is_live):
-                self._request(fetch, address, now)
-        self._start_runnable()
-        if self.process_runnable:
+        state = self.state
+        for lib, request in state.start_runnable():
+            if lib.id in state.libraries:  # not died since, on an earlier request
+                self._send_to_library(lib, request)
+        if state.process_runnable:
             self._start_processes()
-        if self.store.full is not self.disk_full:
-            self.disk_full = self.store.full
-            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
-            self.outbox.append(p.DiskFull(self.disk_full))
-        if self.received_from:
-            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
-            self.received_from = {}
+        state.end_pass(now)
         self._flush()
 
     def _poll_timeout_ms(self) -> int:
-        if self.outbox or not self.running:
+        if not self.running:
             return 0
-        now = time.monotonic()
-        deadline = self.last_contact + self.manager_timeout
-        if self.registered:  # heartbeats start with registration; until then, nothing is due
-            deadline = min(deadline, self.last_sent + self.heartbeat_interval)
-        for fetch in self.fetches.values():
-            deadline = min(deadline, fetch.deadline)
-        return max(0, int((deadline - now) * 1000) + 1)
+        timeout = self.state.poll_timeout(time.monotonic())
+        return 0 if self.state.outbox else int(timeout * 1000) + 1
 
     def _check_timers(self, now: float) -> None:
-        if now - self.last_contact > self.manager_timeout:
-            what = "answered" if self.registered else "answered our registration"
+        state = self.state
+        if state.manager_silent(now):
+            what = "answered" if state.registered else "answered our registration"
             logger.warning(
                 "manager %s has not %s for %.0f s; exiting",
                 self.address,
                 what,
-                now - self.last_contact,
+                now - state.last_contact,
             )
-            self.exit_code = 0 if self.registered else EXIT_NO_MANAGER
+            self.exit_code = 0 if state.registered else EXIT_NO_MANAGER
             self.manager_gone = True
             self.running = False
             return
-        if self.registered and now - self.last_sent > self.heartbeat_interval:
-            self.outbox.append(self._status())
-        for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
-            if self.fetches.get(fetch.dep_id) is not fetch:
-                continue  # dropped with a task that an earlier failure here cancelled
-            logger.warning(
-                "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
-            )
-            self._reset_peer_client(fetch.current)
-            self.slots.give_back(fetch)
-            self._request_next(fetch, now)
+        if state.heartbeat_due(now):
+            state.outbox.append(self._status())
+        for address in state.on_timers(now):
+            self._reset_peer_client(address)
 
     def _status(self) -> p.Status:
-        libraries = [_peak_rss(lib.process.pid) for lib in self.libraries]
+        libraries = [_peak_rss(lib.process.pid) for lib in self.library_by_fd.values()]
         return p.Status(
             self.store.nbytes,
             _peak_rss(os.getpid()),
@@ -453,18 +376,21 @@ class Worker:
         )
 
     def _flush(self) -> None:
-        if self.outbox and not self.manager_gone:
-            messages, self.outbox = self.outbox, []
+        state = self.state
+        if state.outbox and not self.manager_gone:
+            messages = state.outbox[:]
+            state.outbox.clear()
             try:
                 send_batch(self.manager, p.encode(messages))
             except zmq.Again:  # no connection took it in time: kept for the next pass
-                self.outbox[:0] = messages
+                state.outbox[:0] = messages
             else:
-                self.last_sent = time.monotonic()
+                state.last_sent = time.monotonic()
         # A peer that cannot be asked passes its fetches on to their next holders, which
         # may add requests: until none is left (each fetch has finitely many holders).
-        while self.peer_outbox:
-            outbox, self.peer_outbox = self.peer_outbox, {}
+        while state.peer_outbox:
+            outbox = dict(state.peer_outbox)
+            state.peer_outbox.clear()
             for address, ids in outbox.items():
                 if address not in self.peer_clients and not p.connectable(address):
                     self._unreachable(address, ids, "not an address to connect to")
@@ -480,11 +406,7 @@ class Worker:
             ("unreachable", address), now, "worker %s cannot ask peer %r for results: %s",
             self.name, address, why,
         )  # fmt: skip
-        for dep_id in ids:
-            fetch = self.fetches.get(dep_id)
-            if fetch is not None and fetch.current == address:
-                self.slots.give_back(fetch)
-                self._request_next(fetch, now)
+        self.state.on_peer_unreachable(address, ids, now)
 
     # -- the manager ------------------------------------------------------------------
 
@@ -539,6 +461,7 @@ class Worker:
                 self.name, exc,
             )  # fmt: skip
             return
+        state = self.state
         for message in messages:
             try:
                 p.check_fields(message)
@@ -547,175 +470,31 @@ class Worker:
                     "manager", now, "worker %s dropped a malformed record from the manager: %s",
                     self.name, exc,
                 )  # fmt: skip
-                self._cannot_take(message, f"it could not read the task: {exc}")
+                state.cannot_take(message, f"it could not read the task: {exc}")
                 continue
-            self.last_contact = now
             try:
-                self._on_manager_message(message)
+                state.on_manager_message(message, now)
+                if type(message) in _LIFECYCLE:
+                    self._on_lifecycle(message)
             except Exception as exc:
                 kind = type(message).__name__
                 self._drops.warn(
                     ("handling", kind), now, "worker %s could not handle a %s from the manager: %r",
                     self.name, kind, exc, exc_info=exc,
                 )  # fmt: skip
-                self._cannot_take(message, f"it could not take the task: {exc!r}")
+                state.cannot_take(message, f"it could not take the task: {exc!r}")
 
-    def _cannot_take(self, message: Any, why: str) -> None:
-        """An ``Execute`` that was dropped: forget what was kept of its task, and tell the
-        manager, which would otherwise wait for it forever."""
-        if type(message) is not p.Execute or len(message) < 1 or type(message[0]) is not int:
-            return
-        task_id = message[0]
-        task = self.tasks.get(task_id)
-        if task is not None and task.state == "running":
-            return  # an earlier Execute of it runs: its own report will come
-        if task is not None:
-            self._drop_task(task)
-        # What a handler that failed half-way kept of it, found by id.
-        for dep_id in [d for d, waiters in self.local_waiters.items() if task_id in waiters]:
-            self.local_waiters[dep_id].discard(task_id)
-            if not self.local_waiters[dep_id]:
-                del self.local_waiters[dep_id]
-        for fetch in list(self.fetches.values()):
-            fetch.waiters.discard(task_id)
-            if not fetch.waiters and not fetch.replicate:  # for nobody: a later task would
-                del self.fetches[fetch.dep_id]  # wait on it forever, never requested
-                self.slots.give_back(fetch)
-        self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
-
-    def _on_manager_message(self, msg: Any) -> None:
-        kind = type(msg)
-        if kind is p.Execute:
-            self._on_execute(msg)
-        elif kind is p.RunConfig:
-            if len(self.run_configs) >= MAX_RUN_CONFIGS:
-                del self.run_configs[next(iter(self.run_configs))]
-            self.run_configs[msg.run_id] = msg
-        elif kind is p.Function:
-            self.functions[msg.function_id] = bytes(msg.code)
-            for lib in self.libraries:
-                lib.unsent.append(msg.function_id)
-        elif kind is p.Release:
-            for task_id in msg.task_ids:
-                self.store.release(task_id)
-        elif kind is p.Cancel:
-            for task_id in msg.task_ids:
-                self._cancel(task_id)
-        elif kind is p.Withdraw:
-            dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
-            if dropped:
-                self.outbox.append(p.Withdrawn(dropped))
-        elif kind is p.Replicate:
-            self._on_replicate(msg)
-        elif kind is p.Welcome:
-            self.registered = True
-            self.heartbeat_interval = msg.heartbeat_interval
+    def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
+        if type(msg) is p.Welcome:
             logger.info("worker %s registered as %s", self.name, msg.name)
-        elif kind is p.Rejected:
+        elif type(msg) is p.Rejected:
             logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
             self.exit_code = EXIT_REJECTED
             self.running = False
-        elif kind is p.Shutdown:
+        else:
             self.stop(f"manager asked: {msg.reason}")
 
-    def _on_execute(self, msg: p.Execute) -> None:
-        if msg.task_id in self.tasks:
-            return  # re-sent after a cancel while it was running: its result is coming
-        task = WorkerTask(msg, self.run_configs.get(msg.run_id))
-        now = time.monotonic()
-        for dep in msg.deps:
-            if dep.value is not None or dep.task_id in self.store:
-                continue
-            if dep.peers is None:  # being computed here: start when it is done
-                task.missing.add(dep.task_id)
-                self.local_waiters.setdefault(dep.task_id, set()).add(task.id)
-                continue
-            if not dep.peers:  # the manager thinks we hold it, but we do not
-                self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
-                self._drop_task(task)
-                return
-            task.missing.add(dep.task_id)
-            fetch = self.fetches.get(dep.task_id)
-            if fetch is None:
-                fetch = self.fetches[dep.task_id] = Fetch(dep.task_id, dep.peers)
-                self._request_next(fetch, now)
-            fetch.waiters.add(task.id)
-        self.tasks[task.id] = task
-        if not task.missing:
-            self._enqueue(task)
-
-    def _enqueue(self, task: WorkerTask) -> None:
-        task.state = "queued"
-        if task.config is not None and task.config.task_mode == "tasks":
-            self.process_runnable.append(task.id)
-        else:
-            self.runnable.append(task.id)
-
-    def _on_replicate(self, msg: p.Replicate) -> None:
-        if msg.task_id in self.store:
-            self.outbox.append(p.Replicas((msg.task_id,)))
-            return
-        fetch = self.fetches.get(msg.task_id)
-        if fetch is not None:
-            fetch.replicate = True
-        elif msg.peers:
-            fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
-            self._request_next(fetch, time.monotonic())
-
-    def _cancel(self, task_id: int) -> bool:
-        """Drop a task that has not started; whether it was dropped."""
-        task = self.tasks.get(task_id)
-        if task is not None and task.state != "running":
-            self._drop_task(task)
-            return True
-        return False
-
-    def _drop_task(self, task: WorkerTask) -> None:
-        self.tasks.pop(task.id, None)
-        for dep_id in task.missing:
-            waiters = self.local_waiters.get(dep_id)
-            if waiters is not None:
-                waiters.discard(task.id)
-                if not waiters:
-                    del self.local_waiters[dep_id]
-            fetch = self.fetches.get(dep_id)
-            if fetch is not None:
-                fetch.waiters.discard(task.id)
-                if not fetch.waiters and not fetch.replicate:
-                    del self.fetches[dep_id]
-                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
-
     # -- peers ------------------------------------------------------------------------
-
-    def _request_next(self, fetch: Fetch, now: float) -> None:
-        """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
-        if not fetch.untried:
-            self._fetch_failed(fetch)
-            return
-        address = self.slots.take(fetch)
-        if address is None:
-            fetch.deadline = float("inf")
-            self.slots.queue.append(fetch)
-        else:
-            self._request(fetch, address, now)
-
-    def _request(self, fetch: Fetch, address: str, now: float) -> None:
-        fetch.deadline = now + self.fetch_timeout
-        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
-
-    def _fetch_is_live(self, fetch: Fetch) -> bool:
-        return self.fetches.get(fetch.dep_id) is fetch
-
-    def _fetch_failed(self, fetch: Fetch) -> None:
-        self.fetches.pop(fetch.dep_id, None)
-        if fetch.replicate and not fetch.waiters:
-            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
-        for task_id in fetch.waiters:
-            task = self.tasks.get(task_id)
-            if task is not None:
-                self.outbox.append(p.FetchFailed(task_id, fetch.dep_id, fetch.peers))
-                task.missing.discard(fetch.dep_id)
-                self._drop_task(task)
 
     def _peer_client(self, address: str) -> zmq.Socket:
         sock = self.peer_clients.get(address)
@@ -800,46 +579,18 @@ class Worker:
             )  # fmt: skip
             return
         for reply in replies:
-            fetch = self.fetches.get(reply.task_id)
             try:
-                self._on_data(reply, now)
+                self.state.on_data(reply, now)
             except Exception as exc:  # storing it failed: the tasks that wait give up on it
                 self._drops.warn(
                     ("data",), now, "worker %s could not take result %d from a peer: %r",
                     self.name, reply.task_id, exc, exc_info=exc,
                 )  # fmt: skip
-                if fetch is not None:
-                    self.slots.give_back(fetch)
-                    self._fetch_failed(fetch)
-
-    def _on_data(self, reply: p.Data, now: float) -> None:
-        fetch = self.fetches.get(reply.task_id)
-        if fetch is None or fetch.current is None:
-            return  # nobody here waits for it any more, or it was asked elsewhere since
-        source = fetch.current
-        self.slots.give_back(fetch)
-        if reply.value is None:
-            self._request_next(fetch, now)
-            return
-        del self.fetches[reply.task_id]
-        received = self.received_from
-        received[source] = received.get(source, 0) + reply.value.nbytes
-        self.store.put(reply.task_id, reply.value)
-        self.outbox.append(p.Replicas((reply.task_id,)))
-        self._input_arrived(reply.task_id, fetch.waiters)
-
-    def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
-        for task_id in waiters:
-            task = self.tasks.get(task_id)
-            if task is None:
-                continue
-            task.missing.discard(dep_id)
-            if not task.missing:
-                self._enqueue(task)
+                self.state.on_data_error(reply.task_id)
 
     # -- libraries --------------------------------------------------------------------
 
-    def _start_library(self) -> Library:
+    def _start_library(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
@@ -850,151 +601,36 @@ class Worker:
         )
         process.start()
         child_conn.close()
-        lib = Library(process, parent_conn, list(self.functions), self.lib_slots)
-        self.libraries.append(lib)
-        self.library_by_fd[parent_conn.fileno()] = lib
+        self.next_library_id += 1
+        record = self.state.add_library(self.next_library_id, self.lib_slots)
+        self.library_by_fd[parent_conn.fileno()] = Library(process, parent_conn, record)
         self.poller.register(parent_conn.fileno(), zmq.POLLIN)
-        return lib
 
-    def _start_runnable(self) -> None:
-        """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
-        few when tasks are tiny, all of one run configuration per request.
-
-        A library runs the tasks it is sent one after the other (or ``slots`` at once)
-        and answers each at once; sending tiny tasks in batches saves pipe round trips,
-        and their replies then come back, and go to the manager, in batches too.
-        """
-        if not self.runnable:
-            return
-        recent = self.recent_duration.value if self.recent_duration.count else None
-        tiny = recent is not None and recent < TINY_TASK
-        depth = LIBRARY_BATCH if tiny else 1
-        # Libraries with a free slot first. A one-slot library blocked writing results
-        # while we write inputs would deadlock on the pipe (a library of several slots
-        # keeps reading while its slots write)...
-        for lib in [lib for lib in self.libraries if len(lib.sent) < lib.slots]:
-            self._fill_library(lib, lib.slots * depth - len(lib.sent), None)
-            if not self.runnable:
-                return
-        # ...then, for short tasks, one small task queued behind the running one: it fits
-        # in the pipe's buffer, so writing it cannot block, and the library starts it
-        # without waiting for us to hear of the previous one.
-        if tiny or recent is None or recent > SHORT_TASK:
-            return
-        for lib in self.libraries:
-            if lib.slots == 1 and len(lib.sent) == 1 and lib.ready:
-                self._fill_library(lib, 1, QUEUED_REQUEST_BYTES)
-                if not self.runnable:
-                    return
-
-    def _fill_library(self, lib: Library, room: int, max_bytes: int | None) -> None:
-        """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
-        ``max_bytes`` (payloads and inputs) when given."""
-        batch: list[WorkerTask] = []
-        while self.runnable and len(batch) < room:
-            task = self._next_runnable()
-            if task is None:
-                break
-            if (batch and task.config is not batch[0].config) or (
-                max_bytes is not None and self._request_bytes(task) > max_bytes
-            ):
-                self.runnable.appendleft(task.id)  # for the next request
-                break
-            batch.append(task)
-        if batch:
-            self._send_to_library(lib, batch)
-
-    def _request_bytes(self, task: WorkerTask) -> int:
-        return len(task.payload) + sum(
-            dep.value.nbytes if dep.value is not None else self.store.size(dep.task_id)
-            for dep in task.deps
-        )
-
-    def _next_runnable(self, queue: deque[int] | None = None) -> WorkerTask | None:
-        queue = self.runnable if queue is None else queue
-        while queue:
-            task = self.tasks.get(queue.popleft())
-            if task is None or task.state != "queued":
-                continue
-            for dep in task.deps:
-                if dep.value is None and dep.task_id not in self.store:
-                    self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
-                    self._drop_task(task)
-                    break
-            else:
-                return task
-        return None
-
-    def _send_to_library(self, lib: Library, batch: list[WorkerTask]) -> None:
-        calls = []
-        for task in batch:
-            task.state = "running"
-            lib.sent.append(task.id)
-            inputs = [(dep.key, self._input(dep)) for dep in task.deps]
-            calls.append((task.id, task.key, task.payload, inputs))
-        functions = [(fid, self.functions[fid]) for fid in lib.unsent]
-        lib.unsent = []
+    def _send_to_library(self, record: LibraryRecord, request: library.Run) -> None:
+        lib = next(lib for lib in self.library_by_fd.values() if lib.record is record)
         try:
-            library.send(lib.conn, ("run", functions, batch[0].config, calls))
+            library.send(lib.conn, request)
         except OSError:
             self._on_library_death(lib)
 
-    def _input(self, dep: p.DepLocation) -> Any:
-        """An input's value: inline in the ``Execute`` (small ones), else in the store."""
-        return dep.value if dep.value is not None else self.store.get(dep.task_id)
-
     def _on_library_readable(self, lib: Library) -> None:
         """Take every reply the library has written so far."""
+        state = self.state
+        record = lib.record
+        wall = time.time()
         while True:
             try:
                 reply = library.receive(lib.conn)
             except (EOFError, OSError):
                 self._on_library_death(lib)
                 return
-            self._on_library_reply(lib, reply)
-            if not lib.sent or not lib.pending.poll(0):
+            if type(reply) is library.Ready:
+                if state.on_library_ready(record) and not self.register_sent:
+                    self._register()
+            else:
+                state.on_library_reply(record, reply, wall)
+            if not record.sent or not lib.pending.poll(0):
                 return
-
-    def _on_library_reply(self, lib: Library, reply: tuple) -> None:
-        if reply[0] == "ready":
-            lib.ready = True
-            if not self.register_sent and all(other.ready for other in self.libraries):
-                self._register()
-            return
-        if lib.sent and lib.sent[0] == reply[1]:
-            lib.sent.popleft()
-        else:
-            lib.sent.remove(reply[1])
-        self._on_reply(reply)
-
-    def _on_reply(self, reply: tuple) -> None:
-        """A task's outcome, from a library or a task process."""
-        task = self.tasks.pop(reply[1], None)
-        if task is None:
-            return
-        if reply[0] == "done":
-            _, task_id, value, duration = reply
-            self.recent_duration.observe(duration)
-            if task.keep:
-                self.store.put(task_id, value)
-            waiters = self.local_waiters.pop(task_id, None)
-            if waiters:
-                self._input_arrived(task_id, waiters)
-            self.outbox.append(
-                p.TaskDone(
-                    task_id,
-                    value.nbytes,
-                    duration,
-                    value if task.want_result or p.inlinable(value) else None,
-                    time.time(),
-                )
-            )
-        elif reply[0] == "erred":
-            _, task_id, exception, text, message = reply
-            self.outbox.append(p.TaskErred(task_id, exception, text, message))
-        else:  # "crashed": the process running it died (fork and tasks modes)
-            logger.warning("task %r: %s", task.key, reply[2])
-            self.outbox.append(p.TaskCrashed(reply[1], reply[2]))
 
     def _on_library_death(self, lib: Library) -> None:
         lib.process.join(1.0)
@@ -1005,30 +641,16 @@ class Worker:
         fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
-        self.libraries.remove(lib)
         lib.conn.close()
-        # The first tasks (one per slot) were running, and one took the process down; the
-        # rest never started and go back to the front of the queue.
-        for _ in range(min(lib.slots, len(lib.sent))):
-            task = self.tasks.pop(lib.sent.popleft(), None)
-            if task is not None:
-                reason = f"library process {how} on worker {self.name}"
-                logger.warning("task %r: %s", task.key, reason)
-                self.outbox.append(p.TaskCrashed(task.id, reason))
-        if lib.sent:
-            for task_id in reversed(lib.sent):
-                queued = self.tasks.get(task_id)
-                if queued is not None:
-                    queued.state = "queued"
-                    self.runnable.appendleft(task_id)
+        self.state.on_library_death(lib.record, how)
         if self.running:
             self._start_library()
 
     # -- task processes (task_mode="tasks") ---------------------------------------------
 
     def _start_processes(self) -> None:
-        while self.process_runnable and len(self.process_by_fd) < self.task_slots:
-            task = self._next_runnable(self.process_runnable)
+        while self.state.process_runnable and len(self.process_by_fd) < self.task_slots:
+            task = self.state.next_process_task()
             if task is None:
                 return
             self._start_process(task)
@@ -1040,8 +662,7 @@ class Worker:
         self._write_functions()
         directory = os.path.join(self.tasks_dir, f"task-{task.id}")
         os.makedirs(directory, exist_ok=True)
-        inputs = [(dep.key, self._input(dep)) for dep in task.deps]
-        call = (task.id, task.key, task.payload, inputs)
+        call = self.state.call(task)
         with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
             pickle.dump(
                 (call, self.functions_dir, self.name, config.import_modules), file, protocol=5
@@ -1061,22 +682,21 @@ class Worker:
         except OSError as exc:
             os.close(read_fd)
             shutil.rmtree(directory, ignore_errors=True)
-            self.tasks.pop(task.id, None)
-            reason = f"cannot start a task process on worker {self.name}: {exc}"
-            self.outbox.append(p.TaskCrashed(task.id, reason))
+            self.state.on_process_failed(task, str(exc))
             return
         finally:
             os.close(write_fd)
-        task.state = "running"
+        self.state.on_process_started(task)
         self.process_by_fd[read_fd] = TaskProcess(task, process, directory, read_fd)
         self.poller.register(read_fd, zmq.POLLIN)
 
     def _write_functions(self) -> None:
         """Put every function not yet written into ``functions_dir``, one file each."""
-        if len(self.functions_written) == len(self.functions):
+        functions = self.state.functions
+        if len(self.functions_written) == len(functions):
             return
         os.makedirs(self.functions_dir, exist_ok=True)
-        for fid, code in self.functions.items():
+        for fid, code in functions.items():
             if fid not in self.functions_written:
                 path = task_process.function_file(self.functions_dir, fid)
                 with open(path + ".part", "wb") as file:
@@ -1100,9 +720,9 @@ class Worker:
         shutil.rmtree(proc.directory, ignore_errors=True)
         if reply is None:
             how = library.describe_exit(code)
-            reply = ("crashed", proc.task.id, f"task process {how} on worker {self.name}")
-        if self.tasks.get(proc.task.id) is proc.task:
-            self._on_reply(reply)
+            reply = library.Crashed(proc.task.id, f"task process {how} on worker {self.name}")
+        if self.state.tasks.get(proc.task.id) is proc.task:
+            self.state.on_reply(reply, time.time())
 
 
 def _remove_dead_workdirs(parent: str, prefix: str) -> None:

@@ -1,0 +1,622 @@
+"""The worker's bookkeeping as a sans-I/O state machine: events in, instructions out.
+
+``worker.Worker`` is the I/O shell (ZeroMQ, pipes, processes, the filesystem); this is
+everything it decides. It never reads a clock (``now`` is passed in), never touches a
+socket, a pipe or a process. Its one collaborator is the ``Store`` of results (which may
+spill to disk, as distributed's ``WorkerState.data`` may): membership, put, release.
+
+Events are the methods named ``on_*`` (a record from the manager, a reply from a peer, a
+library's reply or death, a task process's exit, a timer pass). Instructions accumulate
+where the shell takes them each loop pass:
+
+- ``outbox``: records for the manager (``TaskDone``, ``FetchFailed``, ``Withdrawn``...);
+- ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
+- ``start_runnable`` returns the requests to write to library pipes, and
+  ``next_process_task`` the next task to start in a fresh interpreter.
+
+A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
+raises ``InvalidTransition``::
+
+    new ──► waiting ──► queued ──► running ──► forgotten
+     │        │           ▲ │         │
+     │        │           │ └─────────┼──► forgotten  (cancelled, input lost, cannot start)
+     │        │           └───────────┘    (its library died before it started)
+     │        └──► forgotten                (cancelled, withdrawn, no peer could serve)
+     └──► queued / forgotten                (inputs all here / one input held nowhere)
+
+``waiting``: some inputs are not in the store yet (fetched from peers, or computed here);
+``queued``: every input is here, it waits for a library slot (or a task process slot);
+``running``: sent to a library or a task process; ``forgotten``: out of ``tasks``, with
+nothing left of it in any other container.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from . import library
+from . import protocol as p
+from .errors import InvalidTransition
+from .fetching import Fetch, TransferSlots
+from .saturation import Ema
+from .store import Store
+
+logger = logging.getLogger("daskvine_py.worker")
+
+#: Tasks a library may be sent at once when tasks are tiny (recent runs under
+#: ``TINY_TASK`` seconds). More saves pipe round trips; each queued task is committed to
+#: that library, so longer tasks go one at a time and idle libraries are never starved.
+LIBRARY_BATCH = 8
+TINY_TASK = 0.001
+#: Tasks shorter than this (recent runs) get the next task queued in their library's
+#: pipe while they run, saving the library a wait for the worker between tasks. Longer
+#: tasks do not: a queued task is committed to its library, and another might free up.
+SHORT_TASK = 0.05
+#: Largest request queued behind a running task: well within a pipe's buffer, so the
+#: worker never blocks writing it while the library is blocked writing a result.
+QUEUED_REQUEST_BYTES = 32 * 1024
+#: Run configurations kept for runs that may still send tasks; older ones are forgotten.
+MAX_RUN_CONFIGS = 256
+
+TaskStateName = Literal["new", "waiting", "queued", "running", "forgotten"]
+
+
+class WorkerTask:
+    """One task this worker was sent, from its ``Execute`` until its reply."""
+
+    __slots__ = (
+        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config"
+    )  # fmt: skip
+
+    def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
+        self.id = msg.task_id
+        self.key = msg.key
+        self.payload = msg.payload
+        self.deps = msg.deps
+        self.want_result = msg.want_result
+        self.keep = msg.keep
+        #: inputs not yet in the local store
+        self.missing: set[int] = set()
+        self.state: TaskStateName = "new"
+        #: how it runs (its run's ``RunConfig``); None: the defaults
+        self.config = config
+
+
+class LibraryRecord:
+    """What the state knows of one library process: its slots, the tasks sent to it and
+    the functions it has not seen. The process and its pipe are the shell's."""
+
+    __slots__ = ("id", "sent", "unsent", "slots", "ready")
+
+    def __init__(self, library_id: int, unsent: list[bytes], slots: int) -> None:
+        self.id = library_id
+        #: it has started and imported what every task needs
+        self.ready = False
+        #: tasks it runs at once
+        self.slots = slots
+        #: tasks sent to it, in the order it runs them: the first is running
+        self.sent: deque[int] = deque()
+        #: ids of functions to send with the next request
+        self.unsent = unsent
+
+
+class WorkerState:
+    """The worker's tasks, fetches, libraries and manager liveness; see the module
+    docstring. ``peer_address`` names this worker in ``FetchFailed``; ``name`` in
+    crash reasons."""
+
+    def __init__(
+        self,
+        store: Store,
+        name: str = "worker",
+        peer_address: str = "",
+        manager_timeout: float = 30.0,
+        fetch_timeout: float = 10.0,
+        now: float = 0.0,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.peer_address = peer_address
+        self.manager_timeout = manager_timeout
+        self.fetch_timeout = fetch_timeout
+        self.heartbeat_interval = 1.0
+        #: task id -> its record, from ``Execute`` until it is forgotten
+        self.tasks: dict[int, WorkerTask] = {}
+        #: queued tasks for libraries, and for task processes (``task_mode="tasks"``), in
+        #: order; ids of tasks forgotten meanwhile are skipped when popped
+        self.runnable: deque[int] = deque()
+        self.process_runnable: deque[int] = deque()
+        #: input id -> its copy from peers in progress
+        self.fetches: dict[int, Fetch] = {}
+        #: requests in flight overall and per peer, and fetches waiting for a free slot
+        self.slots = TransferSlots()
+        #: input being computed here -> tasks sent ahead that wait for it
+        self.local_waiters: dict[int, set[int]] = {}
+        #: library id -> its record, in start order
+        self.libraries: dict[int, LibraryRecord] = {}
+        #: run id -> how its tasks run, for runs that do not use the defaults
+        self.run_configs: dict[int, p.RunConfig] = {}
+        #: function id -> cloudpickle bytes: resident for the worker's life
+        self.functions: dict[bytes, bytes] = {}
+        #: recent task run times, to decide whether to batch tasks to libraries
+        self.recent_duration = Ema()
+        #: bytes received per peer address since the last ``Transfers`` report
+        self.received_from: dict[str, int] = {}
+        self.disk_full = False
+        #: instructions: records for the manager, and result ids to ask each peer for
+        self.outbox: list[Any] = []
+        self.peer_outbox: dict[str, list[int]] = {}
+        #: the manager welcomed us; when we last heard from it and last sent to it
+        self.registered = False
+        self.last_contact = now
+        self.last_sent = 0.0
+
+    # -- timers -----------------------------------------------------------------------
+
+    def poll_timeout(self, now: float) -> float:
+        """Seconds until the next deadline: the manager's silence, the next heartbeat, a
+        fetch's timeout; 0 while records wait to be sent."""
+        if self.outbox:
+            return 0.0
+        deadline = self.last_contact + self.manager_timeout
+        if self.registered:  # heartbeats start with registration; until then, nothing is due
+            deadline = min(deadline, self.last_sent + self.heartbeat_interval)
+        for fetch in self.fetches.values():
+            if fetch.deadline < deadline:
+                deadline = fetch.deadline
+        return max(0.0, deadline - now)
+
+    def manager_silent(self, now: float) -> bool:
+        return now - self.last_contact > self.manager_timeout
+
+    def heartbeat_due(self, now: float) -> bool:
+        return self.registered and now - self.last_sent > self.heartbeat_interval
+
+    def on_timers(self, now: float) -> list[str]:
+        """Fetches past their deadline go to their next holder; the peers that did not
+        answer, whose sockets the shell resets."""
+        silent = []
+        for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
+            if self.fetches.get(fetch.dep_id) is not fetch:
+                continue  # dropped with a task that an earlier failure here cancelled
+            logger.warning(
+                "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
+            )
+            if fetch.current:
+                silent.append(fetch.current)
+            self.slots.give_back(fetch)
+            self._request_next(fetch, now)
+        return silent
+
+    def end_pass(self, now: float) -> None:
+        """Once per loop pass: start fetches that found a slot, report a change of the
+        store's fullness and the bytes received from peers."""
+        if self.slots.freed and self.slots.queue:
+            for fetch, address in self.slots.startable(self._fetch_is_live):
+                self._request(fetch, address, now)
+        if self.store.full is not self.disk_full:
+            self.disk_full = self.store.full
+            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
+            self.outbox.append(p.DiskFull(self.disk_full))
+        if self.received_from:
+            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
+            self.received_from = {}
+
+    # -- the manager ------------------------------------------------------------------
+
+    def on_manager_message(self, msg: Any, now: float) -> None:
+        """A valid record from the manager (``Rejected`` and ``Shutdown`` are the shell's)."""
+        self.last_contact = now
+        kind = type(msg)
+        if kind is p.Execute:
+            self._on_execute(msg, now)
+        elif kind is p.RunConfig:
+            if len(self.run_configs) >= MAX_RUN_CONFIGS:
+                del self.run_configs[next(iter(self.run_configs))]
+            self.run_configs[msg.run_id] = msg
+        elif kind is p.Function:
+            self.functions[msg.function_id] = bytes(msg.code)
+            for lib in self.libraries.values():
+                lib.unsent.append(msg.function_id)
+        elif kind is p.Release:
+            for task_id in msg.task_ids:
+                self.store.release(task_id)
+        elif kind is p.Cancel:
+            for task_id in msg.task_ids:
+                self._cancel(task_id)
+        elif kind is p.Withdraw:
+            dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
+            if dropped:
+                self.outbox.append(p.Withdrawn(dropped))
+        elif kind is p.Replicate:
+            self._on_replicate(msg, now)
+        elif kind is p.Welcome:
+            self.registered = True
+            self.heartbeat_interval = msg.heartbeat_interval
+
+    def cannot_take(self, message: Any, why: str) -> None:
+        """An ``Execute`` that was dropped: forget what was kept of its task, and tell the
+        manager, which would otherwise wait for it forever."""
+        if type(message) is not p.Execute or len(message) < 1 or type(message[0]) is not int:
+            return
+        task_id = message[0]
+        task = self.tasks.get(task_id)
+        if task is not None and task.state == "running":
+            return  # an earlier Execute of it runs: its own report will come
+        if task is not None:
+            self._transition(task, "forgotten")
+        # What a handler that failed half-way kept of it, found by id.
+        for dep_id in [d for d, waiters in self.local_waiters.items() if task_id in waiters]:
+            self.local_waiters[dep_id].discard(task_id)
+            if not self.local_waiters[dep_id]:
+                del self.local_waiters[dep_id]
+        for fetch in list(self.fetches.values()):
+            fetch.waiters.discard(task_id)
+            if not fetch.waiters and not fetch.replicate:  # for nobody: a later task would
+                del self.fetches[fetch.dep_id]  # wait on it forever, never requested
+                self.slots.give_back(fetch)
+        self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
+
+    def _on_execute(self, msg: p.Execute, now: float) -> None:
+        if msg.task_id in self.tasks:
+            return  # re-sent after a cancel while it was running: its result is coming
+        task = WorkerTask(msg, self.run_configs.get(msg.run_id) if msg.run_id else None)
+        for dep in msg.deps:
+            if dep.value is not None or dep.task_id in self.store:
+                continue
+            if dep.peers is None:  # being computed here: start when it is done
+                task.missing.add(dep.task_id)
+                self.local_waiters.setdefault(dep.task_id, set()).add(task.id)
+                continue
+            if not dep.peers:  # the manager thinks we hold it, but we do not
+                self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+                self._transition(task, "forgotten")
+                return
+            task.missing.add(dep.task_id)
+            fetch = self.fetches.get(dep.task_id)
+            if fetch is None:
+                fetch = self.fetches[dep.task_id] = Fetch(dep.task_id, dep.peers)
+                self._request_next(fetch, now)
+            fetch.waiters.add(task.id)
+        self.tasks[task.id] = task
+        self._transition(task, "waiting" if task.missing else "queued")
+
+    def _on_replicate(self, msg: p.Replicate, now: float) -> None:
+        if msg.task_id in self.store:
+            self.outbox.append(p.Replicas((msg.task_id,)))
+            return
+        fetch = self.fetches.get(msg.task_id)
+        if fetch is not None:
+            fetch.replicate = True
+        elif msg.peers:
+            fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
+            self._request_next(fetch, now)
+
+    def _cancel(self, task_id: int) -> bool:
+        """Drop a task that has not started; whether it was dropped."""
+        task = self.tasks.get(task_id)
+        if task is not None and task.state != "running":
+            self._transition(task, "forgotten")
+            return True
+        return False
+
+    # -- peers ------------------------------------------------------------------------
+
+    def _request_next(self, fetch: Fetch, now: float) -> None:
+        """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
+        if not fetch.untried:
+            self._fetch_failed(fetch)
+            return
+        address = self.slots.take(fetch)
+        if address is None:
+            fetch.deadline = float("inf")
+            self.slots.queue.append(fetch)
+        else:
+            self._request(fetch, address, now)
+
+    def _request(self, fetch: Fetch, address: str, now: float) -> None:
+        fetch.deadline = now + self.fetch_timeout
+        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
+
+    def _fetch_is_live(self, fetch: Fetch) -> bool:
+        return self.fetches.get(fetch.dep_id) is fetch
+
+    def _fetch_failed(self, fetch: Fetch) -> None:
+        self.fetches.pop(fetch.dep_id, None)
+        if fetch.replicate and not fetch.waiters:
+            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
+        for task_id in fetch.waiters:
+            task = self.tasks.get(task_id)
+            if task is not None:
+                self.outbox.append(p.FetchFailed(task_id, fetch.dep_id, fetch.peers))
+                task.missing.discard(fetch.dep_id)
+                self._transition(task, "forgotten")
+
+    def on_peer_unreachable(self, address: str, ids: list[int], now: float) -> None:
+        """Requests that could not be sent to ``address``: their fetches try the next holder."""
+        for dep_id in ids:
+            fetch = self.fetches.get(dep_id)
+            if fetch is not None and fetch.current == address:
+                self.slots.give_back(fetch)
+                self._request_next(fetch, now)
+
+    def on_data(self, reply: p.Data, now: float) -> None:
+        """A peer's answer: the input (stored, its tasks queued) or None (ask the next)."""
+        fetch = self.fetches.get(reply.task_id)
+        if fetch is None or fetch.current is None:
+            return  # nobody here waits for it any more, or it was asked elsewhere since
+        source = fetch.current
+        self.slots.give_back(fetch)
+        if reply.value is None:
+            self._request_next(fetch, now)
+            return
+        del self.fetches[reply.task_id]
+        received = self.received_from
+        received[source] = received.get(source, 0) + reply.value.nbytes
+        self.store.put(reply.task_id, reply.value)
+        self.outbox.append(p.Replicas((reply.task_id,)))
+        self._input_arrived(reply.task_id, fetch.waiters)
+
+    def on_data_error(self, task_id: int) -> None:
+        """A peer's answer that could not be stored: the tasks that wait give up on it."""
+        fetch = self.fetches.get(task_id)
+        if fetch is not None:
+            self.slots.give_back(fetch)
+            self._fetch_failed(fetch)
+
+    def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
+        for task_id in waiters:
+            task = self.tasks.get(task_id)
+            if task is None:
+                continue
+            task.missing.discard(dep_id)
+            if not task.missing:
+                self._transition(task, "queued")
+
+    # -- libraries --------------------------------------------------------------------
+
+    def add_library(self, library_id: int, slots: int) -> LibraryRecord:
+        """A library process started: it will be sent every function known so far."""
+        lib = self.libraries[library_id] = LibraryRecord(library_id, list(self.functions), slots)
+        return lib
+
+    def start_runnable(self) -> list[tuple[LibraryRecord, library.Run]]:
+        """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
+        few when tasks are tiny, all of one run configuration per request; the requests
+        to write to their pipes.
+
+        A library runs the tasks it is sent one after the other (or ``slots`` at once)
+        and answers each at once; sending tiny tasks in batches saves pipe round trips,
+        and their replies then come back, and go to the manager, in batches too.
+        """
+        requests: list[tuple[LibraryRecord, library.Run]] = []
+        if not self.runnable:
+            return requests
+        recent = self.recent_duration.value if self.recent_duration.count else None
+        tiny = recent is not None and recent < TINY_TASK
+        depth = LIBRARY_BATCH if tiny else 1
+        # Libraries with a free slot first. A one-slot library blocked writing results
+        # while we write inputs would deadlock on the pipe (a library of several slots
+        # keeps reading while its slots write)...
+        for lib in [lib for lib in self.libraries.values() if len(lib.sent) < lib.slots]:
+            self._fill_library(lib, lib.slots * depth - len(lib.sent), None, requests)
+            if not self.runnable:
+                return requests
+        # ...then, for short tasks, one small task queued behind the running one: it fits
+        # in the pipe's buffer, so writing it cannot block, and the library starts it
+        # without waiting for us to hear of the previous one.
+        if tiny or recent is None or recent > SHORT_TASK:
+            return requests
+        for lib in self.libraries.values():
+            if lib.slots == 1 and len(lib.sent) == 1 and lib.ready:
+                self._fill_library(lib, 1, QUEUED_REQUEST_BYTES, requests)
+                if not self.runnable:
+                    return requests
+        return requests
+
+    def _fill_library(
+        self, lib: LibraryRecord, room: int, max_bytes: int | None, requests: list
+    ) -> None:
+        """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
+        ``max_bytes`` (payloads and inputs) when given."""
+        batch: list[WorkerTask] = []
+        while self.runnable and len(batch) < room:
+            task = self._next_runnable(self.runnable)
+            if task is None:
+                break
+            if (batch and task.config is not batch[0].config) or (
+                max_bytes is not None and self._request_bytes(task) > max_bytes
+            ):
+                self.runnable.appendleft(task.id)  # for the next request
+                break
+            batch.append(task)
+        if not batch:
+            return
+        calls = []
+        for task in batch:
+            self._transition(task, "running")
+            lib.sent.append(task.id)
+            calls.append(self.call(task))
+        functions = [(fid, self.functions[fid]) for fid in lib.unsent]
+        lib.unsent = []
+        requests.append((lib, library.Run(functions, batch[0].config, calls)))
+
+    def call(self, task: WorkerTask) -> library.Call:
+        """What a library or a task process runs: the task with its inputs' values, inline
+        in the ``Execute`` (small ones) or from the store."""
+        store = self.store
+        inputs = [
+            (dep.key, dep.value if dep.value is not None else store.get(dep.task_id))
+            for dep in task.deps
+        ]
+        return library.Call(task.id, task.key, task.payload, inputs)
+
+    def _request_bytes(self, task: WorkerTask) -> int:
+        return len(task.payload) + sum(
+            dep.value.nbytes if dep.value is not None else self.store.size(dep.task_id)
+            for dep in task.deps
+        )
+
+    def _next_runnable(self, queue: deque[int]) -> WorkerTask | None:
+        """The next queued task whose inputs are all here; one whose input was released
+        meanwhile is reported (``FetchFailed``) and forgotten."""
+        while queue:
+            task = self.tasks.get(queue.popleft())
+            if task is None or task.state != "queued":
+                continue
+            for dep in task.deps:
+                if dep.value is None and dep.task_id not in self.store:
+                    self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+                    self._transition(task, "forgotten")
+                    break
+            else:
+                return task
+        return None
+
+    def on_library_ready(self, lib: LibraryRecord) -> bool:
+        """A library finished starting; whether every library is now ready."""
+        lib.ready = True
+        return all(other.ready for other in self.libraries.values())
+
+    def on_library_reply(self, lib: LibraryRecord, reply: Any, wall: float) -> None:
+        """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``)."""
+        sent = lib.sent
+        if sent and sent[0] == reply.task_id:
+            sent.popleft()
+        else:
+            sent.remove(reply.task_id)
+        self.on_reply(reply, wall)
+
+    def on_library_death(self, lib: LibraryRecord, how: str) -> None:
+        """A library process died (``how``: its exit): the tasks it was running crashed,
+        those queued behind them go back to the front of the queue."""
+        del self.libraries[lib.id]
+        for _ in range(min(lib.slots, len(lib.sent))):
+            task = self.tasks.get(lib.sent.popleft())
+            if task is not None:
+                reason = f"library process {how} on worker {self.name}"
+                logger.warning("task %r: %s", task.key, reason)
+                self.outbox.append(p.TaskCrashed(task.id, reason))
+                self._transition(task, "forgotten")
+        for task_id in reversed(lib.sent):
+            queued = self.tasks.get(task_id)
+            if queued is not None:
+                self._transition(queued, "queued")
+        lib.sent.clear()
+
+    def on_reply(self, reply: Any, wall: float) -> None:
+        """A task's outcome, from a library or a task process."""
+        task = self.tasks.get(reply.task_id)
+        if task is None:
+            return
+        self._transition(task, "forgotten")
+        kind = type(reply)
+        if kind is library.Done:
+            task_id, value, duration = reply
+            self.recent_duration.observe(duration)
+            if task.keep:
+                self.store.put(task_id, value)
+            waiters = self.local_waiters.pop(task_id, None)
+            if waiters:
+                self._input_arrived(task_id, waiters)
+            self.outbox.append(
+                p.TaskDone(
+                    task_id,
+                    value.nbytes,
+                    duration,
+                    value if task.want_result or p.inlinable(value) else None,
+                    wall,
+                )
+            )
+        elif kind is library.Erred:
+            self.outbox.append(p.TaskErred(*reply))
+        else:  # Crashed: the process running it died (fork and tasks modes)
+            logger.warning("task %r: %s", task.key, reply.reason)
+            self.outbox.append(p.TaskCrashed(reply.task_id, reply.reason))
+
+    # -- task processes (task_mode="tasks") ---------------------------------------------
+
+    def next_process_task(self) -> WorkerTask | None:
+        """The next task to start in a fresh interpreter, if any."""
+        return self._next_runnable(self.process_runnable)
+
+    def on_process_started(self, task: WorkerTask) -> None:
+        self._transition(task, "running")
+
+    def on_process_failed(self, task: WorkerTask, why: str) -> None:
+        """Its process could not be started."""
+        self._transition(task, "forgotten")
+        reason = f"cannot start a task process on worker {self.name}: {why}"
+        self.outbox.append(p.TaskCrashed(task.id, reason))
+
+    # -- transitions ------------------------------------------------------------------
+
+    def _transition(self, task: WorkerTask, finish: TaskStateName) -> None:
+        step = _TRANSITIONS.get((task.state, finish))
+        if step is None:
+            raise InvalidTransition(task.key, task.state, finish, [])
+        task.state = finish
+        step(self, task)
+
+    def _to_waiting(self, task: WorkerTask) -> None:
+        pass  # its fetches and local waits are in place
+
+    def _to_queued(self, task: WorkerTask) -> None:
+        if task.config is not None and task.config.task_mode == "tasks":
+            self.process_runnable.append(task.id)
+        else:
+            self.runnable.append(task.id)
+
+    def _running_to_queued(self, task: WorkerTask) -> None:
+        """Its library died before it started: first in line again (callers go in reverse)."""
+        self.runnable.appendleft(task.id)
+
+    def _to_running(self, task: WorkerTask) -> None:
+        pass  # the caller records where it runs
+
+    def _forget(self, task: WorkerTask) -> None:
+        """Out of ``tasks``, and out of the fetches and local waits it was in."""
+        self.tasks.pop(task.id, None)
+        for dep_id in task.missing:
+            waiters = self.local_waiters.get(dep_id)
+            if waiters is not None:
+                waiters.discard(task.id)
+                if not waiters:
+                    del self.local_waiters[dep_id]
+            fetch = self.fetches.get(dep_id)
+            if fetch is not None:
+                fetch.waiters.discard(task.id)
+                if not fetch.waiters and not fetch.replicate:
+                    del self.fetches[dep_id]
+                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
+
+    def _running_to_forgotten(self, task: WorkerTask) -> None:
+        self.tasks.pop(task.id, None)  # running: nothing missing, nothing fetched for it
+
+    def leaks(self) -> Iterator[str]:
+        """Containers that still hold something: names, for tests of a quiet worker."""
+        for name in ("tasks", "fetches", "local_waiters", "peer_outbox"):
+            if getattr(self, name):
+                yield name
+        if any(self.tasks.get(t) for t in (*self.runnable, *self.process_runnable)):
+            yield "runnable"
+        if any(lib.sent for lib in self.libraries.values()):
+            yield "libraries"
+        if self.slots.in_flight or any(self.slots.from_peer.values()):
+            yield "slots"
+
+
+_TRANSITIONS: dict[tuple[str, str], Any] = {
+    ("new", "waiting"): WorkerState._to_waiting,
+    ("new", "queued"): WorkerState._to_queued,
+    ("new", "forgotten"): WorkerState._forget,
+    ("waiting", "queued"): WorkerState._to_queued,
+    ("waiting", "forgotten"): WorkerState._forget,
+    ("queued", "running"): WorkerState._to_running,
+    ("queued", "forgotten"): WorkerState._forget,
+    ("running", "queued"): WorkerState._running_to_queued,
+    ("running", "forgotten"): WorkerState._running_to_forgotten,
+}

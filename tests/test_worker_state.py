@@ -1,0 +1,570 @@
+"""The worker's sans-I/O state: literal events in, instructions out, in milliseconds.
+
+Every transition of ``worker_state._TRANSITIONS`` is driven here by the event that takes
+it; the end of the file is a hypothesis-driven worker (random graphs of tasks with local,
+peer and inline inputs, library crashes, cancels, withdraws and peer failures) checking
+that every task is reported exactly once and that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daskvine_py import library
+from daskvine_py import protocol as p
+from daskvine_py import worker_state as ws
+from daskvine_py.errors import InvalidTransition
+from daskvine_py.serialize import dumps, loads
+from daskvine_py.store import Store
+from daskvine_py.worker_state import WorkerState
+
+ME = "tcp://me:1"
+
+
+def make(libraries=1, slots=1, ready=True, **kwargs):
+    state = WorkerState(Store(), name="w", peer_address=ME, **kwargs)
+    libs = [state.add_library(i, slots) for i in range(libraries)]
+    if ready:
+        for lib in libs:
+            state.on_library_ready(lib)
+    return state, libs
+
+
+def execute(task_id, *deps, run_id=0, keep=True, want=False):
+    return p.Execute(task_id, f"k{task_id}", b"payload", tuple(deps), want, run_id, keep)
+
+
+def held(dep_id):
+    return p.DepLocation(dep_id, f"k{dep_id}", ())
+
+
+def at(dep_id, *peers):
+    return p.DepLocation(dep_id, f"k{dep_id}", peers)
+
+
+def computed_here(dep_id):
+    return p.DepLocation(dep_id, f"k{dep_id}", None)
+
+
+def inline(dep_id, value):
+    return p.DepLocation(dep_id, f"k{dep_id}", (), dumps(value))
+
+
+def done(task_id, value=None, duration=0.01):
+    return library.Done(task_id, dumps(value if value is not None else task_id), duration)
+
+
+def started(state):
+    """The task ids of each library request that ``start_runnable`` returns."""
+    return [(lib.id, [call.task_id for call in run.calls]) for lib, run in state.start_runnable()]
+
+
+def test_a_task_with_no_inputs_runs_and_is_reported_done():
+    state, (lib,) = make()
+    state.on_manager_message(execute(1, want=True), now=5.0)
+    assert state.tasks[1].state == "queued" and state.last_contact == 5.0
+    ((sent_to, run),) = state.start_runnable()
+    assert sent_to is lib and run.config is None and run.functions == []
+    assert run.calls == [library.Call(1, "k1", b"payload", [])]
+    assert state.tasks[1].state == "running" and list(lib.sent) == [1]
+    state.on_library_reply(lib, done(1, 42), wall=100.0)
+    (report,) = state.outbox
+    assert type(report) is p.TaskDone and report.task_id == 1 and report.finished == 100.0
+    assert loads(report.value) == 42 and loads(state.store.get(1)) == 42
+    assert not state.tasks and not lib.sent and not list(state.leaks())
+
+
+def test_an_output_nothing_reads_is_not_kept():
+    state, (lib,) = make()
+    state.on_manager_message(execute(1, keep=False), 0.0)
+    state.start_runnable()
+    state.on_library_reply(lib, done(1), 0.0)
+    assert 1 not in state.store
+
+
+def test_inputs_held_or_inline_go_with_the_call():
+    state, _ = make()
+    state.store.put(7, dumps("seven"))
+    state.on_manager_message(execute(1, held(7), inline(8, "eight")), 0.0)
+    ((_, run),) = state.start_runnable()
+    (call,) = run.calls
+    assert [(key, loads(value)) for key, value in call.inputs] == [("k7", "seven"), ("k8", "eight")]
+
+
+def test_an_input_from_a_peer_is_fetched_then_the_task_runs():
+    state, _ = make()
+    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
+    assert state.tasks[1].state == "waiting" and state.peer_outbox == {"tcp://a:1": [7]}
+    assert state.fetches[7].deadline == 10.0 and state.poll_timeout(0.0) == 10.0
+    state.on_data(p.Data(7, dumps("seven")), now=1.0)
+    assert state.tasks[1].state == "queued" and 7 in state.store and not state.fetches
+    assert state.outbox == [p.Replicas((7,))]
+    state.end_pass(1.0)
+    assert state.outbox[-1] == p.Transfers((("tcp://a:1", dumps("seven").nbytes),))
+    assert started(state) == [(0, [1])]
+
+
+def test_a_peer_without_the_input_passes_the_fetch_to_the_next_and_the_last_fails_it():
+    state, _ = make()
+    state.on_manager_message(execute(1, at(7, "tcp://a:1", "tcp://b:1")), 0.0)
+    (first,) = state.peer_outbox
+    state.peer_outbox.clear()
+    state.on_data(p.Data(7, None), 0.0)
+    (second,) = state.peer_outbox
+    assert {first, second} == {"tcp://a:1", "tcp://b:1"}
+    state.on_data(p.Data(7, None), 0.0)
+    (failed,) = state.outbox
+    assert type(failed) is p.FetchFailed and failed.task_id == 1 and failed.dep_id == 7
+    state.peer_outbox.clear()
+    assert not state.tasks and not list(state.leaks())
+
+
+def test_a_silent_peer_times_out_and_its_socket_is_reset():
+    state, _ = make(fetch_timeout=2.0)
+    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
+    assert state.on_timers(1.9) == []
+    assert state.on_timers(2.0) == ["tcp://a:1"]
+    assert type(state.outbox[0]) is p.FetchFailed and not state.tasks
+
+
+def test_two_tasks_share_one_fetch_and_a_cancel_keeps_it_for_the_other():
+    state, _ = make()
+    state.on_manager_message(execute(1, at(7, "tcp://a:1")), 0.0)
+    state.on_manager_message(execute(2, at(7, "tcp://a:1")), 0.0)
+    assert state.peer_outbox == {"tcp://a:1": [7]} and state.fetches[7].waiters == {1, 2}
+    state.on_manager_message(p.Cancel((1,)), 0.0)
+    assert state.fetches[7].waiters == {2}
+    state.on_manager_message(p.Cancel((2,)), 0.0)
+    assert not state.fetches and state.slots.in_flight == 0  # a late reply is dropped
+    state.on_data(p.Data(7, dumps(1)), 0.0)
+    assert 7 not in state.store
+
+
+def test_an_input_computed_here_starts_its_dependent_when_done():
+    state, (lib,) = make()
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    assert state.tasks[2].state == "waiting" and state.local_waiters == {1: {2}}
+    assert started(state) == [(0, [1])]
+    state.on_library_reply(lib, done(1), 0.0)
+    assert state.tasks[2].state == "queued" and not state.local_waiters
+    assert started(state) == [(0, [2])]
+
+
+def test_an_input_the_manager_thinks_is_here_but_is_not_fails_at_once():
+    state, _ = make()
+    state.on_manager_message(execute(1, computed_here(5), held(7)), 0.0)
+    assert state.outbox == [p.FetchFailed(1, 7, (ME,))]
+    assert not state.tasks and not state.local_waiters
+
+
+def test_an_input_released_before_its_task_starts_fails_the_task():
+    state, _ = make()
+    state.store.put(7, dumps(7))
+    state.on_manager_message(execute(1, held(7)), 0.0)
+    state.on_manager_message(p.Release((7,)), 0.0)
+    assert started(state) == []
+    assert state.outbox == [p.FetchFailed(1, 7, (ME,))] and not state.tasks
+
+
+def test_cancel_and_withdraw_drop_only_tasks_that_have_not_started():
+    state, _ = make()
+    for task_id in (1, 2, 3):
+        state.on_manager_message(execute(task_id), 0.0)
+    state.on_manager_message(execute(4, at(9, "tcp://a:1")), 0.0)
+    assert started(state) == [(0, [1])]
+    state.on_manager_message(p.Cancel((1, 2)), 0.0)  # 1 runs: its report will come
+    state.on_manager_message(p.Withdraw((1, 3, 4, 99)), 0.0)
+    assert state.outbox == [p.Withdrawn((3, 4))]
+    assert list(state.tasks) == [1] and not state.fetches
+    assert started(state) == []  # the queue's stale ids are skipped
+
+
+def test_an_execute_sent_again_while_running_is_ignored():
+    state, (lib,) = make()
+    state.on_manager_message(execute(1), 0.0)
+    state.start_runnable()
+    state.on_manager_message(execute(1), 0.0)
+    assert started(state) == [] and list(lib.sent) == [1]
+
+
+def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
+    state, (lib, other) = make(libraries=2)
+    state.recent_duration.observe(0.0001)  # tiny tasks: batches of LIBRARY_BATCH
+    for task_id in range(1, 6):
+        state.on_manager_message(execute(task_id), 0.0)
+    assert started(state) == [(0, [1, 2, 3, 4, 5])]
+    state.on_library_death(lib, "killed by signal SIGKILL")
+    (crashed,) = state.outbox
+    assert crashed == p.TaskCrashed(1, "library process killed by signal SIGKILL on worker w")
+    assert [state.tasks[t].state for t in (2, 3, 4, 5)] == ["queued"] * 4
+    assert 0 not in state.libraries
+    assert started(state) == [(1, [2, 3, 4, 5])]
+
+
+def test_erred_and_crashed_replies_are_reported():
+    state, (lib,) = make(slots=2)
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2), 0.0)
+    assert started(state) == [(0, [1, 2])]
+    state.on_library_reply(lib, library.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
+    state.on_library_reply(lib, library.Crashed(1, "forked task process died"), 0.0)
+    assert state.outbox == [
+        p.TaskErred(2, None, "Traceback", "ValueError: x"),
+        p.TaskCrashed(1, "forked task process died"),
+    ]
+    assert not state.tasks and not lib.sent
+
+
+def test_short_tasks_get_one_more_queued_behind_the_running_one():
+    state, (lib,) = make()
+    state.recent_duration.observe(0.01)  # short, not tiny
+    for task_id in (1, 2, 3):
+        state.on_manager_message(execute(task_id), 0.0)
+    assert started(state) == [(0, [1]), (0, [2])]
+    assert list(lib.sent) == [1, 2]
+
+
+def test_tasks_of_two_run_configurations_never_share_a_request():
+    state, _ = make(slots=4)
+    config = p.RunConfig(3, "function-calls", "fork", (), (), True)
+    state.on_manager_message(config, 0.0)
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2, run_id=3), 0.0)
+    requests = state.start_runnable()
+    assert [[c.task_id for c in run.calls] for _, run in requests] == [[1]]
+    assert [[c.task_id for c in run.calls] for _, run in state.start_runnable()] == [[2]]
+
+
+def test_functions_go_with_the_next_request_to_each_library_once():
+    state, (lib,) = make()
+    state.on_manager_message(p.Function(b"f", b"code"), 0.0)
+    state.on_manager_message(execute(1), 0.0)
+    ((_, run),) = state.start_runnable()
+    assert run.functions == [(b"f", b"code")] and lib.unsent == []
+    late = state.add_library(9, 1)
+    assert late.unsent == [b"f"]
+
+
+def test_run_configurations_are_bounded():
+    state, _ = make()
+    for run_id in range(1, ws.MAX_RUN_CONFIGS + 2):
+        state.on_manager_message(p.RunConfig(run_id, "tasks", "direct", (), (), True), 0.0)
+    assert len(state.run_configs) == ws.MAX_RUN_CONFIGS and 1 not in state.run_configs
+
+
+def test_task_mode_tasks_go_to_processes():
+    state, _ = make()
+    state.on_manager_message(p.RunConfig(3, "tasks", "direct", (), (), True), 0.0)
+    state.on_manager_message(execute(1, run_id=3), 0.0)
+    state.on_manager_message(execute(2, run_id=3), 0.0)
+    assert started(state) == [] and list(state.process_runnable) == [1, 2]
+    first = state.next_process_task()
+    state.on_process_started(first)
+    state.on_reply(done(1), 0.0)
+    second = state.next_process_task()
+    state.on_process_failed(second, "no fork for you")
+    assert [type(m) for m in state.outbox] == [p.TaskDone, p.TaskCrashed]
+    assert "no fork for you" in state.outbox[1].reason and not state.tasks
+
+
+def test_replicate_copies_a_result_nobody_waits_for():
+    state, _ = make()
+    state.store.put(5, dumps(5))
+    state.on_manager_message(p.Replicate(5, ("tcp://a:1",)), 0.0)
+    assert state.outbox == [p.Replicas((5,))] and not state.fetches
+    state.on_manager_message(p.Replicate(6, ("tcp://a:1",)), 0.0)
+    assert state.fetches[6].replicate and state.peer_outbox == {"tcp://a:1": [6]}
+    state.on_data(p.Data(6, dumps(6)), 0.0)
+    assert 6 in state.store and state.outbox[-1] == p.Replicas((6,))
+
+
+def test_a_task_that_cannot_be_taken_is_crashed_and_leaves_nothing():
+    state, _ = make()
+    message = execute(1, computed_here(5), at(7, "tcp://a:1"))
+    state.on_manager_message(message, 0.0)
+    state.cannot_take(message, "it could not take the task")
+    assert state.outbox == [p.TaskCrashed(1, "worker w: it could not take the task")]
+    assert not state.tasks and not state.fetches and not state.local_waiters
+    state.cannot_take(p.Cancel((1,)), "not an Execute")  # nothing to report
+    assert len(state.outbox) == 1
+
+
+def test_an_unknown_edge_raises():
+    state, _ = make()
+    state.on_manager_message(execute(1), 0.0)
+    with pytest.raises(InvalidTransition, match="'queued' -> 'waiting'"):
+        state._transition(state.tasks[1], "waiting")
+    assert set(ws._TRANSITIONS) == {
+        ("new", "waiting"), ("new", "queued"), ("new", "forgotten"),
+        ("waiting", "queued"), ("waiting", "forgotten"),
+        ("queued", "running"), ("queued", "forgotten"),
+        ("running", "queued"), ("running", "forgotten"),
+    }  # fmt: skip
+
+
+def test_the_poll_timeout_is_the_earliest_deadline():
+    state, _ = make(manager_timeout=30.0, fetch_timeout=5.0)
+    assert state.poll_timeout(0.0) == 30.0  # not registered: no heartbeat is due
+    state.on_manager_message(p.Welcome("w", 1.0), now=2.0)
+    state.last_sent = 2.5
+    assert state.poll_timeout(3.0) == 0.5  # the next heartbeat
+    assert not state.heartbeat_due(3.0) and state.heartbeat_due(3.6)
+    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=3.2)
+    state.last_sent = 100.0
+    assert state.poll_timeout(4.0) == pytest.approx(4.2)  # the fetch, due at 8.2
+    state.outbox.append(p.Status(0, 0, 0, 0))
+    assert state.poll_timeout(4.0) == 0.0
+    assert not state.manager_silent(33.1) and state.manager_silent(33.3)  # heard at 3.2
+
+
+def test_a_full_store_is_reported_once_each_way():
+    state, _ = make()
+    state.store.full = True
+    state.end_pass(0.0)
+    state.end_pass(0.0)
+    state.store.full = False
+    state.end_pass(0.0)
+    assert state.outbox == [p.DiskFull(True), p.DiskFull(False)]
+
+
+def test_an_unreachable_peer_passes_its_fetches_on():
+    state, _ = make()
+    state.on_manager_message(execute(1, at(7, "tcp://a:1", "tcp://b:1")), 0.0)
+    (address,) = state.peer_outbox
+    ids = state.peer_outbox.pop(address)
+    state.on_peer_unreachable(address, ids, 0.0)
+    (other,) = state.peer_outbox
+    assert other != address and state.fetches[7].current == other
+
+
+# -- a simulated worker under random events ----------------------------------------------------
+
+PEERS = ("tcp://a:1", "tcp://b:1")
+
+
+class SimulatedWorker:
+    """A ``WorkerState`` with fake libraries and peers, and a manager that sends each task
+    once and cancels the tasks sent ahead of an input that will not come."""
+
+    def __init__(self, graph, slots):
+        self.state, libs = make(libraries=2, slots=slots, fetch_timeout=1.0)
+        self.slots = slots
+        self.graph = graph  #: task id -> [("local", task id) | ("peer", id, peers) | ("inline",)]
+        self.now = 0.0
+        self.next_library = len(libs)
+        #: library id -> the tasks it was sent and has not answered, in order
+        self.pipes = {lib.id: [] for lib in libs}
+        #: (peer, input id) requests not yet answered
+        self.requests: list[tuple[str, int]] = []
+        self.sent: list[int] = []
+        self.executed: dict[int, int] = {}
+        self.reports: dict[int, list] = {}
+        self.cancelled: set[int] = set()
+
+    # the manager
+
+    def execute(self, task_id):
+        if task_id in self.sent:
+            return
+        deps = []
+        for dep in self.graph[task_id]:
+            if dep[0] == "local":
+                producer = dep[1]
+                if (
+                    producer not in self.sent
+                    or self._over(producer)
+                    and producer not in self.state.store
+                ):
+                    continue  # the manager sends it where its input is, or not yet
+                deps.append(
+                    held(producer) if producer in self.state.store else computed_here(producer)
+                )
+            elif dep[0] == "peer":
+                deps.append(at(dep[1], *dep[2]))
+            else:
+                deps.append(inline(10_000 + task_id, task_id))
+        self.sent.append(task_id)
+        self._tell(execute(task_id, *deps))
+
+    def _over(self, task_id):
+        return task_id in self.reports or task_id in self.cancelled
+
+    def _tell(self, message):
+        self.state.on_manager_message(message, self.now)
+        self._take_outbox()
+
+    def cancel(self, task_id, withdraw=False):
+        if task_id not in self.sent or self._over(task_id):
+            return
+        dropped = task_id in self.state.tasks and self.state.tasks[task_id].state != "running"
+        if dropped and not withdraw:
+            self.cancelled.add(task_id)
+        self._tell((p.Withdraw if withdraw else p.Cancel)((task_id,)))
+        if dropped and not withdraw:  # (a withdrawn one is recalled when it is reported)
+            self._recall_dependents(task_id)
+
+    def _take_outbox(self):
+        messages = self.state.outbox[:]
+        self.state.outbox.clear()
+        for message in messages:
+            kind = type(message)
+            if kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
+                self.reports.setdefault(message.task_id, []).append(message)
+                if kind is not p.TaskDone:
+                    self._recall_dependents(message.task_id)
+            elif kind is p.Withdrawn:
+                for task_id in message.task_ids:
+                    self.reports.setdefault(task_id, []).append(message)
+                    self.cancelled.discard(task_id)
+                    self._recall_dependents(task_id)
+        for address, ids in self.state.peer_outbox.items():
+            self.requests.extend((address, dep_id) for dep_id in ids)
+        self.state.peer_outbox.clear()
+
+    def _recall_dependents(self, task_id):
+        """Tasks sent ahead to wait for ``task_id`` here will not get it: the manager
+        calls them back (``Cancel``)."""
+        for other in list(self.state.tasks.values()):
+            if any(dep.task_id == task_id and dep.peers is None for dep in other.deps):
+                self.cancel(other.id)
+
+    # libraries and peers
+
+    def start(self):
+        for lib, run in self.state.start_runnable():
+            self.pipes[lib.id].extend(call.task_id for call in run.calls)
+        self._take_outbox()
+
+    def finish(self, index, outcome):
+        pipes = [lib_id for lib_id, sent in self.pipes.items() if sent]
+        if not pipes:
+            return
+        lib_id = pipes[index % len(pipes)]
+        running = self.pipes[lib_id][: self.slots]
+        task_id = running[index % len(running)]
+        self.pipes[lib_id].remove(task_id)
+        self.executed[task_id] = self.executed.get(task_id, 0) + 1
+        reply = {
+            "done": done(task_id, duration=0.0005),  # tiny: batches to libraries
+            "short": done(task_id, duration=0.01),  # short: one queued behind
+            "erred": library.Erred(task_id, None, "tb", "ValueError"),
+            "crashed": library.Crashed(task_id, "the fork died"),
+        }[outcome]
+        self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
+        self._take_outbox()
+
+    def die(self, index):
+        busiest = sorted(self.pipes, key=lambda lib_id: -len(self.pipes[lib_id]))
+        lib_id = busiest[index % len(busiest)]
+        for task_id in self.pipes.pop(lib_id)[: self.slots]:
+            self.executed[task_id] = self.executed.get(task_id, 0) + 1  # it was running
+        self.state.on_library_death(self.state.libraries[lib_id], "killed by signal SIGKILL")
+        self.next_library += 1
+        self.state.on_library_ready(self.state.add_library(self.next_library, self.slots))
+        self.pipes[self.next_library] = []
+        self._take_outbox()
+
+    def answer(self, index, how):
+        if not self.requests:
+            return
+        address, dep_id = self.requests.pop(index % len(self.requests))
+        if how == "silent":
+            return
+        holds = how == "data" and address == PEERS[0]
+        self.state.on_data(p.Data(dep_id, dumps(dep_id) if holds else None), self.now)
+        self._take_outbox()
+
+    def tick(self):
+        self.now += 1.0
+        for address in self.state.on_timers(self.now):
+            self.requests = [r for r in self.requests if r[0] != address]  # socket reset
+        self.state.end_pass(self.now)
+        self._take_outbox()
+
+    def settle(self):
+        """Everything sent runs to its end: peers answer, libraries finish."""
+        for _ in range(1000):
+            self.start()
+            if self.requests:
+                self.answer(0, "data")
+            elif any(self.pipes.values()):
+                self.finish(0, "done")
+            elif self.state.fetches:
+                self.tick()
+            else:
+                return
+        raise AssertionError("the simulated worker did not settle")
+
+
+@st.composite
+def graphs(draw):
+    n = draw(st.integers(1, 10))
+    graph = {}
+    for task_id in range(1, n + 1):
+        deps = []
+        for _ in range(draw(st.integers(0, 3))):
+            kind = draw(st.sampled_from(["local", "peer", "inline"]))
+            if kind == "local" and task_id > 1:
+                deps.append(("local", draw(st.integers(1, task_id - 1))))
+            elif kind == "peer":
+                peers = draw(st.lists(st.sampled_from(PEERS), min_size=1, max_size=2, unique=True))
+                deps.append(("peer", 1000 + draw(st.integers(0, 3)), tuple(peers)))
+            else:
+                deps.append(("inline",))
+        graph[task_id] = deps
+    return graph
+
+
+actions = st.one_of(
+    st.tuples(st.just("execute"), st.integers(1, 10)),
+    st.tuples(st.just("start")),
+    st.tuples(
+        st.just("finish"),
+        st.integers(0, 9),
+        st.sampled_from(["done", "done", "short", "short", "erred", "crashed"]),
+    ),
+    st.tuples(st.just("die"), st.integers(0, 9)),
+    st.tuples(st.just("cancel"), st.integers(1, 10), st.booleans()),
+    st.tuples(
+        st.just("answer"), st.integers(0, 9), st.sampled_from(["data", "data", "none", "silent"])
+    ),
+    st.tuples(st.just("tick")),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    graph=graphs(),
+    steps=st.lists(actions, min_size=5, max_size=60),
+    slots=st.integers(1, 2),
+    recent=st.sampled_from([None, 0.0005, 0.01]),
+)
+def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
+    sim = SimulatedWorker(graph, slots)
+    if recent is not None:  # tiny tasks go in batches, short ones one queued behind
+        sim.state.recent_duration.observe(recent)
+    for action, *args in steps:
+        if action == "execute":  # the tasks up to this one, in order
+            for task_id in range(1, min(args[0], len(graph)) + 1):
+                sim.execute(task_id)
+        elif action == "cancel":
+            sim.cancel(*args)
+        else:
+            getattr(sim, action)(*args)
+    for task_id in graph:  # the manager sends what is left, in order
+        sim.execute(task_id)
+    sim.settle()
+    state = sim.state
+    assert not list(state.leaks()), list(state.leaks())
+    assert all(count == 1 for count in sim.executed.values()), sim.executed
+    for task_id in sim.sent:
+        reports = sim.reports.get(task_id, [])
+        if task_id in sim.cancelled:
+            assert reports == [] and task_id not in sim.executed, (task_id, reports)
+        else:
+            assert len(reports) == 1, (task_id, reports)
+        if any(type(r) is p.TaskDone for r in reports):
+            assert sim.executed.get(task_id) == 1
