@@ -434,24 +434,24 @@ def test_bad_peer_requests_get_no_answer_and_one_warning(worker, caplog):
     with caplog.at_level(logging.WARNING, logger="daskvine_py.worker"):
         for _ in range(50):
             for frames in bad:
-                assert worker._peer_replies(b"peer", frames) is None
+                assert worker.peers.replies(b"peer", frames) is None
     assert len(caplog.records) == 1 and "malformed request" in caplog.records[0].getMessage()
-    (reply,) = worker._peer_replies(b"peer", p.encode([p.GetData((3,))]))
+    (reply,) = worker.peers.replies(b"peer", p.encode([p.GetData((3,))]))
     assert reply.task_id == 3 and loads(reply.value) == "three"
 
 
 def test_a_result_that_cannot_be_read_back_is_answered_as_not_held(worker):
     with mock.patch.object(type(worker.store), "get", side_effect=OSError("spill file gone")):
-        assert worker._peer_replies(b"peer", p.encode([p.GetData((3,))])) == [p.Data(3, None)]
+        assert worker.peers.replies(b"peer", p.encode([p.GetData((3,))])) == [p.Data(3, None)]
 
 
 def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
     deps = (p.DepLocation(1, "x", ("tcp://127.0.0.1:2",)),)
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
     assert 1 in worker.state.fetches
-    worker._on_peer_frames(p.encode([p.Data(1, Crafted(b"x", [5]))]))
+    worker.peers.on_frames(p.encode([p.Data(1, Crafted(b"x", [5]))]), worker.state)
     assert 1 in worker.state.fetches and 1 not in worker.store  # it waits for a valid answer
-    worker._on_peer_frames(p.encode([p.Data(1, dumps(41))]))
+    worker.peers.on_frames(p.encode([p.Data(1, dumps(41))]), worker.state)
     assert 1 not in worker.state.fetches and loads(worker.store.get(1)) == 41
 
 
@@ -924,9 +924,9 @@ def test_fuzz_the_workers_handlers_never_raise_and_stay_consistent(batches):
                 if worker.state.last_contact != before:  # only a valid record counts as contact
                     assert any(_valid(r) for r in batch)
             else:
-                replies = worker._peer_replies(b"peer", frames)
+                replies = worker.peers.replies(b"peer", frames)
                 assert replies is None or all(type(r) is p.Data for r in replies)
-                worker._on_peer_frames(frames)
+                worker.peers.on_frames(frames, worker.state)
             _check_worker_consistent(worker)
             worker.state.outbox.clear()
 

@@ -568,3 +568,13 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
             assert len(reports) == 1, (task_id, reports)
         if any(type(r) is p.TaskDone for r in reports):
             assert sim.executed.get(task_id) == 1
+
+
+def test_the_fetch_timeout_is_a_worker_flag(capsys):
+    from daskvine_py.worker import parse_args
+
+    assert parse_args(["tcp://127.0.0.1:5"]).fetch_timeout == 10.0
+    assert parse_args(["tcp://127.0.0.1:5", "--fetch-timeout", "2.5"]).fetch_timeout == 2.5
+    with pytest.raises(SystemExit):
+        parse_args(["tcp://127.0.0.1:5", "--fetch-timeout", "0"])
+    assert "--fetch-timeout must be > 0" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 logger = logging.getLogger("daskvine_py.security")
 
@@ -255,3 +256,55 @@ def _check_pair(public: bytes, secret: bytes, path: str, whose: str) -> None:
         raise SecurityError(f"{path}: the {whose} secret key is not a valid key") from exc
     if derived != public:
         raise SecurityError(f"{path}: the {whose} public and secret keys do not match")
+
+
+#: Failed CurveZMQ handshakes with the manager, with none succeeding between them, after
+#: which a worker gives up. One ZAP refusal or mechanism mismatch is enough: the manager
+#: said no, and libzmq does not reconnect after either. Two, not one, for failures
+#: without detail: a connection cut mid-handshake looks the same, and it reconnects.
+HANDSHAKE_FAILURES = 2
+#: Handshake failures after which libzmq drops the connection for good.
+_FINAL_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_HANDSHAKE_FAILURE = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this worker's key",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this worker has",
+}
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+class HandshakeWatch:
+    """The CurveZMQ handshakes of a worker's socket to its manager, so that a worker the
+    manager refuses exits saying why. Made before the socket connects."""
+
+    def __init__(self, sock: zmq.Socket, has_keys: bool) -> None:
+        self.sock = sock
+        self.has_keys = has_keys
+        #: the monitor socket: readable when a handshake ended
+        self.events = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+        self.failures = 0
+
+    def refusal(self) -> str | None:
+        """Why the manager will never take this worker, once the handshakes so far say
+        so; None until then."""
+        while self.events.poll(0):
+            event = recv_monitor_message(self.events)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.failures = 0
+                continue
+            self.failures += 1
+            if event not in _FINAL_HANDSHAKE_FAILURES and self.failures < HANDSHAKE_FAILURES:
+                continue
+            if not self.has_keys:
+                return "this worker has no keys, and the manager requires them"
+            return _HANDSHAKE_FAILURE.get(event, f"handshake failed (event {event})")
+        return None
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.events.close(linger=0)
