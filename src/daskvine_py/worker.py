@@ -64,9 +64,7 @@ from .protocol import split_address
 from .store import Store
 from .transport import has_more, send_batch
 from .worker_args import parse_args
-from .worker_state import LibraryRecord, WorkerState, WorkerTask
-
-__all__ = ["Worker", "main", "parse_args"]
+from .worker_state import WorkerState, WorkerTask
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
 logger = logging.getLogger("daskvine_py.worker")
@@ -170,6 +168,8 @@ class Worker:
             time.monotonic(),
         )  # fmt: skip
         self.library_by_fd: dict[int, h.Library] = {}
+        #: the same libraries by id (``LibraryRecord.id``), for the state's requests
+        self.library_by_id: dict[int, h.Library] = {}
         self.next_library_id = 0
         #: task processes (task_mode="tasks") by the fd that says they exited
         self.process_by_fd: dict[int, h.TaskProcess] = {}
@@ -255,8 +255,9 @@ class Worker:
         now = time.monotonic()
         self._check_timers(now)
         state = self.state
-        for lib, request in state.start_runnable():
-            if lib.id in state.libraries:  # not died since, on an earlier request
+        for record, request in state.start_runnable():
+            lib = self.library_by_id.get(record.id)
+            if lib is not None:  # not died since, on an earlier request
                 self._send_to_library(lib, request)
         if state.process_runnable:
             self._start_processes()
@@ -391,10 +392,10 @@ class Worker:
         record = self.state.add_library(self.next_library_id, self.lib_slots)
         lib = h.start_library(record, self.name, self.tasks_dir)
         self.library_by_fd[lib.conn.fileno()] = lib
+        self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
 
-    def _send_to_library(self, record: LibraryRecord, request: library.Run) -> None:
-        lib = next(lib for lib in self.library_by_fd.values() if lib.record is record)
+    def _send_to_library(self, lib: h.Library, request: library.Run) -> None:
         try:
             library.send(lib.conn, request)
         except OSError:
@@ -423,6 +424,7 @@ class Worker:
         fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
+        del self.library_by_id[lib.record.id]
         self.state.on_library_death(lib.record, h.reap_library(lib, self.tasks_dir))
         if self.running:
             self._start_library()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from . import library
@@ -60,6 +60,9 @@ SHORT_TASK = 0.05
 QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
+
+#: ``start_runnable``'s answer when nothing is runnable: no list made per loop pass.
+_NO_REQUESTS: tuple = ()
 
 TaskStateName = Literal["new", "waiting", "queued", "running", "forgotten"]
 
@@ -383,7 +386,7 @@ class WorkerState:
         lib = self.libraries[library_id] = LibraryRecord(library_id, list(self.functions), slots)
         return lib
 
-    def start_runnable(self) -> list[tuple[LibraryRecord, library.Run]]:
+    def start_runnable(self) -> Sequence[tuple[LibraryRecord, library.Run]]:
         """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
         few when tasks are tiny, all of one run configuration per request; the requests
         to write to their pipes.
@@ -392,9 +395,9 @@ class WorkerState:
         and answers each at once; sending tiny tasks in batches saves pipe round trips,
         and their replies then come back, and go to the manager, in batches too.
         """
-        requests: list[tuple[LibraryRecord, library.Run]] = []
         if not self.runnable:
-            return requests
+            return _NO_REQUESTS
+        requests: list[tuple[LibraryRecord, library.Run]] = []
         recent = self.recent_duration.value if self.recent_duration.count else None
         tiny = recent is not None and recent < TINY_TASK
         depth = LIBRARY_BATCH if tiny else 1
