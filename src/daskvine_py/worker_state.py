@@ -266,7 +266,7 @@ class WorkerState:
     def _on_execute(self, msg: p.Execute, now: float) -> None:
         if msg.task_id in self.tasks:
             return  # re-sent after a cancel while it was running: its result is coming
-        task = WorkerTask(msg, self.run_configs.get(msg.run_id) if msg.run_id else None)
+        task = WorkerTask(msg, self.run_configs.get(msg.run_id))
         for dep in msg.deps:
             if dep.value is not None or dep.task_id in self.store:
                 continue
