@@ -389,6 +389,15 @@ class SimulatedWorker:
         self.sent.append(task_id)
         self._tell(execute(task_id, *deps))
 
+    def replicate(self, index, peers):
+        """The manager asks for a copy of a result held by peers (``replicas=k``)."""
+        self._tell(p.Replicate(1000 + index % 4, peers))
+
+    def release(self, task_id):
+        """The manager releases a result here (even one a queued task still needs: the
+        worker must report that task, not lose it)."""
+        self._tell(p.Release((task_id, 1000 + task_id % 4)))
+
     def _over(self, task_id):
         return task_id in self.reports or task_id in self.cancelled
 
@@ -532,6 +541,12 @@ actions = st.one_of(
         st.just("answer"), st.integers(0, 9), st.sampled_from(["data", "data", "none", "silent"])
     ),
     st.tuples(st.just("tick")),
+    st.tuples(
+        st.just("replicate"),
+        st.integers(0, 3),
+        st.lists(st.sampled_from(PEERS), min_size=1, max_size=2, unique=True).map(tuple),
+    ),
+    st.tuples(st.just("release"), st.integers(1, 10)),
 )
 
 
