@@ -20,6 +20,7 @@ from beacon import Beacon, ping
 from daskvine_py import Manager, TaskFailed
 from daskvine_py import protocol as p
 from daskvine_py.launch import spawn
+from sockets import dealer
 
 pytestmark = pytest.mark.integration
 
@@ -119,15 +120,6 @@ def test_segfaulting_task_is_reported_with_its_signal(shared_manager):
     assert shared_manager.get({"x": (inc, 1)}, "x") == 2
 
 
-def _dealer(context, address, identity=None):
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(address)
-    return sock
-
-
 def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_manager, caplog):
     """What a worker holding the keys could send by mistake (test_security.py shows that
     without the keys nothing reaches the decoder at all)."""
@@ -136,7 +128,7 @@ def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_m
         raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
     context = zmq.Context()
     try:
-        sock = _dealer(context, manager.address)
+        sock = dealer(context, manager.address)
         with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
             sock.send_multipart([b"not ours"])
             sock.send_multipart([p.MAGIC, b"\x80\x05not a pickle"])
@@ -145,7 +137,7 @@ def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_m
             sock.send_multipart([p.MAGIC + pickle.dumps({"a": 1})])
             sock.send_multipart(p.encode([p.TaskDone(1, 1, 0.1, None)]))  # not registered
             # A registered impostor sending records with fields of the wrong types.
-            fake = _dealer(context, manager.address, b"impostor")
+            fake = dealer(context, manager.address, b"impostor")
             fake.send_multipart(p.encode([p.Register(p.PROTOCOL_VERSION, "impostor", 1, 0,
                                                      "h", "tcp://127.0.0.1:1", 1)]))  # fmt: skip
             assert fake.poll(5000)
@@ -168,7 +160,7 @@ def test_version_mismatch_is_rejected_clearly(insecure_manager):
     manager = insecure_manager
     context = zmq.Context()
     try:
-        sock = _dealer(context, manager.address, b"old-worker")
+        sock = dealer(context, manager.address, b"old-worker")
         sock.send_multipart(p.encode([p.Register(999, "old", 1, 0, "h", "tcp://x:1", 1)]))
         assert sock.poll(5000)
         (reply,) = p.decode(sock.recv_multipart(), p.TO_WORKER)

@@ -32,6 +32,7 @@ from daskvine_py import protocol as p
 from daskvine_py import state as s
 from daskvine_py.serialize import Serialized, dumps, loads
 from daskvine_py.worker import Worker
+from sockets import dealer
 from test_state import SimulatedCluster, random_graphs
 
 W1, W2 = b"w1", b"w2"
@@ -102,22 +103,13 @@ class Background:
         return self.exception
 
 
-def _dealer(context, address, identity=None):
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(address)
-    return sock
-
-
 class FakeWorker:
     """A registered worker the test speaks for, on an insecure manager's port."""
 
     def __init__(self, manager, name="impostor", cores=2):
         self.name = name
         self.context = zmq.Context()
-        self.sock = _dealer(self.context, manager.address, name.encode())
+        self.sock = dealer(self.context, manager.address, name.encode())
         self.send(p.Register(p.PROTOCOL_VERSION, name, cores, 0, "h", "tcp://127.0.0.1:1", 1))
         assert type(self.receive(p.Welcome, 1)[0]) is p.Welcome
 
@@ -410,7 +402,7 @@ def test_garbage_on_a_workers_peer_port_never_kills_it(insecure_manager):
     context = zmq.Context()
     try:
         for address in peers:
-            sock = _dealer(context, address)
+            sock = dealer(context, address)
             for request in (p.GetData(5), p.GetData(None), p.GetData(([1],)), p.GetData(("1",)),
                             p.GetData((-1, 2.5)), p.Data(1, None)):  # fmt: skip
                 sock.send_multipart(p.encode([request]))

@@ -25,6 +25,7 @@ from daskvine_py import Manager, security
 from daskvine_py import protocol as p
 from daskvine_py.launch import spawn
 from daskvine_py.worker import EXIT_AUTH_FAILED
+from sockets import dealer
 
 pytestmark = pytest.mark.integration
 
@@ -47,18 +48,6 @@ class _Bomb:
 def _bomb_frames(path: str) -> list[bytes]:
     """A batch that looks like ours and runs code when unpickled."""
     return [p.MAGIC + pickle.dumps([_Bomb(path)], protocol=5)]
-
-
-def _dealer(context, address, keys=None, server_key=None, identity=None):
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    if keys is not None:
-        sock.curve_serverkey = server_key
-        sock.curve_publickey, sock.curve_secretkey = keys
-    sock.connect(address)
-    return sock
 
 
 def _free_port() -> int:
@@ -196,8 +185,8 @@ def test_without_keys_nothing_registers_nothing_is_received_nothing_is_unpickled
         thread.start()
         context = zmq.Context()
         try:
-            plain = _dealer(context, manager.address, identity=b"plain")
-            forged = _dealer(context, manager.address, zmq.curve_keypair(), server_key, b"forged")
+            plain = dealer(context, manager.address, identity=b"plain")
+            forged = dealer(context, manager.address, b"forged", zmq.curve_keypair(), server_key)
             register = p.encode(
                 [p.Register(p.PROTOCOL_VERSION, "intruder", 8, 0, "h", "tcp://127.0.0.1:1", 1)]
             )
@@ -283,18 +272,23 @@ def test_a_peer_port_serves_only_holders_of_the_keys(tmp_path):
         (worker,) = manager._state.workers.values()
         context = zmq.Context()
         try:
-            plain = _dealer(context, worker.peer_address)
-            forged = _dealer(context, worker.peer_address, zmq.curve_keypair(), keys.worker_public)
+            plain = dealer(context, worker.peer_address)
+            forged = dealer(
+                context,
+                worker.peer_address,
+                keys=zmq.curve_keypair(),
+                server_key=keys.worker_public,
+            )
             for sock in (plain, forged):
                 sock.send_multipart(p.encode([p.GetData((1, 2, 3))]))
                 sock.send_multipart(_bomb_frames(str(marker)))
             assert not plain.poll(1000) and not forged.poll(500)
             # The same request with the keys is answered: the port itself works.
-            holder = _dealer(
+            holder = dealer(
                 context,
                 worker.peer_address,
-                (keys.worker_public, keys.worker_secret),
-                keys.worker_public,
+                keys=(keys.worker_public, keys.worker_secret),
+                server_key=keys.worker_public,
             )
             holder.send_multipart(p.encode([p.GetData((1,))]))
             assert holder.poll(5000)

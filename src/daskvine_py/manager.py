@@ -412,7 +412,9 @@ class Manager:
 
     def demand(self) -> Demand:
         """The cores the work could use now and each worker's idle time (updated every
-        0.1 s by the I/O thread): what worker pools size themselves on."""
+        0.1 s by the I/O thread, from the first call on): what worker pools size
+        themselves on."""
+        self._io.wants_demand = True
         return self._io.demand
 
     def retire(self, name: str, reason: str = "retired") -> None:

@@ -170,8 +170,10 @@ class IOLoop:
         self.changed = threading.Condition()
         #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
         self.snapshot: dict[bytes, dict[str, Any]] = {}
-        #: the latest ``Demand`` (replaced whole, so other threads read it without a lock)
+        #: the latest ``Demand`` (replaced whole, so other threads read it without a lock),
+        #: computed only once someone asked for it (a pool): it walks every worker
         self.demand = Demand(0, {})
+        self.wants_demand = False
         #: when each worker last held a task (the loop's clock)
         self._busy_at: dict[bytes, float] = {}
         #: workers told to leave by a pool: their leaving is no news
@@ -501,7 +503,8 @@ class IOLoop:
         for ident in verdict.heartbeat:
             if ident not in self.outboxes:
                 self.outboxes[ident] = [p.Heartbeat()]
-        self._publish_demand(now)
+        if self.wants_demand:
+            self._publish_demand(now)
 
     def _publish_demand(self, now: float) -> None:
         """The work's demand and each worker's idle time, for worker pools."""
