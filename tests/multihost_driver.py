@@ -80,7 +80,7 @@ def main() -> int:
         results = manager.get(dsk, keys)
         expected = dask.local.get_sync(dsk, keys)
         workers = manager.workers
-        peer_addresses = {w.name: w.peer_address for w in manager._state.workers.values()}
+        peer_addresses = {name: w["peer_address"] for name, w in manager.workers.items()}
         emit(
             "ran",
             results=results,

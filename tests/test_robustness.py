@@ -397,7 +397,7 @@ def test_garbage_on_a_workers_peer_port_never_kills_it(insecure_manager):
     import dask.bag as db
 
     manager = insecure_manager
-    peers = [w.peer_address for w in list(manager._state.workers.values())]
+    peers = [info["peer_address"] for info in manager.workers.values()]
     assert len(peers) == 2
     context = zmq.Context()
     try:

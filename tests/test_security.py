@@ -269,13 +269,13 @@ def test_a_peer_port_serves_only_holders_of_the_keys(tmp_path):
         manager.start_workers(1)
         keys = security.read_connection_file(manager.connection_file).keys
         assert manager.get({"x": 1, "y": (slow_inc, "x", 0)}, ["y"]) == (2,)
-        (worker,) = manager._state.workers.values()
+        (worker,) = manager.workers.values()
         context = zmq.Context()
         try:
-            plain = dealer(context, worker.peer_address)
+            plain = dealer(context, worker["peer_address"])
             forged = dealer(
                 context,
-                worker.peer_address,
+                worker["peer_address"],
                 keys=zmq.curve_keypair(),
                 server_key=keys.worker_public,
             )
@@ -286,7 +286,7 @@ def test_a_peer_port_serves_only_holders_of_the_keys(tmp_path):
             # The same request with the keys is answered: the port itself works.
             holder = dealer(
                 context,
-                worker.peer_address,
+                worker["peer_address"],
                 keys=(keys.worker_public, keys.worker_secret),
                 server_key=keys.worker_public,
             )

@@ -156,7 +156,8 @@ class Manager:
 
     @property
     def workers(self) -> dict[str, dict[str, Any]]:
-        """The connected workers by name: hostname, cores, memory, pid, and from their last
+        """The connected workers by name: hostname, cores, memory, pid, the address peers
+        fetch its results from (``peer_address``), and from their last
         heartbeat the bytes of results they hold and their peak memory (a snapshot)."""
         with self._io.changed:
             published = list(self._io.snapshot.values())

@@ -113,7 +113,7 @@ class Demand(NamedTuple):
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
-    __slots__ = ("name", "hostname", "cores", "memory", "pid", "status")
+    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status")
 
     def __init__(self, reg: p.Register) -> None:
         self.name = reg.name
@@ -121,6 +121,7 @@ class WorkerInfo:
         self.cores = reg.cores
         self.memory = reg.memory
         self.pid = reg.pid
+        self.peer_address = reg.peer_address
         self.status = p.Status(0, 0, 0)
 
     def public(self) -> dict[str, Any]:
@@ -130,6 +131,7 @@ class WorkerInfo:
             "cores": self.cores,
             "memory": self.memory,
             "pid": self.pid,
+            "peer_address": self.peer_address,
             **self.status._asdict(),
         }
 
