@@ -3,7 +3,7 @@
 A worker starts one library per core (or per ``--lib-cores`` cores) and keeps it for its
 whole life, so no task pays for an interpreter start or for re-importing its modules. The
 worker and its library talk over a pipe: a request carries one task, or a few when tasks
-are tiny, and each task is answered as soon as it is done::
+are tiny, and each task is answered as soon as it is done (tiny ones a few together)::
 
     worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
                  calls=[Call(task_id, key, payload, [(dep_key, Serialized), ...]), ...])──►
@@ -11,6 +11,7 @@ are tiny, and each task is answered as soon as it is done::
     worker ◄──Erred(task_id, exception | None, traceback, message)───────────── library
     worker ◄──Crashed(task_id, reason)──────────── library (fork mode: the child died)
     worker ◄──Ready()───────────── library (once, when started and its imports are done)
+    worker ◄──Replies([Done | Erred | Crashed, ...])──── library (tiny tasks' replies held)
 
 The records are the NamedTuples below, dispatched by type; a task process
 (``task_mode="tasks"``) writes the same replies to its reply file.
@@ -101,6 +102,19 @@ class Crashed(NamedTuple):
     reason: str
 
 
+class Replies(NamedTuple):
+    """Several of the replies above in one message: tiny tasks' replies held together."""
+
+    replies: list  #: [Done | Erred | Crashed, ...]
+
+
+#: A tiny task's reply waits, while more of its request's tasks run, until the oldest
+#: unsent one is this old: the worker then reads one message for several tasks (a pipe
+#: message costs it about as much as a noop task). A task that took longer is answered
+#: at once, with the replies held before it.
+REPLY_HOLD = 0.0005
+
+
 #: Imported before the library says it is ready: every task payload needs Dask's task
 #: classes, and importing Dask takes most of a second, which the first task would pay.
 WARM_IMPORTS = ("daskvine_py.graph",)
@@ -151,13 +165,23 @@ def main(
             return
         functions, config, calls = request
         runner.decoder.add_functions(functions)
-        for call in calls:
+        held: list = []
+        oldest = 0.0
+        last = len(calls) - 1
+        for index, call in enumerate(calls):
+            start = time.perf_counter()
             reply = runner.execute(call, config)
-            try:
-                send(conn, reply)  # each result at once: dependents may be waiting
-            except OSError:  # the worker is gone
-                return
-        request = calls = call = reply = None  # drop references to inputs and results now
+            now = time.perf_counter()
+            if not held:
+                oldest = now
+            held.append(reply)
+            if index == last or now - start >= REPLY_HOLD or now - oldest >= REPLY_HOLD:
+                try:  # dependents may be waiting: no reply waits longer than that
+                    send(conn, held[0] if len(held) == 1 else Replies(held))
+                except OSError:  # the worker is gone
+                    return
+                held = []
+        request = calls = call = reply = held = None  # drop references to inputs and results
 
 
 def _serve_in_slots(conn: Connection, runner: Runner, slots: int) -> None:
@@ -316,9 +340,10 @@ def describe_exit(code: int | None) -> str:
 #: The pipe's records by tag. A record travels as ``(tag, fields)``: pickled as itself it
 #: would carry its class's module and name, looked up again on every message (1.8 µs more
 #: per record here, two records per task).
-_RECORDS: tuple[type, ...] = (Run, Call, Ready, Done, Erred, Crashed)
+_RECORDS: tuple[type, ...] = (Run, Call, Ready, Done, Erred, Crashed, Replies)
 _TAGS = {record: tag for tag, record in enumerate(_RECORDS)}
 _RUN = _TAGS[Run]
+_REPLIES = _TAGS[Replies]
 
 
 def send(conn: Connection, message: Any) -> None:
@@ -331,6 +356,8 @@ def send(conn: Connection, message: Any) -> None:
     fields = tuple(message)
     if tag == _RUN:  # its calls travel as plain tuples too
         fields = (message.functions, message.config, [tuple(call) for call in message.calls])
+    elif tag == _REPLIES:
+        fields = ([(_TAGS[type(reply)], tuple(reply)) for reply in message.replies],)
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps((tag, fields), protocol=5, buffer_callback=buffers.append)
     conn.send_bytes(len(buffers).to_bytes(4, "little") + header)
@@ -346,6 +373,8 @@ def receive(conn: Connection) -> Any:
     if tag == _RUN:
         functions, config, calls = fields
         fields = (functions, config, [tuple.__new__(Call, call) for call in calls])
+    elif tag == _REPLIES:
+        fields = ([tuple.__new__(_RECORDS[t], f) for t, f in fields[0]],)
     return tuple.__new__(_RECORDS[tag], fields)
 
 

@@ -412,7 +412,11 @@ class Worker:
             except (EOFError, OSError):
                 self._on_library_death(lib)
                 return
-            if type(reply) is library.Ready:
+            kind = type(reply)
+            if kind is library.Replies:
+                for each in reply.replies:
+                    state.on_library_reply(record, each, wall)
+            elif kind is library.Ready:
                 if state.on_library_ready(record) and not self.register_sent:
                     self._register()
             else:

@@ -558,14 +558,12 @@ class WorkerState:
     # -- transitions ------------------------------------------------------------------
 
     def _transition(self, task: WorkerTask, finish: TaskStateName) -> None:
-        step = _TRANSITIONS.get((task.state, finish))
-        if step is None:
+        step = _TRANSITIONS.get((task.state, finish), _ILLEGAL)
+        if step is _ILLEGAL:
             raise InvalidTransition(task.key, task.state, finish, [])
         task.state = finish
-        step(self, task)
-
-    def _to_waiting(self, task: WorkerTask) -> None:
-        pass  # its fetches and local waits are in place
+        if step is not None:  # three transitions per task: skip the empty calls
+            step(self, task)
 
     def _to_queued(self, task: WorkerTask) -> None:
         if task.config is not None and task.config.task_mode == "tasks":
@@ -576,9 +574,6 @@ class WorkerState:
     def _running_to_queued(self, task: WorkerTask) -> None:
         """Its library died before it started: first in line again (callers go in reverse)."""
         self.runnable.appendleft(task.id)
-
-    def _to_running(self, task: WorkerTask) -> None:
-        pass  # the caller records where it runs
 
     def _forget(self, task: WorkerTask) -> None:
         """Out of ``tasks``, and out of the fetches and local waits it was in."""
@@ -612,13 +607,17 @@ class WorkerState:
             yield "slots"
 
 
+_ILLEGAL = object()
+#: Every legal edge and what it does besides setting the state; None: nothing more (new
+#: -> waiting: its fetches and local waits are in place; queued -> running: the caller
+#: records where it runs).
 _TRANSITIONS: dict[tuple[str, str], Any] = {
-    ("new", "waiting"): WorkerState._to_waiting,
+    ("new", "waiting"): None,
     ("new", "queued"): WorkerState._to_queued,
     ("new", "forgotten"): WorkerState._forget,
     ("waiting", "queued"): WorkerState._to_queued,
     ("waiting", "forgotten"): WorkerState._forget,
-    ("queued", "running"): WorkerState._to_running,
+    ("queued", "running"): None,
     ("queued", "forgotten"): WorkerState._forget,
     ("running", "queued"): WorkerState._running_to_queued,
     ("running", "forgotten"): WorkerState._running_to_forgotten,
