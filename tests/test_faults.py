@@ -293,3 +293,15 @@ def test_start_workers_after_a_local_worker_died():
         (second,) = manager.start_workers(1)
         assert second.poll() is None and len(manager.workers) == 1
         assert manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
+
+
+def test_start_workers_hands_the_worker_flags_to_its_processes():
+    """``fetch_timeout`` and the others reach the worker's command line (never a secret:
+    those travel in the connection file)."""
+    with Manager() as manager:
+        (proc,) = manager.start_workers(1, fetch_timeout=2.5, memory=300, wait=True)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as file:
+            argv = file.read().decode().split("\0")
+        assert argv[argv.index("--fetch-timeout") + 1] == "2.5"
+        assert argv[argv.index("--memory") + 1] == "300"
+        assert manager.get({"x": (sum, [1, 2])}, "x") == dask.get({"x": (sum, [1, 2])}, "x")

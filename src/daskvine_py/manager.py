@@ -198,19 +198,25 @@ class Manager:
         disk: int | None = None,
         workdir: str | None = None,
         lib_resources: dict[str, int] | None = None,
+        fetch_timeout: float | None = None,
     ) -> list[subprocess.Popen]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
-        ``memory`` and ``disk`` (MB) and ``workdir`` are the worker's ``--memory``,
-        ``--disk`` and ``--workdir``. ``lib_resources={"cores": c, "slots": s}``: each
-        worker runs ``cores // c`` library processes of ``s`` concurrent tasks each
-        (``--lib-cores``/``--lib-slots``). With ``wait``, return once all of them have
-        registered (or raise ``TimeoutError``).
+        ``memory`` and ``disk`` (MB), ``workdir`` and ``fetch_timeout`` (s) are the
+        worker's ``--memory``, ``--disk``, ``--workdir`` and ``--fetch-timeout``.
+        ``lib_resources={"cores": c, "slots": s}``: each worker runs ``cores // c``
+        library processes of ``s`` concurrent tasks each (``--lib-cores``/``--lib-slots``).
+        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
         extra = _lib_resources_args(lib_resources or {})
-        for flag, value in (("--memory", memory), ("--disk", disk), ("--workdir", workdir)):
+        for flag, value in (
+            ("--memory", memory),
+            ("--disk", disk),
+            ("--workdir", workdir),
+            ("--fetch-timeout", fetch_timeout),
+        ):
             if value is not None:
                 extra += [flag, str(value)]
         before = self._worker_count()
