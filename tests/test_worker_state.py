@@ -53,7 +53,14 @@ def inline(dep_id, value):
 
 
 def done(task_id, value=None, duration=0.01):
-    return library.Done(task_id, dumps(value if value is not None else task_id), duration)
+    """A library's reply with the result serialized (sent, or a process's result)."""
+    value = dumps(value if value is not None else task_id)
+    return library.Done(task_id, value, duration, value.nbytes)
+
+
+def done_live(task_id, nbytes=10_000, duration=0.01):
+    """A library's reply for a result it keeps live, and did not send."""
+    return library.Done(task_id, None, duration, nbytes, True)
 
 
 def started(state):
@@ -67,7 +74,7 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
     assert state.tasks[1].state == "queued" and state.last_contact == 5.0
     ((sent_to, run),) = state.start_runnable()
     assert sent_to is lib and run.config is None and run.functions == []
-    assert run.calls == [library.Call(1, "k1", b"payload", [])]
+    assert run.calls == [library.Call(1, "k1", b"payload", [], keep=True, send=True)]
     assert state.tasks[1].state == "running" and list(lib.sent) == [1]
     state.on_library_reply(lib, done(1, 42), wall=100.0)
     (report,) = state.outbox
@@ -90,7 +97,10 @@ def test_inputs_held_or_inline_go_with_the_call():
     state.on_manager_message(execute(1, held(7), inline(8, "eight")), 0.0)
     ((_, run),) = state.start_runnable()
     (call,) = run.calls
-    assert [(key, loads(value)) for key, value in call.inputs] == [("k7", "seven"), ("k8", "eight")]
+    assert [(key, dep_id, loads(value)) for key, dep_id, value in call.inputs] == [
+        ("k7", 7, "seven"),
+        ("k8", 8, "eight"),
+    ]
 
 
 def test_an_input_from_a_peer_is_fetched_then_the_task_runs():
@@ -143,14 +153,47 @@ def test_two_tasks_share_one_fetch_and_a_cancel_keeps_it_for_the_other():
 
 
 def test_an_input_computed_here_starts_its_dependent_when_done():
-    state, (lib,) = make()
+    """In a library of two slots no chain is sent: the dependent waits for the result,
+    then goes to the library that holds it live, which it names instead of carrying."""
+    state, (lib,) = make(slots=2)
     state.on_manager_message(execute(1), 0.0)
     state.on_manager_message(execute(2, computed_here(1)), 0.0)
     assert state.tasks[2].state == "waiting" and state.local_waiters == {1: {2}}
     assert started(state) == [(0, [1])]
-    state.on_library_reply(lib, done(1), 0.0)
+    state.on_library_reply(lib, done_live(1), 0.0)
     assert state.tasks[2].state == "queued" and not state.local_waiters
-    assert started(state) == [(0, [2])]
+    assert state.tasks[2].home == 0 and 1 in state.live and 1 not in state.store
+    ((_, run),) = state.start_runnable()
+    assert run.calls[0].inputs == [("k1", 1, None)]
+
+
+def test_a_chain_goes_to_the_library_with_the_task_it_waits_for():
+    """One request carries the producer and the tasks waiting here only for it, in
+    order: the library runs them back to back on live results, without a round trip."""
+    state, (lib,) = make()
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    state.on_manager_message(execute(3, computed_here(2), inline(9, "x")), 0.0)
+    ((_, run),) = state.start_runnable()
+    assert [call.task_id for call in run.calls] == [1, 2, 3]
+    assert run.calls[1].inputs == [("k1", 1, None)]
+    assert run.calls[2].inputs[0] == ("k2", 2, None)
+    assert all(state.tasks[t].state == "running" for t in (1, 2, 3))
+    assert not state.local_waiters and list(lib.sent) == [1, 2, 3]
+    for task_id in (1, 2, 3):
+        state.on_library_reply(lib, done_live(task_id), 0.0)
+    assert [type(r) for r in state.outbox] == [p.TaskDone] * 3
+    assert set(state.live.entries) == {1, 2, 3} and not list(state.leaks())
+
+
+def test_a_chained_task_whose_live_input_is_missing_is_reported_to_the_manager():
+    state, (lib,) = make()
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    state.start_runnable()
+    state.on_library_reply(lib, library.Erred(1, None, "tb", "ValueError"), 0.0)
+    state.on_library_reply(lib, library.Missing(2, 1), 0.0)
+    assert state.outbox[-1] == p.FetchFailed(2, 1, (ME,)) and not state.tasks
 
 
 def test_an_input_the_manager_thinks_is_here_but_is_not_fails_at_once():
@@ -295,12 +338,12 @@ def test_a_task_that_cannot_be_taken_is_crashed_and_leaves_nothing():
 def test_an_unknown_edge_raises():
     state, _ = make()
     state.on_manager_message(execute(1), 0.0)
-    with pytest.raises(InvalidTransition, match="'queued' -> 'waiting'"):
-        state._transition(state.tasks[1], "waiting")
+    with pytest.raises(InvalidTransition, match="'queued' -> 'new'"):
+        state._transition(state.tasks[1], "new")
     assert set(ws._TRANSITIONS) == {
         ("new", "waiting"), ("new", "queued"), ("new", "forgotten"),
-        ("waiting", "queued"), ("waiting", "forgotten"),
-        ("queued", "running"), ("queued", "forgotten"),
+        ("waiting", "queued"), ("waiting", "running"), ("waiting", "forgotten"),
+        ("queued", "waiting"), ("queued", "running"), ("queued", "forgotten"),
         ("running", "queued"), ("running", "forgotten"),
     }  # fmt: skip
 

@@ -38,11 +38,15 @@ if TYPE_CHECKING:
 class Library:
     """A library process and its pipe; its bookkeeping is the state's ``record``."""
 
-    __slots__ = ("process", "conn", "pending", "record")
+    __slots__ = ("process", "conn", "pending", "record", "running")
 
-    def __init__(self, process: Any, conn: Connection, record: LibraryRecord) -> None:
+    def __init__(self, process: Any, conn: Connection, record: LibraryRecord, running: Any) -> None:
         self.process = process
         self.conn = conn
+        #: shared memory: per slot, 1 + the id of the task it runs (0: none), written by
+        #: the library before each call; after a death it names the task that killed it
+        #: (replies of tiny tasks are held, so the order of ``record.sent`` cannot)
+        self.running = running
         #: asks whether another reply is waiting: ``Connection.poll`` would build a
         #: selector on every call, about once per task
         self.pending = select.poll()
@@ -54,15 +58,21 @@ def start_library(record: LibraryRecord, worker_name: str, tasks_dir: str) -> Li
     """Spawn a library process of ``record.slots`` slots; it says ``Ready`` when it can run."""
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=True)
+    running = ctx.RawArray("q", record.slots)
     process = ctx.Process(
         target=library.main,
-        args=(child_conn, worker_name, (), tasks_dir, record.slots),
+        args=(child_conn, worker_name, (), tasks_dir, record.slots, running),
         name=f"daskvine-library-{worker_name}",
         daemon=True,
     )
     process.start()
     child_conn.close()
-    return Library(process, parent_conn, record)
+    return Library(process, parent_conn, record, running)
+
+
+def running_tasks(lib: Library) -> set[int]:
+    """The tasks a (dead) library was running, by its shared slots."""
+    return {value - 1 for value in lib.running if value}
 
 
 def reap_library(lib: Library, tasks_dir: str) -> str:

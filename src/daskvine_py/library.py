@@ -3,18 +3,30 @@
 A worker starts one library per core (or per ``--lib-cores`` cores) and keeps it for its
 whole life, so no task pays for an interpreter start or for re-importing its modules. The
 worker and its library talk over a pipe: a request carries one task, or a few when tasks
-are tiny, and each task is answered as soon as it is done (tiny ones a few together)::
+are tiny or form a chain, and each task is answered as soon as it is done (tiny ones a
+few together)::
 
     worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
-                 calls=[Call(task_id, key, payload, [(dep_key, Serialized), ...]), ...])──►
-    worker ◄──Done(task_id, Serialized, seconds)─────────────────────────────── library
-    worker ◄──Erred(task_id, exception | None, traceback, message)───────────── library
-    worker ◄──Crashed(task_id, reason)──────────── library (fork mode: the child died)
-    worker ◄──Ready()───────────── library (once, when started and its imports are done)
-    worker ◄──Replies([Done | Erred | Crashed, ...])──── library (tiny tasks' replies held)
+                 calls=[Call(task_id, key, payload, inputs, keep, send), ...])──► library
+    worker ──Export(task_ids, drop)── / ──Forget(task_ids)──────────────────────► library
+    worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization)──
+    worker ◄──Exported(task_id, Serialized | None, seconds, error)──────────────────
+    worker ◄──Erred(task_id, exception | None, traceback, message)───────────────────
+    worker ◄──Missing(task_id, dep_id)────── (a live input is not here: it did not run)
+    worker ◄──Crashed(task_id, reason)──────────── (fork mode: the child died)
+    worker ◄──Ready()───────────── (once, when started and its imports are done)
+    worker ◄──Replies([Done | Erred | Crashed | Missing, ...])── (tiny tasks' replies held)
 
-The records are the NamedTuples below, dispatched by type; a task process
-(``task_mode="tasks"``) writes the same replies to its reply file.
+Results stay live. A call with ``keep`` leaves its result here as a Python object, and a
+later call that reads it names it instead of carrying it (input value None): no pickling
+between tasks of one library. A result is serialized only when asked: with ``Done``
+(``send``: an output; and small ones, which the manager may inline elsewhere), or on
+``Export``, when a peer, another library or a spill needs it. Calls of one request run in
+order, so a call may read a result that an earlier call of the same request makes: the
+worker sends a chain whole, and the library runs it without waiting for anyone.
+
+Two threads share the work: this one reads requests and serves ``Export`` and ``Forget``
+at once, even while a long task runs; ``slots`` others run the calls.
 
 How a task runs is its run's ``RunConfig`` (None: the defaults, the fast path):
 
@@ -59,20 +71,40 @@ _prctl: Any = None
 
 
 class Call(NamedTuple):
-    """One task to run: its inputs' values come with it, by their Dask keys."""
+    """One task to run. Its inputs come with it, by their Dask keys, as ``Serialized``
+    values, or as None: live in this library (``Done.live``), by the input's task id."""
 
     task_id: int
     key: Any
     payload: bytes  #: the pickled ``GraphNode``
-    inputs: list  #: [(dep_key, Serialized), ...]
+    inputs: list  #: [(dep_key, dep_id, Serialized | None), ...]
+    #: keep the result here, live, for later tasks (``Forget`` drops it)
+    keep: bool = False
+    #: serialize the result and send it with ``Done`` (an output, or no ``keep``)
+    send: bool = True
 
 
 class Run(NamedTuple):
-    """Worker -> library: functions it has not seen, then tasks of one run configuration."""
+    """Worker -> library: functions it has not seen, then tasks of one run configuration,
+    run in order: a call may use, live, the result of a call before it."""
 
     functions: list  #: [(function_id, cloudpickle bytes), ...]
     config: Any  #: the run's ``protocol.RunConfig``; None: the defaults
     calls: list  #: [Call, ...]
+
+
+class Export(NamedTuple):
+    """Worker -> library: serialize these live results and send them (``Exported``);
+    with ``drop``, forget them here once sent (to spill them)."""
+
+    task_ids: list
+    drop: bool
+
+
+class Forget(NamedTuple):
+    """Worker -> library: drop these live results (released, or kept elsewhere)."""
+
+    task_ids: list
 
 
 class Ready(NamedTuple):
@@ -81,8 +113,33 @@ class Ready(NamedTuple):
 
 class Done(NamedTuple):
     task_id: int
-    value: Any  #: the result, ``Serialized``
+    #: the result, ``Serialized``; None when it was not asked for (it is live here)
+    value: Any
     duration: float  #: seconds the call took, serialization excluded
+    #: bytes of the result: serialized, or ``dask.sizeof``'s estimate of the live object
+    nbytes: int = 0
+    #: the result is kept here, live (``Call.keep``, in a mode that can keep it)
+    live: bool = False
+    #: seconds spent unpickling the inputs and pickling the result
+    serialization: float = 0.0
+
+
+class Exported(NamedTuple):
+    """A live result, serialized on demand (``Export``); ``value`` None with ``error``
+    when it is not here or cannot be pickled."""
+
+    task_id: int
+    value: Any
+    seconds: float
+    error: str
+
+
+class Missing(NamedTuple):
+    """A call's live input is not here (its producer failed, or it was forgotten): the
+    call did not run."""
+
+    task_id: int
+    dep_id: int
 
 
 class Erred(NamedTuple):
@@ -105,7 +162,7 @@ class Crashed(NamedTuple):
 class Replies(NamedTuple):
     """Several of the replies above in one message: tiny tasks' replies held together."""
 
-    replies: list  #: [Done | Erred | Crashed, ...]
+    replies: list  #: [Done | Erred | Crashed | Missing, ...]
 
 
 #: A tiny task's reply waits, while more of its request's tasks run, until the oldest
@@ -113,6 +170,10 @@ class Replies(NamedTuple):
 #: message costs it about as much as a noop task). A task that took longer is answered
 #: at once, with the replies held before it.
 REPLY_HOLD = 0.0005
+#: Results kept live are sent with ``Done`` as well when their estimated size is at most
+#: this: pickling them is cheap, and the manager can then hand them inline to tasks on
+#: other workers (``protocol.INLINE_BYTES``).
+SEND_SMALL_BYTES = 1024
 
 
 #: Imported before the library says it is ready: every task payload needs Dask's task
@@ -140,11 +201,13 @@ def main(
     import_modules: Sequence[str] = (),
     workdir: str | None = None,
     slots: int = 1,
+    running: Any = None,
 ) -> None:
     """Entry point of a library process: hoist imports, then serve requests until EOF.
 
     ``workdir`` is where sandboxed tasks get their directories; ``slots`` how many tasks
-    run at once.
+    run at once; ``running`` (shared memory, one integer per slot) where each slot says
+    which task it runs, for the worker to blame the right one if this process dies.
     """
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
@@ -155,65 +218,96 @@ def main(
         send(conn, Ready())  # the worker registers once every library has said this
     except OSError:
         return
-    if slots > 1:
-        _serve_in_slots(conn, runner, slots)
-        return
+    serve(conn, runner, slots, running if running is not None else [0] * slots)
+
+
+def serve(conn: Connection, runner: Runner, slots: int, running: Any) -> None:
+    """Read requests until EOF. Calls go, in order, to ``slots`` threads that run them;
+    exports go to a thread of their own, so a peer or a spill never waits for a long
+    task; forgets are done here. This thread never writes: the worker may be blocked
+    writing a large request to us while we write a large result to it, and it is this
+    thread that reads the request and so unblocks the worker."""
+    work: SimpleQueue = SimpleQueue()
+    exports: SimpleQueue = SimpleQueue()
+    out = _Sender(conn)
+    threads = [
+        threading.Thread(
+            target=_execute_calls, args=(work, runner, out, running, slot), daemon=True
+        )
+        for slot in range(slots)
+    ]
+    threads.append(threading.Thread(target=_export, args=(exports, runner, out), daemon=True))
+    for thread in threads:
+        thread.start()
     while True:
         try:
             request = receive(conn)
         except (EOFError, OSError):
-            return
-        functions, config, calls = request
-        runner.decoder.add_functions(functions)
+            break
+        kind = type(request)
+        if kind is Run:
+            runner.decoder.add_functions(request.functions)
+            runner.will_read(request.calls)
+            if slots == 1:  # one item: its tiny tasks' replies are held together
+                work.put((request.config, request.calls))
+            else:
+                for call in request.calls:
+                    work.put((request.config, [call]))
+        elif kind is Export:
+            for task_id in request.task_ids:
+                exports.put((task_id, request.drop))
+        elif kind is Forget:
+            for task_id in request.task_ids:
+                runner.forget(task_id)
+        request = None
+    for _ in range(slots):
+        work.put(None)
+    exports.put(None)
+
+
+class _Sender:
+    """Writes replies to the worker from any thread; exits the process once it is gone."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self.lock:
+            try:
+                send(self.conn, message)
+            except OSError:
+                os._exit(0)  # the worker is gone
+
+
+def _export(exports: SimpleQueue, runner: Runner, out: _Sender) -> None:
+    while (item := exports.get()) is not None:
+        out.send(runner.export(*item))
+
+
+def _execute_calls(
+    work: SimpleQueue, runner: Runner, out: _Sender, running: Any, slot: int
+) -> None:
+    while (item := work.get()) is not None:
+        config, calls = item
+        item = None
         held: list = []
         oldest = 0.0
         last = len(calls) - 1
         for index, call in enumerate(calls):
             start = time.perf_counter()
+            running[slot] = call[0] + 1
             reply = runner.execute(call, config)
+            running[slot] = 0
+            runner.has_read(call)
             now = time.perf_counter()
             if not held:
                 oldest = now
             held.append(reply)
             if index == last or now - start >= REPLY_HOLD or now - oldest >= REPLY_HOLD:
-                try:  # dependents may be waiting: no reply waits longer than that
-                    send(conn, held[0] if len(held) == 1 else Replies(held))
-                except OSError:  # the worker is gone
-                    return
+                out.send(held[0] if len(held) == 1 else Replies(held))
                 held = []
-        request = calls = call = reply = held = None  # drop references to inputs and results
-
-
-def _serve_in_slots(conn: Connection, runner: Runner, slots: int) -> None:
-    """Run up to ``slots`` tasks at once; the main thread keeps reading requests, so the
-    worker never blocks writing to us while we write results to it."""
-    work: SimpleQueue = SimpleQueue()
-    send_lock = threading.Lock()
-
-    def slot() -> None:
-        while (item := work.get()) is not None:
-            reply = runner.execute(*item)
-            item = None
-            with send_lock:
-                try:
-                    send(conn, reply)
-                except OSError:
-                    os._exit(0)  # the worker is gone
-            reply = None
-
-    threads = [threading.Thread(target=slot, daemon=True) for _ in range(slots)]
-    for thread in threads:
-        thread.start()
-    while True:
-        try:
-            functions, config, calls = receive(conn)
-        except (EOFError, OSError):
-            break
-        runner.decoder.add_functions(functions)
-        for call in calls:
-            work.put((call, config))
-    for _ in threads:
-        work.put(None)
+        calls = call = reply = held = None  # drop references to inputs and results now
 
 
 class Runner:
@@ -225,17 +319,67 @@ class Runner:
         self.decoder = TaskDecoder()  # functions stay deserialized here for the process's life
         #: run id -> the import failure of its ``import_modules`` (None: all imported)
         self._prepared: dict[int, ImportHoistingError | None] = {}
+        #: task id -> result kept live for later tasks here (``Call.keep``), until the
+        #: worker says ``Forget`` or exports it with ``drop``
+        self.live: dict[int, Any] = {}
+        #: live result -> calls queued here that read it; forgetting it waits for them
+        #: (``Forget`` and ``Export`` are served at once, ahead of the queued calls)
+        self._readers: dict[int, int] = {}
+        self._doomed: set[int] = set()
+        self._readers_lock = threading.Lock()
 
-    def execute(self, call: Call, config: Any) -> Done | Erred | Crashed:
+    def execute(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
         """The reply to one call; ``config`` is its run's ``RunConfig`` or None."""
         if config is None:
-            return run(call, self.decoder, self.worker_name)
+            return run(call, self.decoder, self.worker_name, self.live)
         failure = self._prepare(config)
         if failure is not None:
             return _erred(call[0], failure, None)
         if config.exec_mode == "fork":
             return self._forked(call, config)
         return self._direct(call, config)
+
+    def will_read(self, calls: list) -> None:
+        """Calls queued: the live results they read stay until they have run."""
+        for call in calls:
+            for _, dep_id, value in call[3]:
+                if value is None:
+                    with self._readers_lock:
+                        self._readers[dep_id] = self._readers.get(dep_id, 0) + 1
+
+    def has_read(self, call: Call) -> None:
+        for _, dep_id, value in call[3]:
+            if value is None:
+                with self._readers_lock:
+                    left = self._readers.pop(dep_id) - 1
+                    if left:
+                        self._readers[dep_id] = left
+                    elif dep_id in self._doomed:
+                        self._doomed.discard(dep_id)
+                        self.live.pop(dep_id, None)
+
+    def forget(self, task_id: int) -> None:
+        """Drop a live result now, or once the queued calls that read it have run."""
+        with self._readers_lock:
+            if task_id in self._readers:
+                self._doomed.add(task_id)
+            else:
+                self.live.pop(task_id, None)
+
+    def export(self, task_id: int, drop: bool) -> Exported:
+        """A live result, serialized; with ``drop`` it is no longer kept here."""
+        value = self.live.get(task_id, _ABSENT)
+        if value is _ABSENT:
+            return Exported(task_id, None, 0.0, "it is not held in this library")
+        start = time.perf_counter()
+        try:
+            serialized = dumps(value)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            return Exported(task_id, None, time.perf_counter() - start, text)
+        if drop:
+            self.forget(task_id)
+        return Exported(task_id, serialized, time.perf_counter() - start, "")
 
     def _prepare(self, config: Any) -> ImportHoistingError | None:
         if config.run_id not in self._prepared:
@@ -244,7 +388,7 @@ class Runner:
             self._prepared[config.run_id] = import_all(config.import_modules, self.worker_name)
         return self._prepared[config.run_id]
 
-    def _direct(self, call: Call, config: Any) -> Done | Erred | Crashed:
+    def _direct(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
         saved_env = {name: os.environ.get(name) for name, _ in config.env_vars}
         os.environ.update(config.env_vars)
         task_dir = cwd = saved_tempdir = None
@@ -254,7 +398,7 @@ class Runner:
             saved_tempdir = tempfile.tempdir
             _enter(task_dir)
         try:
-            return run(call, self.decoder, self.worker_name)
+            return run(call, self.decoder, self.worker_name, self.live)
         finally:
             for name, value in saved_env.items():
                 if value is None:
@@ -266,7 +410,7 @@ class Runner:
                 tempfile.tempdir = saved_tempdir
                 shutil.rmtree(task_dir, ignore_errors=True)
 
-    def _forked(self, call: Call, config: Any) -> Done | Erred | Crashed:
+    def _forked(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
         """Run ``call`` in a forked child; its reply comes back through a pipe."""
         try:  # deserialize the function here, once, so every child inherits it
             self.decoder.decode(call[2])
@@ -281,7 +425,9 @@ class Runner:
                 _die_with_parent()
                 os.environ.update(config.env_vars)
                 _enter(task_dir)
-                reply = run(call, self.decoder, self.worker_name)
+                # Its inputs may be live here (inherited); its result is always sent.
+                sent = call._replace(keep=False, send=True)
+                reply = run(sent, self.decoder, self.worker_name, self.live)
                 with os.fdopen(write_fd, "wb") as pipe:
                     pickle.dump(reply, pipe, protocol=5)
             finally:
@@ -340,7 +486,9 @@ def describe_exit(code: int | None) -> str:
 #: The pipe's records by tag. A record travels as ``(tag, fields)``: pickled as itself it
 #: would carry its class's module and name, looked up again on every message (1.8 µs more
 #: per record here, two records per task).
-_RECORDS: tuple[type, ...] = (Run, Call, Ready, Done, Erred, Crashed, Replies)
+_RECORDS: tuple[type, ...] = (
+    Run, Call, Ready, Done, Erred, Crashed, Replies, Export, Forget, Exported, Missing
+)  # fmt: skip
 _TAGS = {record: tag for tag, record in enumerate(_RECORDS)}
 _RUN = _TAGS[Run]
 _REPLIES = _TAGS[Replies]
@@ -378,9 +526,13 @@ def receive(conn: Connection) -> Any:
     return tuple.__new__(_RECORDS[tag], fields)
 
 
-def run(call: Call, decoder: TaskDecoder, worker_name: str) -> Done | Erred:
-    """Run one task; every outcome is a reply, never an exception."""
-    task_id, key, payload, deps = call
+def run(
+    call: Call, decoder: TaskDecoder, worker_name: str, live: dict | None = None
+) -> Done | Erred | Missing:
+    """Run one task; every outcome is a reply, never an exception. ``live``: this
+    library's live results, where the call's live inputs are and its result is kept
+    (None: a process that keeps nothing, whose results are always sent)."""
+    task_id, key, payload, inputs, keep, send_result = call
     try:
         node = decoder.decode(payload)
     except Exception as exc:
@@ -390,23 +542,58 @@ def run(call: Call, decoder: TaskDecoder, worker_name: str) -> Done | Erred:
             f"{type(exc).__name__}: {exc} (on worker {worker_name})",
         )
         return _erred(task_id, error, exc)
+    start = time.perf_counter()
+    values = {}
     try:
-        values = {dep_key: loads(value) for dep_key, value in deps}
+        for dep_key, dep_id, value in inputs:
+            if value is not None:
+                values[dep_key] = loads(value)
+                continue
+            found = _ABSENT if live is None else live.get(dep_id, _ABSENT)
+            if found is _ABSENT:
+                return Missing(task_id, dep_id)
+            values[dep_key] = found
     except Exception as exc:
         error = SerializationError(key, "an input", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
-    start = time.perf_counter()
+    began = time.perf_counter()
     try:
         result = node(values)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
         return _erred(task_id, exc, None)
-    duration = time.perf_counter() - start
+    ended = time.perf_counter()
+    values = None  # type: ignore[assignment]
+    keep_live = keep and live is not None
+    nbytes = 0
+    if keep_live:
+        live[task_id] = result  # type: ignore[index]
+        nbytes = _sizeof(result)
+        if not send_result and nbytes > SEND_SMALL_BYTES:
+            return Done(task_id, None, ended - began, nbytes, True, began - start)
     try:
         serialized = dumps(result)
     except Exception as exc:
+        if keep_live and not send_result:  # small but unpicklable: it stays here only
+            return Done(task_id, None, ended - began, nbytes, True, began - start)
+        if keep_live:
+            live.pop(task_id, None)  # type: ignore[union-attr]
         error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
-    return Done(task_id, serialized, duration)
+    seconds = began - start + time.perf_counter() - ended
+    return Done(task_id, serialized, ended - began, serialized.nbytes, keep_live, seconds)
+
+
+_ABSENT = object()
+
+
+def _sizeof(value: Any) -> int:
+    """Dask's estimate of an object's bytes (what its spill accounting uses)."""
+    try:
+        from dask.sizeof import sizeof
+
+        return int(sizeof(value))
+    except Exception:
+        return sys.getsizeof(value)
 
 
 def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> Erred:

@@ -59,7 +59,16 @@ DRAIN_LIMIT = 10_000
 TIMER_PERIOD = 0.1
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
-    {p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Withdrawn, p.DiskFull}
+    {
+        p.TaskDone,
+        p.TaskErred,
+        p.TaskCrashed,
+        p.FetchFailed,
+        p.Replicas,
+        p.Lost,
+        p.Withdrawn,
+        p.DiskFull,
+    }
 )
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.

@@ -77,7 +77,13 @@ class PeerLinks:
     # -- fetching from peers ----------------------------------------------------------
 
     def flush(self, state: WorkerState) -> None:
-        """Send the state's requests (``peer_outbox``), one ``GetData`` per peer."""
+        """Send the state's requests (``peer_outbox``), one ``GetData`` per peer, and the
+        answers that waited for a result to leave its library (``peer_replies``)."""
+        if state.peer_replies:
+            replies = state.peer_replies[:]
+            state.peer_replies.clear()
+            for ident, data in replies:
+                self._answer(ident, [data])
         # A peer that cannot be asked passes its fetches on to their next holders, which
         # may add requests: until none is left (each fetch has finitely many holders).
         while state.peer_outbox:
@@ -154,24 +160,30 @@ class PeerLinks:
 
     # -- serving peers ----------------------------------------------------------------
 
-    def serve(self) -> None:
+    def serve(self, state: WorkerState | None = None) -> None:
         for _ in range(DRAIN_LIMIT):
             try:
                 ident, *frames = self.server.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            replies = self.replies(ident.bytes, [f.buffer for f in frames])
+            replies = self.replies(ident.bytes, [f.buffer for f in frames], state)
             if replies:
-                try:
-                    send_batch(self.server, p.encode(replies), ident)
-                except Exception as exc:  # the peer asks another holder after its timeout
-                    self.drops.warn(
-                        ("reply",), time.monotonic(), "worker %s could not answer a peer: %r",
-                        self.name, exc, exc_info=exc,
-                    )  # fmt: skip
+                self._answer(ident.bytes, replies)
 
-    def replies(self, ident: bytes, frames: list) -> list[Any] | None:
-        """The answer to one request from a peer; None for a request that is not valid."""
+    def _answer(self, ident: bytes, replies: list) -> None:
+        try:
+            send_batch(self.server, p.encode(replies), ident)
+        except Exception as exc:  # the peer asks another holder after its timeout
+            self.drops.warn(
+                ("reply",), time.monotonic(), "worker %s could not answer a peer: %r",
+                self.name, exc, exc_info=exc,
+            )  # fmt: skip
+
+    def replies(
+        self, ident: bytes, frames: list, state: WorkerState | None = None
+    ) -> list[Any] | None:
+        """The answer to one request from a peer; None for a request that is not valid.
+        Results live in a library only are answered once exported (``state.serve_peer``)."""
         try:
             requests = p.decode(frames, p.TO_PEER)
         except ProtocolError as exc:
@@ -191,5 +203,7 @@ class PeerLinks:
                         self.name, task_id, exc,
                     )  # fmt: skip
                     value = None  # "not held here": the peer asks the next holder
+                if value is None and state is not None and state.serve_peer(task_id, ident):
+                    continue
                 replies.append(p.Data(task_id, value))
         return replies

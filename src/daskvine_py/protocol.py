@@ -32,7 +32,7 @@ from .options import EXEC_MODES, TASK_MODES
 from .serialize import Serialized
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: Results this small (pickled, nothing out of band) ride along with ``TaskDone`` to the
 #: manager, which hands them to the tasks that read them inside ``Execute``: a tree of
 #: small partial results moves no data between peers (a fetch costs two messages and two
@@ -81,6 +81,9 @@ class TaskDone(NamedTuple):
     #: the worker's ``time.time()`` when the result arrived from the library (0: unknown),
     #: for the per-worker timeline of the performance report
     finished: float = 0.0
+    #: seconds its library spent unpickling its inputs and pickling its result (not in
+    #: ``duration``); 0 for inputs and a result that stayed live
+    serialization: float = 0.0
 
 
 class TaskErred(NamedTuple):
@@ -109,6 +112,13 @@ class FetchFailed(NamedTuple):
 
 class Replicas(NamedTuple):
     """Inputs this worker copied from peers and keeps until told to release them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Lost(NamedTuple):
+    """Results this worker reported done that it no longer holds: the library process
+    that kept them live died. The manager recomputes those still needed (lineage)."""
 
     task_ids: tuple[TaskId, ...]
 
@@ -239,8 +249,8 @@ class Data(NamedTuple):
 
 
 TO_MANAGER = frozenset(
-    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Withdrawn, Transfers,
-     DiskFull, Status, Goodbye}
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
+     Transfers, DiskFull, Status, Goodbye}
 )  # fmt: skip
 TO_WORKER = frozenset(
     {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,
@@ -411,11 +421,12 @@ _KEY = _Field((*_KEY_ATOMS, tuple), _key)
 _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
-    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS),
+    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),
+    Lost: (_IDS,),
     Withdrawn: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),

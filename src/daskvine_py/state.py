@@ -419,6 +419,19 @@ class SchedulerState(FailureHandling):
             else:
                 self._send(worker, p.Release((task_id,)))
 
+    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
+        """Results ``worker`` no longer holds (a library process died with them)."""
+        lost = []
+        for task_id in msg.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None or worker not in task.who_has:
+                continue
+            task.who_has.discard(worker)
+            worker.has_what.discard(task)
+            if not task.who_has and task.state == "memory":
+                lost.append(task)
+        self._lose(lost)
+
     def _lose(self, lost: list[TaskRecord]) -> None:
         """Results whose every copy is gone: forget them, then recompute what is needed."""
         for task in lost:
@@ -734,6 +747,7 @@ class SchedulerState(FailureHandling):
         p.TaskCrashed: _on_task_crashed,
         p.FetchFailed: _on_fetch_failed,
         p.Replicas: _on_replicas,
+        p.Lost: _on_lost,
         p.Withdrawn: _on_withdrawn,
         p.DiskFull: _on_disk_full,
     }

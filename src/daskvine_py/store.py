@@ -45,7 +45,7 @@ class Store:
 
     __slots__ = (
         "_memory", "_disk", "memory_limit", "disk_limit", "spill_dir", "nbytes",
-        "memory_bytes", "disk_bytes", "full", "spilled", "unspilled",
+        "memory_bytes", "disk_bytes", "full", "spilled", "unspilled", "reserved",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +67,9 @@ class Store:
         self.nbytes = 0
         #: bytes in memory, and bytes in spill files
         self.memory_bytes = 0
+        #: bytes held in memory elsewhere that count against the limit too (results the
+        #: libraries keep live): the store spills to leave them room
+        self.reserved = 0
         self.disk_bytes = 0
         #: over the memory limit with no disk left to spill to
         self.full = False
@@ -89,7 +92,7 @@ class Store:
         self._memory[task_id] = value
         self.nbytes += value.nbytes
         self.memory_bytes += value.nbytes
-        if self.memory_limit is not None and self.memory_bytes > self.memory_limit:
+        if self.memory_limit is not None and self.memory_bytes + self.reserved > self.memory_limit:
             self._spill()
 
     def size(self, task_id: int) -> int:
@@ -117,7 +120,7 @@ class Store:
             self.unspilled += 1
             memory[task_id] = value
             self.memory_bytes += value.nbytes
-            if self.memory_bytes > self.memory_limit:  # type: ignore[operator]
+            if self.memory_bytes + self.reserved > self.memory_limit:  # type: ignore[operator]
                 self._spill(keep=task_id)
         return value
 
@@ -150,7 +153,7 @@ class Store:
         assert limit is not None
         full = False
         for task_id in list(memory):
-            if self.memory_bytes <= limit:
+            if self.memory_bytes + self.reserved <= limit:
                 break
             if task_id == keep:
                 continue
@@ -164,7 +167,7 @@ class Store:
                 self.spilled += 1
             del memory[task_id]
             self.memory_bytes -= value.nbytes
-        self.full = full and self.memory_bytes > limit
+        self.full = full and self.memory_bytes + self.reserved > limit
 
     def _path(self, task_id: int) -> str:
         assert self.spill_dir is not None

@@ -241,7 +241,7 @@ class Worker:
             if sock is self.manager:
                 self._drain_manager()
             elif sock is self.peers.server:
-                self.peers.serve()
+                self.peers.serve(self.state)
             elif sock is self.handshakes.events:
                 self._on_handshake_events()
             elif isinstance(sock, int):
@@ -259,9 +259,16 @@ class Worker:
             lib = self.library_by_id.get(record.id)
             if lib is not None:  # not died since, on an earlier request
                 self._send_to_library(lib, request)
+        state.end_pass(now)
+        while state.library_outbox:  # exports and forgets; a death may add more
+            outbox = state.library_outbox[:]
+            state.library_outbox.clear()
+            for library_id, request in outbox:
+                lib = self.library_by_id.get(library_id)
+                if lib is not None:
+                    self._send_to_library(lib, request)
         if state.process_runnable:
             self._start_processes()
-        state.end_pass(now)
         self._flush()
 
     def _poll_timeout_ms(self) -> int:
@@ -292,7 +299,7 @@ class Worker:
     def _status(self) -> p.Status:
         libraries = [h.peak_rss(lib.process.pid) for lib in self.library_by_fd.values()]
         return p.Status(
-            self.store.nbytes,
+            self.store.nbytes + self.state.live.nbytes,
             h.peak_rss(os.getpid()),
             max(libraries, default=0),
             self.store.disk_bytes,
@@ -429,7 +436,8 @@ class Worker:
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
         del self.library_by_id[lib.record.id]
-        self.state.on_library_death(lib.record, h.reap_library(lib, self.tasks_dir))
+        how = h.reap_library(lib, self.tasks_dir)
+        self.state.on_library_death(lib.record, how, h.running_tasks(lib))
         if self.running:
             self._start_library()
 

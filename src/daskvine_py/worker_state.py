@@ -34,14 +34,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, Literal
 
 from . import library
 from . import protocol as p
-from .errors import InvalidTransition
+from .errors import InvalidTransition, SerializationError
 from .fetching import Fetch, TransferSlots
+from .live import ExportWait, LiveResults
 from .saturation import Ema
+from .serialize import dumps_exception
 from .store import Store
 
 logger = logging.getLogger("daskvine_py.worker")
@@ -55,8 +57,9 @@ TINY_TASK = 0.001
 #: pipe while they run, saving the library a wait for the worker between tasks. Longer
 #: tasks do not: a queued task is committed to its library, and another might free up.
 SHORT_TASK = 0.05
-#: Largest request queued behind a running task: well within a pipe's buffer, so the
-#: worker never blocks writing it while the library is blocked writing a result.
+#: Largest request queued behind a running task, and largest chain of tasks sent with the
+#: task they wait for: well within a pipe's buffer, so the worker never blocks writing it
+#: while the library is blocked writing a result.
 QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
@@ -71,7 +74,8 @@ class WorkerTask:
     """One task this worker was sent, from its ``Execute`` until its reply."""
 
     __slots__ = (
-        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config"
+        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config",
+        "home",
     )  # fmt: skip
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
@@ -86,6 +90,8 @@ class WorkerTask:
         self.state: TaskStateName = "new"
         #: how it runs (its run's ``RunConfig``); None: the defaults
         self.config = config
+        #: the library that holds inputs only it has (live), where it must run
+        self.home: int | None = None
 
 
 class LibraryRecord:
@@ -128,10 +134,15 @@ class WorkerState:
         self.heartbeat_interval = 1.0
         #: task id -> its record, from ``Execute`` until it is forgotten
         self.tasks: dict[int, WorkerTask] = {}
-        #: queued tasks for libraries, and for task processes (``task_mode="tasks"``), in
-        #: order; ids of tasks forgotten meanwhile are skipped when popped
+        #: queued tasks for any library, for one library (``homed``: their inputs are
+        #: live there only), and for task processes (``task_mode="tasks"``), in order; ids
+        #: of tasks forgotten or started meanwhile are skipped when popped
         self.runnable: deque[int] = deque()
+        self.homed: dict[int, deque[int]] = {}
         self.process_runnable: deque[int] = deque()
+        #: results the libraries keep live, and exports of them under way
+        self.live = LiveResults()
+        self.exports: dict[int, ExportWait] = {}
         #: input id -> its copy from peers in progress
         self.fetches: dict[int, Fetch] = {}
         #: requests in flight overall and per peer, and fetches waiting for a free slot
@@ -149,9 +160,13 @@ class WorkerState:
         #: bytes received per peer address since the last ``Transfers`` report
         self.received_from: dict[str, int] = {}
         self.disk_full = False
-        #: instructions: records for the manager, and result ids to ask each peer for
+        #: instructions: records for the manager, result ids to ask each peer for,
+        #: (library id, ``Export``/``Forget``) for libraries, answers to peers (identity,
+        #: ``Data``) that waited for an export
         self.outbox: list[Any] = []
         self.peer_outbox: dict[str, list[int]] = {}
+        self.library_outbox: list[tuple[int, Any]] = []
+        self.peer_replies: list[tuple[bytes, p.Data]] = []
         #: the manager welcomed us; when we last heard from it and last sent to it
         self.registered = False
         self.last_contact = now
@@ -162,7 +177,7 @@ class WorkerState:
     def poll_timeout(self, now: float) -> float:
         """Seconds until the next deadline: the manager's silence, the next heartbeat, a
         fetch's timeout; 0 while records wait to be sent."""
-        if self.outbox:
+        if self.outbox or self.peer_replies:
             return 0.0
         deadline = self.last_contact + self.manager_timeout
         if self.registered:  # heartbeats start with registration; until then, nothing is due
@@ -207,6 +222,24 @@ class WorkerState:
         if self.received_from:
             self.outbox.append(p.Transfers(tuple(self.received_from.items())))
             self.received_from = {}
+        limit = self.store.memory_limit
+        if limit is not None and self.live.nbytes:
+            live = self.live
+            excess = live.nbytes - live.leaving_bytes + self.store.memory_bytes - limit
+            if excess > 0:
+                self._evict(excess)
+
+    def _evict(self, excess: int) -> None:
+        """Past ``--memory``: live results go to the store (least recently used first),
+        which spills. One the store already holds is just forgotten by its library."""
+        for task_id, entry in self.live.eviction_order():
+            if excess <= 0:
+                return
+            excess -= entry.nbytes
+            if task_id in self.store:
+                self._drop_live(task_id)
+            else:
+                self._export(task_id, drop=True)
 
     # -- the manager ------------------------------------------------------------------
 
@@ -227,6 +260,7 @@ class WorkerState:
         elif kind is p.Release:
             for task_id in msg.task_ids:
                 self.store.release(task_id)
+                self._drop_live(task_id)
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
@@ -268,7 +302,7 @@ class WorkerState:
             return  # re-sent after a cancel while it was running: its result is coming
         task = WorkerTask(msg, self.run_configs.get(msg.run_id))
         for dep in msg.deps:
-            if dep.value is not None or dep.task_id in self.store:
+            if dep.value is not None or dep.task_id in self.store or dep.task_id in self.live:
                 continue
             if dep.peers is None:  # being computed here: start when it is done
                 task.missing.add(dep.task_id)
@@ -285,10 +319,13 @@ class WorkerState:
                 self._request_next(fetch, now)
             fetch.waiters.add(task.id)
         self.tasks[task.id] = task
-        self._transition(task, "waiting" if task.missing else "queued")
+        if task.missing:
+            self._transition(task, "waiting")
+        else:
+            self._queue(task)
 
     def _on_replicate(self, msg: p.Replicate, now: float) -> None:
-        if msg.task_id in self.store:
+        if msg.task_id in self.store or msg.task_id in self.live:
             self.outbox.append(p.Replicas((msg.task_id,)))
             return
         fetch = self.fetches.get(msg.task_id)
@@ -377,7 +414,7 @@ class WorkerState:
                 continue
             task.missing.discard(dep_id)
             if not task.missing:
-                self._transition(task, "queued")
+                self._queue(task)
 
     # -- libraries --------------------------------------------------------------------
 
@@ -388,14 +425,14 @@ class WorkerState:
 
     def start_runnable(self) -> Sequence[tuple[LibraryRecord, library.Run]]:
         """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
-        few when tasks are tiny, all of one run configuration per request; the requests
-        to write to their pipes.
+        few when tasks are tiny, all of one run configuration per request, each task to
+        the library that holds its live inputs if any; the requests to write to pipes.
 
         A library runs the tasks it is sent one after the other (or ``slots`` at once)
         and answers each at once; sending tiny tasks in batches saves pipe round trips,
         and their replies then come back, and go to the manager, in batches too.
         """
-        if not self.runnable:
+        if not self.runnable and not self.homed:
             return _NO_REQUESTS
         requests: list[tuple[LibraryRecord, library.Run]] = []
         recent = self.recent_duration.value if self.recent_duration.count else None
@@ -406,8 +443,7 @@ class WorkerState:
         # keeps reading while its slots write)...
         for lib in [lib for lib in self.libraries.values() if len(lib.sent) < lib.slots]:
             self._fill_library(lib, lib.slots * depth - len(lib.sent), None, requests)
-            if not self.runnable:
-                return requests
+        self._steal()
         # ...then, for short tasks, one small task queued behind the running one: it fits
         # in the pipe's buffer, so writing it cannot block, and the library starts it
         # without waiting for us to hear of the previous one.
@@ -416,68 +452,264 @@ class WorkerState:
         for lib in self.libraries.values():
             if lib.slots == 1 and len(lib.sent) == 1 and lib.ready:
                 self._fill_library(lib, 1, QUEUED_REQUEST_BYTES, requests)
-                if not self.runnable:
-                    return requests
         return requests
 
     def _fill_library(
         self, lib: LibraryRecord, room: int, max_bytes: int | None, requests: list
     ) -> None:
         """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
-        ``max_bytes`` (payloads and inputs) when given."""
+        ``max_bytes`` (payloads and inputs) when given: its own (their inputs are live
+        there) first, then any; with the tasks that wait here only for them (chains)."""
         batch: list[WorkerTask] = []
-        while self.runnable and len(batch) < room:
-            task = self._next_runnable(self.runnable)
-            if task is None:
-                break
-            if (batch and task.config is not batch[0].config) or (
-                max_bytes is not None and self._request_bytes(task) > max_bytes
-            ):
-                self.runnable.appendleft(task.id)  # for the next request
-                break
-            batch.append(task)
+        for queue in (self.homed.get(lib.id), self.runnable):
+            while queue and len(batch) < room:
+                task = self._next_runnable(queue, lib.id)
+                if task is None:
+                    break
+                if (batch and task.config is not batch[0].config) or (
+                    max_bytes is not None and self._request_bytes(task, lib.id) > max_bytes
+                ):
+                    queue.appendleft(task.id)  # for the next request
+                    break
+                batch.append(task)
+        if not self.homed.get(lib.id, True):
+            del self.homed[lib.id]
         if not batch:
             return
         calls = []
         for task in batch:
             self._transition(task, "running")
             lib.sent.append(task.id)
-            calls.append(self.call(task))
+            calls.append(self.call(task, lib.id))
+        config = batch[0].config
+        if lib.slots == 1 and (config is None or config.exec_mode == "direct"):
+            self._chain(lib, batch, calls)  # (a forked child's result is not kept live)
         functions = [(fid, self.functions[fid]) for fid in lib.unsent]
         lib.unsent = []
         requests.append((lib, library.Run(functions, batch[0].config, calls)))
 
-    def call(self, task: WorkerTask) -> library.Call:
-        """What a library or a task process runs: the task with its inputs' values, inline
-        in the ``Execute`` (small ones) or from the store."""
+    def _chain(self, lib: LibraryRecord, batch: list[WorkerTask], calls: list) -> None:
+        """Send along the tasks that wait here only for a task of this request: the
+        library runs them right after it, on its live result, without waiting for us
+        (or the manager). Calls of a request run in order, so the input is there."""
+        config = batch[0].config
+        budget = QUEUED_REQUEST_BYTES
+        producers = deque(task.id for task in batch)
+        upcoming = set(producers)
+        while producers:
+            producer = producers.popleft()
+            waiters = self.local_waiters.get(producer)
+            if not waiters:
+                continue
+            for task_id in sorted(waiters):
+                task = self.tasks.get(task_id)
+                if task is None or task.missing != {producer} or task.config is not config:
+                    continue
+                if not all(
+                    dep.task_id in upcoming or self._available(dep, lib.id) for dep in task.deps
+                ):
+                    continue
+                size = self._request_bytes(task, lib.id)
+                if size > budget:
+                    continue
+                budget -= size
+                waiters.discard(task_id)
+                task.missing.clear()
+                self._transition(task, "running")
+                lib.sent.append(task_id)
+                calls.append(self.call(task, lib.id, upcoming))
+                upcoming.add(task_id)
+                producers.append(task_id)
+            if not waiters:
+                del self.local_waiters[producer]
+
+    def _steal(self) -> None:
+        """An idle library takes a task waiting for a busy one: the inputs it has live
+        are exported (serialized once, kept in the store) and the task goes anywhere."""
+        idle = sum(1 for lib in self.libraries.values() if not lib.sent and lib.ready)
+        for _ in range(idle):
+            for home, queue in list(self.homed.items()):
+                owner = self.libraries.get(home)
+                if owner is None or len(owner.sent) < owner.slots or len(queue) < 2:
+                    continue
+                task = self._next_runnable(queue, home)
+                if task is None:
+                    continue
+                self._transition(task, "waiting")
+                for dep in task.deps:
+                    if dep.value is None and dep.task_id not in self.store:
+                        task.missing.add(dep.task_id)
+                        self._export(dep.task_id, task_id=task.id)
+                break
+
+    def call(
+        self, task: WorkerTask, lib: int | None = None, upcoming: set[int] | frozenset = frozenset()
+    ) -> library.Call:
+        """What a library (``lib``) or a task process runs: the task with its inputs'
+        values, inline in the ``Execute`` (small ones) or from the store, or named when
+        they are live in that library (or made there earlier in the request: ``upcoming``)."""
         store = self.store
-        inputs = [
-            (dep.key, dep.value if dep.value is not None else store.get(dep.task_id))
-            for dep in task.deps
-        ]
-        return library.Call(task.id, task.key, task.payload, inputs)
+        live = self.live
+        inputs = []
+        for dep in task.deps:
+            dep_id = dep.task_id
+            if dep.value is not None:
+                inputs.append((dep.key, dep_id, dep.value))
+            elif lib is not None and (dep_id in upcoming or live.usable(dep_id, lib)):
+                inputs.append((dep.key, dep_id, None))
+            else:
+                inputs.append((dep.key, dep_id, store.get(dep_id)))
+        keep = task.keep and lib is not None
+        send = task.want_result or not keep
+        return library.Call(task.id, task.key, task.payload, inputs, keep, send)
 
-    def _request_bytes(self, task: WorkerTask) -> int:
-        return len(task.payload) + sum(
-            dep.value.nbytes if dep.value is not None else self.store.size(dep.task_id)
-            for dep in task.deps
-        )
+    def _available(self, dep: p.DepLocation, lib: int | None) -> bool:
+        """Whether a call to ``lib`` (None: a task process) can have this input now."""
+        if dep.value is not None or dep.task_id in self.store:
+            return True
+        entry = self.live.entries.get(dep.task_id)
+        return entry is not None and entry.lib == lib and not entry.leaving
 
-    def _next_runnable(self, queue: deque[int]) -> WorkerTask | None:
-        """The next queued task whose inputs are all here; one whose input was released
-        meanwhile is reported (``FetchFailed``) and forgotten."""
+    def _request_bytes(self, task: WorkerTask, lib: int | None = None) -> int:
+        total = len(task.payload)
+        for dep in task.deps:
+            if dep.value is not None:
+                total += dep.value.nbytes
+            elif not self._available(dep, lib) or dep.task_id not in self.live:
+                total += self.store.size(dep.task_id)
+        return total
+
+    def _next_runnable(self, queue: deque[int], lib: int | None = None) -> WorkerTask | None:
+        """The next queued task whose inputs are all here for ``lib``. One whose input is
+        held nowhere (released, or its library died) is reported (``FetchFailed``) and
+        forgotten; one whose input is live in another library, or leaving one, waits."""
         while queue:
             task = self.tasks.get(queue.popleft())
             if task is None or task.state != "queued":
                 continue
             for dep in task.deps:
-                if dep.value is None and dep.task_id not in self.store:
-                    self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
+                if self._available(dep, lib):
+                    continue
+                dep_id = dep.task_id
+                if dep_id not in self.live:
+                    self.outbox.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
                     self._transition(task, "forgotten")
                     break
+                self._transition(task, "waiting")  # exported for it, then queued again
+                for other in task.deps:
+                    if not self._available(other, lib) and other.task_id in self.live:
+                        task.missing.add(other.task_id)
+                        self._export(other.task_id, task_id=task.id)
+                break
             else:
                 return task
         return None
+
+    def _queue(self, task: WorkerTask) -> None:
+        """A task whose inputs are all here: queued for the library that holds its live
+        inputs (the one with most of their bytes), after exporting those live in others;
+        for any library when none are live only."""
+        by_library: dict[int, int] = {}
+        live = self.live.entries
+        for dep in task.deps:
+            if dep.value is None and dep.task_id in live and dep.task_id not in self.store:
+                entry = live[dep.task_id]
+                by_library[entry.lib] = by_library.get(entry.lib, 0) + entry.nbytes + 1
+        home = None
+        if by_library:
+            processes = task.config is not None and task.config.task_mode == "tasks"
+            home = None if processes else max(by_library, key=by_library.__getitem__)
+            foreign = [
+                dep.task_id
+                for dep in task.deps
+                if dep.value is None
+                and dep.task_id in live
+                and dep.task_id not in self.store
+                and (live[dep.task_id].lib != home or live[dep.task_id].leaving)
+            ]
+            if foreign:
+                if task.state == "new":
+                    self._transition(task, "waiting")
+                for dep_id in foreign:
+                    task.missing.add(dep_id)
+                    self._export(dep_id, task_id=task.id)
+                return
+        task.home = home
+        self._transition(task, "queued")
+
+    # -- live results -----------------------------------------------------------------
+
+    def _export(
+        self, dep_id: int, task_id: int | None = None, peer: bytes | None = None,
+        drop: bool = False,
+    ) -> None:  # fmt: skip
+        """Have a live result serialized by its library, once for all who wait for it."""
+        wait = self.exports.get(dep_id)
+        entry = self.live.entries[dep_id]
+        if wait is None:
+            wait = self.exports[dep_id] = ExportWait(entry.lib, drop)
+            self.library_outbox.append((entry.lib, library.Export([dep_id], drop)))
+            if drop:
+                self.live.mark_leaving(entry)
+        if task_id is not None:
+            wait.tasks.add(task_id)
+        if peer is not None:
+            wait.peers.append(peer)
+
+    def _drop_live(self, task_id: int) -> None:
+        entry = self.live.drop(task_id)
+        if entry is not None:
+            self.library_outbox.append((entry.lib, library.Forget([task_id])))
+            self.store.reserved = self.live.nbytes
+
+    def serve_peer(self, task_id: int, peer: bytes) -> bool:
+        """A peer asks for a result held live only: export it, and answer the peer when
+        it arrives (``peer_replies``). False when it is not live here."""
+        entry = self.live.entries.get(task_id)
+        if entry is None or entry.stuck:
+            return False
+        self._export(task_id, peer=peer)
+        return True
+
+    def on_exported(self, lib: LibraryRecord, reply: library.Exported) -> None:
+        """A live result, serialized: into the store (the copy every later reader gets),
+        then to the tasks and peers that waited for it."""
+        task_id = reply.task_id
+        wait = self.exports.pop(task_id, None)
+        entry = self.live.entries.get(task_id)
+        if reply.value is not None:
+            if entry is not None:  # not released meanwhile
+                if wait is not None and wait.drop:
+                    self.live.drop(task_id)  # the library forgot it; the store spills it
+                    self.store.reserved = self.live.nbytes
+                self.store.put(task_id, reply.value)
+        elif entry is not None:  # it cannot be serialized: it stays in its library
+            entry.stuck = True
+            if entry.leaving:
+                entry.leaving = False
+                self.live.leaving_bytes -= entry.nbytes
+        if wait is None:
+            return
+        for peer in wait.peers:
+            self.peer_replies.append((peer, p.Data(task_id, reply.value)))
+        if reply.value is not None and task_id in self.store:
+            self._input_arrived(task_id, wait.tasks)
+            return
+        for waiter in wait.tasks:  # it could not be serialized: they cannot run elsewhere
+            task = self.tasks.get(waiter)
+            if task is None:
+                continue
+            dep_key = next((d.key for d in task.deps if d.task_id == task_id), task_id)
+            error = SerializationError(
+                dep_key, "an input", f"{reply.error} (moving it out of its library process "
+                f"on worker {self.name})",
+            )  # fmt: skip
+            exception, text = dumps_exception(error)
+            self.outbox.append(p.TaskErred(waiter, exception, text, str(error)))
+            task.missing.discard(task_id)
+            self._transition(task, "forgotten")
+
+    # -- library replies --------------------------------------------------------------
 
     def on_library_ready(self, lib: LibraryRecord) -> bool:
         """A library finished starting; whether every library is now ready."""
@@ -485,21 +717,32 @@ class WorkerState:
         return all(other.ready for other in self.libraries.values())
 
     def on_library_reply(self, lib: LibraryRecord, reply: Any, wall: float) -> None:
-        """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``)."""
+        """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``),
+        or a result it exported."""
+        if type(reply) is library.Exported:
+            self.on_exported(lib, reply)
+            return
         sent = lib.sent
         if sent and sent[0] == reply.task_id:
             sent.popleft()
         else:
             sent.remove(reply.task_id)
-        self.on_reply(reply, wall)
+        self.on_reply(reply, wall, lib.id)
 
-    def on_library_death(self, lib: LibraryRecord, how: str) -> None:
-        """A library process died (``how``: its exit): the tasks it was running crashed,
-        those queued behind them go back to the front of the queue."""
+    def on_library_death(
+        self, lib: LibraryRecord, how: str, running: Collection[int] | None = None
+    ) -> None:
+        """A library process died (``how``: its exit): the tasks it was ``running`` (by
+        default the first ones sent) crashed; the others sent to it, finished or not
+        (their replies may have been held), go back to the front of the queue; the
+        results it kept live are lost (the manager recomputes those still needed)."""
         del self.libraries[lib.id]
-        for _ in range(min(lib.slots, len(lib.sent))):
-            task = self.tasks.get(lib.sent.popleft())
-            if task is not None:
+        if running is None:
+            running = list(lib.sent)[: lib.slots]
+        for task_id in running:
+            task = self.tasks.get(task_id)
+            if task is not None and task.state == "running" and task_id in lib.sent:
+                lib.sent.remove(task_id)
                 reason = f"library process {how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
                 self.outbox.append(p.TaskCrashed(task.id, reason))
@@ -509,33 +752,57 @@ class WorkerState:
             if queued is not None:
                 self._transition(queued, "queued")
         lib.sent.clear()
+        homed = self.homed.pop(lib.id, None)
+        if homed:
+            self.runnable.extendleft(reversed(homed))  # they find their inputs gone
+        lost = []
+        for task_id in self.live.in_library(lib.id):
+            self.live.drop(task_id)
+            if task_id not in self.store:
+                lost.append(task_id)
+        self.store.reserved = self.live.nbytes
+        for task_id, wait in [(t, w) for t, w in self.exports.items() if w.lib == lib.id]:
+            del self.exports[task_id]
+            for peer in wait.peers:
+                self.peer_replies.append((peer, p.Data(task_id, None)))
+            for waiter in wait.tasks:
+                task = self.tasks.get(waiter)
+                if task is not None:
+                    self.outbox.append(p.FetchFailed(waiter, task_id, (self.peer_address,)))
+                    task.missing.discard(task_id)
+                    self._transition(task, "forgotten")
+        if lost:
+            logger.warning(
+                "worker %s lost %d results kept live by its library process", self.name, len(lost)
+            )
+            self.outbox.append(p.Lost(tuple(lost)))
 
-    def on_reply(self, reply: Any, wall: float) -> None:
-        """A task's outcome, from a library or a task process."""
+    def on_reply(self, reply: Any, wall: float, lib: int | None = None) -> None:
+        """A task's outcome, from a library (``lib``) or a task process."""
         task = self.tasks.get(reply.task_id)
         if task is None:
             return
         self._transition(task, "forgotten")
         kind = type(reply)
         if kind is library.Done:
-            task_id, value, duration = reply
+            task_id, value, duration, nbytes, live, serialization = reply
             self.recent_duration.observe(duration)
             if task.keep:
-                self.store.put(task_id, value)
+                if live and lib is not None:
+                    self.live.add(task_id, lib, nbytes)
+                    self.store.reserved = self.live.nbytes
+                if value is not None:
+                    self.store.put(task_id, value)
             waiters = self.local_waiters.pop(task_id, None)
             if waiters:
                 self._input_arrived(task_id, waiters)
-            self.outbox.append(
-                p.TaskDone(
-                    task_id,
-                    value.nbytes,
-                    duration,
-                    value if task.want_result or p.inlinable(value) else None,
-                    wall,
-                )
-            )
+            if value is not None and not task.want_result and not p.inlinable(value):
+                value = None
+            self.outbox.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization))
         elif kind is library.Erred:
             self.outbox.append(p.TaskErred(*reply))
+        elif kind is library.Missing:  # its producer failed: the manager decides
+            self.outbox.append(p.FetchFailed(task.id, reply.dep_id, (self.peer_address,)))
         else:  # Crashed: the process running it died (fork and tasks modes)
             logger.warning("task %r: %s", task.key, reply.reason)
             self.outbox.append(p.TaskCrashed(reply.task_id, reply.reason))
@@ -568,11 +835,14 @@ class WorkerState:
     def _to_queued(self, task: WorkerTask) -> None:
         if task.config is not None and task.config.task_mode == "tasks":
             self.process_runnable.append(task.id)
-        else:
+        elif task.home is None:
             self.runnable.append(task.id)
+        else:
+            self.homed.setdefault(task.home, deque()).append(task.id)
 
     def _running_to_queued(self, task: WorkerTask) -> None:
         """Its library died before it started: first in line again (callers go in reverse)."""
+        task.home = None
         self.runnable.appendleft(task.id)
 
     def _forget(self, task: WorkerTask) -> None:
@@ -590,16 +860,21 @@ class WorkerState:
                 if not fetch.waiters and not fetch.replicate:
                     del self.fetches[dep_id]
                     self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
+            export = self.exports.get(dep_id)
+            if export is not None:  # it still arrives, into the store
+                export.tasks.discard(task.id)
 
     def _running_to_forgotten(self, task: WorkerTask) -> None:
         self.tasks.pop(task.id, None)  # running: nothing missing, nothing fetched for it
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "fetches", "local_waiters", "peer_outbox"):
+        for name in ("tasks", "fetches", "local_waiters", "peer_outbox", "exports"):
             if getattr(self, name):
                 yield name
-        if any(self.tasks.get(t) for t in (*self.runnable, *self.process_runnable)):
+        queued = [*self.runnable, *self.process_runnable]
+        queued += [task_id for queue in self.homed.values() for task_id in queue]
+        if any(self.tasks.get(t) for t in queued):
             yield "runnable"
         if any(lib.sent for lib in self.libraries.values()):
             yield "libraries"
@@ -608,15 +883,16 @@ class WorkerState:
 
 
 _ILLEGAL = object()
-#: Every legal edge and what it does besides setting the state; None: nothing more (new
-#: -> waiting: its fetches and local waits are in place; queued -> running: the caller
-#: records where it runs).
+#: Every legal edge and what it does besides setting the state; None: nothing more (its
+#: fetches, local waits or exports are in place; or the caller records where it runs).
 _TRANSITIONS: dict[tuple[str, str], Any] = {
     ("new", "waiting"): None,
     ("new", "queued"): WorkerState._to_queued,
     ("new", "forgotten"): WorkerState._forget,
     ("waiting", "queued"): WorkerState._to_queued,
+    ("waiting", "running"): None,  # sent with the task it waits for (a chain)
     ("waiting", "forgotten"): WorkerState._forget,
+    ("queued", "waiting"): None,  # an input must first leave another library (export)
     ("queued", "running"): None,
     ("queued", "forgotten"): WorkerState._forget,
     ("running", "queued"): WorkerState._running_to_queued,
