@@ -629,11 +629,12 @@ _DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_si
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
     p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID),
-    p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS),
+    p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
     p.FetchFailed: (_ID, _ID, st.lists(_ADDRESS, max_size=2).map(tuple)),
     p.Replicas: (_IDS,),
+    p.Lost: (_IDS,),
     p.Withdrawn: (_IDS,),
     p.Transfers: (st.lists(st.tuples(_ADDRESS, _SIZE), max_size=2).map(tuple),),
     p.DiskFull: (st.booleans(),),
@@ -753,8 +754,8 @@ def test_fuzz_frames_decode_valid_or_raise_protocol_error(direction, frames):
 
 # -- fuzzing: the scheduler state under inconsistent reports ---------------------------------
 
-_REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Withdrawn,
-            p.DiskFull)  # fmt: skip
+_REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
+            p.Withdrawn, p.DiskFull)  # fmt: skip
 
 
 #: The raw material of a false report, drawn before the run: which values it takes is
@@ -789,7 +790,7 @@ def bogus_report(spec, state):
     elif kind is p.FetchFailed:
         peers = [(), ("w0",), ("w1", "w2")][other % 3]
         message = p.FetchFailed(task_id, 1 + other % max_id, peers)
-    elif kind in (p.Replicas, p.Withdrawn):
+    elif kind in (p.Replicas, p.Withdrawn, p.Lost):
         message = kind((task_id, 1 + other % max_id)[: other % 3])
     elif kind is p.DiskFull:
         message = p.DiskFull(bool(other % 2))

@@ -8,6 +8,8 @@ that every task is reported exactly once and that nothing is left behind.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -383,6 +385,97 @@ def test_an_unreachable_peer_passes_its_fetches_on():
     assert other != address and state.fetches[7].current == other
 
 
+# -- live results -------------------------------------------------------------------------
+
+
+def _live_in(state, lib, task_id, nbytes=10_000, duration=0.01):
+    """Result ``task_id`` computed in ``lib`` and kept live there."""
+    state.on_manager_message(execute(task_id), 0.0)
+    state.start_runnable()
+    state.on_library_reply(lib, done_live(task_id, nbytes, duration), 0.0)
+    state.outbox.clear()
+
+
+def test_a_result_released_by_the_manager_is_forgotten_by_its_library():
+    state, (lib,) = make()
+    _live_in(state, lib, 1)
+    state.on_manager_message(p.Release((1,)), 0.0)
+    assert state.library_outbox == [(0, library.Forget([1]))] and 1 not in state.live
+
+
+def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
+    state, (lib,) = make()
+    _live_in(state, lib, 1)
+    assert state.serve_peer(1, b"peer-a") and state.serve_peer(1, b"peer-b")
+    assert state.library_outbox == [(0, library.Export([1], False))]  # once for both
+    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    assert [ident for ident, _ in state.peer_replies] == [b"peer-a", b"peer-b"]
+    assert loads(state.peer_replies[0][1].value) == "one"
+    assert 1 in state.store and 1 in state.live  # the copy stays for later readers
+    assert not state.serve_peer(2, b"peer-a")  # not live here: the store's answer (None)
+
+
+def test_an_idle_library_takes_a_task_from_a_busy_one_after_an_export():
+    state, (lib0, lib1) = make(libraries=2)
+    _live_in(state, lib0, 1, duration=1.0)  # long tasks: none queued behind another
+    state.on_manager_message(execute(9), 0.0)
+    assert started(state) == [(0, [9])]  # lib0 is busy with it
+    for task_id in (2, 3, 4):
+        state.on_manager_message(execute(task_id, held(1)), 0.0)
+    assert list(state.homed[0]) == [2, 3, 4]
+    assert state.start_runnable() == []
+    assert state.tasks[2].state == "waiting" and state.tasks[2].missing == {1}
+    assert state.library_outbox == [(0, library.Export([1], False))]
+    state.on_library_reply(lib0, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    requests = state.start_runnable()
+    assert [(lib.id, [c.task_id for c in run.calls]) for lib, run in requests] == [(1, [2])]
+    ((_, run),) = requests
+    assert loads(run.calls[0].inputs[0][2]) == "one"
+
+
+def test_live_results_past_the_memory_limit_are_exported_to_the_store_which_spills(tmp_path):
+    state = WorkerState(Store(25_000, str(tmp_path)), name="w", peer_address=ME)
+    lib = state.add_library(0, 1)
+    state.on_library_ready(lib)
+    for task_id in (1, 2, 3):
+        _live_in(state, lib, task_id, nbytes=10_000)
+    state.end_pass(0.0)
+    assert state.library_outbox == [(0, library.Export([1], True))]  # the oldest
+    state.end_pass(0.0)
+    assert len(state.library_outbox) == 1  # on its way: not asked twice
+    value = dumps(b"x" * 10_000)
+    state.on_library_reply(lib, library.Exported(1, value, 0.001, ""), 0.0)
+    assert 1 not in state.live and 1 in state.store and state.store.reserved == 20_000
+    assert state.store.memory_bytes + state.live.nbytes <= 25_000 + value.nbytes
+
+
+def test_a_live_input_that_cannot_be_serialized_fails_the_task_that_needs_it_elsewhere():
+    state, (lib,) = make()
+    _live_in(state, lib, 1)
+    config = p.RunConfig(6, "tasks", "direct", (), (), False)
+    state.on_manager_message(config, 0.0)
+    state.on_manager_message(execute(3, held(1), run_id=6), 0.0)  # a task process: export
+    assert state.tasks[3].state == "waiting" and state.exports[1].tasks == {3}
+    state.on_library_reply(lib, library.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
+    (erred,) = [r for r in state.outbox if type(r) is p.TaskErred]
+    assert erred.task_id == 3 and "k1" in erred.message and "a lock" in erred.message
+    assert 3 not in state.tasks and state.live.entries[1].stuck
+
+
+def test_a_dead_library_loses_its_live_results_and_blames_the_task_it_was_running():
+    state, (lib,) = make()
+    _live_in(state, lib, 1, duration=0.0001)  # tiny: several tasks per request
+    for task_id in (2, 3, 4):
+        state.on_manager_message(execute(task_id), 0.0)
+    state.start_runnable()
+    assert list(lib.sent) == [2, 3, 4]
+    state.on_library_death(lib, "exited with code 3", running={3})
+    crashed = [r for r in state.outbox if type(r) is p.TaskCrashed]
+    assert [r.task_id for r in crashed] == [3]  # 2's reply was held, not lost to blame
+    assert state.outbox[-1] == p.Lost((1,)) and 1 not in state.live
+    assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
+
+
 # -- a simulated worker under random events ----------------------------------------------------
 
 PEERS = ("tcp://a:1", "tcp://b:1")
@@ -398,8 +491,13 @@ class SimulatedWorker:
         self.graph = graph  #: task id -> [("local", task id) | ("peer", id, peers) | ("inline",)]
         self.now = 0.0
         self.next_library = len(libs)
-        #: library id -> the tasks it was sent and has not answered, in order
+        #: library id -> the calls it was sent and has not answered, in order
         self.pipes = {lib.id: [] for lib in libs}
+        #: library id -> the results it keeps live, and those it drops once read
+        self.lib_live = {lib.id: set() for lib in libs}
+        self.doomed = {lib.id: set() for lib in libs}
+        #: peer identity -> (result asked for, answers received)
+        self.asks: dict[bytes, tuple[int, list]] = {}
         #: (peer, input id) requests not yet answered
         self.requests: list[tuple[str, int]] = []
         self.sent: list[int] = []
@@ -416,15 +514,10 @@ class SimulatedWorker:
         for dep in self.graph[task_id]:
             if dep[0] == "local":
                 producer = dep[1]
-                if (
-                    producer not in self.sent
-                    or self._over(producer)
-                    and producer not in self.state.store
-                ):
+                here = producer in self.state.store or producer in self.state.live
+                if producer not in self.sent or self._over(producer) and not here:
                     continue  # the manager sends it where its input is, or not yet
-                deps.append(
-                    held(producer) if producer in self.state.store else computed_here(producer)
-                )
+                deps.append(held(producer) if here else computed_here(producer))
             elif dep[0] == "peer":
                 deps.append(at(dep[1], *dep[2]))
             else:
@@ -475,6 +568,40 @@ class SimulatedWorker:
         for address, ids in self.state.peer_outbox.items():
             self.requests.extend((address, dep_id) for dep_id in ids)
         self.state.peer_outbox.clear()
+        for ident, data in self.state.peer_replies:
+            self.asks[ident][1].append(data)
+        self.state.peer_replies.clear()
+        while self.state.library_outbox:  # libraries serve exports and forgets at once
+            lib_id, request = self.state.library_outbox.pop(0)
+            if lib_id not in self.lib_live:
+                continue  # died since
+            for task_id in request.task_ids:
+                if type(request) is library.Export:
+                    held = task_id in self.lib_live[lib_id]
+                    value = dumps(task_id) if held else None
+                    reply = library.Exported(task_id, value, 0.0, "" if held else "not held")
+                    self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
+                if type(request) is library.Forget or request.drop:
+                    self.doomed[lib_id].add(task_id)
+            self._settle_doomed(lib_id)
+            self._take_outbox()
+
+    def _settle_doomed(self, lib_id):
+        """Forgotten results go once no call queued in their library reads them."""
+        reading = {d for call in self.pipes[lib_id] for _, d, v in call.inputs if v is None}
+        for task_id in list(self.doomed[lib_id] - reading):
+            self.doomed[lib_id].discard(task_id)
+            self.lib_live[lib_id].discard(task_id)
+
+    def ask(self, index, task_id):
+        """A peer asks for a result: the store answers, or an export of a live one."""
+        ident = f"peer-{index}".encode()
+        if ident in self.asks:
+            return
+        self.asks[ident] = (task_id, [])
+        if task_id not in self.state.store and not self.state.serve_peer(task_id, ident):
+            self.asks[ident][1].append(p.Data(task_id, None))
+        self._take_outbox()
 
     def _recall_dependents(self, task_id):
         """Tasks sent ahead to wait for ``task_id`` here will not get it: the manager
@@ -487,7 +614,7 @@ class SimulatedWorker:
 
     def start(self):
         for lib, run in self.state.start_runnable():
-            self.pipes[lib.id].extend(call.task_id for call in run.calls)
+            self.pipes[lib.id].extend(run.calls)
         self._take_outbox()
 
     def finish(self, index, outcome):
@@ -496,27 +623,45 @@ class SimulatedWorker:
             return
         lib_id = pipes[index % len(pipes)]
         running = self.pipes[lib_id][: self.slots]
-        task_id = running[index % len(running)]
-        self.pipes[lib_id].remove(task_id)
-        self.executed[task_id] = self.executed.get(task_id, 0) + 1
-        reply = {
-            "done": done(task_id, duration=0.0005),  # tiny: batches to libraries
-            "short": done(task_id, duration=0.01),  # short: one queued behind
-            "erred": library.Erred(task_id, None, "tb", "ValueError"),
-            "crashed": library.Crashed(task_id, "the fork died"),
-        }[outcome]
+        call = running[index % len(running)]
+        self.pipes[lib_id].remove(call)
+        task_id = call.task_id
+        live = self.lib_live[lib_id]
+        absent = [d for _, d, v in call.inputs if v is None and d not in live]
+        if absent:
+            reply = library.Missing(task_id, absent[0])  # it did not run
+        else:
+            self.executed[task_id] = self.executed.get(task_id, 0) + 1
+            duration = 0.0005 if outcome == "done" else 0.01  # tiny: batches; short: queued
+            if outcome in ("done", "short") and call.keep:
+                live.add(task_id)
+                value = dumps(task_id) if call.send else None
+                reply = library.Done(task_id, value, duration, 100, True)
+            else:
+                reply = {
+                    "done": done(task_id, duration=duration),
+                    "short": done(task_id, duration=duration),
+                    "erred": library.Erred(task_id, None, "tb", "ValueError"),
+                    "crashed": library.Crashed(task_id, "the fork died"),
+                }[outcome]
+        self._settle_doomed(lib_id)
         self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
         self._take_outbox()
 
     def die(self, index):
         busiest = sorted(self.pipes, key=lambda lib_id: -len(self.pipes[lib_id]))
         lib_id = busiest[index % len(busiest)]
-        for task_id in self.pipes.pop(lib_id)[: self.slots]:
+        running = {call.task_id for call in self.pipes.pop(lib_id)[: self.slots]}
+        for task_id in running:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1  # it was running
-        self.state.on_library_death(self.state.libraries[lib_id], "killed by signal SIGKILL")
+        del self.lib_live[lib_id], self.doomed[lib_id]
+        record = self.state.libraries[lib_id]
+        self.state.on_library_death(record, "killed by signal SIGKILL", running)
         self.next_library += 1
         self.state.on_library_ready(self.state.add_library(self.next_library, self.slots))
         self.pipes[self.next_library] = []
+        self.lib_live[self.next_library] = set()
+        self.doomed[self.next_library] = set()
         self._take_outbox()
 
     def answer(self, index, how):
@@ -590,10 +735,15 @@ actions = st.one_of(
         st.lists(st.sampled_from(PEERS), min_size=1, max_size=2, unique=True).map(tuple),
     ),
     st.tuples(st.just("release"), st.integers(1, 10)),
+    st.tuples(st.just("ask"), st.integers(0, 3), st.integers(1, 10)),
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+#: Examples per run; more for a longer search: ``SIM_EXAMPLES=3000 pytest -k simulated``.
+SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
+
+
+@settings(max_examples=SIM_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     graph=graphs(),
     steps=st.lists(actions, min_size=5, max_size=60),
@@ -626,6 +776,8 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
             assert len(reports) == 1, (task_id, reports)
         if any(type(r) is p.TaskDone for r in reports):
             assert sim.executed.get(task_id) == 1
+    for ident, (task_id, answers) in sim.asks.items():  # every peer heard once
+        assert len(answers) == 1 and answers[0].task_id == task_id, (ident, answers)
 
 
 def test_the_fetch_timeout_is_a_worker_flag(capsys):

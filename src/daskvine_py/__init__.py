@@ -9,7 +9,7 @@ Layers, lowest first (a module imports only from layers below it): ``errors``,
 ``options``, ``runinfo``; ``serialize``, ``graph``, ``saturation``, ``security``,
 ``launch``, ``task``, ``events``, ``report``, ``progress``; ``protocol``, ``matching``,
 ``rewrite``; ``state_messages``, ``state_records``, ``state_failures``, ``state``,
-``store``, ``fetching``, ``library``, ``liveness``; ``transport``, ``watching``,
+``store``, ``fetching``, ``live``, ``library``, ``liveness``; ``transport``, ``watching``,
 ``manager_loop``, ``manager``, ``worker``; ``local``, ``coffea`` and the command line.
 """
 

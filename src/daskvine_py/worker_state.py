@@ -535,11 +535,19 @@ class WorkerState:
                 task = self._next_runnable(queue, home)
                 if task is None:
                     continue
+                task.home = None
+                exported = [
+                    dep.task_id
+                    for dep in task.deps
+                    if dep.value is None and dep.task_id not in self.store
+                ]
+                if not exported:  # its inputs were exported meanwhile: it can go anywhere
+                    self.runnable.appendleft(task.id)
+                    break
                 self._transition(task, "waiting")
-                for dep in task.deps:
-                    if dep.value is None and dep.task_id not in self.store:
-                        task.missing.add(dep.task_id)
-                        self._export(dep.task_id, task_id=task.id)
+                for dep_id in exported:
+                    task.missing.add(dep_id)
+                    self._export(dep_id, task_id=task.id)
                 break
 
     def call(
