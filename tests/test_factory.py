@@ -385,6 +385,38 @@ def test_a_factory_the_manager_refuses_exits_saying_why(tmp_path):
     assert not list((tmp_path / "jobs").glob("*.ec"))  # no job was started
 
 
+def test_each_batch_system_gets_its_provider_asking_for_the_workers_resources(tmp_path):
+    from daskvine_py import factory
+
+    path = tmp_path / "run.json"
+    security.write_connection_file(str(path), "tcp://127.0.0.1:9", security.Keys.generate())
+    expected = {
+        "slurm": ("SlurmProvider", {"cores_per_node": 4, "mem_per_node": 3, "exclusive": False}),
+        "condor": ("CondorProvider", {"cores_per_slot": 4, "mem_per_slot": 3}),
+        "pbs": ("PBSProProvider", {"cpus_per_node": 4, "select_options": "mem=2500mb"}),
+        "lsf": ("LSFProvider", {"cores_per_block": 4, "cores_per_node": 4}),
+        "sge": ("GridEngineProvider", {}),
+        "local": ("LocalProvider", {}),
+    }
+    for batch, (name, attributes) in expected.items():
+        args = factory.parse_args(["--batch", batch, "--connection-file", str(path),
+                                   "--cores", "4", "--memory", "2500", "--max-workers", "7",
+                                   "--worker-init", "source /venv/bin/activate",
+                                   "--scheduler-options", "#X --queue=short",
+                                   "--scheduler-options", "#X --account=cms"])  # fmt: skip
+        args.client.close()
+        provider = factory.make_provider(args)
+        assert type(provider).__name__ == name
+        for attribute, value in attributes.items():
+            assert getattr(provider, attribute) == value, (batch, attribute)
+        assert provider.worker_init.startswith("source /venv/bin/activate")
+        assert provider.init_blocks == 0 and provider.max_blocks == 7
+        if batch != "local":
+            # one line each, whatever the provider appends after them
+            assert "#X --queue=short\n#X --account=cms\n" in provider.scheduler_options
+            assert provider.walltime == "01:00:00"
+
+
 # -- the pool's work source is pluggable -------------------------------------------------------
 
 

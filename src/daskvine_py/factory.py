@@ -202,8 +202,7 @@ def make_provider(args: argparse.Namespace) -> Any:
             exclusive=False, cores_per_node=args.cores, mem_per_node=gigabytes, **common
         )
     if args.batch == "condor":
-        mem = None if args.memory is None else args.memory / 1024  # RequestMemory in MB
-        return providers.CondorProvider(cores_per_slot=args.cores, mem_per_slot=mem, **common)
+        return providers.CondorProvider(cores_per_slot=args.cores, mem_per_slot=gigabytes, **common)
     if args.batch == "pbs":
         select = "" if args.memory is None else f"mem={args.memory}mb"
         return providers.PBSProProvider(cpus_per_node=args.cores, select_options=select, **common)
