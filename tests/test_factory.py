@@ -404,7 +404,6 @@ def test_each_batch_system_gets_its_provider_asking_for_the_workers_resources(tm
                                    "--worker-init", "source /venv/bin/activate",
                                    "--scheduler-options", "#X --queue=short",
                                    "--scheduler-options", "#X --account=cms"])  # fmt: skip
-        args.client.close()
         provider = factory.make_provider(args)
         assert type(provider).__name__ == name
         for attribute, value in attributes.items():

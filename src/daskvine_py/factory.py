@@ -174,9 +174,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"${security.CONNECTION_FILE_ENV}"
         )
     try:
-        args.client = StatusClient(path, name=f"factory-{socket.gethostname()}-{os.getpid()}")
+        security.read_connection_file(path)
     except security.SecurityError as exc:
         parser.error(str(exc))
+    args.connection_file = path
     return args
 
 
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    client: StatusClient = args.client
+    client = StatusClient(args.connection_file, f"factory-{socket.gethostname()}-{os.getpid()}")
     try:
         provider = make_provider(args)
         provider.script_dir = args.script_dir or default_script_dir()
