@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -240,6 +241,47 @@ def test_listen_address_with_remote_worker(fileset, iterative_output):
             assert proc.wait(timeout=20) == 0
 
 
+@pytest.mark.timeout(180)
+def test_executor_with_a_provider_runs_on_a_pool_and_closes_it(
+    fileset, iterative_output, tmp_path, monkeypatch
+):
+    """``provider=``: no local worker; the pool's jobs supply the workers for both phases,
+    and closing the executor cancels them."""
+    providers = pytest.importorskip("parsl.providers")
+    from test_pool import _env_for_jobs
+
+    _env_for_jobs(monkeypatch)  # the jobs import this checkout and this module
+    provider = providers.LocalProvider(init_blocks=0, min_blocks=0, max_blocks=2)
+    provider.script_dir = str(tmp_path / "jobs")
+    os.makedirs(provider.script_dir)
+    executor = DaskVinePyExecutor(
+        manager="tcp://127.0.0.1:0", provider=provider, max_workers=2, idle_timeout=60,
+        pool_options={"poll_interval": 0.2}, status=False,
+    )  # fmt: skip
+    with executor:
+        manager = executor.start()
+        assert manager.workers == {} and executor.pool is not None
+        pool = executor.pool
+        got = run_processor(executor, fileset)
+        names = set(manager.workers)
+        assert names and all(name.startswith(f"{pool.name}-") for name in names), names
+        assert sum(pool.status()["jobs"].values()) <= 2
+        assert executor.start() is manager and executor.pool is pool  # kept warm
+        connection_file = manager.connection_file
+    assert_same_output(got, iterative_output)
+    assert executor.pool is None
+    assert set(pool.status()["jobs"]) <= {"done", "cancelled"}, pool.status()
+    deadline = time.monotonic() + 30
+    while _processes_with(connection_file):  # cancelled jobs take a moment to exit
+        assert time.monotonic() < deadline, _processes_with(connection_file)
+        time.sleep(0.1)
+
+
+def _processes_with(text):
+    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split() if int(pid) != os.getpid()]
+
+
 class DimuonProcessorWithBug(DimuonProcessor):
     def process(self, events):
         raise ValueError("a bug in the analysis")
@@ -278,6 +320,10 @@ def test_copies_share_one_manager():
         DaskVinePyExecutor(treereduction=1)
     with pytest.raises(ValueError, match="tcp://"):
         DaskVinePyExecutor(manager="not an address")
+    with pytest.raises(ValueError, match="max_workers"):
+        DaskVinePyExecutor(provider=object(), max_workers=0)
+    with pytest.raises(ValueError, match="pool_options"):
+        DaskVinePyExecutor(provider=object(), pool_options={"cores": 4})
 
 
 def test_core_never_imports_coffea():

@@ -71,6 +71,31 @@ def test_field_types_are_checked():
         p.check_fields(p.Register(1, "w", "many", 0, "h", "tcp://x:1", 1))
 
 
+def test_status_records_round_trip_and_are_checked():
+    """A factory's status client and the manager (issue 16): requests one way, answers
+    the other, each field checked like every other record's."""
+    request = [p.StatusRequest(p.PROTOCOL_VERSION, "factory-login1-42"),
+               p.RetireWorker("pool1-42-0", "idle for 60 s")]  # fmt: skip
+    assert p.decode(p.encode(request), p.FROM_CLIENT) == request
+    reply = p.StatusReply(12, (("pool1-42-0", 4, 0.0), ("pool1-42-1", 8, 61.5)))
+    assert p.decode(p.encode([reply]), p.TO_CLIENT) == [reply]
+    with pytest.raises(ProtocolError, match="unexpected record StatusReply"):
+        p.decode(p.encode([reply]), p.TO_MANAGER)  # a worker's direction
+    with pytest.raises(ProtocolError, match="unexpected record StatusRequest"):
+        p.decode(p.encode(request[:1]), p.TO_MANAGER)
+    for bad, field in [
+        (p.StatusRequest("4", "f"), "StatusRequest.version"),
+        (p.RetireWorker(b"w", "r"), "RetireWorker.name"),
+        (p.StatusReply(-1, ()), "StatusReply.cores_needed"),
+        (p.StatusReply(1, (("w", 0, 1.0),)), "StatusReply.workers"),
+        (p.StatusReply(1, (("w", 1, float("nan")),)), "StatusReply.workers"),
+        (p.StatusReply(1, (("w", 1),)), "StatusReply.workers"),
+        (p.StatusReply(1, [("w", 1, 1.0)]), "StatusReply.workers"),
+    ]:
+        with pytest.raises(ProtocolError, match=field):
+            p.check_fields(bad)
+
+
 def test_exceptions_travel_with_their_traceback():
     try:
         {}["missing"]

@@ -656,9 +656,14 @@ VALID = {
     p.Shutdown: (_TEXT,),
     p.GetData: (_IDS,),
     p.Data: (_ID, _VALUE),
+    p.StatusRequest: (_ID, _TEXT),
+    p.RetireWorker: (_TEXT, _TEXT),
+    p.StatusReply: (_SIZE, st.lists(st.tuples(_TEXT, st.integers(1, 64), _SECONDS),
+                                    max_size=3).map(tuple)),
 }  # fmt: skip
 DIRECTIONS = {"TO_MANAGER": p.TO_MANAGER, "TO_WORKER": p.TO_WORKER, "TO_PEER": p.TO_PEER,
-              "FROM_PEER": p.FROM_PEER}  # fmt: skip
+              "FROM_PEER": p.FROM_PEER, "FROM_CLIENT": p.FROM_CLIENT,
+              "TO_CLIENT": p.TO_CLIENT}  # fmt: skip
 
 _SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(),
                     st.text(max_size=6), st.binary(max_size=6))  # fmt: skip

@@ -22,6 +22,13 @@ of the same executor, until ``close()``, the end of a ``with`` block, or the exe
 dropped. coffea's ``TaskVineExecutor`` keeps its manager in a module global instead; here nothing
 outlives the executor that owns it.
 
+With ``provider=`` (any Parsl execution provider: ``SlurmProvider``, ``CondorProvider``...) the
+workers come from a batch system instead of this machine: the handle starts a worker pool on
+the manager (``manager.scale``), sized to the work between ``min_workers`` and ``max_workers``,
+and closes it, cancelling its jobs, when the executor closes::
+
+    executor = DaskVinePyExecutor(provider=SlurmProvider(...), max_workers=50, cores=12)
+
 This module imports coffea; ``import daskvine_py`` never imports this module.
 """
 
@@ -34,7 +41,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -47,6 +54,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .errors import TaskFailed
 from .manager import Manager
 from .protocol import split_address
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
 
 __all__ = ["DaskVinePyExecutor", "accumulation_graph"]
 
@@ -151,7 +161,8 @@ def accumulation_graph(
 class _Shared:
     """The manager that all copies of one executor use: started once, kept warm."""
 
-    __slots__ = ("lock", "manager", "finalizer", "local_workers", "__weakref__")
+    __slots__ = ("lock", "manager", "finalizer", "local_workers", "pool", "pool_finalizer",
+                 "__weakref__")  # fmt: skip
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -159,33 +170,53 @@ class _Shared:
         #: closes a manager we started; runs at close(), when the handle is dropped, or at exit
         self.finalizer: weakref.finalize | None = None
         self.local_workers = 0
+        #: the worker pool on a batch system (``provider=``), and what closes it
+        self.pool: WorkerPool | None = None
+        self.pool_finalizer: weakref.finalize | None = None
 
-    def start(self, spec: Manager | str | None, workers: int, cores: int) -> Manager:
+    def start(
+        self,
+        spec: Manager | str | None,
+        workers: int,
+        cores: int,
+        pool: dict[str, Any] | None = None,
+    ) -> Manager:
         with self.lock:
             if self.manager is None:
                 if isinstance(spec, Manager):
                     manager = spec
                 else:
-                    host, port = ("127.0.0.1", 0) if spec is None else split_address(spec)
+                    # Jobs of a batch system land on other nodes: listen where they reach.
+                    default = "0.0.0.0" if pool is not None else "127.0.0.1"
+                    host, port = (default, 0) if spec is None else split_address(spec)
                     manager = Manager(host=host, port=port)
                     self.finalizer = weakref.finalize(self, manager.close)
                 self.manager = manager
             manager = self.manager
             # The embedded manager's workers are all ours: replace those that died since
             # the last run (out of memory, killed). Elsewhere, start ours once.
-            alive = len(manager.workers) if spec is None else self.local_workers
+            embedded = spec is None and pool is None
+            alive = len(manager.workers) if embedded else self.local_workers
             if workers > alive:
                 manager.start_workers(workers - alive, cores=cores)
                 self.local_workers = workers
+            if pool is not None and self.pool is None:
+                options = dict(pool)
+                self.pool = manager.scale(options.pop("provider"), cores=cores, **options)
+                self.pool_finalizer = weakref.finalize(self, self.pool.close)
             return manager
 
     def close(self) -> None:
         with self.lock:
+            if self.pool_finalizer is not None:
+                self.pool_finalizer()  # its jobs cancelled, also on a manager we were given
             if self.finalizer is not None:
                 self.finalizer()
             self.manager = None
             self.finalizer = None
             self.local_workers = 0
+            self.pool = None
+            self.pool_finalizer = None
 
 
 def local_cores() -> int:
@@ -211,10 +242,23 @@ class DaskVinePyExecutor(ExecutorBase):
         ``connection_file`` of ``start()``'s manager); a graph submitted before any
         worker joins waits for one.
     workers
-        Local worker processes to start. Default: one per core with the embedded manager,
-        none otherwise.
+        Local worker processes to start. Default: one per core with the embedded manager
+        and no ``provider``, none otherwise.
     cores
-        Cores (library processes) of each local worker.
+        Cores (library processes) of each local worker, and of each worker of the pool.
+    provider
+        A Parsl execution provider (``SlurmProvider``, ``CondorProvider``, ``LocalProvider``
+        ...; ``pip install 'daskvine-py[batch]'``): the manager gets a worker pool on it
+        (``manager.scale``), closed with the executor, which cancels its jobs. Without
+        ``manager``, the manager then listens on every interface (``tcp://0.0.0.0``, a
+        free port), since the jobs run on other nodes; give ``manager`` an address to
+        choose the port (a firewall's) or ``127.0.0.1`` for jobs on this machine.
+    min_workers, max_workers, idle_timeout
+        The pool's bounds on its jobs, and how long a worker of it may sit idle before it
+        leaves (seconds), as for ``manager.scale``.
+    pool_options
+        The pool's other options (``memory``, ``disk``, ``poll_interval``, ``python``,
+        ``manager_timeout``; see ``pool.WorkerPool``).
     treereduction
         Partial results merged per ``accumulate`` task. Smaller bounds the memory of a
         merging worker more tightly, at the cost of more tasks and a deeper tree.
@@ -242,6 +286,11 @@ class DaskVinePyExecutor(ExecutorBase):
     cores: int = 1
     treereduction: int = 20
     retries: int = 3
+    provider: Any = None
+    min_workers: int = 0
+    max_workers: int = 1
+    idle_timeout: float = 60.0
+    pool_options: dict[str, Any] = field(default_factory=dict)
     #: shared by the copies Runner makes; not a user option
     _shared: _Shared | None = field(default=None, repr=False, compare=False)
 
@@ -254,6 +303,20 @@ class DaskVinePyExecutor(ExecutorBase):
             raise ValueError(f"workers must be >= 0, not {self.workers}")
         if self.cores < 1:
             raise ValueError(f"cores must be >= 1, not {self.cores}")
+        if self.provider is not None:
+            if not 0 <= self.min_workers <= self.max_workers or self.max_workers < 1:
+                raise ValueError(
+                    "need 0 <= min_workers <= max_workers and max_workers >= 1, not "
+                    f"{self.min_workers} and {self.max_workers}"
+                )
+            if not self.idle_timeout > 0:
+                raise ValueError(f"idle_timeout must be > 0, not {self.idle_timeout}")
+            reserved = {"provider", "cores", "min_workers", "max_workers", "idle_timeout"}
+            if reserved & set(self.pool_options):
+                raise ValueError(
+                    f"give {sorted(reserved & set(self.pool_options))} as the executor's "
+                    "own arguments, not in pool_options"
+                )
         if isinstance(self.manager, str):
             split_address(self.manager)  # fail at construction, not in the middle of a run
         elif self.manager is not None and not isinstance(self.manager, Manager):
@@ -275,11 +338,26 @@ class DaskVinePyExecutor(ExecutorBase):
         if self.workers is not None:
             workers = self.workers
         else:
-            workers = local_cores() if self.manager is None else 0
-        return self._shared.start(self.manager, workers, self.cores)
+            workers = local_cores() if self.manager is None and self.provider is None else 0
+        pool = None
+        if self.provider is not None:
+            pool = {
+                **self.pool_options,
+                "provider": self.provider,
+                "min_workers": self.min_workers,
+                "max_workers": self.max_workers,
+                "idle_timeout": self.idle_timeout,
+            }
+        return self._shared.start(self.manager, workers, self.cores, pool)
+
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The worker pool of ``provider``, once started (``pool.status()``: its jobs)."""
+        return None if self._shared is None else self._shared.pool
 
     def close(self) -> None:
-        """Stop a manager this executor started, with its workers (a given one is kept)."""
+        """Stop a manager this executor started, with its workers, and cancel the jobs of
+        its pool (a given manager is kept)."""
         if self._shared is not None:
             self._shared.close()
 

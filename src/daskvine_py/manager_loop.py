@@ -46,6 +46,7 @@ from . import state as s
 from .errors import ManagerDied, ProtocolError, RunCancelled, SchedulerError, VersionMismatch
 from .liveness import Liveness
 from .options import ManagerOptions
+from .pooling import Demand
 from .runinfo import MANAGER
 from .transport import has_more, send_batch
 from .watching import Run, Watching
@@ -73,6 +74,9 @@ _STATE_REPORTS = frozenset(
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.
 HOSTNAME = socket.gethostname()
+#: What an identity that has not registered may send: a registration, or a status
+#: client's records (``StatusRequest``, ``RetireWorker``).
+_FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 
 # -- commands: what caller threads ask of the loop ----------------------------------------
 
@@ -107,16 +111,6 @@ class Retire(NamedTuple):
 
     name: str
     reason: str
-
-
-class Demand(NamedTuple):
-    """What the work asks of the workers, published with every timer check (worker pools
-    size themselves on it)."""
-
-    #: tasks queued here and tasks on workers: the cores the work could use now
-    cores_needed: int
-    #: worker name -> (cores, seconds since it last held a task; 0 while it holds any)
-    workers: dict[str, tuple[int, float]]
 
 
 class WorkerInfo:
@@ -378,7 +372,7 @@ class IOLoop:
             self.received_bytes += sum(b.nbytes for b in buffers)
             info = self.workers.get(ident)
             try:
-                messages = p.unpack(buffers, p.TO_MANAGER)
+                messages = p.unpack(buffers, _FROM_STRANGERS if info is None else p.TO_MANAGER)
             except ProtocolError as exc:
                 if info is not None:
                     self._unreadable(ident, info, exc)
@@ -446,11 +440,15 @@ class IOLoop:
             self.events.append(s.FromWorker(ident, message))
 
     def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
-        """Messages from an identity that has not registered: only ``Register`` counts.
+        """Messages from an identity that has not registered: only ``Register`` counts,
+        unless they are a status client's (``_on_client``).
 
         Its version is read first, before its other fields are checked: another version
         may mean other fields, and deserves a clear mismatch rather than a malformed one.
         """
+        if any(type(m) in p.FROM_CLIENT for m in messages):
+            self._on_client(ident, messages, now)
+            return
         reg = next((m for m in messages if type(m) is p.Register), None)
         if reg is None:
             self._drops.warn(
@@ -486,6 +484,42 @@ class IOLoop:
         )
         self.events.append(s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address))
         self.watching.worker_joined(now, reg.name, reg.cores, reg.hostname)
+
+    def _on_client(self, ident: bytes, messages: list, now: float) -> None:
+        """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
+        with the work's demand, each ``RetireWorker`` retires a worker. The client never
+        registers; a record of another kind in its batch is dropped."""
+        for message in messages:
+            kind = type(message)
+            if kind is p.StatusRequest and len(message) and type(message[0]) is int:
+                if message[0] != p.PROTOCOL_VERSION:
+                    error = (
+                        f"a status client speaks protocol version {message[0]}, but the "
+                        f"manager speaks version {p.PROTOCOL_VERSION}: install the same "
+                        "daskvine-py on both"
+                    )
+                    self._drops.warn(("client version",), now, "rejected %s", error)
+                    self.outboxes.setdefault(ident, []).append(p.Rejected(error))
+                    continue
+            try:
+                if kind not in p.FROM_CLIENT:
+                    raise ProtocolError(f"a {kind.__name__} in a status client's batch")
+                p.check_fields(message)
+            except ProtocolError as exc:
+                self._drops.warn(
+                    ("malformed", "status clients"), now, "dropped a malformed record from "
+                    "status client %r: %s", ident[:32], exc,
+                )  # fmt: skip
+                continue
+            if kind is p.RetireWorker:
+                self._on_retire(Retire(message.name, message.reason))
+                continue
+            logger.debug("status request from %s", message.name)
+            self.wants_demand = True  # from now on, idle times are sampled every check
+            self._publish_demand(now)
+            demand = self.demand
+            loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
+            self.outboxes.setdefault(ident, []).append(p.StatusReply(demand.cores_needed, loads))
 
     def _lose_worker(self, ident: bytes, reason: str) -> None:
         info = self.workers.pop(ident, None)

@@ -2,11 +2,15 @@
 
 ``manager.scale(provider, min_workers=0, max_workers=N, cores=...)`` returns a running
 ``WorkerPool``: a thread that, every ``poll_interval`` seconds, asks the provider for its
-jobs' states and the manager for the work's demand (``manager_loop.Demand``), hands both to
-the pure ``pooling.PoolPlanner``, and carries out its plan: submit
+jobs' states and its ``WorkSource`` for the work's demand (``pooling.Demand``), hands both
+to the pure ``pooling.PoolPlanner``, and carries out its plan: submit
 ``python -m daskvine_py.worker`` jobs, cancel pending jobs no longer needed, retire idle
 workers (the manager tells them to leave; their jobs then end), and report jobs that
 failed with the batch system's own message (a warning, and in ``status()``).
+
+The work source is the ``Manager`` itself in its own process (``manager.scale``), or a
+``status.StatusClient`` that asks a manager elsewhere over its port
+(``python -m daskvine_py.factory``): the pool does the same with either.
 
 A job's worker joins with the manager's connection file, named in the job's command; the
 file (mode 0600) must be readable where the job runs: a shared home directory, or a path
@@ -24,16 +28,29 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .pooling import LIVE_STATES, PoolJob, PoolPlanner, WorkerView, job_state
-
-if TYPE_CHECKING:
-    from .manager import Manager
+from .pooling import LIVE_STATES, Demand, PoolJob, PoolPlanner, WorkerView, job_state
 
 logger = logging.getLogger("daskvine_py.pool")
 
 _POOL_IDS = itertools.count(1)
+
+
+class WorkSource(Protocol):
+    """What a pool sizes itself on, and how it retires a worker: a ``Manager`` (in its
+    own process), or a ``status.StatusClient`` (a manager elsewhere)."""
+
+    #: the connection file the pool's workers join with
+    connection_file: str
+
+    def demand(self) -> Demand:
+        """The cores the work could use now, and each connected worker's idle time."""
+        ...
+
+    def retire(self, name: str, reason: str) -> None:
+        """Tell the worker ``name`` to leave."""
+        ...
 
 
 class WorkerPool:
@@ -41,8 +58,10 @@ class WorkerPool:
 
     Parameters
     ----------
-    manager
-        The manager the workers join.
+    source
+        The manager the workers join (``manager.scale`` passes itself), or a
+        ``status.StatusClient`` for a manager elsewhere: it says how much work is waiting,
+        retires idle workers, and names the connection file the jobs join with.
     provider
         A Parsl ``ExecutionProvider`` (``SlurmProvider``, ``CondorProvider``,
         ``LocalProvider``...), configured with the batch system's own options
@@ -65,7 +84,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        manager: Manager,
+        source: WorkSource,
         provider: Any,
         *,
         min_workers: int = 0,
@@ -78,14 +97,14 @@ class WorkerPool:
         python: str = sys.executable,
         manager_timeout: float = 60.0,
     ) -> None:
-        self.manager = manager
+        self.source = source
         self.provider = provider
         self.planner = PoolPlanner(cores, min_workers, max_workers, idle_timeout)
         self.poll_interval = poll_interval
         self.name = f"pool{next(_POOL_IDS)}-{os.getpid()}"
         self._worker_args = [
             python, "-m", "daskvine_py.worker",
-            "--connection-file", manager.connection_file,
+            "--connection-file", source.connection_file,
             "--cores", str(cores),
             "--manager-timeout", str(manager_timeout),
         ]  # fmt: skip
@@ -101,6 +120,8 @@ class WorkerPool:
         #: failures reported so far: the batch system's words, newest last
         self.failures: list[str] = []
         self._numbers = itertools.count()
+        #: why the last look at the work failed (a manager that does not answer), if it did
+        self._unreachable: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"daskvine-{self.name}", daemon=True)
@@ -154,7 +175,17 @@ class WorkerPool:
 
     def _tick(self, now: float) -> None:
         self._refresh_states()
-        demand = self.manager.demand()
+        try:
+            demand = self.source.demand()
+        except ConnectionError as exc:  # a manager elsewhere that does not answer (yet)
+            if self._unreachable is None:
+                logger.warning("pool %s: %s; submitting nothing until it answers",
+                               self.name, exc)  # fmt: skip
+            self._unreachable = str(exc)
+            return
+        if self._unreachable is not None:
+            logger.warning("pool %s: the manager answers again", self.name)
+            self._unreachable = None
         ours = {job.worker for job in self.jobs.values()}
         # Cores of workers outside this pool (local ones, another pool's) serve the work
         # first: the pool covers the rest.
@@ -171,7 +202,9 @@ class WorkerPool:
         if plan.cancel:
             self.provider.cancel(plan.cancel)
         for name in plan.retire:
-            self.manager.retire(name, f"idle for {self.planner.idle_timeout:.0f} s")
+            logger.info("pool %s: retiring worker %s, idle for %g s", self.name, name,
+                        self.planner.idle_timeout)  # fmt: skip
+            self.source.retire(name, f"idle for {self.planner.idle_timeout:g} s")
         for _ in range(plan.submit):
             if not self._submit(now):
                 break

@@ -30,12 +30,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 #: Job states, as the pool sees them (a provider's states mapped onto these).
 JobStateName = Literal["pending", "running", "done", "failed", "held", "cancelled"]
 #: States in which a job counts towards the pool's size.
 LIVE_STATES = frozenset({"pending", "running"})
+
+
+class Demand(NamedTuple):
+    """What the work asks of the workers: the manager's I/O thread computes it (it is what
+    ``Manager.demand()`` returns, and what a ``protocol.StatusReply`` carries)."""
+
+    #: tasks queued at the manager and tasks on workers: the cores the work could use now
+    cores_needed: int
+    #: worker name -> (cores, seconds since it last held a task; 0 while it holds any)
+    workers: dict[str, tuple[int, float]]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The wire protocol between manager, workers and peers: message kinds and framing.
+"""The wire protocol between manager, workers, peers and status clients: message kinds
+and framing.
 
 Every ZeroMQ message is one batch::
 
@@ -12,7 +13,8 @@ batch carries as many operations as accumulated during one loop iteration.
 Messages are pickles: only holders of the run's keys reach a decoder (``security``); with
 ``security=False`` a port must only be reachable from a trusted network, as with
 ``dask.distributed`` without TLS. What arrives is still checked, in every direction
-(``TO_MANAGER``, ``TO_WORKER``, ``TO_PEER``, ``FROM_PEER``): a batch that is not ours (wrong
+(``TO_MANAGER``, ``TO_WORKER``, ``TO_PEER``, ``FROM_PEER``; ``FROM_CLIENT`` and
+``TO_CLIENT`` between the manager and a status client): a batch that is not ours (wrong
 magic, garbage, records of another direction) raises ``ProtocolError`` in ``unpack``, and
 so does a record with a field of the wrong type, inside containers too, in
 ``check_fields`` (see "validation" below). ``decode`` does both. The receiver drops what
@@ -236,6 +238,38 @@ class Shutdown(NamedTuple):
     reason: str
 
 
+# -- status client <-> manager ----------------------------------------------------------
+#
+# A status client (``python -m daskvine_py.factory``, through ``status.StatusClient``) holds
+# the run's keys, as workers do, but never registers: it asks how much work is waiting
+# and may tell an idle worker of its pool to leave. The manager answers a request from
+# any authenticated identity that has not registered as a worker.
+
+
+class StatusRequest(NamedTuple):
+    """How much work is waiting, and how idle is each worker? (answer: ``StatusReply``;
+    ``Rejected`` for another protocol version)."""
+
+    version: int
+    name: str  #: the client's name, for the manager's log
+
+
+class RetireWorker(NamedTuple):
+    """Tell the worker of this name to leave (a pool retiring an idle worker of its own)."""
+
+    name: str
+    reason: str
+
+
+class StatusReply(NamedTuple):
+    """What ``manager_loop.Demand`` holds, as it was when the request arrived."""
+
+    #: tasks queued at the manager and tasks on workers: the cores the work could use now
+    cores_needed: int
+    #: (worker name, cores, seconds since it last held a task) for each connected worker
+    workers: tuple[tuple[str, int, float], ...]
+
+
 # -- worker <-> worker ----------------------------------------------------------------
 
 
@@ -258,6 +292,8 @@ TO_WORKER = frozenset(
 )  # fmt: skip
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
+FROM_CLIENT = frozenset({StatusRequest, RetireWorker})
+TO_CLIENT = frozenset({StatusReply, Rejected})
 
 
 # -- validation -------------------------------------------------------------------------
@@ -289,6 +325,7 @@ _BUFFER_TYPES = (bytes, bytearray, memoryview, pickle.PickleBuffer)
 #: passes small values on inside ``Execute``, and a memoryview cannot be pickled again.
 _HEADER_TYPES = (bytes, bytearray)
 _NUMBER = (int, float)
+_NUMBER_SET = frozenset(_NUMBER)
 #: Dask's keys: these, and tuples of them (``dask.core.iskey``), nested this deep at most.
 _KEY_ATOMS = (str, bytes, int, float)
 _KEY_ATOM_SET = frozenset(_KEY_ATOMS)
@@ -343,6 +380,21 @@ def _transfer_counts(values: tuple) -> str | None:
             or value[1] < 0
         ):
             return f"holds {value!r:.60}, not (peer address, bytes)"
+    return None
+
+
+def _worker_loads(values: tuple) -> str | None:
+    for value in values:
+        if (
+            type(value) is not tuple
+            or len(value) != 3
+            or type(value[0]) is not str
+            or type(value[1]) is not int
+            or value[1] < 1
+            or type(value[2]) not in _NUMBER_SET
+            or _seconds(value[2]) is not None
+        ):
+            return f"holds {value!r:.60}, not (worker name, cores, idle seconds)"
     return None
 
 
@@ -451,6 +503,10 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Replicate: (_ID, _TEXTS),
     Heartbeat: (),
     Shutdown: (_TEXT,),
+    # status client <-> manager
+    StatusRequest: (_ID, _TEXT),
+    RetireWorker: (_TEXT, _TEXT),
+    StatusReply: (_SIZE, _Field(tuple, _worker_loads)),
     # worker <-> worker
     GetData: (_IDS,),
     Data: (_ID, _VALUE),

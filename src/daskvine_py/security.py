@@ -266,9 +266,9 @@ HANDSHAKE_FAILURES = 2
 #: Handshake failures after which libzmq drops the connection for good.
 _FINAL_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _HANDSHAKE_FAILURE = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this worker's key",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this {who}'s key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this worker has",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this {who} has",
 }
 _HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -279,12 +279,14 @@ _HANDSHAKE_EVENTS = (
 
 
 class HandshakeWatch:
-    """The CurveZMQ handshakes of a worker's socket to its manager, so that a worker the
-    manager refuses exits saying why. Made before the socket connects."""
+    """The CurveZMQ handshakes of a worker's (or a status client's: ``who``) socket to its
+    manager, so that one the manager refuses exits saying why. Made before the socket
+    connects."""
 
-    def __init__(self, sock: zmq.Socket, has_keys: bool) -> None:
+    def __init__(self, sock: zmq.Socket, has_keys: bool, who: str = "worker") -> None:
         self.sock = sock
         self.has_keys = has_keys
+        self.who = who
         #: the monitor socket: readable when a handshake ended
         self.events = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         self.failures = 0
@@ -301,8 +303,9 @@ class HandshakeWatch:
             if event not in _FINAL_HANDSHAKE_FAILURES and self.failures < HANDSHAKE_FAILURES:
                 continue
             if not self.has_keys:
-                return "this worker has no keys, and the manager requires them"
-            return _HANDSHAKE_FAILURE.get(event, f"handshake failed (event {event})")
+                return f"this {self.who} has no keys, and the manager requires them"
+            reason = _HANDSHAKE_FAILURE.get(event, "handshake failed (event {event})")
+            return reason.format(who=self.who, event=event)
         return None
 
     def close(self) -> None:
