@@ -305,3 +305,47 @@ def test_start_workers_hands_the_worker_flags_to_its_processes():
         assert argv[argv.index("--fetch-timeout") + 1] == "2.5"
         assert argv[argv.index("--memory") + 1] == "300"
         assert manager.get({"x": (sum, [1, 2])}, "x") == dask.get({"x": (sum, [1, 2])}, "x")
+
+
+def produce_logged(i, path):
+    with open(os.path.join(path, f"a{i}"), "a") as log:
+        log.write("ran\n")
+    time.sleep(0.05)  # not tiny: one at a time, spread over the libraries
+    return [float(i)] * 50_000
+
+
+def kill_own_library_once(marker, *arrays):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(7)  # the library process dies, with the results it kept live
+    return float(len(arrays))
+
+
+def add_sum(values, extra):
+    return sum(values) + extra
+
+
+def test_a_dead_library_costs_only_the_results_it_kept_live(tmp_path):
+    """A task kills its library process: the worker lives on, the results that library
+    kept live are recomputed from lineage (and only those), the answer is right."""
+    n = 8
+    runs, sync_runs = tmp_path / "runs", tmp_path / "sync"
+    runs.mkdir()
+    sync_runs.mkdir()
+
+    def graph(path, marker):
+        dsk = {f"a{i}": (produce_logged, i, str(path)) for i in range(n)}
+        dsk["boom"] = (kill_own_library_once, str(marker), *[f"a{i}" for i in range(n)])
+        dsk.update({f"b{i}": (add_sum, f"a{i}", "boom") for i in range(n)})
+        dsk["out"] = (sum, [f"b{i}" for i in range(n)])
+        return dsk
+
+    (tmp_path / "sync-marker").touch()  # the synchronous run must not exit
+    expected = dask.get(graph(sync_runs, tmp_path / "sync-marker"), "out")
+    with Manager() as manager:
+        (proc,) = manager.start_workers(1, cores=2)
+        got = manager.get(graph(runs, tmp_path / "marker"), "out", retries=1)
+        assert got == expected
+        assert proc.poll() is None and [w["pid"] for w in manager.workers.values()] == [proc.pid]
+    executions = sum(len(open(entry.path).readlines()) for entry in os.scandir(runs))
+    assert n < executions < 2 * n  # recomputed: what the dead library held, not the rest
