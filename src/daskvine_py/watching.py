@@ -140,8 +140,9 @@ class Watching:
             return
         if kind is p.TaskDone:
             run.log.done(
-                now, message.task_id, worker, message.duration, message.finished, message.nbytes
-            )
+                now, message.task_id, worker, message.duration, message.finished, message.nbytes,
+                message.serialization,
+            )  # fmt: skip
         elif kind is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
         else:
