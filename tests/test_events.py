@@ -10,6 +10,7 @@ import pytest
 
 from daskvine_py import ProtocolError, RunOptions
 from daskvine_py import protocol as p
+from daskvine_py import state as s
 from daskvine_py.events import (
     _RECORD,
     Dispatched,
@@ -22,6 +23,7 @@ from daskvine_py.events import (
 )
 from daskvine_py.report import SECTIONS, TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
 from daskvine_py.runinfo import MANAGER, RunInfo
+from daskvine_py.watching import Run, Watching
 
 
 def _log() -> EventLog:
@@ -54,7 +56,7 @@ def test_records_carry_every_event_in_order():
     done = next(r for r in records if r["event"] == "done")
     # The worker's clock, on the run's scale: ended at 0.35 s, ran 0.2 s.
     assert done == {"event": "done", "t": 0.4, "id": 1, "worker": "w1", "start": 0.15,
-                    "end": 0.35, "nbytes": 8}  # fmt: skip
+                    "end": 0.35, "nbytes": 8, "serialization": 0.0}  # fmt: skip
     dispatch = next(r for r in records if r["event"] == "dispatch")
     assert dispatch["key"] == ["inc", 0] and dispatch["prefix"] == "inc"
     assert records[-1]["outcome"] == "failed" and records[-1]["duration"] == pytest.approx(0.8)
@@ -97,10 +99,21 @@ _OLD_LOG = """\
 """
 
 
+#: Fields of the records added since ``_OLD_LOG`` was written (issue 15).
+_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds"}
+
+
 def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
     path = tmp_path / "old.jsonl"
     path.write_text(_OLD_LOG)
-    assert read_events(path) == list(_log().records())
+    today = [{k: v for k, v in r.items() if k not in _NEWER_FIELDS} for r in _log().records()]
+    assert read_events(path) == today
+    # Without the fields, tasks read as never (de)serialized.
+    old = summarize(read_events(path))
+    assert [t.duration for t in old.tasks] == pytest.approx([0.2, 0.3])
+    assert [t.serialization for t in old.tasks] == [0.0, 0.0]
+    assert old.seconds() == pytest.approx((0.5, 0.0))
+    assert "(de)serialization" in render(read_events(path))
 
 
 def test_entries_are_named_records_and_each_type_has_its_record():
@@ -135,6 +148,131 @@ def test_summarize_joins_dispatches_and_completions():
     assert summary.transfers == {("w1", "w2"): 800, ("w2", MANAGER): 16}
     assert [f["event"] for f in summary.failures] == ["erred", "worker_lost"]
     assert summary.failures[0]["key"] == "total"
+
+
+def test_a_task_starts_when_its_library_began_unpickling_its_inputs():
+    log = EventLog(1, wall_start=1000.0, mono_start=0.0, tasks=1, options={})
+    log.dispatch(0.0, 1, ("load", 0), "load", "w")
+    log.done(1.0, 1, "w", duration=0.25, finished=1000.9, nbytes=8, serialization=0.5)
+    (done,) = [r for r in log.records() if r["event"] == "done"]
+    assert (done["start"], done["end"], done["serialization"]) == (0.15, 0.9, 0.5)
+    (task,) = summarize(log.records()).tasks
+    assert (task.duration, task.serialization) == pytest.approx((0.25, 0.5))
+
+
+def _serializing_log() -> EventLog:
+    """Four tasks of two functions: "load" unpickles big inputs, "total" does not."""
+    log = EventLog(2, wall_start=1000.0, mono_start=0.0, tasks=4, options={})
+    log.worker(0.0, "w1", 1, "node1")
+    log.worker(0.0, "w2", 1, "node2")
+    for task_id, (key, worker) in enumerate(
+        [(("load", 0), "w1"), (("load", 1), "w2"), (("load", 2), "w1"), ("total", "w2")], 1
+    ):
+        log.dispatch(0.0, task_id, key, key[0] if isinstance(key, tuple) else key, worker)
+    # (task, worker, run seconds, serialization seconds, finished on the worker's clock)
+    for task_id, worker, run, ser, finished in [
+        (1, "w1", 0.5, 0.25, 1000.75), (2, "w2", 0.75, 1.0, 1001.75),
+        (3, "w1", 0.25, 0.25, 1001.5), (4, "w2", 0.5, 0.0, 1002.25),
+    ]:  # fmt: skip
+        log.done(finished - 1000.0 + 0.01, task_id, worker, run, finished, 8, ser)
+    info = RunInfo(2, {}, 4, 1000.0, 1002.5, "done")
+    info.run_seconds, info.serialization_seconds = 2.0, 1.5
+    log.end(2.5, "done", info)
+    return log
+
+
+class _Rows(HTMLParser):
+    """The text of every table row, cell by cell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _section_rows(page: str, section: str) -> list[list[str]]:
+    start = page.index(f"<section id='{section}'>")
+    parser = _Rows()
+    parser.feed(page[start : page.index("</section>", start)])
+    return parser.rows
+
+
+def test_serialization_per_function_beside_run_time_and_in_total():
+    page = render(_serializing_log().records())
+    rows = _section_rows(page, "durations")
+    assert rows[0] == ["function", "tasks", "run time", "mean", "median", "max", "share",
+                       "serialization"]  # fmt: skip
+    by_function = {row[0]: row for row in rows[1:]}
+    assert by_function["load"][1:3] == ["3", "1.50 s"]
+    assert by_function["load"][-1] == "1.50 s (50.0%)"  # 1.5 of 1.5 + 1.5
+    assert by_function["total"][1:3] == ["1", "500 ms"]
+    assert by_function["total"][-1] == "0 µs (0.0%)"
+    assert by_function["all functions"][1:3] == ["4", "2.00 s"]
+    assert by_function["all functions"][-1] == "1.50 s (42.9%)"  # 1.5 of 2 + 1.5
+    summary = dict(row for row in _section_rows(page, "summary") if len(row) == 2)
+    assert summary["tasks' run time"] == "2.00 s"
+    assert summary["(de)serialization"] == "1.50 s (42.9% of run + serialization)"
+    assert "run seconds" not in summary  # the totals show once, formatted
+    slowest = _section_rows(page, "slowest")
+    assert slowest[0][3:5] == ["duration", "serialization"]
+    assert slowest[1][:5] == ["('load', 1)", "load", "w2", "750 ms", "1.00 s"]
+
+
+def test_the_timeline_hatches_serialization_half_before_and_half_after_the_run():
+    page = render(_serializing_log().records())
+    timeline = page[page.index("<section id='worker-timeline'>") :]
+    timeline = timeline[: timeline.index("</section>")]
+    assert "(de)serializing" in timeline  # the legend's entry
+    assert timeline.count("class='task'") == 4
+    # Three tasks serialized: each bar has a hatched part at each end.
+    hatched = re.findall(r"<rect class='serializing' x='([\d.]+)' y='[\d.]+' "
+                         r"width='([\d.]+)'", timeline)  # fmt: skip
+    assert len(hatched) == 6
+    bars = re.findall(r"<rect class='task' x='([\d.]+)' y='[\d.]+' width='([\d.]+)'", timeline)
+    # ("load", 1) on w2 (its first lane, after w1's two tasks): 1.0 s of serialization
+    # around a 0.75 s run, from 0.0 s to 1.75 s; 880 pixels for 2.5 s, from x = 110.
+    x0, width = (float(v) for v in bars[2])
+    assert (x0, width) == pytest.approx((110, 880 * 1.75 / 2.5), abs=0.01)
+    before, after = [(float(x), float(w)) for x, w in hatched[4:6]]
+    assert before == pytest.approx((x0, 880 * 0.5 / 2.5), abs=0.01)  # 0.5 s: half of 1.0
+    assert after == pytest.approx((x0 + width - 880 * 0.5 / 2.5, 880 * 0.5 / 2.5), abs=0.01)
+
+
+def test_merged_bars_sum_their_tasks_run_and_serialization():
+    chart = _Chart(t_max=1.0, y_max=1, height=10)
+    lane = [TaskRun(i, i, "f", "w", i * 1e-4, i * 1e-4 + 5e-5, 0, serialization=1e-5)
+            for i in range(100)]  # fmt: skip
+    (bar,) = _merge(lane, chart)
+    assert bar.count == 100
+    assert (bar.run, bar.serialization) == pytest.approx((100 * 4e-5, 100 * 1e-5))
+
+
+def test_the_totals_reach_last_run_and_the_summary_of_a_run_without_a_log():
+    watching = Watching(lambda: (0, 0, 0))
+    run = Run(3)
+    run.info = RunInfo(3, {}, 10, 100.0, 102.5, "done")
+    watching.settle(run, s.RunDone(3, run_seconds=4.0, serialization_seconds=1.0))
+    assert (run.info.run_seconds, run.info.serialization_seconds) == (4.0, 1.0)
+    assert run.info.serialization_share == pytest.approx(0.2)
+    page = render(summary_records(run.info))
+    summary = dict(row for row in _section_rows(page, "summary") if len(row) == 2)
+    assert summary["(de)serialization"] == "1.00 s (20.0% of run + serialization)"
+    assert "kept no event log" in page
 
 
 class _Sections(HTMLParser):

@@ -96,6 +96,14 @@ def test_status_records_round_trip_and_are_checked():
             p.check_fields(bad)
 
 
+def test_a_task_done_with_its_serialization_takes_the_fast_check():
+    done = p.TaskDone(1, 2, 0.1, None, 1769000000.5, 0.02)
+    assert p._task_done_ok(done)  # not the slower rule-by-rule path
+    p.check_fields(done)
+    with pytest.raises(ProtocolError, match="TaskDone.serialization"):
+        p.check_fields(done._replace(serialization=-1.0))
+
+
 def test_exceptions_travel_with_their_traceback():
     try:
         {}["missing"]

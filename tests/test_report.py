@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from daskvine_py.events import read_events
 from daskvine_py.report import SECTIONS
+from daskvine_py.runinfo import MANAGER
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium")
                                         else None)  # fmt: skip
@@ -34,6 +36,70 @@ def _fail(x):
 def _array():
     x = da.arange(4_000, chunks=100)
     return ((x + 1) * 2).sum()
+
+
+#: Floats in each intermediate array of the serialization tests: 4 MB.
+_BIG = 500_000
+
+
+def _big(i):
+    return np.full(_BIG, float(i))
+
+
+def _shift(a, b):
+    return a + 0.5 * b
+
+
+def _total(*parts):
+    return float(sum(part.sum() for part in parts))
+
+
+def _crossing() -> tuple[dict, list]:
+    """Eight big arrays, each read with its neighbour's: the neighbours are made on both
+    workers, and the total reads every one of them on one."""
+    n = 8
+    dsk: dict = {("big", i): (_big, i) for i in range(n)}
+    dsk.update({("shift", i): (_shift, ("big", i), ("big", (i + 1) % n)) for i in range(n)})
+    dsk["total"] = (_total, *[("shift", i) for i in range(n)])
+    return dsk, ["total"]
+
+
+def _chain() -> tuple[dict, list]:
+    """One big array through twenty steps: each reads the last, live in its library."""
+    dsk: dict = {("link", 0): (_big, 1)}
+    dsk.update({("link", i): (_shift, ("link", i - 1), ("link", i - 1)) for i in range(1, 20)})
+    dsk["end"] = (_total, ("link", 19))
+    return dsk, ["end"]
+
+
+def _row_cells(page: str, section: str) -> dict[str, list[str]]:
+    """The cells of a section's table rows, by their first cell."""
+
+    class Rows(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.cell: list[str] | None = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append("".join(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell.append(data)
+
+    start = re.search(f"<section id=['\"]{section}['\"]>", page).start()  # ours, Chromium's
+    rows = Rows()
+    rows.feed(page[start : page.index("</section>", start)])
+    return {row[0]: row for row in rows.rows if row}
 
 
 class _Page(HTMLParser):
@@ -91,6 +157,68 @@ def test_report_and_event_log_of_a_real_run(shared_manager, tmp_path):
     later = tmp_path / "later.html"
     shared_manager.report(later)
     assert later.read_text() == report.read_text()
+
+
+@pytest.mark.integration
+def test_serialization_of_big_arrays_crossing_workers_is_reported(shared_manager, tmp_path):
+    """Issue 15: serialization per function beside run time, and its totals in last_run."""
+    report, log = tmp_path / "run.html", tmp_path / "run.jsonl"
+    dsk, keys = _crossing()
+    got = shared_manager.get(dsk, keys, report=report, event_log=log)
+    assert got == dask.get(dsk, keys)
+    info = shared_manager.last_run
+    assert info.serialization_seconds > 0 and info.run_seconds > 0
+    assert 0 < info.serialization_share < 1
+    assert any(MANAGER not in pair for pair in info.transfers)  # arrays crossed workers
+
+    # The totals are the sums over the tasks the log recorded (rounded to microseconds).
+    done = [r for r in read_events(log) if r["event"] == "done"]
+    assert len(done) == info.tasks == 17
+    tolerance = 3e-6 * len(done)
+    assert sum(r["serialization"] for r in done) == pytest.approx(
+        info.serialization_seconds, abs=tolerance
+    )
+    ran = sum(r["end"] - r["start"] - r["serialization"] for r in done)
+    assert ran == pytest.approx(info.run_seconds, abs=tolerance)
+
+    page = report.read_text()
+    durations = _row_cells(page, "durations")
+    head = durations["function"]
+    assert head[2] == "run time" and head[-1] == "serialization"
+    assert {"big", "shift", "total", "all functions"} <= set(durations)
+    for name in ("big", "shift", "total", "all functions"):
+        assert re.fullmatch(r"\S+ \S+ \(\d+\.\d%\)", durations[name][-1]), durations[name]
+    summary = _row_cells(page, "summary")
+    assert "of run + serialization" in summary["(de)serialization"][1]
+    assert "(de)serializing" in page  # the timeline's legend
+
+
+@pytest.mark.integration
+def test_a_chain_that_stays_live_reports_its_totals_without_an_event_log(shared_manager):
+    dsk, keys = _chain()
+    assert shared_manager.get(dsk, keys) == dask.get(dsk, keys)
+    info = shared_manager.last_run
+    assert info.events is None  # nothing recorded per task, and yet:
+    assert info.run_seconds > 0 and info.serialization_seconds >= 0
+    assert 0 <= info.serialization_share < 1
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_the_serialization_report_renders_in_headless_chromium(shared_manager, tmp_path):
+    report = tmp_path / "run.html"
+    dsk, keys = _crossing()
+    assert shared_manager.get(dsk, keys, report=report) == dask.get(dsk, keys)
+    text = report.read_text()
+    dom = _chromium(tmp_path, "--dump-dom", _probed(tmp_path, text, "probed.html"))
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = _parse(dom.stdout)
+    assert page.attrs.get("data-loaded") == "1", dom.stdout[:500]
+    assert "data-errors" not in page.attrs, page.attrs["data-errors"]
+    assert page.attrs.get("data-resources") == "0"  # the hatching is no fetch either
+    assert page.sections == list(SECTIONS) and page.tasks > 0
+    assert _row_cells(dom.stdout, "durations")["function"][-1] == "serialization"
+    assert 'id="serializing"' in dom.stdout  # the timeline's hatching, as Chromium read it
 
 
 @pytest.mark.integration

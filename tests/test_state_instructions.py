@@ -60,6 +60,31 @@ def test_an_unwatched_run_yields_no_watching_instructions():
     assert [type(i) for i in not_sent(out)] == [s.RunOutput, s.RunDone]
 
 
+def test_every_run_ends_with_the_seconds_its_tasks_ran_and_serialized():
+    """Watched or not: the state sums ``duration`` and ``serialization`` of the reports it
+    takes, and hands the sums over with ``RunDone`` (``manager.last_run`` shows them)."""
+    for watched in (False, True):
+        st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
+        st_.handle([joined(W1), joined(W2), pair(watched=watched)])
+        out = st_.handle([
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
+            s.FromWorker(W2, p.TaskDone(1, 8, 4.0, None, 0.0, 8.0)),  # stale: not counted
+            s.FromWorker(W1, p.TaskDone(2, 8, 0.125, dumps(3), 0.0, 1.0)),
+        ])  # fmt: skip
+        (done,) = [i for i in out if type(i) is s.RunDone]
+        assert done == s.RunDone(1, run_seconds=0.375, serialization_seconds=1.5)
+
+
+def test_a_failed_run_carries_the_seconds_of_the_tasks_done_before():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
+    st_.handle([joined(W1), pair(watched=False)])
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
+                      s.FromWorker(W1, p.TaskErred(2, None, "tb", "ValueError: no"))])  # fmt: skip
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert (failed.run_seconds, failed.serialization_seconds) == (0.25, 0.5)
+    assert failed.message == "ValueError: no" and not failed.crashed
+
+
 def test_inputs_sent_inside_execute_are_counted_once_per_worker_and_handle():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), pair(watched=False)])

@@ -8,7 +8,8 @@ records, one object per line, each entry type turned into its ``event`` by one f
     {"event": "run", "format": 1, "run": 3, "started": 1769000000.1, "tasks": 10000, ...}
     {"event": "worker", "t": 0.0, "worker": "local-0", "cores": 1, "host": "node7"}
     {"event": "dispatch", "t": 0.0031, "id": 17, "key": ["noop", 3], "prefix": "noop", ...}
-    {"event": "done", "t": 0.0052, "id": 17, "worker": "local-0", "start": 0.0041, ...}
+    {"event": "done", "t": 0.0052, "id": 17, "worker": "local-0", "start": 0.0041,
+     "end": 0.0049, "nbytes": 28, "serialization": 0.0001}
     {"event": "sample", "t": 0.1, "waiting": 0, "ready": 5210, "processing": 36, ...}
     {"event": "transfer", "source": "local-0", "destination": "manager", "bytes": 80}
     {"event": "end", "t": 1.93, "outcome": "done", ...}
@@ -19,6 +20,9 @@ A path ending in ``.gz`` is gzip-compressed (about ten times smaller). Times ``t
 seconds since the run started, on the manager's clock; ``start``/``end`` of a task are the
 worker's own clock, on the same scale (remote workers need synchronised clocks for them to
 line up; a worker clock ahead of the manager's is clamped to when the result arrived).
+A task's ``start`` is when its library began on it: ``end - start`` is its run time plus its
+``serialization`` (unpickling inputs, pickling the result); logs written before
+``serialization`` was recorded lack the field, and read as 0.
 
 The performance report (``report.py``) is built from these records alone, so
 ``python -m daskvine_py report run.jsonl -o run.html`` rebuilds it later.
@@ -66,7 +70,9 @@ class Dispatched(NamedTuple):
 
 
 class Finished(NamedTuple):
-    """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale."""
+    """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale,
+    ``duration`` the call's seconds and ``serialization`` its library's seconds unpickling
+    its inputs and pickling its result besides."""
 
     t: float
     id: int
@@ -74,6 +80,7 @@ class Finished(NamedTuple):
     end: float
     duration: float
     nbytes: int
+    serialization: float = 0.0
 
 
 class Erred(NamedTuple):
@@ -149,11 +156,14 @@ class EventLog:
         self.entries.append(Dispatched(now - self.mono_start, task_id, key, prefix, worker))
 
     def done(
-        self, now: float, task_id: int, worker: str, duration: float, finished: float, nbytes: int
-    ) -> None:
+        self, now: float, task_id: int, worker: str, duration: float, finished: float,
+        nbytes: int, serialization: float = 0.0,
+    ) -> None:  # fmt: skip
         t = now - self.mono_start
         end = finished - self.wall_start if finished else t
-        self.entries.append(Finished(t, task_id, worker, min(end, t), duration, nbytes))
+        self.entries.append(
+            Finished(t, task_id, worker, min(end, t), duration, nbytes, serialization)
+        )
 
     def erred(self, now: float, task_id: int, worker: str, message: str) -> None:
         self.entries.append(Erred(now - self.mono_start, task_id, worker, message))
@@ -207,9 +217,10 @@ def _dispatched(e: Dispatched) -> dict[str, Any]:
 
 
 def _finished(e: Finished) -> dict[str, Any]:
+    start = e.end - e.duration - e.serialization  # when its library began on it
     return {"event": "done", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
-            "start": round(e.end - e.duration, 6), "end": round(e.end, 6),
-            "nbytes": e.nbytes}  # fmt: skip
+            "start": round(start, 6), "end": round(e.end, 6), "nbytes": e.nbytes,
+            "serialization": round(e.serialization, 6)}  # fmt: skip
 
 
 def _erred(e: Erred) -> dict[str, Any]:

@@ -598,13 +598,13 @@ class IOLoop:
                 elif kind is s.RunDone:
                     run = self.watching.pop(instruction.run_id, time.monotonic())
                     if run is not None:
-                        self.watching.settle(run)
+                        self.watching.settle(run, instruction)
                         run.done.set()
                 elif kind is s.RunFailed:
                     run = self.watching.pop(instruction.run_id, time.monotonic())
                     if run is not None:
                         run.failure = instruction
-                        self.watching.settle(run)
+                        self.watching.settle(run, instruction)
                         run.done.set()
                 elif kind is s.RunAborted:
                     self._end_failed(instruction.run_id, instruction.error, instruction.what)

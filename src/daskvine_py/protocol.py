@@ -526,9 +526,9 @@ _RULES: dict[type, _Rule] = {
 
 
 def _task_done_ok(m: Any) -> bool:
-    if len(m) != 5:
+    if len(m) != 6:
         return False
-    task_id, nbytes, duration, value, finished = m
+    task_id, nbytes, duration, value, finished, serialization = m
     return (
         type(task_id) is int
         and type(nbytes) is int
@@ -537,6 +537,8 @@ def _task_done_ok(m: Any) -> bool:
         and 0.0 <= duration < _INF
         and type(finished) is float
         and 0.0 <= finished < _INF
+        and type(serialization) is float
+        and 0.0 <= serialization < _INF
         and (value is None or _serialized(value) is None)
     )
 

@@ -7,11 +7,11 @@ no scripts, no network fetches, charts drawn here as inline SVG. Sections:
   further facts the run recorded (e.g. modules worth hoisting);
 - tasks waiting, ready, queued on workers and running over time (the TaskVine study's
   figure 12), from the manager's periodic samples;
-- one timeline per worker core of the tasks it ran, coloured by function (figure 13);
-  adjacent tasks of one function closer than a pixel merge, so the page stays small for
-  10^5 tasks;
+- one timeline per worker core of the tasks it ran, coloured by function (figure 13), the
+  part of each bar its library spent (de)serializing hatched; adjacent tasks of one
+  function closer than a pixel merge, so the page stays small for 10^5 tasks;
 - the bytes moved between each (source, destination) pair (figure 7);
-- durations per function, the slowest tasks, and what failed.
+- run and serialization time per function, the slowest tasks, and what failed.
 
 Pure functions of the records: tested without workers, rebuilt from a saved log by
 ``python -m daskvine_py report run.jsonl -o run.html``.
@@ -27,7 +27,7 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .runinfo import MANAGER
 
@@ -42,6 +42,13 @@ SECTIONS = (
     "summary", "options", "tasks-over-time", "worker-timeline", "transfers", "durations",
     "slowest", "failures",
 )  # fmt: skip
+#: Fields of the "end" record the summary shows in rows of their own, or elsewhere.
+_SHOWN_ELSEWHERE = frozenset(
+    {"event", "t", "outcome", "duration", "hoisting_candidates", "run_seconds",
+     "serialization_seconds"}
+)  # fmt: skip
+#: The hatching of the parts of the timeline's bars spent (de)serializing.
+SERIALIZING = "serializing"
 #: Colours for functions, most time-consuming first; the rest share the last one.
 PALETTE = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
@@ -51,7 +58,9 @@ PALETTE = (
 
 @dataclass
 class TaskRun:
-    """One task that finished, as the report sees it."""
+    """One task that finished, as the report sees it: its library worked on it from
+    ``start`` to ``end``, ``serialization`` seconds of which unpickling its inputs and
+    pickling its result, the rest running its function (``duration``)."""
 
     id: int
     key: Any
@@ -60,10 +69,11 @@ class TaskRun:
     start: float
     end: float
     nbytes: int
+    serialization: float = 0.0
 
     @property
     def duration(self) -> float:
-        return self.end - self.start
+        return max(0.0, self.end - self.start - self.serialization)
 
 
 @dataclass
@@ -91,6 +101,17 @@ class Summary:
         times = [t.end for t in self.tasks] + [s["t"] for s in self.samples]
         return max(times, default=0.0)
 
+    def seconds(self) -> tuple[float, float] | None:
+        """Seconds the run's tasks ran and (de)serialized: the run's own totals
+        (``RunInfo``, every finished task), else the sums over the recorded tasks (a log
+        from before the totals were kept); None when neither is known."""
+        end = self.end or {}
+        if "run_seconds" in end:
+            return float(end["run_seconds"]), float(end.get("serialization_seconds", 0.0))
+        if self.tasks:
+            return sum(t.duration for t in self.tasks), sum(t.serialization for t in self.tasks)
+        return None
+
 
 def summarize(records: Iterable[dict[str, Any]]) -> Summary:
     """Group event records (``events.EventLog.records`` or ``read_events``) by kind."""
@@ -116,6 +137,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
                     record["start"],
                     record["end"],
                     record["nbytes"],
+                    record.get("serialization", 0.0),  # not in logs of older versions
                 )  # fmt: skip
             )
         elif kind == "sample":
@@ -196,8 +218,16 @@ def _summary_table(summary: Summary) -> str:
             ("bytes of results made", _bytes(sum(t.nbytes for t in summary.tasks))),
         ]
     rows.append(("bytes moved", _bytes(sum(summary.transfers.values()))))
+    seconds = summary.seconds()
+    if seconds is not None:
+        run_seconds, serialization = seconds
+        rows += [
+            ("tasks' run time", _seconds(run_seconds)),
+            ("(de)serialization", f"{_seconds(serialization)} "
+                                  f"({_share(serialization, run_seconds)} of run + serialization)"),
+        ]  # fmt: skip
     for name, value in end.items():
-        if name not in ("event", "t", "outcome", "duration") and name != "hoisting_candidates":
+        if name not in _SHOWN_ELSEWHERE:
             rows.append((name.replace("_", " "), _value(value)))
     out = _table(("", ""), rows, header=False)
     if not summary.has_events:
@@ -271,7 +301,7 @@ def _timeline(summary: Summary, colours: dict[str, str]) -> str:
     rows = sum(max(1, len(lanes)) for lanes in lanes_by_worker.values())
     height = rows * lane_height + gap * len(lanes_by_worker)
     chart = _Chart(t_max, 1, height, left=110)
-    parts = [chart.time_axis("seconds since start")]
+    parts = [_HATCH, chart.time_axis("seconds since start")]
     y = chart.top
     for name, lanes in lanes_by_worker.items():
         block = max(1, len(lanes)) * lane_height
@@ -286,13 +316,8 @@ def _timeline(summary: Summary, colours: dict[str, str]) -> str:
         )
         for index, lane in enumerate(lanes):
             lane_y = y + index * lane_height + 1
-            for x0, x1, prefix, count, key in _merge(lane, chart):
-                label = f"{prefix}: {count} tasks" if count > 1 else f"{key} ({prefix})"
-                parts.append(
-                    f"<rect class='task' x='{x0:.2f}' y='{lane_y}' width='{x1 - x0:.2f}' "
-                    f"height='{lane_height - 2}' fill='{colours.get(prefix, PALETTE[-1])}'>"
-                    f"<title>{_e(label)}</title></rect>"
-                )
+            for bar in _merge(lane, chart):
+                parts.append(_bar(bar, lane_y, lane_height - 2, colours))
         if lost is not None:
             x = chart.x(lost)
             parts.append(
@@ -300,7 +325,12 @@ def _timeline(summary: Summary, colours: dict[str, str]) -> str:
                 f"stroke-width='2'><title>worker lost</title></line>"
             )
         y += block + gap
-    return chart.svg("".join(parts)) + _legend(colours)
+    serializing = (
+        "<span class='swatch hatched'></span>(de)serializing: unpickling inputs before the "
+        "run, pickling the result after it (half of the time each: the worker reports their "
+        "sum)"
+    )
+    return chart.svg("".join(parts)) + _legend(colours, serializing)
 
 
 def _transfers(summary: Summary) -> str:
@@ -332,13 +362,15 @@ def _durations(summary: Summary, colours: dict[str, str]) -> str:
     if not summary.tasks:
         return _empty("No finished tasks recorded.")
     by_prefix: dict[str, list[float]] = {}
+    serialization: dict[str, float] = {}
     for task in summary.tasks:
         by_prefix.setdefault(task.prefix, []).append(task.duration)
-    grand = sum(sum(d) for d in by_prefix.values()) or 1e-12
+        serialization[task.prefix] = serialization.get(task.prefix, 0.0) + task.serialization
+    grand = sum(sum(d) for d in by_prefix.values())
     rows = []
     for prefix, durations in sorted(by_prefix.items(), key=lambda kv: -sum(kv[1])):
         total = sum(durations)
-        share = 100 * total / grand
+        share = 100 * total / (grand or 1e-12)
         bar = (
             f"<span class='barbox'><span class='bar' style='width:{share:.1f}%;"
             f"background:{colours.get(prefix, PALETTE[-1])}'></span></span>"
@@ -347,8 +379,31 @@ def _durations(summary: Summary, colours: dict[str, str]) -> str:
             prefix, f"{len(durations):,}", _seconds(total), _seconds(total / len(durations)),
             _seconds(statistics.median(durations)), _seconds(max(durations)),
             _Raw(f"{bar}<span>{share:.1f}%</span>"),
+            _Raw(_serialization_cell(serialization[prefix], total)),
         ))  # fmt: skip
-    return _table(("function", "tasks", "total", "mean", "median", "max", "share"), rows)
+    all_serialization = sum(serialization.values())
+    rows.append((
+        _Raw("<b>all functions</b>"), f"{len(summary.tasks):,}", _seconds(grand),
+        _seconds(grand / len(summary.tasks)), "", "", "",
+        _Raw(_serialization_cell(all_serialization, grand)),
+    ))  # fmt: skip
+    head = ("function", "tasks", "run time", "mean", "median", "max", "share", "serialization")
+    return _table(head, rows) + (
+        "<p class='note'>Run time is the functions' calls; serialization is the time their "
+        "library processes spent unpickling the tasks' inputs and pickling their results "
+        "besides, and its share of both.</p>"
+    )
+
+
+def _serialization_cell(seconds: float, run_seconds: float) -> str:
+    share = _share(seconds, run_seconds)
+    return f"<span class='serialization'>{_e(_seconds(seconds))} ({share})</span>"
+
+
+def _share(serialization: float, run_seconds: float) -> str:
+    """``serialization``'s share of run + serialization, as text."""
+    busy = serialization + run_seconds
+    return f"{100 * serialization / busy:.1f}%" if busy > 0 else "0%"
 
 
 def _slowest(summary: Summary) -> str:
@@ -356,10 +411,12 @@ def _slowest(summary: Summary) -> str:
         return _empty("No finished tasks recorded.")
     slowest = sorted(summary.tasks, key=lambda t: -t.duration)[:SLOWEST]
     rows = [
-        (_key(t.key), t.prefix, t.worker, _seconds(t.duration), _seconds(t.start), _bytes(t.nbytes))
+        (_key(t.key), t.prefix, t.worker, _seconds(t.duration), _seconds(t.serialization),
+         _seconds(t.start), _bytes(t.nbytes))
         for t in slowest
-    ]
-    return _table(("key", "function", "worker", "duration", "started at", "result"), rows)
+    ]  # fmt: skip
+    head = ("key", "function", "worker", "duration", "serialization", "started at", "result")
+    return _table(head, rows)
 
 
 def _failures(summary: Summary) -> str:
@@ -468,9 +525,21 @@ def _lanes(tasks: list[TaskRun], cores: int) -> list[list[TaskRun]]:
     return lanes
 
 
-def _merge(lane: list[TaskRun], chart: _Chart) -> list[tuple[float, float, str, int, str]]:
+class _Bar(NamedTuple):
+    """One rectangle of a lane: a task, or neighbours of one function merged."""
+
+    x0: float
+    x1: float
+    prefix: str
+    count: int
+    key: str  #: the first task's
+    run: float  #: seconds of the tasks' calls
+    serialization: float  #: seconds of their (de)serialization
+
+
+def _merge(lane: list[TaskRun], chart: _Chart) -> list[_Bar]:
     """Rectangles of one lane: neighbours of one function less than a pixel apart merge."""
-    out: list[tuple[float, float, str, int, str]] = []
+    out: list[_Bar] = []
     current: list[Any] | None = None
     for task in lane:
         x0 = chart.x(task.start)
@@ -478,13 +547,43 @@ def _merge(lane: list[TaskRun], chart: _Chart) -> list[tuple[float, float, str, 
         if current is not None and task.prefix == current[2] and x0 - current[1] < 1.0:
             current[1] = max(current[1], x1)
             current[3] += 1
+            current[5] += task.duration
+            current[6] += task.serialization
             continue
         if current is not None:
-            out.append(tuple(current))  # type: ignore[arg-type]
-        current = [x0, x1, task.prefix, 1, _key(task.key)]
+            out.append(_Bar(*current))
+        current = [x0, x1, task.prefix, 1, _key(task.key), task.duration, task.serialization]
     if current is not None:
-        out.append(tuple(current))  # type: ignore[arg-type]
+        out.append(_Bar(*current))
     return out
+
+
+def _bar(bar: _Bar, y: float, height: int, colours: dict[str, str]) -> str:
+    """A bar in its function's colour, hatched where its library (de)serialized.
+
+    A library unpickles a task's inputs, calls its function, then pickles its result, and
+    reports the two serializations' sum: half is drawn before the run, half after. A bar
+    of merged tasks (each under a pixel) shows their summed shares the same way.
+    """
+    x0, x1 = bar.x0, bar.x1
+    if bar.count > 1:
+        label = f"{bar.prefix}: {bar.count} tasks"
+    else:
+        label = f"{bar.key} ({bar.prefix})"
+    label += f"; run {_seconds(bar.run)}, (de)serialization {_seconds(bar.serialization)}"
+    out = [
+        f"<rect class='task' x='{x0:.2f}' y='{y}' width='{x1 - x0:.2f}' height='{height}' "
+        f"fill='{colours.get(bar.prefix, PALETTE[-1])}'><title>{_e(label)}</title></rect>"
+    ]
+    busy = bar.run + bar.serialization
+    half = (x1 - x0) * bar.serialization / busy / 2 if busy > 0 else 0.0
+    if half >= 0.05:  # narrower is invisible: leave it out of the page
+        for start in (x0, x1 - half):
+            out.append(
+                f"<rect class='{SERIALIZING}' x='{start:.2f}' y='{y}' width='{half:.2f}' "
+                f"height='{height}' fill='url(#{SERIALIZING})'/>"
+            )
+    return "".join(out)
 
 
 def _natural(name: str) -> list[Any]:
@@ -500,13 +599,14 @@ def _colours(tasks: Sequence[TaskRun]) -> dict[str, str]:
     return {p: PALETTE[min(i, len(PALETTE) - 1)] for i, p in enumerate(ranked)}
 
 
-def _legend(colours: dict[str, str]) -> str:
+def _legend(colours: dict[str, str], extra: str = "") -> str:
+    """Swatches of the functions' colours; ``extra``: markup of further entries."""
     shown = list(colours.items())[: len(PALETTE)]
     items = "".join(
         f"<span class='swatch' style='background:{c}'></span>{_e(_short(p, 30))} " for p, c in shown
     )
     more = " (and others, in grey)" if len(colours) > len(PALETTE) else ""
-    return f"<p class='legend'>{items}{more}</p>"
+    return f"<p class='legend'>{items}{more}{extra}</p>"
 
 
 def _ticks(limit: float, count: int = 6) -> list[float]:
@@ -596,6 +696,13 @@ def _bytes(value: float) -> str:
     return f"{value} TB"
 
 
+#: White stripes over a bar's colour: the parts of the timeline spent (de)serializing.
+_HATCH = (
+    f"<defs><pattern id='{SERIALIZING}' width='4' height='4' patternUnits='userSpaceOnUse' "
+    "patternTransform='rotate(45)'><rect width='2' height='4' fill='#fff' "
+    "fill-opacity='0.8'/></pattern></defs>"
+)
+
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px auto; max-width: 1000px; color: #222; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
@@ -607,6 +714,7 @@ svg text { font: 11px system-ui, sans-serif; fill: #333; }
 svg text.worker { font-size: 11px; }
 .legend { font-size: 12px; } .note { color: #666; } .hint { background: #fff7e0; padding: 6px; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }
+.swatch.hatched { background: repeating-linear-gradient(45deg, #888 0 2px, #fff 2px 4px); }
 .barbox { display: inline-block; width: 120px; margin-right: 6px; vertical-align: middle; }
 .bar { display: block; height: 10px; min-width: 1px; }
 td { white-space: nowrap; } td.wrap { white-space: normal; }

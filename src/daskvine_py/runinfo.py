@@ -15,7 +15,8 @@ MANAGER = "manager"
 
 @dataclass
 class RunInfo:
-    """One run: its options, its size, its outcome, and the bytes it moved."""
+    """One run: its options, its size, its outcome, the bytes it moved, and the time its
+    tasks spent running and (de)serializing."""
 
     run_id: int
     #: the options of the ``get`` call (``RunOptions`` as a dict)
@@ -29,6 +30,13 @@ class RunInfo:
     outcome: str = ""
     #: bytes moved per (source, destination) worker name; ``MANAGER`` names the manager
     transfers: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: seconds the run's tasks ran (their functions' calls), summed over the tasks that
+    #: finished (a task run twice counts twice), and seconds their library processes spent
+    #: unpickling their inputs and pickling their results besides (not in ``run_seconds``;
+    #: inputs and results that stayed live cost none); 0 for a cancelled run and for one
+    #: the manager failed itself (``SchedulerError``)
+    run_seconds: float = 0.0
+    serialization_seconds: float = 0.0
     #: top-level modules the run's functions come from or use (third-party only): what
     #: ``import_modules`` could import once per library instead of once per task
     hoisting_candidates: list[str] = field(default_factory=list)
@@ -38,3 +46,10 @@ class RunInfo:
     @property
     def duration(self) -> float:
         return max(0.0, self.finished - self.started)
+
+    @property
+    def serialization_share(self) -> float:
+        """Serialization's share of the time the run's tasks held library processes
+        (``serialization_seconds / (run_seconds + serialization_seconds)``; 0 if none)."""
+        busy = self.run_seconds + self.serialization_seconds
+        return self.serialization_seconds / busy if busy > 0 else 0.0

@@ -11,7 +11,9 @@ with literal events. The records live in ``state_records``, the events and instr
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report the state
-takes about one of its tasks; unwatched runs pay one flag test per task for this.
+takes about one of its tasks; unwatched runs pay one flag test per task for this. Every
+run's ``RunDone`` or ``RunFailed`` carries the seconds its tasks ran and serialized, summed
+from the ``TaskDone`` reports taken (``manager.last_run``).
 
 Every run ends. Events are handled one at a time, and one that raises never takes the
 events beside it down: the runs it concerns fail with its exception (``RunAborted``: the
@@ -308,8 +310,11 @@ class SchedulerState(FailureHandling):
             if known is None or worker not in known.who_has:
                 self._send(worker, p.Release((msg.task_id,)))
             return
-        if task.run.watched:
-            self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
+        run = task.run
+        if run.watched:
+            self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
+        run.run_seconds += msg.duration
+        run.serialization_seconds += msg.serialization
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
@@ -320,12 +325,12 @@ class SchedulerState(FailureHandling):
             if msg.value is None:
                 raise ValueError(f"worker {worker.name} sent no value for output {task.key!r}")
             task.delivered = True
-            self._out.append(RunOutput(task.run.id, task.key, msg.value))
-            task.run.undelivered -= 1
+            self._out.append(RunOutput(run.id, task.key, msg.value))
+            run.undelivered -= 1
         self._transition(task, "memory", worker=worker)
-        if not task.run.undelivered:
-            self._out.append(RunDone(task.run.id))
-            self._drop_run(task.run)
+        if not run.undelivered:
+            self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
+            self._drop_run(run)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)

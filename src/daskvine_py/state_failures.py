@@ -158,10 +158,14 @@ class FailureHandling:
         message: str,
         crashed: bool,
     ) -> None:
+        run = task.run
         self._out.append(
-            RunFailed(task.run.id, task.key, worker.name, exception, traceback, message, crashed)
-        )
-        self._drop_run(task.run, failed=task)
+            RunFailed(
+                run.id, task.key, worker.name, exception, traceback, message, crashed,
+                run.run_seconds, run.serialization_seconds,
+            )
+        )  # fmt: skip
+        self._drop_run(run, failed=task)
 
     def _drop_run(
         self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None

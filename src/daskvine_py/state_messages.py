@@ -116,6 +116,10 @@ class RunOutput(NamedTuple):
 
 class RunDone(NamedTuple):
     run_id: int
+    #: seconds its tasks ran, and their libraries spent (de)serializing, summed over the
+    #: ``TaskDone`` reports the state took (``RunRecord``)
+    run_seconds: float = 0.0
+    serialization_seconds: float = 0.0
 
 
 class RunFailed(NamedTuple):
@@ -126,6 +130,9 @@ class RunFailed(NamedTuple):
     traceback: str
     message: str  #: what went wrong, for when there is no exception object
     crashed: bool  #: True: crashes/lost workers exhausted the retries
+    #: as in ``RunDone``: over the tasks that finished before the run failed
+    run_seconds: float = 0.0
+    serialization_seconds: float = 0.0
 
 
 class RunAborted(NamedTuple):

@@ -47,7 +47,7 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched",
+        "watched", "run_seconds", "serialization_seconds",
     )  # fmt: skip
 
     def __init__(
@@ -74,6 +74,10 @@ class RunRecord:
         #: outputs whose value has not reached the manager yet
         self.undelivered = len(self.outputs)
         self.retries = retries
+        #: sums of ``TaskDone.duration`` and ``TaskDone.serialization`` of its tasks, for
+        #: ``RunDone``/``RunFailed`` (every run: two additions per task)
+        self.run_seconds = 0.0
+        self.serialization_seconds = 0.0
 
 
 class TaskRecord:

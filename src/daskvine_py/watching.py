@@ -5,7 +5,10 @@ destination) name, and feeds the watched runs (a progress bar, a report or an ev
 from the instructions the scheduler state emits for them: ``state.TaskFinished``,
 ``state.Dispatched``, plus the workers joining and leaving and the state's ``load()``
 for samples. It never reads the state's records. Unwatched runs cost nothing here: the
-state emits nothing for them, and the loop skips sampling when none is watched.
+state emits nothing for them, and the loop skips sampling when none is watched. Every
+run's ``RunInfo`` gets its bytes moved and the seconds its tasks ran and (de)serialized
+(summed by the state, two additions per task, and handed over with ``RunDone`` or
+``RunFailed``) when it ends (``settle``).
 """
 
 from __future__ import annotations
@@ -91,8 +94,12 @@ class Watching:
             self._sample(now, [run])
         return self.runs.pop(run_id, None)
 
-    def settle(self, run: Run) -> None:
-        """The bytes moved while ``run`` went on (runs at the same time share them)."""
+    def settle(self, run: Run, ended: s.RunDone | s.RunFailed | None = None) -> None:
+        """The bytes moved while ``run`` went on (runs at the same time share them), and
+        the seconds its tasks ran and (de)serialized, which the state sums in ``ended``."""
+        if ended is not None:
+            run.info.run_seconds = ended.run_seconds
+            run.info.serialization_seconds = ended.serialization_seconds
         before = run.transfers_before
         run.info.transfers = {
             pair: nbytes - before.get(pair, 0)
@@ -133,8 +140,9 @@ class Watching:
             return
         if kind is p.TaskDone:
             run.log.done(
-                now, message.task_id, worker, message.duration, message.finished, message.nbytes
-            )
+                now, message.task_id, worker, message.duration, message.finished, message.nbytes,
+                message.serialization,
+            )  # fmt: skip
         elif kind is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
         else:
