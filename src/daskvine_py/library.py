@@ -544,10 +544,12 @@ def run(
         return _erred(task_id, error, exc)
     start = time.perf_counter()
     values = {}
+    unpickled = False
     try:
         for dep_key, dep_id, value in inputs:
             if value is not None:
                 values[dep_key] = loads(value)
+                unpickled = True
                 continue
             found = _ABSENT if live is None else live.get(dep_id, _ABSENT)
             if found is _ABSENT:
@@ -563,23 +565,24 @@ def run(
         return _erred(task_id, exc, None)
     ended = time.perf_counter()
     values = None  # type: ignore[assignment]
+    unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
     keep_live = keep and live is not None
     nbytes = 0
     if keep_live:
         live[task_id] = result  # type: ignore[index]
         nbytes = _sizeof(result)
         if not send_result and nbytes > SEND_SMALL_BYTES:
-            return Done(task_id, None, ended - began, nbytes, True, began - start)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling)
     try:
         serialized = dumps(result)
     except Exception as exc:
         if keep_live and not send_result:  # small but unpicklable: it stays here only
-            return Done(task_id, None, ended - began, nbytes, True, began - start)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling)
         if keep_live:
             live.pop(task_id, None)  # type: ignore[union-attr]
         error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
-    seconds = began - start + time.perf_counter() - ended
+    seconds = unpickling + time.perf_counter() - ended
     return Done(task_id, serialized, ended - began, serialized.nbytes, keep_live, seconds)
 
 
