@@ -44,15 +44,17 @@ def test_no_workers_means_no_dispatch_until_one_joins():
     st_ = s.SchedulerState()
     assert st_.handle([chain_run()]) == []
     out = st_.handle([joined(W1)])
-    # "a" can start; "b" waits only for "a", so it is sent ahead to start right after it.
+    # "a" can start; "b" waits only for "a", and "c" only for "b": a linear chain, sent
+    # ahead whole (``CHAIN_AHEAD``) to run there link after link.
     assert out == [
         s.Send(W1, p.Execute(1, "a", b"pa", (), False)),
         s.Send(W1, p.Execute(2, "b", b"pb", (p.DepLocation(1, "a", None),), False)),
+        s.Send(W1, p.Execute(3, "c", b"pc", (p.DepLocation(2, "b", None),), True)),
     ]
 
 
 def test_chain_runs_in_place_and_releases_inputs():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(chain_ahead=0)
     st_.handle([joined(W1), chain_run()])
     # a ran 0.1 ms of a 10 ms round trip: the worker can hold more, so c follows b ahead.
     out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.0001, None))], now=0.01)
@@ -68,7 +70,7 @@ def test_chain_runs_in_place_and_releases_inputs():
 
 
 def test_tasks_sent_ahead_are_recalled_when_their_input_goes_elsewhere():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(chain_ahead=0)
     st_.handle([joined(W1), chain_run()])
     assert st_.tasks[2].state == "processing" and st_.tasks[2].missing == 1
     out = st_.handle([s.FromWorker(W1, p.TaskCrashed(1, "library exited")), joined(W2)])
@@ -445,7 +447,7 @@ def test_only_outputs_that_tasks_read_are_kept_on_workers():
 
 
 def test_a_full_worker_gets_no_new_work_but_keeps_serving():
-    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_ = s.SchedulerState(chain_ahead=0, fixed_extra_tasks_per_core=0)
     tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abcd")]
     tasks.append(s.NewTask("e", b"", (), ("a",), 9))
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, list("bcde"), 3)])

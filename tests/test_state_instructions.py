@@ -86,7 +86,7 @@ def test_a_failed_run_carries_the_seconds_of_the_tasks_done_before():
 
 
 def test_inputs_sent_inside_execute_are_counted_once_per_worker_and_handle():
-    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_ = s.SchedulerState(chain_ahead=0, fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), pair(watched=False)])
     value = dumps(5)
     # w1 fills up as x finishes there: y goes to w2 with x's small value inside it.
@@ -99,7 +99,7 @@ def test_inputs_sent_inside_execute_are_counted_once_per_worker_and_handle():
 
 
 def test_every_task_of_a_run_that_ends_is_forgotten_through_the_table():
-    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_ = s.SchedulerState(chain_ahead=0, fixed_extra_tasks_per_core=0)
     tasks = [s.NewTask(k, b"", (), deps, i) for i, (k, deps) in
              enumerate([("a", ()), ("b", ()), ("c", ("a",)), ("d", ("b",))])]  # fmt: skip
     st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c", "d"], 0)])
@@ -118,7 +118,7 @@ def test_every_task_of_a_run_that_ends_is_forgotten_through_the_table():
 
 
 def test_a_failed_task_is_forgotten_without_a_cancel_to_its_worker():
-    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_ = s.SchedulerState(chain_ahead=0, fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), pair(watched=False)])
     out = st_.handle([s.FromWorker(W1, p.TaskErred(1, None, "", "boom"))])
     assert [type(i) for i in out] == [s.RunFailed]

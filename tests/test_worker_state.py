@@ -188,6 +188,19 @@ def test_a_chain_goes_to_the_library_with_the_task_it_waits_for():
     assert set(state.live.entries) == {1, 2, 3} and not list(state.leaks())
 
 
+def test_a_task_arriving_while_its_input_runs_goes_to_that_library_at_once():
+    """It follows its producer into the library's pipe; it never waits for the
+    producer's reply to pass through the worker."""
+    state, (lib,) = make()
+    state.on_manager_message(execute(1), 0.0)
+    assert started(state) == [(0, [1])]
+    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    assert state.tasks[2].state == "running" and not state.local_waiters
+    ((_, run),) = state.start_runnable()
+    assert [call.task_id for call in run.calls] == [2]
+    assert run.calls[0].inputs == [("k1", 1, None)] and list(lib.sent) == [1, 2]
+
+
 def test_a_chained_task_whose_live_input_is_missing_is_reported_to_the_manager():
     state, (lib,) = make()
     state.on_manager_message(execute(1), 0.0)

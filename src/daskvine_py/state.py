@@ -97,6 +97,12 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: Links of a strictly linear chain sent ahead to a worker beyond its saturation bound.
+#: More saves manager round trips on long chains; each is committed to that worker (its
+#: library runs them in order), so a worker lost mid-chain re-runs them elsewhere.
+CHAIN_AHEAD = 256
+
+
 class SchedulerState(FailureHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
@@ -110,11 +116,14 @@ class SchedulerState(FailureHandling):
         max_extra_tasks_per_core: int = 16,
         fixed_extra_tasks_per_core: int | None = None,
         story_length: int = 10_000,
+        chain_ahead: int = CHAIN_AHEAD,
     ) -> None:
         #: bound on the tasks a worker holds beyond one per core (see ``saturation``)
         self.max_extra_tasks_per_core = max_extra_tasks_per_core
         #: when set, every worker holds exactly this many extra per core (no EMA sizing)
         self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
+        #: links of a linear chain sent ahead beyond saturation (``_send_ahead``)
+        self.chain_ahead = chain_ahead
         self.durations = DurationEstimates()
         self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
@@ -516,6 +525,10 @@ class SchedulerState(FailureHandling):
         The worker starts them the moment the input is ready, without a round trip to
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
         worker's saturation, and only for single-missing-input dependents (O(1) check).
+        A strictly linear chain (each link the only dependent of the one before, and
+        reading nothing else) goes further, up to ``CHAIN_AHEAD`` more: it must run in
+        order anyway, so handing it to one worker whole costs no parallelism, and the
+        worker's library runs it back to back on live results.
         """
         if worker.full:
             return
@@ -525,7 +538,10 @@ class SchedulerState(FailureHandling):
             )
             if follower is None:
                 return
-            if len(worker.processing) >= worker.cores + self._extra(worker, follower):
+            bound = worker.cores + self._extra(worker, follower)
+            if len(task.dependents) == 1 and len(follower.deps) == 1:
+                bound += self.chain_ahead
+            if len(worker.processing) >= bound:
                 return
             self._transition(follower, "processing", worker=worker)
             task = follower

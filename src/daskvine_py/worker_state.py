@@ -75,7 +75,7 @@ class WorkerTask:
 
     __slots__ = (
         "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config",
-        "home",
+        "home", "lib",
     )  # fmt: skip
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
@@ -92,6 +92,8 @@ class WorkerTask:
         self.config = config
         #: the library that holds inputs only it has (live), where it must run
         self.home: int | None = None
+        #: the library it was sent to, while running there
+        self.lib: int | None = None
 
 
 class LibraryRecord:
@@ -142,6 +144,8 @@ class WorkerState:
         self.process_runnable: deque[int] = deque()
         #: results the libraries keep live, and exports of them under way
         self.live = LiveResults()
+        #: library id -> calls to send it behind the task they wait for (``_follow``)
+        self.chained: dict[int, list[library.Call]] = {}
         self.exports: dict[int, ExportWait] = {}
         #: input id -> its copy from peers in progress
         self.fetches: dict[int, Fetch] = {}
@@ -321,8 +325,43 @@ class WorkerState:
         self.tasks[task.id] = task
         if task.missing:
             self._transition(task, "waiting")
+            self._follow(task)
         else:
             self._queue(task)
+
+    def _follow(self, task: WorkerTask) -> None:
+        """A task that waits only for one running in a one-slot library: sent there at
+        once, behind it (calls of a library run in order), so the library runs it on the
+        live result without a round trip through this loop (``chained``)."""
+        if len(task.missing) != 1:
+            return
+        (producer_id,) = task.missing
+        producer = self.tasks.get(producer_id)
+        if producer is None or producer.state != "running" or producer.lib is None:
+            return
+        lib = self.libraries.get(producer.lib)
+        config = task.config
+        if (
+            lib is None
+            or lib.slots != 1
+            or producer.config is not config
+            or not (config is None or config.exec_mode == "direct")
+            or not producer.keep
+            or not all(d.task_id == producer_id or self._available(d, lib.id) for d in task.deps)
+            or self._request_bytes(task, lib.id) > QUEUED_REQUEST_BYTES
+        ):
+            return
+        waiters = self.local_waiters[producer_id]
+        waiters.discard(task.id)
+        if not waiters:
+            del self.local_waiters[producer_id]
+        task.missing.clear()
+        self._transition(task, "running")
+        task.lib = lib.id
+        lib.sent.append(task.id)
+        self.chained.setdefault(lib.id, []).append(
+            self.call(task, lib.id, frozenset((producer_id,)))
+        )
 
     def _on_replicate(self, msg: p.Replicate, now: float) -> None:
         if msg.task_id in self.store or msg.task_id in self.live:
@@ -432,9 +471,17 @@ class WorkerState:
         and answers each at once; sending tiny tasks in batches saves pipe round trips,
         and their replies then come back, and go to the manager, in batches too.
         """
-        if not self.runnable and not self.homed:
+        if not self.runnable and not self.homed and not self.chained:
             return _NO_REQUESTS
         requests: list[tuple[LibraryRecord, library.Run]] = []
+        for lib_id, calls in self.chained.items():
+            lib = self.libraries[lib_id]
+            functions = [(fid, self.functions[fid]) for fid in lib.unsent]
+            lib.unsent = []
+            requests.append(
+                (lib, library.Run(functions, self.tasks[calls[0].task_id].config, calls))
+            )
+        self.chained.clear()
         recent = self.recent_duration.value if self.recent_duration.count else None
         tiny = recent is not None and recent < TINY_TASK
         depth = LIBRARY_BATCH if tiny else 1
@@ -479,6 +526,7 @@ class WorkerState:
         calls = []
         for task in batch:
             self._transition(task, "running")
+            task.lib = lib.id
             lib.sent.append(task.id)
             calls.append(self.call(task, lib.id))
         config = batch[0].config
@@ -516,6 +564,7 @@ class WorkerState:
                 waiters.discard(task_id)
                 task.missing.clear()
                 self._transition(task, "running")
+                task.lib = lib.id
                 lib.sent.append(task_id)
                 calls.append(self.call(task, lib.id, upcoming))
                 upcoming.add(task_id)
@@ -745,6 +794,7 @@ class WorkerState:
         (their replies may have been held), go back to the front of the queue; the
         results it kept live are lost (the manager recomputes those still needed)."""
         del self.libraries[lib.id]
+        self.chained.pop(lib.id, None)  # their tasks are in ``lib.sent``: requeued below
         if running is None:
             running = list(lib.sent)[: lib.slots]
         for task_id in running:
@@ -850,7 +900,7 @@ class WorkerState:
 
     def _running_to_queued(self, task: WorkerTask) -> None:
         """Its library died before it started: first in line again (callers go in reverse)."""
-        task.home = None
+        task.home = task.lib = None
         self.runnable.appendleft(task.id)
 
     def _forget(self, task: WorkerTask) -> None:
