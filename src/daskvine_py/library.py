@@ -59,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
@@ -222,21 +223,110 @@ def main(
 
 
 def serve(conn: Connection, runner: Runner, slots: int, running: Any) -> None:
-    """Read requests until EOF. Calls go, in order, to ``slots`` threads that run them;
-    exports go to a thread of their own, so a peer or a spill never waits for a long
-    task; forgets are done here. This thread never writes: the worker may be blocked
-    writing a large request to us while we write a large result to it, and it is this
-    thread that reads the request and so unblocks the worker."""
-    work: SimpleQueue = SimpleQueue()
+    """Serve requests until EOF: one slot on this thread (``_serve_alone``), several on
+    threads of their own (``_serve_in_slots``). Exports always have a thread of their own,
+    so a peer or a spill never waits for a long task."""
     exports: SimpleQueue = SimpleQueue()
     out = _Sender(conn)
+    threading.Thread(target=_export, args=(exports, runner, out), daemon=True).start()
+    if slots == 1:
+        _serve_alone(conn, runner, running, out, exports)
+    else:
+        _serve_in_slots(conn, runner, slots, running, out, exports)
+    exports.put(None)
+
+
+def _route(request: Any, runner: Runner, exports: SimpleQueue) -> bool:
+    """Take an ``Export`` or a ``Forget`` at once; True for a ``Run``, which is to run."""
+    kind = type(request)
+    if kind is Run:
+        runner.will_read(request.calls)
+        return True
+    if kind is Export:
+        for task_id in request.task_ids:
+            exports.put((task_id, request.drop))
+    elif kind is Forget:
+        for task_id in request.task_ids:
+            runner.forget(task_id)
+    return False
+
+
+#: Seconds between a one-slot library's looks at whether its task has run this long:
+#: then a watcher reads the pipe until it is done. How long an export (a peer, a spill)
+#: may wait behind a long task; tasks shorter than this cost nothing more.
+WATCH_INTERVAL = 0.005
+
+
+def _serve_alone(
+    conn: Connection, runner: Runner, running: Any, out: _Sender, exports: SimpleQueue
+) -> None:
+    """One slot: this thread reads a request and runs it, with no hand-off between
+    threads (a round trip costs what it did with one thread). While it runs a task, a
+    watcher reads what comes meanwhile: exports are served at once, requests are kept for
+    this thread. So the pipe is always read, and the worker never stays blocked writing
+    to us while we write to it. The watcher wakes every ``WATCH_INTERVAL`` and looks at a
+    timestamp: a short task costs no signal between threads."""
+    read_lock = threading.Lock()
+    #: when this thread began running the current request (None: not running)
+    busy: list[float | None] = [None]
+    #: requests the watcher read while this thread was busy (None: the pipe closed)
+    inbox: deque = deque()
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL)
+            since = busy[0]
+            if since is None or time.perf_counter() - since < WATCH_INTERVAL:
+                continue
+            try:
+                with read_lock:
+                    while busy[0] is not None and conn.poll(WATCH_INTERVAL):
+                        request = receive(conn)
+                        if _route(request, runner, exports):
+                            inbox.append(request)
+            except (EOFError, OSError):
+                inbox.append(None)
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    while True:
+        with read_lock:  # the watcher may hold it for a moment: it fills the inbox then
+            if inbox:
+                request = inbox.popleft()
+                if request is None:
+                    return
+            else:
+                try:
+                    request = receive(conn)
+                except (EOFError, OSError):
+                    return
+                if not _route(request, runner, exports):
+                    continue
+        runner.decoder.add_functions(request.functions)
+        busy[0] = time.perf_counter()
+        _run_calls(request.config, request.calls, runner, out, running, 0)
+        busy[0] = None
+        request = None
+
+
+def _serve_in_slots(
+    conn: Connection,
+    runner: Runner,
+    slots: int,
+    running: Any,
+    out: _Sender,
+    exports: SimpleQueue,
+) -> None:
+    """Several slots: this thread only reads (and never writes: the worker may be blocked
+    writing a large request while a slot writes a large result); calls go, in order, to
+    ``slots`` threads that run them."""
+    work: SimpleQueue = SimpleQueue()
     threads = [
         threading.Thread(
             target=_execute_calls, args=(work, runner, out, running, slot), daemon=True
         )
         for slot in range(slots)
     ]
-    threads.append(threading.Thread(target=_export, args=(exports, runner, out), daemon=True))
     for thread in threads:
         thread.start()
     while True:
@@ -244,25 +334,13 @@ def serve(conn: Connection, runner: Runner, slots: int, running: Any) -> None:
             request = receive(conn)
         except (EOFError, OSError):
             break
-        kind = type(request)
-        if kind is Run:
+        if _route(request, runner, exports):
             runner.decoder.add_functions(request.functions)
-            runner.will_read(request.calls)
-            if slots == 1:  # one item: its tiny tasks' replies are held together
-                work.put((request.config, request.calls))
-            else:
-                for call in request.calls:
-                    work.put((request.config, [call]))
-        elif kind is Export:
-            for task_id in request.task_ids:
-                exports.put((task_id, request.drop))
-        elif kind is Forget:
-            for task_id in request.task_ids:
-                runner.forget(task_id)
+            for call in request.calls:
+                work.put((request.config, [call]))
         request = None
     for _ in range(slots):
         work.put(None)
-    exports.put(None)
 
 
 class _Sender:
@@ -289,25 +367,30 @@ def _execute_calls(
     work: SimpleQueue, runner: Runner, out: _Sender, running: Any, slot: int
 ) -> None:
     while (item := work.get()) is not None:
-        config, calls = item
+        _run_calls(*item, runner, out, running, slot)
         item = None
-        held: list = []
-        oldest = 0.0
-        last = len(calls) - 1
-        for index, call in enumerate(calls):
-            start = time.perf_counter()
-            running[slot] = call[0] + 1
-            reply = runner.execute(call, config)
-            running[slot] = 0
-            runner.has_read(call)
-            now = time.perf_counter()
-            if not held:
-                oldest = now
-            held.append(reply)
-            if index == last or now - start >= REPLY_HOLD or now - oldest >= REPLY_HOLD:
-                out.send(held[0] if len(held) == 1 else Replies(held))
-                held = []
-        calls = call = reply = held = None  # drop references to inputs and results now
+
+
+def _run_calls(
+    config: Any, calls: list, runner: Runner, out: _Sender, running: Any, slot: int
+) -> None:
+    """Run calls in order, answering each at once (tiny ones a few together)."""
+    held: list = []
+    oldest = 0.0
+    last = len(calls) - 1
+    for index, call in enumerate(calls):
+        start = time.perf_counter()
+        running[slot] = call[0] + 1
+        reply = runner.execute(call, config)
+        running[slot] = 0
+        runner.has_read(call)
+        now = time.perf_counter()
+        if not held:
+            oldest = now
+        held.append(reply)
+        if index == last or now - start >= REPLY_HOLD or now - oldest >= REPLY_HOLD:
+            out.send(held[0] if len(held) == 1 else Replies(held))
+            held = []
 
 
 class Runner:
