@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -291,3 +292,44 @@ def test_a_killed_worker_costs_exactly_the_recomputation_of_what_only_it_held(
         assert lost == set()
     assert recomputed == len(lost)
     assert _executions(tmp_path / "run") == 20 + len(lost)
+
+
+def big_block(i):
+    return np.full(50_000, float(i))  # 400 kB: fetched from its holder, never inlined
+
+
+def test_workers_that_cannot_reach_each_other_get_results_through_the_manager(caplog):
+    """Each worker advertises a peer address where nothing listens (as batch nodes that
+    cannot open connections to one another): every input held by the other worker comes
+    through the manager, counted in the transfers and reported once per pair; no task
+    fails."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
+        dsk = {f"a{i}": (big_block, i) for i in range(8)}
+        dsk["out"] = (total, *[(np.sum, f"a{i}") for i in range(8)])
+        dsk["pairs"] = (total, *[(np.sum, (np.add, f"a{i}", f"a{7 - i}")) for i in range(8)])
+        expected = dask.get(dsk, ["out", "pairs"])
+        with Manager() as manager:
+            procs = [
+                spawn(
+                    manager.address,
+                    name=f"cut-{n}",
+                    connection_file=manager.connection_file,
+                    extra_args=["--contact-address", dead, "--fetch-timeout", "1"],
+                )  # fmt: skip
+                for n in range(2)
+            ]
+            try:
+                manager.wait_for_workers(2, processes=procs)
+                with caplog.at_level("WARNING", logger="daskvine_py.manager"):
+                    assert manager.get(dsk, ["out", "pairs"]) == expected
+                transfers = manager.last_run.transfers
+                relayed = {dst for (src, dst) in transfers if src == MANAGER}
+                assert relayed and relayed <= {"cut-0", "cut-1"}, transfers
+                warned = [r for r in caplog.records if "go through the manager" in r.message]
+                assert 1 <= len(warned) <= 2  # once per (holder, reader) pair
+            finally:
+                manager.close()
+                for proc in procs:
+                    proc.wait(20)

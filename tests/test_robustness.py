@@ -635,6 +635,10 @@ VALID = {
     p.FetchFailed: (_ID, _ID, st.lists(_ADDRESS, max_size=2).map(tuple)),
     p.Replicas: (_IDS,),
     p.Lost: (_IDS,),
+    p.Relay: (_IDS,),
+    p.Uploaded: (_ID, _VALUE),
+    p.Upload: (_IDS,),
+    p.Relayed: (_ID, _VALUE),
     p.Withdrawn: (_IDS,),
     p.Transfers: (st.lists(st.tuples(_ADDRESS, _SIZE), max_size=2).map(tuple),),
     p.DiskFull: (st.booleans(),),
@@ -760,7 +764,7 @@ def test_fuzz_frames_decode_valid_or_raise_protocol_error(direction, frames):
 # -- fuzzing: the scheduler state under inconsistent reports ---------------------------------
 
 _REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-            p.Withdrawn, p.DiskFull)  # fmt: skip
+            p.Withdrawn, p.DiskFull, p.Relay, p.Uploaded)  # fmt: skip
 
 
 #: The raw material of a false report, drawn before the run: which values it takes is
@@ -795,8 +799,10 @@ def bogus_report(spec, state):
     elif kind is p.FetchFailed:
         peers = [(), ("w0",), ("w1", "w2")][other % 3]
         message = p.FetchFailed(task_id, 1 + other % max_id, peers)
-    elif kind in (p.Replicas, p.Withdrawn, p.Lost):
+    elif kind in (p.Replicas, p.Withdrawn, p.Lost, p.Relay):
         message = kind((task_id, 1 + other % max_id)[: other % 3])
+    elif kind is p.Uploaded:
+        message = p.Uploaded(task_id, dumps("bogus") if other % 2 else None)
     elif kind is p.DiskFull:
         message = p.DiskFull(bool(other % 2))
     else:

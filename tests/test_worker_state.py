@@ -138,7 +138,33 @@ def test_a_silent_peer_times_out_and_its_socket_is_reset():
     state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
     assert state.on_timers(1.9) == []
     assert state.on_timers(2.0) == ["tcp://a:1"]
-    assert type(state.outbox[0]) is p.FetchFailed and not state.tasks
+    # No holder answered: the fetch goes through the manager, and fails after that.
+    assert state.outbox == [p.Relay((7,))] and state.fetches[7].current == ws.RELAY
+    assert state.on_timers(4.0) == [ws.RELAY]  # (a peer socket by that name: none)
+    assert type(state.outbox[-1]) is p.FetchFailed and not state.tasks
+
+
+def test_an_input_no_holder_can_serve_directly_comes_through_the_manager():
+    state, _ = make(fetch_timeout=2.0)
+    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
+    state.on_peer_unreachable("tcp://a:1", state.peer_outbox.pop("tcp://a:1"), 0.5)
+    assert state.outbox == [p.Relay((7,))]
+    state.on_manager_message(p.Relayed(7, dumps("seven")), now=1.0)
+    assert 7 in state.store and state.tasks[1].state == "queued"
+    state.end_pass(1.0)
+    assert (ws.RELAY, dumps("seven").nbytes) in state.outbox[-1].received  # counted
+
+
+def test_a_holder_uploads_what_the_manager_relays_live_or_stored():
+    state, (lib,) = make()
+    state.store.put(3, dumps("three"))
+    _live_in(state, lib, 1)
+    state.on_manager_message(p.Upload((3, 1, 99)), 0.0)
+    assert [(type(r), r.task_id) for r in state.outbox] == [(p.Uploaded, 3), (p.Uploaded, 99)]
+    assert state.outbox[1].value is None  # not held here
+    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.0, ""), 0.0)
+    (uploaded,) = state.outbox[2:]
+    assert type(uploaded) is p.Uploaded and loads(uploaded.value) == "one"
 
 
 def test_two_tasks_share_one_fetch_and_a_cancel_keeps_it_for_the_other():

@@ -22,7 +22,10 @@ MAX_FETCHES_PER_PEER = 8
 class Fetch:
     """One input being copied from peers, for the local tasks that wait on it."""
 
-    __slots__ = ("dep_id", "peers", "untried", "current", "deadline", "waiters", "replicate")
+    __slots__ = (
+        "dep_id", "peers", "untried", "current", "deadline", "waiters", "replicate", "relayed",
+        "unreached",
+    )  # fmt: skip
 
     def __init__(self, dep_id: int, peers: Sequence[str], replicate: bool = False) -> None:
         self.dep_id = dep_id
@@ -34,6 +37,10 @@ class Fetch:
         self.waiters: set[int] = set()
         #: the manager asked for a copy (``Replicate``): kept even when no task waits
         self.replicate = replicate
+        #: a holder could not be reached (no answer in time, or no connection): once all
+        #: have failed, the fetch is asked through the manager (``protocol.Relay``)
+        self.unreached = False
+        self.relayed = False
 
 
 class TransferSlots:
@@ -68,6 +75,14 @@ class TransferSlots:
         self.in_flight += 1
         busy[address] = busy.get(address, 0) + 1
         return address
+
+    def take_relay(self, fetch: Fetch, relay: str) -> None:
+        """The fetch goes through the manager (named ``relay``): in flight, beyond the
+        bounds (the manager paces what it forwards)."""
+        fetch.relayed = True
+        fetch.current = relay
+        self.in_flight += 1
+        self.from_peer[relay] = self.from_peer.get(relay, 0) + 1
 
     def give_back(self, fetch: Fetch) -> None:
         """The fetch's request is answered or abandoned: free its slot (if it has one)."""

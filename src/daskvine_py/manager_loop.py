@@ -69,6 +69,8 @@ _STATE_REPORTS = frozenset(
         p.Lost,
         p.Withdrawn,
         p.DiskFull,
+        p.Relay,
+        p.Uploaded,
     }
 )
 #: This host's name: a worker registering from it with the pid of a local process that

@@ -118,6 +118,20 @@ class Replicas(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Relay(NamedTuple):
+    """No holder of these inputs answered this worker (peers it cannot reach): the
+    manager fetches them from a holder (``Upload``) and forwards them (``Relayed``)."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Uploaded(NamedTuple):
+    """A result the manager asked for (``Upload``); None: not held here."""
+
+    task_id: TaskId
+    value: Serialized | None
+
+
 class Lost(NamedTuple):
     """Results this worker reported done that it no longer holds: the library process
     that kept them live died. The manager recomputes those still needed (lineage)."""
@@ -227,6 +241,21 @@ class Withdraw(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Upload(NamedTuple):
+    """Send these results to the manager (``Uploaded``): a worker that cannot reach this
+    one needs them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Relayed(NamedTuple):
+    """An input asked for with ``Relay``, from its holder through the manager; None: no
+    holder could give it."""
+
+    task_id: TaskId
+    value: Serialized | None
+
+
 class Replicate(NamedTuple):
     """Copy this result from one of these peers and keep it (``replicas=k``)."""
 
@@ -284,11 +313,11 @@ class Data(NamedTuple):
 
 TO_MANAGER = frozenset(
     {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
-     Transfers, DiskFull, Status, Goodbye}
+     Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
 )  # fmt: skip
 TO_WORKER = frozenset(
     {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,
-     Heartbeat, Shutdown}
+     Heartbeat, Shutdown, Upload, Relayed}
 )  # fmt: skip
 TO_PEER = frozenset({GetData})
 FROM_PEER = frozenset({Data})
@@ -479,6 +508,8 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),
     Lost: (_IDS,),
+    Relay: (_IDS,),
+    Uploaded: (_ID, _VALUE),
     Withdrawn: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),
@@ -501,6 +532,8 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Cancel: (_IDS,),
     Withdraw: (_IDS,),
     Replicate: (_ID, _TEXTS),
+    Upload: (_IDS,),
+    Relayed: (_ID, _VALUE),
     Heartbeat: (),
     Shutdown: (_TEXT,),
     # status client <-> manager

@@ -52,6 +52,7 @@ still owed to the caller.
 from __future__ import annotations
 
 import heapq
+import logging
 import pickle
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -87,6 +88,8 @@ from .state_messages import (
     WorkerLost,
 )
 from .state_records import RunRecord, TaskRecord, TaskStateName, WorkerRecord
+
+logger = logging.getLogger("daskvine_py.manager")
 
 __all__ = [
     "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
@@ -138,6 +141,10 @@ class SchedulerState(FailureHandling):
         self._full = 0
         #: results brought back after every copy was lost (lineage), since the start
         self.recomputed = 0
+        #: input id -> workers waiting for it through the manager (``Relay``)
+        self.relays: dict[int, set[WorkerRecord]] = {}
+        #: (holder, reader) worker names already reported unable to reach each other
+        self.unreachable_pairs: set[tuple[str, str]] = set()
         #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
         self._withdrawing: set[TaskRecord] = set()
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
@@ -432,6 +439,36 @@ class SchedulerState(FailureHandling):
                 worker.has_what.add(task)
             else:
                 self._send(worker, p.Release((task_id,)))
+
+    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
+        """``worker`` could reach no holder of these inputs: one holder uploads each to
+        the manager, which forwards it (``_on_uploaded``). Slower than a peer transfer,
+        but it does not fail the task."""
+        for dep_id in msg.task_ids:
+            dep = self.tasks.get(dep_id)
+            holders = [] if dep is None or dep.state != "memory" else list(dep.who_has)
+            holders = [h for h in holders if h is not worker]
+            if not holders:
+                self._send(worker, p.Relayed(dep_id, None))
+                continue
+            waiting = self.relays.get(dep_id)
+            if waiting is None:
+                waiting = self.relays[dep_id] = set()
+                holder = min(holders, key=lambda h: h.name)
+                self._send(holder, p.Upload((dep_id,)))
+                pair = (holder.name, worker.name)
+                if pair not in self.unreachable_pairs:
+                    self.unreachable_pairs.add(pair)
+                    logger.warning(
+                        "worker %s cannot fetch results from worker %s (%s); they go "
+                        "through the manager", worker.name, holder.name, holder.peer_address,
+                    )  # fmt: skip
+            waiting.add(worker)
+
+    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
+        for reader in self.relays.pop(msg.task_id, ()):
+            if self.workers.get(reader.id) is reader:
+                self._send(reader, p.Relayed(msg.task_id, msg.value))
 
     def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
         """Results ``worker`` no longer holds (a library process died with them)."""
@@ -769,6 +806,8 @@ class SchedulerState(FailureHandling):
         p.FetchFailed: _on_fetch_failed,
         p.Replicas: _on_replicas,
         p.Lost: _on_lost,
+        p.Relay: _on_relay,
+        p.Uploaded: _on_uploaded,
         p.Withdrawn: _on_withdrawn,
         p.DiskFull: _on_disk_full,
     }

@@ -64,6 +64,12 @@ QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
 
+#: Where a fetch goes once no holder answered (``Fetch.current``, and the source of its
+#: bytes in ``Transfers``): the manager, which relays it from a holder.
+RELAY = "manager"
+#: Stands for the manager among the peers waiting for an export (an ``Upload``).
+MANAGER_IDENT = b""
+
 #: ``start_runnable``'s answer when nothing is runnable: no list made per loop pass.
 _NO_REQUESTS: tuple = ()
 
@@ -209,6 +215,7 @@ class WorkerState:
             )
             if fetch.current:
                 silent.append(fetch.current)
+            fetch.unreached = True
             self.slots.give_back(fetch)
             self._request_next(fetch, now)
         return silent
@@ -274,6 +281,16 @@ class WorkerState:
                 self.outbox.append(p.Withdrawn(dropped))
         elif kind is p.Replicate:
             self._on_replicate(msg, now)
+        elif kind is p.Upload:
+            for task_id in msg.task_ids:
+                value = self.store.get(task_id, use=False)
+                if value is None and self.serve_peer(task_id, MANAGER_IDENT):
+                    continue  # uploaded once its library has exported it
+                self.outbox.append(p.Uploaded(task_id, value))
+        elif kind is p.Relayed:
+            fetch = self.fetches.get(msg.task_id)
+            if fetch is not None and fetch.current == RELAY:
+                self.on_data(p.Data(msg.task_id, msg.value), now)
         elif kind is p.Welcome:
             self.registered = True
             self.heartbeat_interval = msg.heartbeat_interval
@@ -385,9 +402,15 @@ class WorkerState:
     # -- peers ------------------------------------------------------------------------
 
     def _request_next(self, fetch: Fetch, now: float) -> None:
-        """Ask the next untried holder, or queue the fetch until a transfer slot is free."""
+        """Ask the next untried holder, or queue the fetch until a transfer slot is free;
+        once every holder failed, ask through the manager (``Relay``), then give up."""
         if not fetch.untried:
-            self._fetch_failed(fetch)
+            if fetch.relayed or not fetch.unreached:  # (holders that answered "not here")
+                self._fetch_failed(fetch)
+                return
+            self.slots.take_relay(fetch, RELAY)
+            fetch.deadline = now + self.fetch_timeout
+            self.outbox.append(p.Relay((fetch.dep_id,)))
             return
         address = self.slots.take(fetch)
         if address is None:
@@ -419,6 +442,7 @@ class WorkerState:
         for dep_id in ids:
             fetch = self.fetches.get(dep_id)
             if fetch is not None and fetch.current == address:
+                fetch.unreached = True
                 self.slots.give_back(fetch)
                 self._request_next(fetch, now)
 
@@ -728,6 +752,13 @@ class WorkerState:
         self._export(task_id, peer=peer)
         return True
 
+    def _answer_peers(self, task_id: int, peers: list[bytes], value: Any) -> None:
+        for peer in peers:
+            if peer is MANAGER_IDENT:  # an upload for a worker that cannot reach us
+                self.outbox.append(p.Uploaded(task_id, value))
+            else:
+                self.peer_replies.append((peer, p.Data(task_id, value)))
+
     def on_exported(self, lib: LibraryRecord, reply: library.Exported) -> None:
         """A live result, serialized: into the store (the copy every later reader gets),
         then to the tasks and peers that waited for it."""
@@ -747,8 +778,7 @@ class WorkerState:
                 self.live.leaving_bytes -= entry.nbytes
         if wait is None:
             return
-        for peer in wait.peers:
-            self.peer_replies.append((peer, p.Data(task_id, reply.value)))
+        self._answer_peers(task_id, wait.peers, reply.value)
         if reply.value is not None and task_id in self.store:
             self._input_arrived(task_id, wait.tasks)
             return
@@ -821,8 +851,7 @@ class WorkerState:
         self.store.reserved = self.live.nbytes
         for task_id, wait in [(t, w) for t, w in self.exports.items() if w.lib == lib.id]:
             del self.exports[task_id]
-            for peer in wait.peers:
-                self.peer_replies.append((peer, p.Data(task_id, None)))
+            self._answer_peers(task_id, wait.peers, None)
             for waiter in wait.tasks:
                 task = self.tasks.get(waiter)
                 if task is not None:
