@@ -5,12 +5,14 @@
     ...     manager.start_workers(2, cores=1)
     ...     dask.compute(x, scheduler=manager.get)
 
-Layers, lowest first (a module imports only from layers below it): ``errors``,
-``options``, ``runinfo``; ``serialize``, ``graph``, ``saturation``, ``security``,
-``launch``, ``task``, ``events``, ``report``, ``progress``; ``protocol``, ``matching``,
-``rewrite``; ``state_messages``, ``state_records``, ``state_failures``, ``state``,
-``store``, ``fetching``, ``live``, ``library``, ``liveness``; ``transport``, ``watching``,
-``manager_loop``, ``manager``, ``worker``; ``local``, ``coffea`` and the command line.
+Layers, lowest first (a module imports only from layers below it; docs/architecture.md
+says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``graph``,
+``saturation``, ``pooling``, ``security``, ``launch``, ``task``, ``events``, ``report``,
+``progress``; ``protocol``, ``matching``, ``rewrite``; ``state_messages``,
+``state_records``, ``state_failures``, ``state``, ``store``, ``fetching``, ``live``,
+``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``;
+``transport``, ``peers``, ``status``, ``watching``, ``manager_loop``, ``manager``,
+``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command line.
 """
 
 import importlib

@@ -52,7 +52,6 @@ still owed to the caller.
 from __future__ import annotations
 
 import heapq
-import logging
 import pickle
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -89,8 +88,6 @@ from .state_messages import (
 )
 from .state_records import RunRecord, TaskRecord, TaskStateName, WorkerRecord
 
-logger = logging.getLogger("daskvine_py.manager")
-
 __all__ = [
     "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
     "EventDropped", "ExtendRun", "FromWorker", "Key", "NewTask", "RunAborted", "RunDone",
@@ -100,9 +97,8 @@ __all__ = [
 ]  # fmt: skip
 
 
-#: Links of a strictly linear chain sent ahead to a worker beyond its saturation bound.
-#: More saves manager round trips on long chains; each is committed to that worker (its
-#: library runs them in order), so a worker lost mid-chain re-runs them elsewhere.
+#: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
+#: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
 CHAIN_AHEAD = 256
 
 
@@ -141,9 +137,9 @@ class SchedulerState(FailureHandling):
         self._full = 0
         #: results brought back after every copy was lost (lineage), since the start
         self.recomputed = 0
-        #: input id -> workers waiting for it through the manager (``Relay``)
+        #: input id -> workers waiting for it through the manager (``Relay``); the
+        #: (holder, reader) names already reported unable to reach each other
         self.relays: dict[int, set[WorkerRecord]] = {}
-        #: (holder, reader) worker names already reported unable to reach each other
         self.unreachable_pairs: set[tuple[str, str]] = set()
         #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
         self._withdrawing: set[TaskRecord] = set()
@@ -440,49 +436,6 @@ class SchedulerState(FailureHandling):
             else:
                 self._send(worker, p.Release((task_id,)))
 
-    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
-        """``worker`` could reach no holder of these inputs: one holder uploads each to
-        the manager, which forwards it (``_on_uploaded``). Slower than a peer transfer,
-        but it does not fail the task."""
-        for dep_id in msg.task_ids:
-            dep = self.tasks.get(dep_id)
-            holders = [] if dep is None or dep.state != "memory" else list(dep.who_has)
-            holders = [h for h in holders if h is not worker]
-            if not holders:
-                self._send(worker, p.Relayed(dep_id, None))
-                continue
-            waiting = self.relays.get(dep_id)
-            if waiting is None:
-                waiting = self.relays[dep_id] = set()
-                holder = min(holders, key=lambda h: h.name)
-                self._send(holder, p.Upload((dep_id,)))
-                pair = (holder.name, worker.name)
-                if pair not in self.unreachable_pairs:
-                    self.unreachable_pairs.add(pair)
-                    logger.warning(
-                        "worker %s cannot fetch results from worker %s (%s); they go "
-                        "through the manager", worker.name, holder.name, holder.peer_address,
-                    )  # fmt: skip
-            waiting.add(worker)
-
-    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
-        for reader in self.relays.pop(msg.task_id, ()):
-            if self.workers.get(reader.id) is reader:
-                self._send(reader, p.Relayed(msg.task_id, msg.value))
-
-    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
-        """Results ``worker`` no longer holds (a library process died with them)."""
-        lost = []
-        for task_id in msg.task_ids:
-            task = self.tasks.get(task_id)
-            if task is None or worker not in task.who_has:
-                continue
-            task.who_has.discard(worker)
-            worker.has_what.discard(task)
-            if not task.who_has and task.state == "memory":
-                lost.append(task)
-        self._lose(lost)
-
     def _lose(self, lost: list[TaskRecord]) -> None:
         """Results whose every copy is gone: forget them, then recompute what is needed."""
         for task in lost:
@@ -562,10 +515,8 @@ class SchedulerState(FailureHandling):
         The worker starts them the moment the input is ready, without a round trip to
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
         worker's saturation, and only for single-missing-input dependents (O(1) check).
-        A strictly linear chain (each link the only dependent of the one before, and
-        reading nothing else) goes further, up to ``CHAIN_AHEAD`` more: it must run in
-        order anyway, so handing it to one worker whole costs no parallelism, and the
-        worker's library runs it back to back on live results.
+        A strictly linear chain goes further (``chain_ahead`` more): it runs in order
+        anyway, so handing it to one worker whole costs no parallelism.
         """
         if worker.full:
             return
@@ -805,9 +756,9 @@ class SchedulerState(FailureHandling):
         p.TaskCrashed: _on_task_crashed,
         p.FetchFailed: _on_fetch_failed,
         p.Replicas: _on_replicas,
-        p.Lost: _on_lost,
-        p.Relay: _on_relay,
-        p.Uploaded: _on_uploaded,
+        p.Lost: FailureHandling._on_lost,
+        p.Relay: FailureHandling._on_relay,
+        p.Uploaded: FailureHandling._on_uploaded,
         p.Withdrawn: _on_withdrawn,
         p.DiskFull: _on_disk_full,
     }

@@ -8,6 +8,7 @@ each of its tasks to the "forgotten" end of the transition table.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +29,8 @@ from .state_messages import (
     WorkerLost,
 )
 from .state_records import RunRecord, TaskRecord, WorkerRecord
+
+logger = logging.getLogger("daskvine_py.manager")
 
 
 class FailureHandling:
@@ -239,3 +242,48 @@ class FailureHandling:
             holder.has_what.discard(task)
             release.setdefault(holder, []).append(task.id)
         self.tasks.pop(task.id, None)
+
+    # -- copies that cannot be had (a dead library, unreachable peers) ---------------
+
+    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
+        """``worker`` could reach no holder of these inputs: one holder uploads each to
+        the manager, which forwards it (``_on_uploaded``). Slower than a peer transfer,
+        but it does not fail the task."""
+        for dep_id in msg.task_ids:
+            dep = self.tasks.get(dep_id)
+            holders = [] if dep is None or dep.state != "memory" else list(dep.who_has)
+            holders = [h for h in holders if h is not worker]
+            if not holders:
+                self._send(worker, p.Relayed(dep_id, None))
+                continue
+            waiting = self.relays.get(dep_id)
+            if waiting is None:
+                waiting = self.relays[dep_id] = set()
+                holder = min(holders, key=lambda h: h.name)
+                self._send(holder, p.Upload((dep_id,)))
+                pair = (holder.name, worker.name)
+                if pair not in self.unreachable_pairs:
+                    self.unreachable_pairs.add(pair)
+                    logger.warning(
+                        "worker %s cannot fetch results from worker %s (%s); they go "
+                        "through the manager", worker.name, holder.name, holder.peer_address,
+                    )  # fmt: skip
+            waiting.add(worker)
+
+    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
+        for reader in self.relays.pop(msg.task_id, ()):
+            if self.workers.get(reader.id) is reader:
+                self._send(reader, p.Relayed(msg.task_id, msg.value))
+
+    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
+        """Results ``worker`` no longer holds (a library process died with them)."""
+        lost = []
+        for task_id in msg.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None or worker not in task.who_has:
+                continue
+            task.who_has.discard(worker)
+            worker.has_what.discard(task)
+            if not task.who_has and task.state == "memory":
+                lost.append(task)
+        self._lose(lost)

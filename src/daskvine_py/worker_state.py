@@ -39,12 +39,12 @@ from typing import Any, Literal
 
 from . import library
 from . import protocol as p
-from .errors import InvalidTransition, SerializationError
+from .errors import InvalidTransition
 from .fetching import Fetch, TransferSlots
 from .live import ExportWait, LiveResults
 from .saturation import Ema
-from .serialize import dumps_exception
 from .store import Store
+from .worker_live import MANAGER_IDENT, QUEUED_REQUEST_BYTES, RELAY, LiveHandling
 
 logger = logging.getLogger("daskvine_py.worker")
 
@@ -57,18 +57,9 @@ TINY_TASK = 0.001
 #: pipe while they run, saving the library a wait for the worker between tasks. Longer
 #: tasks do not: a queued task is committed to its library, and another might free up.
 SHORT_TASK = 0.05
-#: Largest request queued behind a running task, and largest chain of tasks sent with the
-#: task they wait for: well within a pipe's buffer, so the worker never blocks writing it
-#: while the library is blocked writing a result.
-QUEUED_REQUEST_BYTES = 32 * 1024
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
 
-#: Where a fetch goes once no holder answered (``Fetch.current``, and the source of its
-#: bytes in ``Transfers``): the manager, which relays it from a holder.
-RELAY = "manager"
-#: Stands for the manager among the peers waiting for an export (an ``Upload``).
-MANAGER_IDENT = b""
 
 #: ``start_runnable``'s answer when nothing is runnable: no list made per loop pass.
 _NO_REQUESTS: tuple = ()
@@ -120,7 +111,7 @@ class LibraryRecord:
         self.unsent = unsent
 
 
-class WorkerState:
+class WorkerState(LiveHandling):
     """The worker's tasks, fetches, libraries and manager liveness; see the module
     docstring. ``peer_address`` names this worker in ``FetchFailed``; ``name`` in
     crash reasons."""
@@ -240,18 +231,6 @@ class WorkerState:
             if excess > 0:
                 self._evict(excess)
 
-    def _evict(self, excess: int) -> None:
-        """Past ``--memory``: live results go to the store (least recently used first),
-        which spills. One the store already holds is just forgotten by its library."""
-        for task_id, entry in self.live.eviction_order():
-            if excess <= 0:
-                return
-            excess -= entry.nbytes
-            if task_id in self.store:
-                self._drop_live(task_id)
-            else:
-                self._export(task_id, drop=True)
-
     # -- the manager ------------------------------------------------------------------
 
     def on_manager_message(self, msg: Any, now: float) -> None:
@@ -345,40 +324,6 @@ class WorkerState:
             self._follow(task)
         else:
             self._queue(task)
-
-    def _follow(self, task: WorkerTask) -> None:
-        """A task that waits only for one running in a one-slot library: sent there at
-        once, behind it (calls of a library run in order), so the library runs it on the
-        live result without a round trip through this loop (``chained``)."""
-        if len(task.missing) != 1:
-            return
-        (producer_id,) = task.missing
-        producer = self.tasks.get(producer_id)
-        if producer is None or producer.state != "running" or producer.lib is None:
-            return
-        lib = self.libraries.get(producer.lib)
-        config = task.config
-        if (
-            lib is None
-            or lib.slots != 1
-            or producer.config is not config
-            or not (config is None or config.exec_mode == "direct")
-            or not producer.keep
-            or not all(d.task_id == producer_id or self._available(d, lib.id) for d in task.deps)
-            or self._request_bytes(task, lib.id) > QUEUED_REQUEST_BYTES
-        ):
-            return
-        waiters = self.local_waiters[producer_id]
-        waiters.discard(task.id)
-        if not waiters:
-            del self.local_waiters[producer_id]
-        task.missing.clear()
-        self._transition(task, "running")
-        task.lib = lib.id
-        lib.sent.append(task.id)
-        self.chained.setdefault(lib.id, []).append(
-            self.call(task, lib.id, frozenset((producer_id,)))
-        )
 
     def _on_replicate(self, msg: p.Replicate, now: float) -> None:
         if msg.task_id in self.store or msg.task_id in self.live:
@@ -560,69 +505,6 @@ class WorkerState:
         lib.unsent = []
         requests.append((lib, library.Run(functions, batch[0].config, calls)))
 
-    def _chain(self, lib: LibraryRecord, batch: list[WorkerTask], calls: list) -> None:
-        """Send along the tasks that wait here only for a task of this request: the
-        library runs them right after it, on its live result, without waiting for us
-        (or the manager). Calls of a request run in order, so the input is there."""
-        config = batch[0].config
-        budget = QUEUED_REQUEST_BYTES
-        producers = deque(task.id for task in batch)
-        upcoming = set(producers)
-        while producers:
-            producer = producers.popleft()
-            waiters = self.local_waiters.get(producer)
-            if not waiters:
-                continue
-            for task_id in sorted(waiters):
-                task = self.tasks.get(task_id)
-                if task is None or task.missing != {producer} or task.config is not config:
-                    continue
-                if not all(
-                    dep.task_id in upcoming or self._available(dep, lib.id) for dep in task.deps
-                ):
-                    continue
-                size = self._request_bytes(task, lib.id)
-                if size > budget:
-                    continue
-                budget -= size
-                waiters.discard(task_id)
-                task.missing.clear()
-                self._transition(task, "running")
-                task.lib = lib.id
-                lib.sent.append(task_id)
-                calls.append(self.call(task, lib.id, upcoming))
-                upcoming.add(task_id)
-                producers.append(task_id)
-            if not waiters:
-                del self.local_waiters[producer]
-
-    def _steal(self) -> None:
-        """An idle library takes a task waiting for a busy one: the inputs it has live
-        are exported (serialized once, kept in the store) and the task goes anywhere."""
-        idle = sum(1 for lib in self.libraries.values() if not lib.sent and lib.ready)
-        for _ in range(idle):
-            for home, queue in list(self.homed.items()):
-                owner = self.libraries.get(home)
-                if owner is None or len(owner.sent) < owner.slots or len(queue) < 2:
-                    continue
-                task = self._next_runnable(queue, home)
-                if task is None:
-                    continue
-                task.home = None
-                exported = [
-                    dep.task_id
-                    for dep in task.deps
-                    if dep.value is None and dep.task_id not in self.store
-                ]
-                if not exported:  # its inputs were exported meanwhile: it can go anywhere
-                    self.runnable.appendleft(task.id)
-                    break
-                self._transition(task, "waiting")
-                for dep_id in exported:
-                    task.missing.add(dep_id)
-                    self._export(dep_id, task_id=task.id)
-                break
-
     def call(
         self, task: WorkerTask, lib: int | None = None, upcoming: set[int] | frozenset = frozenset()
     ) -> library.Call:
@@ -685,116 +567,6 @@ class WorkerState:
             else:
                 return task
         return None
-
-    def _queue(self, task: WorkerTask) -> None:
-        """A task whose inputs are all here: queued for the library that holds its live
-        inputs (the one with most of their bytes), after exporting those live in others;
-        for any library when none are live only."""
-        by_library: dict[int, int] = {}
-        live = self.live.entries
-        for dep in task.deps:
-            if dep.value is None and dep.task_id in live and dep.task_id not in self.store:
-                entry = live[dep.task_id]
-                by_library[entry.lib] = by_library.get(entry.lib, 0) + entry.nbytes + 1
-        home = None
-        if by_library:
-            processes = task.config is not None and task.config.task_mode == "tasks"
-            home = None if processes else max(by_library, key=by_library.__getitem__)
-            foreign = [
-                dep.task_id
-                for dep in task.deps
-                if dep.value is None
-                and dep.task_id in live
-                and dep.task_id not in self.store
-                and (live[dep.task_id].lib != home or live[dep.task_id].leaving)
-            ]
-            if foreign:
-                if task.state == "new":
-                    self._transition(task, "waiting")
-                for dep_id in foreign:
-                    task.missing.add(dep_id)
-                    self._export(dep_id, task_id=task.id)
-                return
-        task.home = home
-        self._transition(task, "queued")
-
-    # -- live results -----------------------------------------------------------------
-
-    def _export(
-        self, dep_id: int, task_id: int | None = None, peer: bytes | None = None,
-        drop: bool = False,
-    ) -> None:  # fmt: skip
-        """Have a live result serialized by its library, once for all who wait for it."""
-        wait = self.exports.get(dep_id)
-        entry = self.live.entries[dep_id]
-        if wait is None:
-            wait = self.exports[dep_id] = ExportWait(entry.lib, drop)
-            self.library_outbox.append((entry.lib, library.Export([dep_id], drop)))
-            if drop:
-                self.live.mark_leaving(entry)
-        if task_id is not None:
-            wait.tasks.add(task_id)
-        if peer is not None:
-            wait.peers.append(peer)
-
-    def _drop_live(self, task_id: int) -> None:
-        entry = self.live.drop(task_id)
-        if entry is not None:
-            self.library_outbox.append((entry.lib, library.Forget([task_id])))
-            self.store.reserved = self.live.nbytes
-
-    def serve_peer(self, task_id: int, peer: bytes) -> bool:
-        """A peer asks for a result held live only: export it, and answer the peer when
-        it arrives (``peer_replies``). False when it is not live here."""
-        entry = self.live.entries.get(task_id)
-        if entry is None or entry.stuck:
-            return False
-        self._export(task_id, peer=peer)
-        return True
-
-    def _answer_peers(self, task_id: int, peers: list[bytes], value: Any) -> None:
-        for peer in peers:
-            if peer is MANAGER_IDENT:  # an upload for a worker that cannot reach us
-                self.outbox.append(p.Uploaded(task_id, value))
-            else:
-                self.peer_replies.append((peer, p.Data(task_id, value)))
-
-    def on_exported(self, lib: LibraryRecord, reply: library.Exported) -> None:
-        """A live result, serialized: into the store (the copy every later reader gets),
-        then to the tasks and peers that waited for it."""
-        task_id = reply.task_id
-        wait = self.exports.pop(task_id, None)
-        entry = self.live.entries.get(task_id)
-        if reply.value is not None:
-            if entry is not None:  # not released meanwhile
-                if wait is not None and wait.drop:
-                    self.live.drop(task_id)  # the library forgot it; the store spills it
-                    self.store.reserved = self.live.nbytes
-                self.store.put(task_id, reply.value)
-        elif entry is not None:  # it cannot be serialized: it stays in its library
-            entry.stuck = True
-            if entry.leaving:
-                entry.leaving = False
-                self.live.leaving_bytes -= entry.nbytes
-        if wait is None:
-            return
-        self._answer_peers(task_id, wait.peers, reply.value)
-        if reply.value is not None and task_id in self.store:
-            self._input_arrived(task_id, wait.tasks)
-            return
-        for waiter in wait.tasks:  # it could not be serialized: they cannot run elsewhere
-            task = self.tasks.get(waiter)
-            if task is None:
-                continue
-            dep_key = next((d.key for d in task.deps if d.task_id == task_id), task_id)
-            error = SerializationError(
-                dep_key, "an input", f"{reply.error} (moving it out of its library process "
-                f"on worker {self.name})",
-            )  # fmt: skip
-            exception, text = dumps_exception(error)
-            self.outbox.append(p.TaskErred(waiter, exception, text, str(error)))
-            task.missing.discard(task_id)
-            self._transition(task, "forgotten")
 
     # -- library replies --------------------------------------------------------------
 
