@@ -324,9 +324,14 @@ def test_workers_that_cannot_reach_each_other_get_results_through_the_manager(ca
                 manager.wait_for_workers(2, processes=procs)
                 with caplog.at_level("WARNING", logger="daskvine_py.manager"):
                     assert manager.get(dsk, ["out", "pairs"]) == expected
-                transfers = manager.last_run.transfers
-                relayed = {dst for (src, dst) in transfers if src == MANAGER}
-                assert relayed and relayed <= {"cut-0", "cut-1"}, transfers
+                run = manager.last_run
+                assert run.relayed and all(n > 0 for _, _, n in run.relayed), run.relayed
+                for holder, reader, nbytes in run.relayed:
+                    assert {holder, reader} == {"cut-0", "cut-1"}
+                    assert run.transfers[(holder, MANAGER)] >= nbytes  # both legs counted
+                    assert run.transfers[(MANAGER, reader)] >= nbytes
+                assert ("cut-0", "cut-1") not in run.transfers  # nothing went directly
+                assert ("cut-1", "cut-0") not in run.transfers
                 warned = [r for r in caplog.records if "go through the manager" in r.message]
                 assert 1 <= len(warned) <= 2  # once per (holder, reader) pair
             finally:

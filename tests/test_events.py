@@ -359,3 +359,16 @@ def test_task_done_carries_the_workers_finish_time():
     p.check_fields(p.TaskDone(1, 2, 0.1, None, 1769000000.5))
     with pytest.raises(ProtocolError, match="TaskDone.finished"):
         p.check_fields(p.TaskDone(1, 2, 0.1, None, "late"))
+
+
+def test_results_relayed_through_the_manager_are_flagged_in_the_summary():
+    log = EventLog(8, wall_start=1000.0, mono_start=50.0, tasks=2, options={})
+    log.worker(50.0, "w1", 1, "node1")
+    log.worker(50.0, "w2", 1, "node2")
+    info = RunInfo(8, {}, 2, 1000.0, 1000.5, "done")
+    info.transfers = {("w1", MANAGER): 5000, (MANAGER, "w2"): 5000}
+    info.relayed = [["w1", "w2", 5000]]
+    log.end(50.5, "done", info)
+    page = render(log.records())
+    assert "peers unreachable" in page and "w1 → w2" in page
+    assert "peers unreachable" not in render(_log().records())  # only when it happened

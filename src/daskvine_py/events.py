@@ -307,6 +307,8 @@ def _info_fields(info: Any) -> dict[str, Any]:
         return {}
     skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events"}
     out = {name: value for name, value in vars(info).items() if name not in skip}
+    if not out.get("relayed", True):
+        del out["relayed"]  # written only when results went through the manager
     out["duration"] = info.duration
     return out
 

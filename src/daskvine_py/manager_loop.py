@@ -48,6 +48,7 @@ from .liveness import Liveness
 from .options import ManagerOptions
 from .pooling import Demand
 from .runinfo import MANAGER
+from .state_messages import BytesRelayed
 from .transport import has_more, send_batch
 from .watching import Run, Watching
 
@@ -593,6 +594,8 @@ class IOLoop:
                     self.watching.dispatched(instruction, time.monotonic())
                 elif kind is s.BytesInlined:
                     self.watching.count(MANAGER, instruction.name, instruction.nbytes)
+                elif kind is BytesRelayed:
+                    self.watching.relayed(instruction)
                 elif kind is s.RunOutput:
                     run = self.watching.runs.get(instruction.run_id)
                     if run is not None:

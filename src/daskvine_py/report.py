@@ -218,6 +218,10 @@ def _summary_table(summary: Summary) -> str:
             ("bytes of results made", _bytes(sum(t.nbytes for t in summary.tasks))),
         ]
     rows.append(("bytes moved", _bytes(sum(summary.transfers.values()))))
+    relayed = end.get("relayed") or []
+    if relayed:  # flagged: workers that could not reach each other
+        pairs = ", ".join(f"{h} → {r} {_bytes(n)}" for h, r, n in relayed)
+        rows.append(("⚠ through the manager (peers unreachable)", pairs))
     seconds = summary.seconds()
     if seconds is not None:
         run_seconds, serialization = seconds

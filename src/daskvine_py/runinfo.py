@@ -30,6 +30,9 @@ class RunInfo:
     outcome: str = ""
     #: bytes moved per (source, destination) worker name; ``MANAGER`` names the manager
     transfers: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: [holder, reader, bytes] for results that went through the manager because the
+    #: reader could not reach the holder (both legs are in ``transfers`` too)
+    relayed: list[list[Any]] = field(default_factory=list)
     #: seconds the run's tasks ran (their functions' calls), summed over the tasks that
     #: finished (a task run twice counts twice), and seconds their library processes spent
     #: unpickling their inputs and pickling their results besides (not in ``run_seconds``;

@@ -17,6 +17,7 @@ from .serialize import Serialized
 from .state_messages import (
     AbortRun,
     BadReport,
+    BytesRelayed,
     CancelRun,
     EventDropped,
     ExtendRun,
@@ -271,9 +272,14 @@ class FailureHandling:
             waiting.add(worker)
 
     def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
+        task = self.tasks.get(msg.task_id)
+        run_id = task.run.id if task is not None else 0
         for reader in self.relays.pop(msg.task_id, ()):
             if self.workers.get(reader.id) is reader:
                 self._send(reader, p.Relayed(msg.task_id, msg.value))
+                if msg.value is not None:
+                    nbytes = msg.value.nbytes
+                    self._out.append(BytesRelayed(run_id, worker.name, reader.name, nbytes))
 
     def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
         """Results ``worker`` no longer holds (a library process died with them)."""

@@ -150,6 +150,16 @@ class EventDropped(NamedTuple):
     error: BaseException
 
 
+class BytesRelayed(NamedTuple):
+    """A result went from its holder through the manager to a worker that could not reach
+    the holder (``protocol.Relay``)."""
+
+    run_id: int
+    holder: str
+    reader: str
+    nbytes: int
+
+
 class BytesInlined(NamedTuple):
     """Bytes of inputs sent to a worker inside ``Execute``: moved from the manager."""
 

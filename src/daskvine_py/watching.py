@@ -20,7 +20,8 @@ from typing import Any
 from . import protocol as p
 from . import state as s
 from .events import EventLog
-from .runinfo import RunInfo
+from .runinfo import MANAGER, RunInfo
+from .state_messages import BytesRelayed
 
 #: Samples of task counts in an event log: every 5 ms at first, then spaced to keep about
 #: this many per run length (a few thousand for an hour), so short and long runs both
@@ -33,7 +34,7 @@ class Run:
 
     __slots__ = (
         "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
-        "transfers_before",
+        "transfers_before", "relayed",
     )  # fmt: skip
 
     def __init__(self, run_id: int) -> None:
@@ -41,6 +42,8 @@ class Run:
         self.info: RunInfo  # set by ``get`` with the run's options and size
         #: the manager's transfer counts when the run started (I/O thread only)
         self.transfers_before: dict[tuple[str, str], int] = {}
+        #: (holder, reader) -> bytes that went through the manager (``BytesRelayed``)
+        self.relayed: dict[tuple[str, str], int] = {}
         self.values: dict[Any, Any] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
@@ -100,6 +103,7 @@ class Watching:
         if ended is not None:
             run.info.run_seconds = ended.run_seconds
             run.info.serialization_seconds = ended.serialization_seconds
+        run.info.relayed = [[h, r, n] for (h, r), n in run.relayed.items()]
         before = run.transfers_before
         run.info.transfers = {
             pair: nbytes - before.get(pair, 0)
@@ -119,6 +123,15 @@ class Watching:
     def count(self, source: str, destination: str, nbytes: int) -> None:
         pair = (source, destination)
         self.transfers[pair] = self.transfers.get(pair, 0) + nbytes
+
+    def relayed(self, moved: BytesRelayed) -> None:
+        """Both legs of a result relayed through the manager, and the run's tally."""
+        self.count(moved.holder, MANAGER, moved.nbytes)
+        self.count(MANAGER, moved.reader, moved.nbytes)
+        run = self.runs.get(moved.run_id)
+        if run is not None:
+            pair = (moved.holder, moved.reader)
+            run.relayed[pair] = run.relayed.get(pair, 0) + moved.nbytes
 
     def received(self, destination: str, message: p.Transfers) -> None:
         """What a worker fetched from peers, by the peers' names where known."""

@@ -402,8 +402,9 @@ class WorkerState(LiveHandling):
             self._request_next(fetch, now)
             return
         del self.fetches[reply.task_id]
-        received = self.received_from
-        received[source] = received.get(source, 0) + reply.value.nbytes
+        if source != RELAY:  # (the manager counts what it relays)
+            received = self.received_from
+            received[source] = received.get(source, 0) + reply.value.nbytes
         self.store.put(reply.task_id, reply.value)
         self.outbox.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
