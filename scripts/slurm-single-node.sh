@@ -97,9 +97,16 @@ start() {
 
 stop() {
     scancel --user=root >/dev/null 2>&1 || true
-    pkill -x slurmd || true
-    pkill -x slurmctld || true
-    pkill -x munged || true
+    local name
+    for name in slurmd slurmctld munged; do
+        pkill -x "$name" || true
+    done
+    # Wait for them to be gone: a start right after would otherwise find a daemon still
+    # exiting, skip starting it, and fail.
+    local deadline=$((SECONDS + 15))
+    while pgrep -x 'slurmd|slurmctld|munged' >/dev/null && [ $SECONDS -lt $deadline ]; do
+        sleep 0.2
+    done
 }
 
 case "${1:-}" in
