@@ -104,7 +104,8 @@ stop() {
     # Wait for them to be gone: a start right after would otherwise find a daemon still
     # exiting, skip starting it, and fail.
     local deadline=$((SECONDS + 15))
-    while pgrep -x 'slurmd|slurmctld|munged' >/dev/null && [ $SECONDS -lt $deadline ]; do
+    while { pgrep -x slurmd || pgrep -x slurmctld || pgrep -x munged; } >/dev/null &&
+        [ $SECONDS -lt $deadline ]; do
         sleep 0.2
     done
 }
