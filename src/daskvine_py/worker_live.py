@@ -165,6 +165,9 @@ class LiveHandling:
         """A task whose inputs are all here: queued for the library that holds its live
         inputs (the one with most of their bytes), after exporting those live in others;
         for any library when none are live only."""
+        if not task.deps:  # most tasks of wide graphs: no placement to decide
+            self._transition(task, "queued")
+            return
         by_library: dict[int, int] = {}
         live = self.live.entries
         for dep in task.deps:
