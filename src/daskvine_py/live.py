@@ -16,6 +16,7 @@ may have dropped it before that call runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 
 class LiveEntry:
@@ -44,11 +45,13 @@ class ExportWait:
 
 
 class LiveResults:
-    """Live results by task id, least recently used first, and their total bytes."""
+    """Live results by task id, least recently used first, and their total bytes, which
+    ``store`` (a ``store.Store``, if given) counts against its memory limit."""
 
-    __slots__ = ("entries", "nbytes", "leaving_bytes")
+    __slots__ = ("entries", "nbytes", "leaving_bytes", "store")
 
-    def __init__(self) -> None:
+    def __init__(self, store: Any = None) -> None:
+        self.store = store
         self.entries: dict[int, LiveEntry] = {}
         self.nbytes = 0
         #: bytes of the entries leaving: freed once their exports arrive
@@ -64,6 +67,7 @@ class LiveResults:
         self.drop(task_id)
         self.entries[task_id] = LiveEntry(lib, nbytes)
         self.nbytes += nbytes
+        self._reserve()
 
     def drop(self, task_id: int) -> LiveEntry | None:
         entry = self.entries.pop(task_id, None)
@@ -71,15 +75,23 @@ class LiveResults:
             self.nbytes -= entry.nbytes
             if entry.leaving:
                 self.leaving_bytes -= entry.nbytes
+            self._reserve()
         return entry
 
-    def usable(self, task_id: int, lib: int) -> bool:
-        """Whether a call to library ``lib`` may name this result live (and it is used)."""
+    def _reserve(self) -> None:
+        if self.store is not None:
+            self.store.reserved = self.nbytes
+
+    def held_in(self, task_id: int, lib: int | None) -> bool:
+        """Whether a call to library ``lib`` may name this result live."""
         entry = self.entries.get(task_id)
-        if entry is None or entry.lib != lib or entry.leaving:
+        return entry is not None and entry.lib == lib and not entry.leaving
+
+    def usable(self, task_id: int, lib: int) -> bool:
+        """``held_in``, and if so the result counts as just used."""
+        if not self.held_in(task_id, lib):
             return False
-        del self.entries[task_id]  # most recently used: last
-        self.entries[task_id] = entry
+        self.entries[task_id] = self.entries.pop(task_id)  # most recently used: last
         return True
 
     def mark_leaving(self, entry: LiveEntry) -> None:

@@ -152,13 +152,10 @@ class LiveHandling:
                     for dep in task.deps
                     if dep.value is None and dep.task_id not in self.store
                 ]
-                if not exported:  # its inputs were exported meanwhile: it can go anywhere
+                if exported:
+                    self._await_exports(task, exported)
+                else:  # its inputs were exported meanwhile: it can go anywhere
                     self.runnable.appendleft(task.id)
-                    break
-                self._transition(task, "waiting")
-                for dep_id in exported:
-                    task.missing.add(dep_id)
-                    self._export(dep_id, task_id=task.id)
                 break
 
     def _queue(self, task: WorkerTask) -> None:
@@ -187,14 +184,19 @@ class LiveHandling:
                 and (live[dep.task_id].lib != home or live[dep.task_id].leaving)
             ]
             if foreign:
-                if task.state == "new":
-                    self._transition(task, "waiting")
-                for dep_id in foreign:
-                    task.missing.add(dep_id)
-                    self._export(dep_id, task_id=task.id)
+                self._await_exports(task, foreign)
                 return
         task.home = home
         self._transition(task, "queued")
+
+    def _await_exports(self, task: WorkerTask, dep_ids: list[int]) -> None:
+        """``task`` waits for these live inputs to be exported into the store (held by
+        another library, or leaving theirs); it is queued again once they are."""
+        if task.state != "waiting":
+            self._transition(task, "waiting")
+        for dep_id in dep_ids:
+            task.missing.add(dep_id)
+            self._export(dep_id, task_id=task.id)
 
     def _export(
         self, dep_id: int, task_id: int | None = None, peer: bytes | None = None,
@@ -217,7 +219,6 @@ class LiveHandling:
         entry = self.live.drop(task_id)
         if entry is not None:
             self.library_outbox.append((entry.lib, library.Forget([task_id])))
-            self.store.reserved = self.live.nbytes
 
     def serve_peer(self, task_id: int, peer: bytes) -> bool:
         """A peer asks for a result held live only: export it, and answer the peer when
@@ -245,7 +246,6 @@ class LiveHandling:
             if entry is not None:  # not released meanwhile
                 if wait is not None and wait.drop:
                     self.live.drop(task_id)  # the library forgot it; the store spills it
-                    self.store.reserved = self.live.nbytes
                 self.store.put(task_id, reply.value)
         elif entry is not None:  # it cannot be serialized: it stays in its library
             entry.stuck = True

@@ -140,7 +140,7 @@ class WorkerState(LiveHandling):
         self.homed: dict[int, deque[int]] = {}
         self.process_runnable: deque[int] = deque()
         #: results the libraries keep live, and exports of them under way
-        self.live = LiveResults()
+        self.live = LiveResults(store)
         #: library id -> calls to send it behind the task they wait for (``_follow``)
         self.chained: dict[int, list[library.Call]] = {}
         self.exports: dict[int, ExportWait] = {}
@@ -529,17 +529,18 @@ class WorkerState(LiveHandling):
 
     def _available(self, dep: p.DepLocation, lib: int | None) -> bool:
         """Whether a call to ``lib`` (None: a task process) can have this input now."""
-        if dep.value is not None or dep.task_id in self.store:
-            return True
-        entry = self.live.entries.get(dep.task_id)
-        return entry is not None and entry.lib == lib and not entry.leaving
+        return (
+            dep.value is not None
+            or dep.task_id in self.store
+            or self.live.held_in(dep.task_id, lib)
+        )
 
     def _request_bytes(self, task: WorkerTask, lib: int | None = None) -> int:
         total = len(task.payload)
         for dep in task.deps:
             if dep.value is not None:
                 total += dep.value.nbytes
-            elif not self._available(dep, lib) or dep.task_id not in self.live:
+            elif not self.live.held_in(dep.task_id, lib):  # (else named, not carried)
                 total += self.store.size(dep.task_id)
         return total
 
@@ -559,11 +560,11 @@ class WorkerState(LiveHandling):
                     self.outbox.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
                     self._transition(task, "forgotten")
                     break
-                self._transition(task, "waiting")  # exported for it, then queued again
-                for other in task.deps:
-                    if not self._available(other, lib) and other.task_id in self.live:
-                        task.missing.add(other.task_id)
-                        self._export(other.task_id, task_id=task.id)
+                elsewhere = [
+                    d.task_id for d in task.deps
+                    if not self._available(d, lib) and d.task_id in self.live
+                ]  # fmt: skip
+                self._await_exports(task, elsewhere)  # then queued again
                 break
             else:
                 return task
@@ -621,7 +622,6 @@ class WorkerState(LiveHandling):
             self.live.drop(task_id)
             if task_id not in self.store:
                 lost.append(task_id)
-        self.store.reserved = self.live.nbytes
         for task_id, wait in [(t, w) for t, w in self.exports.items() if w.lib == lib.id]:
             del self.exports[task_id]
             self._answer_peers(task_id, wait.peers, None)
@@ -650,7 +650,6 @@ class WorkerState(LiveHandling):
             if task.keep:
                 if live and lib is not None:
                     self.live.add(task_id, lib, nbytes)
-                    self.store.reserved = self.live.nbytes
                 if value is not None:
                     self.store.put(task_id, value)
             waiters = self.local_waiters.pop(task_id, None)
