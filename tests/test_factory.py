@@ -28,6 +28,7 @@ from daskvine_py import protocol as p
 from daskvine_py.pooling import Demand
 from daskvine_py.status import ManagerRefused, ManagerUnreachable, StatusClient
 from sockets import dealer
+from test_pool import _slurm_available, _wait
 
 pytest.importorskip("parsl.providers")
 
@@ -41,17 +42,7 @@ def slow_inc(x, seconds=0.02):
     return x + 1
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.1)
-
-
 def _slurm_or_skip() -> None:
-    from test_pool import _slurm_available
-
     why = _slurm_available()
     if why is not None:
         if os.environ.get("DASKVINE_PY_REQUIRE_SLURM") == "1":
