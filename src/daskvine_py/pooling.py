@@ -134,7 +134,9 @@ class PoolPlanner:
                 job.joined = True
             elif job.joined and job.left is None:
                 job.left = now  # its worker left (retired, lost, or its job ended)
-            ended_unjoined = job.state == "done" and not job.joined
+            # (one we cancelled ending unjoined is what we asked for: batch systems may
+            # report it done, e.g. Parsl's Slurm provider for a job gone from the queue)
+            ended_unjoined = job.state == "done" and not job.joined and not job.cancelled
             if (job.state in ("failed", "held") or ended_unjoined) and not job.reported:
                 job.reported = True  # a job that ended before its worker joined failed too
                 plan.failures.append(job)
