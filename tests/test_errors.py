@@ -56,6 +56,21 @@ def test_task_exception_keeps_type_message_and_remote_traceback(shared_manager):
     assert any("'y'" in note for note in getattr(info.value, "__notes__", ["'y'"]))
 
 
+def test_a_link_of_a_chain_that_raises_is_named(shared_manager):
+    # x -> y -> bad -> z runs as one task (a chain named 'z'); the error names 'bad'.
+    dsk = {"x": 1, "y": (inc, "x"), "bad": (divide_by_zero, "y"), "z": (inc, "bad")}
+    with pytest.raises(ZeroDivisionError) as info:
+        shared_manager.get(dsk, "z")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("'bad'" in note and "'z'" in note for note in notes), notes
+    assert shared_manager.last_run.tasks == 1
+    # Unfused, every task goes on its own; the error is the same.
+    with pytest.raises(ZeroDivisionError) as info:
+        shared_manager.get(dsk, "z", fuse=False)
+    assert any("'bad'" in note for note in getattr(info.value, "__notes__", [])), notes
+    assert shared_manager.last_run.tasks == 4
+
+
 def test_user_exception_class_travels(shared_manager):
     with pytest.raises(CustomError, match="custom failure on 5"):
         shared_manager.get({"a": 5, "b": (raise_custom, "a")}, "b")
@@ -92,6 +107,9 @@ def test_unpicklable_function_names_the_key(shared_manager):
     dsk = {"x": 1, "locked": (lambda x, _lock=lock: x, "x")}
     with pytest.raises(SerializationError, match="'locked'"):
         shared_manager.get(dsk, "locked")
+    # inside a chain (x -> locked -> after runs as one task): the link is named
+    with pytest.raises(SerializationError, match="'locked'"):
+        shared_manager.get({**dsk, "after": (inc, "locked")}, "after")
 
 
 def touch(path):
@@ -125,7 +143,7 @@ def test_unpicklable_task_after_the_first_part_fails_after_tasks_ran(
     marker = str(tmp_path / "ran")
     dsk = {"mark": (touch, marker), "late": (lambda x, _o: x, "mark", PicklesOnceItExists(marker))}
     with pytest.raises(SerializationError, match="'late'"):
-        shared_manager.get(dsk, "late")
+        shared_manager.get(dsk, "late", fuse=False)  # fused, the two would be one task
     assert os.path.exists(marker)  # "mark" ran before the error
     assert shared_manager.get({"x": (inc, 1)}, "x") == 2
 

@@ -30,7 +30,9 @@ def test_legacy_tuples_become_nodes_with_dependencies():
 
 
 def test_culling_keeps_only_what_outputs_need():
-    plan = build_plan({"a": 1, "b": (inc, "a"), "c": (inc, "a"), "d": (inc, "c")}, ["b"])
+    plan = build_plan(
+        {"a": 1, "b": (inc, "a"), "c": (inc, "a"), "d": (inc, "c")}, ["b"], fuse=False
+    )
     assert set(plan.nodes) == {"a", "b"}
 
 
@@ -76,16 +78,16 @@ def test_self_loop_is_a_cycle():
 def test_long_chain_needs_no_recursion():
     dsk = {f"x{i}": (inc, f"x{i - 1}") for i in range(1, 50_000)}
     dsk["x0"] = 0
-    plan = build_plan(dsk, "x49999")
+    plan = build_plan(dsk, "x49999", fuse=False)
     assert len(plan) == 50_000
     assert plan.priorities["x0"] < plan.priorities["x49999"]
 
 
 def test_task_spec_and_high_level_graph_and_collections():
     dsk = {"a": DataNode("a", 1), "b": Task("b", inc, TaskRef("a")), "c": Alias("c", "b")}
-    assert set(build_plan(dsk, "c").nodes) == {"a", "b", "c"}
+    assert set(build_plan(dsk, "c", fuse=False).nodes) == {"a", "b", "c"}
     hlg = HighLevelGraph({"l": {"x": 1, "y": (inc, "x")}}, {"l": set()})
-    assert set(build_plan(hlg, "y").nodes) == {"x", "y"}
+    assert set(build_plan(hlg, "y", fuse=False).nodes) == {"x", "y"}
     x = da.ones(10, chunks=5).sum()
     plan = build_plan(x, x.__dask_keys__())
     assert plan.outputs == [x.__dask_keys__()[0]]
@@ -110,9 +112,10 @@ def dags(draw):
 @given(dsk=dags(), data=st.data())
 def test_plans_compute_what_dask_computes(dsk, data):
     outputs = data.draw(st.lists(st.sampled_from(sorted(dsk)), min_size=1, max_size=3))
-    ordered_by_dask = build_plan(dsk, outputs)
+    fuse = data.draw(st.booleans())
+    ordered_by_dask = build_plan(dsk, outputs, fuse=fuse)
     with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
-        ordered_linearly = build_plan(dsk, outputs)
+        ordered_linearly = build_plan(dsk, outputs, fuse=fuse)
     for plan in (ordered_by_dask, ordered_linearly):
         # The plan's order is its priorities', and it counts every task's readers.
         assert plan.order == sorted(plan.nodes, key=plan.priorities.__getitem__)
@@ -136,7 +139,7 @@ def test_large_graphs_take_the_linear_topological_order(monkeypatch):
     dsk = {f"a{i}": (inc, i) for i in range(20)}
     dsk.update({f"b{i}": (inc, f"a{i}") for i in range(20)})
     dsk["total"] = (sum, [f"b{i}" for i in range(20)])
-    plan = build_plan(dsk, "total")
+    plan = build_plan(dsk, "total", fuse=False)
     rank = plan.priorities
     assert sorted(rank.values()) == list(range(41))
     assert all(rank[f"a{i}"] < rank[f"b{i}"] < rank["total"] for i in range(20))
@@ -235,7 +238,7 @@ def test_the_linear_order_finishes_one_output_before_the_next():
         dsk[("sum", g)] = (sum, [("inc", g, i) for i in range(4)])
     outputs = [("sum", g) for g in (3, 0, 4, 1, 2)]
     with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
-        plan = build_plan(dsk, outputs)
+        plan = build_plan(dsk, outputs, fuse=False)
     groups = [key[1] for key in plan.order]
     # each output's nine tasks in one stretch, in the order the outputs were asked for
     assert groups == [g for g in (3, 0, 4, 1, 2) for _ in range(9)]
@@ -244,3 +247,65 @@ def test_the_linear_order_finishes_one_output_before_the_next():
         **{("leaf", g, i): 1 for g in range(5) for i in range(4)},
         **{("inc", g, i): 1 for g in range(5) for i in range(4)},
     }
+
+
+# --- linear chains fused ------------------------------------------------------------------
+
+
+def test_linear_chains_become_chains_of_at_most_the_limit():
+    from daskvine_py.fusion import FUSE_LIMIT, Chain
+
+    n = 2 * FUSE_LIMIT + 44
+    dsk = {"x0": 0, **{f"x{i}": (inc, f"x{i - 1}") for i in range(1, n)}}
+    plan = build_plan(dsk, f"x{n - 1}")
+    # cut every FUSE_LIMIT links; each chain named by its last link, reading the one before
+    assert plan.order == [f"x{FUSE_LIMIT - 1}", f"x{2 * FUSE_LIMIT - 1}", f"x{n - 1}"]
+    assert plan.dependencies == {
+        f"x{FUSE_LIMIT - 1}": frozenset(),
+        f"x{2 * FUSE_LIMIT - 1}": {f"x{FUSE_LIMIT - 1}"},
+        f"x{n - 1}": {f"x{2 * FUSE_LIMIT - 1}"},
+    }
+    assert all(type(node) is Chain for node in plan.nodes.values())
+    assert [len(node.links) for node in plan.nodes.values()] == [FUSE_LIMIT, FUSE_LIMIT, 44]
+    values = {}
+    for key in plan.order:
+        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+    assert values[f"x{n - 1}"] == dask.get(dsk, f"x{n - 1}") == n - 1
+
+
+def test_outputs_shared_results_and_joins_are_never_fused_away():
+    dsk = {
+        "a": 1,
+        "b": (inc, "a"),  # read by c and d: stays
+        "c": (inc, "b"),
+        "d": (inc, "b"),
+        "e": (inc, "c"),  # an output, read by f: stays
+        "f": (inc, "e"),
+        "g": (operator.add, "d", "f"),  # a join: its inputs are not links of it
+        "h": (inc, "g"),
+    }
+    plan = build_plan(dsk, ["e", "h"])
+    # a->b, c->e (e an output ends it), f stays alone (e is an output), g->h
+    assert set(plan.nodes) == {"b", "d", "e", "f", "h"}
+    assert plan.dependencies["h"] == {"d", "f"}
+    assert plan.dependencies["e"] == {"b"}
+    values = {}
+    for key in plan.order:
+        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+    assert pack_results(["e", "h"], values) == dask.get(dsk, ["e", "h"])
+
+
+def test_a_link_that_raises_is_named_by_its_own_key():
+    from daskvine_py.fusion import link_key
+
+    dsk = {"a": 1, "b": (inc, "a"), "c": (operator.truediv, "b", 0), "d": (inc, "c")}
+    plan = build_plan(dsk, "d")
+    assert list(plan.nodes) == ["d"]
+    with pytest.raises(ZeroDivisionError) as info:
+        plan.nodes["d"]({})
+    assert link_key(info.value) == "c"
+    # The last link is the task itself: nothing more to say.
+    plan = build_plan({"a": 1, "b": (operator.truediv, "a", 0)}, "b")
+    with pytest.raises(ZeroDivisionError) as info:
+        plan.nodes["b"]({})
+    assert link_key(info.value) is None

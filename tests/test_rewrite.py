@@ -85,7 +85,7 @@ UNMARKED = {make, plain_concat2, plain_concat_list}
 
 
 def rewrite(dsk, outputs, arity=4, threshold=8):
-    plan = build_plan(dsk, outputs)
+    plan = build_plan(dsk, outputs, fuse=False)
     nodes, deps = rewrite_reductions(plan.nodes, plan.dependencies, plan.outputs, arity, threshold)
     # Light legacy tasks as the Tasks they stand for (for get_sync), each converted once so
     # that "left alone" can still be checked by identity.
@@ -251,7 +251,7 @@ def test_dask_collections_own_tree_reductions_are_left_alone():
     x = da.ones((1000,), chunks=5).sum(split_every=8)
     b = db.from_sequence(range(2000), npartitions=400).map(make).sum()
     for obj in (x, b):
-        plan = build_plan(dict(obj.__dask_graph__()), obj.__dask_keys__())
+        plan = build_plan(dict(obj.__dask_graph__()), obj.__dask_keys__(), fuse=False)
         nodes, deps = rewrite_reductions(plan.nodes, plan.dependencies, plan.outputs)
         assert nodes == plan.nodes and all(nodes[k] is plan.nodes[k] for k in nodes)
         assert deps == plan.dependencies
@@ -295,7 +295,7 @@ def test_chain_through_inline_links_and_links_read_twice():
 def test_arity_none_turns_rewriting_off_and_bad_values_are_refused():
     dsk = {f"x{i}": i for i in range(100)}
     dsk["s"] = (sum, list(dsk))
-    plan = build_plan(dsk, "s")
+    plan = build_plan(dsk, "s", fuse=False)
     nodes, deps = rewrite_reductions(plan.nodes, plan.dependencies, plan.outputs, arity=None)
     assert nodes == plan.nodes and nodes is not plan.nodes and deps == plan.dependencies
     for arity, threshold in [(1, 8), (0, 8), (True, 8), (2.0, 8), (4, 1)]:
@@ -455,7 +455,7 @@ def random_graphs(draw):
 def test_random_graphs_rewrite_to_the_same_results(case):
     dsk, outputs, arity, threshold = case
     expected = get_sync(dsk, outputs)
-    plan = build_plan(dsk, outputs)
+    plan = build_plan(dsk, outputs, fuse=False)
     nodes_before = dict(plan.nodes)
     args_before = {k: getattr(v, "args", None) for k, v in plan.nodes.items()}
     deps_before = dict(plan.dependencies)

@@ -21,10 +21,11 @@ from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dask._task_spec import Alias, DataNode, GraphNode, convert_legacy_task
+from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from dask.order import order
 
 from .errors import GraphCycleError
+from .fusion import Chain, fuse_chains
 
 Key = Hashable
 
@@ -181,8 +182,9 @@ Rewrite = Callable[
 ]
 
 
-def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
-    """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, and order it.
+def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None, fuse: bool = True) -> Plan:
+    """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, ``fuse`` its
+    linear chains (``fusion.fuse_chains``), and order it.
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
@@ -201,16 +203,34 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None) -> Plan:
         if nodes.keys() != old_keys:  # a tree adds keys; untouched graphs keep theirs
             roots = itertools.chain(outputs, dependencies)
             _, topological, readers = depth_first(roots, dependencies.__getitem__, dependencies)
-    # Independent tasks need no ordering beyond the graph's own (dask.order would spend
-    # some 20 µs a task finding that out).
-    if 1 < len(nodes) <= DASK_ORDER_LIMIT and len(readers) > 0:
+    if fuse:
+        fused, dependencies, readers = fuse_chains(nodes, dependencies, readers, outputs)
+        if fused is not nodes:
+            nodes = fused
+            topological = [key for key in topological if key in nodes]
+    # Independent tasks, and trees where every result has one reader, need no ordering
+    # beyond the depth-first walk's, which finishes each subtree before the next one
+    # (dask.order would spend some 5-20 µs a task finding that out).
+    if 1 < len(nodes) <= DASK_ORDER_LIMIT and max(readers.values(), default=0) > 1:
         # dask.order reads the tasks themselves: it gets legacy tuples as they were.
-        graph = {k: v.task if type(v) is LegacyCall else v for k, v in nodes.items()}
+        graph = {k: _as_dask_task(k, v, dependencies[k]) for k, v in nodes.items()}
         priorities = order(graph, dependencies=dict(dependencies))
         topological = sorted(nodes, key=priorities.__getitem__)
     else:
         priorities = {key: i for i, key in enumerate(topological)}
     return Plan(nodes, dependencies, outputs, priorities, keys, topological, readers)
+
+
+def _as_dask_task(key: Key, node: Any, dependencies: frozenset[Key]) -> Any:
+    """What dask.order is shown of a node: a chain as a task of the chain's inputs (its
+    links name keys dask.order is not shown), a legacy task as it was."""
+    if type(node) is Chain:
+        return Task(key, _chain, *[TaskRef(dep) for dep in dependencies])
+    return node.task if type(node) is LegacyCall else node
+
+
+def _chain(*inputs: Any) -> None:
+    """Stands for a chain in what dask.order sees; never called."""
 
 
 def cull(

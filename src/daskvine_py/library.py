@@ -66,6 +66,7 @@ from queue import SimpleQueue
 from typing import Any, NamedTuple
 
 from .errors import ImportHoistingError, SerializationError
+from .fusion import link_key
 from .serialize import TaskDecoder, dumps, dumps_exception, loads
 
 _prctl: Any = None
@@ -691,7 +692,9 @@ def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> Err
 
 
 def _describe(exc: BaseException) -> str:
+    link = link_key(exc)
+    where = "" if link is None else f" (in task {link!r}, run in one chain)"
     try:
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {exc}{where}"
     except Exception:  # a broken __str__ must not break error reporting
-        return type(exc).__name__
+        return f"{type(exc).__name__}{where}"

@@ -44,6 +44,7 @@ from . import security
 from . import state as s
 from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
+from .fusion import Chain, link_key
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
 from .manager_loop import HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, Submit
@@ -289,7 +290,7 @@ class Manager:
                 threshold=run_options.reduction_threshold,
             )
         started, mono_started = time.time(), time.monotonic()
-        plan = build_plan(dsk, keys, rewrite)
+        plan = build_plan(dsk, keys, rewrite, fuse=run_options.fuse)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         run = Run(next(self._run_ids))
@@ -563,6 +564,9 @@ def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tupl
     try:
         return encoder.encode(node)
     except Exception as exc:
+        if type(node) is Chain:  # name the link that cannot be pickled
+            for link, link_node in node.links:
+                _encode_task(encoder, link, link_node)
         raise SerializationError(key, "the function or arguments", repr(exc)) from exc
 
 
@@ -577,6 +581,12 @@ def _run_error(failure: s.RunFailed | BaseException) -> BaseException:
         except Exception:
             exc = None
         if isinstance(exc, BaseException):
+            link = link_key(exc)
+            if link is not None:
+                note = (
+                    f"daskvine_py: raised by task {link!r}, run in one chain with "
+                    f"{failure.key!r} on worker {failure.worker}"
+                )
             return attach_remote_traceback(exc, failure.traceback, note)
     error = TaskFailed(failure.key, failure.message, failure.worker)
     if failure.traceback:

@@ -74,8 +74,15 @@ class RunOptions:
     #: lets a run on preemptible nodes lose a worker without recomputing what it held, at
     #: the cost of copying every intermediate (network, memory) while it is needed.
     replicas: int = 1
+    #: Run each linear chain of tasks (a task whose only reader has no other input) as one
+    #: task, up to ``fusion.FUSE_LIMIT`` links: no round trip and no state per link. The
+    #: chain is one task for retries, progress and the report, named by its last key.
+    #: False sends every task on its own.
+    fuse: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fuse, bool):
+            raise ValueError(f"fuse must be True or False, not {self.fuse!r}")
         if self.task_mode not in TASK_MODES:
             raise ValueError(f"task_mode must be one of {TASK_MODES}, not {self.task_mode!r}")
         if self.exec_mode not in EXEC_MODES:

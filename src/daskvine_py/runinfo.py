@@ -21,7 +21,7 @@ class RunInfo:
     run_id: int
     #: the options of the ``get`` call (``RunOptions`` as a dict)
     options: dict[str, Any] = field(default_factory=dict)
-    #: tasks in the plan after culling and rewriting
+    #: tasks in the plan after culling, rewriting and fusing chains (a chain is one task)
     tasks: int = 0
     #: ``time.time()`` when ``get`` was called and when it returned
     started: float = 0.0

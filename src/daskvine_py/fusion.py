@@ -1,0 +1,135 @@
+"""Linear chains of tasks become one task: a chain runs without a round trip per link.
+
+A task whose only reader is the next task, whose only input is it, is a link of a chain:
+nothing but that reader ever needs its result, and the reader cannot start before it.
+Sending each link on its own costs a manager -> worker -> library round trip per link
+and a state record per link on both sides, for no parallelism. ``fuse_chains`` hands up
+to ``FUSE_LIMIT`` links to one worker as one task: a ``Chain`` that the library runs
+link by link, passing each result straight to the next (one partition's pipeline, a
+linear chain of ``inc``). The chain takes its last link's key, so its readers and the
+outputs see nothing change; its first link's inputs are its inputs.
+
+What a chain changes for users: it is one task to the scheduler (one retry, one
+progress step, one line in the report, named by its last key); a link that raises is
+named by its own key (``link_key``). Outputs and tasks read by several tasks are never
+fused away. ``get(..., fuse=False)`` turns this off.
+
+Pure graph code, like ``graph.py``: no sockets, no processes, no serialization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+Key = Hashable
+
+#: Most links in one chain. Longer chains become several, one after the other: a lost
+#: worker or a retry then repeats at most this many links, and progress still moves.
+FUSE_LIMIT = 128
+
+#: Attribute set on an exception raised by a link that is not the chain's last: the key
+#: of that link, for the error the caller sees.
+LINK_KEY = "_daskvine_py_link_key"
+
+
+class Chain:
+    """Links run in order, each reading the one before: one task for the scheduler."""
+
+    __slots__ = ("links",)
+
+    def __init__(self, links: list[tuple[Key, Any]]) -> None:
+        #: [(key, node), ...]: the first reads the chain's inputs, each other the one before
+        self.links = links
+
+    @property
+    def key(self) -> Key:
+        return self.links[-1][0]
+
+    @property
+    def dependencies(self) -> frozenset[Key]:
+        """The chain's inputs: its first link's."""
+        return frozenset(self.links[0][1].dependencies)
+
+    def __call__(self, values: Mapping[Key, Any]) -> Any:
+        key = None
+        try:
+            for key, node in self.links:
+                values = {key: node(values)}
+        except BaseException as exc:
+            if key != self.links[-1][0]:
+                _blame(exc, key)
+            raise
+        return values[key]
+
+    def __reduce__(self) -> tuple:
+        return (Chain, (self.links,))
+
+    def __repr__(self) -> str:
+        return f"Chain({len(self.links)} links, {self.links[0][0]!r} .. {self.key!r})"
+
+
+def _blame(exc: BaseException, key: Key) -> None:
+    try:
+        setattr(exc, LINK_KEY, key)
+    except Exception:  # an exception type that takes no attributes: the chain's key names it
+        pass
+
+
+def link_key(exc: BaseException) -> Key | None:
+    """The key of the chain link that raised ``exc`` (None: not raised inside a chain,
+    or by its last link, whose key is the task's)."""
+    return getattr(exc, LINK_KEY, None)
+
+
+def fuse_chains(
+    nodes: dict[Key, Any],
+    dependencies: dict[Key, frozenset[Key]],
+    readers: dict[Key, int],
+    outputs: list[Key],
+    limit: int = FUSE_LIMIT,
+) -> tuple[dict[Key, Any], dict[Key, frozenset[Key]], dict[Key, int]]:
+    """``nodes`` with every linear chain of at least two links made one ``Chain``.
+
+    A link is fused into its reader when it is not an output, has exactly one reader,
+    and that reader has no other input. Returns the new nodes, dependencies and readers
+    (the same objects when nothing fuses).
+    """
+    # The one reader of each key read once, when that reader reads nothing else.
+    next_link: dict[Key, Key] = {}
+    for key, deps in dependencies.items():
+        if len(deps) == 1:
+            (dep,) = deps
+            if readers.get(dep) == 1:
+                next_link[dep] = key
+    for key in outputs:
+        next_link.pop(key, None)
+    if not next_link:
+        return nodes, dependencies, readers
+    previous = {reader: dep for dep, reader in next_link.items()}
+    fused_nodes: dict[Key, Any] = {}
+    fused_deps: dict[Key, frozenset[Key]] = {}
+    fused_readers = dict(readers)
+    for key, node in nodes.items():
+        if key in next_link:
+            continue  # a link before the last: its chain is built from its last link
+        if key not in previous:
+            fused_nodes[key] = node
+            fused_deps[key] = dependencies[key]
+            continue
+        # ``key`` ends a chain: walk back to its first link, cutting every ``limit``.
+        links = [key]
+        while links[-1] in previous:
+            links.append(previous[links[-1]])
+        links.reverse()
+        for start in range(0, len(links), limit):
+            part = links[start : start + limit]
+            last = part[-1]
+            if len(part) > 1:
+                fused_nodes[last] = Chain([(k, nodes[k]) for k in part])
+                for inner in part[:-1]:
+                    del fused_readers[inner]
+            else:
+                fused_nodes[last] = nodes[last]
+            fused_deps[last] = dependencies[part[0]]
+    return fused_nodes, fused_deps, fused_readers
