@@ -6,9 +6,9 @@
     ...     dask.compute(x, scheduler=manager.get)
 
 Layers, lowest first (a module imports only from layers below it; docs/architecture.md
-says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``fusion``, ``graph``,
-``saturation``, ``pooling``, ``security``, ``launch``, ``task``, ``events``, ``report``,
-``progress``; ``protocol``, ``matching``, ``rewrite``; ``state_messages``,
+says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sharedbuf``,
+``fusion``, ``graph``, ``saturation``, ``pooling``, ``security``, ``launch``, ``task``,
+``events``, ``report``, ``progress``; ``protocol``, ``matching``, ``rewrite``; ``state_messages``,
 ``state_records``, ``state_failures``, ``state``, ``store``, ``fetching``, ``live``,
 ``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``;
 ``transport``, ``peers``, ``status``, ``watching``, ``manager_loop``, ``manager``,

@@ -65,6 +65,7 @@ from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any, NamedTuple
 
+from . import sharedbuf
 from .errors import ImportHoistingError, SerializationError
 from .fusion import link_key
 from .serialize import TaskDecoder, dumps, dumps_exception, loads
@@ -211,7 +212,9 @@ def main(
     run at once; ``running`` (shared memory, one integer per slot) where each slot says
     which task it runs, for the worker to blame the right one if this process dies.
     """
+    global _segment_owner
     _die_with_parent()
+    _segment_owner = os.getppid()  # the worker: its segments are removed if it dies
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
     for module in (*WARM_IMPORTS, *import_modules):
         importlib.import_module(module)
@@ -578,11 +581,21 @@ _RUN = _TAGS[Run]
 _REPLIES = _TAGS[Replies]
 
 
+#: Whose segments this process writes (``sharedbuf``): the worker's pid, in the worker
+#: and in its libraries (``main`` sets it there).
+_segment_owner = os.getpid()
+_PIPE = b"\0"
+_SEGMENT = b"\1"
+
+
 def send(conn: Connection, message: Any) -> None:
     """Send a record over the pipe with its large buffers as messages of their own.
 
     Inputs and results (``Serialized``) keep their buffers out of band, so a 100 MB array
-    is written as it is rather than first copied into one big pickle.
+    is written as it is rather than first copied into one big pickle; a buffer of at
+    least ``sharedbuf.MIN_BYTES`` goes through shared memory, and only its segment's name
+    through the pipe. The first message: the number of buffers, how each travels, the
+    pickled record.
     """
     tag = _TAGS[type(message)]
     fields = tuple(message)
@@ -592,16 +605,31 @@ def send(conn: Connection, message: Any) -> None:
         fields = ([(_TAGS[type(reply)], tuple(reply)) for reply in message.replies],)
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps((tag, fields), protocol=5, buffer_callback=buffers.append)
-    conn.send_bytes(len(buffers).to_bytes(4, "little") + header)
-    for buffer in buffers:
-        conn.send_bytes(buffer.raw())
+    if not buffers:
+        conn.send_bytes(b"\0\0\0\0" + header)
+        return
+    raws = [buffer.raw() for buffer in buffers]
+    ways = [
+        _SEGMENT if sharedbuf.AVAILABLE and raw.nbytes >= sharedbuf.MIN_BYTES else _PIPE
+        for raw in raws
+    ]
+    conn.send_bytes(len(raws).to_bytes(4, "little") + b"".join(ways) + header)
+    for raw, way in zip(raws, ways, strict=True):
+        if way is _SEGMENT:
+            conn.send_bytes(sharedbuf.put(raw, _segment_owner).encode())
+        else:
+            conn.send_bytes(raw)
 
 
 def receive(conn: Connection) -> Any:
     """The record ``send`` sent; ``EOFError`` if the other side is gone."""
     first = conn.recv_bytes()
-    buffers = [conn.recv_bytes() for _ in range(int.from_bytes(first[:4], "little"))]
-    tag, fields = pickle.loads(memoryview(first)[4:], buffers=buffers)
+    count = int.from_bytes(first[:4], "little")
+    buffers: list[Any] = [conn.recv_bytes() for _ in range(count)]
+    for index in range(count):
+        if first[4 + index] == 1:  # a segment's name: map it
+            buffers[index] = sharedbuf.take(buffers[index].decode())
+    tag, fields = pickle.loads(memoryview(first)[4 + count :], buffers=buffers)
     if tag == _RUN:
         functions, config, calls = fields
         fields = (functions, config, [tuple.__new__(Call, call) for call in calls])

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 import zmq
 
 from . import host as h
-from . import library, security
+from . import library, security, sharedbuf
 from . import protocol as p
 from .errors import ProtocolError
 from .peers import DRAIN_LIMIT, PeerLinks
@@ -136,6 +136,7 @@ class Worker:
             os.makedirs(workdir, exist_ok=True)
         prefix = f"daskvine-{socket.gethostname()}-"
         h.remove_dead_workdirs(workdir or tempfile.gettempdir(), prefix)
+        sharedbuf.remove_dead()  # segments in flight when a worker of this host was killed
         self.workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=workdir)
         self.tasks_dir = os.path.join(self.workdir, "tasks")
         os.mkdir(self.tasks_dir)
@@ -225,6 +226,7 @@ class Worker:
             h.kill_task_process(proc)
         # One still importing (a worker that never reached its manager) is not waited for.
         h.stop_libraries(self.library_by_fd.values(), 0.0 if self.manager_gone else 2.0)
+        sharedbuf.remove_owned(os.getpid())  # messages its libraries wrote that none read
         self.peers.close()
         self.handshakes.close()
         # A manager that is gone or refused us will not take what is queued for it.
