@@ -210,3 +210,14 @@ def test_no_active_callback_takes_no_path_at_all():
         assert hooks is not None and not Callback.active  # taken for the call, as Dask does
         hooks.release()
         assert Callback.active == {registered._callback}
+
+
+def test_callbacks_and_the_progress_bar_of_get_go_together(shared_manager, capsys):
+    recorder = Recorder(shared_manager.workers)
+    x = da.arange(200, chunks=10).sum()
+    with recorder:
+        got = dask.compute(x, scheduler=shared_manager.get, progress=True)
+    assert got == dask.compute(x, scheduler="sync")
+    assert recorder.calls[-1][:2] == ("finish", False)
+    assert sum(1 for call in recorder.calls if call[0] == "posttask") == len(recorder.calls[0][1])
+    assert "daskvine_py" in capsys.readouterr().err  # tqdm's bar, on stderr

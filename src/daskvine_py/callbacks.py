@@ -186,15 +186,17 @@ class _Follow:
         feed, run, hooks = self._run.feed, self._run, self._hooks
         assert feed is not None
         while True:
-            wait = POLL if deadline is None else min(POLL, deadline - time.monotonic())
+            wait = POLL
+            if deadline is not None:  # checked between events too: they may never pause
+                wait = min(POLL, deadline - time.monotonic())
+                if wait <= 0:
+                    return False
             try:
-                item = feed.get(timeout=max(0.0, wait))
+                item = feed.get(timeout=wait)
             except queue.Empty:
                 if run.done.is_set():  # ended without the last word: take what is left
                     self._drain(feed)
                     return self._end()
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
                 continue
             if item is None:
                 return self._end()
