@@ -126,10 +126,12 @@ def diary(directory):
 
 @pytest.fixture(scope="module")
 def sized():
-    """local-0: one core and 300 MB; local-1: two cores and 3000 MB."""
+    """local-0: one core and 300 MB; local-1: two cores (two one-core libraries) and
+    3000 MB; local-2: one two-core library of two slots, and 3000 MB."""
     with Manager() as manager:
         manager.start_workers(1, cores=1, memory=300)
         manager.start_workers(1, cores=2, memory=3000)
+        manager.start_workers(1, cores=2, memory=3000, lib_resources={"cores": 2, "slots": 2})
         pids = {name: info["pid"] for name, info in manager.workers.items()}
         yield manager, pids
 
@@ -201,15 +203,17 @@ def test_resources_gate_placement_and_a_big_task_runs_alone(sized, tmp_path):
     (result,) = dask.compute(graph(str(tmp_path)), scheduler=manager.get)
     assert result == dask.compute(graph(None), scheduler="sync")[0]
     ran = diary(tmp_path)
-    two_cores = pids["local-1"]  # and the only one with 1000 MB to spare
-    assert {ran[f"big-{i}"][0] for i in range(3)} == {two_cores}
-    assert ran["mem"][0] == two_cores
-    # Whatever ran on the two-core worker while a big task ran there overlaps it in time:
-    # there must be nothing of the kind.
+    # Only the two-slot workers (two libraries, or one library of two slots) have room
+    # for a big task, and 1000 MB to spare.
+    two_slots = {pids["local-1"], pids["local-2"]}
+    assert {ran[f"big-{i}"][0] for i in range(3)} <= two_slots
+    assert ran["mem"][0] in two_slots
+    # Whatever ran on a big task's worker while it ran there overlaps it in time: there
+    # must be nothing of the kind.
     for i in range(3):
-        _, start, end = ran[f"big-{i}"]
+        worker, start, end = ran[f"big-{i}"]
         beside = [k for k, (pid, s, e) in ran.items()
-                  if pid == two_cores and k != f"big-{i}" and s < end and e > start]  # fmt: skip
+                  if pid == worker and k != f"big-{i}" and s < end and e > start]  # fmt: skip
         assert beside == [], (f"big-{i}", beside)
 
 
