@@ -125,6 +125,9 @@ def test_a_config_key_that_is_no_option_is_an_error_naming_it(dask_config):
     with dask.config.set({"daskvine_py.get.retrys": 5}):
         with pytest.raises(ValueError, match=r"'daskvine_py\.get\.retrys' is not a setting"):
             config.run_options({})
+    with dask.config.set({"daskvine_py.retries": 5}):
+        with pytest.raises(ValueError, match=r"'daskvine_py\.get\.retries'\?"):
+            config.run_options({})
     with dask.config.set({"daskvine_py.get.retries": -2}):
         with pytest.raises(ValueError, match=r"dask\.config 'daskvine_py\.get'.*retries"):
             config.run_options({})

@@ -34,11 +34,21 @@ with open(DEFAULTS_FILE) as _file:
 dask.config.update_defaults(DEFAULTS)
 
 _SECTIONS = {"get": RunOptions, "manager": ManagerOptions}
+_RUN_NAMES = {f.name for f in fields(RunOptions)}
 
 
 def section(name: str) -> dict[str, Any]:
     """``daskvine_py.<name>`` as it is now, names with ``_``."""
-    found = dask.config.get(f"daskvine_py.{name}", default=None) or {}
+    top = dask.config.get("daskvine_py", default=None) or {}
+    for key in top:
+        if str(key) not in _SECTIONS:
+            where = "get" if str(key).replace("-", "_") in _RUN_NAMES else "manager"
+            raise ValueError(
+                f"dask.config 'daskvine_py.{key}' is not a section of daskvine_py: options "
+                f"go in 'daskvine_py.get', settings in 'daskvine_py.manager' (here, "
+                f"'daskvine_py.{where}.{key}'?)"
+            )
+    found = top.get(name) or {}
     if not isinstance(found, Mapping):
         raise ValueError(f"dask.config 'daskvine_py.{name}' must be a mapping, not {found!r}")
     known = {f.name for f in fields(_SECTIONS[name])}
