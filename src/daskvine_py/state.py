@@ -239,8 +239,7 @@ class SchedulerState(Constraints, FailureHandling):
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))
-        if run.settings is not None:
-            self._mark_placements(run, added)
+        self._mark_placements(run, added)  # annotated runs only
         for new, record in added:
             missing = 0
             for dep_key in new.dependencies:
@@ -541,8 +540,7 @@ class SchedulerState(Constraints, FailureHandling):
             task = follower
 
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
-        held = self._held_back(worker) if worker.holding else 0  # annotated tasks there
-        if held:
+        if worker.holding and (held := self._held_back(worker)):  # annotated tasks there
             return -held
         if self.fixed_extra_tasks_per_core is not None:
             return worker.cores * self.fixed_extra_tasks_per_core

@@ -62,9 +62,9 @@ class Constraints:
 
     def _mark_placements(self, run: RunRecord, added: Sequence[tuple[NewTask, TaskRecord]]) -> None:
         """New tasks of an annotated run get their placement before they are queued."""
-        placements = run.settings.placements
-        if not placements:
+        if run.settings is None or not run.settings.placements:
             return
+        placements = run.settings.placements
         for _, record in added:
             record.placement = placements.get(record.key)
         if run not in self._unchecked:
