@@ -309,3 +309,15 @@ def test_a_link_that_raises_is_named_by_its_own_key():
     with pytest.raises(ZeroDivisionError) as info:
         plan.nodes["b"]({})
     assert link_key(info.value) is None
+
+
+def test_unfusable_keys_stay_tasks_of_their_own():
+    dsk = {"a": 1, "b": (inc, "a"), "c": (inc, "b"), "d": (inc, "c"), "e": (inc, "d")}
+    # "c" carries settings of its own (an annotation): a -> b and d -> e fuse around it
+    plan = build_plan(dsk, "e", unfusable={"c"})
+    assert set(plan.nodes) == {"b", "c", "e"}
+    assert plan.dependencies == {"b": frozenset(), "c": {"b"}, "e": {"c"}}
+    values = {}
+    for key in plan.order:
+        values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
+    assert values["e"] == dask.get(dsk, "e")

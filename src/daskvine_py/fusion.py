@@ -19,7 +19,7 @@ Pure graph code, like ``graph.py``: no sockets, no processes, no serialization.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Container, Hashable, Mapping
 from typing import Any
 
 Key = Hashable
@@ -88,19 +88,21 @@ def fuse_chains(
     readers: dict[Key, int],
     outputs: list[Key],
     limit: int = FUSE_LIMIT,
+    unfusable: Container[Key] = (),
 ) -> tuple[dict[Key, Any], dict[Key, frozenset[Key]], dict[Key, int]]:
     """``nodes`` with every linear chain of at least two links made one ``Chain``.
 
     A link is fused into its reader when it is not an output, has exactly one reader,
-    and that reader has no other input. Returns the new nodes, dependencies and readers
-    (the same objects when nothing fuses).
+    and that reader has no other input; neither may be ``unfusable`` (tasks with
+    settings of their own: annotations). Returns the new nodes, dependencies and
+    readers (the same objects when nothing fuses).
     """
     # The one reader of each key read once, when that reader reads nothing else.
     next_link: dict[Key, Key] = {}
     for key, deps in dependencies.items():
         if len(deps) == 1:
             (dep,) = deps
-            if readers.get(dep) == 1:
+            if readers.get(dep) == 1 and key not in unfusable and dep not in unfusable:
                 next_link[dep] = key
     for key in outputs:
         next_link.pop(key, None)

@@ -182,9 +182,16 @@ Rewrite = Callable[
 ]
 
 
-def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None, fuse: bool = True) -> Plan:
+def build_plan(
+    dsk: Any,
+    keys: Any,
+    rewrite: Rewrite | None = None,
+    fuse: bool = True,
+    unfusable: Container[Key] = (),
+) -> Plan:
     """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, ``fuse`` its
-    linear chains (``fusion.fuse_chains``), and order it.
+    linear chains (``fusion.fuse_chains``; ``unfusable`` keys stay tasks of their own),
+    and order it.
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
@@ -204,7 +211,9 @@ def build_plan(dsk: Any, keys: Any, rewrite: Rewrite | None = None, fuse: bool =
             roots = itertools.chain(outputs, dependencies)
             _, topological, readers = depth_first(roots, dependencies.__getitem__, dependencies)
     if fuse:
-        fused, dependencies, readers = fuse_chains(nodes, dependencies, readers, outputs)
+        fused, dependencies, readers = fuse_chains(
+            nodes, dependencies, readers, outputs, unfusable=unfusable
+        )
         if fused is not nodes:
             nodes = fused
             topological = [key for key in topological if key in nodes]

@@ -24,6 +24,7 @@ every waiting and later ``get`` raises ``ManagerDied`` at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ipaddress
 import itertools
@@ -39,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from dask.utils import key_split
 
+from . import annotations, callbacks, config, security
 from . import protocol as p
-from . import security
 from . import state as s
 from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
@@ -75,7 +76,8 @@ class Manager:
     host, port
         Where to listen; ``port=0`` picks a free port. See ``address``.
     heartbeat_interval, worker_timeout, max_extra_tasks_per_core
-        See ``ManagerOptions``.
+        See ``ManagerOptions``. A setting not given (``host`` and ``port`` included) is
+        ``dask.config``'s ``daskvine_py.manager.<setting>`` (see ``config``).
 
     Examples
     --------
@@ -84,8 +86,9 @@ class Manager:
     ...     dask.compute(x, scheduler=manager.get)
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, **settings: Any) -> None:
-        self.options = ManagerOptions(host=host, port=port, **settings)
+    def __init__(self, host: str | None = None, port: int | None = None, **settings: Any) -> None:
+        self.options = config.manager_options(host, port, settings)
+        host, port = self.options.host, self.options.port
         self._keys = _manager_keys(self.options)
         self._context = zmq.Context()
         #: the ZAP handler admitting workers (None without security)
@@ -278,9 +281,21 @@ class Manager:
         ``dsk`` is anything Dask hands a scheduler: a task mapping, a ``HighLevelGraph``
         or an expression. ``keys`` is a key or nested lists of keys; lists come back as
         tuples. Options (see ``RunOptions``) apply to this call only: ``progress``,
-        ``report`` and ``event_log`` among them (see ``report``).
+        ``report`` and ``event_log`` among them (see ``report``); an option not given is
+        ``dask.config``'s ``daskvine_py.get.<option>`` (see ``config``). Dask's callbacks
+        are called (see ``callbacks``): the active ones, or ``callbacks=[...]``.
         """
-        run_options = RunOptions.from_kwargs(options)
+        hooks = callbacks.take(options.pop("callbacks", None))
+        if hooks is None:
+            return self._get(dsk, keys, options, None)
+        try:
+            return self._get(dsk, keys, options, hooks)
+        finally:
+            hooks.release()
+
+    def _get(self, dsk: Any, keys: Any, options: dict[str, Any],
+             hooks: callbacks.Hooks | None) -> Any:  # fmt: skip
+        run_options = config.run_options(options)
         self._raise_if_dead()
         rewrite = None
         if run_options.reduction_arity is not None:
@@ -290,9 +305,18 @@ class Manager:
                 threshold=run_options.reduction_threshold,
             )
         started, mono_started = time.time(), time.monotonic()
-        plan = build_plan(dsk, keys, rewrite, fuse=run_options.fuse)
+        annotated = annotations.read(dsk)  # before the plan: it keeps no layers
+        # An annotated task keeps its own settings: it is never a link of a chain.
+        unfusable = annotations.annotated_keys(annotated) if annotated else ()
+        plan = build_plan(dsk, keys, rewrite, fuse=run_options.fuse, unfusable=unfusable)
         if not plan.outputs:
             return pack_results(plan.structure, {})
+        settings = None
+        if annotated:
+            priorities, settings = annotations.settle(annotated, plan.nodes)
+            if priorities:
+                order = annotations.reprioritize(plan.priorities, priorities)
+                plan = dataclasses.replace(plan, priorities=order)
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
@@ -300,22 +324,32 @@ class Manager:
         progress = default_enabled() if run_options.progress is None else run_options.progress
         structure, ntasks = plan.structure, len(plan.nodes)
         try:
-            self._submit_in_parts(run, plan, run_options, watch=progress)
+            if hooks is not None:
+                hooks.start(plan, run)
+            watch = progress or hooks is not None
+            self._submit_in_parts(run, plan, run_options, settings, watch=watch)
             # The scheduler has what it needs: the graph need not live through the run.
             del plan
+            waiter = run.done if hooks is None else hooks.waiter(run)
             if progress:
-                wait_with_progress(run.done, lambda: run.finished_tasks, ntasks)
+                wait_with_progress(waiter, lambda: run.finished_tasks, ntasks)
             else:
-                run.done.wait()
+                waiter.wait()
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(Cancel(run))
             self._end_run(run, "cancelled", run_options)
+            if hooks is not None:
+                hooks.finish(failed=True)
             raise
         self._end_run(run, "done" if run.failure is None else "failed", run_options)
+        if hooks is not None:
+            hooks.finish(failed=run.failure is not None)
         if run.failure is not None:
             raise _run_error(run.failure)
-        values = {}
+        values = {} if hooks is None else hooks.values  # outputs the callbacks saw
         for key, serialized in run.values.items():
+            if key in values:
+                continue
             try:
                 values[key] = loads(serialized)
             except Exception as exc:
@@ -355,7 +389,9 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit_in_parts(self, run: Run, plan: Plan, options: RunOptions, watch: bool) -> None:
+    def _submit_in_parts(self, run: Run, plan: Plan, options: RunOptions,
+                         settings: annotations.RunSettings | None,
+                         watch: bool) -> None:  # fmt: skip
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -364,8 +400,10 @@ class Manager:
         released before dependents still to come have arrived.
         """
         encoder = TaskEncoder()
-        config = None if options.default_execution else _run_config(run.id, options)
-        submit = functools.partial(self._submit_part, run, plan, options, config, watch=watch)
+        run_config = None if options.default_execution else _run_config(run.id, options)
+        submit = functools.partial(
+            self._submit_part, run, plan, options, run_config, settings, watch=watch
+        )
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
@@ -387,17 +425,17 @@ class Manager:
         run.info.hoisting_candidates = sorted(encoder.modules)
 
     def _submit_part(self, run: Run, plan: Plan, options: RunOptions,
-                     config: p.RunConfig | None, part: list, encoder: TaskEncoder,
-                     sent_functions: set[bytes], first: bool,
-                     watch: bool) -> None:  # fmt: skip
+                     run_config: p.RunConfig | None, settings: annotations.RunSettings | None,
+                     part: list, encoder: TaskEncoder, sent_functions: set[bytes],
+                     first: bool, watch: bool) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
         if first:
             watched = watch or run.log is not None
             event: Any = s.SubmitRun(
-                run.id, part, plan.outputs, options.retries, functions, options.replicas, config,
-                watched,
+                run.id, part, plan.outputs, options.retries, functions, options.replicas,
+                run_config, watched, settings,
             )  # fmt: skip
             self._command(Submit(run, event, watched))
         else:

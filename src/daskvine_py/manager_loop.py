@@ -485,7 +485,9 @@ class IOLoop:
         self.outboxes.setdefault(ident, []).append(
             p.Welcome(reg.name, self.options.heartbeat_interval)
         )
-        self.events.append(s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address))
+        self.events.append(
+            s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address, reg.memory, reg.hostname)
+        )
         self.watching.worker_joined(now, reg.name, reg.cores, reg.hostname)
 
     def _on_client(self, ident: bytes, messages: list, now: float) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 #: Keyword arguments that Dask's own machinery may hand any scheduler; accepted and ignored
@@ -124,9 +124,13 @@ class RunOptions:
         return {name: getattr(self, name) for name in _RUN_OPTION_NAMES}
 
     @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RunOptions:
+    def from_kwargs(
+        cls, kwargs: Mapping[str, Any], defaults: RunOptions | None = None
+    ) -> RunOptions:
+        """The options of a ``get`` called with ``kwargs``; the others from ``defaults``
+        (``config.run_options``: ``dask.config``), else the built-in ones."""
         if not kwargs:
-            return _DEFAULT_RUN_OPTIONS  # frozen; most calls pass no options
+            return defaults or _DEFAULT_RUN_OPTIONS  # frozen; most calls pass no options
         known = frozenset(_RUN_OPTION_NAMES)
         for name in WORKER_SETTINGS.keys() & kwargs.keys():
             raise TypeError(f"{name} is not an option of get(): {WORKER_SETTINGS[name]}")
@@ -135,7 +139,8 @@ class RunOptions:
             raise TypeError(
                 f"get() got unknown option(s) {sorted(unknown)}; known options: {sorted(known)}"
             )
-        return cls(**{k: v for k, v in kwargs.items() if k in known})
+        given = {k: v for k, v in kwargs.items() if k in known}
+        return cls(**given) if defaults is None else replace(defaults, **given)
 
     @property
     def default_execution(self) -> bool:

@@ -11,11 +11,17 @@ brings markdown and syntax highlighting along, for one bar.)
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
+from typing import Protocol
 
 #: Seconds between redraws: often enough to look live, rare enough to cost nothing.
 UPDATE_PERIOD = 0.1
+
+
+class Waitable(Protocol):
+    """A run's ``done`` event, or what calls Dask's callbacks while waiting for it."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 def default_enabled() -> bool:
@@ -26,7 +32,7 @@ def default_enabled() -> bool:
         return False
 
 
-def wait_with_progress(done: threading.Event, count: Callable[[], int], total: int) -> None:
+def wait_with_progress(done: Waitable, count: Callable[[], int], total: int) -> None:
     """Wait for ``done`` while a bar shows ``count()`` of ``total`` tasks finished.
 
     The bar is closed however the wait ends (Ctrl-C included), leaving the last state on

@@ -62,6 +62,7 @@ from .errors import InvalidTransition
 from .matching import ReadyQueue
 from .saturation import DurationEstimates, extra_tasks
 from .serialize import OUT_OF_BAND_MIN_BYTES
+from .state_constraints import Constraints
 from .state_failures import FailureHandling
 from .state_messages import (
     RUN_PRIORITY_BITS,
@@ -102,7 +103,7 @@ __all__ = [
 CHAIN_AHEAD = 256
 
 
-class SchedulerState(FailureHandling):
+class SchedulerState(Constraints, FailureHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -145,6 +146,7 @@ class SchedulerState(FailureHandling):
         self._withdrawing: set[TaskRecord] = set()
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self._inlined: dict[WorkerRecord, int] = {}
+        self._init_constraints()  # annotated tasks: resources, restrictions
 
     # -- entry point ------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class SchedulerState(FailureHandling):
             held = len(worker.processing)
             processing += held
             running += min(held, worker.cores)
-        return len(self.queue), processing, running
+        return len(self.queue) + len(self.placing), processing, running
 
     def worker_loads(self) -> dict[WorkerId, tuple[int, int]]:
         """Each worker's cores and the tasks it holds (queued there, fetching or running)."""
@@ -204,7 +206,7 @@ class SchedulerState(FailureHandling):
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
         run = self.runs[ev.run_id] = RunRecord(
-            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched
+            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched, ev.settings
         )
         self._add_tasks(run, ev.tasks, ev.functions)
 
@@ -237,6 +239,7 @@ class SchedulerState(FailureHandling):
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))
+        self._mark_placements(run, added)  # annotated runs only
         for new, record in added:
             missing = 0
             for dep_key in new.dependencies:
@@ -260,7 +263,7 @@ class SchedulerState(FailureHandling):
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
             return
-        self.workers[ev.worker] = WorkerRecord(ev.worker, ev.name, ev.cores, ev.peer_address)
+        self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in the same order
 
     def _on_worker_lost(self, ev: WorkerLost) -> None:
         worker = self.workers.pop(ev.worker, None)
@@ -283,7 +286,7 @@ class SchedulerState(FailureHandling):
                 self._transition(task, "waiting")
                 continue
             task.attempts += 1
-            if task.attempts > task.run.retries:
+            if task.attempts > self._retries_of(task):
                 self._fail(
                     task,
                     worker,
@@ -361,7 +364,7 @@ class SchedulerState(FailureHandling):
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         task.attempts += 1
-        if task.attempts > task.run.retries:
+        if task.attempts > self._retries_of(task):
             self._fail(
                 task, worker, None, "", f"{msg.reason} ({task.attempts} attempts)", crashed=True
             )
@@ -479,6 +482,8 @@ class SchedulerState(FailureHandling):
         if cores are idle and no task is queued here, take back tasks that wait
         unstarted on a worker with more tasks than cores.
         """
+        if self.placing or self._unchecked:
+            self._dispatch_placed()
         workers = list(self.workers.values())
         if self._full:
             # When every worker is full, waiting for room could wait forever: overflow.
@@ -524,7 +529,7 @@ class SchedulerState(FailureHandling):
             follower = next(
                 (d for d in task.dependents if d.state == "waiting" and d.missing == 1), None
             )
-            if follower is None:
+            if follower is None or follower.placement is not None:  # annotated: placed alone
                 return
             bound = worker.cores + self._extra(worker, follower)
             if len(task.dependents) == 1 and len(follower.deps) == 1:
@@ -535,6 +540,8 @@ class SchedulerState(FailureHandling):
             task = follower
 
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
+        if worker.holding and (held := self._held_back(worker)):  # annotated tasks there
+            return -held
         if self.fixed_extra_tasks_per_core is not None:
             return worker.cores * self.fixed_extra_tasks_per_core
         trip = worker.round_trip.value if worker.round_trip.count else None
@@ -548,10 +555,10 @@ class SchedulerState(FailureHandling):
         Only asked (``Withdraw``): a task moves once its worker confirms it dropped it
         unstarted (``Withdrawn``), so no task ever runs twice because of this.
         """
-        idle = [w for w in self.workers.values() if len(w.processing) < w.cores and not w.full]
+        idle = [w for w in self.workers.values() if self._room(w) > 0 and not w.full]
         if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
             return  # nobody idle, or nothing waits behind busy cores anywhere
-        wanted = sum(w.cores - len(w.processing) for w in idle) - len(self._withdrawing)
+        wanted = sum(self._room(w) for w in idle) - len(self._withdrawing)
         if wanted <= 0:
             return  # enough already asked for
         # Startable tasks beyond a worker's cores are queued there, not running.
@@ -568,7 +575,7 @@ class SchedulerState(FailureHandling):
             task = next(
                 t
                 for t in reversed(victim.processing)
-                if t.missing == 0 and t not in self._withdrawing
+                if t.missing == 0 and t not in self._withdrawing and t.placement is None
             )
             surplus[victim] -= 1
             self._withdrawing.add(task)
@@ -588,7 +595,7 @@ class SchedulerState(FailureHandling):
             self._transition(task, "ready")
             thief = next(
                 (w for w in self.workers.values()
-                 if w is not worker and not w.full and len(w.processing) < w.cores),
+                 if w is not worker and not w.full and self._room(w) > 0),
                 None,
             )  # fmt: skip
             if thief is not None:  # straight to an idle worker, not back to the queue's front
@@ -623,10 +630,13 @@ class SchedulerState(FailureHandling):
         step(self, task, **kwargs)
 
     def _waiting_to_ready(self, task: TaskRecord) -> None:
+        if task.placement is not None:
+            return self._queue_placed(task)
         self.queue.push(task, task.priority, self._target(task))
 
     def _ready_to_waiting(self, task: TaskRecord) -> None:
         self.queue.remove(task)
+        self.placing.remove(task)
 
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self._assign(task, worker)
@@ -669,7 +679,7 @@ class SchedulerState(FailureHandling):
     def _processing_to_ready(self, task: TaskRecord) -> None:
         self._unassign(task)
         self._recall_sent_ahead(task)
-        self.queue.push(task, task.priority, self._target(task))
+        self._waiting_to_ready(task)
 
     def _processing_to_waiting(self, task: TaskRecord) -> None:
         worker = self._unassign(task)
@@ -781,7 +791,7 @@ def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
 
 
 def _startable(worker: WorkerRecord) -> int:
-    return sum(1 for task in worker.processing if task.missing == 0)
+    return sum(1 for task in worker.processing if task.missing == 0 and task.placement is None)
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:

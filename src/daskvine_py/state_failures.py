@@ -47,6 +47,7 @@ class FailureHandling:
     _held: Any
     _withdrawing: set[TaskRecord]
     queue: Any
+    placing: Any
 
     # -- failures of the handlers themselves --------------------------------------------
 
@@ -81,6 +82,7 @@ class FailureHandling:
             for task in run.tasks.values():
                 self.tasks.pop(task.id, None)
                 self.queue.remove(task)
+                self.placing.remove(task)
             self.runs.pop(run.id, None)
 
     def runs_of(self, task_ids: Iterable[int]) -> list[int]:
@@ -239,6 +241,7 @@ class FailureHandling:
             task.worker = None
         self._withdrawing.discard(task)
         self.queue.remove(task)  # nothing if not queued
+        self.placing.remove(task)
         for holder in task.who_has:
             holder.has_what.discard(task)
             release.setdefault(holder, []).append(task.id)

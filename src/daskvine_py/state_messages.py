@@ -48,6 +48,8 @@ class SubmitRun(NamedTuple):
     config: p.RunConfig | None = None
     #: someone watches it (progress, report, event log): ``Dispatched``/``TaskFinished``
     watched: bool = False
+    #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
+    settings: Any = None
 
 
 class ExtendRun(NamedTuple):
@@ -67,6 +69,8 @@ class WorkerJoined(NamedTuple):
     name: str
     cores: int
     peer_address: str
+    memory: int = 0  #: bytes it offers for results (``--memory``)
+    hostname: str = ""
 
 
 class WorkerLost(NamedTuple):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from . import protocol as p
+from .annotations import Placement, RunSettings
 from .saturation import Ema
 from .state_messages import Key, WorkerId
 
@@ -19,14 +20,28 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", 
 class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs",
+        "functions", "full", "configs", "memory", "hostname", "holding",
     )  # fmt: skip
 
-    def __init__(self, id: WorkerId, name: str, cores: int, peer_address: str):
+    def __init__(
+        self,
+        id: WorkerId,
+        name: str,
+        cores: int,
+        peer_address: str,
+        memory: int = 0,
+        hostname: str = "",
+    ):
         self.id = id
         self.name = name
         self.cores = cores
         self.peer_address = peer_address
+        #: bytes of memory it offers for results (``--memory``), and its host's name:
+        #: what annotated tasks are placed by (``state_constraints``)
+        self.memory = memory
+        self.hostname = hostname
+        #: annotated tasks placed or waiting for room here (``state_constraints``)
+        self.holding: dict[TaskRecord, None] = {}
         #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
         self.processing: dict[TaskRecord, None] = {}
         #: overhead of a task beyond its run time, measured on tasks that found a free core
@@ -47,7 +62,7 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "run_seconds", "serialization_seconds",
+        "watched", "run_seconds", "serialization_seconds", "settings",
     )  # fmt: skip
 
     def __init__(
@@ -58,8 +73,11 @@ class RunRecord:
         replicas: int = 1,
         config: p.RunConfig | None = None,
         watched: bool = False,
+        settings: RunSettings | None = None,
     ):
         self.id = id
+        #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
+        self.settings = settings
         #: someone watches it: the state emits ``Dispatched`` and ``TaskFinished``
         self.watched = watched
         #: how its tasks execute, sent to each worker before its first task there
@@ -85,6 +103,7 @@ class TaskRecord:
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
         "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
+        "placement",
     )  # fmt: skip
 
     def __init__(
@@ -128,6 +147,8 @@ class TaskRecord:
         self.delivered = False
         #: runs that ended in a crash or a lost worker
         self.attempts = 0
+        #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
+        self.placement: Placement | None = None
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from queue import SimpleQueue
 from typing import Any
 
 from . import protocol as p
@@ -34,7 +35,7 @@ class Run:
 
     __slots__ = (
         "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
-        "transfers_before", "relayed",
+        "transfers_before", "relayed", "feed",
     )  # fmt: skip
 
     def __init__(self, run_id: int) -> None:
@@ -52,6 +53,9 @@ class Run:
         #: the run's event log, when it keeps one, and when it takes its next sample
         self.log: EventLog | None = None
         self.next_sample = 0.0
+        #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
+        #: ("dispatched", key, worker) and ("finished", key, worker, report), then None
+        self.feed: SimpleQueue | None = None
 
 
 class Watching:
@@ -95,7 +99,10 @@ class Watching:
         run = self.watched.pop(run_id, None)
         if run is not None and run.log is not None:
             self._sample(now, [run])
-        return self.runs.pop(run_id, None)
+        run = self.runs.pop(run_id, None)
+        if run is not None and run.feed is not None:
+            run.feed.put(None)  # the caller's callbacks have heard everything
+        return run
 
     def settle(self, run: Run, ended: s.RunDone | s.RunFailed | None = None) -> None:
         """The bytes moved while ``run`` went on (runs at the same time share them), and
@@ -146,6 +153,8 @@ class Watching:
         if run is None:
             return
         message, worker = finished.report, finished.worker
+        if run.feed is not None:
+            run.feed.put(("finished", finished.key, worker, message))
         kind = type(message)
         if kind is p.TaskDone:
             run.finished_tasks += 1
@@ -163,7 +172,11 @@ class Watching:
 
     def dispatched(self, sent: s.Dispatched, now: float) -> None:
         run = self.watched.get(sent.run_id)
-        if run is not None and run.log is not None:
+        if run is None:
+            return
+        if run.feed is not None:
+            run.feed.put(("dispatched", sent.key, sent.worker))
+        if run.log is not None:
             run.log.dispatch(now, sent.task_id, sent.key, sent.prefix, sent.worker)
 
     def worker_joined(self, now: float, name: str, cores: int, hostname: str) -> None:
