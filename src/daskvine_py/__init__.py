@@ -7,12 +7,14 @@
 
 Layers, lowest first (a module imports only from layers below it; docs/architecture.md
 says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sharedbuf``,
-``fusion``, ``graph``, ``saturation``, ``pooling``, ``security``, ``launch``, ``task``,
-``events``, ``report``, ``progress``; ``protocol``, ``matching``, ``rewrite``; ``state_messages``,
-``state_records``, ``state_failures``, ``state``, ``store``, ``fetching``, ``live``,
+``fusion``, ``graph``, ``annotations``, ``config``, ``saturation``, ``pooling``,
+``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``; ``protocol``,
+``matching``, ``rewrite``; ``state_messages``, ``state_records``, ``state_failures``,
+``state_constraints``, ``state_stealing``, ``state``, ``store``, ``fetching``, ``live``,
 ``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``;
-``transport``, ``peers``, ``status``, ``watching``, ``manager_loop``, ``manager``,
-``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command line.
+``transport``, ``peers``, ``status``, ``watching``, ``callbacks``, ``manager_loop``,
+``manager``, ``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command
+line.
 """
 
 import importlib

@@ -88,6 +88,7 @@ from .state_messages import (
     WorkerLost,
 )
 from .state_records import RunRecord, TaskRecord, TaskStateName, WorkerRecord
+from .state_stealing import Stealing
 
 __all__ = [
     "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
@@ -103,7 +104,7 @@ __all__ = [
 CHAIN_AHEAD = 256
 
 
-class SchedulerState(Constraints, FailureHandling):
+class SchedulerState(Constraints, Stealing, FailureHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -549,59 +550,6 @@ class SchedulerState(Constraints, FailureHandling):
             worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
         )
 
-    def _steal_for_idle_workers(self) -> None:
-        """Ask for tasks that wait unstarted behind busy cores back, for idle cores.
-
-        Only asked (``Withdraw``): a task moves once its worker confirms it dropped it
-        unstarted (``Withdrawn``), so no task ever runs twice because of this.
-        """
-        idle = [w for w in self.workers.values() if self._room(w) > 0 and not w.full]
-        if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
-            return  # nobody idle, or nothing waits behind busy cores anywhere
-        wanted = sum(self._room(w) for w in idle) - len(self._withdrawing)
-        if wanted <= 0:
-            return  # enough already asked for
-        # Startable tasks beyond a worker's cores are queued there, not running.
-        surplus = {w: _startable(w) - w.cores for w in self.workers.values()}
-        for task in self._withdrawing:
-            if task.worker in surplus:
-                surplus[task.worker] -= 1
-        asked: dict[WorkerRecord, list[int]] = {}
-        for _ in range(wanted):
-            victim = max(surplus, key=surplus.__getitem__)
-            if surplus[victim] <= 0:
-                break
-            # The newest startable task there is the least likely to have started.
-            task = next(
-                t
-                for t in reversed(victim.processing)
-                if t.missing == 0 and t not in self._withdrawing and t.placement is None
-            )
-            surplus[victim] -= 1
-            self._withdrawing.add(task)
-            asked.setdefault(victim, []).append(task.id)
-        for victim, ids in asked.items():
-            self._send(victim, p.Withdraw(tuple(ids)))
-
-    def _on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
-        """Tasks a worker gave back unstarted: queue them for whoever is free."""
-        for task_id in msg.task_ids:
-            task = self._held(task_id, worker)
-            if task is None:
-                continue
-            if task.missing:
-                self._transition(task, "waiting")
-                continue
-            self._transition(task, "ready")
-            thief = next(
-                (w for w in self.workers.values()
-                 if w is not worker and not w.full and self._room(w) > 0),
-                None,
-            )  # fmt: skip
-            if thief is not None:  # straight to an idle worker, not back to the queue's front
-                self.queue.remove(task)
-                self._transition(task, "processing", worker=thief)
-
     def _target(self, task: TaskRecord) -> WorkerId | None:
         """The worker holding most of the task's input bytes, if any."""
         if not task.deps:
@@ -769,7 +717,7 @@ class SchedulerState(Constraints, FailureHandling):
         p.Lost: FailureHandling._on_lost,
         p.Relay: FailureHandling._on_relay,
         p.Uploaded: FailureHandling._on_uploaded,
-        p.Withdrawn: _on_withdrawn,
+        p.Withdrawn: Stealing._on_withdrawn,
         p.DiskFull: _on_disk_full,
     }
 
@@ -788,10 +736,6 @@ class SchedulerState(Constraints, FailureHandling):
 def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
     """Large function bytes (big closures) travel as their own frame."""
     return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
-
-
-def _startable(worker: WorkerRecord) -> int:
-    return sum(1 for task in worker.processing if task.missing == 0 and task.placement is None)
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
