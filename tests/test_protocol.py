@@ -169,6 +169,39 @@ def test_partials_and_bound_methods_travel_once_too():
     assert decoder.decode(payloads[3][0])({}).sum() == 3 * 100_000
 
 
+class _Reader:
+    """A callable object, as I/O layers make them (Coffea's, dask-awkward's): one shared
+    by every partition's task, carrying a large description of what it reads."""
+
+    def __init__(self):
+        self.form = np.arange(50_000.0)
+
+    def __call__(self, i):
+        return i + self.form[i]
+
+
+def test_callable_objects_shared_by_tasks_travel_once_and_are_one_object_there():
+    import operator
+
+    from dask._task_spec import convert_legacy_graph
+
+    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+
+    reader = _Reader()  # 400 kB, which every task pickled again before
+    getter = operator.itemgetter(0)  # a C callable: small, left in the payload
+    nodes = convert_legacy_graph({f"r{i}": (reader, i) for i in range(20)})
+    nodes["g"] = convert_legacy_graph({"g": (getter, [1, 2])})["g"]
+    encoder = TaskEncoder()
+    payloads = {key: encoder.encode(node) for key, node in nodes.items()}
+    assert len(encoder.functions) == 1 and max(len(pl) for pl, _ in payloads.values()) < 500
+    decoder = TaskDecoder()
+    decoder.add_functions(encoder.functions)
+    tasks = [decoder.decode(payloads[f"r{i}"][0]) for i in (3, 4)]
+    assert tasks[0]({}) == 3 + reader.form[3] and tasks[1]({}) == 4 + reader.form[4]
+    assert tasks[0].func is tasks[1].func  # unpickled once in this process
+    assert decoder.decode(payloads["g"][0])({}) == 1
+
+
 def test_task_encoder_round_trips_what_plain_pickle_cannot_write():
     """Local classes, lambdas inside data, and classes of ``__main__`` all travel."""
     from daskvine_py.graph import LegacyCall

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dis
 import functools
 import hashlib
+import inspect
 import io
 import pickle
 import sys
@@ -100,13 +101,36 @@ def resident(fid: FunctionId) -> Any:
 
 def _into_table(encoder: TaskEncoder, obj: Any) -> tuple | None:
     """``resident(fid)`` for what goes into the function table: functions, partials and
-    bound methods, and classes of ``__main__`` (which cloudpickle writes by value)."""
+    bound methods, classes of ``__main__`` (which cloudpickle writes by value), and
+    callable objects (see ``_tabled_type``)."""
     kind = type(obj)
     if (kind in _CALLABLES_BY_TABLE and obj is not resident) or (
         kind is type and obj.__module__ == "__main__"
     ):
         return resident, (encoder.function_id(obj),)
-    return None
+    tabled = encoder.tabled_types.get(kind)
+    if tabled is None:
+        tabled = encoder.tabled_types[kind] = _tabled_type(kind)
+    return (resident, (encoder.function_id(obj),)) if tabled else None
+
+
+#: Modules whose callable objects are tasks themselves, not what tasks call.
+_TASK_MODULES = ("dask._task_spec", "daskvine_py.")
+
+
+def _tabled_type(kind: type) -> bool:
+    """Whether objects of ``kind`` go into the function table: instances of classes
+    with ``__call__`` (an I/O function object, a model), which tasks share by identity
+    and which can be large (a class defined in Python; C callables such as ``itemgetter``
+    are small and often made per task). Every task holding the same one carries its id,
+    and a library unpickles it once, as it does a function: the tasks of a library share
+    it, as they would in one process under Dask's own schedulers. Dask's task objects
+    and this package's are callable too, but are what is being pickled."""
+    call = inspect.getattr_static(kind, "__call__", None)  # (once per type)
+    if not isinstance(call, types.FunctionType):
+        return False  # not callable, or C callables (itemgetter, ufuncs): small, often per task
+    module = getattr(kind, "__module__", "") or ""
+    return not module.startswith(_TASK_MODULES) and not issubclass(kind, type)
 
 
 class _FastPickler(pickle.Pickler):
@@ -151,6 +175,8 @@ class TaskEncoder:
         self._used: dict[FunctionId, None] = {}
         #: third-party top-level modules the functions come from or use (hoisting candidates)
         self.modules: set[str] = set()
+        #: type -> whether its objects go into the function table (``_tabled_type``)
+        self.tabled_types: dict[type, bool] = {}
         self._buffer = io.BytesIO()
         self._fast = _FastPickler(self._buffer, self)
         self._pickler: _FunctionExtractingPickler | None = None  # made when first needed
