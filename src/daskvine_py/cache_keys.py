@@ -47,7 +47,7 @@ CacheKey = bytes
 #: Bumped when what a key covers changes: older keys (on disk) then simply miss. The
 #: Python version goes with it: code objects, and so code digests, differ between them.
 KEY_VERSION = b"daskvine-cache-1"
-_SALT = KEY_VERSION + ("-py%d.%d" % sys.version_info[:2]).encode()
+_SALT = KEY_VERSION + "-py{}.{}".format(*sys.version_info[:2]).encode()
 #: Digest size of a cache key, bytes.
 KEY_BYTES = 20
 #: Strings longer than this are not looked up as file names.
@@ -114,9 +114,7 @@ def _file(path: str, size: int, mtime_ns: int) -> None: ...
 def _set(members: tuple) -> None: ...
 
 
-_STAND_INS = frozenset(
-    {_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set}
-)
+_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set})
 
 
 class _Hasher:
@@ -223,7 +221,7 @@ class KeyMaker:
             except (OSError, ValueError):
                 pass
             else:
-                if stat.S_ISREG(info.st_mode):  # (the path as bytes: a str would be looked up again)
+                if stat.S_ISREG(info.st_mode):  # (as bytes: a str would be looked up again)
                     path = os.fsencode(os.path.abspath(text))
                     facts = (_file, path, info.st_size, info.st_mtime_ns)
         self._files[text] = facts
@@ -392,4 +390,3 @@ def _plain_bytes(value: Any) -> bytes:
 def code_digests() -> dict[int, tuple[Any, Any, bytes]]:
     """A fresh memo for ``KeyMaker`` (one per manager)."""
     return {}
-

@@ -62,6 +62,7 @@ from .errors import InvalidTransition
 from .matching import ReadyQueue
 from .saturation import DurationEstimates, extra_tasks
 from .serialize import OUT_OF_BAND_MIN_BYTES
+from .state_cache import CacheClear, CacheHandling
 from .state_failures import FailureHandling
 from .state_messages import (
     RUN_PRIORITY_BITS,
@@ -102,7 +103,7 @@ __all__ = [
 CHAIN_AHEAD = 256
 
 
-class SchedulerState(FailureHandling):
+class SchedulerState(FailureHandling, CacheHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -145,6 +146,7 @@ class SchedulerState(FailureHandling):
         self._withdrawing: set[TaskRecord] = set()
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self._inlined: dict[WorkerRecord, int] = {}
+        self._init_cache()  # results kept across runs (``state_cache``)
 
     # -- entry point ------------------------------------------------------------------
 
@@ -206,6 +208,8 @@ class SchedulerState(FailureHandling):
         run = self.runs[ev.run_id] = RunRecord(
             ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched
         )
+        if ev.cache is not None:
+            self._cache_open(run, ev.cache)
         self._add_tasks(run, ev.tasks, ev.functions)
 
     def _on_extend(self, ev: ExtendRun) -> None:
@@ -248,8 +252,10 @@ class SchedulerState(FailureHandling):
                 if dep.state != "memory":
                     missing += 1
             record.missing = missing
+        if self._cache_runs:
+            self._cache_added(run, added)  # hits, skipped inputs, results read from disk
         for _, record in added:
-            if record.missing == 0:
+            if record.missing == 0 and record.state == "waiting":
                 self._transition(record, "ready")
 
     def _on_cancel(self, ev: CancelRun) -> None:
@@ -340,6 +346,8 @@ class SchedulerState(FailureHandling):
             self._out.append(RunOutput(run.id, task.key, msg.value))
             run.undelivered -= 1
         self._transition(task, "memory", worker=worker)
+        if self._cache_runs:
+            self._cache_done(task, msg, worker)
         if not run.undelivered:
             self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
             self._drop_run(run)
@@ -374,7 +382,7 @@ class SchedulerState(FailureHandling):
             self._not_held(msg.task_id, worker)
             return
         dep = self.tasks.get(msg.dep_id)
-        if dep is None or dep.run is not task.run:
+        if dep is None or (dep.run is not task.run and dep not in task.deps):  # (or cached)
             # Not one of its inputs: all that is known is that the worker dropped the task.
             self._requeue(task)
             return
@@ -438,6 +446,7 @@ class SchedulerState(FailureHandling):
 
     def _lose(self, lost: list[TaskRecord]) -> None:
         """Results whose every copy is gone: forget them, then recompute what is needed."""
+        lost = self._cache_lost(lost)  # cached ones are forgotten; their readers recompute
         for task in lost:
             self._transition(task, "released")
         for task in lost:
@@ -743,6 +752,8 @@ class SchedulerState(FailureHandling):
         ("memory", "released"): _memory_to_released,
         ("released", "waiting"): _released_to_waiting,
         ("released", "ready"): _released_to_ready,
+        ("waiting", "released"): CacheHandling._waiting_to_released,
+        ("waiting", "memory"): CacheHandling._waiting_to_memory,
         ("waiting", "forgotten"): FailureHandling._to_forgotten,
         ("ready", "forgotten"): FailureHandling._to_forgotten,
         ("processing", "forgotten"): FailureHandling._processing_to_forgotten,
@@ -772,6 +783,7 @@ class SchedulerState(FailureHandling):
         FromWorker: _on_from_worker,
         BadReport: FailureHandling._on_bad_report,
         AbortRun: FailureHandling._on_abort,
+        CacheClear: CacheHandling._on_cache_clear,
     }
 
 

@@ -48,6 +48,8 @@ class SubmitRun(NamedTuple):
     config: p.RunConfig | None = None
     #: someone watches it (progress, report, event log): ``Dispatched``/``TaskFinished``
     watched: bool = False
+    #: its cache plan (``state_cache.RunCache``, ``get(cache=True)``); None: no cache
+    cache: Any = None
 
 
 class ExtendRun(NamedTuple):
