@@ -37,12 +37,13 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .manager import Manager
+    from .cache_keys import uncached
     from .rewrite import associative
 
-#: Names imported on first use: ``Manager`` and ``associative`` bring in dask and zmq,
+#: Names imported on first use: ``Manager``, ``associative`` and ``uncached`` bring in dask,
 #: which a library or task process (``python -m daskvine_py.task``) must not pay for
 #: before its task even asks for them.
-_LAZY = {"Manager": ".manager", "associative": ".rewrite"}
+_LAZY = {"Manager": ".manager", "associative": ".rewrite", "uncached": ".cache_keys"}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,4 +72,5 @@ __all__ = [
     "VersionMismatch",
     "__version__",
     "associative",
+    "uncached",
 ]

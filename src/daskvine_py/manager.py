@@ -46,13 +46,17 @@ from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
-from .manager_loop import HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, Submit
+from .cache import Cache
+from .manager_loop import (
+    HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, StateEvent, Submit,
+)  # fmt: skip
 from .options import ManagerOptions, RunOptions
 from .progress import default_enabled, wait_with_progress
 from .report import write_report
 from .rewrite import rewrite_reductions
 from .runinfo import RunInfo
 from .serialize import TaskEncoder, loads
+from .state_cache import CacheWrite, RunCache
 from .watching import Run
 
 if TYPE_CHECKING:
@@ -132,6 +136,13 @@ class Manager:
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []
         self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
+        #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
+        self._state.cache_worker_bytes = self.options.cache_worker_bytes
+        self.cache = Cache(
+            self._state.cache, lambda event: self._command(StateEvent(event)),
+            self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
+        )  # fmt: skip
+        self._io.handlers[CacheWrite] = self.cache.write
         self._run_ids = itertools.count(1)
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
@@ -292,6 +303,10 @@ class Manager:
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
+        cached = None  # the cache's plan and readers (``cache.Cache.prepare``)
+        if run_options.cache if run_options.cache is not None else self.options.cache:
+            encoder = TaskEncoder()
+            cached = (*self.cache.prepare(plan, dsk, run_options.cache_dir, encoder), encoder)
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
@@ -299,7 +314,7 @@ class Manager:
         progress = default_enabled() if run_options.progress is None else run_options.progress
         structure, ntasks = plan.structure, len(plan.nodes)
         try:
-            self._submit_in_parts(run, plan, run_options, watch=progress)
+            self._submit_in_parts(run, plan, run_options, progress, cached)
             # The scheduler has what it needs: the graph need not live through the run.
             del plan
             if progress:
@@ -310,6 +325,8 @@ class Manager:
             self._command(Cancel(run))
             self._end_run(run, "cancelled", run_options)
             raise
+        if cached is not None:
+            run.info.cache = cached[0].stats
         self._end_run(run, "done" if run.failure is None else "failed", run_options)
         if run.failure is not None:
             raise _run_error(run.failure)
@@ -354,21 +371,28 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit_in_parts(self, run: Run, plan: Plan, options: RunOptions, watch: bool) -> None:
+    def _submit_in_parts(
+        self, run: Run, plan: Plan, options: RunOptions, watch: bool,
+        cached: tuple[RunCache, dict, TaskEncoder] | None = None,
+    ) -> None:  # fmt: skip
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
         graph does not wait for all of it to be prepared. Priority order puts every task
         after its dependencies; each task carries its dependents count, so a result is not
-        released before dependents still to come have arrived.
+        released before dependents still to come have arrived. With the cache, only the
+        tasks that will run count as dependents.
         """
-        encoder = TaskEncoder()
+        encoder = TaskEncoder() if cached is None else cached[2]
         config = None if options.default_execution else _run_config(run.id, options)
-        submit = functools.partial(self._submit_part, run, plan, options, config, watch=watch)
+        cache = None if cached is None else cached[0]
+        submit = functools.partial(
+            self._submit_part, run, plan, options, config, watch=watch, cache=cache
+        )
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
-        dependents = plan.dependents
+        dependents = plan.dependents if cached is None else cached[1]
         for key in plan.order:
             payload, functions = _encode_task(encoder, key, plan.nodes[key])
             deps = tuple(plan.dependencies[key])
@@ -388,7 +412,7 @@ class Manager:
     def _submit_part(self, run: Run, plan: Plan, options: RunOptions,
                      config: p.RunConfig | None, part: list, encoder: TaskEncoder,
                      sent_functions: set[bytes], first: bool,
-                     watch: bool) -> None:  # fmt: skip
+                     watch: bool, cache: RunCache | None = None) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
@@ -396,7 +420,7 @@ class Manager:
             watched = watch or run.log is not None
             event: Any = s.SubmitRun(
                 run.id, part, plan.outputs, options.retries, functions, options.replicas, config,
-                watched,
+                watched, cache,
             )  # fmt: skip
             self._command(Submit(run, event, watched))
         else:
@@ -449,6 +473,7 @@ class Manager:
                 proc.wait()
         self._close_sockets()
         self._io.close_pipe()
+        self.cache.close()
         _remove_paths(self._cleanup_paths)
 
     def _close_sockets(self) -> None:
@@ -459,7 +484,7 @@ class Manager:
 
     # -- caller side of the command queue -----------------------------------------------
 
-    def _command(self, command: Submit | Extend | Cancel | Close | Retire) -> None:
+    def _command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
         if self._closed and type(command) is not Close:
             raise RuntimeError("the manager is closed")
         self._io.command(command)

@@ -662,6 +662,8 @@ class SchedulerState(FailureHandling, CacheHandling):
                 worker.functions.add(fid)
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(_location(dep, worker) for dep in task.deps)
+        if self._cache_runs:
+            deps = self._cache_locations(task, deps)  # results of other runs, by our keys
         for dep in deps:
             if dep.value is not None:  # inline: bytes moved from the manager
                 self._inlined[worker] = self._inlined.get(worker, 0) + len(dep.value.header)

@@ -119,7 +119,9 @@ class CacheIndex:
 class _CacheRun:
     """The state's side of one cache run."""
 
-    __slots__ = ("info", "link", "hit_of", "provided", "ran", "ran_count", "read", "reused")
+    __slots__ = (
+        "info", "link", "hit_of", "provided", "ran", "ran_count", "read", "reused", "read_as",
+    )  # fmt: skip
 
     def __init__(self, info: RunCache) -> None:
         self.info = info
@@ -135,6 +137,9 @@ class _CacheRun:
         #: providers this run read or took an output from; bytes of disk values used
         self.read: set[TaskRecord] = set()
         self.reused = 0
+        #: (reader id, input position) -> the key its payload names an input it reads
+        #: from a provider by (the provider's own key may be another run's name)
+        self.read_as: dict[tuple[int, int], Key] = {}
 
 
 class CacheHandling:
@@ -368,6 +373,8 @@ class CacheHandling:
                 self._cache_revive(dep)
                 continue
             deps[i] = provider
+            if provider.key != dep.key:
+                crun.read_as[record.id, i] = dep.key
             provider.dependents.append(record)
             crun.read.add(provider)
             touched[dep] = None
@@ -378,6 +385,20 @@ class CacheHandling:
                 if provider.state == "memory":
                     record.missing -= 1  # (the hit, released, was counted missing)
         return any_read
+
+    def _cache_locations(
+        self, task: TaskRecord, deps: tuple[p.DepLocation, ...]
+    ) -> tuple[p.DepLocation, ...]:
+        """A task's inputs as its payload names them: a provider from another run is
+        read under this run's key for it."""
+        crun = self._cache_runs.get(task.run.id)
+        if crun is None or not crun.read_as:
+            return deps
+        read_as = crun.read_as
+        return tuple(
+            loc._replace(key=read_as[task.id, i]) if (task.id, i) in read_as else loc
+            for i, loc in enumerate(deps)
+        )
 
     def _cache_preload(self, crun: _CacheRun, record: TaskRecord, value: Serialized) -> None:
         """A result read from the cache's directory: in memory at the manager; readers
