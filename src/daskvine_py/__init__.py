@@ -36,8 +36,8 @@ from .options import ManagerOptions, RunOptions
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .manager import Manager
     from .cache_keys import uncached
+    from .manager import Manager
     from .rewrite import associative
 
 #: Names imported on first use: ``Manager``, ``associative`` and ``uncached`` bring in dask,

@@ -42,14 +42,22 @@ from dask.utils import key_split
 from . import protocol as p
 from . import security
 from . import state as s
+from .cache import Cache
 from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
-from .cache import Cache
 from .manager_loop import (
-    HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, StateEvent, Submit,
-)  # fmt: skip
+    HOSTNAME,
+    Cancel,
+    Close,
+    Demand,
+    Extend,
+    IOLoop,
+    Retire,
+    StateEvent,
+    Submit,
+)
 from .options import ManagerOptions, RunOptions
 from .progress import default_enabled, wait_with_progress
 from .report import write_report
