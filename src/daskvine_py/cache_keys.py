@@ -112,9 +112,13 @@ def _method(func: Any, owner: Any) -> None: ...
 def _code(digest: bytes) -> None: ...
 def _file(path: str, size: int, mtime_ns: int) -> None: ...
 def _set(members: tuple) -> None: ...
+def _local(name: Key) -> None: ...
 
 
-_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set})
+_ABSENT = object()
+
+
+_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set, _local})
 
 
 class _Hasher:
@@ -203,10 +207,14 @@ class KeyMaker:
         self._globals: dict[int, tuple[Any, tuple]] = {}
         self._pickler = _KeyPickler(self)
 
-    def key_of(self, dep: Key) -> CacheKey:
-        key = self.keys.get(dep)
+    def key_of(self, dep: Key) -> Any:
+        """An input's cache key; a name no task of the plan has is a task of the same
+        fused task (``_execute_subgraph``), written as its name."""
+        key = self.keys.get(dep, _ABSENT)
         if key is None:
             raise _Uncacheable(f"input {dep!r} has no cache key")
+        if key is _ABSENT:
+            return (_local, dep)
         return key
 
     def file_of(self, text: str) -> Any:
