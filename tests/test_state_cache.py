@@ -277,3 +277,19 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
         cluster.step()
     assert not cluster.state.tasks and not cluster.state.runs and not cluster.state.cache.providers
     assert all(not store for store in cluster.stores.values()), cluster.stores
+
+
+def test_a_result_of_another_run_is_read_under_this_runs_name_for_it():
+    st_ = s.SchedulerState(chain_ahead=0)
+    st_.handle([joined(W1)])
+    run_chain(st_, 1)
+    # Run 2 names the same work differently (dask.delayed names each call anew).
+    tasks = [
+        s.NewTask("a2", b"pa", (), (), 0, dependents=1),
+        s.NewTask("b2", b"pb", (), ("a2",), 1, dependents=1),
+        s.NewTask("c2", b"pc2", (), ("b2",), 2, dependents=0),
+    ]
+    keys = {"a2": b"a", "b2": b"b", "c2": b"c-changed"}
+    out = st_.handle([s.SubmitRun(2, tasks, ["c2"], 3, cache=RunCache(keys))])
+    (execute,) = sends(out, p.Execute)
+    assert execute.key == "c2" and execute.deps == (p.DepLocation(2, "b2", ()),)
