@@ -36,7 +36,7 @@ from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import cloudpickle
-from dask._task_spec import Alias, DataNode, Task, TaskRef
+from dask._task_spec import Alias, DataNode, Task, TaskRef, _execute_subgraph
 
 from .graph import LegacyCall, Plan
 from .serialize import TaskEncoder
@@ -98,6 +98,9 @@ def annotated_off(dsk: Any) -> set[Key]:
     return off
 
 
+_MISSING = object()
+
+
 class _Uncacheable(Exception):
     """Raised inside the key pickler: the task cannot have a key."""
 
@@ -112,13 +115,9 @@ def _method(func: Any, owner: Any) -> None: ...
 def _code(digest: bytes) -> None: ...
 def _file(path: str, size: int, mtime_ns: int) -> None: ...
 def _set(members: tuple) -> None: ...
-def _local(name: Key) -> None: ...
 
 
-_ABSENT = object()
-
-
-_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set, _local})
+_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set})
 
 
 class _Hasher:
@@ -205,16 +204,17 @@ class KeyMaker:
         self._files: dict[str, Any] = {}
         #: id -> (function or class, what it is written as), for this run
         self._globals: dict[int, tuple[Any, tuple]] = {}
-        self._pickler = _KeyPickler(self)
+        #: one pickler per depth: a key computed while another is pickled (a function
+        #: holding a graph of its own, ``_repack_key``) gets its own
+        self._picklers: list[_KeyPickler] = []
+        self._depth = 0
 
-    def key_of(self, dep: Key) -> Any:
-        """An input's cache key; a name no task of the plan has is a task of the same
-        fused task (``_execute_subgraph``), written as its name."""
-        key = self.keys.get(dep, _ABSENT)
+    def key_of(self, dep: Key) -> CacheKey:
+        """An input's cache key (one of a fused task's inner tasks and inputs while it is
+        keyed); a name without one makes the task keyless, never a guess."""
+        key = self.keys.get(dep)
         if key is None:
             raise _Uncacheable(f"input {dep!r} has no cache key")
-        if key is _ABSENT:
-            return (_local, dep)
         return key
 
     def file_of(self, text: str) -> Any:
@@ -237,17 +237,65 @@ class KeyMaker:
 
     def key(self, node: Any) -> CacheKey | None:
         """The cache key of one node, its inputs' keys known; None: not cacheable."""
-        pickler = self._pickler
+        if type(node) is Task and node.func is _execute_subgraph:
+            return self._fused_key(node)
+        if self._depth == len(self._picklers):
+            self._picklers.append(_KeyPickler(self))
+        pickler = self._picklers[self._depth]
         out = pickler.out
         out.hash = hashlib.blake2b(_SALT, digest_size=KEY_BYTES)
         pickler.clear_memo()
+        self._depth += 1
         try:
             pickler.dump(node)
         except _Uncacheable:
             return None
         except Exception:  # cannot be pickled: not cached (encoding will say if it matters)
             return None
+        finally:
+            self._depth -= 1
         return out.hash.digest()
+
+    def _fused_key(self, node: Task) -> CacheKey | None:
+        """A fused task (``Task.fuse``): the key of its inner output, each inner task
+        keyed like a task of the plan (its inner names are often tokens of objects that
+        differ between two constructions of the same graph)."""
+        inner, outkey, inkeys, *inputs = node.args
+        if not isinstance(inner, dict) or outkey not in inner or len(inkeys) != len(inputs):
+            return None
+        return self._graph_key(inner, outkey, inkeys, inputs)
+
+    def _graph_key(self, inner: dict, outkey: Key, inkeys: Any, inputs: Any) -> CacheKey | None:
+        """The key of ``inner[outkey]``, its tasks' names scoped to ``inner`` and its
+        inputs (``inkeys``: a task's result as ``TaskRef``, or a literal value)."""
+        keys = self.keys
+        shadowed: dict[Key, Any] = {}  # names of the enclosing scope, restored after
+
+        def define(name: Key, key: CacheKey | None) -> None:
+            if name not in shadowed:
+                shadowed[name] = keys.get(name, _MISSING)
+            keys[name] = key
+
+        try:
+            # Its inputs, by the names its inner tasks use for them: a task's result
+            # (``TaskRef``) or a literal value.
+            for name, value in zip(inkeys, inputs, strict=True):
+                if type(value) is TaskRef:
+                    define(name, keys.get(value.key))
+                else:
+                    define(name, self.key(DataNode(None, value)))
+            for name in _inner_order(inner, outkey):
+                define(name, self.key(inner[name]))
+            out = keys[outkey]
+        finally:
+            for name, previous in shadowed.items():
+                if previous is _MISSING:
+                    del keys[name]
+                else:
+                    keys[name] = previous
+        if out is None:
+            return None
+        return hashlib.blake2b(_SALT + b"graph" + out, digest_size=KEY_BYTES).digest()
 
     def global_reduction(self, obj: Any) -> tuple:
         """What a function or class is written as (``_code(digest)``, made once per run):
@@ -262,6 +310,8 @@ class KeyMaker:
         if _importable(obj):
             h.update(f"{obj.__module__}:{obj.__qualname__}".encode())
             h.update(self.digest(obj))
+        elif _is_repack(obj):
+            h.update(self._repack_key(obj))
         else:
             h.update(self.encoder.function_id(obj))
             # What it names by reference (helpers in the user's modules) is not in its bytes.
@@ -271,6 +321,22 @@ class KeyMaker:
         reduction = (_code, (h.digest(),))
         self._globals[id(obj)] = (obj, reduction)
         return reduction
+
+    def _repack_key(self, repack: Any) -> bytes:
+        """``dask.base.unpack_collections``'s ``repack``: a graph closed over, named with
+        fresh uuids each time (``dask.compute`` of nested outputs, hist.dask's fills);
+        keyed as that graph, its input (the computed collections) one fixed name."""
+        cells = dict(zip(repack.__code__.co_freevars, repack.__closure__ or (), strict=True))
+        try:
+            graph = cells["repack_dsk"].cell_contents
+            token = cells["collections_token"].cell_contents
+            out = cells["out"].cell_contents
+        except (KeyError, ValueError):
+            raise _Uncacheable("an unknown repack") from None
+        key = self._graph_key(graph, out, (token,), (DataNode(None, "collections"),))
+        if key is None:
+            raise _Uncacheable("a repack graph without a key")
+        return key
 
     def digest(self, obj: Any) -> bytes:
         """Code digest of an importable function or class, memoised while its code (and
@@ -293,6 +359,34 @@ def task_keys(plan: Plan, maker: KeyMaker, off: Iterable[Key] = ()) -> dict[Key,
     for key in plan.order:
         keys[key] = None if key in off else maker.key(plan.nodes[key])
     return keys
+
+
+def _is_repack(obj: Any) -> bool:
+    return (
+        getattr(obj, "__module__", None) == "dask.base"
+        and getattr(obj, "__qualname__", "") == "unpack_collections.<locals>.repack"
+    )
+
+
+def _inner_order(inner: dict, outkey: Key) -> list[Key]:
+    """The inner tasks ``outkey`` needs, each after those it reads (iteratively)."""
+    order: list[Key] = []
+    done: set = set()
+    stack = [(outkey, False)]
+    while stack:
+        name, expanded = stack.pop()
+        if name in done:
+            continue
+        if expanded:
+            done.add(name)
+            order.append(name)
+            continue
+        stack.append((name, True))
+        node = inner[name]
+        for dep in getattr(node, "dependencies", ()):
+            if dep in inner and dep not in done:
+                stack.append((dep, False))
+    return order
 
 
 def _importable(obj: Any) -> bool:
