@@ -8,9 +8,10 @@
 Layers, lowest first (a module imports only from layers below it; docs/architecture.md
 says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``graph``,
 ``saturation``, ``pooling``, ``security``, ``launch``, ``task``, ``events``, ``report``,
-``progress``; ``protocol``, ``matching``, ``rewrite``; ``state_messages``,
-``state_records``, ``state_failures``, ``state``, ``store``, ``fetching``, ``live``,
-``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``;
+``progress``, ``cache_store``; ``protocol``, ``matching``, ``rewrite``, ``cache_keys``;
+``state_messages``, ``state_records``, ``state_failures``, ``state_cache``, ``state``,
+``store``, ``fetching``, ``live``, ``library``, ``liveness``, ``worker_args``;
+``worker_live``, ``worker_state``, ``host``, ``cache``;
 ``transport``, ``peers``, ``status``, ``watching``, ``manager_loop``, ``manager``,
 ``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command line.
 """

@@ -38,6 +38,37 @@ logger = logging.getLogger("daskvine_py.manager")
 Key = Hashable
 
 
+class CachedRun:
+    """What ``get`` needs of the cache for one run: the plan for the state, the readers
+    to count (None: the plan's own), the run's encoder, and, for a run keyed as it is
+    submitted, ``add_key(key, node)`` to call before each task's submission."""
+
+    __slots__ = ("info", "readers", "encoder", "_maker", "_off")
+
+    def __init__(
+        self,
+        info: RunCache,
+        readers: dict[Key, int] | None,
+        encoder: TaskEncoder,
+        maker: KeyMaker | None,
+        off: set[Key],
+    ) -> None:
+        self.info = info
+        self.readers = readers
+        self.encoder = encoder
+        self._maker = maker
+        self._off = off
+
+    @property
+    def keyed_on_submission(self) -> bool:
+        return self._maker is not None
+
+    def add_key(self, key: Key, node: Any) -> None:
+        maker = self._maker
+        assert maker is not None
+        maker.keys[key] = None if key in self._off else maker.key(node)
+
+
 class Cache:
     """The result cache of one manager (``manager.cache``).
 
@@ -116,16 +147,24 @@ class Cache:
 
     def prepare(
         self, plan: Plan, dsk: Any, cache_dir: str | os.PathLike | None, encoder: TaskEncoder
-    ) -> tuple[RunCache, dict[Key, int]]:
+    ) -> CachedRun:
         """The run's cache plan, and how many tasks that run read each key (what the
-        state counts as readers)."""
+        state counts as readers).
+
+        When nothing could hit (no result on any worker, none in the directory: a first
+        run), nothing is planned and keys are computed as the tasks are submitted, so the
+        workers start on the first part while the caller's thread hashes the next.
+        """
         maker = KeyMaker(encoder, self._digests)
-        keys = task_keys(plan, maker, annotated_off(dsk))
+        off = annotated_off(dsk)
         directory = cache_dir if cache_dir is not None else self._default_dir
         store = self.store(directory) if directory is not None else None
         if store is not None:
             store.refresh()
         providers = self._index.providers
+        if not providers and (store is None or not len(store)):
+            return CachedRun(RunCache(maker.keys, persist=store), None, encoder, maker, off)
+        keys = task_keys(plan, maker, off)
         status: dict[Key, str] = {}
         values: dict[Key, Serialized] = {}
         seconds: dict[Key, float] = {}
@@ -148,8 +187,8 @@ class Cache:
             for dep in dependencies[key]:
                 needed.add(dep)
                 readers[dep] = readers.get(dep, 0) + 1
-        known = {key: ck for key, ck in keys.items() if ck is not None}
-        return RunCache(known, status, values, seconds, store), readers
+        info = RunCache(keys, status, values, seconds, store)
+        return CachedRun(info, readers, encoder, None, off)
 
     def write(self, instruction: CacheWrite) -> None:
         """Queue a result for its directory (the I/O thread calls this: it never waits)."""

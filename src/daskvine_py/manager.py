@@ -42,7 +42,7 @@ from dask.utils import key_split
 from . import protocol as p
 from . import security
 from . import state as s
-from .cache import Cache
+from .cache import Cache, CachedRun
 from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
 from .graph import Plan, build_plan, pack_results
@@ -311,10 +311,9 @@ class Manager:
         plan = build_plan(dsk, keys, rewrite)
         if not plan.outputs:
             return pack_results(plan.structure, {})
-        cached = None  # the cache's plan and readers (``cache.Cache.prepare``)
+        cached = None  # the cache's plan (``cache.Cache.prepare``)
         if run_options.cache if run_options.cache is not None else self.options.cache:
-            encoder = TaskEncoder()
-            cached = (*self.cache.prepare(plan, dsk, run_options.cache_dir, encoder), encoder)
+            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
@@ -334,7 +333,7 @@ class Manager:
             self._end_run(run, "cancelled", run_options)
             raise
         if cached is not None:
-            run.info.cache = cached[0].stats
+            run.info.cache = cached.info.stats
         self._end_run(run, "done" if run.failure is None else "failed", run_options)
         if run.failure is not None:
             raise _run_error(run.failure)
@@ -381,7 +380,7 @@ class Manager:
 
     def _submit_in_parts(
         self, run: Run, plan: Plan, options: RunOptions, watch: bool,
-        cached: tuple[RunCache, dict, TaskEncoder] | None = None,
+        cached: CachedRun | None = None,
     ) -> None:  # fmt: skip
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
@@ -391,17 +390,20 @@ class Manager:
         released before dependents still to come have arrived. With the cache, only the
         tasks that will run count as dependents.
         """
-        encoder = TaskEncoder() if cached is None else cached[2]
+        encoder = TaskEncoder() if cached is None else cached.encoder
         config = None if options.default_execution else _run_config(run.id, options)
-        cache = None if cached is None else cached[0]
+        cache = None if cached is None else cached.info
+        add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
         submit = functools.partial(
             self._submit_part, run, plan, options, config, watch=watch, cache=cache
         )
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
-        dependents = plan.dependents if cached is None else cached[1]
+        dependents = plan.dependents if cached is None or cached.readers is None else cached.readers
         for key in plan.order:
+            if add_key is not None:
+                add_key(key, plan.nodes[key])
             payload, functions = _encode_task(encoder, key, plan.nodes[key])
             deps = tuple(plan.dependencies[key])
             prefix, readers = key_split(key), dependents.get(key, 0)

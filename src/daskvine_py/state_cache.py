@@ -64,13 +64,14 @@ class RunCache:
 
     def __init__(
         self,
-        keys: dict[Key, bytes],
+        keys: dict[Key, bytes | None],
         plan: dict[Key, str] | None = None,
         values: dict[Key, Serialized] | None = None,
         seconds: dict[Key, float] | None = None,
         persist: Any = None,
     ) -> None:
-        #: cache key of every cacheable task (keyless tasks are absent and always run)
+        #: cache key of every task (None, or absent: not cacheable, it always runs); a run
+        #: keyed as it is submitted gets them part by part, before each part arrives
         self.keys = keys
         #: "skip", "hit" or "disk" for tasks predicted not to run; absent: run
         self.plan = plan or {}
@@ -575,12 +576,14 @@ class CacheHandling:
     def _cache_stats(self, run: RunRecord, crun: _CacheRun) -> None:
         info = crun.info
         seconds = self.cache.seconds
-        not_run = [k for k in info.keys if k not in crun.ran]
-        saved = sum(seconds.get(info.keys[k], info.seconds.get(k, 0.0)) for k in not_run)
+        # (a list at once: the caller's thread may still add keys of a run that failed)
+        keyed = [(k, ck) for k, ck in list(info.keys.items()) if ck is not None]
+        not_run = [(k, ck) for k, ck in keyed if k not in crun.ran]
+        saved = sum(seconds.get(ck, info.seconds.get(k, 0.0)) for k, ck in not_run)
         info.stats = {
             "hits": len(not_run),
             "misses": len(crun.ran),
-            "uncached": max(0, len(run.tasks) - len(info.keys)),
+            "uncached": max(0, len(run.tasks) - len(keyed)),
             "tasks_run": crun.ran_count,
             "bytes_reused": crun.reused + sum(r.nbytes for r in crun.read),
             "seconds_saved": saved,
