@@ -166,6 +166,8 @@ class CacheHandling:
         self._cache_owner = RunRecord(CACHE_RUN_ID, 0, ())
         #: adopted results, least recently used first (a dict as ordered set)
         self._cache_lru: dict[TaskRecord, None] = {}
+        #: bytes of adopted results per holder (copies made after adoption not counted)
+        self._cache_held: dict[WorkerRecord, int] = {}
         #: provider -> its cache key
         self._cache_key_of: dict[TaskRecord, bytes] = {}
         #: provider id -> outputs of runs waiting for its value (``Upload``)
@@ -523,11 +525,15 @@ class CacheHandling:
         record.payload = b""
         record.functions = ()
         self._cache_lru[record] = None
+        held = self._cache_held
+        for worker in record.who_has:
+            held[worker] = held.get(worker, 0) + record.nbytes
 
     def _cache_forget(self, record: TaskRecord) -> None:
         """Drop a cached result everywhere (its readers switch to their lineage)."""
         self._cache_switch(record)
-        self._cache_lru.pop(record, None)
+        if self._cache_lru.pop(record, False) is None:
+            self._cache_unhold(record, record.who_has)
         self._persist.pop(record.id, None)
         ck = self._cache_key_of.pop(record, None)
         if ck is not None and self.cache.providers.get(ck) is record:
@@ -539,16 +545,21 @@ class CacheHandling:
             if self.workers.get(worker.id) is worker:
                 self._send(worker, p.Release(tuple(ids)))
 
+    def _cache_unhold(self, record: TaskRecord, workers: Any) -> None:
+        held = self._cache_held
+        for worker in workers:
+            if worker in held:
+                held[worker] = max(0, held[worker] - record.nbytes)
+
     def _cache_evict(self) -> None:
         """Release the least recently used cached results of workers over their budget
         (a copy where others remain; the result where it was the last)."""
         limit = self.cache_worker_bytes
-        held: dict[WorkerRecord, int] = {}
-        for record in self._cache_lru:
-            for worker in record.who_has:
-                held[worker] = held.get(worker, 0) + record.nbytes
+        held = self._cache_held
+        for worker in [w for w in held if self.workers.get(w.id) is not w]:
+            del held[worker]  # lost: its results went with it
         over = {worker for worker, nbytes in held.items() if nbytes > limit}
-        for record in list(self._cache_lru):
+        for record in list(self._cache_lru) if over else ():
             if not over:
                 break
             if record.waiters > 1 or record.id in self._awaiting:
@@ -559,19 +570,20 @@ class CacheHandling:
             if len(here) == len(record.who_has):
                 self._cache_forget(record)
             else:
+                self._cache_unhold(record, here)
                 for worker in here:
                     record.who_has.discard(worker)
                     worker.has_what.discard(record)
                     self._send(worker, p.Release((record.id,)))
-            for worker in here:
-                held[worker] -= record.nbytes
-                if held[worker] <= limit:
-                    over.discard(worker)
+            over = {w for w in over if held.get(w, 0) > limit}
         self._cache_publish()
 
     def _cache_publish(self) -> None:
+        held = self._cache_held
+        for worker in [w for w in held if self.workers.get(w.id) is not w]:
+            del held[worker]
         self.cache.entries = len(self._cache_lru)
-        self.cache.nbytes = sum(r.nbytes * len(r.who_has) for r in self._cache_lru)
+        self.cache.nbytes = sum(self._cache_held.values())
 
     def _cache_stats(self, run: RunRecord, crun: _CacheRun) -> None:
         info = crun.info
