@@ -187,6 +187,9 @@ class _KeyPickler(pickle.Pickler):
 
 
 _PLAIN = frozenset({int, float, bool, bytes, type(None), tuple, list, dict, complex})
+#: Arguments of a legacy task hashed as they are (``KeyMaker._legacy_key``).
+_SCALARS = frozenset({int, float, bool, bytes, type(None)})
+_SLOW = object()
 
 
 class KeyMaker:
@@ -237,7 +240,12 @@ class KeyMaker:
 
     def key(self, node: Any) -> CacheKey | None:
         """The cache key of one node, its inputs' keys known; None: not cacheable."""
-        if type(node) is Task and node.func is _execute_subgraph:
+        kind = type(node)
+        if kind is LegacyCall:
+            key = self._legacy_key(node)
+            if key is not _SLOW:
+                return key
+        elif kind is Task and node.func is _execute_subgraph:
             return self._fused_key(node)
         if self._depth == len(self._picklers):
             self._picklers.append(_KeyPickler(self))
@@ -255,6 +263,31 @@ class KeyMaker:
         finally:
             self._depth -= 1
         return out.hash.digest()
+
+    def _legacy_key(self, node: LegacyCall) -> Any:
+        """A legacy task of a function and scalars (the bulk of a big hand-built graph),
+        hashed without the pickler's hooks; ``_SLOW`` for any other."""
+        func, *args = node.task
+        if type(func) is not types.FunctionType:
+            return _SLOW
+        deps = node.dependencies
+        parts: list[Any] = []
+        try:
+            code = self.global_reduction(func)[1][0]
+            for arg in args:
+                kind = type(arg)
+                if arg in deps:
+                    parts.append((_ref, self.key_of(arg)))
+                elif kind is str:
+                    parts.append(self.file_of(arg) or arg)
+                elif kind in _SCALARS:
+                    parts.append(arg)
+                else:
+                    return _SLOW
+        except _Uncacheable:
+            return None
+        data = pickle.dumps(tuple(parts), protocol=5)
+        return hashlib.blake2b(_SALT + b"legacy" + code + data, digest_size=KEY_BYTES).digest()
 
     def _fused_key(self, node: Task) -> CacheKey | None:
         """A fused task (``Task.fuse``): the key of its inner output, each inner task

@@ -40,6 +40,9 @@ in to "forgotten" (``state_failures``), which leaves it in no record::
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
 - forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
 
+Runs with the result cache (``state_cache``) add waiting -> released (a task its run does
+not compute: a hit, or an input only hits read) and waiting -> memory (read from disk).
+
 A report from a worker counts only if its task is processing on that worker
 (``_held``); any other is stale (cancelled, moved, or its run over).
 
