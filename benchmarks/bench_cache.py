@@ -104,10 +104,13 @@ def main() -> int:
             manager.start_workers(args.workers, cores=1)
             dask.compute(warm(), scheduler=manager.get)  # imports, in every library
             rows = []
+            references: dict[Any, Any] = {}
 
             def run(label: str, stage: Any, cache: bool) -> float:
                 graph = build(stage)
-                (reference,) = dask.compute(graph, scheduler="sync")
+                if stage not in references:
+                    (references[stage],) = dask.compute(graph, scheduler="sync")
+                reference = references[stage]
                 wall = time.perf_counter()
                 (got,) = dask.compute(graph, scheduler=manager.get, cache=cache)
                 elapsed = time.perf_counter() - wall

@@ -210,6 +210,21 @@ def test_clear_releases_every_entry():
 # -- a simulated cluster: random graphs, run again and again, random losses -------------
 
 
+def plan_run(deps, outputs, keys, providers):
+    """``cache.Cache.prepare``'s plan of a run over ``deps`` (in order, inputs first)."""
+    plan, readers, needed = {}, {}, set(outputs)
+    for key in reversed(list(deps)):
+        if key not in needed:
+            plan[key] = "skip"
+        elif keys[key] in providers:
+            plan[key] = "hit"
+        else:
+            for dep in deps[key]:
+                needed.add(dep)
+                readers[dep] = readers.get(dep, 0) + 1
+    return plan, readers
+
+
 class CachingCluster(SimulatedCluster):
     """``SimulatedCluster`` whose workers also answer ``Upload``."""
 
@@ -232,7 +247,7 @@ class CachingCluster(SimulatedCluster):
 @given(graph=st.data(), seed=st.integers(0, 10**6), losses=st.integers(0, 3))
 def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed, losses):
     rng = random.Random(seed)
-    n = graph.draw(st.integers(1, 15))
+    n = graph.draw(st.integers(1, 20))
     deps = {f"t{i}": tuple(sorted(rng.sample([f"t{j}" for j in range(i)], min(i, 2))))
             for i in range(n)}  # fmt: skip
     cluster = CachingCluster(seed)
@@ -242,17 +257,23 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
     names = iter(f"w{i}".encode() for i in range(2, 100))
     computed: set = set()
     lost = False
-    for run_id in range(1, 5):
+    for run_id in range(1, 6):
         outputs = graph.draw(st.lists(st.sampled_from(sorted(deps)), min_size=1, max_size=3,
                                       unique=True))  # fmt: skip
-        readers = {k: sum(k in d for d in deps.values()) for k in deps}
-        tasks = [s.NewTask(k, b"", (), deps[k], i, dependents=readers[k])
-                 for i, k in enumerate(deps)]  # fmt: skip
-        info = RunCache({k: k.encode() for k in deps})
-        # Two runs at once now and then: the second reads the first's tasks.
+        keys = {k: k.encode() for k in deps}
+        # Two runs at once now and then: the second reads the first's tasks. Each is
+        # planned as the manager plans it, from what the state shows before either.
         runs = [run_id * 10, run_id * 10 + 1] if rng.random() < 0.3 else [run_id * 10]
+        plan, readers = plan_run(deps, outputs, keys, cluster.state.cache.providers)
+        tasks = [s.NewTask(k, b"", (), deps[k], i, dependents=readers.get(k, 0))
+                 for i, k in enumerate(deps)]  # fmt: skip
+        if losses and rng.random() < 0.3:  # between the plan and the run: hits vanish
+            losses -= 1
+            lost = True
+            cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
+            cluster.join(next(names))
         for r in runs:
-            cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=RunCache(info.keys))])
+            cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=RunCache(keys, plan))])
         before = cluster.executions
         for _ in range(10_000):
             if all(r in cluster.done for r in runs):
@@ -267,7 +288,7 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
         for r in runs:
             assert cluster.done.get(r) == "done", cluster.done
             assert cluster.outputs.get(r, {}) == {k: expected_value(k, deps) for k in outputs}
-        needed = set(deps)  # (every task submitted runs: plans are culled)
+        needed = set(deps)  # (at most: every task submitted)
         if not lost and cluster.state.cache_worker_bytes > 10**6:  # nothing evicted
             # Each task runs once over all runs, concurrent ones included.
             assert cluster.executions - before <= len(needed - computed)

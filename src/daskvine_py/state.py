@@ -305,6 +305,7 @@ class SchedulerState(FailureHandling, CacheHandling):
                 self._transition(task, "ready")
         self._lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
+        self._cache_worker_lost(worker)
 
     def _on_from_worker(self, ev: FromWorker) -> None:
         worker = self.workers.get(ev.worker)

@@ -168,12 +168,18 @@ class CacheHandling:
         self._cache_lru: dict[TaskRecord, None] = {}
         #: bytes of adopted results per holder (copies made after adoption not counted)
         self._cache_held: dict[WorkerRecord, int] = {}
+        #: bytes of providers' results kept for the cache while their runs go on, per
+        #: worker, and the (worker, bytes) each provider counts there
+        self._cache_retained: dict[WorkerRecord, int] = {}
+        self._cache_retaining: dict[TaskRecord, tuple[WorkerRecord, int]] = {}
         #: provider -> its cache key
         self._cache_key_of: dict[TaskRecord, bytes] = {}
         #: provider id -> outputs of runs waiting for its value (``Upload``)
         self._awaiting: dict[int, list[TaskRecord]] = {}
         #: provider id -> (store, cache key, seconds) waiting for its value to be written
         self._persist: dict[int, tuple[Any, bytes, float]] = {}
+        #: provider id -> the worker asked to upload it (asked again should that one go)
+        self._uploads: dict[int, WorkerRecord] = {}
 
     # -- hooks called by the state ------------------------------------------------------
 
@@ -194,6 +200,9 @@ class CacheHandling:
         for _, record in added:
             if self.runs.get(run.id) is not run:
                 return  # every output was delivered: the run is over
+            # A planned reader count may be short (lineage revived later reads what the
+            # plan skipped): outputs are kept by their workers like any result.
+            record.unread = False
             key = record.key
             ck = info.keys.get(key)
             provider = providers.get(ck) if ck is not None else None
@@ -231,8 +240,8 @@ class CacheHandling:
         if len(seconds) >= MAX_SECONDS:
             seconds.clear()
         seconds[ck] = msg.duration
-        if self._cache_key_of.get(task) is None:
-            return  # not a provider (lineage of a lost hit): not kept
+        if self._cache_key_of.get(task) is None or not self._cache_retain(task, worker):
+            return  # not a provider (lineage of a lost hit), or no room to keep it
         store = crun.info.persist
         waiting = self._awaiting.get(task.id)
         if msg.value is not None:
@@ -246,10 +255,13 @@ class CacheHandling:
         if store is not None:
             self._persist[task.id] = (store, ck, msg.duration)
         if (waiting or store is not None) and worker in task.who_has:
+            self._uploads[task.id] = worker
             self._send(worker, p.Upload((task.id,)))
 
     def _cache_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
         """A provider's value arrived (or did not: ``value`` None)."""
+        if self._uploads.get(msg.task_id) is worker:
+            del self._uploads[msg.task_id]
         waiting = self._awaiting.pop(msg.task_id, None)
         persist = self._persist.pop(msg.task_id, None)
         if msg.value is not None:
@@ -275,6 +287,19 @@ class CacheHandling:
             self._cache_upload(provider)
         else:
             self._lose([provider])
+
+    def _cache_worker_lost(self, worker: WorkerRecord) -> None:
+        """Uploads asked of a worker that is gone: asked of another holder (a result held
+        nowhere any more is recomputed, and delivered, the usual way)."""
+        for provider_id in [i for i, w in self._uploads.items() if w is worker]:
+            del self._uploads[provider_id]
+            provider = self.tasks.get(provider_id)
+            wanted = provider_id in self._awaiting or provider_id in self._persist
+            if provider is not None and wanted and provider.state == "memory":
+                if provider.who_has:
+                    self._cache_upload(provider)
+                else:
+                    self._persist.pop(provider_id, None)
 
     def _cache_lost(self, lost: list[TaskRecord]) -> list[TaskRecord]:
         """Of results whose every copy is gone, forget the cached ones (their readers
@@ -310,16 +335,17 @@ class CacheHandling:
                 del self._awaiting[provider_id]
         providers = self.cache.providers
         for record in crun.provided:
+            self._cache_unretain(record)
             ck = self._cache_key_of.get(record)
-            if ck is None or providers.get(ck) is not record:
-                continue
-            if record.state == "memory" and record.who_has:
+            current = ck is not None and providers.get(ck) is record
+            if current and record.state == "memory" and record.who_has:
                 self._cache_adopt(record, run)
-            else:
+                continue
+            if current:
                 del providers[ck]
-                del self._cache_key_of[record]
-                self._persist.pop(record.id, None)
-                self._cache_switch(record, dropping=run)
+            self._cache_key_of.pop(record, None)
+            self._persist.pop(record.id, None)
+            self._cache_switch(record, dropping=run)  # other runs' readers: their lineage
         self._cache_evict()
 
     # -- events -----------------------------------------------------------------------
@@ -340,6 +366,62 @@ class CacheHandling:
         record.waiters += 1  # the cache reads it too: kept while the run goes on
         record.unread = False  # an output nothing reads: its worker keeps it all the same
         crun.provided.append(record)
+
+    def _cache_retain(self, record: TaskRecord, worker: WorkerRecord) -> bool:
+        """Count a provider's result against its worker's budget (older cached results
+        make room first); when there is none, it is not kept: whether it is."""
+        self._cache_unretain(record)  # (computed again after a loss)
+        retained = self._cache_retained
+        nbytes = record.nbytes
+        retained[worker] = retained.get(worker, 0) + nbytes
+        self._cache_retaining[record] = (worker, nbytes)
+        limit = self.cache_worker_bytes
+        if self._cache_held.get(worker, 0) + retained[worker] <= limit:
+            return True
+        if self._cache_held.get(worker, 0):
+            self._cache_evict()
+        # Then this run's older results there that nobody else reads now go first: the
+        # newest (a run's outputs, its last stages) are the likeliest to be reused whole.
+        for older, (where, _) in list(self._cache_retaining.items()):
+            if self._cache_held.get(worker, 0) + retained[worker] <= limit:
+                return True
+            if where is worker and older is not record and self._cache_droppable(older):
+                self._cache_unprovide(older)
+        if self._cache_held.get(worker, 0) + retained[worker] <= limit:
+            return True
+        if record.id in self._awaiting:
+            return True  # another run's output waits for its value
+        self._cache_unprovide(record)
+        return False
+
+    def _cache_droppable(self, record: TaskRecord) -> bool:
+        """Kept only for the cache: no reader waits for it, no output for its value."""
+        return (
+            record.waiters <= 1
+            and record.id not in self._awaiting
+            and record.state == "memory"
+            and not (record.is_output and not record.delivered)
+        )
+
+    def _cache_unprovide(self, record: TaskRecord) -> None:
+        """A provider the cache will not keep after all (no room): released when its
+        run no longer needs it."""
+        self._cache_unretain(record)
+        ck = self._cache_key_of.pop(record)
+        if self.cache.providers.get(ck) is record:
+            del self.cache.providers[ck]
+        self._persist.pop(record.id, None)
+        record.waiters -= 1  # the cache does not read it after all
+        if record.state == "memory" and not (
+            record.waiters > 0 or (record.is_output and not record.delivered)
+        ):
+            self._transition(record, "released")
+
+    def _cache_unretain(self, record: TaskRecord) -> None:
+        counted = self._cache_retaining.pop(record, None)
+        if counted is not None:
+            worker, nbytes = counted
+            self._cache_retained[worker] = max(0, self._cache_retained.get(worker, 0) - nbytes)
 
     def _cache_link(
         self, crun: _CacheRun, record: TaskRecord, provider: TaskRecord, converted: bool
@@ -371,8 +453,8 @@ class CacheHandling:
             provider = crun.link.get(dep)
             if provider is None:
                 continue
-            if self.tasks.get(provider.id) is not provider:  # gone meanwhile
-                del crun.link[dep]
+            if self.tasks.get(provider.id) is not provider or provider.state == "released":
+                del crun.link[dep]  # gone, or given up by the cache, meanwhile
                 self._cache_revive(dep)
                 continue
             deps[i] = provider
@@ -426,6 +508,7 @@ class CacheHandling:
 
     def _cache_upload(self, provider: TaskRecord) -> None:
         holder = min(provider.who_has, key=lambda w: w.name)
+        self._uploads[provider.id] = holder
         self._send(holder, p.Upload((provider.id,)))
 
     def _cache_deliver(self, record: TaskRecord, value: Serialized, nbytes: int) -> None:
@@ -535,6 +618,7 @@ class CacheHandling:
         if self._cache_lru.pop(record, False) is None:
             self._cache_unhold(record, record.who_has)
         self._persist.pop(record.id, None)
+        self._uploads.pop(record.id, None)
         ck = self._cache_key_of.pop(record, None)
         if ck is not None and self.cache.providers.get(ck) is record:
             del self.cache.providers[ck]
@@ -555,10 +639,14 @@ class CacheHandling:
         """Release the least recently used cached results of workers over their budget
         (a copy where others remain; the result where it was the last)."""
         limit = self.cache_worker_bytes
-        held = self._cache_held
+        held, retained = self._cache_held, self._cache_retained
         for worker in [w for w in held if self.workers.get(w.id) is not w]:
             del held[worker]  # lost: its results went with it
-        over = {worker for worker, nbytes in held.items() if nbytes > limit}
+
+        def used(worker: WorkerRecord) -> int:
+            return held.get(worker, 0) + retained.get(worker, 0)
+
+        over = {worker for worker in held if used(worker) > limit}
         for record in list(self._cache_lru) if over else ():
             if not over:
                 break
@@ -575,13 +663,14 @@ class CacheHandling:
                     record.who_has.discard(worker)
                     worker.has_what.discard(record)
                     self._send(worker, p.Release((record.id,)))
-            over = {w for w in over if held.get(w, 0) > limit}
+            over = {w for w in over if used(w) > limit and held.get(w, 0)}
         self._cache_publish()
 
     def _cache_publish(self) -> None:
         held = self._cache_held
-        for worker in [w for w in held if self.workers.get(w.id) is not w]:
-            del held[worker]
+        for counts in (held, self._cache_retained):
+            for worker in [w for w in counts if self.workers.get(w.id) is not w]:
+                del counts[worker]
         self.cache.entries = len(self._cache_lru)
         self.cache.nbytes = sum(self._cache_held.values())
 
