@@ -312,7 +312,7 @@ class Manager:
         if not plan.outputs:
             return pack_results(plan.structure, {})
         cached = None  # the cache's plan (``cache.Cache.prepare``)
-        if run_options.cache if run_options.cache is not None else self.options.cache:
+        if _uses_cache(run_options, self.options):
             cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
@@ -581,6 +581,13 @@ def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
             raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
         args += [f"--lib-{name}", str(value)]
     return args
+
+
+def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
+    """``get(cache=...)``, else the manager's ``cache``; a cache directory implies it."""
+    if run.cache is not None:
+        return run.cache
+    return manager.cache or run.cache_dir is not None or manager.cache_dir is not None
 
 
 def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:

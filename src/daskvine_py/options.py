@@ -78,7 +78,8 @@ class RunOptions:
     #: (its function's code, literal arguments, local files' size and mtime, its inputs'
     #: keys) has a result on a worker or in ``cache_dir`` is not run, and this run's
     #: results stay on their workers for later runs. Costs hashing every task (a few µs)
-    #: and workers' memory for what they keep. None: the manager's ``cache`` setting.
+    #: and workers' memory for what they keep. None: the manager's ``cache`` setting (on
+    #: when a ``cache_dir`` is given).
     cache: bool | None = None
     #: A directory (local, or shared by managers) that also keeps results across manager
     #: restarts: every result of a cacheable task travels to the manager and is written
