@@ -314,3 +314,20 @@ def test_a_result_of_another_run_is_read_under_this_runs_name_for_it():
     out = st_.handle([s.SubmitRun(2, tasks, ["c2"], 3, cache=RunCache(keys))])
     (execute,) = sends(out, p.Execute)
     assert execute.key == "c2" and execute.deps == (p.DepLocation(2, "b2", ()),)
+
+
+def test_results_without_room_on_their_worker_still_reach_the_directory():
+    st_ = s.SchedulerState(chain_ahead=0)
+    st_.cache_worker_bytes = 150  # room for one result of 100 bytes
+    st_.handle([joined(W1)])
+    ev = chain(1)
+    ev.cache.persist = "store"
+    st_.handle([ev])
+    uploads = []
+    for task_id in (1, 2):
+        uploads += sends(finish(st_, W1, task_id), p.Upload)
+    assert uploads == [p.Upload((1,)), p.Upload((2,))]
+    assert st_.tasks[1].state == "memory"  # no room, but held until uploaded
+    out = st_.handle([s.FromWorker(W1, p.Uploaded(1, dumps("a")))])
+    assert sorted(type(i).__name__ for i in out) == ["CacheWrite", "Send"]
+    assert sends(out, p.Release) == [p.Release((1,))] and st_.tasks[1].state == "released"

@@ -180,6 +180,8 @@ class CacheHandling:
         self._persist: dict[int, tuple[Any, bytes, float]] = {}
         #: provider id -> the worker asked to upload it (asked again should that one go)
         self._uploads: dict[int, WorkerRecord] = {}
+        #: results not kept for lack of room, held until they reached the directory
+        self._held_for_disk: set[int] = set()
 
     # -- hooks called by the state ------------------------------------------------------
 
@@ -240,9 +242,15 @@ class CacheHandling:
         if len(seconds) >= MAX_SECONDS:
             seconds.clear()
         seconds[ck] = msg.duration
-        if self._cache_key_of.get(task) is None or not self._cache_retain(task, worker):
-            return  # not a provider (lineage of a lost hit), or no room to keep it
+        if self._cache_key_of.get(task) is None:
+            return  # not a provider (lineage of a lost hit): not kept
         store = crun.info.persist
+        # No room on its worker: not kept there, but held until it reached the directory.
+        uploading = store is not None and msg.value is None
+        if not self._cache_retain(task, worker, hold=uploading) and not uploading:
+            if store is not None:
+                self._out.append(CacheWrite(store, ck, msg.value, msg.duration))
+            return
         waiting = self._awaiting.get(task.id)
         if msg.value is not None:
             if waiting:
@@ -264,6 +272,11 @@ class CacheHandling:
             del self._uploads[msg.task_id]
         waiting = self._awaiting.pop(msg.task_id, None)
         persist = self._persist.pop(msg.task_id, None)
+        if msg.task_id in self._held_for_disk:
+            self._held_for_disk.discard(msg.task_id)
+            held = self.tasks.get(msg.task_id)
+            if held is not None:
+                self._cache_let_go(held)
         if msg.value is not None:
             for record in waiting or ():
                 self._cache_deliver(record, msg.value, msg.value.nbytes)
@@ -367,9 +380,10 @@ class CacheHandling:
         record.unread = False  # an output nothing reads: its worker keeps it all the same
         crun.provided.append(record)
 
-    def _cache_retain(self, record: TaskRecord, worker: WorkerRecord) -> bool:
+    def _cache_retain(self, record: TaskRecord, worker: WorkerRecord, hold: bool) -> bool:
         """Count a provider's result against its worker's budget (older cached results
-        make room first); when there is none, it is not kept: whether it is."""
+        make room first); when there is none, it is not kept (``hold``: until it has
+        been uploaded for the cache directory): whether it is."""
         self._cache_unretain(record)  # (computed again after a loss)
         retained = self._cache_retained
         nbytes = record.nbytes
@@ -386,12 +400,12 @@ class CacheHandling:
             if self._cache_held.get(worker, 0) + retained[worker] <= limit:
                 return True
             if where is worker and older is not record and self._cache_droppable(older):
-                self._cache_unprovide(older)
+                self._cache_unprovide(older, hold=older.id in self._persist)
         if self._cache_held.get(worker, 0) + retained[worker] <= limit:
             return True
         if record.id in self._awaiting:
             return True  # another run's output waits for its value
-        self._cache_unprovide(record)
+        self._cache_unprovide(record, hold)
         return False
 
     def _cache_droppable(self, record: TaskRecord) -> bool:
@@ -403,14 +417,20 @@ class CacheHandling:
             and not (record.is_output and not record.delivered)
         )
 
-    def _cache_unprovide(self, record: TaskRecord) -> None:
+    def _cache_unprovide(self, record: TaskRecord, hold: bool = False) -> None:
         """A provider the cache will not keep after all (no room): released when its
-        run no longer needs it."""
+        run no longer needs it, or (``hold``) once it has been uploaded."""
         self._cache_unretain(record)
         ck = self._cache_key_of.pop(record)
         if self.cache.providers.get(ck) is record:
             del self.cache.providers[ck]
+        if hold:
+            self._held_for_disk.add(record.id)
+            return
         self._persist.pop(record.id, None)
+        self._cache_let_go(record)
+
+    def _cache_let_go(self, record: TaskRecord) -> None:
         record.waiters -= 1  # the cache does not read it after all
         if record.state == "memory" and not (
             record.waiters > 0 or (record.is_output and not record.delivered)
