@@ -273,7 +273,9 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
             cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
             cluster.join(next(names))
         for r in runs:
-            cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=RunCache(keys, plan))])
+            store = "dir" if rng.random() < 0.5 else None  # results also go to a directory
+            info = RunCache(keys, plan, persist=store)
+            cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=info)])
         before = cluster.executions
         for _ in range(10_000):
             if all(r in cluster.done for r in runs):
