@@ -54,15 +54,7 @@ def drive(state, out, worker):
 def run_chain(state, run_id, **kwargs):
     """Submit the chain and finish its tasks as they come; the instructions."""
     out = state.handle([chain(run_id, **kwargs)])
-    everything = list(out)
-    pending = sends(out, p.Execute)
-    while pending:
-        msg = pending.pop(0)
-        value = dumps(msg.key) if msg.want_result else None
-        more = finish(state, W1, msg.task_id, value)
-        everything += more
-        pending += sends(more, p.Execute)
-    return everything
+    return out + drive(state, out, W1)
 
 
 def test_cached_results_outlive_their_run_and_a_rerun_runs_nothing():
