@@ -85,7 +85,11 @@ def annotated_off(dsk: Any) -> set[Key]:
     off: set[Key] = set()
     annotations = getattr(dsk, "__dask_annotations__", None)
     if callable(annotations):
-        for key, value in (annotations() or {}).get("cache", {}).items():
+        try:
+            found = annotations() or {}
+        except Exception:  # an expression that cannot say: as if it had none
+            found = {}
+        for key, value in found.get("cache", {}).items():
             if value is False:
                 off.add(key)
         return off
