@@ -3,6 +3,7 @@
     python benchmarks/harness.py [--repeat 3] [--warmup 1] [--quick] [--only noop,chain,...]
                                  [--systems daskvine_py,distributed,sync,threads,processes]
                                  [--prefetch 0,1,4] [--progress] [--event-log] [--insecure]
+                                 [--cache]
                                  [--workers 2] [--wide-workers 50]
                                  [--timeout 600] [--json results.json] [--list]
 
@@ -25,6 +26,8 @@ bar on every call, ``--event-log`` daskvine_py recording and writing every run's
 what watching a run costs, e.g. ``--only noop-dict --systems daskvine_py --progress``.
 ``--insecure`` adds daskvine_py without CurveZMQ (``Manager(security=False)``): what
 security costs, e.g. ``--only chain,tree10k,noop-dict --systems daskvine_py --insecure``.
+``--cache`` adds daskvine_py with ``get(cache=True)``, the cache emptied before every run:
+what hashing every task costs a first run (issue 17).
 ``--quick`` runs every workload at a small size once, as a smoke test (a couple of
 minutes); its numbers are noise.
 Ctrl-C stops every process the harness started, then prints and writes what was measured.
@@ -153,6 +156,9 @@ def system_names(args: argparse.Namespace) -> list[str]:
     if args.insecure:
         at = names.index(OURS) + 1 if OURS in names else 0
         names[at:at] = [systems.INSECURE]
+    if args.cache:
+        at = names.index(OURS) + 1 if OURS in names else 0
+        names[at:at] = [systems.CACHE]
     return names
 
 
@@ -494,6 +500,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--insecure",
         action="store_true",
         help="also daskvine_py without CurveZMQ (security=False): what security costs",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="also daskvine_py with get(cache=True), emptied before every run: what hashing costs",
     )
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument(

@@ -12,7 +12,9 @@ process outlives it.
   (``get(..., progress=True)``), ``daskvine_py[event-log]`` records and writes each run's
   event log (``get(..., event_log=...)``, into a temporary directory), or
   ``daskvine_py[insecure]``: ``Manager(security=False)``, no CurveZMQ, to measure what
-  security costs (the default ``daskvine_py`` has it on, as users get it).
+  security costs (the default ``daskvine_py`` has it on, as users get it), or
+  ``daskvine_py[cache]``: ``get(..., cache=True)`` with the cache emptied before every run,
+  to measure what hashing every task costs a first run.
 - ``distributed``: ``LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)``.
 - ``sync``, ``threads``, ``processes``: Dask's synchronous, threaded and multiprocessing
   schedulers, the last two with ``workers`` threads or spawned processes (a pool kept warm).
@@ -42,6 +44,9 @@ SYSTEMS = ("daskvine_py", "distributed", "sync", "threads", "processes")
 WATCHING = ("progress", "event-log")
 #: daskvine_py without CurveZMQ: what security costs.
 INSECURE = "daskvine_py[insecure]"
+#: daskvine_py with the result cache on (``get(cache=True)``), emptied before every run: what
+#: hashing every task costs a first run.
+CACHE = "daskvine_py[cache]"
 
 
 @dataclass
@@ -65,7 +70,7 @@ def parse(name: str) -> tuple[str, int | None]:
     match = re.fullmatch(r"daskvine_py\[prefetch=(\d+)\]", name)
     if match:
         return "daskvine_py", int(match.group(1))
-    if name in (watching_name(w) for w in WATCHING) or name == INSECURE:
+    if name in (watching_name(w) for w in WATCHING) or name in (INSECURE, CACHE):
         return "daskvine_py", None
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
@@ -95,6 +100,9 @@ def start(name: str, workers: int, start_timeout: float = 300.0) -> Iterator[Run
         running.name = name
         if name == watching_name("progress"):
             running.get = functools.partial(running.get, progress=True)
+        elif name == CACHE:
+            running.get = functools.partial(running.get, cache=True)
+            running.settle = running.manager.cache.clear  # every timed run is a first run
         elif name == watching_name("event-log"):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="daskvine-log-"))
             log = os.path.join(folder, "run.jsonl")

@@ -17,11 +17,19 @@ connection file the script prints::
 ``--dask`` runs the same analysis the Dask way: ``coffea.dataset_tools.apply_to_fileset``
 filling ``hist.dask`` histograms, computed with ``dask.compute(..., scheduler=manager.get)``
 and checked against Dask's synchronous scheduler.
+
+With ``--dask --cache``, results are reused by content across computes (``get(cache=True)``,
+docs/cache.md); ``--cache-dir DIR`` keeps them on disk for the next process too.
+``--rerun`` shows what that buys in one session: the analysis, again unchanged, then with
+only the histogramming changed (``--mass-bins``), printing each run's time and tasks run::
+
+    python examples/coffea_analysis.py --dask --cache --rerun
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import sys
@@ -54,8 +62,9 @@ class DimuonAnalysis(processor.ProcessorABC):
     ``hist`` histograms for ``processor.Runner``.
     """
 
-    def __init__(self, dask: bool = False) -> None:
+    def __init__(self, dask: bool = False, mass_bins: int = 120) -> None:
         self.dask = dask
+        self.mass_bins = mass_bins
 
     def process(self, events: Any) -> dict[str, Any]:
         dataset = events.metadata["dataset"]
@@ -69,7 +78,7 @@ class DimuonAnalysis(processor.ProcessorABC):
         else:
             new = hist.Hist.new
         mass = new.StrCat([], growth=True, name="dataset").Reg(
-            120, 0, 240, name="mass", label=r"$m_{\mu\mu}$ [GeV]"
+            self.mass_bins, 0, 240, name="mass", label=r"$m_{\mu\mu}$ [GeV]"
         )
         met = new.StrCat([], growth=True, name="dataset").Reg(
             50, 0, 250, name="met", label=r"$p_T^{miss}$ [GeV]"
@@ -167,7 +176,9 @@ def run_processor(
     return runner(fileset, DimuonAnalysis(), treename="Events")
 
 
-def run_dask(fileset: dict[str, list[str]], scheduler: Any, chunksize: int) -> dict[str, Any]:
+def run_dask(
+    fileset: dict[str, list[str]], scheduler: Any, chunksize: int, mass_bins: int = 120
+) -> dict[str, Any]:
     """The Dask path: preprocess, ``apply_to_fileset``, one ``dask.compute``."""
     import dask
     from coffea.dataset_tools import DataGroupSpec, apply_to_fileset, preprocess
@@ -176,7 +187,8 @@ def run_dask(fileset: dict[str, list[str]], scheduler: Any, chunksize: int) -> d
         {name: {"files": {path: "Events" for path in paths}} for name, paths in fileset.items()}
     )
     available, _ = preprocess(spec, step_size=chunksize, scheduler=scheduler)
-    graphs = apply_to_fileset(DimuonAnalysis(dask=True), available, SmallNanoAODSchema)
+    analysis = DimuonAnalysis(dask=True, mass_bins=mass_bins)
+    graphs = apply_to_fileset(analysis, available, SmallNanoAODSchema)
     (per_dataset,) = dask.compute(graphs, scheduler=scheduler)
     # one output, as Runner gives: histograms summed over datasets, counts merged
     return processor.accumulate(per_dataset.values())
@@ -248,6 +260,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--chunksize", type=int, default=25_000, help="events per chunk")
     parser.add_argument(
+        "--cache", action="store_true", help="--dask: reuse results by content (get(cache=True))"
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="--dask --cache: keep results in this directory too"
+    )
+    parser.add_argument("--mass-bins", type=int, default=120, help="bins of the mass histogram")
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="--dask --cache: run again unchanged, then with --mass-bins doubled; time each",
+    )
+    parser.add_argument(
         "--events", type=int, default=100_000, help="events per generated file (without --sample)"
     )
     parser.add_argument(
@@ -278,20 +302,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"--connection-file {manager.connection_file} --cores N"
                 )
             print(f"manager {manager.address}, workers connected: {len(manager.workers)}")
-            started = time.perf_counter()
-            if args.dask:
-                out = run_dask(fileset, manager.get, args.chunksize)
-            else:
-                out = run_processor(fileset, executor, args.chunksize)
-            elapsed = time.perf_counter() - started
-            how = "dask.compute(scheduler=manager.get)" if args.dask else "Runner"
-            n = len(manager.workers)
-            print(f"{how} on {n} worker{'s' * (n != 1)} in {elapsed:.2f} s")
+            get = manager.get
+            if args.cache:
+                get = functools.partial(manager.get, cache=True, cache_dir=args.cache_dir)
+            runs = [("", args.mass_bins)]
+            if args.rerun:
+                doubled = 2 * args.mass_bins
+                runs += [(" again, unchanged", args.mass_bins),
+                         (f" again, {doubled} mass bins", doubled)]  # fmt: skip
+            for what, bins in runs:
+                started = time.perf_counter()
+                if args.dask:
+                    out = run_dask(fileset, get, args.chunksize, bins)
+                else:
+                    out = run_processor(fileset, executor, args.chunksize)
+                elapsed = time.perf_counter() - started
+                how = "dask.compute(scheduler=manager.get)" if args.dask else "Runner"
+                n = len(manager.workers)
+                cache = manager.last_run.cache if args.dask else None
+                ran = f", {cache['tasks_run']} tasks run" if cache else ""
+                print(f"{how}{what} on {n} worker{'s' * (n != 1)} in {elapsed:.2f} s{ran}")
         print(summary(out))
         if not args.check:
             return 0
         if args.dask:
-            reference, against = run_dask(fileset, "sync", args.chunksize), "Dask's sync scheduler"
+            reference = run_dask(fileset, "sync", args.chunksize, runs[-1][1])
+            against = "Dask's sync scheduler"
         else:
             reference = run_processor(
                 fileset, processor.IterativeExecutor(status=False), args.chunksize

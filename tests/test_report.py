@@ -389,3 +389,18 @@ def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "/50" in err and err.endswith("\n")
     assert shared_manager.get({"x": (_inc, 41)}, "x") == 42
+
+
+def test_a_cached_runs_numbers_are_a_row_of_the_summary():
+    """Issue 17: hits, misses, tasks run, bytes reused and time saved, in words."""
+    from daskvine_py.events import summary_records
+    from daskvine_py.report import render
+    from daskvine_py.runinfo import RunInfo
+
+    info = RunInfo(7, {"cache": True}, 19, 1.0e9, 1.0e9 + 2.0, "done")
+    info.cache = {"hits": 12, "misses": 7, "uncached": 0, "tasks_run": 7,
+                  "bytes_reused": 3 * 2**20, "seconds_saved": 4.5}  # fmt: skip
+    page = render(summary_records(info))
+    assert "result cache" in page
+    assert "12 hits, 7 misses, 0 uncached; 7 tasks run; 3.1 MB reused" in page
+    assert "4.50 s of task time saved" in page

@@ -8,13 +8,13 @@
 Layers, lowest first (a module imports only from layers below it; docs/architecture.md
 says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sharedbuf``,
 ``fusion``, ``graph``, ``annotations``, ``config``, ``saturation``, ``pooling``,
-``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``; ``protocol``,
-``matching``, ``rewrite``; ``state_messages``, ``state_records``, ``state_failures``,
-``state_constraints``, ``state_stealing``, ``state``, ``store``, ``fetching``, ``live``,
-``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``;
-``transport``, ``peers``, ``status``, ``watching``, ``callbacks``, ``manager_loop``,
-``manager``, ``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command
-line.
+``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``, ``cache_store``;
+``protocol``, ``matching``, ``rewrite``, ``cache_keys``; ``state_messages``,
+``state_records``, ``state_failures``, ``state_constraints``, ``state_stealing``,
+``state_cache``, ``state``, ``store``, ``fetching``, ``live``, ``library``, ``liveness``,
+``worker_args``; ``worker_live``, ``worker_state``, ``host``, ``cache``; ``transport``,
+``peers``, ``status``, ``watching``, ``callbacks``, ``manager_loop``, ``manager``,
+``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command line.
 """
 
 import importlib
@@ -38,13 +38,14 @@ from .options import ManagerOptions, RunOptions
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from .cache_keys import uncached
     from .manager import Manager
     from .rewrite import associative
 
-#: Names imported on first use: ``Manager`` and ``associative`` bring in dask and zmq,
+#: Names imported on first use: ``Manager``, ``associative`` and ``uncached`` bring in dask,
 #: which a library or task process (``python -m daskvine_py.task``) must not pay for
 #: before its task even asks for them.
-_LAZY = {"Manager": ".manager", "associative": ".rewrite"}
+_LAZY = {"Manager": ".manager", "associative": ".rewrite", "uncached": ".cache_keys"}
 
 
 def __getattr__(name: str) -> Any:
@@ -73,4 +74,5 @@ __all__ = [
     "VersionMismatch",
     "__version__",
     "associative",
+    "uncached",
 ]

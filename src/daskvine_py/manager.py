@@ -43,18 +43,31 @@ from dask.utils import key_split
 from . import annotations, callbacks, config, security
 from . import protocol as p
 from . import state as s
+from .cache import Cache, CachedRun
+from .cache_keys import annotated_off
 from .errors import SerializationError, TaskFailed, attach_remote_traceback
 from .events import EventLog, summary_records, write_events
 from .fusion import Chain, link_key
 from .graph import Plan, build_plan, pack_results
 from .launch import spawn
-from .manager_loop import HOSTNAME, Cancel, Close, Demand, Extend, IOLoop, Retire, Submit
+from .manager_loop import (
+    HOSTNAME,
+    Cancel,
+    Close,
+    Demand,
+    Extend,
+    IOLoop,
+    Retire,
+    StateEvent,
+    Submit,
+)
 from .options import ManagerOptions, RunOptions
 from .progress import default_enabled, wait_with_progress
 from .report import write_report
 from .rewrite import rewrite_reductions
 from .runinfo import RunInfo
 from .serialize import TaskEncoder, loads
+from .state_cache import CacheWrite, RunCache
 from .watching import Run
 
 if TYPE_CHECKING:
@@ -136,6 +149,13 @@ class Manager:
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []
         self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
+        #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
+        self._state.cache_worker_bytes = self.options.cache_worker_bytes
+        self.cache = Cache(
+            self._state.cache, lambda event: self._command(StateEvent(event)),
+            self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
+        )  # fmt: skip
+        self._io.handlers[CacheWrite] = self.cache.write
         self._run_ids = itertools.count(1)
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
@@ -307,8 +327,12 @@ class Manager:
         started, mono_started = time.time(), time.monotonic()
         annotated = annotations.read(dsk)  # before the plan: it keeps no layers
         # An annotated task keeps its own settings: it is never a link of a chain.
-        unfusable = annotations.annotated_keys(annotated) if annotated else ()
-        plan = build_plan(dsk, keys, rewrite, fuse=run_options.fuse, unfusable=unfusable)
+        unfusable = annotations.annotated_keys(annotated) if annotated else set()
+        caching = _uses_cache(run_options, self.options)
+        fuse = not caching if run_options.fuse is None else run_options.fuse
+        if caching and fuse:
+            unfusable |= annotated_off(dsk)  # dask.annotate(cache=False): run on their own
+        plan = build_plan(dsk, keys, rewrite, fuse=fuse, unfusable=unfusable)
         if not plan.outputs:
             return pack_results(plan.structure, {})
         settings = None
@@ -317,6 +341,9 @@ class Manager:
             if priorities:
                 order = annotations.reprioritize(plan.priorities, priorities)
                 plan = dataclasses.replace(plan, priorities=order)
+        cached = None  # the cache's plan (``cache.Cache.prepare``)
+        if caching:
+            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
@@ -327,7 +354,7 @@ class Manager:
             if hooks is not None:
                 hooks.start(plan, run)
             watch = progress or hooks is not None
-            self._submit_in_parts(run, plan, run_options, settings, watch=watch)
+            self._submit_in_parts(run, plan, run_options, settings, watch, cached)
             # The scheduler has what it needs: the graph need not live through the run.
             del plan
             waiter = run.done if hooks is None else hooks.waiter(run)
@@ -341,6 +368,8 @@ class Manager:
             if hooks is not None:
                 hooks.finish(failed=True)
             raise
+        if cached is not None:
+            run.info.cache = cached.info.stats
         self._end_run(run, "done" if run.failure is None else "failed", run_options)
         if hooks is not None:
             hooks.finish(failed=run.failure is not None)
@@ -389,26 +418,40 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit_in_parts(self, run: Run, plan: Plan, options: RunOptions,
-                         settings: annotations.RunSettings | None,
-                         watch: bool) -> None:  # fmt: skip
+    def _submit_in_parts(
+        self, run: Run, plan: Plan, options: RunOptions,
+        settings: annotations.RunSettings | None, watch: bool,
+        cached: CachedRun | None = None,
+    ) -> None:  # fmt: skip
         """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
         graph does not wait for all of it to be prepared. Priority order puts every task
         after its dependencies; each task carries its dependents count, so a result is not
-        released before dependents still to come have arrived.
+        released before dependents still to come have arrived. With the cache, only the
+        tasks that will run count as dependents.
         """
-        encoder = TaskEncoder()
+        encoder = TaskEncoder() if cached is None else cached.encoder
         run_config = None if options.default_execution else _run_config(run.id, options)
+        cache = None if cached is None else cached.info
+        add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
         submit = functools.partial(
-            self._submit_part, run, plan, options, run_config, settings, watch=watch
+            self._submit_part,
+            run,
+            plan,
+            options,
+            run_config,
+            settings,
+            watch=watch,
+            cache=cache,
         )
         sent_functions: set[bytes] = set()
         part: list[s.NewTask] = []
         first = True
-        dependents = plan.dependents
+        dependents = plan.dependents if cached is None or cached.readers is None else cached.readers
         for key in plan.order:
+            if add_key is not None:
+                add_key(key, plan.nodes[key])
             payload, functions = _encode_task(encoder, key, plan.nodes[key])
             deps = tuple(plan.dependencies[key])
             prefix, readers = key_split(key), dependents.get(key, 0)
@@ -427,7 +470,7 @@ class Manager:
     def _submit_part(self, run: Run, plan: Plan, options: RunOptions,
                      run_config: p.RunConfig | None, settings: annotations.RunSettings | None,
                      part: list, encoder: TaskEncoder, sent_functions: set[bytes],
-                     first: bool, watch: bool) -> None:  # fmt: skip
+                     first: bool, watch: bool, cache: RunCache | None = None) -> None:  # fmt: skip
         """Send one part: the first opens the run, the others extend it."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
         sent_functions.update(functions)
@@ -435,7 +478,7 @@ class Manager:
             watched = watch or run.log is not None
             event: Any = s.SubmitRun(
                 run.id, part, plan.outputs, options.retries, functions, options.replicas,
-                run_config, watched, settings,
+                run_config, watched, settings, cache,
             )  # fmt: skip
             self._command(Submit(run, event, watched))
         else:
@@ -488,6 +531,7 @@ class Manager:
                 proc.wait()
         self._close_sockets()
         self._io.close_pipe()
+        self.cache.close()
         _remove_paths(self._cleanup_paths)
 
     def _close_sockets(self) -> None:
@@ -498,7 +542,7 @@ class Manager:
 
     # -- caller side of the command queue -----------------------------------------------
 
-    def _command(self, command: Submit | Extend | Cancel | Close | Retire) -> None:
+    def _command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
         if self._closed and type(command) is not Close:
             raise RuntimeError("the manager is closed")
         self._io.command(command)
@@ -585,6 +629,13 @@ def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
             raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
         args += [f"--lib-{name}", str(value)]
     return args
+
+
+def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
+    """``get(cache=...)``, else the manager's ``cache``; a cache directory implies it."""
+    if run.cache is not None:
+        return run.cache
+    return manager.cache or run.cache_dir is not None or manager.cache_dir is not None
 
 
 def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:

@@ -116,6 +116,12 @@ class Retire(NamedTuple):
     reason: str
 
 
+class StateEvent(NamedTuple):
+    """Hand an event to the scheduler state as it is (``state_cache.CacheClear``)."""
+
+    event: Any
+
+
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
@@ -186,6 +192,8 @@ class IOLoop:
         self._busy_at: dict[bytes, float] = {}
         #: workers told to leave by a pool: their leaving is no news
         self._retiring: set[bytes] = set()
+        #: what to do with instructions of other kinds (``state_cache.CacheWrite``)
+        self.handlers: dict[type, Callable[[Any], None]] = {}
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -194,7 +202,7 @@ class IOLoop:
 
     # -- other threads ----------------------------------------------------------------
 
-    def command(self, command: Submit | Extend | Cancel | Close | Retire) -> None:
+    def command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
         """Queue a command and wake the loop (any thread)."""
         self.commands.put(command)
         os.write(self.wake_write, b"x")
@@ -355,11 +363,15 @@ class IOLoop:
                 self.outboxes.setdefault(ident, []).append(p.Shutdown(command.reason))
                 return
 
+    def _on_state_event(self, command: StateEvent) -> None:
+        self.events.append(command.event)
+
     _COMMAND_HANDLERS: dict[type, Callable[[IOLoop, Any], None]] = {
         Submit: _on_submit,
         Extend: _on_extend,
         Cancel: _on_cancel,
         Retire: _on_retire,
+        StateEvent: _on_state_event,
     }
 
     def _drain_router(self) -> None:
@@ -622,6 +634,8 @@ class IOLoop:
                         "the scheduler dropped %s: handling it raised %r", instruction.what,
                         error, exc_info=error,
                     )  # fmt: skip
+                elif kind in self.handlers:
+                    self.handlers[kind](instruction)
             except Exception as exc:
                 run_id = getattr(instruction, "run_id", None)
                 task_ids = p.task_ids_named(instruction.message) if kind is s.Send else ()

@@ -77,12 +77,25 @@ class RunOptions:
     #: Run each linear chain of tasks (a task whose only reader has no other input) as one
     #: task, up to ``fusion.FUSE_LIMIT`` links: no round trip and no state per link. The
     #: chain is one task for retries, progress and the report, named by its last key.
-    #: False sends every task on its own.
-    fuse: bool = True
+    #: False sends every task on its own. None: fuse, except in runs that use the result
+    #: cache, which keeps every task's result apart (a changed last link then re-runs
+    #: only itself).
+    fuse: bool | None = None
+    #: Reuse results across runs by content (``docs/cache.md``): a task whose cache key
+    #: (its function's code, literal arguments, local files' size and mtime, its inputs'
+    #: keys) has a result on a worker or in ``cache_dir`` is not run, and this run's
+    #: results stay on their workers for later runs. Costs hashing every task (a few µs)
+    #: and workers' memory for what they keep. None: the manager's ``cache`` setting (on
+    #: when a ``cache_dir`` is given).
+    cache: bool | None = None
+    #: A directory (local, or shared by managers) that also keeps results across manager
+    #: restarts: every result of a cacheable task travels to the manager and is written
+    #: there. None: the manager's ``cache_dir``.
+    cache_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fuse, bool):
-            raise ValueError(f"fuse must be True or False, not {self.fuse!r}")
+        if self.fuse is not None and not isinstance(self.fuse, bool):
+            raise ValueError(f"fuse must be True, False or None, not {self.fuse!r}")
         if self.task_mode not in TASK_MODES:
             raise ValueError(f"task_mode must be one of {TASK_MODES}, not {self.task_mode!r}")
         if self.exec_mode not in EXEC_MODES:
@@ -113,7 +126,9 @@ class RunOptions:
             )
         if self.progress is not None and not isinstance(self.progress, bool):
             raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
-        for name in ("report", "event_log"):
+        if self.cache is not None and not isinstance(self.cache, bool):
+            raise ValueError(f"cache must be True, False or None, not {self.cache!r}")
+        for name in ("report", "event_log", "cache_dir"):
             path = getattr(self, name)
             if path is not None and not isinstance(path, str | os.PathLike):
                 raise ValueError(f"{name} must be a path or None, not {path!r}")
@@ -194,6 +209,16 @@ class ManagerOptions:
     #: made 0700). None: a new file under ``security.default_connection_dir()``, removed
     #: when the manager closes.
     connection_file: str | os.PathLike | None = None
+    #: The default of ``get(cache=...)``: reuse results across runs by content.
+    cache: bool = False
+    #: The default of ``get(cache_dir=...)``: where results are kept across restarts.
+    cache_dir: str | os.PathLike | None = None
+    #: Bytes a cache directory may hold; past it the least recently used results go.
+    cache_dir_limit: int = 10 * 2**30
+    #: Bytes of cached results each worker keeps for later runs (every copy counts), on
+    #: top of what runs in progress hold; past it the least recently used are released.
+    #: More reuses more; less leaves the worker's memory and spill disk to the runs.
+    cache_worker_bytes: int = 2 * 2**30
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -209,5 +234,13 @@ class ManagerOptions:
             raise ValueError("fixed_extra_tasks_per_core must be >= 0 or None")
         if not isinstance(self.security, bool):
             raise ValueError(f"security must be True or False, not {self.security!r}")
+        if not isinstance(self.cache, bool):
+            raise ValueError(f"cache must be True or False, not {self.cache!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str | os.PathLike):
+            raise ValueError(f"cache_dir must be a path or None, not {self.cache_dir!r}")
+        for name in ("cache_dir_limit", "cache_worker_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a number of bytes >= 0, not {value!r}")
         if self.key_file is not None and not self.security:
             raise ValueError("key_file needs security=True: without security there are no keys")

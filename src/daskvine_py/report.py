@@ -45,7 +45,7 @@ SECTIONS = (
 #: Fields of the "end" record the summary shows in rows of their own, or elsewhere.
 _SHOWN_ELSEWHERE = frozenset(
     {"event", "t", "outcome", "duration", "hoisting_candidates", "run_seconds",
-     "serialization_seconds"}
+     "serialization_seconds", "cache"}
 )  # fmt: skip
 #: The hatching of the parts of the timeline's bars spent (de)serializing.
 SERIALIZING = "serializing"
@@ -222,6 +222,9 @@ def _summary_table(summary: Summary) -> str:
     if relayed:  # flagged: workers that could not reach each other
         pairs = ", ".join(f"{h} → {r} {_bytes(n)}" for h, r, n in relayed)
         rows.append(("⚠ through the manager (peers unreachable)", pairs))
+    cache = end.get("cache")
+    if isinstance(cache, dict):  # a run with the result cache (docs/cache.md)
+        rows.append(("result cache", _cache_row(cache)))
     seconds = summary.seconds()
     if seconds is not None:
         run_seconds, serialization = seconds
@@ -674,6 +677,21 @@ def _key(key: Any) -> str:
 
 def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _cache_row(cache: dict[str, Any]) -> str:
+    """hits, misses, tasks run, bytes reused and time saved, in words."""
+
+    def number(name: str) -> float:
+        value = cache.get(name, 0)
+        return value if isinstance(value, int | float) else 0
+
+    return (
+        f"{number('hits'):,.0f} hits, {number('misses'):,.0f} misses, "
+        f"{number('uncached'):,.0f} uncached; {number('tasks_run'):,.0f} tasks run; "
+        f"{_bytes(int(number('bytes_reused')))} reused; "
+        f"{_seconds(float(number('seconds_saved')))} of task time saved"
+    )
 
 
 def _value(value: Any) -> str:

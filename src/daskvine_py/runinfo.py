@@ -43,6 +43,12 @@ class RunInfo:
     #: top-level modules the run's functions come from or use (third-party only): what
     #: ``import_modules`` could import once per library instead of once per task
     hoisting_candidates: list[str] = field(default_factory=list)
+    #: the result cache's numbers for a run with ``cache=True``: ``hits`` (cacheable tasks
+    #: that did not run: their result, or that of every task reading them, was reused),
+    #: ``misses`` (cacheable tasks that ran), ``uncached`` (tasks without a cache key),
+    #: ``tasks_run``, ``bytes_reused`` and ``seconds_saved`` (what the reused tasks took
+    #: when they ran); None without the cache
+    cache: dict[str, Any] | None = None
     #: the run's ``events.EventLog`` when it kept one (``report=`` or ``event_log=``)
     events: Any = field(default=None, repr=False)
 

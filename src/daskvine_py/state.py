@@ -40,6 +40,9 @@ in to "forgotten" (``state_failures``), which leaves it in no record::
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
 - forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
 
+Runs with the result cache (``state_cache``) add waiting -> released (a task its run does
+not compute: a hit, or an input only hits read) and waiting -> memory (read from disk).
+
 A report from a worker counts only if its task is processing on that worker
 (``_held``); any other is stale (cancelled, moved, or its run over).
 
@@ -62,6 +65,7 @@ from .errors import InvalidTransition
 from .matching import ReadyQueue
 from .saturation import DurationEstimates, extra_tasks
 from .serialize import OUT_OF_BAND_MIN_BYTES
+from .state_cache import CacheClear, CacheHandling
 from .state_constraints import Constraints
 from .state_failures import FailureHandling
 from .state_messages import (
@@ -104,7 +108,7 @@ __all__ = [
 CHAIN_AHEAD = 256
 
 
-class SchedulerState(Constraints, Stealing, FailureHandling):
+class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -148,6 +152,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self._inlined: dict[WorkerRecord, int] = {}
         self._init_constraints()  # annotated tasks: resources, restrictions
+        self._init_cache()  # results kept across runs (``state_cache``)
 
     # -- entry point ------------------------------------------------------------------
 
@@ -209,6 +214,8 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
         run = self.runs[ev.run_id] = RunRecord(
             ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched, ev.settings
         )
+        if ev.cache is not None:
+            self._cache_open(run, ev.cache)
         self._add_tasks(run, ev.tasks, ev.functions)
 
     def _on_extend(self, ev: ExtendRun) -> None:
@@ -252,8 +259,10 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
                 if dep.state != "memory":
                     missing += 1
             record.missing = missing
+        if self._cache_runs:
+            self._cache_added(run, added)  # hits, skipped inputs, results read from disk
         for _, record in added:
-            if record.missing == 0:
+            if record.missing == 0 and record.state == "waiting":
                 self._transition(record, "ready")
 
     def _on_cancel(self, ev: CancelRun) -> None:
@@ -300,6 +309,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
                 self._transition(task, "ready")
         self._lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
+        self._cache_worker_lost(worker)
 
     def _on_from_worker(self, ev: FromWorker) -> None:
         worker = self.workers.get(ev.worker)
@@ -344,6 +354,8 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
             self._out.append(RunOutput(run.id, task.key, msg.value))
             run.undelivered -= 1
         self._transition(task, "memory", worker=worker)
+        if self._cache_runs:
+            self._cache_done(task, msg, worker)
         if not run.undelivered:
             self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
             self._drop_run(run)
@@ -378,7 +390,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
             self._not_held(msg.task_id, worker)
             return
         dep = self.tasks.get(msg.dep_id)
-        if dep is None or dep.run is not task.run:
+        if dep is None or (dep.run is not task.run and dep not in task.deps):  # (or cached)
             # Not one of its inputs: all that is known is that the worker dropped the task.
             self._requeue(task)
             return
@@ -442,6 +454,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
 
     def _lose(self, lost: list[TaskRecord]) -> None:
         """Results whose every copy is gone: forget them, then recompute what is needed."""
+        lost = self._cache_lost(lost)  # cached ones are forgotten; their readers recompute
         for task in lost:
             self._transition(task, "released")
         for task in lost:
@@ -611,6 +624,8 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
                 worker.functions.add(fid)
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(_location(dep, worker) for dep in task.deps)
+        if self._cache_runs:
+            deps = self._cache_locations(task, deps)  # results of other runs, by our keys
         for dep in deps:
             if dep.value is not None:  # inline: bytes moved from the manager
                 self._inlined[worker] = self._inlined.get(worker, 0) + len(dep.value.header)
@@ -701,6 +716,8 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
         ("memory", "released"): _memory_to_released,
         ("released", "waiting"): _released_to_waiting,
         ("released", "ready"): _released_to_ready,
+        ("waiting", "released"): CacheHandling._waiting_to_released,
+        ("waiting", "memory"): CacheHandling._waiting_to_memory,
         ("waiting", "forgotten"): FailureHandling._to_forgotten,
         ("ready", "forgotten"): FailureHandling._to_forgotten,
         ("processing", "forgotten"): FailureHandling._processing_to_forgotten,
@@ -730,6 +747,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling):
         FromWorker: _on_from_worker,
         BadReport: FailureHandling._on_bad_report,
         AbortRun: FailureHandling._on_abort,
+        CacheClear: CacheHandling._on_cache_clear,
     }
 
 

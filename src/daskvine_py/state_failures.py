@@ -48,6 +48,9 @@ class FailureHandling:
     _withdrawing: set[TaskRecord]
     queue: Any
     placing: Any
+    _cache_runs: dict[int, Any]
+    _cache_drop: Any
+    _cache_uploaded: Any
 
     # -- failures of the handlers themselves --------------------------------------------
 
@@ -183,6 +186,8 @@ class FailureHandling:
         aborted by an exception, maybe half-way through a transition): also look for its
         tasks in every worker's records, whatever their states say.
         """
+        if self._cache_runs:
+            self._cache_drop(run)  # its cacheable results outlive it
         cancel: dict[WorkerRecord, list[int]] = {}
         release: dict[WorkerRecord, list[int]] = {}
         for task in run.tasks.values():
@@ -283,6 +288,7 @@ class FailureHandling:
                 if msg.value is not None:
                     nbytes = msg.value.nbytes
                     self._out.append(BytesRelayed(run_id, worker.name, reader.name, nbytes))
+        self._cache_uploaded(worker, msg)  # outputs of the cache, results for its disk
 
     def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
         """Results ``worker`` no longer holds (a library process died with them)."""

@@ -50,6 +50,8 @@ class SubmitRun(NamedTuple):
     watched: bool = False
     #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
     settings: Any = None
+    #: its cache plan (``state_cache.RunCache``, ``get(cache=True)``); None: no cache
+    cache: Any = None
 
 
 class ExtendRun(NamedTuple):

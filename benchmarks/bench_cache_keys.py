@@ -1,0 +1,62 @@
+"""What hashing costs: the cache keys of the harness's workloads, timed alone.
+
+    python benchmarks/bench_cache_keys.py [--only noop-dict,chain,...] [--repeat 5]
+
+For each workload, the graph ``get`` receives is captured (through Dask, as the harness
+runs it), planned once (``graph.build_plan``), then keyed ``--repeat`` times with a fresh
+``cache_keys.KeyMaker`` each (the code digests kept, as a manager keeps them): the median
+seconds, per task. ``bench_cache_overhead.py`` gives the run times to set them against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import workloads as w
+from daskvine_py.cache_keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.graph import build_plan
+from daskvine_py.serialize import TaskEncoder
+
+
+class _Captured(Exception):
+    pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="noop-dict,chain,tree10k,array,dataframe")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    workloads = w.workloads()
+    digests = code_digests()
+    print(f"{'workload':12s} {'tasks':>7s} {'keys s':>8s} {'µs/task':>8s}")
+    for name in args.only.split(","):
+        workload = workloads[name]
+        captured: dict[str, Any] = {}
+
+        def get(dsk: Any, keys: Any, captured: dict = captured, **kwargs: Any) -> Any:
+            captured["plan"] = build_plan(dsk, keys)
+            captured["dsk"] = dsk
+            raise _Captured
+
+        try:
+            workload.call(get, workload.make())
+        except _Captured:
+            pass
+        plan, dsk = captured["plan"], captured["dsk"]
+        times = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            task_keys(plan, KeyMaker(TaskEncoder(), digests), annotated_off(dsk))
+            times.append(time.perf_counter() - started)
+        median = statistics.median(times)
+        print(f"{name:12s} {len(plan):7,d} {median:8.4f} {1e6 * median / len(plan):8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""What ``cache=True`` costs a first run, on the harness's workloads, interleaved.
+
+    python benchmarks/bench_cache_overhead.py [--only noop-dict,chain,...] [--rounds 11]
+
+One manager with two one-core workers. For each workload, ``--rounds`` rounds each run it
+once without the cache and once with it (the cache emptied before every run, so each is a
+first run: every task hashed, every result kept), alternating which goes first; printed:
+the median of each side and their ratio. ``harness.py --cache`` measures the same
+variant one system after the other, which a drifting host skews more than this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+import workloads as w
+from daskvine_py import Manager
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="noop-dict,chain,tree10k,array,dataframe")
+    parser.add_argument("--rounds", type=int, default=11)
+    args = parser.parse_args()
+    workloads = w.workloads()
+    print(f"{'workload':12s} {'off s':>8s} {'on s':>8s} {'on/off':>7s}")
+    with Manager() as manager:
+        manager.start_workers(2, cores=1)
+
+        def cached(*a: Any, **k: Any) -> Any:
+            return manager.get(*a, cache=True, **k)
+
+        for name in args.only.split(","):
+            workload = workloads[name]
+            graph = workload.make()
+            workload.measure(manager.get, graph)  # warm: imports, in every library
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(args.rounds):
+                for cache in (False, True) if i % 2 == 0 else (True, False):
+                    manager.cache.clear()
+                    seconds, _ = workload.measure(cached if cache else manager.get, graph)
+                    times[cache].append(seconds)
+            off, on = statistics.median(times[False]), statistics.median(times[True])
+            print(f"{name:12s} {off:8.4f} {on:8.4f} {on / off:7.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
