@@ -100,7 +100,7 @@ _OLD_LOG = """\
 
 
 #: Fields of the records added since ``_OLD_LOG`` was written (issue 15).
-_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds"}
+_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds", "cache"}
 
 
 def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
