@@ -177,6 +177,11 @@ REPLY_HOLD = 0.0005
 #: this: pickling them is cheap, and the manager can then hand them inline to tasks on
 #: other workers (``protocol.INLINE_BYTES``).
 SEND_SMALL_BYTES = 1024
+#: Results whose size ``dask.sizeof`` knows: builtins, and the modules it sizes. For any
+#: other type it falls back to ``sys.getsizeof``, which sees a few dozen bytes in an
+#: object holding megabytes (an awkward array of events): such results are never sent
+#: as "small" (pickling 400 kB per task cost a Coffea analysis 15% of its CPU).
+SIZED_MODULES = frozenset({"builtins", "numpy", "pandas"})
 
 
 #: Imported before the library says it is ready: every task payload needs Dask's task
@@ -683,7 +688,9 @@ def run(
     if keep_live:
         live[task_id] = result  # type: ignore[index]
         nbytes = _sizeof(result)
-        if not send_result and nbytes > SEND_SMALL_BYTES:
+        if not send_result and (
+            nbytes > SEND_SMALL_BYTES or type(result).__module__ not in SIZED_MODULES
+        ):
             return Done(task_id, None, ended - began, nbytes, True, unpickling)
     try:
         serialized = dumps(result)
