@@ -4,9 +4,9 @@ A result that moves from one library to another of the same worker (or to the wo
 store, a peer, a spill) crosses two pipes: each copies it into the kernel and out again,
 64 KiB per system call. Through a POSIX shared-memory segment the writer copies it once,
 and the reader maps it with no copy at all. Measured with three real processes and the
-library framing (``benchmarks/bench_library_transfer.py``, docs/benchmarks.md): the
-segment moves 1 MB about 2x and 100 MB 1.6-2.6x faster than the pipe, so buffers of at
-least ``MIN_BYTES`` take it.
+library framing (``benchmarks/bench_library_transfer.py``, docs/benchmarks.md), from one
+library to the worker to another: the segment, mapped by its reader, moves 1 MB 1.4x and
+100 MB 1.7x faster than the pipe, so buffers of at least ``MIN_BYTES`` take it.
 
 A segment lives only while its message is in flight: the reader unlinks it as soon as it
 has mapped it (the mapping stays valid until the last view of it is gone). Its name
