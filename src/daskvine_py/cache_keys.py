@@ -24,6 +24,7 @@ covers it, when it cannot be pickled, or when one of its inputs is not cacheable
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import marshal
@@ -32,7 +33,7 @@ import pickle
 import stat
 import sys
 import types
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -300,14 +301,25 @@ class KeyMaker:
         """A linear chain (``fusion``): its links keyed in order, each as the task it was
         (the one before it as its input), their names scoped to the chain. The chain's
         key is its last link's: the same whether the run fused it or not."""
+        with self._scope() as define:
+            for name, link in node.links:
+                define(name, self.key(link))
+            return self.keys[node.key]
+
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[Callable[[Key, CacheKey | None], None]]:
+        """``define(name, key)`` for names that hold only inside the ``with``: the names
+        of the enclosing scope they shadow are restored after it."""
         keys = self.keys
         shadowed: dict[Key, Any] = {}
+
+        def define(name: Key, key: CacheKey | None) -> None:
+            if name not in shadowed:
+                shadowed[name] = keys.get(name, _MISSING)
+            keys[name] = key
+
         try:
-            for name, link in node.links:
-                if name not in shadowed:
-                    shadowed[name] = keys.get(name, _MISSING)
-                keys[name] = self.key(link)
-            return keys[node.key]
+            yield define
         finally:
             for name, previous in shadowed.items():
                 if previous is _MISSING:
@@ -328,14 +340,7 @@ class KeyMaker:
         """The key of ``inner[outkey]``, its tasks' names scoped to ``inner`` and its
         inputs (``inkeys``: a task's result as ``TaskRef``, or a literal value)."""
         keys = self.keys
-        shadowed: dict[Key, Any] = {}  # names of the enclosing scope, restored after
-
-        def define(name: Key, key: CacheKey | None) -> None:
-            if name not in shadowed:
-                shadowed[name] = keys.get(name, _MISSING)
-            keys[name] = key
-
-        try:
+        with self._scope() as define:
             # Its inputs, by the names its inner tasks use for them: a task's result
             # (``TaskRef``) or a literal value.
             for name, value in zip(inkeys, inputs, strict=True):
@@ -346,12 +351,6 @@ class KeyMaker:
             for name in _inner_order(inner, outkey):
                 define(name, self.key(inner[name]))
             out = keys[outkey]
-        finally:
-            for name, previous in shadowed.items():
-                if previous is _MISSING:
-                    del keys[name]
-                else:
-                    keys[name] = previous
         if out is None:
             return None
         return hashlib.blake2b(_SALT + b"graph" + out, digest_size=KEY_BYTES).digest()
