@@ -57,7 +57,7 @@ class Chain:
             for key, node in self.links:
                 values = {key: node(values)}
         except BaseException as exc:
-            if key != self.links[-1][0]:
+            if key != self.key:
                 _blame(exc, key)
             raise
         return values[key]

@@ -632,7 +632,7 @@ def receive(conn: Connection) -> Any:
     count = int.from_bytes(first[:4], "little")
     buffers: list[Any] = [conn.recv_bytes() for _ in range(count)]
     for index in range(count):
-        if first[4 + index] == 1:  # a segment's name: map it
+        if first[4 + index] == _SEGMENT[0]:  # a segment's name: map it
             buffers[index] = sharedbuf.take(buffers[index].decode())
     tag, fields = pickle.loads(memoryview(first)[4 + count :], buffers=buffers)
     if tag == _RUN:

@@ -478,30 +478,26 @@ class WorkerState(LiveHandling):
         ``max_bytes`` (payloads and inputs) when given: its own (their inputs are live
         there) first, then any; with the tasks that wait here only for them (chains)."""
         batch: list[WorkerTask] = []
-        chosen: set[int] = set()
         for queue in (self.homed.get(lib.id), self.runnable):
             while queue and len(batch) < room:
                 task = self._next_runnable(queue, lib.id)
                 if task is None:
                     break
-                if task.id in chosen:
-                    # A task queued again (its library died, or it waited for an export)
-                    # while an older entry of it was still in a queue: run it once.
-                    continue
                 if (batch and task.config is not batch[0].config) or (
                     max_bytes is not None and self._request_bytes(task, lib.id) > max_bytes
                 ):
                     queue.appendleft(task.id)  # for the next request
                     break
+                # Running as it is chosen: an older entry of it still in a queue (it was
+                # queued again) is then passed over like any entry that is not queued.
+                self._transition(task, "running")
                 batch.append(task)
-                chosen.add(task.id)
         if not self.homed.get(lib.id, True):
             del self.homed[lib.id]
         if not batch:
             return
         calls = []
         for task in batch:
-            self._transition(task, "running")
             task.lib = lib.id
             lib.sent.append(task.id)
             calls.append(self.call(task, lib.id))
