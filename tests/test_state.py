@@ -69,6 +69,37 @@ def test_chain_runs_in_place_and_releases_inputs():
     assert not st_.tasks and not st_.runs and not st_.workers[W1].has_what
 
 
+def test_inputless_siblings_are_queued_for_the_worker_that_took_one():
+    # e reads a and c, f reads b and d; in priority order a, b, c, d. Taken one per
+    # worker in turn, each pair would be split; queued after its sibling, it meets there.
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
+    tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abcd")] + [
+        s.NewTask("e", b"", (), ("a", "c"), 4),
+        s.NewTask("f", b"", (), ("b", "d"), 5),
+    ]
+    out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["e", "f"], 3)])
+    placed = {w: sorted(m.key for m in sends(out, p.Execute, worker=w)) for w in (W1, W2)}
+    assert placed == {W1: ["a", "c"], W2: ["b", "d"]}
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
+                      s.FromWorker(W1, p.TaskDone(3, 10, 0.1, None)),
+                      s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None)),
+                      s.FromWorker(W2, p.TaskDone(4, 10, 0.1, None))])  # fmt: skip
+    # each reader runs where both its inputs are: nothing to fetch from a peer
+    for worker, key in ((W1, "e"), (W2, "f")):
+        (execute,) = sends(out, p.Execute, worker=worker)
+        assert execute.key == key and all(dep.peers == () for dep in execute.deps)
+
+
+def test_a_sibling_queued_for_a_busy_worker_is_taken_by_an_idle_one():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
+             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["c"], 3)])
+    # w1 takes a and b is queued for it, but w1 is full and w2 has nothing: w2 takes b.
+    assert [m.key for m in sends(out, p.Execute, worker=W1)] == ["a"]
+    assert [m.key for m in sends(out, p.Execute, worker=W2)] == ["b"]
+
+
 def test_tasks_sent_ahead_are_recalled_when_their_input_goes_elsewhere():
     st_ = s.SchedulerState(chain_ahead=0)
     st_.handle([joined(W1), chain_run()])
@@ -86,7 +117,7 @@ def test_tasks_sent_ahead_are_recalled_when_their_input_goes_elsewhere():
 
 
 def test_inputs_elsewhere_are_named_with_their_peers():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(sibling_inputs=0)  # else y would be queued for x's worker
     tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
              s.NewTask("z", b"", (), ("x", "y"), 2)]  # fmt: skip
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3)])
@@ -125,7 +156,7 @@ def test_crashes_are_retried_then_reported():
 
 
 def test_lost_worker_recomputes_exactly_the_lost_results():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
     # x1 on w1, x2 on w2, then y = f(x1, x2) is waiting for a free slot.
     tasks = [s.NewTask("x1", b"", (), (), 0), s.NewTask("x2", b"", (), (), 1),
              s.NewTask("y", b"", (), ("x1", "x2"), 2)]  # fmt: skip
@@ -138,7 +169,7 @@ def test_lost_worker_recomputes_exactly_the_lost_results():
 
 
 def test_small_inputs_travel_inside_execute_large_ones_from_peers():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
     tasks = [s.NewTask("small", b"", (), (), 0, "small", 1),
              s.NewTask("large", b"", (), (), 1, "large", 1),
              s.NewTask("y", b"", (), ("small", "large"), 2, "y", 0)]  # fmt: skip
@@ -169,7 +200,7 @@ def test_lost_worker_with_running_tasks_requeues_them():
 
 
 def test_fetch_failure_forgets_the_copy_and_recomputes_it():
-    st_ = s.SchedulerState()
+    st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
     tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("z", b"", (), (), 1),
              s.NewTask("y", b"", (), ("x", "z"), 2)]  # fmt: skip
     out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])

@@ -106,6 +106,11 @@ __all__ = [
 #: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
 #: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
 CHAIN_AHEAD = 256
+#: Sibling co-assignment's bounds (``_pull_siblings``): readers of the task taken, and
+#: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
+#: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
+SIBLING_READERS = 4
+SIBLING_INPUTS = 8
 
 
 class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
@@ -122,6 +127,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
         fixed_extra_tasks_per_core: int | None = None,
         story_length: int = 10_000,
         chain_ahead: int = CHAIN_AHEAD,
+        sibling_inputs: int = SIBLING_INPUTS,
     ) -> None:
         #: bound on the tasks a worker holds beyond one per core (see ``saturation``)
         self.max_extra_tasks_per_core = max_extra_tasks_per_core
@@ -129,6 +135,9 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
         self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
         #: links of a linear chain sent ahead beyond saturation (``_send_ahead``)
         self.chain_ahead = chain_ahead
+        #: input-less tasks are queued for the worker of a sibling when their reader has
+        #: at most this many inputs (``_pull_siblings``; 0: never)
+        self.sibling_inputs = sibling_inputs
         self.durations = DurationEstimates()
         self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
@@ -593,6 +602,7 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
     def _waiting_to_ready(self, task: TaskRecord) -> None:
         if task.placement is not None:
             return self._queue_placed(task)
+        task.pulled = False
         self.queue.push(task, task.priority, self._target(task))
 
     def _ready_to_waiting(self, task: TaskRecord) -> None:
@@ -601,6 +611,38 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
 
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self._assign(task, worker)
+        if not task.deps and self.sibling_inputs and len(self.workers) > 1:
+            self._pull_siblings(task, worker)
+
+    def _pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Queue the input-less siblings of ``task`` (other inputs of the tasks it feeds)
+        for the worker that took it.
+
+        Tasks without inputs have no locality of their own, and taken one per worker in
+        turn, the two halves of a pair (``x[i, j]`` and ``x[j, i]`` of ``x + x.T``, the
+        partitions one combine step reads) land on different workers: every reader then
+        copies one of them across. Queued for the same worker they meet there. It is a
+        target like any other: an idle worker still takes them (soft targeting). Bounded
+        to tasks read by few with few inputs, so an all-to-all step costs nothing here.
+        """
+        dependents = task.dependents
+        if len(dependents) > SIBLING_READERS:
+            return
+        queue = self.queue
+        limit = self.sibling_inputs
+        for dependent in dependents:
+            deps = dependent.deps
+            if len(deps) > limit:
+                continue
+            for sibling in deps:
+                if (
+                    sibling.state == "ready"
+                    and not sibling.pulled
+                    and not sibling.deps
+                    and sibling.placement is None
+                ):
+                    sibling.pulled = True
+                    queue.push(sibling, sibling.priority, worker.id)
 
     def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Sent ahead: its one missing input is being computed on the same worker."""

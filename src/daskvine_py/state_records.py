@@ -103,7 +103,7 @@ class TaskRecord:
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
         "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-        "placement",
+        "placement", "pulled",
     )  # fmt: skip
 
     def __init__(
@@ -149,6 +149,9 @@ class TaskRecord:
         self.attempts = 0
         #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
         self.placement: Placement | None = None
+        #: an input-less task queued for the worker that took a sibling (one that feeds
+        #: the same task): see ``SchedulerState._pull_siblings``
+        self.pulled = False
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
