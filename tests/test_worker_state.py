@@ -442,6 +442,25 @@ def test_a_result_released_by_the_manager_is_forgotten_by_its_library():
     assert state.library_outbox == [(0, library.Forget([1]))] and 1 not in state.live
 
 
+def test_one_release_of_many_live_results_is_one_forget_per_library():
+    state, libs = make(libraries=2)
+    held_by: dict[int, list[int]] = {}
+    for pair in ((1, 2), (3, 4)):  # one task per library at a time
+        for task_id in pair:
+            state.on_manager_message(execute(task_id), 0.0)
+        state.start_runnable()
+        for task_id in pair:
+            lib = libs[state.tasks[task_id].lib]
+            state.on_library_reply(lib, done_live(task_id, 10_000, 0.01), 0.0)
+            held_by.setdefault(lib.id, []).append(task_id)
+    assert len(held_by) == 2  # both libraries hold some
+    state.on_manager_message(p.Release((1, 2, 3, 4, 5)), 0.0)  # 5 was never here
+    assert sorted(state.library_outbox) == [
+        (lib, library.Forget(ids)) for lib, ids in sorted(held_by.items())
+    ]
+    assert not state.live.entries
+
+
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)

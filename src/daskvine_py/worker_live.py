@@ -8,6 +8,7 @@ See ``live.py`` for the records, and docs/architecture.md ("Live results") for t
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from . import library
@@ -60,7 +61,7 @@ class LiveHandling:
                 return
             excess -= entry.nbytes
             if task_id in self.store:
-                self._drop_live(task_id)
+                self._drop_live((task_id,))
             else:
                 self._export(task_id, drop=True)
 
@@ -215,10 +216,17 @@ class LiveHandling:
         if peer is not None:
             wait.peers.append(peer)
 
-    def _drop_live(self, task_id: int) -> None:
-        entry = self.live.drop(task_id)
-        if entry is not None:
-            self.library_outbox.append((entry.lib, library.Forget([task_id])))
+    def _drop_live(self, task_ids: Iterable[int]) -> None:
+        """Have their libraries forget these live results: one ``Forget`` per library
+        (a release of thousands of results is as many pipe writes otherwise)."""
+        forget: dict[int, list[int]] = {}
+        drop = self.live.drop
+        for task_id in task_ids:
+            entry = drop(task_id)
+            if entry is not None:
+                forget.setdefault(entry.lib, []).append(task_id)
+        for lib, ids in forget.items():
+            self.library_outbox.append((lib, library.Forget(ids)))
 
     def serve_peer(self, task_id: int, peer: bytes) -> bool:
         """A peer asks for a result held live only: export it, and answer the peer when

@@ -250,7 +250,7 @@ class WorkerState(LiveHandling):
         elif kind is p.Release:
             for task_id in msg.task_ids:
                 self.store.release(task_id)
-                self._drop_live(task_id)
+            self._drop_live(msg.task_ids)
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
