@@ -90,6 +90,36 @@ def test_inputless_siblings_are_queued_for_the_worker_that_took_one():
         assert execute.key == key and all(dep.peers == () for dep in execute.deps)
 
 
+def test_a_reader_of_inputs_all_computing_on_one_worker_is_sent_ahead_there():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
+             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    out = st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c"], 3)])
+    # both inputs are being computed on w1: c waits there for them, not for us
+    assert [m.key for m in sends(out, p.Execute, worker=W1)] == ["a", "b", "c"]
+    (c,) = [m for m in sends(out, p.Execute) if m.key == "c"]
+    assert [dep.peers for dep in c.deps] == [None, None]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
+                      s.FromWorker(W1, p.TaskDone(2, 10, 0.1, None))])  # fmt: skip
+    assert not sends(out, p.Execute) and st_.tasks[3].state == "processing"
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 10, 0.1, dumps(1)))])
+    assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
+
+
+def test_a_reader_sent_ahead_waits_here_again_when_an_input_is_stolen():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
+             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c"], 3)])
+    assert st_.tasks[3].state == "processing"
+    # w2 joins idle: b, unstarted behind a, is asked back from w1 for it
+    out = st_.handle([joined(W2)])
+    assert sends(out, p.Withdraw, worker=W1)
+    out = st_.handle([s.FromWorker(W1, p.Withdrawn((2,)))])
+    assert st_.tasks[2].worker.id == W2 and st_.tasks[3].state == "waiting"
+    assert p.Cancel((3,)) in sends(out, p.Cancel, worker=W1)
+
+
 def test_a_sibling_queued_for_a_busy_worker_is_taken_by_an_idle_one():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),

@@ -542,16 +542,16 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
 
         The worker starts them the moment the input is ready, without a round trip to
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
-        worker's saturation, and only for single-missing-input dependents (O(1) check).
+        worker's saturation, and only for dependents whose every missing input is being
+        computed there (``_behind``: the pair ``x[i, j]``, ``x[j, i]`` that sibling
+        co-assignment put on one worker, say).
         A strictly linear chain goes further (``chain_ahead`` more): it runs in order
         anyway, so handing it to one worker whole costs no parallelism.
         """
         if worker.full:
             return
         while True:
-            follower = next(
-                (d for d in task.dependents if d.state == "waiting" and d.missing == 1), None
-            )
+            follower = next((d for d in task.dependents if _behind(d, worker)), None)
             if follower is None or follower.placement is not None:  # annotated: placed alone
                 return
             bound = worker.cores + self._extra(worker, follower)
@@ -796,6 +796,19 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
 def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
     """Large function bytes (big closures) travel as their own frame."""
     return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
+
+
+def _behind(task: TaskRecord, worker: WorkerRecord) -> bool:
+    """Whether waiting ``task`` can be sent ahead to ``worker``: each input it misses
+    is being computed there (one missing input: the one just sent, checked in O(1))."""
+    if task.state != "waiting":
+        return False
+    missing = task.missing
+    if missing == 1:
+        return True
+    if missing > SIBLING_INPUTS or len(task.deps) > SIBLING_INPUTS:
+        return False
+    return all(dep.state == "memory" or dep.worker is worker for dep in task.deps)
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
