@@ -68,6 +68,7 @@ from .serialize import OUT_OF_BAND_MIN_BYTES
 from .state_cache import CacheClear, CacheHandling
 from .state_constraints import Constraints
 from .state_failures import FailureHandling
+from .state_locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality
 from .state_messages import (
     RUN_PRIORITY_BITS,
     AbortRun,
@@ -103,17 +104,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-#: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
-#: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
-CHAIN_AHEAD = 256
-#: Sibling co-assignment's bounds (``_pull_siblings``): readers of the task taken, and
-#: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
-#: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
-SIBLING_READERS = 4
-SIBLING_INPUTS = 8
-
-
-class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
+class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHandling):
     """All scheduling state of a manager; mutate only through ``handle``.
 
     The attributes are heavily correlated (a task in ``processing`` is in its worker's
@@ -537,31 +528,6 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
             except Exception as exc:  # stealing is an optimisation: runs go on without it
                 self._out.append(EventDropped("taking queued tasks back for idle workers", exc))
 
-    def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Send dependents whose only missing input is ``task`` to the same worker now.
-
-        The worker starts them the moment the input is ready, without a round trip to
-        the manager: a chain of small tasks runs at the worker's pace. Bounded by the
-        worker's saturation, and only for dependents whose every missing input is being
-        computed there (``_behind``: the pair ``x[i, j]``, ``x[j, i]`` that sibling
-        co-assignment put on one worker, say).
-        A strictly linear chain goes further (``chain_ahead`` more): it runs in order
-        anyway, so handing it to one worker whole costs no parallelism.
-        """
-        if worker.full:
-            return
-        while True:
-            follower = next((d for d in task.dependents if _behind(d, worker)), None)
-            if follower is None or follower.placement is not None:  # annotated: placed alone
-                return
-            bound = worker.cores + self._extra(worker, follower)
-            if len(task.dependents) == 1 and len(follower.deps) == 1:
-                bound += self.chain_ahead
-            if len(worker.processing) >= bound:
-                return
-            self._transition(follower, "processing", worker=worker)
-            task = follower
-
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
         if worker.holding and (held := self._held_back(worker)):  # annotated tasks there
             return -held
@@ -571,21 +537,6 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
         return extra_tasks(
             worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
         )
-
-    def _target(self, task: TaskRecord) -> WorkerId | None:
-        """The worker holding most of the task's input bytes, if any."""
-        if not task.deps:
-            return None
-        held: dict[WorkerRecord, int] = {}
-        for dep in task.deps:
-            size = dep.nbytes + 1
-            for holder in dep.who_has:
-                held[holder] = held.get(holder, 0) + size
-        if self._full:
-            held = {w: size for w, size in held.items() if not w.full}
-        if not held:
-            return None
-        return max(held, key=held.__getitem__).id
 
     # -- transitions ------------------------------------------------------------------
 
@@ -613,36 +564,6 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
         self._assign(task, worker)
         if not task.deps and self.sibling_inputs and len(self.workers) > 1:
             self._pull_siblings(task, worker)
-
-    def _pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Queue the input-less siblings of ``task`` (other inputs of the tasks it feeds)
-        for the worker that took it.
-
-        Tasks without inputs have no locality of their own, and taken one per worker in
-        turn, the two halves of a pair (``x[i, j]`` and ``x[j, i]`` of ``x + x.T``, the
-        partitions one combine step reads) land on different workers: every reader then
-        copies one of them across. Queued for the same worker they meet there. It is a
-        target like any other: an idle worker still takes them (soft targeting). Bounded
-        to tasks read by few with few inputs, so an all-to-all step costs nothing here.
-        """
-        dependents = task.dependents
-        if len(dependents) > SIBLING_READERS:
-            return
-        queue = self.queue
-        limit = self.sibling_inputs
-        for dependent in dependents:
-            deps = dependent.deps
-            if len(deps) > limit:
-                continue
-            for sibling in deps:
-                if (
-                    sibling.state == "ready"
-                    and not sibling.pulled
-                    and not sibling.deps
-                    and sibling.placement is None
-                ):
-                    sibling.pulled = True
-                    queue.push(sibling, sibling.priority, worker.id)
 
     def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Sent ahead: its one missing input is being computed on the same worker."""
@@ -796,19 +717,6 @@ class SchedulerState(Constraints, Stealing, FailureHandling, CacheHandling):
 def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
     """Large function bytes (big closures) travel as their own frame."""
     return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
-
-
-def _behind(task: TaskRecord, worker: WorkerRecord) -> bool:
-    """Whether waiting ``task`` can be sent ahead to ``worker``: each input it misses
-    is being computed there (one missing input: the one just sent, checked in O(1))."""
-    if task.state != "waiting":
-        return False
-    missing = task.missing
-    if missing == 1:
-        return True
-    if missing > SIBLING_INPUTS or len(task.deps) > SIBLING_INPUTS:
-        return False
-    return all(dep.state == "memory" or dep.worker is worker for dep in task.deps)
 
 
 def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
