@@ -11,10 +11,11 @@ says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sha
 ``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``, ``cache_store``;
 ``protocol``, ``matching``, ``rewrite``, ``cache_keys``; ``state_messages``,
 ``state_records``, ``state_failures``, ``state_constraints``, ``state_locality``,
-``state_stealing``, ``state_cache``, ``state``, ``store``, ``fetching``, ``live``, ``library``, ``liveness``,
-``worker_args``; ``worker_live``, ``worker_state``, ``host``, ``cache``; ``transport``,
-``peers``, ``status``, ``watching``, ``callbacks``, ``manager_loop``, ``manager``,
-``worker``; ``local``, ``coffea``, ``pool``, ``factory`` and the command line.
+``state_stealing``, ``state_cache``, ``state``, ``store``, ``fetching``, ``live``,
+``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``,
+``cache``; ``transport``, ``peers``, ``status``, ``watching``, ``callbacks``,
+``manager_loop``, ``manager``, ``worker``; ``local``, ``coffea``, ``pool``, ``factory``
+and the command line.
 """
 
 import importlib

@@ -147,16 +147,19 @@ class _KeyPickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:  # called for every object: cheap first
         kind = type(obj)
-        if kind is str:
-            return self.maker.file_of(obj)
         if kind in _PLAIN:
             return None
+        if kind is str:
+            return self.maker.file_of(obj)
         if kind is set or kind is frozenset:
             try:
                 return (_set, tuple(sorted(obj)))
             except TypeError:
                 return (_set, tuple(sorted(obj, key=repr)))
-        fspath = getattr(kind, "__fspath__", None)
+        # A missed attribute lookup on a type walks its MRO: asked once per type.
+        fspath = _FSPATH.get(kind, _UNSEEN)
+        if fspath is _UNSEEN:
+            fspath = _FSPATH[kind] = getattr(kind, "__fspath__", None)
         if fspath is not None:
             path = fspath(obj)
             return self.maker.file_of(path) if type(path) is str else None
@@ -193,6 +196,9 @@ class _KeyPickler(pickle.Pickler):
 
 
 _PLAIN = frozenset({int, float, bool, bytes, type(None), tuple, list, dict, complex})
+#: type -> its ``__fspath__`` (None: not a path), for ``_KeyPickler.persistent_id``
+_FSPATH: dict[type, Any] = {}
+_UNSEEN = object()
 #: Arguments of a legacy task hashed as they are (``KeyMaker._legacy_key``).
 _SCALARS = frozenset({int, float, bool, bytes, type(None)})
 _SLOW = object()
