@@ -20,6 +20,7 @@ CHAIN_AHEAD = 256
 #: Sibling co-assignment's bounds (``_pull_siblings``): readers of the task taken, and
 #: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
 #: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
+#: ``SIBLING_INPUTS`` also bounds the inputs of a reader sent ahead for several of them.
 SIBLING_READERS = 4
 SIBLING_INPUTS = 8
 
@@ -81,15 +82,15 @@ class Locality:
                     queue.push(sibling, sibling.priority, worker.id)
 
     def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Send dependents whose only missing input is ``task`` to the same worker now.
+        """Send dependents of ``task`` (just given to ``worker``) there now, when every
+        input they miss is being computed there (``_behind``): ``task`` alone, or it and
+        its siblings (the pair ``x[i, j]``, ``x[j, i]`` that ``_pull_siblings`` put on one
+        worker, say).
 
-        The worker starts them the moment the input is ready, without a round trip to
+        The worker starts them the moment their inputs are ready, without a round trip to
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
-        worker's saturation, and only for dependents whose every missing input is being
-        computed there (``_behind``: the pair ``x[i, j]``, ``x[j, i]`` that sibling
-        co-assignment put on one worker, say).
-        A strictly linear chain goes further (``chain_ahead`` more): it runs in order
-        anyway, so handing it to one worker whole costs no parallelism.
+        worker's saturation. A strictly linear chain goes further (``chain_ahead`` more):
+        it runs in order anyway, so handing it to one worker whole costs no parallelism.
         """
         if worker.full:
             return
