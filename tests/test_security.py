@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 import zmq
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskvine_py import Manager, security
 from daskvine_py import protocol as p
@@ -334,7 +335,9 @@ def _through_relays(security_on: bool) -> tuple[list[Relay], bytes, object]:
             manager._local_processes.extend(procs)
             manager.wait_for_workers(2, timeout=30, processes=procs)
             keys = [f"c{i}" for i in range(n)] + ["first"]
-            result = manager.get(dsk, keys)
+            # Producers pinned, even on a and odd on b: each c_i reads one from each, so
+            # both peer ports serve, wherever the scheduler would have put them.
+            result = manager.get(_pinned(dsk, n), keys)
             import dask
 
             assert result == dask.get(dsk, keys)
@@ -345,6 +348,18 @@ def _through_relays(security_on: bool) -> tuple[list[Relay], bytes, object]:
             for relay in relays:
                 relay.close()
     return relays, marker.encode(), moved
+
+
+def _pinned(dsk: dict, n: int) -> HighLevelGraph:
+    layers = {
+        name: MaterializedLayer(
+            {f"p{i}": dsk[f"p{i}"] for i in range(parity, n, 2)},
+            annotations={"workers": [name]},
+        )
+        for parity, name in enumerate(("a", "b"))
+    }
+    layers["readers"] = MaterializedLayer({k: v for k, v in dsk.items() if k[0] != "p"})
+    return HighLevelGraph(layers, {"a": set(), "b": set(), "readers": {"a", "b"}})
 
 
 def test_a_relay_between_any_two_parties_never_sees_the_marker():
