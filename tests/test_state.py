@@ -353,6 +353,25 @@ class SimulatedCluster:
             for dep in msg.deps
         )
 
+    def replace_a_worker(self, names) -> None:
+        """Lose a worker chosen at random; a fresh one (the next of ``names``) joins."""
+        self.lose(self.rng.choice(sorted(self.stores)))
+        self.join(next(names))
+
+    def run_until(self, finished, losses: int, names) -> int:
+        """Step until ``finished()``, replacing a worker now and then, at most ``losses``
+        times: how many were replaced."""
+        replaced = 0
+        for _ in range(10_000):
+            if finished():
+                break
+            if replaced < losses and self.rng.random() < 0.05:
+                replaced += 1
+                self.replace_a_worker(names)
+                continue
+            self.step()
+        return replaced
+
     def step(self):
         if self.pending:
             pending, self.pending = self.pending, []
@@ -427,17 +446,11 @@ def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed
         cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
         runs[run_id] = (deps, outputs)
     names = iter(f"w{i}".encode() for i in range(2, 100))
-    lost = False
-    for _ in range(10_000):
-        if not any(cluster.queued.values()) and not cluster.pending:
-            break
-        if losses and cluster.rng.random() < 0.05:
-            losses -= 1
-            lost = True
-            cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
-            cluster.join(next(names))
-            continue
-        cluster.step()
+
+    def idle():
+        return not any(cluster.queued.values()) and not cluster.pending
+
+    lost = cluster.run_until(idle, losses, names) > 0
     for run_id, (deps, outputs) in runs.items():
         assert cluster.done.get(run_id) == "done", cluster.done
         assert cluster.outputs.get(run_id, {}) == {k: expected_value(k, deps) for k in outputs}

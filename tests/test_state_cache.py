@@ -262,23 +262,17 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
         if losses and rng.random() < 0.3:  # between the plan and the run: hits vanish
             losses -= 1
             lost = True
-            cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
-            cluster.join(next(names))
+            cluster.replace_a_worker(names)
         for r in runs:
             store = "dir" if rng.random() < 0.5 else None  # results also go to a directory
             info = RunCache(keys, plan, persist=store)
             cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=info)])
         before = cluster.executions
-        for _ in range(10_000):
-            if all(r in cluster.done for r in runs):
-                break
-            if losses and cluster.rng.random() < 0.05:
-                losses -= 1
-                lost = True
-                cluster.lose(cluster.rng.choice(sorted(cluster.stores)))
-                cluster.join(next(names))
-                continue
-            cluster.step()
+        replaced = cluster.run_until(
+            lambda runs=runs: all(r in cluster.done for r in runs), losses, names
+        )
+        losses -= replaced
+        lost = lost or replaced > 0
         for r in runs:
             assert cluster.done.get(r) == "done", cluster.done
             assert cluster.outputs.get(r, {}) == {k: expected_value(k, deps) for k in outputs}
