@@ -566,7 +566,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             self._pull_siblings(task, worker)
 
     def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Sent ahead: its one missing input is being computed on the same worker."""
+        """Sent ahead: the inputs it misses are being computed on the same worker."""
         self._assign(task, worker)
 
     def _assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
