@@ -406,9 +406,10 @@ class SimulatedCluster:
         self.executions += 1
         self.runs_of[msg.task_id] = self.runs_of.get(msg.task_id, 0) + 1
         value = (msg.key, tuple(sorted(inputs.items(), key=repr)))
-        if msg.keep:
-            store[msg.task_id] = value
         ser = dumps(value)
+        # keep None (an output the cache keeps): kept only if too large to travel inline
+        if msg.keep or (msg.keep is None and not p.inlinable(ser)):
+            store[msg.task_id] = value
         # Small results go back inline (as real workers do) half the time here, so both
         # inline inputs and fetches from peers are exercised.
         if not msg.want_result and not (p.inlinable(ser) and self.rng.random() < 0.5):

@@ -62,9 +62,13 @@ def test_cached_results_outlive_their_run_and_a_rerun_runs_nothing():
     st_.handle([joined(W1)])
     out = run_chain(st_, 1)
     assert executes(out) == ["a", "b", "c"]
+    # The output nothing reads is kept by its worker only if too large to travel inline.
+    assert [m.keep for m in sends(out, p.Execute)] == [True, True, None]
     assert [type(i) for i in out if type(i) in (s.RunOutput, s.RunDone)] == [s.RunOutput, s.RunDone]
     assert not sends(out, p.Release)  # every result stays, the output included
-    assert st_.cache.entries == 3 and not st_.runs
+    # a and b on the worker; c (small) at the manager only
+    assert st_.cache.entries == 2 and st_.cache.at_manager == 1 and not st_.runs
+    assert {t.key: len(t.who_has) for t in st_.tasks.values()} == {"a": 1, "b": 1, "c": 0}
     assert all(t.run.id == 0 and t.state == "memory" for t in st_.tasks.values())
     info = chain(2).cache
     out = st_.handle([chain(2)._replace(cache=info)])
@@ -86,7 +90,7 @@ def test_a_changed_task_runs_alone_reading_its_cached_input():
     assert execute.key == "c" and execute.deps == (p.DepLocation(b_id, "b", ()),)
     out = finish(st_, W1, execute.task_id, dumps("c2"))
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
-    assert st_.cache.entries == 4  # a, b, c and the new c
+    assert st_.cache.entries + st_.cache.at_manager == 4  # a, b, c and the new c
 
 
 def test_a_large_cached_output_is_uploaded_from_its_holder():
@@ -110,8 +114,12 @@ def test_a_lost_worker_takes_its_entries_and_a_rerun_recomputes_them():
     st_.handle([joined(W1)])
     run_chain(st_, 1)
     st_.handle([joined(W2), s.WorkerLost(W1, "killed")])
-    assert st_.cache.entries == 0 and not st_.cache.providers and not st_.tasks
+    # a and b went with W1; c, small, is the manager's and survives
+    assert st_.cache.entries == 0 and list(st_.cache.providers) == [b"c"]
+    assert st_.cache.at_manager == 1
     out = st_.handle([chain(2)])
+    assert executes(out) == [] and [type(i) for i in out] == [s.RunOutput, s.RunDone]
+    out = st_.handle([chain(3, keys={"a": b"a", "b": b"b", "c": b"c2"})])
     assert executes(out) == ["a", "b"]  # (b sent ahead behind a)
 
 
@@ -183,11 +191,21 @@ def test_results_go_to_the_disk_store_when_the_run_has_one():
 
 def test_eviction_keeps_each_worker_under_its_budget():
     st_ = s.SchedulerState(chain_ahead=0)
-    st_.cache_worker_bytes = 250  # each result is 100 bytes
+    st_.cache_worker_bytes = 150  # each result is 100 bytes
     st_.handle([joined(W1)])
     out = run_chain(st_, 1)
-    assert st_.cache.entries == 2 and st_.cache.nbytes == 200
+    assert st_.cache.entries == 1 and st_.cache.nbytes == 100  # b (c is the manager's)
     assert sends(out, p.Release) == [p.Release((1,))]  # a, the least recently used
+
+
+def test_eviction_keeps_the_outputs_the_manager_holds_under_its_budget():
+    st_ = s.SchedulerState(chain_ahead=0)
+    st_.cache_manager_bytes = 150  # each result is 100 bytes
+    st_.handle([joined(W1)])
+    run_chain(st_, 1)
+    run_chain(st_, 2, keys={"a": b"a", "b": b"b", "c": b"c2"})
+    assert st_.cache.at_manager == 1 and st_.cache.manager_bytes == 100
+    assert b"c" not in st_.cache.providers and b"c2" in st_.cache.providers
 
 
 def test_clear_releases_every_entry():
@@ -195,8 +213,9 @@ def test_clear_releases_every_entry():
     st_.handle([joined(W1)])
     run_chain(st_, 1)
     out = st_.handle([CacheClear()])
-    assert sorted(m.task_ids for m in sends(out, p.Release)) == [(1,), (2,), (3,)]
+    assert sorted(m.task_ids for m in sends(out, p.Release)) == [(1,), (2,)]  # (c: here)
     assert not st_.tasks and st_.cache.entries == 0 and st_.cache.clears == 1
+    assert st_.cache.at_manager == 0 and st_.cache.manager_bytes == 0
 
 
 # -- a simulated cluster: random graphs, run again and again, random losses -------------

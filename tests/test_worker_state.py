@@ -93,6 +93,21 @@ def test_an_output_nothing_reads_is_not_kept():
     assert 1 not in state.store
 
 
+def test_an_output_the_cache_keeps_stays_here_only_when_too_large_to_travel_inline():
+    state, (lib,) = make()
+    for task_id in (1, 2):
+        state.on_manager_message(execute(task_id, keep=None, want=True), 0.0)
+    # The library keeps neither live: it sends both, and the worker decides by size.
+    ((_, run),) = state.start_runnable()
+    assert [(c.keep, c.send) for c in run.calls] == [(None, True)]
+    state.on_library_reply(lib, done(1, "small"), 0.0)
+    ((_, run),) = state.start_runnable()
+    assert [(c.keep, c.send) for c in run.calls] == [(None, True)]
+    state.on_library_reply(lib, done(2, "x" * 10 * p.INLINE_BYTES), 0.0)
+    assert 1 not in state.store and 2 in state.store  # 1: the manager holds it
+    assert [m.value is not None for m in state.outbox if type(m) is p.TaskDone] == [True, True]
+
+
 def test_inputs_held_or_inline_go_with_the_call():
     state, _ = make()
     state.store.put(7, dumps("seven"))

@@ -100,18 +100,25 @@ class Cache:
         self._idle = threading.Condition()
 
     def __repr__(self) -> str:
-        return f"<Cache {self._index.entries} results on workers, {len(self._stores)} dirs>"
+        index = self._index
+        return (
+            f"<Cache {index.entries} results on workers, {index.at_manager} at the manager, "
+            f"{len(self._stores)} dirs>"
+        )
 
     # -- public -------------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
-        """What is cached: results on workers (how many, bytes counting every copy) and,
-        per cache directory this manager used, its entries, bytes and limit."""
+        """What is cached: results on workers (how many, bytes counting every copy),
+        small outputs only the manager holds and, per cache directory this manager used,
+        its entries, bytes and limit."""
         stores = list(self._stores.values())
         if not stores and self._default_dir is not None:
             stores = [self.store(self._default_dir)]
+        index = self._index
         return {
-            "workers": {"entries": self._index.entries, "bytes": self._index.nbytes},
+            "workers": {"entries": index.entries, "bytes": index.nbytes},
+            "manager": {"entries": index.at_manager, "bytes": index.manager_bytes},
             "disk": [store.info() for store in stores],
         }
 

@@ -195,8 +195,10 @@ class Execute(NamedTuple):
     want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
     run_id: int = 0  #: its run, when the run has a ``RunConfig``; 0: the defaults
     #: keep the result for later tasks; False for an output nothing else reads (the
-    #: manager then sends no ``Release`` for it)
-    keep: bool = True
+    #: manager then sends no ``Release`` for it); None for such an output the cache
+    #: keeps: kept only when too large to travel inline (``inlinable``), else the
+    #: manager holds the value it received
+    keep: bool | None = True
 
 
 class RunConfig(NamedTuple):
@@ -586,7 +588,7 @@ def _execute_ok(m: Any) -> bool:
         and type(deps) is tuple
         and type(want_result) is bool
         and type(run_id) is int
-        and type(keep) is bool
+        and (keep is None or type(keep) is bool)
         and (type(key) is str or _key(key) is None)
     ):
         return False

@@ -344,6 +344,8 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
+        if task.unread is None:  # (the cache's) its worker kept it only if too large
+            task.unread = task.value is not None
         self.durations.observe(task.prefix, msg.duration)
         if task.sent_idle:
             worker.round_trip.observe(max(0.0, self.now - task.sent_at - msg.duration))
@@ -596,7 +598,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             worker,
             p.Execute(
                 task.id, task.key, task.payload, deps, task.is_output, config_id,
-                not task.unread,
+                None if task.unread is None else not task.unread,
             ),
         )  # fmt: skip
         if run.watched:

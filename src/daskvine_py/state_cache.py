@@ -50,6 +50,8 @@ CACHE_RUN_ID = 0
 #: Cached bytes each worker keeps by default (all runs' entries; spilled past ``--memory``
 #: like any result). More reuses more; less leaves the worker's memory and disk to runs.
 CACHE_WORKER_BYTES = 2 * 2**30
+#: Bytes of small cached outputs the manager keeps itself (their workers keep no copy).
+CACHE_MANAGER_BYTES = 256 * 2**20
 #: Durations remembered per cache key (for "time saved"); past it they are forgotten.
 MAX_SECONDS = 1_000_000
 
@@ -103,7 +105,8 @@ class CacheIndex:
     (single dict lookups and ints, atomic under the GIL) to plan a run; the state
     re-checks everything when the run arrives."""
 
-    __slots__ = ("providers", "seconds", "entries", "nbytes", "clears")
+    __slots__ = ("providers", "seconds", "entries", "nbytes", "at_manager", "manager_bytes",
+                 "clears")  # fmt: skip
 
     def __init__(self) -> None:
         #: cache key -> the live record of its result (cached, or in a run)
@@ -113,6 +116,9 @@ class CacheIndex:
         #: cached results on workers (adopted), and their bytes counting every copy
         self.entries = 0
         self.nbytes = 0
+        #: small cached outputs only the manager holds, and their bytes
+        self.at_manager = 0
+        self.manager_bytes = 0
         #: ``CacheClear`` events handled so far
         self.clears = 0
 
@@ -157,17 +163,24 @@ class CacheHandling:
     _recompute: Any
     _drop_run: Any
 
-    def _init_cache(self, worker_bytes: int = CACHE_WORKER_BYTES) -> None:
+    def _init_cache(
+        self, worker_bytes: int = CACHE_WORKER_BYTES, manager_bytes: int = CACHE_MANAGER_BYTES
+    ) -> None:
         #: what other threads may read (see ``CacheIndex``)
         self.cache = CacheIndex()
         #: cached bytes each worker keeps before the least recently used are released
         self.cache_worker_bytes = worker_bytes
+        #: bytes of small cached outputs the manager keeps (no worker holds them)
+        self.cache_manager_bytes = manager_bytes
         self._cache_runs: dict[int, _CacheRun] = {}
         self._cache_owner = RunRecord(CACHE_RUN_ID, 0, ())
         #: adopted results, least recently used first (a dict as ordered set)
         self._cache_lru: dict[TaskRecord, None] = {}
         #: bytes of adopted results per holder (copies made after adoption not counted)
         self._cache_held: dict[WorkerRecord, int] = {}
+        #: adopted results only the manager holds (small outputs), with their bytes
+        self._cache_at_manager: dict[TaskRecord, int] = {}
+        self._cache_manager_held = 0
         #: bytes of providers' results kept for the cache while their runs go on, per
         #: worker, and the (worker, bytes) each provider counts there
         self._cache_retained: dict[WorkerRecord, int] = {}
@@ -195,25 +208,31 @@ class CacheHandling:
         if crun is None:
             return
         info = crun.info
+        keys, plan = info.keys, info.plan
         providers = self.cache.providers
+        tasks = self.tasks
         relinked: dict[TaskRecord, None] = {}  # readers that now read a provider
         touched: dict[TaskRecord, None] = {}  # the hits they read it for
         revive: list[TaskRecord] = []
         for _, record in added:
-            if self.runs.get(run.id) is not run:
-                return  # every output was delivered: the run is over
             # A planned reader count may be short (lineage revived later reads what the
-            # plan skipped): outputs are kept by their workers like any result.
+            # plan skipped): outputs are kept like any result. An output nothing reads
+            # that the cache keeps (below) is kept where it ends up: small, at the manager.
+            unread = record.unread
             record.unread = False
             key = record.key
-            ck = info.keys.get(key)
+            ck = keys.get(key)
             provider = providers.get(ck) if ck is not None else None
-            if provider is not None and self.tasks.get(provider.id) is provider:
-                self._cache_link(crun, record, provider, converted=key not in info.plan)
+            if provider is not None and tasks.get(provider.id) is provider:
+                self._cache_link(crun, record, provider, converted=key not in plan)
+                if self.runs.get(run.id) is not run:
+                    return  # every output was delivered: the run is over
                 continue
-            status = info.plan.get(key)
+            status = plan.get(key) if plan else None
             if status == "disk":
                 self._cache_preload(crun, record, info.values[key])
+                if self.runs.get(run.id) is not run:
+                    return
             elif status is not None:  # skipped, or a predicted hit whose provider went
                 self._transition(record, "released")
                 if record.waiters or record.is_output:
@@ -221,6 +240,8 @@ class CacheHandling:
             else:
                 if ck is not None:
                     self._cache_provide(crun, record, ck)
+                    if unread:
+                        record.unread = None
                 if crun.link and self._cache_read_links(crun, record, touched, count=True):
                     relinked[record] = None
         for hit in touched:
@@ -242,15 +263,24 @@ class CacheHandling:
         if len(seconds) >= MAX_SECONDS:
             seconds.clear()
         seconds[ck] = msg.duration
-        if self._cache_key_of.get(task) is None:
+        if task not in self._cache_key_of:
             return  # not a provider (lineage of a lost hit): not kept
         store = crun.info.persist
+        if task.unread:
+            # A small output its worker did not keep: the manager holds it (``value``).
+            for record in self._awaiting.pop(task.id, ()):
+                self._cache_deliver(record, msg.value, msg.value.nbytes)
+            if store is not None:
+                self._out.append(CacheWrite(store, ck, msg.value, msg.duration))
+            return
         # No room on its worker: not kept there, but held until it reached the directory.
         uploading = store is not None and msg.value is None
         if not self._cache_retain(task, worker, hold=uploading) and not uploading:
             if store is not None:
                 self._out.append(CacheWrite(store, ck, msg.value, msg.duration))
             return
+        if store is None and not self._awaiting:
+            return  # (the usual case: nothing waits for its value)
         waiting = self._awaiting.get(task.id)
         if msg.value is not None:
             if waiting:
@@ -333,6 +363,31 @@ class CacheHandling:
         if crun is None:
             return
         self._cache_stats(run, crun)
+        if crun.read:  # only a provider read can be another run's record
+            self._cache_unlink_readers(run)
+        for provider_id, waiting in list(self._awaiting.items()):
+            waiting[:] = [r for r in waiting if r.run is not run]
+            if not waiting:
+                del self._awaiting[provider_id]
+        providers = self.cache.providers
+        retaining = self._cache_retaining
+        for record in crun.provided:
+            if record in retaining:
+                self._cache_unretain(record)
+            ck = self._cache_key_of.get(record)
+            current = ck is not None and providers.get(ck) is record
+            if current and record.state == "memory" and (record.who_has or record.unread):
+                self._cache_adopt(record, run)
+                continue
+            if current:
+                del providers[ck]
+            self._cache_key_of.pop(record, None)
+            self._persist.pop(record.id, None)
+            self._cache_switch(record, dropping=run)  # other runs' readers: their lineage
+        self._cache_evict()
+
+    def _cache_unlink_readers(self, run: RunRecord) -> None:
+        """A run ends: the records of other runs its tasks read forget them as readers."""
         foreign: dict[TaskRecord, None] = {}
         for task in run.tasks.values():
             for dep in task.deps:
@@ -342,24 +397,6 @@ class CacheHandling:
                         dep.waiters -= 1
         for dep in foreign:
             dep.dependents = [d for d in dep.dependents if d.run is not run]
-        for provider_id, waiting in list(self._awaiting.items()):
-            waiting[:] = [r for r in waiting if r.run is not run]
-            if not waiting:
-                del self._awaiting[provider_id]
-        providers = self.cache.providers
-        for record in crun.provided:
-            self._cache_unretain(record)
-            ck = self._cache_key_of.get(record)
-            current = ck is not None and providers.get(ck) is record
-            if current and record.state == "memory" and record.who_has:
-                self._cache_adopt(record, run)
-                continue
-            if current:
-                del providers[ck]
-            self._cache_key_of.pop(record, None)
-            self._persist.pop(record.id, None)
-            self._cache_switch(record, dropping=run)  # other runs' readers: their lineage
-        self._cache_evict()
 
     # -- events -----------------------------------------------------------------------
 
@@ -384,13 +421,14 @@ class CacheHandling:
         """Count a provider's result against its worker's budget (older cached results
         make room first); when there is none, it is not kept (``hold``: until it has
         been uploaded for the cache directory): whether it is."""
-        self._cache_unretain(record)  # (computed again after a loss)
+        if record in self._cache_retaining:
+            self._cache_unretain(record)  # (computed again after a loss)
         retained = self._cache_retained
         nbytes = record.nbytes
-        retained[worker] = retained.get(worker, 0) + nbytes
+        retained[worker] = total = retained.get(worker, 0) + nbytes
         self._cache_retaining[record] = (worker, nbytes)
         limit = self.cache_worker_bytes
-        if self._cache_held.get(worker, 0) + retained[worker] <= limit:
+        if self._cache_held.get(worker, 0) + total <= limit:
             return True
         if self._cache_held.get(worker, 0):
             self._cache_evict()
@@ -620,14 +658,22 @@ class CacheHandling:
         del run.tasks[record.key]
         record.run = self._cache_owner
         record.deps = []
-        record.dependents = [
-            d for d in record.dependents if d.run is not run and d.state != "forgotten"
-        ]
-        record.waiters = 1 + sum(1 for d in record.dependents if d.state in _ACTIVE)
+        if record.dependents:  # readers in other runs still going
+            record.dependents = [
+                d for d in record.dependents if d.run is not run and d.state != "forgotten"
+            ]
+            record.waiters = 1 + sum(1 for d in record.dependents if d.state in _ACTIVE)
+        else:
+            record.waiters = 1
+        at_manager = record.unread is True  # a small output its worker did not keep
         record.is_output = record.delivered = record.unread = False
         record.payload = b""
         record.functions = ()
         self._cache_lru[record] = None
+        if at_manager:
+            self._cache_at_manager[record] = record.nbytes
+            self._cache_manager_held += record.nbytes
+            return
         held = self._cache_held
         for worker in record.who_has:
             held[worker] = held.get(worker, 0) + record.nbytes
@@ -637,6 +683,7 @@ class CacheHandling:
         self._cache_switch(record)
         if self._cache_lru.pop(record, False) is None:
             self._cache_unhold(record, record.who_has)
+            self._cache_manager_held -= self._cache_at_manager.pop(record, 0)
         self._persist.pop(record.id, None)
         self._uploads.pop(record.id, None)
         ck = self._cache_key_of.pop(record, None)
@@ -666,6 +713,8 @@ class CacheHandling:
         def used(worker: WorkerRecord) -> int:
             return held.get(worker, 0) + retained.get(worker, 0)
 
+        if self._cache_manager_held > self.cache_manager_bytes:
+            self._cache_evict_at_manager()
         over = {worker for worker in held if used(worker) > limit}
         for record in list(self._cache_lru) if over else ():
             if not over:
@@ -686,25 +735,43 @@ class CacheHandling:
             over = {w for w in over if used(w) > limit and held.get(w, 0)}
         self._cache_publish()
 
+    def _cache_evict_at_manager(self) -> None:
+        """Forget the least recently used of the small outputs the manager holds until
+        they fit ``cache_manager_bytes``."""
+        for record in [r for r in self._cache_lru if r in self._cache_at_manager]:
+            if self._cache_manager_held <= self.cache_manager_bytes:
+                return
+            if record.waiters <= 1 and record.id not in self._awaiting:  # (else read now)
+                self._cache_forget(record)
+
     def _cache_publish(self) -> None:
         held = self._cache_held
         for counts in (held, self._cache_retained):
             for worker in [w for w in counts if self.workers.get(w.id) is not w]:
                 del counts[worker]
-        self.cache.entries = len(self._cache_lru)
-        self.cache.nbytes = sum(self._cache_held.values())
+        index = self.cache
+        index.at_manager = len(self._cache_at_manager)
+        index.manager_bytes = self._cache_manager_held
+        index.entries = len(self._cache_lru) - index.at_manager
+        index.nbytes = sum(self._cache_held.values())
 
     def _cache_stats(self, run: RunRecord, crun: _CacheRun) -> None:
         info = crun.info
         seconds = self.cache.seconds
-        # (a list at once: the caller's thread may still add keys of a run that failed)
-        keyed = [(k, ck) for k, ck in list(info.keys.items()) if ck is not None]
-        not_run = [(k, ck) for k, ck in keyed if k not in crun.ran]
-        saved = sum(seconds.get(ck, info.seconds.get(k, 0.0)) for k, ck in not_run)
+        # (a copy at once: the caller's thread may still add keys of a run that failed)
+        keys = info.keys.copy()
+        keyed = len(keys) - list(keys.values()).count(None)
+        ran = crun.ran
+        hits = saved = 0
+        if keyed > len(ran):  # (a first run computes every key: nothing to add up)
+            for k, ck in keys.items():
+                if ck is not None and k not in ran:
+                    hits += 1
+                    saved += seconds.get(ck, info.seconds.get(k, 0.0))
         info.stats = {
-            "hits": len(not_run),
-            "misses": len(crun.ran),
-            "uncached": max(0, len(run.tasks) - len(keyed)),
+            "hits": hits,
+            "misses": len(ran),
+            "uncached": max(0, len(run.tasks) - keyed),
             "tasks_run": crun.ran_count,
             "bytes_reused": crun.reused + sum(r.nbytes for r in crun.read),
             "seconds_saved": saved,

@@ -92,7 +92,7 @@ class Locality:
         worker's saturation. A strictly linear chain goes further (``chain_ahead`` more):
         it runs in order anyway, so handing it to one worker whole costs no parallelism.
         """
-        if worker.full:
+        if worker.full or task.unread is None:  # (a cached output: maybe not kept there)
             return
         while True:
             follower = next((d for d in task.dependents if _behind(d, worker)), None)
@@ -117,4 +117,7 @@ def _behind(task: TaskRecord, worker: WorkerRecord) -> bool:
         return True
     if missing > SIBLING_INPUTS or len(task.deps) > SIBLING_INPUTS:
         return False
-    return all(dep.state == "memory" or dep.worker is worker for dep in task.deps)
+    return all(
+        dep.state == "memory" or (dep.worker is worker and dep.unread is not None)
+        for dep in task.deps
+    )

@@ -141,8 +141,10 @@ class TaskRecord:
         #: the worker it is processing on
         self.worker: WorkerRecord | None = None
         self.is_output = False
-        #: an output no task of its run reads: its worker sends the value and keeps no copy
-        self.unread = False
+        #: an output no task of its run reads: its worker sends the value and keeps no
+        #: copy; None (an output the cache keeps): its worker keeps it only when it is too
+        #: large to travel inline, else the manager holds it (settled in ``TaskDone``)
+        self.unread: bool | None = False
         #: the value reached the manager (outputs only)
         self.delivered = False
         #: runs that ended in a crash or a lost worker

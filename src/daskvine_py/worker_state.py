@@ -649,7 +649,11 @@ class WorkerState(LiveHandling):
         if kind is library.Done:
             task_id, value, duration, nbytes, live, serialization = reply
             self.recent_duration.observe(duration)
-            if task.keep:
+            keep = task.keep
+            if keep is None:  # (the cache's outputs) kept when too large to travel inline
+                keep = value is not None and not p.inlinable(value)
+                live = False  # (the library kept nothing: ``Call.keep`` was None)
+            if keep:
                 if live and lib is not None:
                     self.live.add(task_id, lib, nbytes)
                 if value is not None:
