@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.errors import GraphCycleError
-from daskvine_py.graph import build_plan, flatten_keys, pack_results
+from daskvine_py.graph import build_plan, flatten_keys, pack_results, prioritized
 
 
 def inc(x):
@@ -321,3 +321,25 @@ def test_unfusable_keys_stay_tasks_of_their_own():
     for key in plan.order:
         values[key] = plan.nodes[key]({d: values[d] for d in plan.dependencies[key]})
     assert values["e"] == dask.get(dsk, "e")
+
+
+def test_a_cached_run_orders_only_the_tasks_it_runs_the_others_rank_after():
+    x = da.ones((8, 8), chunks=2)
+    y = ((x + x.T).sum(axis=0) * 2).sum()
+    graph, keys = y.__dask_graph__(), y.__dask_keys__()
+    unordered = build_plan(graph, keys, fuse=False, order=False)
+    assert unordered.priorities == {k: i for i, k in enumerate(unordered.order)}
+    # What a rerun runs: the last stages (their inputs are the cache's hits).
+    running = set(list(unordered.order)[len(unordered.order) // 2 :])
+    with mock.patch("daskvine_py.graph.order", wraps=dask.order.order) as ordering:
+        plan = prioritized(unordered, running)
+    assert ordering.call_count == 1  # (the part has shared inputs: dask.order ranks it)
+    assert plan.order == unordered.order  # submitted inputs first, as before
+    worst_running = max(plan.priorities[k] for k in running)
+    assert all(plan.priorities[k] > worst_running for k in plan.nodes if k not in running)
+    for key in running:  # dask.order's ranks among them: every input before its reader
+        for dep in plan.dependencies[key] & running:
+            assert plan.priorities[dep] < plan.priorities[key]
+    # Ordered whole, it is build_plan's order.
+    whole = build_plan(graph, keys, fuse=False)
+    assert prioritized(unordered).priorities == whole.priorities

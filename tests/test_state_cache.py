@@ -137,6 +137,31 @@ def test_an_entry_lost_while_a_run_reads_it_is_recomputed_from_that_runs_lineage
     assert [type(i) for i in everything if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
 
 
+def test_a_task_submitted_without_its_payload_gets_it_when_lineage_needs_it():
+    st_ = s.SchedulerState(chain_ahead=0)
+    st_.handle([joined(W1), joined(W2)])
+    run_chain(st_, 1)
+    made = []
+
+    def encode(key):
+        made.append(key)
+        return b"late-" + key.encode(), (b"f",), {b"f": b"code"}
+
+    keys, plan = {"a": b"a", "b": b"b", "c": b"c2"}, {"a": "skip", "b": "hit"}
+    run = chain(2, keys=keys)
+    tasks = [t._replace(payload=b"") if t.key in plan else t for t in run.tasks]
+    info = RunCache(keys, plan, deferred=frozenset(plan), encode=encode)
+    out = st_.handle([run._replace(tasks=tasks, cache=info)])
+    assert executes(out) == ["c"] and made == []  # b hit: nothing made
+    out = st_.handle([s.WorkerLost(W1, "killed")])  # b is gone: its lineage runs
+    everything = out + drive(st_, out, W2)
+    assert [(m.key, m.payload) for m in sends(everything, p.Execute)] == [
+        ("a", b"late-a"), ("b", b"late-b"), ("c", b"pc"),
+    ]  # fmt: skip
+    assert sorted(made) == ["a", "b"]
+    assert sends(everything, p.Function) == [p.Function(b"f", b"code")]  # once per worker
+
+
 def test_two_concurrent_runs_compute_each_task_once():
     st_ = s.SchedulerState(chain_ahead=0)
     st_.handle([joined(W1)])
@@ -243,6 +268,8 @@ class CachingCluster(SimulatedCluster):
 
     def deliver(self, worker, message):
         if type(message) is p.Execute:
+            # A task submitted without its payload got it before it was sent.
+            assert message.payload == b"p:" + message.key.encode(), message
             self.keys_by_id = getattr(self, "keys_by_id", {})
             self.keys_by_id[message.task_id] = message.key
         if type(message) is p.Upload and worker in self.stores:
@@ -276,7 +303,9 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
         # planned as the manager plans it, from what the state shows before either.
         runs = [run_id * 10, run_id * 10 + 1] if rng.random() < 0.3 else [run_id * 10]
         plan, readers = plan_run(deps, outputs, keys, cluster.state.cache.providers)
-        tasks = [s.NewTask(k, b"", (), deps[k], i, dependents=readers.get(k, 0))
+        # Tasks predicted not to run come without their payloads (``RunCache.deferred``).
+        tasks = [s.NewTask(k, b"" if k in plan else b"p:" + k.encode(), (), deps[k], i,
+                           dependents=readers.get(k, 0))
                  for i, k in enumerate(deps)]  # fmt: skip
         if losses and rng.random() < 0.3:  # between the plan and the run: hits vanish
             losses -= 1
@@ -284,7 +313,8 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
             cluster.replace_a_worker(names)
         for r in runs:
             store = "dir" if rng.random() < 0.5 else None  # results also go to a directory
-            info = RunCache(keys, plan, persist=store)
+            info = RunCache(keys, plan, persist=store, deferred=frozenset(plan),
+                            encode=lambda key: (b"p:" + key.encode(), (), {}))  # fmt: skip
             cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=info)])
         before = cluster.executions
         replaced = cluster.run_until(

@@ -29,7 +29,7 @@ from typing import Any
 
 from .cache_keys import KeyMaker, annotated_off, code_digests, task_keys
 from .cache_store import DiskStore
-from .graph import Plan
+from .graph import Plan, prioritized
 from .serialize import Serialized, TaskEncoder
 from .state_cache import CacheClear, CacheIndex, CacheWrite, RunCache
 
@@ -39,21 +39,24 @@ Key = Hashable
 
 
 class CachedRun:
-    """What ``get`` needs of the cache for one run: the plan for the state, the readers
-    to count (None: the plan's own), the run's encoder, and, for a run keyed as it is
-    submitted, ``add_key(key, node)`` to call before each task's submission."""
+    """What ``get`` needs of the cache for one run: the plan for the state, the run's
+    plan (ordered), the readers to count (None: the plan's own), the run's encoder, and,
+    for a run keyed as it is submitted, ``add_key(key, node)`` to call before each
+    task's submission."""
 
-    __slots__ = ("info", "readers", "encoder", "_maker", "_off")
+    __slots__ = ("info", "plan", "readers", "encoder", "_maker", "_off")
 
     def __init__(
         self,
         info: RunCache,
+        plan: Plan,
         readers: dict[Key, int] | None,
         encoder: TaskEncoder,
         maker: KeyMaker | None,
         off: set[Key],
     ) -> None:
         self.info = info
+        self.plan = plan
         self.readers = readers
         self.encoder = encoder
         self._maker = maker
@@ -155,12 +158,16 @@ class Cache:
     def prepare(
         self, plan: Plan, dsk: Any, cache_dir: str | os.PathLike | None, encoder: TaskEncoder
     ) -> CachedRun:
-        """The run's cache plan, and how many tasks that run read each key (what the
-        state counts as readers).
+        """The run's cache plan, how many tasks that run read each key (what the state
+        counts as readers), and ``plan`` ordered (given unordered: ``build_plan(...,
+        order=False)``).
 
         When nothing could hit (no result on any worker, none in the directory: a first
         run), nothing is planned and keys are computed as the tasks are submitted, so the
         workers start on the first part while the caller's thread hashes the next.
+        Otherwise only the tasks that run are ordered (``dask.order``), and the others
+        are submitted without their payloads (``RunCache.deferred``): an unchanged rerun
+        pickles nothing.
         """
         maker = KeyMaker(encoder, self._digests)
         off = annotated_off(dsk)
@@ -170,7 +177,8 @@ class Cache:
             store.refresh()
         providers = self._index.providers
         if not providers and (store is None or not len(store)):
-            return CachedRun(RunCache(maker.keys, persist=store), None, encoder, maker, off)
+            info = RunCache(maker.keys, persist=store)
+            return CachedRun(info, prioritized(plan), None, encoder, maker, off)
         keys = task_keys(plan, maker, off)
         status: dict[Key, str] = {}
         values: dict[Key, Serialized] = {}
@@ -194,8 +202,9 @@ class Cache:
             for dep in dependencies[key]:
                 needed.add(dep)
                 readers[dep] = readers.get(dep, 0) + 1
-        info = RunCache(keys, status, values, seconds, store)
-        return CachedRun(info, readers, encoder, None, off)
+        info = RunCache(keys, status, values, seconds, store, deferred=frozenset(status))
+        running = {key for key in plan.order if key not in status}
+        return CachedRun(info, prioritized(plan, running), readers, encoder, None, off)
 
     def write(self, instruction: CacheWrite) -> None:
         """Queue a result for its directory (the I/O thread calls this: it never waits)."""

@@ -16,8 +16,9 @@ Everything here is pure: no sockets, no processes, no serialization.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Callable, Container, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,10 +189,11 @@ def build_plan(
     rewrite: Rewrite | None = None,
     fuse: bool = True,
     unfusable: Container[Key] = (),
+    order: bool = True,
 ) -> Plan:
     """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, ``fuse`` its
     linear chains (``fusion.fuse_chains``; ``unfusable`` keys stay tasks of their own),
-    and order it.
+    and ``order`` it (``prioritized``; else its priorities are its depth-first order).
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
@@ -217,17 +219,51 @@ def build_plan(
         if fused is not nodes:
             nodes = fused
             topological = [key for key in topological if key in nodes]
-    # Independent tasks, and trees where every result has one reader, need no ordering
-    # beyond the depth-first walk's, which finishes each subtree before the next one
-    # (dask.order would spend some 5-20 µs a task finding that out).
-    if 1 < len(nodes) <= DASK_ORDER_LIMIT and max(readers.values(), default=0) > 1:
-        # dask.order reads the tasks themselves: it gets legacy tuples as they were.
-        graph = {k: _as_dask_task(k, v, dependencies[k]) for k, v in nodes.items()}
-        priorities = order(graph, dependencies=dict(dependencies))
-        topological = sorted(nodes, key=priorities.__getitem__)
-    else:
-        priorities = {key: i for i, key in enumerate(topological)}
-    return Plan(nodes, dependencies, outputs, priorities, keys, topological, readers)
+    priorities = {key: i for i, key in enumerate(topological)}
+    plan = Plan(nodes, dependencies, outputs, priorities, keys, topological, readers)
+    return prioritized(plan) if order else plan
+
+
+def prioritized(plan: Plan, running: Collection[Key] | None = None) -> Plan:
+    """``plan`` with ``dask.order``'s priorities, and its keys in that order.
+
+    ``running``: only these tasks are ordered (those a cached run computes); the others
+    (results the cache has, kept as lineage) rank after them in the plan's order, which
+    stays the depth-first one (every key after its dependencies).
+    """
+    nodes, dependencies = plan.nodes, plan.dependencies
+    if running is not None and len(running) < len(nodes):
+        deps = {key: dependencies[key] & running for key in running}
+        readers: dict[Key, int] = {}
+        for found in deps.values():
+            for dep in found:
+                readers[dep] = readers.get(dep, 0) + 1
+        ranks = _dask_order({key: nodes[key] for key in running}, deps, readers)
+        if ranks is None:
+            ranks = {key: i for i, key in enumerate(k for k in plan.order if k in running)}
+        after = len(ranks)
+        priorities = {key: ranks.get(key, after + i) for i, key in enumerate(plan.order)}
+        return dataclasses.replace(plan, priorities=priorities)
+    ranks = _dask_order(nodes, dependencies, plan.dependents)
+    if ranks is None:
+        return plan
+    return dataclasses.replace(plan, priorities=ranks, order=sorted(nodes, key=ranks.__getitem__))
+
+
+def _dask_order(
+    nodes: Mapping[Key, Any], dependencies: Mapping[Key, frozenset[Key]], readers: Mapping[Key, int]
+) -> dict[Key, int] | None:
+    """``dask.order``'s priorities; None where the depth-first order does as well.
+
+    Independent tasks, and trees where every result has one reader, need no ordering
+    beyond the depth-first walk's, which finishes each subtree before the next one
+    (dask.order would spend some 5-20 µs a task finding that out).
+    """
+    if not 1 < len(nodes) <= DASK_ORDER_LIMIT or max(readers.values(), default=0) <= 1:
+        return None
+    # dask.order reads the tasks themselves: it gets legacy tuples as they were.
+    graph = {k: _as_dask_task(k, v, dependencies[k]) for k, v in nodes.items()}
+    return order(graph, dependencies=dict(dependencies))
 
 
 def _as_dask_task(key: Key, node: Any, dependencies: frozenset[Key]) -> Any:

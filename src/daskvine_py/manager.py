@@ -332,18 +332,22 @@ class Manager:
         fuse = not caching if run_options.fuse is None else run_options.fuse
         if caching and fuse:
             unfusable |= annotated_off(dsk)  # dask.annotate(cache=False): run on their own
-        plan = build_plan(dsk, keys, rewrite, fuse=fuse, unfusable=unfusable)
+        # A cached run orders only the tasks it will run, once it knows which.
+        plan = build_plan(dsk, keys, rewrite, fuse=fuse, unfusable=unfusable, order=not caching)
         if not plan.outputs:
             return pack_results(plan.structure, {})
+        cached = None  # the cache's plan (``cache.Cache.prepare``)
+        if caching:
+            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
+            plan = cached.plan
+            if cached.info.deferred:  # hits' payloads: made only if lineage needs them
+                cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
         settings = None
         if annotated:
             priorities, settings = annotations.settle(annotated, plan.nodes)
             if priorities:
                 order = annotations.reprioritize(plan.priorities, priorities)
                 plan = dataclasses.replace(plan, priorities=order)
-        cached = None  # the cache's plan (``cache.Cache.prepare``)
-        if caching:
-            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
         run = Run(next(self._run_ids))
         run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
         if run_options.report is not None or run_options.event_log is not None:
@@ -449,10 +453,14 @@ class Manager:
         part: list[s.NewTask] = []
         first = True
         dependents = plan.dependents if cached is None or cached.readers is None else cached.readers
+        deferred = cache.deferred if cache is not None else frozenset()
         for key in plan.order:
             if add_key is not None:
                 add_key(key, plan.nodes[key])
-            payload, functions = _encode_task(encoder, key, plan.nodes[key])
+            if key in deferred:
+                payload, functions = b"", ()
+            else:
+                payload, functions = _encode_task(encoder, key, plan.nodes[key])
             deps = tuple(plan.dependencies[key])
             prefix, readers = key_split(key), dependents.get(key, 0)
             part.append(
@@ -657,6 +665,16 @@ def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tupl
             for link, link_node in node.links:
                 _encode_task(encoder, link, link_node)
         raise SerializationError(key, "the function or arguments", repr(exc)) from exc
+
+
+def _deferred_payload(
+    encoder: TaskEncoder, plan: Plan, key: Any
+) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
+    """A task's payload, function ids and the bytes of those functions, made in the I/O
+    thread (with an encoder of its own) when the lineage of a lost cached result needs
+    a task submitted without its payload."""
+    payload, functions = _encode_task(encoder, key, plan.nodes[key])
+    return payload, functions, {fid: encoder.functions[fid] for fid in functions}
 
 
 def _run_error(failure: s.RunFailed | BaseException) -> BaseException:

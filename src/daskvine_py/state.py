@@ -479,6 +479,8 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                         stack.append(dep)
             task.missing = missing
             self.recomputed += 1
+            if not task.payload and self._cache_runs:
+                self._cache_payload(task)  # submitted without it: lineage needs it now
             self._transition(task, "ready" if missing == 0 else "waiting")
 
     @staticmethod

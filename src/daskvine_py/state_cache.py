@@ -35,7 +35,7 @@ Every run's ``RunCache.stats`` is filled when the run is dropped, before the cal
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from . import protocol as p
@@ -57,12 +57,15 @@ MAX_SECONDS = 1_000_000
 
 _ACTIVE = frozenset({"waiting", "ready", "processing"})
 
+#: A deferred task's payload, made when needed: key -> payload, function ids, their bytes.
+Encode = Callable[[Key], tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]]
+
 
 class RunCache:
     """One run's cache plan, made in the caller's thread (``cache.Cache.prepare``) and
     read by the state, and the numbers the state writes back when the run is dropped."""
 
-    __slots__ = ("keys", "plan", "values", "seconds", "persist", "stats")
+    __slots__ = ("keys", "plan", "values", "seconds", "persist", "deferred", "encode", "stats")
 
     def __init__(
         self,
@@ -71,6 +74,8 @@ class RunCache:
         values: dict[Key, Serialized] | None = None,
         seconds: dict[Key, float] | None = None,
         persist: Any = None,
+        deferred: frozenset[Key] = frozenset(),
+        encode: Encode | None = None,
     ) -> None:
         #: cache key of every task (None, or absent: not cacheable, it always runs); a run
         #: keyed as it is submitted gets them part by part, before each part arrives
@@ -83,6 +88,11 @@ class RunCache:
         self.seconds = seconds or {}
         #: where results go on disk (opaque here: ``CacheWrite.store``); None: nowhere
         self.persist = persist
+        #: tasks submitted without their payload (predicted not to run), and how to make
+        #: one should lineage need it: ``encode(key)`` -> payload, function ids, and
+        #: those functions' bytes
+        self.deferred = deferred
+        self.encode = encode
         #: hits, misses, uncached, tasks_run, bytes_reused, seconds_saved (``RunInfo.cache``)
         self.stats: dict[str, Any] = {}
 
@@ -583,6 +593,15 @@ class CacheHandling:
         if not run.undelivered:
             self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
             self._drop_run(run)
+
+    def _cache_payload(self, task: TaskRecord) -> None:
+        """A task submitted without its payload (``RunCache.deferred``) is to run after
+        all (lineage): make its payload now."""
+        crun = self._cache_runs.get(task.run.id)
+        if crun is None or crun.info.encode is None or task.key not in crun.info.deferred:
+            return
+        task.payload, task.functions, functions = crun.info.encode(task.key)
+        task.run.functions.update(functions)
 
     def _cache_revive(self, record: TaskRecord) -> None:
         """A record that stood for a result it can no longer have: compute it from its
