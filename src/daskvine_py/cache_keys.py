@@ -52,7 +52,7 @@ from .cache_walk import (
     is_uncached,
 )
 from .fusion import Chain
-from .graph import LegacyCall, Plan
+from .graph import LegacyCall, Plan, convert
 from .serialize import TaskEncoder
 
 Key = Hashable
@@ -321,6 +321,8 @@ class KeyMaker(KeyWalker):
         except (KeyError, ValueError):
             raise Uncacheable("an unknown repack") from None
         try:
+            names = {*graph, token}  # (before Dask 2025.2, legacy tasks naming them)
+            graph = {name: convert(name, task, names) for name, task in graph.items()}
             tree = self.graph_tree(graph, out, (token,), (DataNode(None, "collections"),))
         except Uncacheable:
             raise Uncacheable("a repack graph without a key") from None
