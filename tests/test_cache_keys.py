@@ -304,6 +304,29 @@ def test_an_unknown_objects_content_is_in_the_key():
     assert task_key(Box(1), "a") != task_key(Box(1), "b")
 
 
+def test_numpy_arrays_and_dtypes_are_keyed_by_dtype_shape_and_values():
+    array = np.arange(6, dtype="<i4").reshape(2, 3)
+    readonly = array.copy()
+    readonly.flags.writeable = False
+    first = task_key(array)
+    assert task_key(readonly) == first  # writeable or not: the same values
+    assert task_key(np.asfortranarray(array)) == first  # in memory another way round
+    assert task_key(array.T) == task_key(np.ascontiguousarray(array.T)) != first
+    assert task_key(array.reshape(3, 2)) != first  # the same bytes, another shape
+    assert task_key(array.astype(">i4")) != first  # another byte order
+    assert task_key(array.view("<u4")) != first  # the same bytes, another type
+    days = np.array(["2024-01-01"], dtype="M8[D]")
+    assert task_key(days) != task_key(days.astype("M8[s]"))
+    objects = np.array([1, "a", None], dtype=object)
+    assert task_key(objects) == task_key(objects.copy()) != task_key(objects[:2])
+    records = np.zeros(2, dtype=[("a", "<f8"), ("b", "<i4")])
+    renamed = np.zeros(2, dtype=[("c", "<f8"), ("b", "<i4")])
+    assert task_key(records) != task_key(renamed)
+    assert task_key(np.dtype("f8")) != task_key(np.dtype("f4"))
+    assert task_key(np.dtype("f8")) != task_key(np.dtype("f8", metadata={"unit": "m"}))
+    assert task_key(Box(array)) != task_key(Box(array + 1))
+
+
 def test_a_function_inside_a_user_object_follows_its_code(tmp_path):
     sys.path.insert(0, str(tmp_path))
     try:

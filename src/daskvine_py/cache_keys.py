@@ -119,9 +119,13 @@ def _partial(func: Any, args: tuple, kwargs: dict) -> None: ...
 def _method(func: Any, owner: Any) -> None: ...
 def _code(digest: bytes) -> None: ...
 def _set(members: tuple) -> None: ...
+def _array(dtype: str, shape: tuple, data: bytes) -> None: ...
+def _dtype(dtype: str) -> None: ...
 
 
-_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _set})
+_STAND_INS = frozenset(
+    {_ref, _call, _data, _legacy, _partial, _method, _code, _set, _array, _dtype}
+)
 
 
 class _KeyPickler(pickle.Pickler):
@@ -187,13 +191,49 @@ class _KeyPickler(pickle.Pickler):
             if obj in _STAND_INS:
                 return NotImplemented  # written by name, as any module-level function
             return _code, maker.global_reduction(obj)[1:]
-        return NotImplemented
+        numpy = _NUMPY.get(kind, _UNSEEN)
+        if numpy is _UNSEEN:
+            numpy = _NUMPY[kind] = _numpy_reduction(kind)
+        return NotImplemented if numpy is None else numpy(obj)
 
 
 _PLAIN = frozenset({int, float, bool, bytes, type(None), tuple, list, dict, complex})
 #: type -> its ``__fspath__`` (None: not a path), for ``_KeyPickler.persistent_id``
 _FSPATH: dict[type, Any] = {}
 _UNSEEN = object()
+#: type -> how the key pickler writes a NumPy array or dtype of that type (None: as pickle)
+_NUMPY: dict[type, Any] = {}
+
+
+def _numpy_reduction(kind: type) -> Any:
+    """NumPy's arrays and dtypes of fixed-size values, written as their dtype's string
+    (kind, size, byte order, unit) and their data in C order: what they hold, in a few
+    objects, where NumPy's own reduction takes some twenty hooks."""
+    np = sys.modules.get("numpy")  # (a NumPy type means NumPy is imported)
+    if np is None:
+        return None
+    if kind is np.ndarray:
+        return _reduce_array
+    if issubclass(kind, np.dtype):
+        return _reduce_dtype
+    return None
+
+
+def _plain_dtype(dtype: Any) -> bool:
+    return dtype.kind in "biufcmMSU" and dtype.names is None and dtype.metadata is None
+
+
+def _reduce_array(array: Any) -> Any:
+    if not _plain_dtype(array.dtype):
+        return NotImplemented  # (objects, records, NumPy's variable-width strings)
+    data = array if array.flags.c_contiguous else array.copy(order="C")
+    data = data.reshape(-1).view("u1")  # (datetimes have no buffer of their own)
+    data.flags.writeable = False  # (written as bytes, whether or not the array is)
+    return _array, (array.dtype.str, array.shape, pickle.PickleBuffer(data))
+
+
+def _reduce_dtype(dtype: Any) -> Any:
+    return (_dtype, (dtype.str,)) if _plain_dtype(dtype) else NotImplemented
 
 
 class KeyMaker(KeyWalker):
