@@ -123,9 +123,10 @@ def _array(dtype: str, shape: tuple, data: bytes) -> None: ...
 def _dtype(dtype: str) -> None: ...
 
 
-_STAND_INS = frozenset(
-    {_ref, _call, _data, _legacy, _partial, _method, _code, _set, _array, _dtype}
-)
+_STAND_INS = (_ref, _call, _data, _legacy, _partial, _method, _code, _set, _array, _dtype)
+#: The key pickler's memo before each object: the stand-ins are written as references to
+#: it (two bytes), not looked up and written by name each time.
+_SEEDED_MEMO = {id(stand_in): (i, stand_in) for i, stand_in in enumerate(_STAND_INS)}
 
 
 class _KeyPickler(pickle.Pickler):
@@ -299,7 +300,7 @@ class KeyMaker(KeyWalker):
         pickler = self._picklers[self._depth]
         out = pickler.out
         out.hash = hashlib.blake2b(digest_size=KEY_BYTES)
-        pickler.clear_memo()
+        pickler.memo = _SEEDED_MEMO
         pickler.read_inputs = False
         self._depth += 1
         try:

@@ -279,7 +279,11 @@ class KeyWalker:
         known = self._globals.get(id(func))
         func = known[1] if known is not None and known[0] is func else self._callable(func, depth)
         kwargs = task.kwargs
-        out = [TASK, type(task).__name__, func, self._kwargs(kwargs, depth) if kwargs else None]
+        if kwargs and (len(kwargs) > 1 or _NOT_KWARGS not in kwargs):
+            kwargs = self._kwargs(kwargs, depth)
+        else:
+            kwargs = None  # (none, or a container's constructor only)
+        out = [TASK, type(task).__name__, func, kwargs]
         keys = self.keys
         for arg in task.args:  # (``canon``, with the commonest arguments inlined)
             kind = type(arg)
@@ -331,7 +335,7 @@ class KeyWalker:
         """
         written: list[Any] = []
         scope: dict[Key, Any] = {}
-        for j, (name, value) in enumerate(zip(inkeys, inputs, strict=True)):
+        for j, (name, value) in enumerate(zip(inkeys, inputs, strict=True)) if inkeys else ():
             if type(value) is TaskRef:
                 try:
                     ref = self.ref_of(value.key)
@@ -346,12 +350,14 @@ class KeyWalker:
         scope[outkey] = (NODE, 0)
         tree: list[Any] = [GRAPH, tuple(written)]
         canon = self.canon
-        self._enter(scope, (inner, queue, scope))
+        enclosing = self._enclosing  # (``_enter`` and ``_leave``, inlined)
+        enclosing.append((self.keys, self._graph))
+        self.keys, self._graph = scope, (inner, queue, scope)
         try:
             for name in queue:  # (grows as the tasks walked read others)
                 tree.append(canon(inner[name], depth))
         finally:
-            self._leave()
+            self.keys, self._graph = enclosing.pop()
         return tuple(tree)
 
     def _ref(self, ref: TaskRef, depth: int) -> tuple:
@@ -363,7 +369,11 @@ class KeyWalker:
     def _data(self, node: DataNode, depth: int) -> tuple:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(node))
-        return (DATA, self.canon(node.value, depth + 1))
+        value = node.value
+        if type(value) is list and _SCALARS.issuperset(map(type, value)):
+            self._spend()
+            return (DATA, (LIST, *value))  # (``_sequence``, inlined: a partition)
+        return (DATA, self.canon(value, depth + 1))
 
     def _legacy(self, node: LegacyCall, depth: int) -> tuple:
         func, *args = node.task
