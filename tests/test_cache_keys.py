@@ -9,11 +9,11 @@ import operator
 import os
 import struct
 import sys
-import tempfile
 import time
 
 import dask
 import numpy as np
+import pytest
 from dask import delayed
 from dask._task_spec import Alias, Task, TaskRef
 from dask._task_spec import List as DaskList
@@ -169,6 +169,12 @@ def fresh(value):
     return value
 
 
+@pytest.fixture(scope="module")
+def empty_dir(tmp_path_factory):
+    """Where the hypothesis tests run: no string they draw names a file there."""
+    return tmp_path_factory.mktemp("empty")
+
+
 _hashables = st.recursive(
     st.none()
     | st.booleans()
@@ -196,10 +202,12 @@ _literals = st.recursive(
 @given(
     first=st.lists(_literals, max_size=3), other=st.lists(_literals, max_size=3), same=st.booleans()
 )
-def test_arguments_have_equal_keys_exactly_when_equal_in_value_and_type(first, other, same):
+def test_arguments_have_equal_keys_exactly_when_equal_in_value_and_type(
+    empty_dir, first, other, same
+):
     second = fresh(first) if same else other
     cwd = os.getcwd()
-    os.chdir(tempfile.gettempdir())  # (no string drawn names a file there)
+    os.chdir(empty_dir)  # (no string drawn names a file there)
     try:
         equal = task_key(*first) == task_key(*second)
         assert task_key(*first) is not None
@@ -252,9 +260,9 @@ def twists(value):
 
 @settings(deadline=None, max_examples=200)
 @given(value=st.lists(_literals, max_size=3))
-def test_a_change_of_type_sign_or_order_anywhere_changes_the_key(value):
+def test_a_change_of_type_sign_or_order_anywhere_changes_the_key(empty_dir, value):
     cwd = os.getcwd()
-    os.chdir(tempfile.gettempdir())
+    os.chdir(empty_dir)
     try:
         key = task_key(*value)
         for i, arg in enumerate(value):  # (the list is the arguments: its type is not)

@@ -304,8 +304,8 @@ class KeyWalker:
                 out.append(walk(self, arg, depth))
         return tuple(out)
 
-    def _kwargs(self, kwargs: dict, depth: int) -> tuple | None:
-        """A task's keyword arguments but ``constructor``, as a dict; None if none."""
+    def _kwargs(self, kwargs: dict, depth: int) -> tuple:
+        """A task's keyword arguments but ``constructor``, as a dict."""
         out: list[Any] = [DICT]
         canon = self.canon
         files = self._files
@@ -313,7 +313,7 @@ class KeyWalker:
             if name != _NOT_KWARGS:
                 out.append(name if files.get(name, False) is None else canon(name))
                 out.append(value if type(value) in _SCALARS else canon(value, depth))
-        return tuple(out) if len(out) > 1 else None
+        return tuple(out)
 
     def _fused(self, task: Any, depth: int) -> tuple:
         inner, outkey, inkeys, *inputs = task.args
@@ -335,7 +335,7 @@ class KeyWalker:
         """
         written: list[Any] = []
         scope: dict[Key, Any] = {}
-        for j, (name, value) in enumerate(zip(inkeys, inputs, strict=True)) if inkeys else ():
+        for j, (name, value) in enumerate(zip(inkeys, inputs, strict=True)):
             if type(value) is TaskRef:
                 try:
                     ref = self.ref_of(value.key)
