@@ -9,7 +9,7 @@ Layers, lowest first (a module imports only from layers below it; docs/architect
 says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sharedbuf``,
 ``fusion``, ``graph``, ``annotations``, ``config``, ``saturation``, ``pooling``,
 ``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``, ``cache_store``;
-``protocol``, ``matching``, ``rewrite``, ``cache_keys``; ``state_messages``,
+``protocol``, ``matching``, ``rewrite``, ``cache_walk``, ``cache_keys``; ``state_messages``,
 ``state_records``, ``state_failures``, ``state_constraints``, ``state_locality``,
 ``state_stealing``, ``state_cache``, ``state``, ``store``, ``fetching``, ``live``,
 ``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``,

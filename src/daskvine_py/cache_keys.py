@@ -2,8 +2,9 @@
 
 A task's key hashes its function, its literal arguments and the keys of its inputs, never
 Dask's name for it (the same name can carry different work, and ``dask.delayed`` names
-impure calls with a fresh uuid each time). The node is pickled through a pickler that
-writes, instead of what it meets:
+impure calls with a fresh uuid each time). The node is rewritten into a canonical tree of
+tuples (``cache_walk``, which says how) and that tree is pickled once, into BLAKE2b. In the
+tree, in place of what the node holds:
 
 - an input (``TaskRef``, a legacy task's argument that is a key, an ``Alias`` target): the
   input's cache key; a task without a key (not cacheable) makes its readers keyless too;
@@ -14,17 +15,18 @@ writes, instead of what it meets:
   of its cloudpickle bytes (``serialize.TaskEncoder``), which hold its code and closure;
 - a string or ``os.PathLike`` that names an existing local file: the path, its size and
   its modification time;
-- a set: its members sorted (string hashing differs between processes).
+- a set: its members sorted (string hashing differs between processes);
+- an object the walker does not know (a NumPy array, a user's class): the digest of its
+  pickle through ``_KeyPickler``, which writes the replacements above wherever it meets
+  them inside the object.
 
-Everything else is pickled as it is, and the bytes are hashed (BLAKE2b). A task is not
-cacheable when its function is marked ``uncached``, when ``dask.annotate(cache=False)``
-covers it, when it cannot be pickled, or when one of its inputs is not cacheable.
-``docs/cache.md`` lists what a key cannot see.
+A task is not cacheable when its function is marked ``uncached``, when
+``dask.annotate(cache=False)`` covers it, when it cannot be pickled, or when one of its
+inputs is not cacheable. ``docs/cache.md`` lists what a key cannot see.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import marshal
@@ -33,30 +35,38 @@ import pickle
 import stat
 import sys
 import types
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import cloudpickle
-from dask._task_spec import Alias, DataNode, Task, TaskRef, _execute_subgraph
+from dask._task_spec import Alias, DataNode, Task, TaskRef
 
+from .cache_walk import (
+    CODE,
+    FILE,
+    KEY_BYTES,
+    UNCACHED_MARK,
+    KeyWalker,
+    Uncacheable,
+    _Hasher,
+    is_uncached,
+)
 from .fusion import Chain
-from .graph import LegacyCall, Plan
+from .graph import LegacyCall, Plan, convert
 from .serialize import TaskEncoder
 
 Key = Hashable
 CacheKey = bytes
 
-#: Bumped when what a key covers changes: older keys (on disk) then simply miss. The
-#: Python version goes with it: code objects, and so code digests, differ between them.
-KEY_VERSION = b"daskvine-cache-1"
+#: Bumped when what a key covers, or how it is written, changes: older keys (on disk)
+#: then simply miss. The Python version goes with it: code objects, and so code digests,
+#: differ between them.
+KEY_VERSION = b"daskvine-cache-2"
 _SALT = KEY_VERSION + "-py{}.{}".format(*sys.version_info[:2]).encode()
-#: Digest size of a cache key, bytes.
-KEY_BYTES = 20
 #: Strings longer than this are not looked up as file names.
 MAX_PATH = 4096
 
 _F = TypeVar("_F")
-_UNCACHED_MARK = "_daskvine_uncached"
 _by_reference = getattr(cloudpickle.cloudpickle, "_should_pickle_by_reference", None)
 _STDLIB = frozenset(sys.stdlib_module_names) | {"builtins", "__main__"}
 
@@ -67,17 +77,13 @@ def uncached(func: _F) -> _F:
     if not callable(func):
         raise TypeError(f"uncached() needs a callable, not {type(func).__name__}")
     try:
-        setattr(func, _UNCACHED_MARK, True)
+        setattr(func, UNCACHED_MARK, True)
     except (AttributeError, TypeError) as exc:
         raise TypeError(
             f"cannot mark {func!r} as uncached: it takes no attributes (a builtin?); "
             "mark a plain function that calls it instead"
         ) from exc
     return func
-
-
-def is_uncached(func: Any) -> bool:
-    return getattr(func, _UNCACHED_MARK, False) is True
 
 
 def annotated_off(dsk: Any) -> set[Key]:
@@ -104,14 +110,7 @@ def annotated_off(dsk: Any) -> set[Key]:
     return off
 
 
-_MISSING = object()
-
-
-class _Uncacheable(Exception):
-    """Raised inside the key pickler: the task cannot have a key."""
-
-
-# Stand-ins written in place of what the pickler replaces; only hashed, never loaded.
+# Stand-ins the key pickler writes in place of what it replaces; only hashed, never loaded.
 def _ref(key: CacheKey) -> None: ...
 def _call(kind: str, func: Any, args: tuple, kwargs: dict) -> None: ...
 def _data(value: Any) -> None: ...
@@ -119,38 +118,36 @@ def _legacy(func: Any, args: tuple) -> None: ...
 def _partial(func: Any, args: tuple, kwargs: dict) -> None: ...
 def _method(func: Any, owner: Any) -> None: ...
 def _code(digest: bytes) -> None: ...
-def _file(path: str, size: int, mtime_ns: int) -> None: ...
 def _set(members: tuple) -> None: ...
+def _array(dtype: str, shape: tuple, data: bytes) -> None: ...
+def _dtype(dtype: str) -> None: ...
 
 
-_STAND_INS = frozenset({_ref, _call, _data, _legacy, _partial, _method, _code, _file, _set})
-
-
-class _Hasher:
-    """The file the pickler writes to: bytes go straight into the hash."""
-
-    __slots__ = ("hash",)
-
-    def __init__(self) -> None:
-        self.hash = hashlib.blake2b(digest_size=KEY_BYTES)  # replaced for every node
-
-    def write(self, data: Any) -> int:
-        self.hash.update(data)
-        return len(data)
+_STAND_INS = (_ref, _call, _data, _legacy, _partial, _method, _code, _set, _array, _dtype)
+#: The key pickler's memo before each object: the stand-ins are written as references to
+#: it (two bytes), not looked up and written by name each time.
+_SEEDED_MEMO = {id(stand_in): (i, stand_in) for i, stand_in in enumerate(_STAND_INS)}
 
 
 class _KeyPickler(pickle.Pickler):
+    """Pickles an object the walker does not know (``KeyMaker.opaque``), with the same
+    replacements (inputs, functions, files, sets) wherever it meets them inside it."""
+
     def __init__(self, maker: KeyMaker) -> None:
         self.out = _Hasher()
         super().__init__(self.out, protocol=5)
         self.maker = maker
+        self.files = maker._files
+        #: whether it wrote an input's key: what it wrote then holds in this scope only
+        self.read_inputs = False
 
     def persistent_id(self, obj: Any) -> Any:  # called for every object: cheap first
         kind = type(obj)
         if kind in _PLAIN:
             return None
         if kind is str:
-            return self.maker.file_of(obj)
+            facts = self.files.get(obj, False)
+            return self.maker.file_of(obj) if facts is False else facts
         if kind is set or kind is frozenset:
             try:
                 return (_set, tuple(sorted(obj)))
@@ -169,20 +166,23 @@ class _KeyPickler(pickle.Pickler):
         maker = self.maker
         if isinstance(obj, Task):
             if is_uncached(obj.func):
-                raise _Uncacheable(f"{obj.func!r} is marked uncached")
+                raise Uncacheable(f"{obj.func!r} is marked uncached")
             kwargs = {k: v for k, v in obj.kwargs.items() if k != "constructor"}
             return _call, (type(obj).__name__, obj.func, obj.args, kwargs)
         kind = type(obj)
         if kind is TaskRef:
-            return _ref, (maker.key_of(obj.key),)
+            self.read_inputs = True
+            return _ref, (maker.ref_of(obj.key),)
         if kind is DataNode:
             return _data, (obj.value,)
         if kind is Alias:
-            return _ref, (maker.key_of(obj.target),)
+            self.read_inputs = True
+            return _ref, (maker.ref_of(obj.target),)
         if kind is LegacyCall:
+            self.read_inputs = True
             func, *args = obj.task
             deps = obj.dependencies
-            args = tuple((_ref, maker.key_of(a)) if a in deps else a for a in args)
+            args = tuple((_ref, maker.ref_of(a)) if a in deps else a for a in args)
             return _legacy, (func, args)
         if kind is functools.partial:
             return _partial, (obj.func, obj.args, obj.keywords)
@@ -191,20 +191,53 @@ class _KeyPickler(pickle.Pickler):
         if kind is types.FunctionType or kind is type:
             if obj in _STAND_INS:
                 return NotImplemented  # written by name, as any module-level function
-            return maker.global_reduction(obj)
-        return NotImplemented
+            return _code, maker.global_reduction(obj)[1:]
+        numpy = _NUMPY.get(kind, _UNSEEN)
+        if numpy is _UNSEEN:
+            numpy = _NUMPY[kind] = _numpy_reduction(kind)
+        return NotImplemented if numpy is None else numpy(obj)
 
 
 _PLAIN = frozenset({int, float, bool, bytes, type(None), tuple, list, dict, complex})
 #: type -> its ``__fspath__`` (None: not a path), for ``_KeyPickler.persistent_id``
 _FSPATH: dict[type, Any] = {}
 _UNSEEN = object()
-#: Arguments of a legacy task hashed as they are (``KeyMaker._legacy_key``).
-_SCALARS = frozenset({int, float, bool, bytes, type(None)})
-_SLOW = object()
+#: type -> how the key pickler writes a NumPy array or dtype of that type (None: as pickle)
+_NUMPY: dict[type, Any] = {}
 
 
-class KeyMaker:
+def _numpy_reduction(kind: type) -> Any:
+    """NumPy's arrays and dtypes of fixed-size values, written as their dtype's string
+    (kind, size, byte order, unit) and their data in C order: what they hold, in a few
+    objects, where NumPy's own reduction takes some twenty hooks."""
+    np = sys.modules.get("numpy")  # (a NumPy type means NumPy is imported)
+    if np is None:
+        return None
+    if kind is np.ndarray:
+        return _reduce_array
+    if issubclass(kind, np.dtype):
+        return _reduce_dtype
+    return None
+
+
+def _plain_dtype(dtype: Any) -> bool:
+    return dtype.kind in "biufcmMSU" and dtype.names is None and dtype.metadata is None
+
+
+def _reduce_array(array: Any) -> Any:
+    if not _plain_dtype(array.dtype):
+        return NotImplemented  # (objects, records, NumPy's variable-width strings)
+    data = array if array.flags.c_contiguous else array.copy(order="C")
+    data = data.reshape(-1).view("u1")  # (datetimes have no buffer of their own)
+    data.flags.writeable = False  # (written as bytes, whether or not the array is)
+    return _array, (array.dtype.str, array.shape, pickle.PickleBuffer(data))
+
+
+def _reduce_dtype(dtype: Any) -> Any:
+    return (_dtype, (dtype.str,)) if _plain_dtype(dtype) else NotImplemented
+
+
+class KeyMaker(KeyWalker):
     """Computes the cache keys of one run's tasks (``task_keys``).
 
     ``encoder`` is the run's ``TaskEncoder``: functions pickled by value are hashed from
@@ -213,9 +246,9 @@ class KeyMaker:
     """
 
     def __init__(self, encoder: TaskEncoder, digests: dict[int, tuple[Any, Any, bytes]]) -> None:
+        super().__init__(_SALT)
         self.encoder = encoder
         self.digests = digests
-        self.keys: dict[Key, CacheKey | None] = {}
         self._files: dict[str, Any] = {}
         #: id -> (function or class, what it is written as), for this run
         self._globals: dict[int, tuple[Any, tuple]] = {}
@@ -223,17 +256,12 @@ class KeyMaker:
         #: holding a graph of its own, ``_repack_key``) gets its own
         self._picklers: list[_KeyPickler] = []
         self._depth = 0
-
-    def key_of(self, dep: Key) -> CacheKey:
-        """An input's cache key (one of a fused task's inner tasks and inputs while it is
-        keyed); a name without one makes the task keyless, never a guess."""
-        key = self.keys.get(dep)
-        if key is None:
-            raise _Uncacheable(f"input {dep!r} has no cache key")
-        return key
+        #: id -> (object, ``opaque`` digest), for this run: the same dtype, meta frame or
+        #: NumPy function in many tasks is pickled once
+        self._opaque: dict[int, tuple[Any, bytes]] = {}
 
     def file_of(self, text: str) -> Any:
-        """``(_file, path, size, mtime)`` for a string naming a local file, else None."""
+        """``(FILE, path, size, mtime)`` for a string naming a local file, else None."""
         facts = self._files.get(text, False)
         if facts is not False:
             return facts
@@ -246,130 +274,66 @@ class KeyMaker:
             else:
                 if stat.S_ISREG(info.st_mode):  # (as bytes: a str would be looked up again)
                     path = os.fsencode(os.path.abspath(text))
-                    facts = (_file, path, info.st_size, info.st_mtime_ns)
+                    facts = (FILE, path, info.st_size, info.st_mtime_ns)
         self._files[text] = facts
         return facts
 
     def key(self, node: Any) -> CacheKey | None:
         """The cache key of one node, its inputs' keys known; None: not cacheable."""
         kind = type(node)
-        if kind is LegacyCall:
-            key = self._legacy_key(node)
-            if key is not _SLOW:
-                return key
-        elif kind is Task and node.func is _execute_subgraph:
-            return self._fused_key(node)
-        elif kind is Chain:
+        if kind is Chain:
             return self._chain_key(node)
+        try:
+            return self.node_key(node)
+        except Exception:  # Uncacheable, or cannot be pickled: not cached (encoding will
+            return None  # say if it matters), or nested past what the key pickler takes
+
+    def opaque(self, obj: Any) -> bytes:
+        """The digest of an object the walker does not know, pickled by ``_KeyPickler``;
+        once per run, unless the object holds inputs (its digest then depends on the
+        scope: a fused graph's inner names)."""
+        known = self._opaque.get(id(obj))
+        if known is not None and known[0] is obj:
+            return known[1]
         if self._depth == len(self._picklers):
             self._picklers.append(_KeyPickler(self))
         pickler = self._picklers[self._depth]
         out = pickler.out
-        out.hash = hashlib.blake2b(_SALT, digest_size=KEY_BYTES)
-        pickler.clear_memo()
+        out.hash = hashlib.blake2b(digest_size=KEY_BYTES)
+        pickler.memo = _SEEDED_MEMO
+        pickler.read_inputs = False
         self._depth += 1
         try:
-            pickler.dump(node)
-        except _Uncacheable:
-            return None
-        except Exception:  # cannot be pickled: not cached (encoding will say if it matters)
-            return None
+            pickler.dump(obj)
         finally:
             self._depth -= 1
-        return out.hash.digest()
-
-    def _legacy_key(self, node: LegacyCall) -> Any:
-        """A legacy task of a function and scalars (the bulk of a big hand-built graph),
-        hashed without the pickler's hooks; ``_SLOW`` for any other."""
-        func, *args = node.task
-        if type(func) is not types.FunctionType:
-            return _SLOW
-        deps = node.dependencies
-        parts: list[Any] = []
-        try:
-            code = self.global_reduction(func)[1][0]
-            for arg in args:
-                kind = type(arg)
-                if arg in deps:
-                    parts.append((_ref, self.key_of(arg)))
-                elif kind is str:
-                    parts.append(self.file_of(arg) or arg)
-                elif kind in _SCALARS:
-                    parts.append(arg)
-                else:
-                    return _SLOW
-        except _Uncacheable:
-            return None
-        data = pickle.dumps(tuple(parts), protocol=5)
-        return hashlib.blake2b(_SALT + b"legacy" + code + data, digest_size=KEY_BYTES).digest()
+        digest = out.hash.digest()
+        if not pickler.read_inputs:
+            self._opaque[id(obj)] = (obj, digest)
+        return digest
 
     def _chain_key(self, node: Chain) -> CacheKey | None:
         """A linear chain (``fusion``): its links keyed in order, each as the task it was
         (the one before it as its input), their names scoped to the chain. The chain's
         key is its last link's: the same whether the run fused it or not."""
-        with self._scope() as define:
-            for name, link in node.links:
-                define(name, self.key(link))
-            return self.keys[node.key]
-
-    @contextlib.contextmanager
-    def _scope(self) -> Iterator[Callable[[Key, CacheKey | None], None]]:
-        """``define(name, key)`` for names that hold only inside the ``with``: the names
-        of the enclosing scope they shadow are restored after it."""
-        keys = self.keys
-        shadowed: dict[Key, Any] = {}
-
-        def define(name: Key, key: CacheKey | None) -> None:
-            if name not in shadowed:
-                shadowed[name] = keys.get(name, _MISSING)
-            keys[name] = key
-
+        scope: dict[Key, CacheKey | None] = {}
+        self._enter(scope)
         try:
-            yield define
+            for name, link in node.links:
+                scope[name] = self.key(link)
         finally:
-            for name, previous in shadowed.items():
-                if previous is _MISSING:
-                    del keys[name]
-                else:
-                    keys[name] = previous
-
-    def _fused_key(self, node: Task) -> CacheKey | None:
-        """A fused task (``Task.fuse``): the key of its inner output, each inner task
-        keyed like a task of the plan (its inner names are often tokens of objects that
-        differ between two constructions of the same graph)."""
-        inner, outkey, inkeys, *inputs = node.args
-        if not isinstance(inner, dict) or outkey not in inner or len(inkeys) != len(inputs):
-            return None
-        return self._graph_key(inner, outkey, inkeys, inputs)
-
-    def _graph_key(self, inner: dict, outkey: Key, inkeys: Any, inputs: Any) -> CacheKey | None:
-        """The key of ``inner[outkey]``, its tasks' names scoped to ``inner`` and its
-        inputs (``inkeys``: a task's result as ``TaskRef``, or a literal value)."""
-        keys = self.keys
-        with self._scope() as define:
-            # Its inputs, by the names its inner tasks use for them: a task's result
-            # (``TaskRef``) or a literal value.
-            for name, value in zip(inkeys, inputs, strict=True):
-                if type(value) is TaskRef:
-                    define(name, keys.get(value.key))
-                else:
-                    define(name, self.key(DataNode(None, value)))
-            for name in _inner_order(inner, outkey):
-                define(name, self.key(inner[name]))
-            out = keys[outkey]
-        if out is None:
-            return None
-        return hashlib.blake2b(_SALT + b"graph" + out, digest_size=KEY_BYTES).digest()
+            self._leave()
+        return scope[node.key]
 
     def global_reduction(self, obj: Any) -> tuple:
-        """What a function or class is written as (``_code(digest)``, made once per run):
-        its name and code digest when it is importable, the hash of its cloudpickle
+        """What a function or class is written as (``(CODE, digest)``, made once per
+        run): its name and code digest when it is importable, the hash of its cloudpickle
         bytes otherwise."""
         known = self._globals.get(id(obj))
         if known is not None and known[0] is obj:
             return known[1]
         if is_uncached(obj):
-            raise _Uncacheable(f"{obj!r} is marked uncached")
+            raise Uncacheable(f"{obj!r} is marked uncached")
         h = hashlib.blake2b(digest_size=16)
         if _importable(obj):
             h.update(f"{obj.__module__}:{obj.__qualname__}".encode())
@@ -382,7 +346,7 @@ class KeyMaker:
             for named in _named_globals(obj):
                 if _importable(named):
                     h.update(self.digest(named))
-        reduction = (_code, (h.digest(),))
+        reduction = (CODE, h.digest())
         self._globals[id(obj)] = (obj, reduction)
         return reduction
 
@@ -396,11 +360,14 @@ class KeyMaker:
             token = cells["collections_token"].cell_contents
             out = cells["out"].cell_contents
         except (KeyError, ValueError):
-            raise _Uncacheable("an unknown repack") from None
-        key = self._graph_key(graph, out, (token,), (DataNode(None, "collections"),))
-        if key is None:
-            raise _Uncacheable("a repack graph without a key")
-        return key
+            raise Uncacheable("an unknown repack") from None
+        try:
+            names = {*graph, token}  # (before Dask 2025.2, legacy tasks naming them)
+            graph = {name: convert(name, task, names) for name, task in graph.items()}
+            tree = self.graph_tree(graph, out, (token,), (DataNode(None, "collections"),))
+        except Uncacheable:
+            raise Uncacheable("a repack graph without a key") from None
+        return self.tree_key(tree)
 
     def digest(self, obj: Any) -> bytes:
         """Code digest of an importable function or class, memoised while its code (and
@@ -430,27 +397,6 @@ def _is_repack(obj: Any) -> bool:
         getattr(obj, "__module__", None) == "dask.base"
         and getattr(obj, "__qualname__", "") == "unpack_collections.<locals>.repack"
     )
-
-
-def _inner_order(inner: dict, outkey: Key) -> list[Key]:
-    """The inner tasks ``outkey`` needs, each after those it reads (iteratively)."""
-    order: list[Key] = []
-    done: set = set()
-    stack = [(outkey, False)]
-    while stack:
-        name, expanded = stack.pop()
-        if name in done:
-            continue
-        if expanded:
-            done.add(name)
-            order.append(name)
-            continue
-        stack.append((name, True))
-        node = inner[name]
-        for dep in getattr(node, "dependencies", ()):
-            if dep in inner and dep not in done:
-                stack.append((dep, False))
-    return order
 
 
 def _importable(obj: Any) -> bool:
