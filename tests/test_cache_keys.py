@@ -335,6 +335,22 @@ def test_numpy_arrays_and_dtypes_are_keyed_by_dtype_shape_and_values():
     assert task_key(Box(array)) != task_key(Box(array + 1))
 
 
+def test_a_numpy_seed_sequence_is_keyed_by_what_makes_it():
+    seeds = np.random.SeedSequence(7, spawn_key=(3,))
+    first = task_key(seeds)
+    assert task_key(np.random.SeedSequence(7, spawn_key=(3,))) == first
+    assert task_key(np.random.SeedSequence(7, spawn_key=(4,))) != first
+    assert task_key(np.random.SeedSequence(8, spawn_key=(3,))) != first
+    assert task_key(np.random.SeedSequence(7, spawn_key=(3,), pool_size=8)) != first
+    assert task_key((7, (3,))) != first  # not a tuple of what makes it
+    spawned = np.random.SeedSequence(7, spawn_key=(3,))
+    spawned.spawn(1)  # its children so far are part of it
+    assert task_key(spawned) != first
+    # Entropy drawn from the OS (no seed): two such differ; a sequence is pickled.
+    assert task_key(np.random.SeedSequence()) != task_key(np.random.SeedSequence())
+    assert task_key(np.random.SeedSequence([1, 2])) != task_key(np.random.SeedSequence([1, 3]))
+
+
 def test_a_function_inside_a_user_object_follows_its_code(tmp_path):
     sys.path.insert(0, str(tmp_path))
     try:

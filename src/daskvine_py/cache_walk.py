@@ -82,7 +82,8 @@ MAX_CONTAINERS = 100_000
     SLICE,
     RANGE,
     OPAQUE,
-) = range(20)
+    SEEDS,
+) = range(21)
 
 #: Written as they are (a ``str`` is looked up as a file name first).
 _SCALARS = frozenset({int, float, bool, type(None), bytes, complex})
@@ -481,6 +482,17 @@ class KeyWalker:
     def _opaque(self, obj: Any, depth: int) -> tuple:
         return (OPAQUE, self.opaque(obj))
 
+    def _seeds(self, seeds: Any, depth: int) -> tuple:
+        """A NumPy ``SeedSequence`` (one per chunk of a ``dask.array.random`` array):
+        what it is made from, which is all its numbers depend on."""
+        entropy = seeds.entropy
+        if type(entropy) is not int:  # None was replaced by drawn entropy; or a sequence
+            return (OPAQUE, self.opaque(seeds))
+        spawn_key = seeds.spawn_key
+        if type(spawn_key) is not tuple or any(type(k) is not int for k in spawn_key):
+            return (OPAQUE, self.opaque(seeds))
+        return (SEEDS, entropy, spawn_key, seeds.pool_size, seeds.n_children_spawned)
+
     def _pathlike(self, obj: Any, depth: int) -> tuple:
         path = obj.__fspath__()
         facts = self.file_of(path) if type(path) is str else None
@@ -513,9 +525,12 @@ _WALKS: dict[type, _Walk] = {
 def _walk_for(kind: type) -> _Walk:
     """How a type not in ``_WALKS`` is walked, found once per type: a ``Task`` subclass
     (Dask's containers) as a task, an ``os.PathLike`` as the file it names, anything else
-    (subclasses of the types above too) by the key pickler."""
+    (subclasses of the types above too) by the key pickler. NumPy's ``SeedSequence`` is
+    written as what makes it (a pickler would take 20-odd hooks for it)."""
     if issubclass(kind, Task):
         walk = KeyWalker._task
+    elif kind.__module__ == "numpy.random.bit_generator" and kind.__name__ == "SeedSequence":
+        walk = KeyWalker._seeds
     elif getattr(kind, "__fspath__", None) is not None:
         walk = KeyWalker._pathlike
     else:
