@@ -516,8 +516,6 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                         continue
                     if len(worker.processing) >= worker.cores + self._extra(worker, task):
                         continue
-                    if steal and not self._worth_moving(task, worker):
-                        continue  # its inputs' holder runs it sooner
                     self.queue.pop_for(worker.id, steal)
                     try:
                         self._transition(task, "processing", worker=worker)

@@ -23,10 +23,6 @@ CHAIN_AHEAD = 256
 #: ``SIBLING_INPUTS`` also bounds the inputs of a reader sent ahead for several of them.
 SIBLING_READERS = 4
 SIBLING_INPUTS = 8
-#: Bytes a second a worker is assumed to fetch from a peer (``_worth_moving``): a task
-#: moves to an idle worker only when fetching its inputs there takes no longer than the
-#: task runs. (dask.distributed assumes the same 100 MB/s.)
-FETCH_BYTES_PER_SECOND = 100e6
 
 
 class Locality:
@@ -39,20 +35,6 @@ class Locality:
     _full: int
     _extra: Any
     _transition: Any
-    durations: Any
-
-    def _worth_moving(self, task: TaskRecord, worker: WorkerRecord) -> bool:
-        """Whether idle ``worker`` should take ``task`` from where its inputs are: not
-        when fetching them would take longer than the task runs (a chunk of an array
-        that takes 0.4 ms to sum, read from 2 MB: its holder does it sooner itself)."""
-        fetch = 0
-        for dep in task.deps:
-            if dep.value is None and worker not in dep.who_has:
-                fetch += dep.nbytes
-        if not fetch:
-            return True
-        duration = self.durations.get(task.prefix)
-        return duration is None or fetch <= duration * FETCH_BYTES_PER_SECOND
 
     def _target(self, task: TaskRecord) -> WorkerId | None:
         """The worker holding most of the task's input bytes, if any."""

@@ -25,7 +25,6 @@ class Stealing:
     _send: Any
     _held: Any
     _transition: Any
-    _worth_moving: Any
 
     def _steal_for_idle_workers(self) -> None:
         """Ask for tasks that wait unstarted behind busy cores back, for idle cores.
@@ -49,17 +48,12 @@ class Stealing:
             victim = max(surplus, key=surplus.__getitem__)
             if surplus[victim] <= 0:
                 break
-            # The newest startable task there is the least likely to have started; not
-            # one whose inputs would take longer to fetch than it takes to run.
+            # The newest startable task there is the least likely to have started.
             task = next(
-                (t for t in reversed(victim.processing)
-                 if t.missing == 0 and t not in self._withdrawing and t.placement is None
-                 and self._worth_moving(t, idle[0])),
-                None,
-            )  # fmt: skip
-            if task is None:
-                surplus[victim] = 0  # nothing there worth moving
-                continue
+                t
+                for t in reversed(victim.processing)
+                if t.missing == 0 and t not in self._withdrawing and t.placement is None
+            )
             surplus[victim] -= 1
             self._withdrawing.add(task)
             asked.setdefault(victim, []).append(task.id)
