@@ -1,33 +1,28 @@
-"""The result cache inside the scheduler state: which results stay on workers after their
-run, and how later runs read them instead of computing them.
+"""The result cache inside the scheduler state: which results outlive their run, and how
+later runs read them instead of computing them.
 
-A mixin of ``state.SchedulerState`` (it uses the state's records, ``_transition``,
-``_lose`` and ``_recompute``), for runs submitted with a ``RunCache`` (``get(cache=True)``):
+A mixin of ``state.SchedulerState`` (it uses its records, ``_transition``, ``_lose`` and
+``_recompute``), for runs submitted with a ``RunCache`` (``get(cache=True)``):
 
-- **Providers.** A cacheable task that runs registers as the provider of its cache key
+- **Providers.** A cacheable task that runs provides its cache key
   (``CacheIndex.providers``); the cache counts as one more reader (``waiters``), so the
-  result is never released while its run goes on, and its worker keeps it even when it
-  is an output nothing reads. When the run ends, each provider whose result is on a
-  worker is *adopted*: it leaves its run for the cache's own run record (never in
-  ``runs``), loses its lineage, and waits there, least recently used first, until a
-  worker's budget of cached bytes (``cache_worker_bytes``) or ``CacheClear`` evicts it.
-- **Hits.** A task whose cache key has a live provider (cached, or running in another
-  run, or earlier in its own) is not run: its record stays "released" (its lineage, should
-  the provider go), and the tasks of its run that read it read the provider instead (a
-  dependency across runs). An output that hits gets the provider's value: the small
-  value the state kept, or an ``Upload`` from a holder. Two concurrent runs of the same
-  graph compute each task once: the second links to the first's tasks as they arrive.
-- **Predictions.** The caller plans top-down with what it saw (``RunCache.plan``): tasks
-  only hits read are "skip" (released, never run unless lineage needs them), results on
-  the cache's disk come with their value ("disk": the record starts in memory, and the
-  value travels inside ``Execute`` to the tasks that read it). A predicted hit whose
-  provider is gone by the time the run arrives is computed from its lineage.
-- **Losses.** A provider that goes (its worker lost, a library died, a fetch failed, its
-  run dropped it unfinished, eviction) hands the tasks that read it back to their own
-  runs' records, which are computed from lineage (``_cache_switch``): never a hang.
-- **Disk.** With ``RunCache.persist``, every provider's result goes to the manager
-  (``CacheWrite``: from ``TaskDone`` when it carried the value, else ``Upload``), which
-  writes it off the I/O thread.
+  result stays while its run goes on. When the run ends each provider still held is
+  *adopted* by the cache's own run record (never in ``runs``), without lineage, until a
+  budget (``cache_worker_bytes``; small outputs nothing reads are held by the manager
+  itself, ``cache_manager_bytes``) or ``CacheClear`` evicts it, least recently used first.
+- **Hits.** A task whose key has a live provider (cached, or running in another run, or
+  earlier in its own) stays "released" (its lineage), and its run's readers read the
+  provider (a dependency across runs); an output that hits gets the provider's value
+  (kept here, or ``Upload``). Two concurrent runs of a graph compute each task once.
+- **Predictions.** The caller plans top-down (``RunCache.plan``): tasks only hits read
+  are "skip", results on the cache's disk come with their value ("disk": in memory here,
+  sent inside ``Execute``). Those tasks come without payloads (``RunCache.deferred``),
+  made only if lineage needs them; a predicted hit whose provider went is recomputed.
+- **Losses.** A provider that goes (worker lost, library died, fetch failed, its run
+  dropped it, eviction) hands its readers back to their own runs' records, computed from
+  lineage (``_cache_switch``): never a hang.
+- **Disk.** With ``RunCache.persist`` every provider's result reaches the manager
+  (``CacheWrite``, from ``TaskDone`` or ``Upload``), which writes it off the I/O thread.
 
 Every run's ``RunCache.stats`` is filled when the run is dropped, before the caller wakes.
 """
@@ -180,15 +175,14 @@ class CacheHandling:
         self.cache = CacheIndex()
         #: cached bytes each worker keeps before the least recently used are released
         self.cache_worker_bytes = worker_bytes
-        #: bytes of small cached outputs the manager keeps (no worker holds them)
-        self.cache_manager_bytes = manager_bytes
+        self.cache_manager_bytes = manager_bytes  # (small outputs no worker holds)
         self._cache_runs: dict[int, _CacheRun] = {}
         self._cache_owner = RunRecord(CACHE_RUN_ID, 0, ())
         #: adopted results, least recently used first (a dict as ordered set)
         self._cache_lru: dict[TaskRecord, None] = {}
         #: bytes of adopted results per holder (copies made after adoption not counted)
         self._cache_held: dict[WorkerRecord, int] = {}
-        #: adopted results only the manager holds (small outputs), with their bytes
+        #: adopted results only the manager holds (small outputs), with their bytes, summed
         self._cache_at_manager: dict[TaskRecord, int] = {}
         self._cache_manager_held = 0
         #: bytes of providers' results kept for the cache while their runs go on, per
@@ -755,8 +749,7 @@ class CacheHandling:
         self._cache_publish()
 
     def _cache_evict_at_manager(self) -> None:
-        """Forget the least recently used of the small outputs the manager holds until
-        they fit ``cache_manager_bytes``."""
+        """Forget the manager's least recently used small outputs past its budget."""
         for record in [r for r in self._cache_lru if r in self._cache_at_manager]:
             if self._cache_manager_held <= self.cache_manager_bytes:
                 return
