@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -68,22 +69,26 @@ def stage(x):
 """
 
 
-def test_a_module_functions_key_follows_its_code_and_its_helpers_not_its_lines(tmp_path):
+@contextlib.contextmanager
+def importable(tmp_path, name):
+    """``(path, load)``: write ``MODULE`` to ``path``, then ``load()`` imports it afresh."""
+    path = tmp_path / f"{name}.py"
     sys.path.insert(0, str(tmp_path))
     try:
-        path = tmp_path / "cachekeys_stage.py"
-        path.write_text(MODULE.format(inc=1))
-        module = importlib.import_module("cachekeys_stage")
-        first = keys_of(delayed(module.stage)(1))
-        path.write_text("\n\n# moved down\n" + MODULE.format(inc=1))
-        module = importlib.reload(module)
-        assert keys_of(delayed(module.stage)(1)) == first  # same code, other lines
-        path.write_text(MODULE.format(inc=2))  # only the helper changes
-        module = importlib.reload(module)
-        assert keys_of(delayed(module.stage)(1)) != first
+        yield path, lambda: importlib.reload(importlib.import_module(name))
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("cachekeys_stage", None)
+        sys.modules.pop(name, None)
+
+
+def test_a_module_functions_key_follows_its_code_and_its_helpers_not_its_lines(tmp_path):
+    with importable(tmp_path, "cachekeys_stage") as (path, load):
+        path.write_text(MODULE.format(inc=1))
+        first = keys_of(delayed(load().stage)(1))
+        path.write_text("\n\n# moved down\n" + MODULE.format(inc=1))
+        assert keys_of(delayed(load().stage)(1)) == first  # same code, other lines
+        path.write_text(MODULE.format(inc=2))  # only the helper changes
+        assert keys_of(delayed(load().stage)(1)) != first
 
 
 def test_a_local_files_size_and_mtime_are_in_the_key(tmp_path):
@@ -352,22 +357,15 @@ def test_a_numpy_seed_sequence_is_keyed_by_what_makes_it():
 
 
 def test_a_function_inside_a_user_object_follows_its_code(tmp_path):
-    sys.path.insert(0, str(tmp_path))
-    try:
-        path = tmp_path / "cachekeys_inside.py"
+    with importable(tmp_path, "cachekeys_inside") as (path, load):
         path.write_text(MODULE.format(inc=1))
-        module = importlib.import_module("cachekeys_inside")
-        first = task_key(Box(module.stage))
+        first = task_key(Box(load().stage))
         path.write_text(MODULE.format(inc=1) + "\n\n# a comment\n")
-        module = importlib.reload(module)
-        assert task_key(Box(module.stage)) == first
+        assert task_key(Box(load().stage)) == first
         path.write_text(MODULE.format(inc=2))  # the helper it calls changes
-        module = importlib.reload(module)
+        module = load()
         assert task_key(Box(module.stage)) != first
         assert task_key(functools.partial(module.stage, 1)) is not None
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("cachekeys_inside", None)
 
 
 def test_a_file_inside_a_user_object_is_in_the_key(tmp_path):
