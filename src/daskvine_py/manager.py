@@ -359,7 +359,8 @@ class Manager:
                 hooks.start(plan, run)
             watch = progress or hooks is not None
             self._submit_in_parts(run, plan, run_options, settings, watch, cached)
-            # The scheduler has what it needs: the graph need not live through the run.
+            # The scheduler has what it needs: the graph need not live through the run
+            # (but for a rerun's deferred payloads, ``RunCache.encode``, which hold it).
             del plan
             waiter = run.done if hooks is None else hooks.waiter(run)
             if progress:
