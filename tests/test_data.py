@@ -13,6 +13,7 @@ import time
 import dask
 import numpy as np
 import pytest
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from beacon import Beacon, ping
 from daskvine_py import Manager
@@ -160,11 +161,21 @@ def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_pat
     """One worker may hold 20 MB in memory and 40 MB on disk: it fills up, says so, and
     the other worker takes the rest of the work; the answer is right, no file is left."""
     n = 40
-    dsk = {f"a{i}": (block, i) for i in range(n)}
+    # 8 x 8 MB pinned to the limited worker overflow its 60 MB, however the scheduler
+    # splits the other 32 (a busy machine once left it only 7 of 40 unpinned blocks).
+    pinned = {f"a{i}": (block, i) for i in range(8)}
+    dsk = {f"a{i}": (block, i) for i in range(8, n)}
     dsk.update({f"s{i}": (checksum, f"a{i}") for i in range(n)})
     dsk["barrier"] = (total, *[f"s{i}" for i in range(n)])
     dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
     dsk["out"] = (total, *[f"b{i}" for i in range(n)])
+    graph = HighLevelGraph(
+        {
+            "pinned": MaterializedLayer(pinned, annotations={"workers": ["limited"]}),
+            "rest": MaterializedLayer(dsk),
+        },
+        {"pinned": set(), "rest": {"pinned"}},
+    )
     workdir = tmp_path / "work"
     full, room = threading.Event(), threading.Event()
 
@@ -190,7 +201,7 @@ def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_pat
         try:
             manager.wait_for_workers(1, processes=[limited])
             manager.start_workers(1, workdir=str(workdir))
-            assert manager.get(dsk, "out") == dask.get(dsk, "out")
+            assert manager.get(graph, "out") == dask.get({**pinned, **dsk}, "out")
             assert full.wait(30)
             assert room.wait(30)  # its results released: it takes work again
             wait_until(lambda: not spill_files(workdir))
