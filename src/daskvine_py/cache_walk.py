@@ -207,10 +207,8 @@ class KeyWalker:
         self._budget = MAX_CONTAINERS
         try:
             kind = type(node)
-            if kind is LegacyCall:
-                return self.tree_key(self._legacy(node, 0))  # (no container in it)
-            if kind is Alias:
-                return self.tree_key(self.ref_of(node.target))
+            if kind is LegacyCall:  # (keys and scalars only: no container in it)
+                return self.tree_key(self._legacy(node, 0))
             try:
                 return self.tree_key(self.canon(node))
             except TooLarge:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Collection, Container, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,7 +225,7 @@ def build_plan(
     return prioritized(plan) if order else plan
 
 
-def prioritized(plan: Plan, running: Collection[Key] | None = None) -> Plan:
+def prioritized(plan: Plan, running: AbstractSet[Key] | None = None) -> Plan:
     """``plan`` with ``dask.order``'s priorities, and its keys in that order.
 
     ``running``: only these tasks are ordered (those a cached run computes); the others
