@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import workloads as w
-from daskvine_py.cache_keys import KeyMaker, annotated_off, code_digests, task_keys
-from daskvine_py.graph import build_plan
-from daskvine_py.serialize import TaskEncoder
+from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.plan.graph import build_plan
+from daskvine_py.wire.serialize import TaskEncoder
 
 
 class _Captured(Exception):

@@ -57,7 +57,7 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
     """One attacker process: hammer ``address`` until ``stop`` is set."""
     import zmq
 
-    from daskvine_py.protocol import split_address
+    from daskvine_py.wire.protocol import split_address
 
     host, port = split_address(address)
     if kind == "tcp-garbage":
@@ -106,7 +106,8 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
 def measure(tasks: int, repeat: int, attackers: int, kinds: list[str]) -> list[dict[str, Any]]:
     import dask
 
-    from daskvine_py import Manager, security
+    from daskvine_py import Manager
+    from daskvine_py.wire import security
 
     dsk, keys = noop_dict(tasks)
     expected = dask.get(dsk, keys)

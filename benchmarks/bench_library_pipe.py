@@ -11,9 +11,9 @@ import multiprocessing
 import statistics
 import time
 
-import daskvine_py.library as L
-from daskvine_py import graph
-from daskvine_py.serialize import TaskEncoder
+import daskvine_py.worker.library as L
+from daskvine_py.plan import graph
+from daskvine_py.wire.serialize import TaskEncoder
 
 
 def main() -> None:

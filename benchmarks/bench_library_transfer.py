@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from daskvine_py import library
-from daskvine_py.serialize import dumps, loads
+from daskvine_py.wire.serialize import dumps, loads
+from daskvine_py.worker import library
 
 MODES = ("pipe", "shm", "shm-mapped")
 

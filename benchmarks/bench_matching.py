@@ -1,4 +1,4 @@
-"""Micro-benchmark of the ready-task structure alone (``daskvine_py.matching.ReadyQueue``).
+"""Micro-benchmark of the ready-task structure alone (``daskvine_py.scheduler.matching.ReadyQueue``).
 
     python benchmarks/bench_matching.py [--sizes 1e3,1e4,1e5,1e6] [--ops 20000] [--rounds 5]
                                         [--workers 8] [--json matching.json]
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from daskvine_py.matching import ReadyQueue
+from daskvine_py.scheduler.matching import ReadyQueue
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 PRIORITIES = ("equal", "random")

@@ -34,8 +34,8 @@ import dask.threaded
 import numpy as np
 from dask.local import get_sync
 
-from daskvine_py.graph import build_plan
-from daskvine_py.rewrite import DEFAULT_THRESHOLD, rewrite_reductions
+from daskvine_py.plan.graph import build_plan
+from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, rewrite_reductions
 
 #: ``get(dsk, key, arity)``: computes ``key`` of ``dsk`` with reductions rewritten at ``arity``.
 GetWithArity = Callable[[Mapping, Any, int | None], Any]

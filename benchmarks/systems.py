@@ -300,7 +300,7 @@ class FirstDispatch:
     """
 
     def __init__(self, manager: Any) -> None:
-        from daskvine_py.protocol import Execute
+        from daskvine_py.wire.protocol import Execute
 
         self._execute = Execute
         self._send_now = manager._send_now

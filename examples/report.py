@@ -15,8 +15,8 @@ import dask
 import dask.array as da
 
 from daskvine_py import Manager
-from daskvine_py.events import read_events
-from daskvine_py.report import write_report
+from daskvine_py.manager.events import read_events
+from daskvine_py.manager.report import write_report
 
 
 def main(report: str = "run.html") -> None:

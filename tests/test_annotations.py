@@ -14,8 +14,8 @@ import pytest
 
 from beacon import Beacon, ping
 from daskvine_py import Manager
-from daskvine_py import annotations as a
 from daskvine_py.errors import TaskFailed
+from daskvine_py.plan import annotations as a
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskvine_py import uncached
-from daskvine_py.cache_keys import KeyMaker, annotated_off, code_digests, task_keys
-from daskvine_py.graph import build_plan
-from daskvine_py.serialize import TaskEncoder
+from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.plan.graph import build_plan
+from daskvine_py.wire.serialize import TaskEncoder
 
 
 def keys_of(value, memo=None):
@@ -294,7 +294,7 @@ def test_equal_strings_give_equal_keys_whether_or_not_they_are_one_object():
 
 
 def test_an_input_differs_from_literals_that_look_like_its_encoding():
-    from daskvine_py.cache_walk import REF
+    from daskvine_py.cache.walk import REF
 
     key = b"k" * 20
     keys = {"x": key}

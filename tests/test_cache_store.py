@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
-from daskvine_py.cache_store import DiskStore
-from daskvine_py.serialize import dumps, loads
+from daskvine_py.cache.directory import DiskStore
+from daskvine_py.wire.serialize import dumps, loads
 
 
 def test_a_result_goes_to_disk_and_comes_back_with_its_seconds(tmp_path):

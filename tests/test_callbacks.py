@@ -13,11 +13,11 @@ import pytest
 from dask.callbacks import Callback
 from dask.diagnostics import CacheProfiler, Profiler, ProgressBar, ResourceProfiler
 
-from daskvine_py import callbacks
-from daskvine_py import protocol as p
-from daskvine_py.graph import build_plan
-from daskvine_py.serialize import dumps
-from daskvine_py.watching import Run
+from daskvine_py.manager import callbacks
+from daskvine_py.manager.watching import Run
+from daskvine_py.plan.graph import build_plan
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -31,7 +31,7 @@ from daskvine_py.coffea import (
     decompress,
     merge_partials,
 )
-from daskvine_py.launch import spawn
+from daskvine_py.manager.launch import spawn
 
 pytestmark = pytest.mark.integration
 

@@ -160,9 +160,9 @@ def test_no_log_lines_per_task_below_debug(shared_manager, caplog):
 
 def test_large_reductions_are_rewritten_as_trees(shared_manager):
     import daskvine_py
-    from daskvine_py.graph import build_plan
     from daskvine_py.options import RunOptions
-    from daskvine_py.rewrite import DEFAULT_ARITY, DEFAULT_THRESHOLD, rewrite_reductions
+    from daskvine_py.plan.graph import build_plan
+    from daskvine_py.plan.rewrite import DEFAULT_ARITY, DEFAULT_THRESHOLD, rewrite_reductions
 
     assert (RunOptions().reduction_arity, RunOptions().reduction_threshold) == (
         DEFAULT_ARITY,

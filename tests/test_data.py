@@ -17,8 +17,8 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from beacon import Beacon, ping
 from daskvine_py import Manager
-from daskvine_py.launch import spawn
-from daskvine_py.runinfo import MANAGER
+from daskvine_py.manager.launch import spawn
+from daskvine_py.manager.runinfo import MANAGER
 
 pytestmark = pytest.mark.integration
 

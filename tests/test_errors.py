@@ -137,7 +137,7 @@ def test_unpicklable_task_after_the_first_part_fails_after_tasks_ran(
     """The graph goes out in parts of SUBMIT_PART tasks, each pickled while earlier ones run:
     a task that cannot be pickled in a later part fails the run after tasks of earlier parts
     ran (docs/errors.md)."""
-    from daskvine_py import manager as manager_module
+    from daskvine_py.manager import manager as manager_module
 
     monkeypatch.setattr(manager_module, "SUBMIT_PART", 1)
     marker = str(tmp_path / "ran")

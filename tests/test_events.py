@@ -9,9 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from daskvine_py import ProtocolError, RunOptions
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.events import (
+from daskvine_py.manager.events import (
     _RECORD,
     Dispatched,
     Entry,
@@ -21,9 +19,20 @@ from daskvine_py.events import (
     summary_records,
     write_events,
 )
-from daskvine_py.report import SECTIONS, TaskRun, _Chart, _lanes, _merge, _ticks, render, summarize
-from daskvine_py.runinfo import MANAGER, RunInfo
-from daskvine_py.watching import Run, Watching
+from daskvine_py.manager.report import (
+    SECTIONS,
+    TaskRun,
+    _Chart,
+    _lanes,
+    _merge,
+    _ticks,
+    render,
+    summarize,
+)
+from daskvine_py.manager.runinfo import MANAGER, RunInfo
+from daskvine_py.manager.watching import Run, Watching
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
 
 
 def _log() -> EventLog:

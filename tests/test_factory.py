@@ -23,10 +23,11 @@ import dask.bag as db
 import pytest
 import zmq
 
-from daskvine_py import Manager, RunCancelled, security
-from daskvine_py import protocol as p
-from daskvine_py.pooling import Demand
-from daskvine_py.status import ManagerRefused, ManagerUnreachable, StatusClient
+from daskvine_py import Manager, RunCancelled
+from daskvine_py.batch.planner import Demand
+from daskvine_py.batch.status import ManagerRefused, ManagerUnreachable, StatusClient
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
 from sockets import dealer
 from test_pool import _slurm_available, _wait
 
@@ -377,7 +378,7 @@ def test_a_factory_the_manager_refuses_exits_saying_why(tmp_path):
 
 
 def test_each_batch_system_gets_its_provider_asking_for_the_workers_resources(tmp_path):
-    from daskvine_py import factory
+    from daskvine_py.batch import factory
 
     path = tmp_path / "run.json"
     security.write_connection_file(str(path), "tcp://127.0.0.1:9", security.Keys.generate())
@@ -454,11 +455,11 @@ class FakeSource:
 
 
 def test_a_pool_sized_by_a_source_that_does_not_answer_submits_nothing(tmp_path, caplog):
-    from daskvine_py.pool import WorkerPool
+    from daskvine_py.batch.pool import WorkerPool
 
     source, provider = FakeSource(), FakeProvider()
     provider.script_dir = str(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="daskvine_py.pool"):
+    with caplog.at_level(logging.WARNING, logger="daskvine_py.batch.pool"):
         pool = WorkerPool(source, provider, max_workers=2, poll_interval=0.05)
         try:
             for _ in range(3):  # three looks at a manager that does not answer

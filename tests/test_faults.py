@@ -18,8 +18,8 @@ import zmq
 
 from beacon import Beacon, ping
 from daskvine_py import Manager, TaskFailed
-from daskvine_py import protocol as p
-from daskvine_py.launch import spawn
+from daskvine_py.manager.launch import spawn
+from daskvine_py.wire import protocol as p
 from sockets import dealer
 
 pytestmark = pytest.mark.integration
@@ -244,7 +244,7 @@ def test_one_worker_with_two_library_processes():
 def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
     """Before it registers (its libraries still importing), a worker has no heartbeat due:
     its poll waits for the manager rather than spinning at timeout 0."""
-    from daskvine_py.worker import Worker
+    from daskvine_py.worker.shell import Worker
 
     worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
     try:
@@ -258,7 +258,8 @@ def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
 
 def test_a_worker_that_cannot_reach_its_manager_exits_within_its_timeout():
     """Issue 13: it used to linger 2 s on its unsendable registration after the timeout."""
-    from daskvine_py.worker import EXIT_NO_MANAGER, Worker
+    from daskvine_py.wire.exits import EXIT_NO_MANAGER
+    from daskvine_py.worker.shell import Worker
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -274,7 +275,7 @@ def test_a_worker_that_cannot_reach_its_manager_exits_within_its_timeout():
                 "ipc:///tmp/x", "tcp://h:0"],
 )  # fmt: skip
 def test_a_malformed_manager_address_is_a_one_line_error(address, capsys):
-    from daskvine_py.worker import parse_args
+    from daskvine_py.worker.shell import parse_args
 
     with pytest.raises(SystemExit) as exit_info:
         parse_args([address])

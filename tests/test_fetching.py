@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daskvine_py.fetching import Fetch, TransferSlots
+from daskvine_py.worker.fetching import Fetch, TransferSlots
 
 
 def test_per_peer_and_total_bounds_queue_the_rest_and_start_them_as_slots_free():

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.errors import GraphCycleError
-from daskvine_py.graph import build_plan, flatten_keys, pack_results, prioritized
+from daskvine_py.plan.graph import build_plan, flatten_keys, pack_results, prioritized
 
 
 def inc(x):
@@ -114,7 +114,7 @@ def test_plans_compute_what_dask_computes(dsk, data):
     outputs = data.draw(st.lists(st.sampled_from(sorted(dsk)), min_size=1, max_size=3))
     fuse = data.draw(st.booleans())
     ordered_by_dask = build_plan(dsk, outputs, fuse=fuse)
-    with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
+    with mock.patch("daskvine_py.plan.graph.DASK_ORDER_LIMIT", 0):
         ordered_linearly = build_plan(dsk, outputs, fuse=fuse)
     for plan in (ordered_by_dask, ordered_linearly):
         # The plan's order is its priorities', and it counts every task's readers.
@@ -133,7 +133,7 @@ def test_plans_compute_what_dask_computes(dsk, data):
 
 
 def test_large_graphs_take_the_linear_topological_order(monkeypatch):
-    from daskvine_py import graph
+    from daskvine_py.plan import graph
 
     monkeypatch.setattr(graph, "DASK_ORDER_LIMIT", 10)
     dsk = {f"a{i}": (inc, i) for i in range(20)}
@@ -166,7 +166,7 @@ _SCALARS = st.one_of(
 def test_light_legacy_tasks_mean_what_dask_makes_of_them(keys, args):
     from dask._task_spec import convert_legacy_task
 
-    from daskvine_py.graph import LegacyCall, light_dependencies
+    from daskvine_py.plan.graph import LegacyCall, light_dependencies
 
     graph = dict.fromkeys(keys, 0)
     task = (_pack, *args)
@@ -185,7 +185,7 @@ def test_light_legacy_tasks_mean_what_dask_makes_of_them(keys, args):
 
 
 def test_anything_but_keys_and_scalars_is_left_to_dask():
-    from daskvine_py.graph import light_dependencies
+    from daskvine_py.plan.graph import light_dependencies
 
     class MyInt(int):
         pass
@@ -212,7 +212,7 @@ def _pack(*args):
 def test_a_rewritten_graph_is_ordered_and_counted_anew():
     from functools import partial
 
-    from daskvine_py.rewrite import rewrite_reductions
+    from daskvine_py.plan.rewrite import rewrite_reductions
 
     dsk = {("part", i): (inc, i) for i in range(40)}
     dsk["total"] = (sum, [("part", i) for i in range(40)])
@@ -237,7 +237,7 @@ def test_the_linear_order_finishes_one_output_before_the_next():
             dsk[("inc", g, i)] = (inc, ("leaf", g, i))
         dsk[("sum", g)] = (sum, [("inc", g, i) for i in range(4)])
     outputs = [("sum", g) for g in (3, 0, 4, 1, 2)]
-    with mock.patch("daskvine_py.graph.DASK_ORDER_LIMIT", 0):
+    with mock.patch("daskvine_py.plan.graph.DASK_ORDER_LIMIT", 0):
         plan = build_plan(dsk, outputs, fuse=False)
     groups = [key[1] for key in plan.order]
     # each output's nine tasks in one stretch, in the order the outputs were asked for
@@ -253,7 +253,7 @@ def test_the_linear_order_finishes_one_output_before_the_next():
 
 
 def test_linear_chains_become_chains_of_at_most_the_limit():
-    from daskvine_py.fusion import FUSE_LIMIT, Chain
+    from daskvine_py.plan.fusion import FUSE_LIMIT, Chain
 
     n = 2 * FUSE_LIMIT + 44
     dsk = {"x0": 0, **{f"x{i}": (inc, f"x{i - 1}") for i in range(1, n)}}
@@ -296,7 +296,7 @@ def test_outputs_shared_results_and_joins_are_never_fused_away():
 
 
 def test_a_link_that_raises_is_named_by_its_own_key():
-    from daskvine_py.fusion import link_key
+    from daskvine_py.plan.fusion import link_key
 
     dsk = {"a": 1, "b": (inc, "a"), "c": (operator.truediv, "b", 0), "d": (inc, "c")}
     plan = build_plan(dsk, "d")
@@ -331,7 +331,7 @@ def test_a_cached_run_orders_only_the_tasks_it_runs_the_others_rank_after():
     assert unordered.priorities == {k: i for i, k in enumerate(unordered.order)}
     # What a rerun runs: the last stages (their inputs are the cache's hits).
     running = set(list(unordered.order)[len(unordered.order) // 2 :])
-    with mock.patch("daskvine_py.graph.order", wraps=dask.order.order) as ordering:
+    with mock.patch("daskvine_py.plan.graph.order", wraps=dask.order.order) as ordering:
         plan = prioritized(unordered, running)
     assert ordering.call_count == 1  # (the part has shared inputs: dask.order ranks it)
     assert plan.order == unordered.order  # submitted inputs first, as before

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskvine_py import library
-from daskvine_py.graph import LegacyCall
-from daskvine_py.serialize import TaskDecoder, TaskEncoder, loads
+from daskvine_py.plan.graph import LegacyCall
+from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder, loads
+from daskvine_py.worker import library
 
 
 class Opaque:

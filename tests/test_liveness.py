@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daskvine_py.liveness import Liveness, Lost, Verdict
+from daskvine_py.scheduler.liveness import Liveness, Lost, Verdict
 
 
 def ms(n: int) -> float:

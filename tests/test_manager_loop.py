@@ -7,13 +7,13 @@ import threading
 import pytest
 import zmq
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
 from daskvine_py.errors import ManagerDied, SchedulerError
-from daskvine_py.manager_loop import Cancel, Close, Extend, IOLoop, Submit
+from daskvine_py.manager.loop import Cancel, Close, Extend, IOLoop, Submit
+from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions
-from daskvine_py.runinfo import RunInfo
-from daskvine_py.watching import Run
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskvine_py.matching import ReadyQueue
+from daskvine_py.scheduler.matching import ReadyQueue
 
 
 def test_lowest_priority_first():
@@ -82,7 +82,7 @@ def test_peek_shows_what_pop_would_take():
 )
 def test_lane_pops_in_sorted_order_across_chunk_splits(values, pops, chunk):
     """Small chunks force every split and refill path; order must match sorting."""
-    import daskvine_py.matching as matching
+    import daskvine_py.scheduler.matching as matching
 
     old, matching.CHUNK = matching.CHUNK, chunk
     try:

@@ -23,7 +23,7 @@ import pytest
 
 from daskvine_py import Manager, TaskFailed
 from daskvine_py.errors import ImportHoistingError, SerializationError
-from daskvine_py.launch import spawn
+from daskvine_py.manager.launch import spawn
 
 pytestmark = pytest.mark.integration
 

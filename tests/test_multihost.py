@@ -23,9 +23,9 @@ import pytest
 
 import daskvine_py
 import netns
-from daskvine_py import security
-from daskvine_py.protocol import split_address
-from daskvine_py.worker import EXIT_AUTH_FAILED
+from daskvine_py.wire import security
+from daskvine_py.wire.exits import EXIT_AUTH_FAILED
+from daskvine_py.wire.protocol import split_address
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daskvine_py.pooling import PoolJob, PoolPlanner, WorkerView, job_state
+from daskvine_py.batch.planner import PoolJob, PoolPlanner, WorkerView, job_state
 
 
 def jobs(*specs):

@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from daskvine_py import protocol as p
 from daskvine_py.errors import ProtocolError
-from daskvine_py.serialize import dumps, dumps_exception, loads
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps, dumps_exception, loads
 
 
 def test_a_batch_round_trips_with_large_buffers_out_of_band():
@@ -134,7 +134,7 @@ def _scale(x, factor):
 def test_task_encoder_takes_functions_out_once():
     from dask._task_spec import convert_legacy_graph
 
-    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+    from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     big = np.arange(1_000_000)
     closure = lambda x: x + big.sum()  # noqa: E731 - a closure over 8 MB
@@ -157,7 +157,7 @@ def test_partials_and_bound_methods_travel_once_too():
 
     from dask._task_spec import convert_legacy_graph
 
-    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+    from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     heavy = functools.partial(_scale, factor=np.ones(100_000))
     nodes = convert_legacy_graph({f"p{i}": (heavy, i) for i in range(20)})
@@ -185,7 +185,7 @@ def test_callable_objects_shared_by_tasks_travel_once_and_are_one_object_there()
 
     from dask._task_spec import convert_legacy_graph
 
-    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+    from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     reader = _Reader()  # 400 kB, which every task pickled again before
     getter = operator.itemgetter(0)  # a C callable: small, left in the payload
@@ -204,8 +204,8 @@ def test_callable_objects_shared_by_tasks_travel_once_and_are_one_object_there()
 
 def test_task_encoder_round_trips_what_plain_pickle_cannot_write():
     """Local classes, lambdas inside data, and classes of ``__main__`` all travel."""
-    from daskvine_py.graph import LegacyCall
-    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+    from daskvine_py.plan.graph import LegacyCall
+    from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     class Local:  # plain pickle cannot find this class by name: cloudpickle writes it
         def __init__(self, x):
@@ -238,8 +238,8 @@ def test_module_functions_are_pickled_once_per_process_closures_every_time(monke
     is pickled by value, so a changed captured value is never served from a cache."""
     import cloudpickle
 
-    from daskvine_py import serialize
-    from daskvine_py.serialize import TaskDecoder, TaskEncoder
+    from daskvine_py.wire import serialize
+    from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     calls = []
     real = cloudpickle.dumps

@@ -17,9 +17,9 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from daskvine_py.events import read_events
-from daskvine_py.report import SECTIONS
-from daskvine_py.runinfo import MANAGER
+from daskvine_py.manager.events import read_events
+from daskvine_py.manager.report import SECTIONS
+from daskvine_py.manager.runinfo import MANAGER
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium")
                                         else None)  # fmt: skip
@@ -393,9 +393,9 @@ def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys, monkeypatch):
 
 def test_a_cached_runs_numbers_are_a_row_of_the_summary():
     """Issue 17: hits, misses, tasks run, bytes reused and time saved, in words."""
-    from daskvine_py.events import summary_records
-    from daskvine_py.report import render
-    from daskvine_py.runinfo import RunInfo
+    from daskvine_py.manager.events import summary_records
+    from daskvine_py.manager.report import render
+    from daskvine_py.manager.runinfo import RunInfo
 
     info = RunInfo(7, {"cache": True}, 19, 1.0e9, 1.0e9 + 2.0, "done")
     info.cache = {"hits": 12, "misses": 7, "uncached": 0, "tasks_run": 7,

@@ -22,8 +22,8 @@ from dask.order import order
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py.graph import LegacyCall, build_plan, convert
-from daskvine_py.rewrite import (
+from daskvine_py.plan.graph import LegacyCall, build_plan, convert
+from daskvine_py.plan.rewrite import (
     _COMMUTATIVE_MARK,
     DEFAULT_ARITY,
     DEFAULT_THRESHOLD,

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.serialize import Serialized, dumps, loads
-from daskvine_py.worker import Worker
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized, dumps, loads
+from daskvine_py.worker.shell import Worker
 from sockets import dealer
 from test_state import SimulatedCluster, random_graphs
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.saturation import DurationEstimates, Ema, extra_tasks
-from daskvine_py.serialize import dumps
+from daskvine_py.ema import Ema
+from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.saturation import DurationEstimates, extra_tasks
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
 
 
 def test_ema_follows_and_forgets_on_outliers():

@@ -22,10 +22,11 @@ import pytest
 import zmq
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from daskvine_py import Manager, security
-from daskvine_py import protocol as p
-from daskvine_py.launch import spawn
-from daskvine_py.worker import EXIT_AUTH_FAILED
+from daskvine_py import Manager
+from daskvine_py.manager.launch import spawn
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+from daskvine_py.wire.exits import EXIT_AUTH_FAILED
 from sockets import dealer
 
 pytestmark = pytest.mark.integration
@@ -178,7 +179,7 @@ def test_without_keys_nothing_registers_nothing_is_received_nothing_is_unpickled
     marker = tmp_path / "unpickled"
     dsk = {f"x{i}": (slow_inc, i, 0.02) for i in range(16)}
     keys = list(dsk)
-    with Manager() as manager, caplog.at_level(logging.WARNING, "daskvine_py.security"):
+    with Manager() as manager, caplog.at_level(logging.WARNING, "daskvine_py.wire.security"):
         manager.start_workers(1)
         server_key = security.read_connection_file(manager.connection_file).keys.manager_public
         result = {}

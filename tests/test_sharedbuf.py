@@ -10,8 +10,9 @@ import dask
 import numpy as np
 import pytest
 
-from daskvine_py import library, sharedbuf
-from daskvine_py.serialize import dumps, loads
+from daskvine_py.wire import sharedbuf
+from daskvine_py.wire.serialize import dumps, loads
+from daskvine_py.worker import library
 
 pytestmark = pytest.mark.skipif(not sharedbuf.AVAILABLE, reason="no POSIX shared memory here")
 

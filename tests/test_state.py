@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
 from daskvine_py.errors import InvalidTransition
-from daskvine_py.serialize import Serialized, dumps, loads
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized, dumps, loads
 
 W1, W2 = b"w1", b"w2"
 

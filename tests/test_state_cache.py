@@ -10,10 +10,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.serialize import dumps, loads
-from daskvine_py.state_cache import CacheClear, CacheWrite, RunCache
+from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.cache_placement import CacheClear, CacheWrite, RunCache
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps, loads
 from test_state import SimulatedCluster, expected_value, joined, sends
 
 W1, W2 = b"w1", b"w2"

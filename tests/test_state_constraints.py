@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.annotations import MB, Placement, RunSettings
-from daskvine_py.serialize import dumps
+from daskvine_py.plan.annotations import MB, Placement, RunSettings
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
 from test_state import SimulatedCluster, random_graphs, sends
 
 W1, W2 = b"w1", b"w2"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from unittest import mock
 
-from daskvine_py import protocol as p
-from daskvine_py import state as s
-from daskvine_py.serialize import dumps
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
 
 W1, W2 = b"w1", b"w2"
 

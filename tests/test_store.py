@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from daskvine_py.serialize import dumps, loads
-from daskvine_py.store import Store
+from daskvine_py.wire.serialize import dumps, loads
+from daskvine_py.worker.store import Store
 
 MB = 2**20
 

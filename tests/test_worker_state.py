@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py import library
-from daskvine_py import protocol as p
-from daskvine_py import worker_state as ws
 from daskvine_py.errors import InvalidTransition
-from daskvine_py.serialize import dumps, loads
-from daskvine_py.store import Store
-from daskvine_py.worker_state import WorkerState
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps, loads
+from daskvine_py.worker import library
+from daskvine_py.worker import state as ws
+from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.store import Store
 
 ME = "tcp://me:1"
 
@@ -854,7 +854,7 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
 
 
 def test_the_fetch_timeout_is_a_worker_flag(capsys):
-    from daskvine_py.worker import parse_args
+    from daskvine_py.worker.shell import parse_args
 
     assert parse_args(["tcp://127.0.0.1:5"]).fetch_timeout == 10.0
     assert parse_args(["tcp://127.0.0.1:5", "--fetch-timeout", "2.5"]).fetch_timeout == 2.5

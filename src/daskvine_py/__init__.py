@@ -5,23 +5,19 @@
     ...     manager.start_workers(2, cores=1)
     ...     dask.compute(x, scheduler=manager.get)
 
-Layers, lowest first (a module imports only from layers below it; docs/architecture.md
-says what each owns): ``errors``, ``options``, ``runinfo``; ``serialize``, ``sharedbuf``,
-``fusion``, ``graph``, ``annotations``, ``config``, ``saturation``, ``pooling``,
-``security``, ``launch``, ``task``, ``events``, ``report``, ``progress``, ``cache_store``;
-``protocol``, ``matching``, ``rewrite``, ``cache_walk``, ``cache_keys``; ``state_messages``,
-``state_records``, ``state_failures``, ``state_constraints``, ``state_locality``,
-``state_stealing``, ``state_cache``, ``state``, ``store``, ``fetching``, ``live``,
-``library``, ``liveness``, ``worker_args``; ``worker_live``, ``worker_state``, ``host``,
-``cache``; ``transport``, ``peers``, ``status``, ``watching``, ``callbacks``,
-``manager_loop``, ``manager``, ``worker``; ``local``, ``coffea``, ``pool``, ``factory``
-and the command line.
+One package per role (docs/architecture.md draws them; import-linter holds the arrows):
+``wire`` (bytes on sockets and pipes), ``plan`` (any Dask graph into one plan; pure),
+``scheduler`` (the sans-I/O scheduler), ``cache`` (the result cache, the caller's side),
+``worker`` (``python -m daskvine_py.worker``), ``batch`` (workers from batch systems) and
+``manager`` (the public ``Manager`` and its I/O thread). ``errors``, ``options``,
+``config`` and ``ema`` sit below them all; ``coffea``, ``demo`` and the command lines
+above.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from daskvine_py.errors import (
     DaskVineError,
     GraphCycleError,
     ImportHoistingError,
@@ -34,19 +30,23 @@ from .errors import (
     TaskFailed,
     VersionMismatch,
 )
-from .options import ManagerOptions, RunOptions
+from daskvine_py.options import ManagerOptions, RunOptions
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .cache_keys import uncached
-    from .manager import Manager
-    from .rewrite import associative
+    from daskvine_py.cache.keys import uncached
+    from daskvine_py.manager.manager import Manager
+    from daskvine_py.plan.rewrite import associative
 
 #: Names imported on first use: ``Manager``, ``associative`` and ``uncached`` bring in dask,
-#: which a library or task process (``python -m daskvine_py.task``) must not pay for
-#: before its task even asks for them.
-_LAZY = {"Manager": ".manager", "associative": ".rewrite", "uncached": ".cache_keys"}
+#: which a library or task process (``python -m daskvine_py.worker.task_process``) must not
+#: pay for before its task even asks for them.
+_LAZY = {
+    "Manager": ".manager.manager",
+    "associative": ".plan.rewrite",
+    "uncached": ".cache.keys",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .local import run_demo
+from daskvine_py.demo import run_demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(parser: argparse.ArgumentParser, log: str, output: str | None) -> int:
-    from .events import read_events
-    from .report import write_report
+    from daskvine_py.manager.events import read_events
+    from daskvine_py.manager.report import write_report
 
     try:
         records = read_events(log)

@@ -51,12 +51,12 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("daskvine_py.coffea needs coffea: pip install 'daskvine-py[coffea]'") from exc
 
-from .errors import TaskFailed
-from .manager import Manager
-from .protocol import split_address
+from daskvine_py.errors import TaskFailed
+from daskvine_py.manager.manager import Manager
+from daskvine_py.wire.protocol import split_address
 
 if TYPE_CHECKING:
-    from .pool import WorkerPool
+    from daskvine_py.batch.pool import WorkerPool
 
 __all__ = ["DaskVinePyExecutor", "accumulation_graph"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import dask.config
 import yaml
 
-from .options import ManagerOptions, RunOptions
+from daskvine_py.options import ManagerOptions, RunOptions
 
 #: The file of built-in defaults, shipped with the package.
 DEFAULTS_FILE = pathlib.Path(__file__).with_name("daskvine_py.yaml")

@@ -1,0 +1,245 @@
+"""``manager.cache``: the content-addressed result cache, the caller's side of it.
+
+``get(..., cache=True)`` (or ``Manager(cache=True)``) runs through here:
+
+1. ``Cache.prepare`` (the caller's thread) computes every task's cache key
+   (``cache_keys``), then plans top-down from the outputs with what it sees: a task whose
+   key a worker holds (or a run computes now) is a hit, one whose key is in the cache
+   directory is read from there, and a task only hits and read results need is skipped.
+   Only the tasks that run are counted as readers of their inputs.
+2. The state (``state_cache``) checks the plan as the run arrives, links hits to the
+   results they stand for, keeps the run's cacheable results on their workers after the
+   run, and hands results for the directory back as ``CacheWrite`` instructions.
+3. A writer thread writes those (``cache_store.DiskStore``), so the I/O thread never
+   waits on a disk.
+
+``clear()`` forgets every cached result (workers release them, directories are emptied);
+``info()`` says what is cached where.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from queue import SimpleQueue
+from typing import Any
+
+from daskvine_py.cache.directory import DiskStore
+from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.plan.graph import Plan, prioritized
+from daskvine_py.scheduler.cache_placement import CacheClear, CacheIndex, CacheWrite, RunCache
+from daskvine_py.wire.serialize import Serialized, TaskEncoder
+
+logger = logging.getLogger("daskvine_py.manager")
+
+Key = Hashable
+
+
+class CachedRun:
+    """What ``get`` needs of the cache for one run: the plan for the state, the run's
+    plan (ordered), the readers to count (None: the plan's own), the run's encoder, and,
+    for a run keyed as it is submitted, ``add_key(key, node)`` to call before each
+    task's submission."""
+
+    __slots__ = ("info", "plan", "readers", "encoder", "_maker", "_off")
+
+    def __init__(
+        self,
+        info: RunCache,
+        plan: Plan,
+        readers: dict[Key, int] | None,
+        encoder: TaskEncoder,
+        maker: KeyMaker | None,
+        off: set[Key],
+    ) -> None:
+        self.info = info
+        self.plan = plan
+        self.readers = readers
+        self.encoder = encoder
+        self._maker = maker
+        self._off = off
+
+    @property
+    def keyed_on_submission(self) -> bool:
+        return self._maker is not None
+
+    def add_key(self, key: Key, node: Any) -> None:
+        maker = self._maker
+        assert maker is not None
+        maker.keys[key] = None if key in self._off else maker.key(node)
+
+
+class Cache:
+    """The result cache of one manager (``manager.cache``).
+
+    Results of cacheable tasks stay on the workers that made them (counted against their
+    ``--memory``, spilled like any result, at most ``cache_worker_bytes`` per worker) and,
+    with ``cache_dir``, go to that directory too (at most ``cache_dir_limit`` bytes), where
+    a later manager finds them. See ``docs/cache.md`` for what a cache key covers.
+    """
+
+    def __init__(
+        self,
+        index: CacheIndex,
+        send_event: Callable[[Any], None],
+        raise_if_dead: Callable[[], None],
+        cache_dir: str | os.PathLike | None = None,
+        cache_dir_limit: int | None = None,
+    ) -> None:
+        self._index = index
+        self._send_event = send_event
+        self._raise_if_dead = raise_if_dead
+        self._default_dir = cache_dir
+        self._limit = cache_dir_limit
+        self._digests = code_digests()
+        self._stores: dict[str, DiskStore] = {}
+        self._lock = threading.Lock()
+        self._writes: SimpleQueue = SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+
+    def __repr__(self) -> str:
+        index = self._index
+        return (
+            f"<Cache {index.entries} results on workers, {index.at_manager} at the manager, "
+            f"{len(self._stores)} dirs>"
+        )
+
+    # -- public -------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """What is cached: results on workers (how many, bytes counting every copy),
+        small outputs only the manager holds and, per cache directory this manager used,
+        its entries, bytes and limit."""
+        stores = list(self._stores.values())
+        if not stores and self._default_dir is not None:
+            stores = [self.store(self._default_dir)]
+        index = self._index
+        return {
+            "workers": {"entries": index.entries, "bytes": index.nbytes},
+            "manager": {"entries": index.at_manager, "bytes": index.manager_bytes},
+            "disk": [store.info() for store in stores],
+        }
+
+    def clear(self, timeout: float = 30.0) -> None:
+        """Forget every cached result: workers release theirs, and the cache
+        directories this manager used (its default one included) are emptied. Results
+        runs in progress are computing are kept when those runs end."""
+        target = self._index.clears + 1
+        self._send_event(CacheClear())
+        deadline = time.monotonic() + timeout
+        while self._index.clears < target:
+            self._raise_if_dead()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the cache was not cleared within {timeout} s")
+            time.sleep(0.001)
+        self.flush(timeout)
+        if self._default_dir is not None:
+            self.store(self._default_dir)
+        for store in list(self._stores.values()):
+            store.clear()
+
+    # -- for the manager ------------------------------------------------------------------
+
+    def store(self, path: str | os.PathLike) -> DiskStore:
+        """The directory ``path`` as a store (one object per directory per manager)."""
+        full = os.path.abspath(os.fspath(path))
+        with self._lock:
+            store = self._stores.get(full)
+            if store is None:
+                kwargs = {} if self._limit is None else {"limit": self._limit}
+                store = self._stores[full] = DiskStore(full, **kwargs)
+            return store
+
+    def prepare(
+        self, plan: Plan, dsk: Any, cache_dir: str | os.PathLike | None, encoder: TaskEncoder
+    ) -> CachedRun:
+        """The run's cache plan, how many tasks that run read each key (what the state
+        counts as readers), and ``plan`` ordered (given unordered: ``build_plan(...,
+        order=False)``).
+
+        When nothing could hit (no result on any worker, none in the directory: a first
+        run), nothing is planned and keys are computed as the tasks are submitted, so the
+        workers start on the first part while the caller's thread hashes the next.
+        Otherwise only the tasks that run are ordered (``dask.order``), and the others
+        are submitted without their payloads (``RunCache.deferred``): an unchanged rerun
+        pickles nothing.
+        """
+        maker = KeyMaker(encoder, self._digests)
+        off = annotated_off(dsk)
+        directory = cache_dir if cache_dir is not None else self._default_dir
+        store = self.store(directory) if directory is not None else None
+        if store is not None:
+            store.refresh()
+        providers = self._index.providers
+        if not providers and (store is None or not len(store)):
+            info = RunCache(maker.keys, persist=store)
+            return CachedRun(info, prioritized(plan), None, encoder, maker, off)
+        keys = task_keys(plan, maker, off)
+        status: dict[Key, str] = {}
+        values: dict[Key, Serialized] = {}
+        seconds: dict[Key, float] = {}
+        readers: dict[Key, int] = {}
+        needed = set(plan.outputs)
+        dependencies = plan.dependencies
+        for key in reversed(plan.order):  # readers before what they read
+            ck = keys[key]
+            if key not in needed and ck is not None:
+                status[key] = "skip"
+                continue
+            if ck is not None and ck in providers:
+                status[key] = "hit"
+                continue
+            found = store.get(ck) if ck is not None and store is not None and ck in store else None
+            if found is not None:
+                status[key] = "disk"
+                values[key], seconds[key] = found
+                continue
+            for dep in dependencies[key]:
+                needed.add(dep)
+                readers[dep] = readers.get(dep, 0) + 1
+        info = RunCache(keys, status, values, seconds, store, deferred=frozenset(status))
+        running = {key for key in plan.order if key not in status}
+        return CachedRun(info, prioritized(plan, running), readers, encoder, None, off)
+
+    def write(self, instruction: CacheWrite) -> None:
+        """Queue a result for its directory (the I/O thread calls this: it never waits)."""
+        with self._idle:
+            self._pending += 1
+        self._writes.put(instruction)
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_all, name="daskvine-cache-writer", daemon=True
+            )
+            self._writer.start()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued result is written."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.flush(timeout)
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(timeout)
+            self._writer = None
+
+    def _write_all(self) -> None:
+        while True:
+            instruction = self._writes.get()
+            if instruction is None:
+                return
+            try:
+                instruction.store.put(instruction.key, instruction.value, instruction.seconds)
+            except Exception:  # a full or vanished disk must not stop the next writes
+                logger.warning("could not write a result to the cache directory", exc_info=True)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    if not self._pending:
+                        self._idle.notify_all()

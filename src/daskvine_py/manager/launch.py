@@ -1,0 +1,42 @@
+"""Starting worker processes on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from daskvine_py.wire.security import CONNECTION_FILE_ENV
+
+
+def spawn(
+    address: str | None,
+    cores: int = 1,
+    name: str | None = None,
+    extra_args: Sequence[str] = (),
+    connection_file: str | None = None,
+    **popen_options: Any,
+) -> subprocess.Popen:
+    """Start ``python -m daskvine_py.worker`` as a child process that sees our ``sys.path``.
+
+    Functions that cloudpickle sends by reference (defined in the caller's own modules)
+    then import on the worker, as they would under multiprocessing's spawn. The
+    connection file travels in the environment (``security.CONNECTION_FILE_ENV``), not
+    on the command line; ``address``, when given, overrides the one inside it.
+    """
+    env = dict(popen_options.pop("env", None) or os.environ)
+    paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if connection_file is not None:
+        env[CONNECTION_FILE_ENV] = os.fspath(connection_file)
+    args = [sys.executable, "-m", "daskvine_py.worker"]
+    if address is not None:
+        args.append(address)
+    args += ["--cores", str(cores)]
+    if name:
+        args += ["--name", name]
+    return subprocess.Popen(
+        [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
+    )

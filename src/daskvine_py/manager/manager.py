@@ -1,0 +1,704 @@
+"""The public ``Manager``: the caller's API over one I/O thread.
+
+The manager is in four parts, one job each:
+
+- ``manager.Manager`` (this module): the caller's side. It binds the ROUTER (and the
+  CurveZMQ gate), writes the connection file, starts local workers, and turns ``get`` into
+  parts of a run (``SUBMIT_PART`` tasks each) queued to the I/O thread as typed commands;
+  then it waits on the run and unpickles the results in the caller's thread, so dispatch
+  goes on meanwhile.
+- ``manager_loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what
+  workers send, feeds the scheduler state (``state.SchedulerState``), routes its
+  instructions and flushes one batch per worker per iteration.
+- ``liveness.Liveness``: who is silent past the timeout, who is due a heartbeat, whose
+  local process exited; pure, driven by ``now``.
+- ``watching.Watching``: the runs in progress, the bytes moved, and what watched runs
+  (progress, report, event log) see, fed by the state's instructions.
+
+Callers never touch sockets, the state or the loop's dicts: they queue commands, wait on
+their run's event, and read the workers from a snapshot the loop publishes
+(``wait_for_workers`` waits on its condition). Every run ends: should the I/O thread die,
+every waiting and later ``get`` raises ``ManagerDied`` at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import ipaddress
+import itertools
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import zmq
+from dask.utils import key_split
+
+from daskvine_py import config
+from daskvine_py.cache.keys import annotated_off
+from daskvine_py.cache.result_cache import Cache, CachedRun
+from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
+from daskvine_py.manager import callbacks
+from daskvine_py.manager.events import EventLog, summary_records, write_events
+from daskvine_py.manager.launch import spawn
+from daskvine_py.manager.loop import (
+    HOSTNAME,
+    Cancel,
+    Close,
+    Demand,
+    Extend,
+    IOLoop,
+    Retire,
+    StateEvent,
+    Submit,
+)
+from daskvine_py.manager.progress import default_enabled, wait_with_progress
+from daskvine_py.manager.report import write_report
+from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.watching import Run
+from daskvine_py.options import ManagerOptions, RunOptions
+from daskvine_py.plan import annotations
+from daskvine_py.plan.fusion import Chain, link_key
+from daskvine_py.plan.graph import Plan, build_plan, pack_results
+from daskvine_py.plan.rewrite import rewrite_reductions
+from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.cache_placement import CacheWrite, RunCache
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+from daskvine_py.wire.exits import EXIT_MEANINGS
+from daskvine_py.wire.serialize import TaskEncoder, loads
+
+if TYPE_CHECKING:
+    from daskvine_py.batch.pool import WorkerPool
+
+logger = logging.getLogger("daskvine_py.manager")
+
+#: Tasks per part when a graph is submitted: the workers start on the first part while
+#: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
+#: thread less often.
+SUBMIT_PART = 4096
+
+
+class Manager:
+    """A daskvine_py manager: workers connect to it, ``get`` runs Dask graphs on them.
+
+    Parameters
+    ----------
+    host, port
+        Where to listen; ``port=0`` picks a free port. See ``address``.
+    heartbeat_interval, worker_timeout, max_extra_tasks_per_core
+        See ``ManagerOptions``. A setting not given (``host`` and ``port`` included) is
+        ``dask.config``'s ``daskvine_py.manager.<setting>`` (see ``config``).
+
+    Examples
+    --------
+    >>> with Manager() as manager:                           # doctest: +SKIP
+    ...     manager.start_workers(2, cores=1)
+    ...     dask.compute(x, scheduler=manager.get)
+    """
+
+    def __init__(self, host: str | None = None, port: int | None = None, **settings: Any) -> None:
+        self.options = config.manager_options(host, port, settings)
+        host, port = self.options.host, self.options.port
+        self._keys = _manager_keys(self.options)
+        self._context = zmq.Context()
+        #: the ZAP handler admitting workers (None without security)
+        self._gate: security.Gate | None = None
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.LINGER, 1000)
+        try:
+            if self._keys is not None:
+                # The gate must listen before the ROUTER binds: a CurveZMQ server with no
+                # ZAP handler would admit any key.
+                self._gate = security.Gate(self._context, self._keys.worker_public, "manager")
+                self._gate.start()
+                assert self._keys.manager_secret is not None
+                security.serve(self._router, self._keys.manager_public, self._keys.manager_secret)
+            if port:
+                self._router.bind(f"tcp://{host}:{port}")
+                bound = port
+            else:
+                bound = self._router.bind_to_random_port(f"tcp://{host}")
+        except BaseException:
+            self._close_sockets()
+            raise
+        self.address = f"tcp://{host}:{bound}"
+        if self._keys is None and not _is_loopback(host):
+            logger.warning(
+                "manager listening on %s without security: anyone who can reach it can "
+                "run code as this user (use security=True outside trusted benchmarks)",
+                self.address,
+            )
+        #: the JSON file workers join with (``--connection-file``); see ``security``
+        # A wildcard bind is reached at this host's name.
+        reachable = self.address
+        if host in ("0.0.0.0", "::", "*"):
+            reachable = f"tcp://{HOSTNAME}:{bound}"
+        self.connection_file, self._cleanup_paths = _write_connection_file(
+            self.options.connection_file, reachable, self._keys
+        )
+        self._state = s.SchedulerState(
+            self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
+        )
+        self._local_processes: list[subprocess.Popen] = []
+        #: worker pools on batch systems (``scale``), closed with the manager
+        self._pools: list[WorkerPool] = []
+        self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
+        #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
+        self._state.cache_worker_bytes = self.options.cache_worker_bytes
+        self.cache = Cache(
+            self._state.cache, lambda event: self._command(StateEvent(event)),
+            self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
+        )  # fmt: skip
+        self._io.handlers[CacheWrite] = self.cache.write
+        self._run_ids = itertools.count(1)
+        #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
+        self.last_run: RunInfo | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._io.run, name="daskvine-manager", daemon=True)
+        self._thread.start()
+        # A manager never closed must not leave local workers behind at interpreter exit,
+        # nor its keys on disk.
+        weakref.finalize(self, _kill_all, self._local_processes)
+        weakref.finalize(self, _remove_paths, self._cleanup_paths)
+
+    # -- public API -------------------------------------------------------------------
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Manager {self.address} workers={len(self.workers)}>"
+
+    @property
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """The connected workers by name: hostname, cores, memory, pid, the address peers
+        fetch its results from (``peer_address``), and from their last
+        heartbeat the bytes of results they hold and their peak memory (a snapshot)."""
+        with self._io.changed:
+            published = list(self._io.snapshot.values())
+        return {info["name"]: {k: v for k, v in info.items() if k != "name"} for info in published}
+
+    @property
+    def transfers(self) -> dict[tuple[str, str], int]:
+        """Bytes moved per (source, destination) worker name since the manager started;
+        ``runinfo.MANAGER`` names the manager. Per run: ``last_run.transfers``."""
+        return dict(self._io.watching.transfers)
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes of every message workers sent this manager: outputs, not intermediates."""
+        return self._io.received_bytes
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes of every message this manager sent workers: tasks, functions, control."""
+        return self._io.sent_bytes
+
+    # For tests and tools: the loop's records (read them only while it is quiet).
+    @property
+    def _watched(self) -> dict[int, Run]:
+        return self._io.watching.watched
+
+    @property
+    def _names_by_peer(self) -> dict[str, str]:
+        return self._io.watching.names_by_peer
+
+    def start_workers(
+        self,
+        n: int,
+        cores: int = 1,
+        wait: bool = True,
+        timeout: float = 60.0,
+        memory: int | None = None,
+        disk: int | None = None,
+        workdir: str | None = None,
+        lib_resources: dict[str, int] | None = None,
+        fetch_timeout: float | None = None,
+    ) -> list[subprocess.Popen]:
+        """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
+
+        ``memory`` and ``disk`` (MB), ``workdir`` and ``fetch_timeout`` (s) are the
+        worker's ``--memory``, ``--disk``, ``--workdir`` and ``--fetch-timeout``.
+        ``lib_resources={"cores": c, "slots": s}``: each worker runs ``cores // c``
+        library processes of ``s`` concurrent tasks each (``--lib-cores``/``--lib-slots``).
+        With ``wait``, return once all of them have registered (or raise ``TimeoutError``).
+        """
+        if self._closed:
+            raise RuntimeError("the manager is closed")
+        extra = _lib_resources_args(lib_resources or {})
+        for flag, value in (
+            ("--memory", memory),
+            ("--disk", disk),
+            ("--workdir", workdir),
+            ("--fetch-timeout", fetch_timeout),
+        ):
+            if value is not None:
+                extra += [flag, str(value)]
+        before = self._worker_count()
+        start = len(self._local_processes)
+        procs = [
+            spawn(
+                self.address,
+                cores=cores,
+                name=f"local-{start + i}",
+                extra_args=extra,
+                connection_file=self.connection_file,
+            )
+            for i in range(n)
+        ]
+        self._local_processes.extend(procs)
+        if wait:
+            self.wait_for_workers(before + n, timeout=timeout, processes=procs)
+        return procs
+
+    def wait_for_workers(
+        self, n: int, timeout: float = 60.0, processes: list[subprocess.Popen] | None = None
+    ) -> None:
+        """Block until at least ``n`` workers are connected.
+
+        ``processes``: local worker processes to watch meanwhile; one that exits fails
+        the wait at once (``start_workers`` passes the ones it started).
+        """
+        deadline = time.monotonic() + timeout
+        changed = self._io.changed
+        while True:
+            with changed:
+                # Woken when a worker joins or the loop dies; local processes are
+                # polled every 0.1 s meanwhile, since nothing wakes us when one exits.
+                changed.wait_for(
+                    lambda: len(self._io.snapshot) >= n or self._io.error is not None,
+                    timeout=max(0.0, min(0.1, deadline - time.monotonic())),
+                )
+                connected = len(self._io.snapshot)
+            self._raise_if_dead()
+            if connected >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{connected} of {n} workers connected after {timeout} s")
+            dead = [proc for proc in processes or () if proc.poll() is not None]
+            if dead:
+                raise RuntimeError(
+                    f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
+                    f"{_exit_meaning(dead[0].returncode)}"
+                )
+
+    def _worker_count(self) -> int:
+        with self._io.changed:
+            return len(self._io.snapshot)
+
+    def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
+        """Compute ``keys`` of the Dask graph ``dsk`` on the workers (Dask's get protocol).
+
+        ``dsk`` is anything Dask hands a scheduler: a task mapping, a ``HighLevelGraph``
+        or an expression. ``keys`` is a key or nested lists of keys; lists come back as
+        tuples. Options (see ``RunOptions``) apply to this call only: ``progress``,
+        ``report`` and ``event_log`` among them (see ``report``); an option not given is
+        ``dask.config``'s ``daskvine_py.get.<option>`` (see ``config``). Dask's callbacks
+        are called (see ``callbacks``): the active ones, or ``callbacks=[...]``.
+        """
+        hooks = callbacks.take(options.pop("callbacks", None))
+        if hooks is None:
+            return self._get(dsk, keys, options, None)
+        try:
+            return self._get(dsk, keys, options, hooks)
+        finally:
+            hooks.release()
+
+    def _get(self, dsk: Any, keys: Any, options: dict[str, Any],
+             hooks: callbacks.Hooks | None) -> Any:  # fmt: skip
+        run_options = config.run_options(options)
+        self._raise_if_dead()
+        rewrite = None
+        if run_options.reduction_arity is not None:
+            rewrite = functools.partial(
+                rewrite_reductions,
+                arity=run_options.reduction_arity,
+                threshold=run_options.reduction_threshold,
+            )
+        started, mono_started = time.time(), time.monotonic()
+        annotated = annotations.read(dsk)  # before the plan: it keeps no layers
+        # An annotated task keeps its own settings: it is never a link of a chain.
+        unfusable = annotations.annotated_keys(annotated) if annotated else set()
+        caching = _uses_cache(run_options, self.options)
+        fuse = not caching if run_options.fuse is None else run_options.fuse
+        if caching and fuse:
+            unfusable |= annotated_off(dsk)  # dask.annotate(cache=False): run on their own
+        # A cached run orders only the tasks it will run, once it knows which.
+        plan = build_plan(dsk, keys, rewrite, fuse=fuse, unfusable=unfusable, order=not caching)
+        if not plan.outputs:
+            return pack_results(plan.structure, {})
+        cached = None  # the cache's plan (``cache.Cache.prepare``)
+        if caching:
+            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
+            plan = cached.plan
+            if cached.info.deferred:  # hits' payloads: made only if lineage needs them
+                cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
+        settings = None
+        if annotated:
+            priorities, settings = annotations.settle(annotated, plan.nodes)
+            if priorities:
+                order = annotations.reprioritize(plan.priorities, priorities)
+                plan = dataclasses.replace(plan, priorities=order)
+        run = Run(next(self._run_ids))
+        run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
+        if run_options.report is not None or run_options.event_log is not None:
+            run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
+        progress = default_enabled() if run_options.progress is None else run_options.progress
+        structure, ntasks = plan.structure, len(plan.nodes)
+        try:
+            if hooks is not None:
+                hooks.start(plan, run)
+            watch = progress or hooks is not None
+            self._submit_in_parts(run, plan, run_options, settings, watch, cached)
+            # The scheduler has what it needs: the graph need not live through the run
+            # (but for a rerun's deferred payloads, ``RunCache.encode``, which hold it).
+            del plan
+            waiter = run.done if hooks is None else hooks.waiter(run)
+            if progress:
+                wait_with_progress(waiter, lambda: run.finished_tasks, ntasks)
+            else:
+                waiter.wait()
+        except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
+            self._command(Cancel(run))
+            self._end_run(run, "cancelled", run_options)
+            if hooks is not None:
+                hooks.finish(failed=True)
+            raise
+        if cached is not None:
+            run.info.cache = cached.info.stats
+        self._end_run(run, "done" if run.failure is None else "failed", run_options)
+        if hooks is not None:
+            hooks.finish(failed=run.failure is not None)
+        if run.failure is not None:
+            raise _run_error(run.failure)
+        values = {} if hooks is None else hooks.values  # outputs the callbacks saw
+        for key, serialized in run.values.items():
+            if key in values:
+                continue
+            try:
+                values[key] = loads(serialized)
+            except Exception as exc:
+                raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
+        return pack_results(structure, values)
+
+    def _end_run(self, run: Run, outcome: str, options: RunOptions) -> None:
+        run.info.finished = time.time()
+        run.info.outcome = outcome
+        self.last_run = run.info
+        if run.log is None:
+            return
+        run.log.end(time.monotonic(), outcome, run.info)
+        run.info.events = run.log
+        try:
+            if options.event_log is not None:
+                write_events(run.log.records(), options.event_log)
+            if options.report is not None:
+                write_report(run.log.records(), options.report)
+        except Exception:
+            if outcome == "done":
+                raise
+            # The run's own error matters more; the report of a failed run is a bonus.
+            logger.exception("could not write the report or event log of run %d", run.id)
+
+    def report(self, path: str | os.PathLike) -> None:
+        """Write the performance report of the last run that ended to ``path`` (HTML).
+
+        A run called with ``report=`` or ``event_log=`` kept its event log, and the report
+        shows its tasks over time, per-worker timelines, transfers, durations per function
+        and slowest tasks; any other run gets a summary of its options, outcome and
+        transfers only. ``get(..., report=path)`` does the same as the run ends.
+        """
+        info = self.last_run
+        if info is None:
+            raise RuntimeError("no run has ended yet: there is nothing to report")
+        records = info.events.records() if info.events is not None else summary_records(info)
+        write_report(records, path)
+
+    def _submit_in_parts(
+        self, run: Run, plan: Plan, options: RunOptions,
+        settings: annotations.RunSettings | None, watch: bool,
+        cached: CachedRun | None = None,
+    ) -> None:  # fmt: skip
+        """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
+
+        The workers start on the first part while this thread pickles the next, so a big
+        graph does not wait for all of it to be prepared. Priority order puts every task
+        after its dependencies; each task carries its dependents count, so a result is not
+        released before dependents still to come have arrived. With the cache, only the
+        tasks that will run count as dependents.
+        """
+        encoder = TaskEncoder() if cached is None else cached.encoder
+        run_config = None if options.default_execution else _run_config(run.id, options)
+        cache = None if cached is None else cached.info
+        add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
+        submit = functools.partial(
+            self._submit_part,
+            run,
+            plan,
+            options,
+            run_config,
+            settings,
+            watch=watch,
+            cache=cache,
+        )
+        sent_functions: set[bytes] = set()
+        part: list[s.NewTask] = []
+        first = True
+        dependents = plan.dependents if cached is None or cached.readers is None else cached.readers
+        deferred = cache.deferred if cache is not None else frozenset()
+        for key in plan.order:
+            if add_key is not None:
+                add_key(key, plan.nodes[key])
+            if key in deferred:
+                payload, functions = b"", ()
+            else:
+                payload, functions = _encode_task(encoder, key, plan.nodes[key])
+            deps = tuple(plan.dependencies[key])
+            prefix, readers = key_split(key), dependents.get(key, 0)
+            part.append(
+                s.NewTask(key, payload, functions, deps, plan.priorities[key], prefix, readers)
+            )
+            if len(part) >= SUBMIT_PART:
+                submit(part, encoder, sent_functions, first)
+                first = False
+                part = []
+                if run.done.is_set():
+                    return  # it failed already: stop preparing the rest
+        submit(part, encoder, sent_functions, first)
+        run.info.hoisting_candidates = sorted(encoder.modules)
+
+    def _submit_part(self, run: Run, plan: Plan, options: RunOptions,
+                     run_config: p.RunConfig | None, settings: annotations.RunSettings | None,
+                     part: list, encoder: TaskEncoder, sent_functions: set[bytes],
+                     first: bool, watch: bool, cache: RunCache | None = None) -> None:  # fmt: skip
+        """Send one part: the first opens the run, the others extend it."""
+        functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
+        sent_functions.update(functions)
+        if first:
+            watched = watch or run.log is not None
+            event: Any = s.SubmitRun(
+                run.id, part, plan.outputs, options.retries, functions, options.replicas,
+                run_config, watched, settings, cache,
+            )  # fmt: skip
+            self._command(Submit(run, event, watched))
+        else:
+            self._command(Extend(run, s.ExtendRun(run.id, part, functions)))
+
+    def scale(self, provider: Any, **pool_options: Any) -> WorkerPool:
+        """Keep workers on a batch system, sized to the work, through a Parsl provider.
+
+        ``pool_options`` are ``WorkerPool``'s: ``min_workers``, ``max_workers``, ``cores``,
+        ``memory``, ``disk``, ``idle_timeout``, ``poll_interval``, ``python``. The pool
+        runs until its ``close()`` or the manager's, which cancel its jobs.
+        """
+        from daskvine_py.batch.pool import WorkerPool
+
+        if self._closed:
+            raise RuntimeError("the manager is closed")
+        pool = WorkerPool(self, provider, **pool_options)
+        self._pools.append(pool)
+        return pool
+
+    def demand(self) -> Demand:
+        """The cores the work could use now and each worker's idle time (updated every
+        0.1 s by the I/O thread, from the first call on): what worker pools size
+        themselves on."""
+        self._io.wants_demand = True
+        return self._io.demand
+
+    def retire(self, name: str, reason: str = "retired") -> None:
+        """Tell the worker ``name`` to leave (it finishes nothing more; idle workers only)."""
+        self._command(Retire(name, reason))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers this manager started, tell the others to leave, and stop."""
+        if self._closed:
+            return
+        for pool in self._pools:
+            pool.close()
+        self._closed = True
+        self._command(Close())
+        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for proc in self._local_processes:
+            try:
+                proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "local worker %d did not stop in %.0f s; killing it", proc.pid, timeout
+                )
+                proc.kill()
+                proc.wait()
+        self._close_sockets()
+        self._io.close_pipe()
+        self.cache.close()
+        _remove_paths(self._cleanup_paths)
+
+    def _close_sockets(self) -> None:
+        self._router.close(linger=0)
+        if self._gate is not None:
+            self._gate.stop()
+        self._context.term()
+
+    # -- caller side of the command queue -----------------------------------------------
+
+    def _command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
+        if self._closed and type(command) is not Close:
+            raise RuntimeError("the manager is closed")
+        self._io.command(command)
+
+    def _raise_if_dead(self) -> None:
+        if self._io.error is not None:
+            raise self._io.dead_error()
+
+
+def _manager_keys(options: ManagerOptions) -> security.Keys | None:
+    """The run's keys: none without security, else from ``key_file`` (made if missing)."""
+    if not options.security:
+        return None
+    if options.key_file is None:
+        return security.Keys.generate()
+    path = os.fspath(options.key_file)
+    if os.path.exists(path):
+        return security.read_key_file(path, need_manager_secret=True)
+    keys = security.Keys.generate()
+    security.write_key_file(path, keys)
+    return keys
+
+
+def _write_connection_file(
+    path: str | os.PathLike | None, address: str, keys: security.Keys | None
+) -> tuple[str, str | None]:
+    """Write the connection file; its path, and what to remove when the manager closes
+    (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        security.write_connection_file(path, address, keys)
+        return path, []
+    port = address.rsplit(":", 1)[1]
+    name = f"manager-{HOSTNAME}-{os.getpid()}-{port}.json"
+    try:
+        directory = security.private_dir(security.default_connection_dir())
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path]
+    except OSError:  # no writable home directory: a private temporary one
+        directory = tempfile.mkdtemp(prefix="daskvine-py-")
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path, directory]
+
+
+def _remove_paths(paths: list[str]) -> None:
+    """Remove files, then the (empty) directories made for them."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
+
+
+def _exit_meaning(code: int | None) -> str:
+    meaning = EXIT_MEANINGS.get(code)
+    return f" ({meaning})" if meaning else ""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _kill_all(processes: list[subprocess.Popen]) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
+    unknown = set(lib_resources) - {"cores", "slots"}
+    if unknown:
+        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
+    args = []
+    for name, value in lib_resources.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
+        args += [f"--lib-{name}", str(value)]
+    return args
+
+
+def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
+    """``get(cache=...)``, else the manager's ``cache``; a cache directory implies it."""
+    if run.cache is not None:
+        return run.cache
+    return manager.cache or run.cache_dir is not None or manager.cache_dir is not None
+
+
+def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:
+    return p.RunConfig(
+        run_id,
+        options.task_mode,
+        options.exec_mode,
+        options.import_modules,
+        tuple(options.env_vars.items()),
+        options.task_sandbox,
+    )
+
+
+def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:
+    try:
+        return encoder.encode(node)
+    except Exception as exc:
+        if type(node) is Chain:  # name the link that cannot be pickled
+            for link, link_node in node.links:
+                _encode_task(encoder, link, link_node)
+        raise SerializationError(key, "the function or arguments", repr(exc)) from exc
+
+
+def _deferred_payload(
+    encoder: TaskEncoder, plan: Plan, key: Any
+) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
+    """A task's payload, function ids and the bytes of those functions, made in the I/O
+    thread (with an encoder of its own) when the lineage of a lost cached result needs
+    a task submitted without its payload."""
+    payload, functions = _encode_task(encoder, key, plan.nodes[key])
+    return payload, functions, {fid: encoder.functions[fid] for fid in functions}
+
+
+def _run_error(failure: s.RunFailed | BaseException) -> BaseException:
+    """The exception ``get`` raises for a failed run."""
+    if isinstance(failure, BaseException):
+        return failure
+    note = f"daskvine_py: raised by task {failure.key!r} on worker {failure.worker}"
+    if failure.exception is not None:
+        try:
+            exc = loads(failure.exception)
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            link = link_key(exc)
+            if link is not None:
+                note = (
+                    f"daskvine_py: raised by task {link!r}, run in one chain with "
+                    f"{failure.key!r} on worker {failure.worker}"
+                )
+            return attach_remote_traceback(exc, failure.traceback, note)
+    error = TaskFailed(failure.key, failure.message, failure.worker)
+    if failure.traceback:
+        attach_remote_traceback(error, failure.traceback, None)
+    return error

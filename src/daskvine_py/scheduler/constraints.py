@@ -1,0 +1,246 @@
+"""Placement of annotated tasks: resources, worker restrictions, per-task retries.
+
+A mixin of ``state.SchedulerState``. Tasks without a ``Placement`` never come here: they
+wait in the state's ``queue`` and take one slot wherever they go. A task with one waits
+in ``placing``, one lane per distinct placement, and is placed only on a worker it may
+run on (``workers``, ``allow_other_workers``) with room for it:
+
+- room is slots (``cores``) and reserved memory. A worker's free slots are its cores,
+  less the tasks it holds, less what annotated tasks there take beyond one slot each; its
+  free memory is its ``--memory``, less what annotated tasks there reserve;
+- while an annotated task takes more than one slot on a worker, nothing else goes there
+  beyond its slots (no saturation extras; only the links of a chain, which each wait for
+  the one before), so whatever the worker can run at once fits;
+- a task that fits nowhere now holds back the worker closest to holding it from new
+  work (a reservation, renewed each dispatch round), so a stream of small tasks cannot
+  starve it;
+- a run with a task no connected worker could ever hold (too many cores, too much
+  memory, nobody of that name) fails as it starts, with an error naming the key and what
+  it asked for. Without any worker connected it waits, as every run does, and is judged
+  by the first workers to join. A task whose every capable worker leaves later (a
+  preemption) waits for one to join, like any task on a manager without workers.
+
+Annotated tasks are dispatched before the others in each round, best priority first.
+A worker's ``holding`` lists the annotated tasks placed or reserved there and is pruned
+as it is read, so no path that takes a task off a worker needs to know about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from daskvine_py.plan.annotations import Placement
+from daskvine_py.scheduler.matching import ReadyQueue
+from daskvine_py.scheduler.messages import EventDropped, NewTask, RunFailed, WorkerId
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+
+
+class Constraints:
+    """The annotated-task half of ``SchedulerState``; see the module docstring."""
+
+    # Provided by SchedulerState.
+    workers: dict[WorkerId, WorkerRecord]
+    runs: dict[int, RunRecord]
+    _out: list[Any]
+    _transition: Any
+    _target: Any
+    _drop_run: Any
+    _abort: Any
+
+    def _init_constraints(self) -> None:
+        #: ready annotated tasks, one lane per distinct placement
+        self.placing: ReadyQueue[TaskRecord] = ReadyQueue()
+        #: the placements with tasks in ``placing``
+        self._placements: set[Placement] = set()
+        #: runs whose placements are still to be checked against the connected workers
+        self._unchecked: list[RunRecord] = []
+        #: tasks waiting for room, and the worker held back for each this round
+        self._reserved: dict[TaskRecord, WorkerRecord] = {}
+
+    # -- hooks called by the state --------------------------------------------------------
+
+    def _mark_placements(self, run: RunRecord, added: Sequence[tuple[NewTask, TaskRecord]]) -> None:
+        """New tasks of an annotated run get their placement before they are queued."""
+        if run.settings is None or not run.settings.placements:
+            return
+        placements = run.settings.placements
+        for _, record in added:
+            record.placement = placements.get(record.key)
+        if run not in self._unchecked:
+            self._unchecked.append(run)
+
+    def _queue_placed(self, task: TaskRecord) -> None:
+        self.placing.push(task, task.priority, task.placement)
+        self._placements.add(task.placement)
+
+    def _retries_of(self, task: TaskRecord) -> int:
+        """Re-runs allowed after crashes and lost workers: its annotation, else its run's."""
+        run = task.run
+        if run.settings is None:
+            return run.retries
+        return run.settings.retries.get(task.key, run.retries)
+
+    def _held_back(self, worker: WorkerRecord) -> int:
+        """Slots of ``worker`` that annotated tasks take beyond one each, or all of them
+        while it is reserved for one; pruning what no longer holds anything there."""
+        held = 0
+        for task in list(worker.holding):
+            if task.worker is worker and task.state == "processing":
+                held += task.placement.cores - 1
+            elif self._reserved.get(task) is worker:
+                held += worker.cores
+            else:
+                del worker.holding[task]
+        return held
+
+    def _room(self, worker: WorkerRecord) -> int:
+        """Tasks ``worker`` could start now without going beyond its slots."""
+        held = self._held_back(worker) if worker.holding else 0
+        return worker.cores - len(worker.processing) - held
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _dispatch_placed(self) -> None:
+        """Fail new runs asking what no worker offers; place ready annotated tasks where
+        they fit, best priority first; hold back a worker for each that fits nowhere yet."""
+        if self._unchecked and self.workers:
+            runs, self._unchecked = self._unchecked, []
+            for run in runs:
+                self._check_run(run)
+        self._reserved.clear()
+        if not self.workers:
+            return
+        waiting: dict[Placement, TaskRecord] = {}
+        while self.placing:
+            best: tuple[TaskRecord, WorkerRecord] | None = None
+            for placement in list(self._placements):
+                task = self._front(placement)
+                if task is None:
+                    continue
+                if best is not None and task.priority > best[0].priority:
+                    waiting[placement] = task
+                    continue
+                worker = self._fitting_worker(task)
+                if worker is not None:
+                    best = (task, worker)
+                else:
+                    waiting[placement] = task
+            if best is None:
+                break
+            task, worker = best
+            waiting.pop(task.placement, None)
+            self.placing.remove(task)
+            worker.holding[task] = None
+            try:
+                self._transition(task, "processing", worker=worker)
+            except Exception as exc:
+                self._abort(task.run.id, exc, f"sending task {task.key!r} (id {task.id}) to "
+                            f"worker {worker.name}")  # fmt: skip
+        for task in waiting.values():
+            if task.state == "ready":
+                self._reserve(task)
+
+    def _front(self, placement: Placement) -> TaskRecord | None:
+        """The best ready task of a placement's lane (stale entries dropped)."""
+        while True:
+            task = self.placing.peek_for(placement, False)
+            if task is None:
+                self._placements.discard(placement)
+                return None
+            if task.state == "ready":
+                return task
+            self.placing.pop_for(placement, False)
+
+    def _allowed(self, placement: Placement) -> list[WorkerRecord]:
+        """The connected workers ``placement`` lets its task run on (full ones last resort)."""
+        workers = list(self.workers.values())
+        names = placement.workers
+        if names is not None:
+            named = [w for w in workers if w.name in names or w.hostname in names]
+            if named or not placement.loose:
+                workers = named
+        return [w for w in workers if not w.full] or workers
+
+    def _holders(self, placement: Placement) -> list[WorkerRecord]:
+        """The allowed workers big enough to ever hold the task."""
+        return [
+            w
+            for w in self._allowed(placement)
+            if w.cores >= placement.cores and w.memory >= placement.memory
+        ]
+
+    def _fitting_worker(self, task: TaskRecord) -> WorkerRecord | None:
+        """A worker with room for ``task`` now: where most of its inputs are, else the
+        one with most free slots."""
+        placement = task.placement
+        target = self._target(task)
+        best, best_room = None, 0
+        for worker in self._allowed(placement):
+            if worker.memory - self._reserved_memory(worker) < placement.memory:
+                continue
+            room = self._room(worker)
+            if room < placement.cores:
+                continue
+            if worker.id == target:
+                return worker
+            if best is None or room > best_room:
+                best, best_room = worker, room
+        return best
+
+    def _reserved_memory(self, worker: WorkerRecord) -> int:
+        if not worker.holding:
+            return 0
+        self._held_back(worker)  # prune
+        return sum(
+            task.placement.memory
+            for task in worker.holding
+            if task.worker is worker and task.state == "processing"
+        )
+
+    def _reserve(self, task: TaskRecord) -> None:
+        """Hold back, from new work, the worker that will soonest have room for ``task``."""
+        taken = set(self._reserved.values())
+        candidates = [w for w in self._holders(task.placement) if w not in taken]  # maybe none
+        if not candidates:
+            return
+        worker = max(candidates, key=self._room)
+        self._reserved[task] = worker
+        worker.holding[task] = None
+
+    # -- what nobody offers -------------------------------------------------------------------
+
+    def _check_run(self, run: RunRecord) -> None:
+        """Fail a new run at once if one of its placements fits no connected worker."""
+        if self.runs.get(run.id) is not run:
+            return
+        for placement, key in run.settings.examples.items():
+            if not self._holders(placement):
+                task = run.tasks.get(key)
+                if task is not None:
+                    self._fail_unplaceable(task)
+                return
+
+    def _fail_unplaceable(self, task: TaskRecord) -> None:
+        run = task.run
+        if self.runs.get(run.id) is not run:
+            return
+        offers = ", ".join(
+            f"{w.name} ({w.cores} cores, {w.memory / 2**20:.0f} MB)"
+            for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
+        )
+        more = len(self.workers) - 8
+        if more > 0:
+            offers += f" and {more} more"
+        message = (
+            f"it asks for {task.placement.describe()}, which no connected worker can hold "
+            f"(workers: {offers})"
+        )
+        self._out.append(
+            RunFailed(run.id, task.key, "", None, "", message, False, run.run_seconds,
+                      run.serialization_seconds)
+        )  # fmt: skip
+        try:
+            self._drop_run(run)
+        except Exception as exc:
+            self._out.append(EventDropped(f"dropping run {run.id}", exc))

@@ -1,0 +1,123 @@
+"""Where tasks go for their inputs: locality targets, sending ahead, siblings together.
+
+A mixin of ``state.SchedulerState``. A ready task is queued for the worker holding most
+of its input bytes (``_target``); a task whose inputs are all being computed on one
+worker is sent there before they are done (``_send_ahead``), so the worker starts it
+without a manager round trip; and tasks without inputs, which have no locality of their
+own, are queued for the worker that took a sibling (``_pull_siblings``), so the inputs of
+one reader meet instead of one of them crossing between workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daskvine_py.scheduler.records import TaskRecord, WorkerId, WorkerRecord
+
+#: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
+#: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
+CHAIN_AHEAD = 256
+#: Sibling co-assignment's bounds (``_pull_siblings``): readers of the task taken, and
+#: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
+#: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
+#: ``SIBLING_INPUTS`` also bounds the inputs of a reader sent ahead for several of them.
+SIBLING_READERS = 4
+SIBLING_INPUTS = 8
+
+
+class Locality:
+    """The placement half of ``SchedulerState``; see the module docstring."""
+
+    workers: dict[Any, WorkerRecord]
+    queue: Any
+    chain_ahead: int
+    sibling_inputs: int
+    _full: int
+    _extra: Any
+    _transition: Any
+
+    def _target(self, task: TaskRecord) -> WorkerId | None:
+        """The worker holding most of the task's input bytes, if any."""
+        if not task.deps:
+            return None
+        held: dict[WorkerRecord, int] = {}
+        for dep in task.deps:
+            size = dep.nbytes + 1
+            for holder in dep.who_has:
+                held[holder] = held.get(holder, 0) + size
+        if self._full:
+            held = {w: size for w, size in held.items() if not w.full}
+        if not held:
+            return None
+        return max(held, key=held.__getitem__).id
+
+    def _pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Queue the input-less siblings of ``task`` (other inputs of the tasks it feeds)
+        for the worker that took it.
+
+        Tasks without inputs have no locality of their own, and taken one per worker in
+        turn, the two halves of a pair (``x[i, j]`` and ``x[j, i]`` of ``x + x.T``, the
+        partitions one combine step reads) land on different workers: every reader then
+        copies one of them across. Queued for the same worker they meet there. It is a
+        target like any other: an idle worker still takes them (soft targeting). Bounded
+        to tasks read by few with few inputs, so an all-to-all step costs nothing here.
+        """
+        dependents = task.dependents
+        if len(dependents) > SIBLING_READERS:
+            return
+        queue = self.queue
+        limit = self.sibling_inputs
+        for dependent in dependents:
+            deps = dependent.deps
+            if len(deps) > limit:
+                continue
+            for sibling in deps:
+                if (
+                    sibling.state == "ready"
+                    and not sibling.pulled
+                    and not sibling.deps
+                    and sibling.placement is None
+                ):
+                    sibling.pulled = True
+                    queue.push(sibling, sibling.priority, worker.id)
+
+    def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Send dependents of ``task`` (just given to ``worker``) there now, when every
+        input they miss is being computed there (``_behind``): ``task`` alone, or it and
+        its siblings (the pair ``x[i, j]``, ``x[j, i]`` that ``_pull_siblings`` put on one
+        worker, say).
+
+        The worker starts them the moment their inputs are ready, without a round trip to
+        the manager: a chain of small tasks runs at the worker's pace. Bounded by the
+        worker's saturation. A strictly linear chain goes further (``chain_ahead`` more):
+        it runs in order anyway, so handing it to one worker whole costs no parallelism.
+        """
+        if worker.full or task.unread is None:  # (a cached output: maybe not kept there)
+            return
+        while True:
+            follower = next((d for d in task.dependents if _behind(d, worker)), None)
+            if follower is None or follower.placement is not None:  # annotated: placed alone
+                return
+            bound = worker.cores + self._extra(worker, follower)
+            if len(task.dependents) == 1 and len(follower.deps) == 1:
+                bound += self.chain_ahead
+            if len(worker.processing) >= bound:
+                return
+            self._transition(follower, "processing", worker=worker)
+            task = follower
+
+
+def _behind(task: TaskRecord, worker: WorkerRecord) -> bool:
+    """Whether waiting ``task`` can be sent ahead to ``worker``: each input it misses
+    is being computed there (one missing input: the one just sent, checked in O(1))."""
+    if task.state != "waiting":
+        return False
+    missing = task.missing
+    if missing == 1:
+        return True
+    if missing > SIBLING_INPUTS or len(task.deps) > SIBLING_INPUTS:
+        return False
+    return all(
+        dep.state == "memory" or (dep.worker is worker and dep.unread is not None)
+        for dep in task.deps
+    )

@@ -1,0 +1,197 @@
+"""The scheduler state's vocabulary: the events it takes and the instructions it emits.
+
+Plain ``NamedTuple`` records, built by the manager's I/O thread (events) and read by it
+(instructions); ``state.SchedulerState.handle`` turns a list of the first into a list of
+the second. Imported by ``state`` and re-exported there: ``state.SubmitRun`` etc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized
+
+Key = Hashable
+WorkerId = bytes
+
+#: Bits for a task's priority within its run: earlier runs go first, then Dask's order.
+RUN_PRIORITY_BITS = 32
+
+# -- events ---------------------------------------------------------------------------
+
+
+class NewTask(NamedTuple):
+    key: Key
+    payload: bytes
+    functions: tuple[bytes, ...]  #: ids of the functions the payload references
+    dependencies: tuple[Key, ...]
+    priority: int
+    prefix: str = ""  #: the kind of task (``key_split``), for duration estimates
+    #: dependents in the whole graph, when the run arrives in several parts; None: count
+    #: them from the dependencies that arrive in the same event
+    dependents: int | None = None
+
+
+class SubmitRun(NamedTuple):
+    """A new run. Its tasks may come in parts: this one, then ``ExtendRun`` events, each
+    task after its dependencies (priority order does that)."""
+
+    run_id: int
+    tasks: Sequence[NewTask]
+    outputs: Sequence[Key]
+    retries: int
+    functions: Mapping[bytes, bytes] = {}  #: function id -> its bytes (``TaskEncoder``)
+    replicas: int = 1  #: copies kept of each intermediate result (``RunOptions.replicas``)
+    #: how its tasks execute (``protocol.RunConfig``); None: the defaults
+    config: p.RunConfig | None = None
+    #: someone watches it (progress, report, event log): ``Dispatched``/``TaskFinished``
+    watched: bool = False
+    #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
+    settings: Any = None
+    #: its cache plan (``state_cache.RunCache``, ``get(cache=True)``); None: no cache
+    cache: Any = None
+
+
+class ExtendRun(NamedTuple):
+    """More tasks of a run: big graphs start running while the rest is still prepared."""
+
+    run_id: int
+    tasks: Sequence[NewTask]
+    functions: Mapping[bytes, bytes] = {}
+
+
+class CancelRun(NamedTuple):
+    run_id: int
+
+
+class WorkerJoined(NamedTuple):
+    worker: WorkerId
+    name: str
+    cores: int
+    peer_address: str
+    memory: int = 0  #: bytes it offers for results (``--memory``)
+    hostname: str = ""
+
+
+class WorkerLost(NamedTuple):
+    worker: WorkerId
+    reason: str
+
+
+class FromWorker(NamedTuple):
+    """A report a worker sent: ``TaskDone``, ``TaskErred``, ``TaskCrashed``, ``FetchFailed``,
+    ``Replicas``, ``Withdrawn`` or ``DiskFull``."""
+
+    worker: WorkerId
+    message: Any
+
+
+class BadReport(NamedTuple):
+    """A record from a worker that failed validation (``protocol.check_fields``): the runs
+    of the tasks it names that are processing there fail, since their report is lost."""
+
+    worker: WorkerId
+    kind: str  #: the record's type name
+    task_ids: tuple[int, ...]  #: the ids it names (``protocol.task_ids_named``)
+    error: BaseException
+
+
+class AbortRun(NamedTuple):
+    """Fail a run with an exception raised outside the state (the manager's loop)."""
+
+    run_id: int
+    error: BaseException
+    what: str  #: what was being done, for the message: "a TaskDone from worker w1"
+
+
+# -- instructions ---------------------------------------------------------------------
+
+
+class Send(NamedTuple):
+    worker: WorkerId
+    message: Any
+
+
+class RunOutput(NamedTuple):
+    run_id: int
+    key: Key
+    value: Serialized
+
+
+class RunDone(NamedTuple):
+    run_id: int
+    #: seconds its tasks ran, and their libraries spent (de)serializing, summed over the
+    #: ``TaskDone`` reports the state took (``RunRecord``)
+    run_seconds: float = 0.0
+    serialization_seconds: float = 0.0
+
+
+class RunFailed(NamedTuple):
+    run_id: int
+    key: Key
+    worker: str
+    exception: Serialized | None  #: the task's own exception, when it could travel
+    traceback: str
+    message: str  #: what went wrong, for when there is no exception object
+    crashed: bool  #: True: crashes/lost workers exhausted the retries
+    #: as in ``RunDone``: over the tasks that finished before the run failed
+    run_seconds: float = 0.0
+    serialization_seconds: float = 0.0
+
+
+class RunAborted(NamedTuple):
+    """A run failed because handling something that concerns it raised ``error``."""
+
+    run_id: int
+    error: BaseException
+    what: str  #: the event: "a TaskDone about task 'x' (id 3) from worker w1"
+
+
+class EventDropped(NamedTuple):
+    """Handling an event that concerns no run raised ``error``; the event was dropped."""
+
+    what: str
+    error: BaseException
+
+
+class BytesRelayed(NamedTuple):
+    """A result went from its holder through the manager to a worker that could not reach
+    the holder (``protocol.Relay``)."""
+
+    run_id: int
+    holder: str
+    reader: str
+    nbytes: int
+
+
+class BytesInlined(NamedTuple):
+    """Bytes of inputs sent to a worker inside ``Execute``: moved from the manager."""
+
+    worker: WorkerId
+    name: str
+    nbytes: int
+
+
+# -- instructions for watched runs only -------------------------------------------------
+
+
+class Dispatched(NamedTuple):
+    """A task of a watched run was sent to a worker."""
+
+    run_id: int
+    task_id: int
+    key: Key
+    prefix: str
+    worker: str  #: the worker's name
+
+
+class TaskFinished(NamedTuple):
+    """The state took a report about a task of a watched run: ``p.TaskDone``,
+    ``p.TaskErred`` or ``p.TaskCrashed`` (stale reports yield none)."""
+
+    run_id: int
+    key: Key
+    worker: str  #: the worker's name
+    report: Any

@@ -1,0 +1,159 @@
+"""The scheduler state's records of workers, runs and tasks.
+
+Mutated only by ``state.SchedulerState``'s transitions; ``__slots__`` because there is
+one ``TaskRecord`` per task of every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from daskvine_py.ema import Ema
+from daskvine_py.plan.annotations import Placement, RunSettings
+from daskvine_py.scheduler.messages import Key, WorkerId
+from daskvine_py.wire import protocol as p
+
+TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", "forgotten"]
+
+
+class WorkerRecord:
+    __slots__ = (
+        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
+        "functions", "full", "configs", "memory", "hostname", "holding",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        id: WorkerId,
+        name: str,
+        cores: int,
+        peer_address: str,
+        memory: int = 0,
+        hostname: str = "",
+    ):
+        self.id = id
+        self.name = name
+        self.cores = cores
+        self.peer_address = peer_address
+        #: bytes of memory it offers for results (``--memory``), and its host's name:
+        #: what annotated tasks are placed by (``state_constraints``)
+        self.memory = memory
+        self.hostname = hostname
+        #: annotated tasks placed or waiting for room here (``state_constraints``)
+        self.holding: dict[TaskRecord, None] = {}
+        #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
+        self.processing: dict[TaskRecord, None] = {}
+        #: overhead of a task beyond its run time, measured on tasks that found a free core
+        self.round_trip = Ema()
+        #: ids of the functions this worker has been sent: each travels once
+        self.functions: set[bytes] = set()
+        #: runs whose ``RunConfig`` this worker has been sent
+        self.configs: set[int] = set()
+        #: results this worker holds
+        self.has_what: set[TaskRecord] = set()
+        #: its store has no room left (``DiskFull``): it gets no new work meanwhile
+        self.full = False
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} processing={len(self.processing)}>"
+
+
+class RunRecord:
+    __slots__ = (
+        "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
+        "watched", "run_seconds", "serialization_seconds", "settings",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        id: int,
+        retries: int,
+        outputs: Sequence[Key],
+        replicas: int = 1,
+        config: p.RunConfig | None = None,
+        watched: bool = False,
+        settings: RunSettings | None = None,
+    ):
+        self.id = id
+        #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
+        self.settings = settings
+        #: someone watches it: the state emits ``Dispatched`` and ``TaskFinished``
+        self.watched = watched
+        #: how its tasks execute, sent to each worker before its first task there
+        self.config = config
+        #: copies to keep of each intermediate result, on different workers
+        self.replicas = replicas
+        #: function id -> bytes, for the tasks of this run
+        self.functions: dict[bytes, bytes] = {}
+        #: every task of the run, by key
+        self.tasks: dict[Key, TaskRecord] = {}
+        self.outputs = frozenset(outputs)
+        #: outputs whose value has not reached the manager yet
+        self.undelivered = len(self.outputs)
+        self.retries = retries
+        #: sums of ``TaskDone.duration`` and ``TaskDone.serialization`` of its tasks, for
+        #: ``RunDone``/``RunFailed`` (every run: two additions per task)
+        self.run_seconds = 0.0
+        self.serialization_seconds = 0.0
+
+
+class TaskRecord:
+    __slots__ = (
+        "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
+        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
+        "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
+        "placement", "pulled",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        id: int,
+        key: Key,
+        run: RunRecord,
+        payload: bytes,
+        functions: tuple[bytes, ...],
+        priority: Any,
+        prefix: str,
+    ):
+        self.id = id
+        self.key = key
+        self.run = run
+        self.payload = payload
+        self.functions = functions
+        self.priority = priority
+        self.prefix = prefix
+        #: when it was sent to its worker, and whether a core was free there then
+        self.sent_at = 0.0
+        self.sent_idle = False
+        self.deps: list[TaskRecord] = []
+        self.dependents: list[TaskRecord] = []
+        self.state: TaskStateName = "waiting"
+        #: inputs not in memory
+        self.missing = 0
+        #: dependents in waiting, ready or processing: they still need this result
+        self.waiters = 0
+        self.who_has: set[WorkerRecord] = set()
+        self.nbytes = 0
+        #: the result itself while in memory, when small (``protocol.inlinable``): tasks
+        #: on other workers get it inside their ``Execute`` instead of fetching it
+        self.value: p.Serialized | None = None
+        #: the worker it is processing on
+        self.worker: WorkerRecord | None = None
+        self.is_output = False
+        #: an output no task of its run reads: its worker sends the value and keeps no
+        #: copy; None (an output the cache keeps): its worker keeps it only when it is too
+        #: large to travel inline, else the manager holds it (settled in ``TaskDone``)
+        self.unread: bool | None = False
+        #: the value reached the manager (outputs only)
+        self.delivered = False
+        #: runs that ended in a crash or a lost worker
+        self.attempts = 0
+        #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
+        self.placement: Placement | None = None
+        #: an input-less task queued for the worker that took a sibling (one that feeds
+        #: the same task): see ``SchedulerState._pull_siblings``
+        self.pulled = False
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"

@@ -1,0 +1,70 @@
+"""How many tasks a worker should hold: EMA of task durations against the round trip.
+
+A worker that finishes a task must not wait for the manager to send the next one, so it
+holds ``cores + extra`` tasks where ``extra`` covers the round trip::
+
+    extra ≈ cores × round_trip / duration
+
+Durations are estimated per task prefix (the kind of function) with an exponential moving
+average; an estimate is forgotten when a task runs far longer than predicted, so the queue
+shrinks at once when the workload turns slow. The round trip is estimated per worker from
+tasks that found a free core: their turnaround minus their run time is pure overhead.
+``extra`` is bounded: too much prefetch leaves work queued on one worker while another
+idles (the manager also takes unstarted work back for idle workers).
+
+Everything here is a pure function of its samples; no clocks are read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+from daskvine_py.ema import Ema
+
+#: Assumed round trip before a worker has been measured, in seconds.
+DEFAULT_ROUND_TRIP = 0.001
+#: Shortest duration used to size queues, so a flood of empty tasks has a finite target.
+MIN_DURATION = 20e-6
+
+
+class DurationEstimates:
+    """EMA of task run times per task prefix, and of all tasks as the prior for new ones.
+
+    A prefix seen for the first time (graphs whose keys are all distinct, like ``x1``,
+    ``x2``, ...) borrows the estimate of recent tasks of any kind rather than none.
+    """
+
+    __slots__ = ("_by_prefix", "_all")
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[Hashable, Ema] = {}
+        self._all = Ema()
+
+    def observe(self, prefix: Hashable, duration: float) -> None:
+        ema = self._by_prefix.get(prefix)
+        if ema is None:
+            ema = self._by_prefix[prefix] = Ema()
+        ema.observe(duration)
+        self._all.observe(duration)
+
+    def get(self, prefix: Hashable) -> float | None:
+        ema = self._by_prefix.get(prefix)
+        if ema is not None:
+            return ema.value
+        return self._all.value if self._all.count else None
+
+
+def extra_tasks(
+    cores: int, duration: float | None, round_trip: float | None, max_extra_per_core: int
+) -> int:
+    """Tasks a worker of ``cores`` cores should hold beyond one per core.
+
+    Unknown durations get one extra per core: enough to overlap the first round trips,
+    little enough not to hoard work of unknown length.
+    """
+    if duration is None:
+        return min(cores, cores * max_extra_per_core)
+    trip = DEFAULT_ROUND_TRIP if round_trip is None else round_trip
+    wanted = math.ceil(cores * trip / max(duration, MIN_DURATION))
+    return max(0, min(wanted, cores * max_extra_per_core))

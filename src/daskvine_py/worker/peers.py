@@ -1,0 +1,209 @@
+"""A worker's sockets to its peers: the ROUTER that serves its results, a DEALER per peer
+it fetches from.
+
+``WorkerState`` decides what to fetch from whom (``peer_outbox``) and takes the answers
+(``on_data``); this sends the requests, reads the answers and serves other workers'
+requests from the store. Every request and reply is validated: a bad request gets no
+answer (its sender asks another holder after its timeout), a bad reply is dropped (its
+fetch times out), a peer that cannot be asked passes its fetches to their next holders.
+With keys, the server admits only workers of the run (``security.Gate``) and every client
+proves it is one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from daskvine_py.errors import ProtocolError
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+from daskvine_py.wire.transport import send_batch
+from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.store import Store
+
+#: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
+DRAIN_LIMIT = 1000
+
+
+class PeerLinks:
+    """The peer server and the clients to peers; ``address`` is where peers reach us."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        poller: zmq.Poller,
+        store: Store,
+        drops: p.DropLog,
+        name: str,
+        host: str,
+        port: int = 0,
+        contact_address: str | None = None,
+        keys: security.Keys | None = None,
+    ) -> None:
+        self.context = context
+        self.poller = poller
+        self.store = store
+        self.drops = drops
+        self.name = name
+        self.keys = keys
+        self.server = context.socket(zmq.ROUTER)
+        self.server.setsockopt(zmq.LINGER, 0)
+        #: the ZAP handler admitting peers to ``server`` (None without keys)
+        self.gate: security.Gate | None = None
+        if keys is not None:
+            self.gate = security.Gate(context, keys.worker_public, f"worker {name}")
+            self.gate.start()  # before the bind: a server with no ZAP handler admits anyone
+            security.serve(self.server, keys.worker_public, keys.worker_secret)
+        if port:
+            self.server.bind(f"tcp://{host}:{port}")
+        else:
+            port = self.server.bind_to_random_port(f"tcp://{host}")
+        #: where peers fetch our results: the bound address, or one that forwards to it
+        self.address = contact_address or f"tcp://{host}:{port}"
+        #: peer address -> the socket we ask it on
+        self.clients: dict[str, zmq.Socket] = {}
+        poller.register(self.server, zmq.POLLIN)
+
+    def close(self) -> None:
+        for sock in self.clients.values():
+            sock.close(linger=0)
+        self.server.close(linger=0)
+        if self.gate is not None:
+            self.gate.stop()
+
+    # -- fetching from peers ----------------------------------------------------------
+
+    def flush(self, state: WorkerState) -> None:
+        """Send the state's requests (``peer_outbox``), one ``GetData`` per peer, and the
+        answers that waited for a result to leave its library (``peer_replies``)."""
+        if state.peer_replies:
+            replies = state.peer_replies[:]
+            state.peer_replies.clear()
+            for ident, data in replies:
+                self._answer(ident, [data])
+        # A peer that cannot be asked passes its fetches on to their next holders, which
+        # may add requests: until none is left (each fetch has finitely many holders).
+        while state.peer_outbox:
+            outbox = dict(state.peer_outbox)
+            state.peer_outbox.clear()
+            for address, ids in outbox.items():
+                if address not in self.clients and not p.connectable(address):
+                    self._unreachable(state, address, ids, "not an address to connect to")
+                    continue
+                try:
+                    send_batch(self._client(address), p.encode([p.GetData(tuple(ids))]))
+                except zmq.ZMQError as exc:
+                    self._unreachable(state, address, ids, str(exc))
+
+    def _unreachable(self, state: WorkerState, address: str, ids: list[int], why: str) -> None:
+        now = time.monotonic()
+        self.drops.warn(
+            ("unreachable", address), now, "worker %s cannot ask peer %r for results: %s",
+            self.name, address, why,
+        )  # fmt: skip
+        state.on_peer_unreachable(address, ids, now)
+
+    def _client(self, address: str) -> zmq.Socket:
+        sock = self.clients.get(address)
+        if sock is None:
+            sock = self.context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                if self.keys is not None:  # every peer serves with the workers' key pair
+                    security.connect_as_worker(sock, self.keys.worker_public, self.keys)
+                sock.connect(address)
+            except zmq.ZMQError:
+                sock.close(linger=0)  # an open socket would hang the context's term
+                raise
+            self.clients[address] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def reset(self, address: str | None) -> None:
+        """Drop the socket to a silent peer, and the requests queued on it."""
+        sock = self.clients.pop(address, None) if address else None
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+
+    def drain(self, sock: zmq.Socket, state: WorkerState) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.on_frames([f.buffer for f in frames], state)
+
+    def on_frames(self, frames: list, state: WorkerState) -> None:
+        """A peer's replies; a malformed one is dropped, and its fetch times out."""
+        now = time.monotonic()
+        try:
+            replies = p.decode(frames, p.FROM_PEER)
+        except ProtocolError as exc:
+            self.drops.warn(
+                ("reply from a peer",), now, "worker %s dropped a malformed reply from a "
+                "peer: %s", self.name, exc,
+            )  # fmt: skip
+            return
+        for reply in replies:
+            try:
+                state.on_data(reply, now)
+            except Exception as exc:  # storing it failed: the tasks that wait give up on it
+                self.drops.warn(
+                    ("data",), now, "worker %s could not take result %d from a peer: %r",
+                    self.name, reply.task_id, exc, exc_info=exc,
+                )  # fmt: skip
+                state.on_data_error(reply.task_id)
+
+    # -- serving peers ----------------------------------------------------------------
+
+    def serve(self, state: WorkerState | None = None) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                ident, *frames = self.server.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            replies = self.replies(ident.bytes, [f.buffer for f in frames], state)
+            if replies:
+                self._answer(ident.bytes, replies)
+
+    def _answer(self, ident: bytes, replies: list) -> None:
+        try:
+            send_batch(self.server, p.encode(replies), ident)
+        except Exception as exc:  # the peer asks another holder after its timeout
+            self.drops.warn(
+                ("reply",), time.monotonic(), "worker %s could not answer a peer: %r",
+                self.name, exc, exc_info=exc,
+            )  # fmt: skip
+
+    def replies(
+        self, ident: bytes, frames: list, state: WorkerState | None = None
+    ) -> list[Any] | None:
+        """The answer to one request from a peer; None for a request that is not valid.
+        Results live in a library only are answered once exported (``state.serve_peer``)."""
+        try:
+            requests = p.decode(frames, p.TO_PEER)
+        except ProtocolError as exc:
+            self.drops.warn(
+                ("request",), time.monotonic(), "worker %s dropped a malformed request from "
+                "peer %r: %s", self.name, ident[:32], exc,
+            )  # fmt: skip
+            return None
+        replies = []
+        for request in requests:
+            for task_id in request.task_ids:
+                try:
+                    value = self.store.get(task_id, use=False)
+                except Exception as exc:  # a spill file that cannot be read back
+                    self.drops.warn(
+                        ("store",), time.monotonic(), "worker %s cannot serve result %d: %r",
+                        self.name, task_id, exc,
+                    )  # fmt: skip
+                    value = None  # "not held here": the peer asks the next holder
+                if value is None and state is not None and state.serve_peer(task_id, ident):
+                    continue
+                replies.append(p.Data(task_id, value))
+        return replies

@@ -1,0 +1,493 @@
+"""``python -m daskvine_py.worker ADDRESS --cores N``: one worker process per node.
+
+Data flow::
+
+    manager ──Execute/Release/Cancel──► [DEALER] ─┐
+                                                  │   one loop, one thread
+    peers ◄──Data── [ROUTER peer server] ◄────────┤   (poll: manager, peers, libraries)
+    peers ──Data──► [DEALER per peer] ────────────┤
+                                                  ▼
+               store (results, serialized) ◄── library processes (one per core, pipes)
+                                              ◄── task processes (task_mode="tasks")
+
+- This module is the I/O shell: the manager's socket, the loop, registration and exit.
+  Every decision (which task runs where, what to fetch from whom, when a fetch or the
+  manager has been silent too long) is ``worker_state.WorkerState``'s, which takes events
+  and ``now`` and leaves instructions; ``peers.PeerLinks`` owns the sockets to peers and
+  ``host`` the library and task processes.
+- The loop drains every readable socket and pipe, then starts queued tasks on idle
+  libraries, then flushes one batched message to the manager and one per peer.
+- A task's inputs are in the local store or fetched directly from the peers the manager
+  named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
+  serve an input the manager is told (``FetchFailed``) and decides.
+- At most ``fetching.MAX_FETCHES`` inputs are fetched at once, ``MAX_FETCHES_PER_PEER``
+  from any one peer; the rest queue. Bytes received per peer go to the manager in ``Transfers``.
+- Results stay in the store until the manager releases them; only outputs travel to the
+  manager, inside ``TaskDone``. Past ``--memory`` the store spills to ``<workdir>/spill``;
+  past ``--disk`` as well, the manager is told (``DiskFull``) and sends no new work.
+- A run that does not use the defaults (``RunConfig``: exec mode, hoisted imports,
+  environment) is announced once, before its first task; its tasks go to libraries with
+  it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.worker.task_process``.
+- Task directories and function files live in ``<workdir>/tasks`` and
+  ``<workdir>/functions``, removed with the worker's directory when it exits.
+- The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
+  Only records that pass validation count as hearing from it.
+- Every record from the manager and from peers is validated (``protocol.check_fields``);
+  a bad one is dropped with a rate-limited warning and the worker goes on. A task whose
+  ``Execute`` it cannot read or take is reported crashed (``TaskCrashed``), so that the
+  manager retries it elsewhere or fails its run; an error while serving a peer costs that
+  peer its reply (it tries another holder), never the worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+
+import zmq
+
+from daskvine_py.errors import ProtocolError
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security, sharedbuf
+from daskvine_py.wire.exits import EXIT_AUTH_FAILED, EXIT_NO_MANAGER, EXIT_REJECTED
+from daskvine_py.wire.protocol import split_address
+from daskvine_py.wire.transport import has_more, send_batch
+from daskvine_py.worker import host as h
+from daskvine_py.worker import library
+from daskvine_py.worker.args import parse_args
+from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
+from daskvine_py.worker.state import WorkerState, WorkerTask
+from daskvine_py.worker.store import Store
+
+# Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
+logger = logging.getLogger("daskvine_py.worker")
+
+#: Seconds a send to the manager may wait for a connection to take it before the loop
+#: goes on and tries again: with no connection (the manager refused ours) a send would
+#: otherwise block for good, before the refusal is read.
+MANAGER_SEND_TIMEOUT = 1.0
+
+#: Records from the manager about this worker's life rather than its tasks: the shell's.
+_LIFECYCLE = (p.Welcome, p.Rejected, p.Shutdown)
+
+
+class Worker:
+    """The worker's I/O and its single event loop around a ``WorkerState``; see the
+    module docstring."""
+
+    @functools.cached_property
+    def _drops(self) -> p.DropLog:
+        """Warnings about dropped messages, rate-limited."""
+        return p.DropLog(logger)
+
+    def __init__(
+        self,
+        address: str,
+        cores: int = 1,
+        memory: int | None = None,
+        name: str | None = None,
+        host: str | None = None,
+        manager_timeout: float = 30.0,
+        fetch_timeout: float = 10.0,
+        disk: int | None = None,
+        workdir: str | None = None,
+        lib_cores: int = 1,
+        lib_slots: int = 1,
+        keys: security.Keys | None = None,
+        peer_port: int = 0,
+        contact_address: str | None = None,
+    ) -> None:
+        split_address(address)  # ValueError for a malformed address, before anything starts
+        if cores < 1:
+            raise ValueError(f"cores must be >= 1, not {cores}")
+        if lib_cores < 1 or lib_slots < 1:
+            raise ValueError(f"lib_cores and lib_slots must be >= 1, not {lib_cores}, {lib_slots}")
+        if not fetch_timeout > 0:
+            raise ValueError(f"fetch_timeout must be > 0, not {fetch_timeout}")
+        self.address = address
+        #: bytes of results kept in memory before spilling (``disk``: of spill files)
+        self.memory = memory if memory is not None else h.total_memory()
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.identity = uuid.uuid4().hex.encode()
+        #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
+        self.library_count = max(1, cores // lib_cores)
+        self.lib_slots = lib_slots
+        self.task_slots = self.library_count * lib_slots
+        #: this worker's own directory (inside ``workdir``, default the system temp dir),
+        #: removed at exit: task directories, function files, spill files
+        if workdir is not None:
+            os.makedirs(workdir, exist_ok=True)
+        prefix = f"daskvine-{socket.gethostname()}-"
+        h.remove_dead_workdirs(workdir or tempfile.gettempdir(), prefix)
+        sharedbuf.remove_dead()  # segments in flight when a worker of this host was killed
+        self.workdir = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=workdir)
+        self.tasks_dir = os.path.join(self.workdir, "tasks")
+        os.mkdir(self.tasks_dir)
+
+        #: the run's keys (CurveZMQ on every socket); None: no security
+        self.keys = keys
+        self.context = zmq.Context()
+        self.manager = self.context.socket(zmq.DEALER)
+        self.manager.setsockopt(zmq.IDENTITY, self.identity)
+        self.manager.setsockopt(zmq.LINGER, 2000)
+        self.manager.setsockopt(zmq.SNDTIMEO, int(MANAGER_SEND_TIMEOUT * 1000))
+        if keys is not None:
+            security.connect_as_worker(self.manager, keys.manager_public, keys)
+        #: handshake outcomes with the manager: a refused worker exits, saying why
+        self.handshakes = security.HandshakeWatch(self.manager, keys is not None)
+        self.manager.connect(address)
+        self.poller = zmq.Poller()
+        self.poller.register(self.manager, zmq.POLLIN)
+        self.poller.register(self.handshakes.events, zmq.POLLIN)
+
+        self.store = Store(self.memory or None, os.path.join(self.workdir, "spill"), disk)
+        self.peers = PeerLinks(
+            self.context, self.poller, self.store, self._drops, self.name,
+            host or h.interface_towards(address), peer_port, contact_address, keys,
+        )  # fmt: skip
+        self.peer_address = self.peers.address
+        #: every decision: tasks, fetches, library slots, manager liveness
+        self.state = WorkerState(
+            self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
+            time.monotonic(),
+        )  # fmt: skip
+        self.library_by_fd: dict[int, h.Library] = {}
+        #: the same libraries by id (``LibraryRecord.id``), for the state's requests
+        self.library_by_id: dict[int, h.Library] = {}
+        self.next_library_id = 0
+        #: task processes (task_mode="tasks") by the fd that says they exited
+        self.process_by_fd: dict[int, h.TaskProcess] = {}
+        #: functions written to ``functions_dir`` for task processes
+        self.functions_dir = os.path.join(self.workdir, "functions")
+        self.functions_written: set[bytes] = set()
+        self.register_sent = False
+        #: the manager went silent or refused our keys: nothing more can reach it
+        self.manager_gone = False
+        self.running = True
+        self.exit_code = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Register, serve until told to stop or the manager goes silent; the exit code."""
+        for _ in range(self.library_count):
+            self._start_library()
+        if not self.library_by_fd:
+            self._register()
+        try:
+            while self.running:
+                self._loop_once()
+        finally:
+            self._close()
+        return self.exit_code
+
+    def _register(self) -> None:
+        """Join the manager: once, when every library is ready to run tasks at once."""
+        self.register_sent = True
+        self.state.outbox.append(
+            p.Register(
+                p.PROTOCOL_VERSION,
+                self.name,
+                self.task_slots,
+                self.memory,
+                socket.gethostname(),
+                self.peer_address,
+                os.getpid(),
+            )
+        )
+
+    def stop(self, reason: str) -> None:
+        if self.running:
+            logger.info("worker %s stopping: %s", self.name, reason)
+            self.running = False
+            if self.state.registered:
+                self.state.outbox.append(p.Goodbye(reason))
+
+    def _close(self) -> None:
+        self._flush()
+        for proc in self.process_by_fd.values():
+            h.kill_task_process(proc)
+        # One still importing (a worker that never reached its manager) is not waited for.
+        h.stop_libraries(self.library_by_fd.values(), 0.0 if self.manager_gone else 2.0)
+        sharedbuf.remove_owned(os.getpid())  # messages its libraries wrote that none read
+        self.peers.close()
+        self.handshakes.close()
+        # A manager that is gone or refused us will not take what is queued for it.
+        self.manager.close(linger=0 if self.manager_gone else None)
+        self.context.term()
+        self.store.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop_once(self) -> None:
+        timeout_ms = self._poll_timeout_ms()
+        for sock, _ in self.poller.poll(timeout_ms):
+            if sock is self.manager:
+                self._drain_manager()
+            elif sock is self.peers.server:
+                self.peers.serve(self.state)
+            elif sock is self.handshakes.events:
+                self._on_handshake_events()
+            elif isinstance(sock, int):
+                lib = self.library_by_fd.get(sock)
+                if lib is not None:
+                    self._on_library_readable(lib)
+                else:
+                    self._on_process_exit(self.process_by_fd[sock])
+            else:
+                self.peers.drain(sock, self.state)
+        now = time.monotonic()
+        self._check_timers(now)
+        state = self.state
+        for record, request in state.start_runnable():
+            lib = self.library_by_id.get(record.id)
+            if lib is not None:  # not died since, on an earlier request
+                self._send_to_library(lib, request)
+        state.end_pass(now)
+        while state.library_outbox:  # exports and forgets; a death may add more
+            outbox = state.library_outbox[:]
+            state.library_outbox.clear()
+            for library_id, request in outbox:
+                lib = self.library_by_id.get(library_id)
+                if lib is not None:
+                    self._send_to_library(lib, request)
+        if state.process_runnable:
+            self._start_processes()
+        self._flush()
+
+    def _poll_timeout_ms(self) -> int:
+        if not self.running:
+            return 0
+        timeout = self.state.poll_timeout(time.monotonic())
+        return 0 if self.state.outbox else int(timeout * 1000) + 1
+
+    def _check_timers(self, now: float) -> None:
+        state = self.state
+        if state.manager_silent(now):
+            what = "answered" if state.registered else "answered our registration"
+            logger.warning(
+                "manager %s has not %s for %.0f s; exiting",
+                self.address,
+                what,
+                now - state.last_contact,
+            )
+            self.exit_code = 0 if state.registered else EXIT_NO_MANAGER
+            self.manager_gone = True
+            self.running = False
+            return
+        if state.heartbeat_due(now):
+            state.outbox.append(self._status())
+        for address in state.on_timers(now):
+            self.peers.reset(address)
+
+    def _status(self) -> p.Status:
+        libraries = [h.peak_rss(lib.process.pid) for lib in self.library_by_fd.values()]
+        return p.Status(
+            self.store.nbytes + self.state.live.nbytes,
+            h.peak_rss(os.getpid()),
+            max(libraries, default=0),
+            self.store.disk_bytes,
+        )
+
+    def _flush(self) -> None:
+        state = self.state
+        if state.outbox and not self.manager_gone:
+            messages = state.outbox[:]
+            state.outbox.clear()
+            try:
+                send_batch(self.manager, p.encode(messages))
+            except zmq.Again:  # no connection took it in time: kept for the next pass
+                state.outbox[:0] = messages
+            else:
+                state.last_sent = time.monotonic()
+        self.peers.flush(state)
+
+    # -- the manager ------------------------------------------------------------------
+
+    def _on_handshake_events(self) -> None:
+        """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
+        why = self.handshakes.refusal()
+        if why is not None:
+            logger.error(
+                "worker %s could not authenticate with the manager at %s: %s; exiting. "
+                "Join with the manager's current connection file (--connection-file): "
+                "a manager restarted without key_file has new keys",
+                self.name,
+                self.address,
+                why,
+            )
+            self.exit_code = EXIT_AUTH_FAILED
+            self.manager_gone = True
+            self.running = False
+
+    def _drain_manager(self) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = self.manager.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_manager_frames([f.buffer for f in frames])
+            if not has_more(self.manager):
+                return
+
+    def _on_manager_frames(self, frames: list) -> None:
+        """One batch from the manager, each record checked on its own: a bad one is
+        dropped (its task reported crashed), the others taken. Only a valid record shows
+        that the manager is there (``last_contact``)."""
+        now = time.monotonic()
+        try:
+            messages = p.unpack(frames, p.TO_WORKER)
+        except ProtocolError as exc:
+            self._drops.warn(
+                "manager", now, "worker %s dropped a malformed message from the manager: %s",
+                self.name, exc,
+            )  # fmt: skip
+            return
+        state = self.state
+        for message in messages:
+            try:
+                p.check_fields(message)
+            except ProtocolError as exc:
+                self._drops.warn(
+                    "manager", now, "worker %s dropped a malformed record from the manager: %s",
+                    self.name, exc,
+                )  # fmt: skip
+                state.cannot_take(message, f"it could not read the task: {exc}")
+                continue
+            try:
+                state.on_manager_message(message, now)
+                if type(message) in _LIFECYCLE:
+                    self._on_lifecycle(message)
+            except Exception as exc:
+                kind = type(message).__name__
+                self._drops.warn(
+                    ("handling", kind), now, "worker %s could not handle a %s from the manager: %r",
+                    self.name, kind, exc, exc_info=exc,
+                )  # fmt: skip
+                state.cannot_take(message, f"it could not take the task: {exc!r}")
+
+    def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
+        if type(msg) is p.Welcome:
+            logger.info("worker %s registered as %s", self.name, msg.name)
+        elif type(msg) is p.Rejected:
+            logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
+            self.exit_code = EXIT_REJECTED
+            self.running = False
+        else:
+            self.stop(f"manager asked: {msg.reason}")
+
+    # -- libraries --------------------------------------------------------------------
+
+    def _start_library(self) -> None:
+        self.next_library_id += 1
+        record = self.state.add_library(self.next_library_id, self.lib_slots)
+        lib = h.start_library(record, self.name, self.tasks_dir)
+        self.library_by_fd[lib.conn.fileno()] = lib
+        self.library_by_id[record.id] = lib
+        self.poller.register(lib.conn.fileno(), zmq.POLLIN)
+
+    def _send_to_library(self, lib: h.Library, request: library.Run) -> None:
+        try:
+            library.send(lib.conn, request)
+        except OSError:
+            self._on_library_death(lib)
+
+    def _on_library_readable(self, lib: h.Library) -> None:
+        """Take every reply the library has written so far."""
+        state = self.state
+        record = lib.record
+        wall = time.time()
+        while True:
+            try:
+                reply = library.receive(lib.conn)
+            except (EOFError, OSError):
+                self._on_library_death(lib)
+                return
+            kind = type(reply)
+            if kind is library.Replies:
+                for each in reply.replies:
+                    state.on_library_reply(record, each, wall)
+            elif kind is library.Ready:
+                if state.on_library_ready(record) and not self.register_sent:
+                    self._register()
+            else:
+                state.on_library_reply(record, reply, wall)
+            if not record.sent or not lib.pending.poll(0):
+                return
+
+    def _on_library_death(self, lib: h.Library) -> None:
+        fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
+        self.poller.unregister(fd)
+        del self.library_by_fd[fd]
+        del self.library_by_id[lib.record.id]
+        how = h.reap_library(lib, self.tasks_dir)
+        self.state.on_library_death(lib.record, how, h.running_tasks(lib))
+        if self.running:
+            self._start_library()
+
+    # -- task processes (task_mode="tasks") ---------------------------------------------
+
+    def _start_processes(self) -> None:
+        while self.state.process_runnable and len(self.process_by_fd) < self.task_slots:
+            task = self.state.next_process_task()
+            if task is None:
+                return
+            self._start_process(task)
+
+    def _start_process(self, task: WorkerTask) -> None:
+        h.write_functions(self.state.functions, self.functions_written, self.functions_dir)
+        call = self.state.call(task)
+        try:
+            proc = h.start_task_process(task, call, self.tasks_dir, self.functions_dir, self.name)
+        except OSError as exc:
+            self.state.on_process_failed(task, str(exc))
+            return
+        self.state.on_process_started(task)
+        self.process_by_fd[proc.fd] = proc
+        self.poller.register(proc.fd, zmq.POLLIN)
+
+    def _on_process_exit(self, proc: h.TaskProcess) -> None:
+        self.poller.unregister(proc.fd)
+        del self.process_by_fd[proc.fd]
+        reply = h.reap_task_process(proc, self.name, logger)
+        if self.state.tasks.get(proc.task.id) is proc.task:
+            self.state.on_reply(reply, time.time())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    if args.keys is None:
+        logger.info("joining %s without security (no connection or key file)", args.address)
+    worker = Worker(
+        args.address,
+        cores=args.cores,
+        memory=args.memory * 2**20 if args.memory is not None else None,
+        name=args.name,
+        host=args.host,
+        manager_timeout=args.manager_timeout,
+        fetch_timeout=args.fetch_timeout,
+        disk=args.disk * 2**20 if args.disk is not None else None,
+        workdir=args.workdir,
+        lib_cores=args.lib_cores,
+        lib_slots=args.lib_slots,
+        keys=args.keys,
+        peer_port=args.peer_port,
+        contact_address=args.contact_address,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
+    return worker.run()
+
+
