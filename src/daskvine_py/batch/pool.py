@@ -87,6 +87,11 @@ class WorkerPool:
     python
         The Python that runs the worker where the job lands (default: this one, which
         suits a shared file system).
+    manager_timeout
+        Each worker's ``--manager-timeout``: seconds it waits without hearing from the
+        manager before it exits on its own, ending its job, so that a manager that died
+        or was cut off leaves no job holding the batch system's cores (the manager sends
+        heartbeats meanwhile, so a quiet run is not silence).
     """
 
     def __init__(
