@@ -31,10 +31,14 @@ SMOKES = [
     ("harness", "harness.py", ["--smoke"],
      r"workload\s+tasks\s+system\s+median s.*\n-+\n(.*\n)*biggraph .*daskvine_py"
      r"(.*\n)*wide .*daskvine_py(.*\n)*matching \(ReadyQueue\)", ()),
-    # the peer (systems._distributed), on one workload
-    ("harness-distributed", "harness.py",
-     ["--smoke", "--only", "chain", "--systems", "distributed"],
-     r"chain\s+[\d,]+\s+distributed\s+\d+\.\d+", ("distributed",)),
+    # every variant of daskvine_py systems.py knows, and the peer, on one workload
+    ("harness-variants", "harness.py",
+     ["--smoke", "--only", "chain", "--systems", "distributed", "--prefetch", "1", "--progress",
+      "--event-log", "--insecure", "--cache"],
+     r"[\s\S]*".join(rf"{re.escape(name)}\s+\d+\.\d+" for name in (
+         "daskvine_py[cache]", "daskvine_py[insecure]", "daskvine_py[progress]",
+         "daskvine_py[event-log]", "daskvine_py[prefetch=1]", "distributed")),
+     ("distributed",)),
     ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
      r"after/before\n(.*\n)*chain\s+daskvine_py\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
     ("biggraph", "biggraph.py", ["--smoke"],
