@@ -45,6 +45,8 @@ SMOKES = [
      r'RESULT \{"system": "daskvine_py", "runs": \[\{"seconds": [\d.]+, '
      r'"first_dispatch_s": [\d.]+', ()),
     ("bench_cache", "bench_cache.py", ["--smoke"], r"rerun, last stage changed\s+\d", ()),
+    ("bench_cache-coffea", "bench_cache.py", ["coffea", "--smoke"],
+     r"^coffea: (.*\n)*rerun, last stage changed\s+\d", ("coffea",)),
     ("bench_cache_keys", "bench_cache_keys.py", ["--smoke"], r"\ndataframe\s+\d+\s+\d", ()),
     ("bench_cache_overhead", "bench_cache_overhead.py", ["--smoke"],
      r"on/off\n(.*\n)*dataframe\s+\d", ()),
