@@ -65,9 +65,7 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
 SMOKE_TASKS = 2_000
 
 
-def run(
-    system: str, tasks: int, workers: int, repeat: int, smoke: bool = False
-) -> dict[str, Any]:
+def run(system: str, tasks: int, workers: int, repeat: int, smoke: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"system": system, "runs": []}
     with start(system, workers) as running:
         out["startup_s"] = running.startup

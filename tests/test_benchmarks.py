@@ -90,9 +90,7 @@ def test_smoke(script, args, expected, needs, tmp_path):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{script} --smoke needs {module}")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("DASK_SCHEDULER", None)
     command = [sys.executable, str(BENCHMARKS / script)]
     command += [arg.format(root=ROOT) for arg in args]
