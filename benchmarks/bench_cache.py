@@ -2,6 +2,8 @@
 
     python benchmarks/bench_cache.py coffea SAMPLES_DIR [--copies 100] [--chunksize 20]
     python benchmarks/bench_cache.py array [--size 6000] [--chunks 500]
+    python benchmarks/bench_cache.py --smoke     # array, 200x200 in chunks of 50, once
+    python benchmarks/bench_cache.py coffea --smoke [SAMPLES_DIR]
 
 One manager with ``--workers`` one-core workers, ``get(..., cache=True)``:
 
@@ -15,7 +17,11 @@ Each run's result is checked against Dask's synchronous scheduler. Printed: wall
 the share of the first run with the cache, tasks run, and the cache's numbers
 (``last_run.cache``). A warm-up on other data first imports what the tasks need.
 ``coffea`` is ``examples/coffea_analysis.py``'s dimuon analysis on coffea's real NanoAOD
-samples (see ``bench_coffea_dask.py``).
+samples (see ``bench_coffea_dask.py``). ``--smoke`` (a test that the script still runs,
+numbers meaningless) runs ``array`` (unless another workload is named) at a tiny size with
+one first run each way, and ``coffea`` on one copy of each sample in chunks of 100 events,
+on small samples of its own when none are given (``bench_coffea_dask.write_samples``). A
+result that differs from the sync scheduler's exits non-zero.
 """
 
 from __future__ import annotations
@@ -41,10 +47,19 @@ def coffea_workload(args: argparse.Namespace, scratch: str) -> tuple[Callable, C
 
     from coffea_analysis import DimuonAnalysis, same_output
 
+    samples, schema = args.samples, NanoAODSchema
+    if samples is None:  # --smoke: small samples of our own, without the collections they lack
+        from bench_coffea_dask import write_samples
+        from coffea_analysis import SmallNanoAODSchema
+
+        samples, schema = os.path.join(scratch, "samples"), SmallNanoAODSchema
+        os.mkdir(samples)
+        write_samples(samples)
+
     def fileset(prefix: str, copies: int) -> Any:
         files: dict[str, dict[str, str]] = {}
         for name in ("nano_dy", "nano_dimuon"):
-            source = os.path.join(args.samples, f"{name}.root")
+            source = os.path.join(samples, f"{name}.root")
             for i in range(copies):
                 path = os.path.join(scratch, f"{prefix}{name}_{i}.root")
                 os.symlink(source, path)
@@ -57,7 +72,7 @@ def coffea_workload(args: argparse.Namespace, scratch: str) -> tuple[Callable, C
 
     def build(bins: int, which: Any = None) -> Any:
         analysis = DimuonAnalysis(dask=True, mass_bins=bins)
-        return apply_to_fileset(analysis, available if which is None else which, NanoAODSchema)
+        return apply_to_fileset(analysis, available if which is None else which, schema)
 
     def same(a: Any, b: Any) -> bool:
         return same_output(processor.accumulate(a.values()), processor.accumulate(b.values()))
@@ -84,7 +99,7 @@ def array_workload(args: argparse.Namespace, scratch: str) -> tuple[Callable, Ca
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("coffea", "array"))
+    parser.add_argument("workload", nargs="?", choices=("coffea", "array"))
     parser.add_argument("samples", nargs="?", help="coffea: the directory of the samples")
     parser.add_argument("--copies", type=int, default=100)
     parser.add_argument("--chunksize", type=int, default=20)
@@ -97,8 +112,14 @@ def main() -> int:
     parser.add_argument(
         "--worker-bytes", type=int, default=None, help="Manager(cache_worker_bytes=...)"
     )
+    parser.add_argument("--smoke", action="store_true", help="array, tiny, once: still runs?")
     args = parser.parse_args()
-    if args.workload == "coffea" and not args.samples:
+    if args.smoke:
+        args.workload = args.workload or "array"
+        args.size, args.chunks, args.firsts, args.copies, args.chunksize = 200, 50, 1, 1, 100
+    if args.workload is None:
+        parser.error("name a workload: coffea or array")
+    if args.workload == "coffea" and not args.samples and not args.smoke:
         parser.error("coffea needs SAMPLES_DIR")
 
     from daskvine_py import Manager
@@ -122,7 +143,8 @@ def main() -> int:
                 wall = time.perf_counter()
                 (got,) = dask.compute(graph, scheduler=manager.get, cache=cache)
                 elapsed = time.perf_counter() - wall
-                assert same(got, reference), f"{label}: differs from sync"
+                if not same(got, reference):
+                    raise AssertionError(f"{label}: differs from the sync scheduler's result")
                 info = manager.last_run
                 rows.append((label, elapsed, info.tasks, info.cache))
                 return elapsed

@@ -2,6 +2,7 @@
 dask.distributed, on the same cores, in the same run.
 
     python benchmarks/bench_coffea_dask.py SAMPLES_DIR [--copies 100] [--chunksize 20]
+    python benchmarks/bench_coffea_dask.py --smoke [SAMPLES_DIR]   # does it still run?
 
 ``SAMPLES_DIR`` holds ``nano_dy.root`` and ``nano_dimuon.root`` from coffea's sdist
 (``pip download --no-binary :all: --no-deps coffea``, then ``tests/samples/``). Each is
@@ -11,7 +12,12 @@ once and computed by each system; every result is checked against the sync sched
 
 Prints wall seconds, the CPU seconds of the processes that run tasks (this process for
 sync; the library processes for daskvine_py; the worker processes for distributed), and
-daskvine_py's serialization share (``manager.last_run``).
+daskvine_py's serialization share (``manager.last_run``). A result that differs from the
+sync scheduler's exits non-zero.
+
+``--smoke`` (a test that it still runs, numbers meaningless): two copies of each sample in
+chunks of 100 events; without ``SAMPLES_DIR``, the samples are two small files written
+like ``examples/coffea_analysis.py``'s own (``write_nanoaod``).
 """
 
 from __future__ import annotations
@@ -47,7 +53,15 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def build(samples: str, copies: int, chunksize: int, scratch: str) -> Any:
+def write_samples(directory: str, events: int = 400) -> None:
+    """``nano_dy.root`` and ``nano_dimuon.root``, small and NanoAOD-like, in ``directory``."""
+    from coffea_analysis import write_nanoaod
+
+    write_nanoaod(os.path.join(directory, "nano_dy.root"), events, 1, 0.7, 20.0)
+    write_nanoaod(os.path.join(directory, "nano_dimuon.root"), events, 2, 0.3, 40.0)
+
+
+def build(samples: str, copies: int, chunksize: int, scratch: str, schema: Any = None) -> Any:
     from coffea.dataset_tools import DataGroupSpec, apply_to_fileset, preprocess
     from coffea.nanoevents import NanoAODSchema
 
@@ -63,17 +77,22 @@ def build(samples: str, copies: int, chunksize: int, scratch: str) -> Any:
             files[path] = "Events"
     spec = DataGroupSpec.model_validate({n: {"files": f} for n, f in fileset.items()})
     available, _ = preprocess(spec, step_size=chunksize, scheduler="sync")
-    return apply_to_fileset(DimuonAnalysis(dask=True), available, NanoAODSchema)
+    return apply_to_fileset(DimuonAnalysis(dask=True), available, schema or NanoAODSchema)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("samples")
+    parser.add_argument("samples", nargs="?")
     parser.add_argument("--copies", type=int, default=100)
     parser.add_argument("--chunksize", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2, help="one-core workers")
     parser.add_argument("--no-distributed", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny, once: does it still run?")
     args = parser.parse_args()
+    if args.smoke:
+        args.copies, args.chunksize = 2, 100
+    elif not args.samples:
+        parser.error("SAMPLES_DIR is needed (or --smoke, which can write its own)")
 
     import dask
     from coffea import processor
@@ -82,7 +101,14 @@ def main() -> int:
     from daskvine_py import Manager
 
     with tempfile.TemporaryDirectory() as scratch:
-        graphs = build(args.samples, args.copies, args.chunksize, scratch)
+        samples, schema = args.samples, None
+        if samples is None:  # --smoke: samples of our own, without the collections they lack
+            from coffea_analysis import SmallNanoAODSchema
+
+            samples, schema = os.path.join(scratch, "samples"), SmallNanoAODSchema
+            os.mkdir(samples)
+            write_samples(samples)
+        graphs = build(samples, args.copies, args.chunksize, scratch, schema)
 
         def merged(per_dataset: dict) -> dict:
             return processor.accumulate(per_dataset.values())
@@ -110,7 +136,8 @@ def main() -> int:
             if serialization is not None:
                 share = serialization / max(1e-9, serialization + run.run_seconds)
                 note = f"serialization {serialization:.2f} s ({100 * share:.1f}% of run + it)"
-            assert same_output(merged(got), reference), "daskvine_py differs from sync"
+            if not same_output(merged(got), reference):
+                raise AssertionError("daskvine_py's result differs from the sync scheduler's")
             rows.append(("daskvine_py", elapsed, used, note))
 
         if not args.no_distributed:
@@ -132,7 +159,8 @@ def main() -> int:
                 (got,) = dask.compute(graphs, scheduler=client.get)
                 elapsed = time.perf_counter() - wall
                 used = cpu_of(pids) - cpu
-                assert same_output(merged(got), reference), "distributed differs from sync"
+                if not same_output(merged(got), reference):
+                    raise AssertionError("distributed's result differs from the sync scheduler's")
                 rows.append(("distributed", elapsed, used, ""))
 
     sync_wall, sync_cpu = rows[0][1], rows[0][2]

@@ -1,7 +1,7 @@
 """What an unauthenticated flood costs a manager (issue 13), and what it gets the attacker.
 
     python benchmarks/bench_flood.py [--tasks 5000] [--repeat 3] [--attackers 1]
-                                     [--seconds-per-run ...] [--json flood.json] [--quick]
+                                     [--only KINDS] [--json flood.json] [--quick | --smoke]
 
 A ``Manager()`` (security on, the default) with two local one-core workers runs a graph of
 ``--tasks`` no-op tasks ``--repeat`` times in each of these conditions, while
@@ -19,7 +19,10 @@ A ``Manager()`` (security on, the default) with two local one-core workers runs 
 For each condition it prints the median wall time of a run, the manager process's CPU per
 run (``time.process_time``: I/O thread, ZAP thread and the caller together), the ratio to
 quiet, the handshakes the gate refused per second, and whether any result was wrong or any
-attacker got a byte back. Every result is checked against Dask's synchronous scheduler.
+attacker got a byte back. Every result is checked against Dask's synchronous scheduler,
+and a wrong result or an attacker's answer exits non-zero. ``--quick``: 500 tasks, once.
+``--smoke`` (a test that it still runs, numbers meaningless): 100 tasks, once, in every
+condition, the flood given 0.2 s to build up instead of a second.
 
 The attackers share the machine's cores with the manager and its workers, so wall time
 also measures the CPU they take from everyone; the manager's own CPU per run is the
@@ -103,7 +106,13 @@ def attack(kind: str, address: str, server_key: bytes, stop: Any, answered: Any)
     context.destroy(linger=0)
 
 
-def measure(tasks: int, repeat: int, attackers: int, kinds: list[str]) -> list[dict[str, Any]]:
+#: Seconds the attackers hammer the port before the first timed run.
+BUILD_UP = 1.0
+
+
+def measure(
+    tasks: int, repeat: int, attackers: int, kinds: list[str], build_up: float = BUILD_UP
+) -> list[dict[str, Any]]:
     import dask
 
     from daskvine_py import Manager
@@ -128,7 +137,7 @@ def measure(tasks: int, repeat: int, attackers: int, kinds: list[str]) -> list[d
                 ]  # fmt: skip
                 for proc in procs:
                     proc.start()
-                time.sleep(1.0)  # let the flood build up
+                time.sleep(build_up)  # let the flood build up
             refused_before, begun = manager._gate.refused, time.perf_counter()
             walls, cpus, wrong = [], [], 0
             for _ in range(repeat):
@@ -176,16 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attackers", type=int, default=1, help="attacker processes")
     parser.add_argument("--only", default=",".join(KINDS), help="conditions, comma-separated")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--quick", action="store_true", help="a smoke test: tiny and once")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="500 tasks, once")
+    sizes.add_argument("--smoke", action="store_true", help="100 tasks, once: still runs?")
     args = parser.parse_args(argv)
     kinds = ["quiet", *(k for k in args.only.split(",") if k and k != "quiet")]
+    build_up = BUILD_UP
     if args.quick:
         args.tasks, args.repeat = 500, 1
+    if args.smoke:
+        args.tasks, args.repeat, build_up = 100, 1, 0.2
     print(
         f"{args.tasks} no-op tasks, 2 one-core workers, {args.attackers} attacker process(es); "
         f"median of {args.repeat}"
     )
-    rows = measure(args.tasks, args.repeat, args.attackers, kinds)
+    rows = measure(args.tasks, args.repeat, args.attackers, kinds, build_up)
     if args.json:
         info = {
             "python": platform.python_version(),

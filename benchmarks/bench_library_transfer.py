@@ -1,6 +1,6 @@
 """Moving a large result between two libraries of one worker: the pipe against shared memory.
 
-    python benchmarks/bench_library_transfer.py [--sizes 1,100] [--repeat 5]
+    python benchmarks/bench_library_transfer.py [--sizes 1,100] [--repeat 5] [--smoke]
 
 A result made in library A and read by a task in library B of the same worker travels
 today as the library protocol carries it: A pickles it (protocol 5, the array's buffer out
@@ -18,7 +18,9 @@ here, with the project's own framing, and the same move through shared memory:
 
 Prints the median seconds per move and GB/s for each size, and which is faster. No peer
 system here: this measures a choice inside daskvine_py (issue 15: "measure ... at 1 MB and
-100 MB, and keep the faster").
+100 MB, and keep the faster"). Every move is checked (B's checksum of what it read) and a
+wrong one exits non-zero. ``--smoke`` (a test that it still runs, numbers meaningless):
+0.1 MB, one timed move per mode.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
@@ -110,7 +113,13 @@ def measure(nbytes: int, mode: str, repeat: int) -> list[float]:
         expected = float(nbytes // 8 - 1).hex()
         if answer != expected:
             raise AssertionError(f"{mode}: B read {answer}, expected {expected}")
-        return [move_once(a_worker, b_worker, mode)[0] for _ in range(repeat)]
+        times = []
+        for _ in range(repeat):
+            seconds, answer = move_once(a_worker, b_worker, mode)
+            if answer != expected:
+                raise AssertionError(f"{mode}: B read {answer}, expected {expected}")
+            times.append(seconds)
+        return times
     finally:
         a.join(30)
         b.join(30)
@@ -119,11 +128,14 @@ def measure(nbytes: int, mode: str, repeat: int) -> list[float]:
                 process.kill()
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100", help="megabytes, comma-separated")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="0.1 MB, once: still runs?")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.repeat = "0.1", 1
     print(f"{'size':>8}  {'mode':<11} {'median s':>10} {'GB/s':>7}  vs pipe")
     for megabytes in (float(s) for s in args.sizes.split(",")):
         nbytes = int(megabytes * 1_000_000) // 8 * 8
@@ -136,7 +148,8 @@ def main() -> None:
                 f"{megabytes:>6g}MB  {mode:<11} {seconds:>10.5f} {nbytes / seconds / 1e9:>7.2f}"
                 f"  {medians['pipe'] / seconds:>5.2f}x"
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
-"""Micro-benchmark of the ready-task structure alone (``daskvine_py.scheduler.matching.ReadyQueue``).
+"""Micro-benchmark of the ready-task structure alone (``scheduler.matching.ReadyQueue``).
 
     python benchmarks/bench_matching.py [--sizes 1e3,1e4,1e5,1e6] [--ops 20000] [--rounds 5]
-                                        [--workers 8] [--json matching.json]
+                                        [--workers 8] [--json matching.json] [--smoke]
 
 For every queue size N, priority kind and targeting mode it fills a queue with N tasks
 (untimed), then times rounds of ``--ops`` operations of one kind while the size stays near N:
@@ -12,7 +12,7 @@ For every queue size N, priority kind and targeting mode it fills a queue with N
   Removal is lazy, so part of its cost shows up in later pops that skip the dead entries.
 
 Priority kinds: ``equal`` (every task the same, so ties break by arrival) and ``random``.
-Priorities are ``(run id, int)`` tuples as ``SchedulerState`` pushes them.
+Priorities are ints, ``run id << 32 | Dask's order``, as ``SchedulerState`` pushes them.
 Targeting modes, with ``--workers`` workers:
 
 - ``untargeted``: tasks may run anywhere; one worker pops;
@@ -25,6 +25,9 @@ Targeting modes, with ``--workers`` workers:
 
 It prints ns per operation, the median of ``--rounds`` rounds, Python's loop overhead
 included (about 20-40 ns). The issue's target is at most 2 µs per operation at 10^6 queued.
+
+``--smoke`` (a test that it still runs, numbers meaningless): 1,000 queued, 200 operations,
+one round; and first a check that the queue pops in priority order (exits non-zero if not).
 """
 
 from __future__ import annotations
@@ -214,6 +217,25 @@ def _line(size: int, priority: str, mode: str, ns: dict[str, float | None]) -> s
     return f"{size:>9,} {priority:<8} {mode:<10} {cells}"
 
 
+def check_order(n: int = 1_000, seed: int = 0) -> None:
+    """Raise unless a queue of ``n`` random priorities pops them lowest first, ties in
+    push order, and a targeted task only to its worker (or to one stealing it)."""
+    rng = random.Random(seed)
+    queue: ReadyQueue[int] = ReadyQueue()
+    pushed = [(rng.randrange(50), i) for i in range(n)]
+    for priority, item in pushed:
+        queue.push(item, priority)
+    popped = [queue.pop_for("w0") for _ in range(n)]
+    if popped != [item for _, item in sorted(pushed)] or queue.pop_for("w0") is not None:
+        raise AssertionError("ReadyQueue did not pop in priority order")
+    queue.push(1, 5, target="w1")
+    queue.push(2, 9)
+    if queue.pop_for("w0", steal=False) != 2 or queue.pop_for("w0", steal=False) is not None:
+        raise AssertionError("ReadyQueue gave a task targeted at w1 to w0 without stealing")
+    if queue.pop_for("w1") != 1:
+        raise AssertionError("ReadyQueue lost a targeted task")
+
+
 def _sizes(text: str) -> list[int]:
     return [int(float(part)) for part in text.split(",") if part]
 
@@ -225,7 +247,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=8, help="workers tasks may target")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="tiny, once: does it still run?")
     args = parser.parse_args(argv)
+    if args.smoke:
+        check_order()
+        args.sizes, args.ops, args.rounds = [1_000], 200, 1
     rows = run(args.sizes, args.ops, args.rounds, args.workers)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_modes.py [--tasks 1000] [--workers 2] [--repeat 1]
                                      [--closure-mb 10] [--closure-tasks 1000]
-                                     [--json modes.json] [--quick]
+                                     [--json modes.json] [--quick | --smoke]
 
 For each workload (``trivial``: return the argument; ``numpy``: import numpy inside the
 task and use it) and each way of running a task (``tasks``, ``function-calls/direct``,
@@ -20,20 +20,23 @@ Then the bytes on the wire for ``--closure-tasks`` tasks whose function closes o
 ``--closure-mb`` MB numpy array: the closure travels once per worker, not once per task
 (``Manager.sent_bytes``), and not at all on a second run.
 
-Every result is checked against Dask's synchronous scheduler. ``--quick`` runs a tiny
-size as a smoke test; its numbers are noise. Targets: ``function-calls/direct`` at least
-50x faster per task than ``tasks`` on trivial tasks; hoisting takes the import out of
-every forked invocation.
+Every result is checked against Dask's synchronous scheduler; a wrong one exits non-zero.
+``--quick`` runs a tiny size; its numbers are noise. ``--smoke`` (a test that it still runs):
+every row and the closure, 2 tasks each on one worker shared by every row, a 1 MB closure.
+Targets: ``function-calls/direct`` at least 50x faster per task than ``tasks`` on trivial
+tasks; hoisting takes the import out of every forked invocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -84,7 +87,25 @@ def warm_up(manager: Manager, workers: int) -> None:
     manager.get(dsk, keys)
 
 
-def run_row(args: argparse.Namespace, workload: str, mode: tuple[str, str], hoist: bool) -> dict:
+@contextlib.contextmanager
+def workers(args: argparse.Namespace, shared: Manager | None) -> Iterator[Manager]:
+    """``shared`` if given (``--smoke``), else a fresh manager with fresh, warm workers."""
+    if shared is not None:
+        yield shared
+        return
+    with Manager() as manager:
+        manager.start_workers(args.workers, cores=1)
+        warm_up(manager, args.workers)
+        yield manager
+
+
+def run_row(
+    args: argparse.Namespace,
+    workload: str,
+    mode: tuple[str, str],
+    hoist: bool,
+    shared: Manager | None = None,
+) -> dict:
     func = WORKLOADS[workload]
     dsk, keys = graph(func, args.tasks)
     want = dask.get(dsk, keys)
@@ -92,18 +113,18 @@ def run_row(args: argparse.Namespace, workload: str, mode: tuple[str, str], hois
     if hoist:
         options["import_modules"] = HOISTED
     seconds, imports = [], []
-    with Manager() as manager:
-        manager.start_workers(args.workers, cores=1)
-        warm_up(manager, args.workers)
+    with workers(args, shared) as manager:
         for _ in range(args.repeat):
             start = time.perf_counter()
             got = manager.get(dsk, keys, **options)
             seconds.append(time.perf_counter() - start)
             if workload == "numpy":
-                assert [v for v, _ in got] == [v for v, _ in want], "wrong result"
+                values, wanted = [v for v, _ in got], [v for v, _ in want]
                 imports.append(statistics.mean(t for _, t in got))
             else:
-                assert list(got) == list(want), "wrong result"
+                values, wanted = list(got), list(want)
+            if values != wanted:
+                raise AssertionError(f"{workload} in {mode_name(*mode)}: wrong result")
     wall = statistics.median(seconds)
     return {
         "workload": workload,
@@ -116,7 +137,7 @@ def run_row(args: argparse.Namespace, workload: str, mode: tuple[str, str], hois
     }
 
 
-def closure_bytes(args: argparse.Namespace) -> dict:
+def closure_bytes(args: argparse.Namespace, shared: Manager | None = None) -> dict:
     """Bytes the manager sends for tasks whose function closes over a large array."""
     array = np.arange(args.closure_mb * 2**20 // 8, dtype=np.float64)
 
@@ -125,14 +146,13 @@ def closure_bytes(args: argparse.Namespace) -> dict:
 
     dsk, keys = graph(scaled, args.closure_tasks)
     want = dask.get(dsk, keys)
-    with Manager() as manager:
-        manager.start_workers(args.workers, cores=1)
-        warm_up(manager, args.workers)
+    with workers(args, shared) as manager:
         runs = []
         for _ in range(2):
             before = manager.sent_bytes
             got = manager.get(dsk, keys)
-            assert list(got) == list(want), "wrong result"
+            if list(got) != list(want):
+                raise AssertionError("tasks closing over an array: wrong result")
             runs.append(manager.sent_bytes - before)
     return {
         "closure_bytes": array.nbytes,
@@ -187,18 +207,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--closure-mb", type=int, default=10)
     parser.add_argument("--closure-tasks", type=int, default=1000)
     parser.add_argument("--json", default=None, help="write every run here")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke test")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="small sizes, numbers are noise")
+    sizes.add_argument("--smoke", action="store_true", help="tiny, one worker: still runs?")
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.closure_tasks, args.closure_mb = 20, 20, 1
+    if args.smoke:
+        args.tasks, args.closure_tasks, args.closure_mb = 2, 2, 1
+        args.workers, args.repeat = 1, 1
+    with contextlib.ExitStack() as stack:
+        shared = None
+        if args.smoke:  # one manager for every row: fresh workers per row cost seconds each
+            shared = stack.enter_context(Manager())
+            shared.start_workers(args.workers, cores=1)
+            warm_up(shared, args.workers)
+        return measure_all(args, shared)
+
+
+def measure_all(args: argparse.Namespace, shared: Manager | None) -> int:
     rows = []
     for workload in WORKLOADS:
         for hoist in (False, True):
             for mode in MODES:
                 print(f"... {workload} {mode_name(*mode)} hoisted={hoist}", file=sys.stderr)
-                rows.append(run_row(args, workload, mode, hoist))
+                rows.append(run_row(args, workload, mode, hoist, shared))
     print_table(rows)
-    closure = closure_bytes(args)
+    closure = closure_bytes(args, shared)
     print(
         f"\nclosure over {closure['closure_bytes'] / 2**20:.0f} MB, {closure['tasks']} tasks, "
         f"{closure['workers']} workers: first run {closure['first_run_bytes_per_task']:.0f} "

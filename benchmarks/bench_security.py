@@ -1,7 +1,7 @@
 """What CurveZMQ costs (issue 13): security on and off, interleaved, same workloads.
 
     python benchmarks/bench_security.py [--rounds 7] [--only chain,tree10k,noop-dict]
-                                        [--workers 2] [--json security.json]
+                                        [--workers 2] [--json security.json] [--smoke]
 
 Starts two managers with ``--workers`` local one-core workers each: ``Manager()`` (security
 on, the default) and ``Manager(security=False)``. For each workload of ``workloads.py`` it
@@ -15,8 +15,9 @@ spread (the lowest and highest ratio of a pair of neighbouring runs); then the m
 seconds per run of the manager's process (``time.process_time``: the caller's thread, the
 I/O thread and the ZAP thread) and of the workers with their library processes (from
 ``/proc``), which a noisy host disturbs far less than wall time. Every result is
-checked against Dask's synchronous scheduler. For daskvine_py against dask.distributed in
-the same run, use ``harness.py --insecure``.
+checked against Dask's synchronous scheduler; a wrong one exits non-zero. For daskvine_py
+against dask.distributed in the same run, use ``harness.py --insecure``. ``--smoke`` (a test
+that it still runs, numbers meaningless): the harness's smoke sizes, one round.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ import workloads as w
 DEFAULT = ("chain", "tree10k", "noop-dict")
 
 
-def measure(names: list[str], rounds: int, workers: int) -> list[dict[str, Any]]:
+def measure(
+    names: list[str], rounds: int, workers: int, profile: str = "full"
+) -> list[dict[str, Any]]:
     from daskvine_py import Manager
 
-    chosen = [w.workloads()[name] for name in names]
+    chosen = [w.workloads(profile)[name] for name in names]
     references = []
     for workload in chosen:
         graph = workload.make()
@@ -83,12 +86,17 @@ def measure(names: list[str], rounds: int, workers: int) -> list[dict[str, Any]]
                 f"{workload.name:<12} on {row['on_s']:.4f} s  off {row['off_s']:.4f} s  "
                 f"on/off {row['ratio']:.3f}  (pairs {min(pairs):.2f}-{max(pairs):.2f});  CPU "
                 f"manager {row['on_manager_cpu_s']:.3f}/{row['off_manager_cpu_s']:.3f} s "
-                f"({row['on_manager_cpu_s'] / row['off_manager_cpu_s']:.3f}), workers "
+                f"({_ratio(row['on_manager_cpu_s'], row['off_manager_cpu_s']):.3f}), workers "
                 f"{row['on_workers_cpu_s']:.3f}/{row['off_workers_cpu_s']:.3f} s "
-                f"({row['on_workers_cpu_s'] / row['off_workers_cpu_s']:.3f})",
+                f"({_ratio(row['on_workers_cpu_s'], row['off_workers_cpu_s']):.3f})",
                 flush=True,
             )
     return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; nan when ``b`` is 0 (a tiny run can take less than a clock tick of CPU)."""
+    return a / b if b else float("nan")
 
 
 def _process_trees(processes: list[Any]) -> list[int]:
@@ -123,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(DEFAULT), help="workloads, comma-separated")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, once: still runs?")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds = 1
     names = [name for name in args.only.split(",") if name]
     print(
         f"{args.workers} one-core workers per manager, {args.rounds} interleaved rounds; "
         f"load {os.getloadavg()[0]:.2f} at start"
     )
-    rows = measure(names, args.rounds, args.workers)
+    rows = measure(names, args.rounds, args.workers, "smoke" if args.smoke else "full")
     print(f"load {os.getloadavg()[0]:.2f} at the end")
     if args.json:
         info = {

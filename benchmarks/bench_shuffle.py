@@ -15,6 +15,10 @@ one JSON line.
 
     python benchmarks/bench_shuffle.py                       # 2000x2000, 2 workers
     python benchmarks/bench_shuffle.py --size 400 --repeat 1 # a quick check
+    python benchmarks/bench_shuffle.py --smoke               # does it still run? (seconds)
+
+A result that differs from the synchronous scheduler's exits non-zero. ``--smoke``: a
+100x100 array in chunks of 25, 2,000 rows in 4 partitions, one run per system.
 """
 
 from __future__ import annotations
@@ -151,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per workload")
     parser.add_argument("--systems", default="daskvine_py,distributed")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, once: still runs?")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.size, args.chunk, args.rows, args.partitions, args.repeat = 100, 25, 2_000, 4, 1
 
     workloads = {
         "rechunk": rechunk_workload(args.size, args.chunk),

@@ -1,7 +1,7 @@
 """The big-graph workload of ``harness.py``, one system per process so its memory is its own.
 
     python benchmarks/biggraph.py --system daskvine_py [--tasks 200000] [--workers 2]
-                                  [--repeat 1]
+                                  [--repeat 1] [--smoke]
 
 It starts the system, runs a small graph of the same shape (untimed), builds a raw dict of
 about ``--tasks`` trivial tasks (see ``workloads.big_graph``), and for each repeat measures:
@@ -15,7 +15,11 @@ about ``--tasks`` trivial tasks (see ``workloads.big_graph``), and for each repe
 - ``kb_per_task``: that peak minus the resident memory just before the first ``get`` (the
   user's graph is already built then), per task.
 
-``harness.py`` runs it as a child and reads the line starting with ``RESULT``.
+``harness.py`` runs it as a child and reads the line starting with ``RESULT``. It exits
+non-zero when a run failed or computed a wrong result (the ``RESULT`` line says why).
+``--smoke`` (a test that the script still runs, a few seconds, numbers meaningless):
+about 2,000 tasks, once, on daskvine_py unless ``--system`` says otherwise; for daskvine_py
+it also fails if the first-task probe saw no task leave.
 """
 
 from __future__ import annotations
@@ -57,7 +61,11 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise KeyboardInterrupt  # the harness stops us with SIGTERM: clean up as on Ctrl-C
 
 
-def run(system: str, tasks: int, workers: int, repeat: int) -> dict[str, Any]:
+#: ``--smoke``: the tasks of the big graph
+SMOKE_TASKS = 2_000
+
+
+def run(system: str, tasks: int, workers: int, repeat: int, smoke: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"system": system, "runs": []}
     with start(system, workers) as running:
         out["startup_s"] = running.startup
@@ -85,6 +93,8 @@ def run(system: str, tasks: int, workers: int, repeat: int) -> dict[str, Any]:
             peak = _status_kb("VmHWM") or 0
             if not same(list(got), expected):
                 raise AssertionError(f"{system} computed a wrong result for the big graph")
+            if smoke and probe is not None and probe.first is None:
+                raise AssertionError("FirstDispatch saw no task sent: the probe is broken")
             result = {
                 "seconds": seconds,
                 "first_dispatch_s": None
@@ -106,20 +116,30 @@ def run(system: str, tasks: int, workers: int, repeat: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", required=True, help="e.g. daskvine_py, distributed, sync")
-    parser.add_argument("--tasks", type=int, default=200_000)
+    parser.add_argument(
+        "--system", default=None, help="e.g. daskvine_py, distributed, sync (smoke: daskvine_py)"
+    )
+    parser.add_argument("--tasks", type=int, default=None, help="200,000 (smoke: 2,000)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="tiny, once: does it still run?")
     args = parser.parse_args(argv)
+    if args.system is None:
+        if not args.smoke:
+            parser.error("--system is required")
+        args.system = "daskvine_py"
+    if args.tasks is None:
+        args.tasks = SMOKE_TASKS if args.smoke else 200_000
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        out = run(args.system, args.tasks, args.workers, args.repeat)
+        out = run(args.system, args.tasks, args.workers, args.repeat, smoke=args.smoke)
     except Exception as exc:
         out = {"system": args.system, "error": f"{type(exc).__name__}: {exc}"}
     print("RESULT " + json.dumps(out), flush=True)
+    return 1 if "error" in out else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

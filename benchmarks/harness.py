@@ -1,6 +1,7 @@
 """Benchmark harness (issue 3): daskvine_py against its peers, same run, same cores.
 
-    python benchmarks/harness.py [--repeat 3] [--warmup 1] [--quick] [--only noop,chain,...]
+    python benchmarks/harness.py [--repeat 3] [--warmup 1] [--quick | --smoke]
+                                 [--only noop,chain,...]
                                  [--systems daskvine_py,distributed,sync,threads,processes]
                                  [--prefetch 0,1,4] [--progress] [--event-log] [--insecure]
                                  [--cache]
@@ -29,7 +30,10 @@ security costs, e.g. ``--only chain,tree10k,noop-dict --systems daskvine_py --in
 ``--cache`` adds daskvine_py with ``get(cache=True)``, the cache emptied before every run:
 what hashing every task costs a first run (issue 17).
 ``--quick`` runs every workload at a small size once, as a smoke test (a couple of
-minutes); its numbers are noise.
+minutes); its numbers are noise. ``--smoke`` runs every workload at a tiny size once, without
+a warm-up, on daskvine_py and sync unless ``--systems`` says otherwise (a few seconds per
+system): a test that the harness still runs and every result is still right.
+It exits non-zero when any run failed or computed a wrong result.
 Ctrl-C stops every process the harness started, then prints and writes what was measured.
 """
 
@@ -59,6 +63,9 @@ import workloads as w
 HERE = Path(__file__).resolve().parent
 OURS = "daskvine_py"
 PHASES = ("biggraph", "wide", "matching")
+#: ``--smoke``'s systems: ours and the reference (``--systems distributed`` adds the peer,
+#: which costs the smoke run twice as long).
+SMOKE_SYSTEMS = ("daskvine_py", "sync")
 
 
 @dataclass
@@ -475,17 +482,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeat", type=int, default=None, help="runs per workload (3; quick 1)")
     parser.add_argument(
-        "--warmup", type=int, default=1, help="untimed runs before the timed ones (1)"
+        "--repeat", type=int, default=None, help="runs per workload (3; quick, smoke 1)"
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed runs before the timed ones (1; smoke 0)"
+    )
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="small sizes, once")
+    sizes.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, once, no warm-up: does it still run?"
+    )
     parser.add_argument("--only", type=_names, default=None, help="workloads, comma-separated")
     parser.add_argument(
         "--systems",
         type=_names,
-        default=list(systems.SYSTEMS),
-        help=f"comma-separated (default {','.join(systems.SYSTEMS)})",
+        default=None,
+        help=f"comma-separated (default {','.join(systems.SYSTEMS)}; smoke "
+        f"{','.join(SMOKE_SYSTEMS)})",
     )
     parser.add_argument(
         "--prefetch", type=_ints, default=[], help="also daskvine_py with these fixed prefetches"
@@ -508,22 +522,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument(
-        "--wide-workers", type=int, default=None, help="workers of the wide workload (50; quick 10)"
+        "--wide-workers",
+        type=int,
+        default=None,
+        help="workers of the wide workload (50; quick 10; smoke 3)",
     )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
-    parser.add_argument("--timeout", type=float, default=None, help="s per run (600; quick 60)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="s per run (600; quick, smoke 60)"
+    )
     parser.add_argument("--json", default=None, help="also write every run here")
     args = parser.parse_args(argv)
+    if args.systems is None:
+        args.systems = list(SMOKE_SYSTEMS if args.smoke else systems.SYSTEMS)
     for name in args.systems:
         systems.parse(name)
     known = {*w.workloads().keys(), *PHASES}
     for token in args.only or ():
         if not any(selected(name, [token]) for name in known):
             parser.error(f"--only {token}: no such workload; known: {', '.join(sorted(known))}")
+    small = args.quick or args.smoke
     if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+        args.repeat = 1 if small else 3
+    if args.warmup is None:
+        args.warmup = 0 if args.smoke else 1
     if args.timeout is None:
-        args.timeout = 60.0 if args.quick else 600.0
+        args.timeout = 60.0 if small else 600.0
+    args.profile = "smoke" if args.smoke else "quick" if args.quick else "full"
     return args
 
 
@@ -534,7 +559,7 @@ def _stop(signum: int, frame: Any) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
-    profile = "quick" if args.quick else "full"
+    profile = args.profile
     if args.list:
         for workload in [*w.workloads(profile).values(), w.wide_workload(profile)[1]]:
             print(f"{workload.name:<16} {workload.what}")
@@ -562,12 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         wide_workers, wide = w.wide_workload(profile, args.wide_workers)
         phases.append(lambda: warm_phase(names, [wide], wide_workers, runs, results))
     if selected("matching", args.only):
-        sizes = (1_000, 10_000, 100_000) if args.quick else bench_matching.SIZES
-        rounds = 3 if args.quick else 5
+        sizes, ops, rounds = {
+            "full": (bench_matching.SIZES, 20_000, 5),
+            "quick": ((1_000, 10_000, 100_000), 20_000, 3),
+            "smoke": ((1_000,), 200, 1),
+        }[profile]
 
         def matching_phase() -> None:
             log("matching: ReadyQueue, ns per operation")
-            matching.extend(bench_matching.run(sizes, rounds=rounds, report=log))
+            matching.extend(bench_matching.run(sizes, ops=ops, rounds=rounds, report=log))
 
         phases.append(matching_phase)
     try:

@@ -294,18 +294,29 @@ _STARTERS: dict[str, Callable[[int, int | None, float], contextlib.AbstractConte
 class FirstDispatch:
     """When a daskvine_py manager first sent a task to a worker, seen from outside.
 
-    It wraps the manager's ``_send_now`` (every batch goes through it, on the I/O thread)
-    in an instance attribute, without changing the package: the first batch holding an
-    ``Execute`` after ``reset`` stamps ``first``.
+    Every batch to a worker leaves through one method of the manager's I/O loop,
+    ``manager._io._send_now(ident, messages)``, on the I/O thread (``manager/loop.py``).
+    The probe wraps it in an instance attribute, without changing the package: the first
+    batch holding an ``Execute`` after ``reset`` stamps ``first``. No public hook says when
+    a task left without watching the run (callbacks and event logs do, at a cost per task
+    that would be measured too), so this reaches into a private: should it move, the probe
+    fails at once (``biggraph.py --smoke`` runs it) rather than report nothing.
     """
 
     def __init__(self, manager: Any) -> None:
         from daskvine_py.wire.protocol import Execute
 
+        loop = getattr(manager, "_io", None)
+        send = getattr(loop, "_send_now", None)
+        if send is None:
+            raise AttributeError(
+                "FirstDispatch: the manager's I/O loop has no _send_now any more; "
+                "find where batches to workers are sent now (manager/loop.py)"
+            )
         self._execute = Execute
-        self._send_now = manager._send_now
+        self._send_now = send
         self.first: float | None = None
-        manager._send_now = self._wrapped
+        loop._send_now = self._wrapped
 
     def reset(self) -> None:
         self.first = None

@@ -7,7 +7,8 @@ sees, Dask's own graph preparation included). The task functions live here, in a
 importable module, so every system's workers import them by reference rather than
 unpickling copies.
 
-Sizes come in two profiles: ``full`` (the sizes of issue 3) and ``quick`` (a smoke test).
+Sizes come in three profiles: ``full`` (the sizes of issue 3), ``quick`` (about a tenth) and
+``smoke`` (tiny: does every workload still run and compute the right thing?).
 """
 
 from __future__ import annotations
@@ -167,6 +168,18 @@ SIZES: dict[str, dict[str, Any]] = {
         "latency": 10,
         "biggraph": 5_000,
         "wide": (10, 20),
+    },
+    "smoke": {
+        "noop": 50,
+        "chain": 20,
+        "sleep1ms": 10,
+        "sleep100ms": 2,
+        "tree": (100, 10),
+        "array": 500,
+        "dataframe": (2_000, 2),
+        "latency": 2,
+        "biggraph": 1_000,
+        "wide": (3, 4),
     },
 }
 

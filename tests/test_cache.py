@@ -100,7 +100,9 @@ def test_touching_an_input_file_reruns_the_tasks_that_read_it(m, tmp_path):
         return delayed(sum)([delayed(count_lines)(path) for path in paths])
 
     assert dask.compute(graph(), scheduler=m.get) == (8,)
-    time.sleep(0.01)  # (a later modification time on any filesystem clock)
+    # A file is keyed by its size and mtime (cache/keys.py, ``KeyMaker.file_of``): the
+    # appended line changes its size, so its key changes even where the filesystem's clock
+    # is too coarse to give it a later mtime (no sleep makes that sure on every one).
     with open(paths[2], "a") as file:
         file.write("c\n")
     assert dask.compute(graph(), scheduler=m.get) == dask.compute(graph(), scheduler="sync")

@@ -104,6 +104,42 @@ def test_a_local_files_size_and_mtime_are_in_the_key(tmp_path):
     assert missing == keys_of(delayed(os.path.getsize)("root://remote/file.root"))
 
 
+def _file_keys(path):
+    """The keys of a task reading ``path``, named as a string and as an ``os.PathLike``."""
+    return keys_of(delayed(os.path.getsize)(str(path))), keys_of(delayed(os.path.getsize)(path))
+
+
+def test_a_local_files_mtime_alone_changes_the_key(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("one")
+    before = path.stat()
+    first = _file_keys(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns + 10**9)
+    changed = _file_keys(path)
+    assert changed[0] != first[0]
+    assert changed[1] != first[1]
+
+
+def test_a_local_files_size_alone_changes_the_key(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("one")
+    before = path.stat()
+    first = _file_keys(path)
+    path.write_text("three")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the mtime restored
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size + 2, before.st_mtime_ns)
+    changed = _file_keys(path)
+    assert changed[0] != first[0]
+    assert changed[1] != first[1]
+    # The same size and mtime again: the same key (the check above is no accident of time).
+    path.write_text("one")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert _file_keys(path) == first
+
+
 def test_sets_are_keyed_by_their_sorted_members():
     assert keys_of(delayed(len)({"a", "b", "c"})) == keys_of(delayed(len)({"c", "a", "b"}))
 

@@ -107,8 +107,15 @@ def test_graph_waits_for_workers_to_join():
         result = {}
         thread = threading.Thread(target=lambda: result.update(v=manager.get({"x": (inc, 1)}, "x")))
         thread.start()
-        time.sleep(0.3)
-        assert thread.is_alive() and not result
+        # Blocked, by state rather than by a wait: the run reached the I/O loop and its task
+        # sits ready there with no worker to take it, so it cannot end until one joins.
+        deadline = time.monotonic() + 30
+        while not (manager._io.watching.runs and manager._state.load() == (1, 0, 0)):
+            assert thread.is_alive(), f"get returned with no worker connected: {result}"
+            assert time.monotonic() < deadline, "the run never reached the manager's loop"
+            time.sleep(0.01)
+        (run,) = manager._io.watching.runs.values()
+        assert not run.done.is_set() and thread.is_alive() and not result
         manager.start_workers(1)
         thread.join(30)
         assert result == {"v": 2}

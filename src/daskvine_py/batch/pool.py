@@ -2,8 +2,8 @@
 
 ``manager.scale(provider, min_workers=0, max_workers=N, cores=...)`` returns a running
 ``WorkerPool``: a thread that, every ``poll_interval`` seconds, asks the provider for its
-jobs' states and its ``WorkSource`` for the work's demand (``pooling.Demand``), hands both
-to the pure ``pooling.PoolPlanner``, and carries out its plan: submit
+jobs' states and its ``WorkSource`` for the work's demand (``planner.Demand``), hands both
+to the pure ``planner.PoolPlanner``, and carries out its plan: submit
 ``python -m daskvine_py.worker`` jobs, cancel pending jobs no longer needed, retire idle
 workers (the manager tells them to leave; their jobs then end), and report jobs that
 failed with the batch system's own message (a warning, and in ``status()``).
@@ -87,6 +87,11 @@ class WorkerPool:
     python
         The Python that runs the worker where the job lands (default: this one, which
         suits a shared file system).
+    manager_timeout
+        Each worker's ``--manager-timeout``: seconds it waits without hearing from the
+        manager before it exits on its own, ending its job, so that a manager that died
+        or was cut off leaves no job holding the batch system's cores (the manager sends
+        heartbeats meanwhile, so a quiet run is not silence).
     """
 
     def __init__(

@@ -1,0 +1,125 @@
+"""Benchmarks cannot rot: every script in ``benchmarks/`` runs with ``--smoke`` and exits 0.
+
+Each smoke run is tiny (seconds, numbers meaningless) but still checks its results against
+Dask's synchronous scheduler where it computes any, and exits non-zero on a wrong result or
+an exception. Each runs as a subprocess in a session of its own, with this checkout's
+``src`` first on ``PYTHONPATH``; whatever it leaves running is killed with its session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+#: Seconds one smoke run may take (a few, on an idle machine).
+TIMEOUT = 120
+
+#: (id, script, its arguments, a pattern its stdout must match, modules it needs).
+#: ``{root}`` in an argument is this checkout.
+SMOKES = [
+    ("harness", "harness.py", ["--smoke"],
+     r"workload\s+tasks\s+system\s+median s.*\n-+\n(.*\n)*biggraph .*daskvine_py"
+     r"(.*\n)*wide .*daskvine_py(.*\n)*matching \(ReadyQueue\)", ()),
+    # every variant of daskvine_py systems.py knows, and the peer, on one workload
+    ("harness-variants", "harness.py",
+     ["--smoke", "--only", "chain", "--systems", "distributed", "--prefetch", "1", "--progress",
+      "--event-log", "--insecure", "--cache"],
+     r"[\s\S]*".join(rf"{re.escape(name)}\s+\d+\.\d+" for name in (
+         "daskvine_py[cache]", "daskvine_py[insecure]", "daskvine_py[progress]",
+         "daskvine_py[event-log]", "daskvine_py[prefetch=1]", "distributed")),
+     ("distributed",)),
+    ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
+     r"after/before\n(.*\n)*chain\s+daskvine_py\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
+    ("biggraph", "biggraph.py", ["--smoke"],
+     r'RESULT \{"system": "daskvine_py", "runs": \[\{"seconds": [\d.]+, '
+     r'"first_dispatch_s": [\d.]+', ()),
+    ("bench_cache", "bench_cache.py", ["--smoke"], r"rerun, last stage changed\s+\d", ()),
+    ("bench_cache-coffea", "bench_cache.py", ["coffea", "--smoke"],
+     r"^coffea: (.*\n)*rerun, last stage changed\s+\d", ("coffea",)),
+    ("bench_cache_keys", "bench_cache_keys.py", ["--smoke"], r"\ndataframe\s+\d+\s+\d", ()),
+    ("bench_cache_overhead", "bench_cache_overhead.py", ["--smoke"],
+     r"on/off\n(.*\n)*dataframe\s+\d", ()),
+    ("bench_coffea_dask", "bench_coffea_dask.py", ["--smoke"],
+     r"\ndaskvine_py\s+\d+\.\d+(.*\n)*distributed\s+\d", ("coffea", "distributed")),
+    ("bench_flood", "bench_flood.py", ["--smoke"],
+     r"\nwrong-key .*wrong results 0  attacker answered 0", ()),
+    ("bench_library_pipe", "bench_library_pipe.py", ["--smoke"],
+     r"median round trip [\d.]+ us \(Done\)", ()),
+    ("bench_library_transfer", "bench_library_transfer.py", ["--smoke"],
+     r"\n\s+0\.1MB\s+shm-mapped\s+\d", ()),
+    ("bench_matching", "bench_matching.py", ["--smoke"], r"1,000 random\s+heapq\s+\d", ()),
+    ("bench_modes", "bench_modes.py", ["--smoke"],
+     r"numpy\s+function-calls/fork\s+numpy,pandas\s+\d(.*\n)*\nclosure over 1 MB", ()),
+    ("bench_rewrite", "bench_rewrite.py", ["--smoke"], r"\n\s+4\s+\d+\s+\d+\.\d+", ()),
+    ("bench_security", "bench_security.py", ["--smoke"], r"\nnoop-dict\s+on [\d.]+ s", ()),
+    ("bench_shuffle", "bench_shuffle.py", ["--smoke"],
+     r"\nset_index\s+daskvine_py\s+\d(.*\n)*set_index\s+distributed\s+\d", ("distributed",)),
+]  # fmt: skip
+
+
+def runnable_scripts() -> set[str]:
+    """The scripts in benchmarks/ meant to be run (the others are modules they import)."""
+    return {
+        path.name
+        for path in BENCHMARKS.glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    }
+
+
+def test_every_runnable_script_has_a_smoke_run():
+    assert {script for _, script, *_ in SMOKES} == runnable_scripts()
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize(
+    "script, args, expected, needs", [s[1:] for s in SMOKES], ids=[s[0] for s in SMOKES]
+)
+def test_smoke(script, args, expected, needs, tmp_path):
+    for module in needs:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{script} --smoke needs {module}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("DASK_SCHEDULER", None)
+    command = [sys.executable, str(BENCHMARKS / script)]
+    command += [arg.format(root=ROOT) for arg in args]
+    # A session of its own: the workers, libraries and clusters it starts are killed with it.
+    proc = subprocess.Popen(
+        command,
+        cwd=tmp_path,  # anything it writes stays in the test's directory
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} --smoke ran longer than {TIMEOUT} s\n{stdout}\n{stderr[-3000:]}")
+    finally:
+        _kill_session(proc)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{stdout}\n{stderr[-3000:]}"
+    assert re.search(expected, stdout), f"{script} printed no {expected!r}:\n{stdout}"
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """Kill whatever is left of ``proc``'s session (it leads its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing of it is left
