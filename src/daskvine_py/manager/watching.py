@@ -14,7 +14,7 @@ run's ``RunInfo`` gets its bytes moved and the seconds its tasks ran and (de)ser
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
@@ -28,6 +28,34 @@ from daskvine_py.wire import protocol as p
 #: this many per run length (a few thousand for an hour), so short and long runs both
 #: draw a smooth tasks-over-time chart from a small log.
 SAMPLES_PER_RUN = 1000
+
+
+class TaskSent:
+    """On a run's feed: ``key`` was sent to ``worker`` (Dask's ``pretask``)."""
+
+    __slots__ = ("key", "worker")
+
+    def __init__(self, key: Hashable, worker: str) -> None:
+        self.key = key
+        self.worker = worker
+
+
+class TaskReported:
+    """On a run's feed: ``worker`` reported on ``key`` (Dask's ``posttask`` when the report
+    is a ``TaskDone``); ``report`` is its ``TaskDone``, ``TaskErred`` or ``TaskCrashed``."""
+
+    __slots__ = ("key", "worker", "report")
+
+    def __init__(
+        self, key: Hashable, worker: str, report: p.TaskDone | p.TaskErred | p.TaskCrashed
+    ) -> None:
+        self.key = key
+        self.worker = worker
+        self.report = report
+
+
+#: What a run's feed carries, in the order the I/O thread saw it; None ends it.
+FeedItem = TaskSent | TaskReported
 
 
 class Run:
@@ -54,8 +82,8 @@ class Run:
         self.log: EventLog | None = None
         self.next_sample = 0.0
         #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
-        #: ("dispatched", key, worker) and ("finished", key, worker, report), then None
-        self.feed: SimpleQueue | None = None
+        #: ``TaskSent`` and ``TaskReported`` records, then None
+        self.feed: SimpleQueue[FeedItem | None] | None = None
 
 
 class Watching:
@@ -154,7 +182,7 @@ class Watching:
             return
         message, worker = finished.report, finished.worker
         if run.feed is not None:
-            run.feed.put(("finished", finished.key, worker, message))
+            run.feed.put(TaskReported(finished.key, worker, message))
         kind = type(message)
         if kind is p.TaskDone:
             run.finished_tasks += 1
@@ -175,7 +203,7 @@ class Watching:
         if run is None:
             return
         if run.feed is not None:
-            run.feed.put(("dispatched", sent.key, sent.worker))
+            run.feed.put(TaskSent(sent.key, sent.worker))
         if run.log is not None:
             run.log.dispatch(now, sent.task_id, sent.key, sent.prefix, sent.worker)
 
