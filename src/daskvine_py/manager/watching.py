@@ -19,6 +19,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from daskvine_py.manager.events import EventLog
+from daskvine_py.manager.registry import WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER, RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import BytesRelayed
@@ -108,18 +109,16 @@ class Watching:
 
     # -- runs -------------------------------------------------------------------------
 
-    def start(
-        self, run: Run, watch: bool, workers: Iterable[tuple[str, int, str]], now: float
-    ) -> None:
-        """A run was submitted; ``workers``: (name, cores, hostname) of those connected."""
+    def start(self, run: Run, watch: bool, workers: Iterable[WorkerInfo], now: float) -> None:
+        """A run was submitted; ``workers``: those connected."""
         self.runs[run.id] = run
         run.transfers_before = dict(self.transfers)
         if not watch:
             return
         self.watched[run.id] = run
         if run.log is not None:
-            for name, cores, hostname in workers:
-                run.log.worker(now, name, cores, hostname)
+            for info in workers:
+                run.log.worker(now, info.name, info.cores, info.hostname)
             self._sample(now, [run])
 
     def pop(self, run_id: int, now: float) -> Run | None:
