@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import io
 import json
 import os
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.
 FORMAT = 1
@@ -295,21 +294,22 @@ def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-def _open(path: str | os.PathLike, mode: str) -> io.TextIOBase:
+def _open(path: str | os.PathLike[str], mode: str) -> IO[str]:
     if os.fspath(path).endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+        return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8"))  # text: mode "t"
     return open(path, mode, encoding="utf-8")  # noqa: SIM115
 
 
 def _info_fields(info: Any) -> dict[str, Any]:
     """What ``RunInfo`` holds beyond the run record and the transfers (e.g. hints)."""
+    duration = getattr(info, "duration", 0.0)  # read before the check narrows its type
     if not dataclasses.is_dataclass(info):
         return {}
     skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events"}
     out = {name: value for name, value in vars(info).items() if name not in skip}
     if not out.get("relayed", True):
         del out["relayed"]  # written only when results went through the manager
-    out["duration"] = info.duration
+    out["duration"] = duration
     return out
 
 
