@@ -11,11 +11,10 @@ import pytest
 from daskvine_py import ProtocolError, RunOptions
 from daskvine_py.manager.drawing import Chart, lay_lanes, merge_bars, ticks
 from daskvine_py.manager.events import (
-    _RECORD,
-    Dispatched,
+    DispatchEntry,
+    DoneEntry,
     Entry,
     EventLog,
-    Finished,
     read_events,
     summary_records,
     write_events,
@@ -119,12 +118,21 @@ def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
 
 
 def test_entries_are_named_records_and_each_type_has_its_record():
-    entries = _log().entries
-    assert type(entries[3]) is Dispatched and entries[3].key == ("inc", 0)
+    log = _log()
+    entries = log.entries
+    assert type(entries[3]) is DispatchEntry and entries[3].key == ("inc", 0)
     done = entries[7]
-    assert type(done) is Finished and (done.id, done.worker, done.nbytes) == (1, "w1", 8)
+    assert type(done) is DoneEntry and (done.task_id, done.worker, done.nbytes) == (1, "w1", 8)
     assert (done.end, done.duration) == pytest.approx((0.35, 0.2))
-    assert set(_RECORD) == set(typing.get_args(Entry))
+    kinds = typing.get_args(Entry)
+    log.crashed(50.9, 4, "w1", "library died")
+    entries = log.entries
+    assert {type(entry) for entry in entries} == set(kinds)  # every kind, in that order
+    for kind in kinds:  # slotted, and named after the event its record writes
+        assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")
+    for entry, record in zip(entries, list(log.records())[1:-1], strict=True):  # run...end
+        assert record == entry.record()
+        assert type(entry).__name__ == record["event"].title().replace("_", "") + "Entry"
 
 
 def test_read_rejects_what_is_not_an_event_log(tmp_path):
