@@ -38,6 +38,8 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
+from daskvine_py.manager.runinfo import RunInfo
+
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.
 FORMAT = 1
 
@@ -227,7 +229,7 @@ class EventLog:
             SampleEntry(now - self.mono_start, waiting, ready, processing, running, done)
         )
 
-    def end(self, now: float, outcome: str, info: Any) -> None:
+    def end(self, now: float, outcome: str, info: RunInfo) -> None:
         """Close the log with the run's outcome and what ``RunInfo`` knows (transfers...)."""
         self.info = {"t": now - self.mono_start, "outcome": outcome, **_info_fields(info)}
         for (source, destination), nbytes in sorted(getattr(info, "transfers", {}).items()):
@@ -251,7 +253,7 @@ class EventLog:
             yield {"event": "end", **_jsonable(self.info)}
 
 
-def summary_records(info: Any) -> list[dict[str, Any]]:
+def summary_records(info: RunInfo) -> list[dict[str, Any]]:
     """Records of a run that kept no event log: its options, outcome and transfers only."""
     log = EventLog(info.run_id, info.started, 0.0, info.tasks, info.options)
     log.end(info.duration, info.outcome, info)

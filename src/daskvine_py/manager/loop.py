@@ -37,7 +37,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import Any, cast
 
@@ -223,8 +223,8 @@ class IOLoop:
         self,
         exc: Exception,
         what: str,
-        task_ids: Any = (),
-        run_ids: Any = (),
+        task_ids: Iterable[int] = (),
+        run_ids: Iterable[int] = (),
     ) -> None:
         """An exception in a step of the loop: fail the runs it concerns (those of
         ``run_ids`` and of the tasks ``task_ids``), or, concerning none, log and go on."""
