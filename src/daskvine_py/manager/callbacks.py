@@ -19,9 +19,10 @@ task starts, ``posttask(key, result, dsk, state, worker_id)`` as each ends and
   worker's name as ``worker_id``.
 
 The run is watched (``state.Dispatched``/``state.TaskFinished``), and the manager's I/O
-thread puts what the callbacks must hear on the run's ``feed``; the caller's thread,
-which waits in ``get`` anyway, calls them. A ``get`` with no active callback takes none
-of this path: it costs nothing per task.
+thread puts what the callbacks must hear on the run's ``feed`` (``watching.TaskSent`` and
+``TaskReported`` records); the caller's thread, which waits in ``get`` anyway, calls them.
+Dask's callback 5-tuples are read by name once, at the boundary (``DaskCallback``). A
+``get`` with no active callback takes none of this path: it costs nothing per task.
 
 Which callbacks are active follows Dask's ``local_callbacks``: those passed to the call
 (``dask.compute(..., callbacks=[...])``, ``Callback`` objects or 5-tuples), else the

@@ -132,21 +132,19 @@ class Bar:
 def merge_bars(lane: list[TaskRun], chart: Chart) -> list[Bar]:
     """Rectangles of one lane: neighbours of one function less than a pixel apart merge."""
     out: list[Bar] = []
-    current: list[Any] | None = None
+    current: Bar | None = None  # the last one, still growing
     for task in lane:
         x0 = chart.x(task.start)
         x1 = max(chart.x(task.end), x0 + 1.0)  # at least a pixel, or tiny tasks vanish
-        if current is not None and task.prefix == current[2] and x0 - current[1] < 1.0:
-            current[1] = max(current[1], x1)
-            current[3] += 1
-            current[5] += task.duration
-            current[6] += task.serialization
+        if current is not None and task.prefix == current.prefix and x0 - current.x1 < 1.0:
+            current.x1 = max(current.x1, x1)
+            current.count += 1
+            current.run += task.duration
+            current.serialization += task.serialization
             continue
-        if current is not None:
-            out.append(Bar(*current))
-        current = [x0, x1, task.prefix, 1, key_text(task.key), task.duration, task.serialization]
-    if current is not None:
-        out.append(Bar(*current))
+        current = Bar(x0, x1, task.prefix, 1, key_text(task.key), task.duration,
+                      task.serialization)  # fmt: skip
+        out.append(current)
     return out
 
 
