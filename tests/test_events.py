@@ -127,6 +127,8 @@ def test_entries_are_named_records_and_each_type_has_its_record():
     kinds = typing.get_args(Entry)
     log.crashed(50.9, 4, "w1", "library died")
     entries = log.entries
+    assert entries[-1].record() == {"event": "crashed", "t": 0.9, "id": 4, "worker": "w1",
+                                    "message": "library died"}  # fmt: skip
     assert {type(entry) for entry in entries} == set(kinds)  # every kind, in that order
     for kind in kinds:  # slotted, and named after the event its record writes
         assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")
