@@ -14,8 +14,10 @@ from dask.callbacks import Callback
 from dask.diagnostics import CacheProfiler, Profiler, ProgressBar, ResourceProfiler
 
 from daskvine_py.manager import callbacks
-from daskvine_py.manager.watching import Run
+from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.watching import Run, TaskReported, TaskSent, Watching
 from daskvine_py.plan.graph import build_plan
+from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 
@@ -199,6 +201,43 @@ def test_the_state_follows_what_the_manager_hears():
         ("pretask", "a"), ("pretask", "b"), ("pretask", "a"), ("posttask", "a"),
         ("posttask", "b"), ("pretask", "c"), ("posttask", "c"),
     ]  # fmt: skip
+
+
+def test_the_feed_carries_named_records_from_the_io_thread_to_the_callbacks():
+    plan = build_plan({"a": (inc, 1), "b": (inc, "a"), "c": (add, "a", "b")}, ["c"])
+    recorder = Recorder()
+    hooks = callbacks.take([recorder])
+    try:
+        watching = Watching(lambda: (0, 0, 0))
+        run = Run(1)
+        run.info = RunInfo(1, {}, 2)
+        hooks.start(plan, run)
+        watching.start(run, True, [], now=0.0)
+        watching.dispatched(s.Dispatched(1, 1, "a", "inc", "w1"), now=0.1)
+        done = p.TaskDone(1, 8, 0.1, dumps(2))
+        watching.task_finished(s.TaskFinished(1, "a", "w1", done), now=0.2)
+        assert run.feed is not None
+        sent, reported = run.feed.get_nowait(), run.feed.get_nowait()
+        assert type(sent) is TaskSent and (sent.key, sent.worker) == ("a", "w1")
+        assert type(reported) is TaskReported and (reported.key, reported.worker) == ("a", "w1")
+        assert type(reported.report) is p.TaskDone
+        run.feed.put(sent)
+        run.feed.put(reported)
+        watching.pop(1, now=0.3)  # ends the feed
+        run.done.set()
+        assert hooks.waiter(run).wait(timeout=5)
+        hooks.finish(failed=False)
+    finally:
+        hooks.release()
+    assert [c[:3] for c in recorder.calls if c[0] in ("pretask", "posttask")] == [
+        ("pretask", "a"), ("posttask", "a", 2),
+    ]  # fmt: skip
+
+
+def test_dask_callback_tuples_are_read_by_name():
+    hooks = (None, None, print, None, None)
+    cb = callbacks.DaskCallback(hooks)
+    assert cb.pretask is print and cb.start is cb.start_state is cb.posttask is cb.finish is None
 
 
 def test_no_active_callback_takes_no_path_at_all():

@@ -9,27 +9,19 @@ from html.parser import HTMLParser
 import pytest
 
 from daskvine_py import ProtocolError, RunOptions
+from daskvine_py.manager.drawing import Chart, lay_lanes, merge_bars, ticks
 from daskvine_py.manager.events import (
-    _RECORD,
-    Dispatched,
+    DispatchEntry,
+    DoneEntry,
     Entry,
     EventLog,
-    Finished,
     read_events,
     summary_records,
     write_events,
 )
-from daskvine_py.manager.report import (
-    SECTIONS,
-    TaskRun,
-    _Chart,
-    _lanes,
-    _merge,
-    _ticks,
-    render,
-    summarize,
-)
+from daskvine_py.manager.report import SECTIONS, render
 from daskvine_py.manager.runinfo import MANAGER, RunInfo
+from daskvine_py.manager.summary import TaskRun, summarize
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
@@ -126,12 +118,23 @@ def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
 
 
 def test_entries_are_named_records_and_each_type_has_its_record():
-    entries = _log().entries
-    assert type(entries[3]) is Dispatched and entries[3].key == ("inc", 0)
+    log = _log()
+    entries = log.entries
+    assert type(entries[3]) is DispatchEntry and entries[3].key == ("inc", 0)
     done = entries[7]
-    assert type(done) is Finished and (done.id, done.worker, done.nbytes) == (1, "w1", 8)
+    assert type(done) is DoneEntry and (done.task_id, done.worker, done.nbytes) == (1, "w1", 8)
     assert (done.end, done.duration) == pytest.approx((0.35, 0.2))
-    assert set(_RECORD) == set(typing.get_args(Entry))
+    kinds = typing.get_args(Entry)
+    log.crashed(50.9, 4, "w1", "library died")
+    entries = log.entries
+    assert entries[-1].record() == {"event": "crashed", "t": 0.9, "id": 4, "worker": "w1",
+                                    "message": "library died"}  # fmt: skip
+    assert {type(entry) for entry in entries} == set(kinds)  # every kind, in that order
+    for kind in kinds:  # slotted, and named after the event its record writes
+        assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")
+    for entry, record in zip(entries, list(log.records())[1:-1], strict=True):  # run...end
+        assert record == entry.record()
+        assert type(entry).__name__ == record["event"].title().replace("_", "") + "Entry"
 
 
 def test_read_rejects_what_is_not_an_event_log(tmp_path):
@@ -153,10 +156,15 @@ def test_summarize_joins_dispatches_and_completions():
         (["inc", 0], "inc", "w1"),
         (["inc", 1], "inc", "w2"),
     ]
-    assert summary.workers["w2"]["lost"] == pytest.approx(0.7)
+    assert summary.workers["w2"].lost == pytest.approx(0.7)
+    assert (summary.workers["w1"].cores, summary.workers["w1"].host) == (2, "node1")
     assert summary.transfers == {("w1", "w2"): 800, ("w2", MANAGER): 16}
-    assert [f["event"] for f in summary.failures] == ["erred", "worker_lost"]
-    assert summary.failures[0]["key"] == "total"
+    assert [f.kind for f in summary.failures] == ["erred", "worker_lost"]
+    assert summary.failures[0].key == "total" and summary.failures[1].key is None
+    assert summary.failures[1].message == "silent for 31 s"
+    assert [(c.t, c.processing, c.running, c.queued) for c in summary.samples][1] == (
+        pytest.approx(0.2), 3, 3, 0,
+    )  # fmt: skip
 
 
 def test_a_task_starts_when_its_library_began_unpickling_its_inputs():
@@ -263,10 +271,10 @@ def test_the_timeline_hatches_serialization_half_before_and_half_after_the_run()
 
 
 def test_merged_bars_sum_their_tasks_run_and_serialization():
-    chart = _Chart(t_max=1.0, y_max=1, height=10)
+    chart = Chart(t_max=1.0, y_max=1, height=10)
     lane = [TaskRun(i, i, "f", "w", i * 1e-4, i * 1e-4 + 5e-5, 0, serialization=1e-5)
             for i in range(100)]  # fmt: skip
-    (bar,) = _merge(lane, chart)
+    (bar,) = merge_bars(lane, chart)
     assert bar.count == 100
     assert (bar.run, bar.serialization) == pytest.approx((100 * 4e-5, 100 * 1e-5))
 
@@ -334,25 +342,25 @@ def test_a_run_without_a_log_renders_its_summary():
 def test_lanes_never_overlap_within_the_cores():
     tasks = [TaskRun(i, i, "f", "w", start, start + 1.0, 0) for i, start in
              enumerate([0.0, 0.0, 0.5, 1.0, 1.0, 1.5])]  # fmt: skip
-    lanes = _lanes(tasks, cores=2)
+    lanes = lay_lanes(tasks, cores=2)
     assert len(lanes) == 2
-    for lane in _lanes(tasks, cores=0):  # cores unknown: as many lanes as needed
+    for lane in lay_lanes(tasks, cores=0):  # cores unknown: as many lanes as needed
         assert all(a.end <= b.start for a, b in zip(lane, lane[1:], strict=False))
-    assert len(_lanes(tasks, cores=0)) == 3
+    assert len(lay_lanes(tasks, cores=0)) == 3
 
 
 def test_merge_joins_neighbours_closer_than_a_pixel():
-    chart = _Chart(t_max=1.0, y_max=1, height=10)  # 880 px per second
+    chart = Chart(t_max=1.0, y_max=1, height=10)  # 880 px per second
     lane = [TaskRun(i, i, "f", "w", i * 1e-4, i * 1e-4 + 5e-5, 0) for i in range(100)]
     lane.append(TaskRun(100, 100, "g", "w", 0.5, 0.6, 0))
-    rects = _merge(lane, chart)
-    assert [(r[2], r[3]) for r in rects] == [("f", 100), ("g", 1)]
+    rects = merge_bars(lane, chart)
+    assert [(r.prefix, r.count) for r in rects] == [("f", 100), ("g", 1)]
 
 
 def test_ticks_are_round():
-    assert _ticks(1.0) == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    assert _ticks(217) == [0, 50, 100, 150, 200]
-    assert _ticks(0) == [0.0]
+    assert ticks(1.0) == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert ticks(217) == [0, 50, 100, 150, 200]
+    assert ticks(0) == [0.0]
 
 
 def test_report_options_are_validated():

@@ -8,7 +8,8 @@ import pytest
 import zmq
 
 from daskvine_py.errors import ManagerDied, SchedulerError
-from daskvine_py.manager.loop import Cancel, Close, Extend, IOLoop, Submit
+from daskvine_py.manager.commands import Cancel, Close, Extend, Submit
+from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions

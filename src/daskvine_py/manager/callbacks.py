@@ -19,9 +19,10 @@ task starts, ``posttask(key, result, dsk, state, worker_id)`` as each ends and
   worker's name as ``worker_id``.
 
 The run is watched (``state.Dispatched``/``state.TaskFinished``), and the manager's I/O
-thread puts what the callbacks must hear on the run's ``feed``; the caller's thread,
-which waits in ``get`` anyway, calls them. A ``get`` with no active callback takes none
-of this path: it costs nothing per task.
+thread puts what the callbacks must hear on the run's ``feed`` (``watching.TaskSent`` and
+``TaskReported`` records); the caller's thread, which waits in ``get`` anyway, calls them.
+Dask's callback 5-tuples are read by name once, at the boundary (``DaskCallback``). A
+``get`` with no active callback takes none of this path: it costs nothing per task.
 
 Which callbacks are active follows Dask's ``local_callbacks``: those passed to the call
 (``dask.compute(..., callbacks=[...])``, ``Callback`` objects or 5-tuples), else the
@@ -33,12 +34,13 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from dask.callbacks import Callback, local_callbacks, normalize_callback
 
-from daskvine_py.manager.watching import Run
+from daskvine_py.manager.watching import FeedItem, Run, TaskReported, TaskSent
 from daskvine_py.plan.graph import LegacyCall, Plan, convert
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import loads
@@ -66,19 +68,34 @@ def take(passed: Any) -> Hooks | None:
     if not callbacks:
         context.__exit__(None, None, None)
         return None
-    return Hooks(list(callbacks), context)
+    return Hooks([DaskCallback(cb) for cb in callbacks], context)
+
+
+class DaskCallback:
+    """One of Dask's callback 5-tuples (``dask.callbacks.Callback._callback``), by name:
+    each hook a function, or None where the callback has none."""
+
+    __slots__ = ("start", "start_state", "pretask", "posttask", "finish")
+
+    def __init__(self, hooks: tuple[Any, ...]) -> None:
+        self.start: Callable[[dict[Any, Any]], None] | None
+        self.start_state: Callable[[dict[Any, Any], dict[str, Any]], None] | None
+        self.pretask: Callable[[Any, dict[Any, Any], dict[str, Any]], None] | None
+        self.posttask: Callable[[Any, Any, dict[Any, Any], dict[str, Any], str], None] | None
+        self.finish: Callable[[dict[Any, Any], dict[str, Any], bool], None] | None
+        self.start, self.start_state, self.pretask, self.posttask, self.finish = hooks
 
 
 class Hooks:
     """The active callbacks of one ``get``, and the Dask-style state they read."""
 
-    def __init__(self, callbacks: list[tuple], context: AbstractContextManager) -> None:
+    def __init__(self, callbacks: list[DaskCallback], context: AbstractContextManager[Any]) -> None:
         self._context = context
         self._callbacks = callbacks
-        self._pretask = [cb[2] for cb in callbacks if cb[2]]
-        self._posttask = [cb[3] for cb in callbacks if cb[3]]
+        self._pretask = [cb.pretask for cb in callbacks if cb.pretask]
+        self._posttask = [cb.posttask for cb in callbacks if cb.posttask]
         #: the callbacks whose ``start`` was called: they get ``finish``
-        self._started: list[tuple] = []
+        self._started: list[DaskCallback] = []
         self.dsk: dict[Any, Any] = {}
         self.state: dict[str, Any] = {}
         self._outputs: frozenset = frozenset()
@@ -98,12 +115,12 @@ class Hooks:
         self.state = _start_state(plan)
         self._outputs = frozenset(plan.outputs)
         for cb in self._callbacks:
-            if cb[0]:
-                cb[0](self.dsk)
+            if cb.start:
+                cb.start(self.dsk)
             self._started.append(cb)
         for cb in self._callbacks:
-            if cb[1]:
-                cb[1](self.dsk, self.state)
+            if cb.start_state:
+                cb.start_state(self.dsk, self.state)
         run.feed = queue.SimpleQueue()
 
     def waiter(self, run: Run) -> _Follow:
@@ -112,8 +129,8 @@ class Hooks:
 
     def finish(self, failed: bool) -> None:
         for cb in self._started:
-            if cb[4]:
-                cb[4](self.dsk, self.state, failed)
+            if cb.finish:
+                cb.finish(self.dsk, self.state, failed)
         self._started = []
 
     # -- what the run feeds ---------------------------------------------------------------
@@ -130,7 +147,9 @@ class Hooks:
         for pretask in self._pretask:
             pretask(key, self.dsk, state)
 
-    def finished(self, key: Any, worker: str, report: Any) -> None:
+    def finished(
+        self, key: Any, worker: str, report: p.TaskDone | p.TaskErred | p.TaskCrashed
+    ) -> None:
         state = self.state
         state["running"].discard(key)
         if type(report) is not p.TaskDone:
@@ -202,7 +221,7 @@ class _Follow:
                 return self._end()
             _deliver(hooks, item)
 
-    def _drain(self, feed: queue.SimpleQueue) -> None:
+    def _drain(self, feed: queue.SimpleQueue[FeedItem | None]) -> None:
         while True:
             try:
                 item = feed.get_nowait()
@@ -218,11 +237,11 @@ class _Follow:
         return True
 
 
-def _deliver(hooks: Hooks, item: tuple) -> None:
-    if item[0] == "dispatched":
-        hooks.dispatched(item[1], item[2])
-    else:
-        hooks.finished(item[1], item[2], item[3])
+def _deliver(hooks: Hooks, item: FeedItem) -> None:
+    if type(item) is TaskSent:
+        hooks.dispatched(item.key, item.worker)
+    elif type(item) is TaskReported:
+        hooks.finished(item.key, item.worker, item.report)
 
 
 def _start_state(plan: Plan) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The event log of one run: what the manager saw, compact, machine-readable, replayable.
 
 Recorded only when a ``get`` asks for it (``report=`` or ``event_log=``): the manager's I/O
-thread appends a named record per event (``Dispatched``, ``Finished``, ...: ``Entry``) to an
-``EventLog``, nothing more (no formatting, no I/O). When the run ends the log becomes JSON
-records, one object per line, each entry type turned into its ``event`` by one function::
+thread appends a typed, slotted record per event (``DispatchEntry``, ``DoneEntry``, ...:
+``Entry``) to an ``EventLog``, nothing more (no formatting, no I/O). When the run ends the
+log becomes JSON records, one object per line, each entry writing its own (``record()``)::
 
     {"event": "run", "format": 1, "run": 3, "started": 1769000000.1, "tasks": 10000, ...}
     {"event": "worker", "t": 0.0, "worker": "local-0", "cores": 1, "host": "node7"}
@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import io
 import json
 import os
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+from daskvine_py.manager.runinfo import RunInfo
 
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.
 FORMAT = 1
 
 
-class WorkerSeen(NamedTuple):
+@dataclass(slots=True)
+class WorkerEntry:
     """A worker took part in the run ("worker"): joined during it, or was there at its start."""
 
     t: float
@@ -50,58 +53,92 @@ class WorkerSeen(NamedTuple):
     cores: int
     host: str
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "worker", "t": round(self.t, 6), "worker": self.worker,
+                "cores": self.cores, "host": self.host}  # fmt: skip
 
-class WorkerGone(NamedTuple):
+
+@dataclass(slots=True)
+class WorkerLostEntry:
     """A worker was lost during the run ("worker_lost"), and why."""
 
     t: float
     worker: str
     reason: str
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "worker_lost", "t": round(self.t, 6), "worker": self.worker,
+                "reason": self.reason}  # fmt: skip
 
-class Dispatched(NamedTuple):
-    """A task was sent to a worker ("dispatch"); ``id`` joins it to its outcome."""
+
+@dataclass(slots=True)
+class DispatchEntry:
+    """A task was sent to a worker ("dispatch"); ``task_id`` joins it to its outcome."""
 
     t: float
-    id: int
+    task_id: int
     key: Hashable
     prefix: str
     worker: str
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "dispatch", "t": round(self.t, 6), "id": self.task_id,
+                "key": _jsonable_key(self.key), "prefix": self.prefix,
+                "worker": self.worker}  # fmt: skip
 
-class Finished(NamedTuple):
+
+@dataclass(slots=True)
+class DoneEntry:
     """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale,
     ``duration`` the call's seconds and ``serialization`` its library's seconds unpickling
     its inputs and pickling its result besides."""
 
     t: float
-    id: int
+    task_id: int
     worker: str
     end: float
     duration: float
     nbytes: int
     serialization: float = 0.0
 
+    def record(self) -> dict[str, Any]:
+        start = self.end - self.duration - self.serialization  # when its library began on it
+        return {"event": "done", "t": round(self.t, 6), "id": self.task_id,
+                "worker": self.worker, "start": round(start, 6), "end": round(self.end, 6),
+                "nbytes": self.nbytes,
+                "serialization": round(self.serialization, 6)}  # fmt: skip
 
-class Erred(NamedTuple):
+
+@dataclass(slots=True)
+class ErredEntry:
     """A task raised ("erred"); ``message`` is the exception's repr."""
 
     t: float
-    id: int
+    task_id: int
     worker: str
     message: str
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "erred", "t": round(self.t, 6), "id": self.task_id,
+                "worker": self.worker, "message": self.message}  # fmt: skip
 
-class Crashed(NamedTuple):
+
+@dataclass(slots=True)
+class CrashedEntry:
     """A task's process died or its worker was lost under it ("crashed")."""
 
     t: float
-    id: int
+    task_id: int
     worker: str
     message: str
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "crashed", "t": round(self.t, 6), "id": self.task_id,
+                "worker": self.worker, "message": self.message}  # fmt: skip
 
-class Sample(NamedTuple):
+
+@dataclass(slots=True)
+class SampleEntry:
     """The run's task counts by state, taken periodically ("sample")."""
 
     t: float
@@ -111,17 +148,31 @@ class Sample(NamedTuple):
     running: int
     done: int
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "sample", "t": round(self.t, 6), "waiting": self.waiting,
+                "ready": self.ready, "processing": self.processing, "running": self.running,
+                "done": self.done}  # fmt: skip
 
-class Transfer(NamedTuple):
+
+@dataclass(slots=True)
+class TransferEntry:
     """Bytes moved from ``source`` to ``destination`` over the whole run ("transfer")."""
 
     source: str
     destination: str
     nbytes: int
 
+    def record(self) -> dict[str, Any]:
+        return {"event": "transfer", "source": self.source, "destination": self.destination,
+                "bytes": self.nbytes}  # fmt: skip
 
-#: What an ``EventLog`` holds between the run's record and its end record.
-Entry = WorkerSeen | WorkerGone | Dispatched | Finished | Erred | Crashed | Sample | Transfer
+
+#: What an ``EventLog`` holds between the run's record and its end record; each entry
+#: type is named after the ``event`` its ``record()`` writes.
+Entry = (
+    WorkerEntry | WorkerLostEntry | DispatchEntry | DoneEntry | ErredEntry | CrashedEntry
+    | SampleEntry | TransferEntry
+)  # fmt: skip
 
 
 class EventLog:
@@ -147,13 +198,13 @@ class EventLog:
         self.info: dict[str, Any] | None = None
 
     def worker(self, now: float, name: str, cores: int, host: str) -> None:
-        self.entries.append(WorkerSeen(now - self.mono_start, name, cores, host))
+        self.entries.append(WorkerEntry(now - self.mono_start, name, cores, host))
 
     def worker_lost(self, now: float, name: str, reason: str) -> None:
-        self.entries.append(WorkerGone(now - self.mono_start, name, reason))
+        self.entries.append(WorkerLostEntry(now - self.mono_start, name, reason))
 
     def dispatch(self, now: float, task_id: int, key: Hashable, prefix: str, worker: str) -> None:
-        self.entries.append(Dispatched(now - self.mono_start, task_id, key, prefix, worker))
+        self.entries.append(DispatchEntry(now - self.mono_start, task_id, key, prefix, worker))
 
     def done(
         self, now: float, task_id: int, worker: str, duration: float, finished: float,
@@ -162,27 +213,27 @@ class EventLog:
         t = now - self.mono_start
         end = finished - self.wall_start if finished else t
         self.entries.append(
-            Finished(t, task_id, worker, min(end, t), duration, nbytes, serialization)
+            DoneEntry(t, task_id, worker, min(end, t), duration, nbytes, serialization)
         )
 
     def erred(self, now: float, task_id: int, worker: str, message: str) -> None:
-        self.entries.append(Erred(now - self.mono_start, task_id, worker, message))
+        self.entries.append(ErredEntry(now - self.mono_start, task_id, worker, message))
 
     def crashed(self, now: float, task_id: int, worker: str, reason: str) -> None:
-        self.entries.append(Crashed(now - self.mono_start, task_id, worker, reason))
+        self.entries.append(CrashedEntry(now - self.mono_start, task_id, worker, reason))
 
     def sample(
         self, now: float, waiting: int, ready: int, processing: int, running: int, done: int
     ) -> None:
         self.entries.append(
-            Sample(now - self.mono_start, waiting, ready, processing, running, done)
+            SampleEntry(now - self.mono_start, waiting, ready, processing, running, done)
         )
 
-    def end(self, now: float, outcome: str, info: Any) -> None:
+    def end(self, now: float, outcome: str, info: RunInfo) -> None:
         """Close the log with the run's outcome and what ``RunInfo`` knows (transfers...)."""
         self.info = {"t": now - self.mono_start, "outcome": outcome, **_info_fields(info)}
         for (source, destination), nbytes in sorted(getattr(info, "transfers", {}).items()):
-            self.entries.append(Transfer(source, destination, nbytes))
+            self.entries.append(TransferEntry(source, destination, nbytes))
 
     # -- records ------------------------------------------------------------------------
 
@@ -197,66 +248,12 @@ class EventLog:
             "options": _jsonable(self.options),
         }
         for entry in list(self.entries):  # a snapshot: a cancelled run may still grow
-            yield _RECORD[type(entry)](entry)
+            yield entry.record()
         if self.info is not None:
             yield {"event": "end", **_jsonable(self.info)}
 
 
-def _worker_seen(e: WorkerSeen) -> dict[str, Any]:
-    return {"event": "worker", "t": round(e.t, 6), "worker": e.worker, "cores": e.cores,
-            "host": e.host}  # fmt: skip
-
-
-def _worker_gone(e: WorkerGone) -> dict[str, Any]:
-    return {"event": "worker_lost", "t": round(e.t, 6), "worker": e.worker, "reason": e.reason}
-
-
-def _dispatched(e: Dispatched) -> dict[str, Any]:
-    return {"event": "dispatch", "t": round(e.t, 6), "id": e.id, "key": _jsonable_key(e.key),
-            "prefix": e.prefix, "worker": e.worker}  # fmt: skip
-
-
-def _finished(e: Finished) -> dict[str, Any]:
-    start = e.end - e.duration - e.serialization  # when its library began on it
-    return {"event": "done", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
-            "start": round(start, 6), "end": round(e.end, 6), "nbytes": e.nbytes,
-            "serialization": round(e.serialization, 6)}  # fmt: skip
-
-
-def _erred(e: Erred) -> dict[str, Any]:
-    return {"event": "erred", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
-            "message": e.message}  # fmt: skip
-
-
-def _crashed(e: Crashed) -> dict[str, Any]:
-    return {"event": "crashed", "t": round(e.t, 6), "id": e.id, "worker": e.worker,
-            "message": e.message}  # fmt: skip
-
-
-def _sample(e: Sample) -> dict[str, Any]:
-    return {"event": "sample", "t": round(e.t, 6), "waiting": e.waiting, "ready": e.ready,
-            "processing": e.processing, "running": e.running, "done": e.done}  # fmt: skip
-
-
-def _transfer(e: Transfer) -> dict[str, Any]:
-    return {"event": "transfer", "source": e.source, "destination": e.destination,
-            "bytes": e.nbytes}  # fmt: skip
-
-
-#: The JSON record of each kind of entry: one function per type, as the file spells it.
-_RECORD: dict[type, Callable[[Any], dict[str, Any]]] = {
-    WorkerSeen: _worker_seen,
-    WorkerGone: _worker_gone,
-    Dispatched: _dispatched,
-    Finished: _finished,
-    Erred: _erred,
-    Crashed: _crashed,
-    Sample: _sample,
-    Transfer: _transfer,
-}
-
-
-def summary_records(info: Any) -> list[dict[str, Any]]:
+def summary_records(info: RunInfo) -> list[dict[str, Any]]:
     """Records of a run that kept no event log: its options, outcome and transfers only."""
     log = EventLog(info.run_id, info.started, 0.0, info.tasks, info.options)
     log.end(info.duration, info.outcome, info)
@@ -295,21 +292,22 @@ def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-def _open(path: str | os.PathLike, mode: str) -> io.TextIOBase:
+def _open(path: str | os.PathLike[str], mode: str) -> IO[str]:
     if os.fspath(path).endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+        return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8"))  # text: mode "t"
     return open(path, mode, encoding="utf-8")  # noqa: SIM115
 
 
 def _info_fields(info: Any) -> dict[str, Any]:
     """What ``RunInfo`` holds beyond the run record and the transfers (e.g. hints)."""
+    duration = getattr(info, "duration", 0.0)  # read before the check narrows its type
     if not dataclasses.is_dataclass(info):
         return {}
     skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events"}
     out = {name: value for name, value in vars(info).items() if name not in skip}
     if not out.get("relayed", True):
         del out["relayed"]  # written only when results went through the manager
-    out["duration"] = info.duration
+    out["duration"] = duration
     return out
 
 

@@ -16,8 +16,11 @@ Data flow::
   one multipart message per worker per iteration: batching by loop iteration, no sleeps.
 - Timers run on the loop's own clock, ``time.monotonic``; who is silent, who is due a
   heartbeat and whose local process exited is ``liveness.Liveness``'s to say.
-- Caller threads never read the loop's dicts: they queue typed commands, wait on their
-  ``Run``, and read the workers from a snapshot the loop publishes under ``changed``.
+- Caller threads never read the loop's dicts: they queue typed commands (``commands``),
+  wait on their ``Run``, and read the workers from a snapshot published under ``changed``.
+- Who is registered, joining, rejected or retiring, and what status clients are told, is
+  ``registry.Registry``'s; this module keeps the per-message path (drain, check, feed the
+  state, flush) and tells the state, the liveness watch and the watched runs.
 - Every run ends. Each step of the loop is guarded: an exception fails the runs it
   concerns (``SchedulerError``, the exception as its cause) and the loop goes on; one
   that concerns no run is logged and dropped. A malformed record from a worker fails the
@@ -33,22 +36,17 @@ import math
 import os
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 import zmq
 
 from daskvine_py.batch.planner import Demand
-from daskvine_py.errors import (
-    ManagerDied,
-    ProtocolError,
-    RunCancelled,
-    SchedulerError,
-    VersionMismatch,
-)
+from daskvine_py.errors import ManagerDied, ProtocolError, RunCancelled, SchedulerError
+from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
+from daskvine_py.manager.registry import Registry, WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
@@ -87,72 +85,6 @@ HOSTNAME = socket.gethostname()
 #: client's records (``StatusRequest``, ``RetireWorker``).
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 
-# -- commands: what caller threads ask of the loop ----------------------------------------
-
-
-class Submit(NamedTuple):
-    """Open a run with its first part; ``watch``: feed it ``TaskFinished``/``Dispatched``."""
-
-    run: Run
-    event: s.SubmitRun
-    watch: bool
-
-
-class Extend(NamedTuple):
-    """More tasks of a run in progress."""
-
-    run: Run
-    event: s.ExtendRun
-
-
-class Cancel(NamedTuple):
-    """The caller gave up on a run (Ctrl-C, or a task that could not be pickled)."""
-
-    run: Run
-
-
-class Close(NamedTuple):
-    """Tell the workers to leave and stop the loop."""
-
-
-class Retire(NamedTuple):
-    """Tell the worker of this name to leave (a pool retiring an idle worker)."""
-
-    name: str
-    reason: str
-
-
-class StateEvent(NamedTuple):
-    """Hand an event to the scheduler state as it is (``state_cache.CacheClear``)."""
-
-    event: Any
-
-
-class WorkerInfo:
-    """What a worker said of itself when it registered, and in its last ``Status``."""
-
-    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status")
-
-    def __init__(self, reg: p.Register) -> None:
-        self.name = reg.name
-        self.hostname = reg.hostname
-        self.cores = reg.cores
-        self.memory = reg.memory
-        self.pid = reg.pid
-        self.peer_address = reg.peer_address
-        self.status = p.Status(0, 0, 0)
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "hostname": self.hostname,
-            "cores": self.cores,
-            "memory": self.memory,
-            "pid": self.pid,
-            "peer_address": self.peer_address,
-            **self.status._asdict(),
-        }
-
 
 class IOLoop:
     """The loop's state and steps; ``run`` is the I/O thread's body.
@@ -172,13 +104,21 @@ class IOLoop:
         self.options = options
         #: local worker processes (shared with the ``Manager``, which starts them)
         self.local_processes = local_processes
-        self.commands: SimpleQueue = SimpleQueue()
+        self.commands: SimpleQueue[Command] = SimpleQueue()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         self.watching = Watching(state.load)
         self.liveness = Liveness(options.worker_timeout, options.heartbeat_interval)
-        self.workers: dict[bytes, WorkerInfo] = {}
         self.outboxes: dict[bytes, list[Any]] = {}
+        self.registry = Registry(
+            self._post, self._drops, options.heartbeat_interval, state.load, state.worker_loads
+        )
+        #: the registry's workers by identity (the same dict: read for every batch)
+        self.workers: dict[bytes, WorkerInfo] = self.registry.workers
+        #: guards ``snapshot``; notified when a worker joins or leaves, or the loop dies
+        self.changed = self.registry.changed
+        #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
+        self.snapshot = self.registry.snapshot
         self.events: list[Any] = []
         #: bytes of every message workers sent: outputs, not intermediates
         self.received_bytes = 0
@@ -186,18 +126,6 @@ class IOLoop:
         self.sent_bytes = 0
         #: what killed the loop, once it has died (see ``ManagerDied``)
         self.error: BaseException | None = None
-        #: guards ``snapshot``; notified when a worker joins or leaves, or the loop dies
-        self.changed = threading.Condition()
-        #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
-        self.snapshot: dict[bytes, dict[str, Any]] = {}
-        #: the latest ``Demand`` (replaced whole, so other threads read it without a lock),
-        #: computed only once someone asked for it (a pool): it walks every worker
-        self.demand = Demand(0, {})
-        self.wants_demand = False
-        #: when each worker last held a task (the loop's clock)
-        self._busy_at: dict[bytes, float] = {}
-        #: workers told to leave by a pool: their leaving is no news
-        self._retiring: set[bytes] = set()
         #: what to do with instructions of other kinds (``state_cache.CacheWrite``)
         self.handlers: dict[type, Callable[[Any], None]] = {}
 
@@ -206,9 +134,27 @@ class IOLoop:
         """Warnings about dropped messages and loop errors, rate-limited."""
         return p.DropLog(logger)
 
+    @property
+    def demand(self) -> Demand:
+        """The latest ``Demand`` (any thread: replaced whole)."""
+        return self.registry.demand
+
+    @property
+    def wants_demand(self) -> bool:
+        """Whether the demand is computed at every timer check (once a pool asked)."""
+        return self.registry.wants_demand
+
+    @wants_demand.setter
+    def wants_demand(self, wanted: bool) -> None:
+        self.registry.wants_demand = wanted
+
+    def _post(self, ident: bytes, message: Any) -> None:
+        """Queue a message for ``ident``, sent with the next flush."""
+        self.outboxes.setdefault(ident, []).append(message)
+
     # -- other threads ----------------------------------------------------------------
 
-    def command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
+    def command(self, command: Command) -> None:
         """Queue a command and wake the loop (any thread)."""
         self.commands.put(command)
         os.write(self.wake_write, b"x")
@@ -231,18 +177,6 @@ class IOLoop:
     def close_pipe(self) -> None:
         os.close(self.wake_read)
         os.close(self.wake_write)
-
-    def _publish(self, ident: bytes, info: WorkerInfo | None) -> None:
-        """Update the callers' snapshot of one worker (None: it left)."""
-        with self.changed:
-            if info is None:
-                self.snapshot.pop(ident, None)
-                self.changed.notify_all()
-            else:
-                joined = ident not in self.snapshot
-                self.snapshot[ident] = info.public()
-                if joined:
-                    self.changed.notify_all()
 
     # -- the I/O thread ---------------------------------------------------------------
 
@@ -289,8 +223,8 @@ class IOLoop:
         self,
         exc: Exception,
         what: str,
-        task_ids: Any = (),
-        run_ids: Any = (),
+        task_ids: Iterable[int] = (),
+        run_ids: Iterable[int] = (),
     ) -> None:
         """An exception in a step of the loop: fail the runs it concerns (those of
         ``run_ids`` and of the tasks ``task_ids``), or, concerning none, log and go on."""
@@ -316,9 +250,9 @@ class IOLoop:
         with self.changed:
             self.changed.notify_all()  # callers waiting for workers: it will not come
         while not self.commands.empty():
-            run = getattr(self.commands.get(), "run", None)
-            if run is not None:
-                self.fail_dead(run)
+            queued = getattr(self.commands.get(), "run", None)
+            if queued is not None:
+                self.fail_dead(queued)
         for ident in list(self.workers):
             try:
                 self._send_now(ident, [p.Shutdown("the manager's I/O thread died")])
@@ -342,15 +276,14 @@ class IOLoop:
                 run_ids = () if run is None else (run.id,)
                 what = f"the {type(command).__name__} command of run {getattr(run, 'id', None)}"
                 self._loop_error(exc, what, run_ids=run_ids)
-                if type(command) is Submit and run.id not in self.watching.runs:
+                if type(command) is Submit and command.run.id not in self.watching.runs:
                     # Never recorded: no AbortRun will reach it, so it ends here.
-                    self.watching.runs[run.id] = run
-                    self._end_failed(run.id, exc, what)
+                    self.watching.runs[command.run.id] = command.run
+                    self._end_failed(command.run.id, exc, what)
         return True
 
     def _on_submit(self, command: Submit) -> None:
-        workers = [(info.name, info.cores, info.hostname) for info in self.workers.values()]
-        self.watching.start(command.run, command.watch, workers, time.monotonic())
+        self.watching.start(command.run, command.watch, self.workers.values(), time.monotonic())
         self.events.append(command.event)
 
     def _on_extend(self, command: Extend) -> None:
@@ -362,12 +295,7 @@ class IOLoop:
             self.events.append(s.CancelRun(command.run.id))
 
     def _on_retire(self, command: Retire) -> None:
-        for ident, info in self.workers.items():
-            if info.name == command.name:
-                logger.info("retiring worker %s: %s", info.name, command.reason)
-                self._retiring.add(ident)
-                self.outboxes.setdefault(ident, []).append(p.Shutdown(command.reason))
-                return
+        self.registry.retire(command.name, command.reason)
 
     def _on_state_event(self, command: StateEvent) -> None:
         self.events.append(command.event)
@@ -385,10 +313,10 @@ class IOLoop:
         now = time.monotonic()
         for _ in range(DRAIN_LIMIT):
             try:
-                ident, *frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                first, *frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            ident = ident.bytes
+            ident: bytes = first.bytes
             buffers = [f.buffer for f in frames]
             self.received_bytes += sum(b.nbytes for b in buffers)
             info = self.workers.get(ident)
@@ -446,7 +374,7 @@ class IOLoop:
                     continue
                 elif kind is p.Status:
                     info.status = message
-                    self._publish(ident, info)
+                    self.registry.publish(ident, info)
                     continue
                 if kind is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")
@@ -460,101 +388,25 @@ class IOLoop:
                     continue
             self.events.append(s.FromWorker(ident, message))
 
-    def _on_stranger(self, ident: bytes, messages: list, now: float) -> None:
-        """Messages from an identity that has not registered: only ``Register`` counts,
-        unless they are a status client's (``_on_client``).
-
-        Its version is read first, before its other fields are checked: another version
-        may mean other fields, and deserves a clear mismatch rather than a malformed one.
-        """
-        if any(type(m) in p.FROM_CLIENT for m in messages):
-            self._on_client(ident, messages, now)
-            return
-        reg = next((m for m in messages if type(m) is p.Register), None)
-        if reg is None:
-            self._drops.warn(
-                ("unregistered",), now, "dropped %d record(s) from unregistered peer %r",
-                len(messages), ident[:32],
-            )  # fmt: skip
-            return
-        version = reg[0] if len(reg) else None
-        if type(version) is int and version != p.PROTOCOL_VERSION:
-            name = reg.name if len(reg) > 1 and type(reg.name) is str else repr(ident[:32])
-            error = VersionMismatch(p.PROTOCOL_VERSION, version, name)
-            logger.warning("rejected worker %s: %s", name, error)
-            self.outboxes.setdefault(ident, []).append(p.Rejected(str(error)))
-            return
-        try:
-            p.check_fields(reg)
-        except ProtocolError as exc:
-            self._drops.warn(
-                ("unregistered",), now, "rejected a malformed registration from %r: %s",
-                ident[:32], exc,
-            )  # fmt: skip
-            rejected = p.Rejected(f"malformed registration: {exc}")
-            self.outboxes.setdefault(ident, []).append(rejected)
-            return
-        info = WorkerInfo(reg)
-        self.workers[ident] = info
-        self.liveness.joined(ident, now, reg.pid if reg.hostname == HOSTNAME else None)
-        self._publish(ident, info)
-        self.watching.names_by_peer[reg.peer_address] = reg.name
-        logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
-        self.outboxes.setdefault(ident, []).append(
-            p.Welcome(reg.name, self.options.heartbeat_interval)
-        )
-        self.events.append(
-            s.WorkerJoined(ident, reg.name, reg.cores, reg.peer_address, reg.memory, reg.hostname)
-        )
-        self.watching.worker_joined(now, reg.name, reg.cores, reg.hostname)
-
-    def _on_client(self, ident: bytes, messages: list, now: float) -> None:
-        """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
-        with the work's demand, each ``RetireWorker`` retires a worker. The client never
-        registers; a record of another kind in its batch is dropped."""
-        for message in messages:
-            kind = type(message)
-            if kind is p.StatusRequest and len(message) and type(message[0]) is int:
-                if message[0] != p.PROTOCOL_VERSION:
-                    error = (
-                        f"a status client speaks protocol version {message[0]}, but the "
-                        f"manager speaks version {p.PROTOCOL_VERSION}: install the same "
-                        "daskvine-py on both"
-                    )
-                    self._drops.warn(("client version",), now, "rejected %s", error)
-                    self.outboxes.setdefault(ident, []).append(p.Rejected(error))
-                    continue
-            try:
-                if kind not in p.FROM_CLIENT:
-                    raise ProtocolError(f"a {kind.__name__} in a status client's batch")
-                p.check_fields(message)
-            except ProtocolError as exc:
-                self._drops.warn(
-                    ("malformed", "status clients"), now, "dropped a malformed record from "
-                    "status client %r: %s", ident[:32], exc,
-                )  # fmt: skip
-                continue
-            if kind is p.RetireWorker:
-                self._on_retire(Retire(message.name, message.reason))
-                continue
-            logger.debug("status request from %s", message.name)
-            self.wants_demand = True  # from now on, idle times are sampled every check
-            self._publish_demand(now)
-            demand = self.demand
-            loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
-            self.outboxes.setdefault(ident, []).append(p.StatusReply(demand.cores_needed, loads))
-
-    def _lose_worker(self, ident: bytes, reason: str) -> None:
-        info = self.workers.pop(ident, None)
+    def _on_stranger(self, ident: bytes, messages: list[Any], now: float) -> None:
+        """Messages from an identity that has not registered (``Registry.stranger``): a
+        worker admitted is news to the liveness watch, the state and the watched runs."""
+        info = self.registry.stranger(ident, messages, now)
         if info is None:
             return
-        if ident in self._retiring:
-            self._retiring.discard(ident)
-            logger.info("worker %s left: %s", info.name, reason)
-        else:
-            logger.warning("worker %s lost: %s", info.name, reason)
+        self.liveness.joined(ident, now, info.pid if info.hostname == HOSTNAME else None)
+        self.watching.names_by_peer[info.peer_address] = info.name
+        self.events.append(
+            s.WorkerJoined(ident, info.name, info.cores, info.peer_address, info.memory,
+                           info.hostname)
+        )  # fmt: skip
+        self.watching.worker_joined(now, info.name, info.cores, info.hostname)
+
+    def _lose_worker(self, ident: bytes, reason: str) -> None:
+        info = self.registry.remove(ident, reason)
+        if info is None:
+            return
         self.liveness.left(ident)
-        self._publish(ident, None)
         self.watching.worker_lost(time.monotonic(), info.name, reason)
         self.outboxes.pop(ident, None)
         self.events.append(s.WorkerLost(ident, reason))
@@ -565,31 +417,15 @@ class IOLoop:
         }
         verdict = self.liveness.check(now, exited)
         for gone in verdict.lost:
-            self._lose_worker(gone.worker, gone.reason)
+            lost = cast(bytes, gone.worker)  # the liveness watch keeps what it was given
+            self._lose_worker(lost, gone.reason)
             if gone.silent:
-                self._send_now(gone.worker, [p.Shutdown("declared lost after silence")])
+                self._send_now(lost, [p.Shutdown("declared lost after silence")])
         for ident in verdict.heartbeat:
             if ident not in self.outboxes:
-                self.outboxes[ident] = [p.Heartbeat()]
-        if self.wants_demand:
-            self._publish_demand(now)
-
-    def _publish_demand(self, now: float) -> None:
-        """The work's demand and each worker's idle time, for worker pools."""
-        ready, processing, _ = self.state.load()
-        loads = self.state.worker_loads()
-        busy_at = self._busy_at
-        workers = {}
-        for ident, (cores, held) in loads.items():
-            info = self.workers.get(ident)
-            if info is None:
-                continue
-            if held or ident not in busy_at:
-                busy_at[ident] = now  # holding work now, or just joined
-            workers[info.name] = (cores, now - busy_at[ident])
-        for ident in [ident for ident in busy_at if ident not in loads]:
-            del busy_at[ident]
-        self.demand = Demand(ready + processing, workers)
+                self.outboxes[cast(bytes, ident)] = [p.Heartbeat()]
+        if self.registry.wants_demand:
+            self.registry.publish_demand(now)
 
     def _apply_events(self) -> None:
         if not self.events:
@@ -643,14 +479,14 @@ class IOLoop:
                 elif kind in self.handlers:
                     self.handlers[kind](instruction)
             except Exception as exc:
-                run_id = getattr(instruction, "run_id", None)
+                concerned: int | None = getattr(instruction, "run_id", None)
                 task_ids = p.task_ids_named(instruction.message) if kind is s.Send else ()
                 what = f"a {kind.__name__} instruction"
                 if kind is s.TaskFinished:
                     what = f"a {type(instruction.report).__name__} from worker {instruction.worker}"
-                self._loop_error(exc, what, task_ids, () if run_id is None else (run_id,))
-                if run_id is not None:  # now: its RunDone may follow in this very list
-                    self._end_failed(run_id, exc, what)
+                self._loop_error(exc, what, task_ids, () if concerned is None else (concerned,))
+                if concerned is not None:  # now: its RunDone may follow in this very list
+                    self._end_failed(concerned, exc, what)
 
     def _end_failed(self, run_id: int, cause: BaseException, what: str) -> None:
         """A run failed by an exception of the manager's own: ``get`` raises
@@ -679,9 +515,10 @@ class IOLoop:
         try:
             frames = p.encode(messages)
         except Exception:
-            frames = self._encode_what_can_be(ident, messages)
-            if frames is None:
+            some = self._encode_what_can_be(ident, messages)
+            if some is None:
                 return False
+            frames = some
         try:
             self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
             send_batch(self.router, frames, ident)

@@ -14,11 +14,12 @@ run's ``RunInfo`` gets its bytes moved and the seconds its tasks ran and (de)ser
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
 from daskvine_py.manager.events import EventLog
+from daskvine_py.manager.registry import WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER, RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import BytesRelayed
@@ -28,6 +29,34 @@ from daskvine_py.wire import protocol as p
 #: this many per run length (a few thousand for an hour), so short and long runs both
 #: draw a smooth tasks-over-time chart from a small log.
 SAMPLES_PER_RUN = 1000
+
+
+class TaskSent:
+    """On a run's feed: ``key`` was sent to ``worker`` (Dask's ``pretask``)."""
+
+    __slots__ = ("key", "worker")
+
+    def __init__(self, key: Hashable, worker: str) -> None:
+        self.key = key
+        self.worker = worker
+
+
+class TaskReported:
+    """On a run's feed: ``worker`` reported on ``key`` (Dask's ``posttask`` when the report
+    is a ``TaskDone``); ``report`` is its ``TaskDone``, ``TaskErred`` or ``TaskCrashed``."""
+
+    __slots__ = ("key", "worker", "report")
+
+    def __init__(
+        self, key: Hashable, worker: str, report: p.TaskDone | p.TaskErred | p.TaskCrashed
+    ) -> None:
+        self.key = key
+        self.worker = worker
+        self.report = report
+
+
+#: What a run's feed carries, in the order the I/O thread saw it; None ends it.
+FeedItem = TaskSent | TaskReported
 
 
 class Run:
@@ -54,8 +83,8 @@ class Run:
         self.log: EventLog | None = None
         self.next_sample = 0.0
         #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
-        #: ("dispatched", key, worker) and ("finished", key, worker, report), then None
-        self.feed: SimpleQueue | None = None
+        #: ``TaskSent`` and ``TaskReported`` records, then None
+        self.feed: SimpleQueue[FeedItem | None] | None = None
 
 
 class Watching:
@@ -80,18 +109,16 @@ class Watching:
 
     # -- runs -------------------------------------------------------------------------
 
-    def start(
-        self, run: Run, watch: bool, workers: Iterable[tuple[str, int, str]], now: float
-    ) -> None:
-        """A run was submitted; ``workers``: (name, cores, hostname) of those connected."""
+    def start(self, run: Run, watch: bool, workers: Iterable[WorkerInfo], now: float) -> None:
+        """A run was submitted; ``workers``: those connected."""
         self.runs[run.id] = run
         run.transfers_before = dict(self.transfers)
         if not watch:
             return
         self.watched[run.id] = run
         if run.log is not None:
-            for name, cores, hostname in workers:
-                run.log.worker(now, name, cores, hostname)
+            for info in workers:
+                run.log.worker(now, info.name, info.cores, info.hostname)
             self._sample(now, [run])
 
     def pop(self, run_id: int, now: float) -> Run | None:
@@ -154,7 +181,7 @@ class Watching:
             return
         message, worker = finished.report, finished.worker
         if run.feed is not None:
-            run.feed.put(("finished", finished.key, worker, message))
+            run.feed.put(TaskReported(finished.key, worker, message))
         kind = type(message)
         if kind is p.TaskDone:
             run.finished_tasks += 1
@@ -175,7 +202,7 @@ class Watching:
         if run is None:
             return
         if run.feed is not None:
-            run.feed.put(("dispatched", sent.key, sent.worker))
+            run.feed.put(TaskSent(sent.key, sent.worker))
         if run.log is not None:
             run.log.dispatch(now, sent.task_id, sent.key, sent.prefix, sent.worker)
 

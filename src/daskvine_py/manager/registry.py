@@ -1,0 +1,225 @@
+"""The manager's registered workers and the status clients it answers; no sockets.
+
+``Registry`` admits a worker from its ``Register`` or rejects it (another protocol
+version, a malformed registration), keeps what each worker said of itself
+(``WorkerInfo``), publishes a snapshot of them to caller threads under ``changed``,
+computes the work's ``Demand`` for worker pools and answers status clients. What it sends
+goes through ``post`` into the I/O loop's outboxes; the loop (``loop.py``) tells the
+scheduler state, the liveness watch and the watched runs of workers joining and leaving.
+None of this is on the loop's per-message path: a registered worker's batches are the
+loop's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from daskvine_py.batch.planner import Demand
+from daskvine_py.errors import ProtocolError, VersionMismatch
+from daskvine_py.wire import protocol as p
+
+logger = logging.getLogger("daskvine_py.manager")
+
+
+class WorkerInfo:
+    """What a worker said of itself when it registered, and in its last ``Status``."""
+
+    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status")
+
+    def __init__(self, reg: p.Register) -> None:
+        self.name = reg.name
+        self.hostname = reg.hostname
+        self.cores = reg.cores
+        self.memory = reg.memory
+        self.pid = reg.pid
+        self.peer_address = reg.peer_address
+        self.status = p.Status(0, 0, 0)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hostname": self.hostname,
+            "cores": self.cores,
+            "memory": self.memory,
+            "pid": self.pid,
+            "peer_address": self.peer_address,
+            **self.status._asdict(),
+        }
+
+
+class Registry:
+    """The registered workers by identity, and what other threads see of them.
+
+    Parameters
+    ----------
+    post
+        Queue a message for an identity (the loop's outbox, flushed once per iteration).
+    drops
+        The loop's rate-limited warnings about what it drops.
+    heartbeat_interval
+        What a ``Welcome`` tells a worker.
+    load, worker_loads
+        The scheduler state's ``load`` and ``worker_loads``, for the demand.
+    """
+
+    def __init__(
+        self,
+        post: Callable[[bytes, Any], None],
+        drops: p.DropLog,
+        heartbeat_interval: float,
+        load: Callable[[], tuple[int, int, int]],
+        worker_loads: Callable[[], dict[Any, tuple[int, int]]],
+    ) -> None:
+        self._post = post
+        self._drops = drops
+        self._heartbeat_interval = heartbeat_interval
+        self._load = load
+        self._worker_loads = worker_loads
+        #: registered workers by identity (the loop reads it for every batch: never replaced)
+        self.workers: dict[bytes, WorkerInfo] = {}
+        #: guards ``snapshot``; notified when a worker joins or leaves, or the loop dies
+        self.changed = threading.Condition()
+        #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
+        self.snapshot: dict[bytes, dict[str, Any]] = {}
+        #: the latest ``Demand`` (replaced whole, so other threads read it without a lock),
+        #: computed only once someone asked for it (a pool): it walks every worker
+        self.demand = Demand(0, {})
+        self.wants_demand = False
+        #: when each worker last held a task (the loop's clock)
+        self._busy_at: dict[Hashable, float] = {}
+        #: workers told to leave by a pool: their leaving is no news
+        self._retiring: set[bytes] = set()
+
+    def publish(self, ident: bytes, info: WorkerInfo | None) -> None:
+        """Update the callers' snapshot of one worker (None: it left)."""
+        with self.changed:
+            if info is None:
+                self.snapshot.pop(ident, None)
+                self.changed.notify_all()
+            else:
+                joined = ident not in self.snapshot
+                self.snapshot[ident] = info.public()
+                if joined:
+                    self.changed.notify_all()
+
+    # -- joining and leaving ----------------------------------------------------------
+
+    def stranger(self, ident: bytes, messages: list[Any], now: float) -> WorkerInfo | None:
+        """Messages from an identity that has not registered: only ``Register`` counts,
+        unless they are a status client's (``client``). The worker admitted, if any.
+
+        Its version is read first, before its other fields are checked: another version
+        may mean other fields, and deserves a clear mismatch rather than a malformed one.
+        """
+        if any(type(m) in p.FROM_CLIENT for m in messages):
+            self.client(ident, messages, now)
+            return None
+        reg = next((m for m in messages if type(m) is p.Register), None)
+        if reg is None:
+            self._drops.warn(
+                ("unregistered",), now, "dropped %d record(s) from unregistered peer %r",
+                len(messages), ident[:32],
+            )  # fmt: skip
+            return None
+        version = reg[0] if len(reg) else None
+        if type(version) is int and version != p.PROTOCOL_VERSION:
+            name = reg.name if len(reg) > 1 and type(reg.name) is str else repr(ident[:32])
+            error = VersionMismatch(p.PROTOCOL_VERSION, version, name)
+            logger.warning("rejected worker %s: %s", name, error)
+            self._post(ident, p.Rejected(str(error)))
+            return None
+        try:
+            p.check_fields(reg)
+        except ProtocolError as exc:
+            self._drops.warn(
+                ("unregistered",), now, "rejected a malformed registration from %r: %s",
+                ident[:32], exc,
+            )  # fmt: skip
+            self._post(ident, p.Rejected(f"malformed registration: {exc}"))
+            return None
+        info = WorkerInfo(reg)
+        self.workers[ident] = info
+        self.publish(ident, info)
+        logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
+        self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
+        return info
+
+    def retire(self, name: str, reason: str) -> None:
+        """Tell the worker of this name to leave; its leaving will be no news."""
+        for ident, info in self.workers.items():
+            if info.name == name:
+                logger.info("retiring worker %s: %s", info.name, reason)
+                self._retiring.add(ident)
+                self._post(ident, p.Shutdown(reason))
+                return
+
+    def remove(self, ident: bytes, reason: str) -> WorkerInfo | None:
+        """A worker left or was lost: forgotten and unpublished (None if unknown)."""
+        info = self.workers.pop(ident, None)
+        if info is None:
+            return None
+        if ident in self._retiring:
+            self._retiring.discard(ident)
+            logger.info("worker %s left: %s", info.name, reason)
+        else:
+            logger.warning("worker %s lost: %s", info.name, reason)
+        self.publish(ident, None)
+        return info
+
+    # -- status clients and pools -----------------------------------------------------
+
+    def client(self, ident: bytes, messages: list[Any], now: float) -> None:
+        """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
+        with the work's demand, each ``RetireWorker`` retires a worker. The client never
+        registers; a record of another kind in its batch is dropped."""
+        for message in messages:
+            kind = type(message)
+            if kind is p.StatusRequest and len(message) and type(message[0]) is int:
+                if message[0] != p.PROTOCOL_VERSION:
+                    error = (
+                        f"a status client speaks protocol version {message[0]}, but the "
+                        f"manager speaks version {p.PROTOCOL_VERSION}: install the same "
+                        "daskvine-py on both"
+                    )
+                    self._drops.warn(("client version",), now, "rejected %s", error)
+                    self._post(ident, p.Rejected(error))
+                    continue
+            try:
+                if kind not in p.FROM_CLIENT:
+                    raise ProtocolError(f"a {kind.__name__} in a status client's batch")
+                p.check_fields(message)
+            except ProtocolError as exc:
+                self._drops.warn(
+                    ("malformed", "status clients"), now, "dropped a malformed record from "
+                    "status client %r: %s", ident[:32], exc,
+                )  # fmt: skip
+                continue
+            if kind is p.RetireWorker:
+                self.retire(message.name, message.reason)
+                continue
+            logger.debug("status request from %s", message.name)
+            self.wants_demand = True  # from now on, idle times are sampled every check
+            self.publish_demand(now)
+            demand = self.demand
+            loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
+            self._post(ident, p.StatusReply(demand.cores_needed, loads))
+
+    def publish_demand(self, now: float) -> None:
+        """The work's demand and each worker's idle time, for worker pools."""
+        ready, processing, _ = self._load()
+        loads = self._worker_loads()
+        busy_at = self._busy_at
+        workers = {}
+        for ident, (cores, held) in loads.items():
+            info = self.workers.get(ident)
+            if info is None:
+                continue
+            if held or ident not in busy_at:
+                busy_at[ident] = now  # holding work now, or just joined
+            workers[info.name] = (cores, now - busy_at[ident])
+        for ident in [ident for ident in busy_at if ident not in loads]:
+            del busy_at[ident]
+        self.demand = Demand(ready + processing, workers)

@@ -1,0 +1,74 @@
+"""The manager's registry of workers, driven by hand: admission, rejection, retiring and
+status clients, with no loop, no sockets and no workers."""
+
+from __future__ import annotations
+
+import logging
+
+from daskvine_py.manager.registry import Registry
+from daskvine_py.wire import protocol as p
+
+
+class Posted:
+    """What the registry queued for each identity."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[bytes, object]] = []
+
+    def __call__(self, ident: bytes, message: object) -> None:
+        self.messages.append((ident, message))
+
+
+def registry(loads=None) -> tuple[Registry, Posted]:
+    posted = Posted()
+    reg = Registry(
+        posted, p.DropLog(logging.getLogger("test")), 0.5, lambda: (3, 2, 1),
+        lambda: loads if loads is not None else {},
+    )  # fmt: skip
+    return reg, posted
+
+
+def register(name: str, version: int = p.PROTOCOL_VERSION) -> p.Register:
+    return p.Register(version, name, 2, 1 << 20, "elsewhere", f"tcp://{name}:1", 7)
+
+
+def test_a_registration_is_admitted_published_and_welcomed():
+    reg, posted = registry()
+    info = reg.stranger(b"id1", [register("w1")], now=0.0)
+    assert info is not None and info.name == "w1" and reg.workers == {b"id1": info}
+    assert reg.snapshot[b"id1"]["cores"] == 2
+    assert posted.messages == [(b"id1", p.Welcome("w1", 0.5))]
+    assert reg.remove(b"id1", "it left") is info
+    assert reg.workers == {} and reg.snapshot == {}
+    assert reg.remove(b"id1", "again") is None
+
+
+def test_another_version_or_a_malformed_registration_is_rejected():
+    reg, posted = registry()
+    assert reg.stranger(b"old", [register("w1", version=p.PROTOCOL_VERSION + 1)], 0.0) is None
+    bad = p.Register(p.PROTOCOL_VERSION, "w2", "two", 1, "h", "tcp://w2:1", 7)
+    assert reg.stranger(b"bad", [bad], now=0.0) is None
+    assert reg.stranger(b"quiet", [p.Heartbeat()], now=0.0) is None  # dropped, unanswered
+    assert [(ident, type(m)) for ident, m in posted.messages] == [
+        (b"old", p.Rejected), (b"bad", p.Rejected),
+    ]  # fmt: skip
+    assert reg.workers == {} and reg.snapshot == {}
+
+
+def test_status_clients_get_the_demand_and_retire_workers(caplog):
+    reg, posted = registry(loads={b"id1": (2, 0)})
+    reg.stranger(b"id1", [register("w1")], now=0.0)
+    posted.messages.clear()
+    reg.stranger(b"pool", [p.StatusRequest(p.PROTOCOL_VERSION, "pool")], now=5.0)
+    assert reg.wants_demand and reg.demand.cores_needed == 5  # ready 3 + processing 2
+    assert posted.messages == [(b"pool", p.StatusReply(5, (("w1", 2, 0.0),)))]
+    posted.messages.clear()
+    reg.stranger(b"pool", [p.RetireWorker("w1", "idle")], now=6.0)
+    assert posted.messages == [(b"id1", p.Shutdown("idle"))]
+    reg.publish_demand(now=9.0)
+    assert reg.demand.workers == {"w1": (2, 9.0 - 5.0)}  # idle since it was first seen
+    reg.stranger(b"pool", [p.StatusRequest(p.PROTOCOL_VERSION + 1, "pool")], now=9.0)
+    assert type(posted.messages[-1][1]) is p.Rejected
+    with caplog.at_level(logging.INFO, logger="daskvine_py.manager"):
+        reg.remove(b"id1", "it left: retired")
+    assert [r.levelno for r in caplog.records if "w1 left" in r.message] == [logging.INFO]
