@@ -38,7 +38,7 @@ def wait_with_progress(done: Waitable, count: Callable[[], int], total: int) -> 
     The bar is closed however the wait ends (Ctrl-C included), leaving the last state on
     the terminal.
     """
-    from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs published
+    from tqdm import tqdm
 
     bar = tqdm(
         total=total,
