@@ -30,6 +30,7 @@ from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire import validation
 from daskvine_py.wire.serialize import Serialized, dumps, loads
 from daskvine_py.worker.shell import Worker
 from sockets import dealer
@@ -734,15 +735,15 @@ def test_fuzz_records_decode_valid_or_raise_protocol_error(direction, data):
         frames = [p.MAGIC + pickle.dumps(batch, protocol=5)]  # Serialized refuses an int buffer
     for convert in (bytes, memoryview):
         _decode_or_protocol_error([convert(f) for f in frames], allowed)
-    if len(batch) == 1 and type(batch[0]) in p._FAST:
+    if len(batch) == 1 and type(batch[0]) in validation._FAST:
         # The hand-written predicate never accepts what the rules refuse.
-        with mock.patch.dict(p._FAST, clear=True):
+        with mock.patch.dict(validation._FAST, clear=True):
             try:
                 p.check_fields(batch[0])
                 by_rules = True
             except ProtocolError:
                 by_rules = False
-        assert by_rules or not p._FAST[type(batch[0])](batch[0])
+        assert by_rules or not validation._FAST[type(batch[0])](batch[0])
 
 
 @_FUZZ
