@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 from daskvine_py.worker import state as ws
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
@@ -57,12 +57,12 @@ def inline(dep_id, value):
 def done(task_id, value=None, duration=0.01):
     """A library's reply with the result serialized (sent, or a process's result)."""
     value = dumps(value if value is not None else task_id)
-    return library.Done(task_id, value, duration, value.nbytes)
+    return pipe.Done(task_id, value, duration, value.nbytes)
 
 
 def done_live(task_id, nbytes=10_000, duration=0.01):
     """A library's reply for a result it keeps live, and did not send."""
-    return library.Done(task_id, None, duration, nbytes, True)
+    return pipe.Done(task_id, None, duration, nbytes, True)
 
 
 def started(state):
@@ -76,7 +76,7 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
     assert state.tasks[1].state == "queued" and state.last_contact == 5.0
     ((sent_to, run),) = state.start_runnable()
     assert sent_to is lib and run.config is None and run.functions == []
-    assert run.calls == [library.Call(1, "k1", b"payload", [], keep=True, send=True)]
+    assert run.calls == [pipe.Call(1, "k1", b"payload", [], keep=True, send=True)]
     assert state.tasks[1].state == "running" and list(lib.sent) == [1]
     state.on_library_reply(lib, done(1, 42), wall=100.0)
     (report,) = state.outbox
@@ -177,7 +177,7 @@ def test_a_holder_uploads_what_the_manager_relays_live_or_stored():
     state.on_manager_message(p.Upload((3, 1, 99)), 0.0)
     assert [(type(r), r.task_id) for r in state.outbox] == [(p.Uploaded, 3), (p.Uploaded, 99)]
     assert state.outbox[1].value is None  # not held here
-    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.0, ""), 0.0)
+    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.0, ""), 0.0)
     (uploaded,) = state.outbox[2:]
     assert type(uploaded) is p.Uploaded and loads(uploaded.value) == "one"
 
@@ -247,8 +247,8 @@ def test_a_chained_task_whose_live_input_is_missing_is_reported_to_the_manager()
     state.on_manager_message(execute(1), 0.0)
     state.on_manager_message(execute(2, computed_here(1)), 0.0)
     state.start_runnable()
-    state.on_library_reply(lib, library.Erred(1, None, "tb", "ValueError"), 0.0)
-    state.on_library_reply(lib, library.Missing(2, 1), 0.0)
+    state.on_library_reply(lib, pipe.Erred(1, None, "tb", "ValueError"), 0.0)
+    state.on_library_reply(lib, pipe.Missing(2, 1), 0.0)
     assert state.outbox[-1] == p.FetchFailed(2, 1, (ME,)) and not state.tasks
 
 
@@ -308,8 +308,8 @@ def test_erred_and_crashed_replies_are_reported():
     state.on_manager_message(execute(1), 0.0)
     state.on_manager_message(execute(2), 0.0)
     assert started(state) == [(0, [1, 2])]
-    state.on_library_reply(lib, library.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
-    state.on_library_reply(lib, library.Crashed(1, "forked task process died"), 0.0)
+    state.on_library_reply(lib, pipe.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
+    state.on_library_reply(lib, pipe.Crashed(1, "forked task process died"), 0.0)
     assert state.outbox == [
         p.TaskErred(2, None, "Traceback", "ValueError: x"),
         p.TaskCrashed(1, "forked task process died"),
@@ -454,7 +454,7 @@ def test_a_result_released_by_the_manager_is_forgotten_by_its_library():
     state, (lib,) = make()
     _live_in(state, lib, 1)
     state.on_manager_message(p.Release((1,)), 0.0)
-    assert state.library_outbox == [(0, library.Forget([1]))] and 1 not in state.live
+    assert state.library_outbox == [(0, pipe.Forget([1]))] and 1 not in state.live
 
 
 def test_one_release_of_many_live_results_is_one_forget_per_library():
@@ -471,7 +471,7 @@ def test_one_release_of_many_live_results_is_one_forget_per_library():
     assert len(held_by) == 2  # both libraries hold some
     state.on_manager_message(p.Release((1, 2, 3, 4, 5)), 0.0)  # 5 was never here
     assert sorted(state.library_outbox) == [
-        (lib, library.Forget(ids)) for lib, ids in sorted(held_by.items())
+        (lib, pipe.Forget(ids)) for lib, ids in sorted(held_by.items())
     ]
     assert not state.live.entries
 
@@ -480,8 +480,8 @@ def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
     assert state.serve_peer(1, b"peer-a") and state.serve_peer(1, b"peer-b")
-    assert state.library_outbox == [(0, library.Export([1], False))]  # once for both
-    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    assert state.library_outbox == [(0, pipe.Export([1], False))]  # once for both
+    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
     assert [ident for ident, _ in state.peer_replies] == [b"peer-a", b"peer-b"]
     assert loads(state.peer_replies[0][1].value) == "one"
     assert 1 in state.store and 1 in state.live  # the copy stays for later readers
@@ -498,8 +498,8 @@ def test_an_idle_library_takes_a_task_from_a_busy_one_after_an_export():
     assert list(state.homed[0]) == [2, 3, 4]
     assert state.start_runnable() == []
     assert state.tasks[2].state == "waiting" and state.tasks[2].missing == {1}
-    assert state.library_outbox == [(0, library.Export([1], False))]
-    state.on_library_reply(lib0, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    assert state.library_outbox == [(0, pipe.Export([1], False))]
+    state.on_library_reply(lib0, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
     requests = state.start_runnable()
     assert [(lib.id, [c.task_id for c in run.calls]) for lib, run in requests] == [(1, [2])]
     ((_, run),) = requests
@@ -513,11 +513,11 @@ def test_live_results_past_the_memory_limit_are_exported_to_the_store_which_spil
     for task_id in (1, 2, 3):
         _live_in(state, lib, task_id, nbytes=10_000)
     state.end_pass(0.0)
-    assert state.library_outbox == [(0, library.Export([1], True))]  # the oldest
+    assert state.library_outbox == [(0, pipe.Export([1], True))]  # the oldest
     state.end_pass(0.0)
     assert len(state.library_outbox) == 1  # on its way: not asked twice
     value = dumps(b"x" * 10_000)
-    state.on_library_reply(lib, library.Exported(1, value, 0.001, ""), 0.0)
+    state.on_library_reply(lib, pipe.Exported(1, value, 0.001, ""), 0.0)
     assert 1 not in state.live and 1 in state.store and state.store.reserved == 20_000
     assert state.store.memory_bytes + state.live.nbytes <= 25_000 + value.nbytes
 
@@ -529,7 +529,7 @@ def test_a_live_input_that_cannot_be_serialized_fails_the_task_that_needs_it_els
     state.on_manager_message(config, 0.0)
     state.on_manager_message(execute(3, held(1), run_id=6), 0.0)  # a task process: export
     assert state.tasks[3].state == "waiting" and state.exports[1].tasks == {3}
-    state.on_library_reply(lib, library.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
+    state.on_library_reply(lib, pipe.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
     (erred,) = [r for r in state.outbox if type(r) is p.TaskErred]
     assert erred.task_id == 3 and "k1" in erred.message and "a lock" in erred.message
     assert 3 not in state.tasks and state.live.entries[1].stuck
@@ -649,12 +649,12 @@ class SimulatedWorker:
             if lib_id not in self.lib_live:
                 continue  # died since
             for task_id in request.task_ids:
-                if type(request) is library.Export:
+                if type(request) is pipe.Export:
                     held = task_id in self.lib_live[lib_id]
                     value = dumps(task_id) if held else None
-                    reply = library.Exported(task_id, value, 0.0, "" if held else "not held")
+                    reply = pipe.Exported(task_id, value, 0.0, "" if held else "not held")
                     self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
-                if type(request) is library.Forget or request.drop:
+                if type(request) is pipe.Forget or request.drop:
                     self.doomed[lib_id].add(task_id)
             self._settle_doomed(lib_id)
             self._take_outbox()
@@ -702,20 +702,20 @@ class SimulatedWorker:
         live = self.lib_live[lib_id]
         absent = [d for _, d, v in call.inputs if v is None and d not in live]
         if absent:
-            reply = library.Missing(task_id, absent[0])  # it did not run
+            reply = pipe.Missing(task_id, absent[0])  # it did not run
         else:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1
             duration = 0.0005 if outcome == "done" else 0.01  # tiny: batches; short: queued
             if outcome in ("done", "short") and call.keep:
                 live.add(task_id)
                 value = dumps(task_id) if call.send else None
-                reply = library.Done(task_id, value, duration, 100, True)
+                reply = pipe.Done(task_id, value, duration, 100, True)
             else:
                 reply = {
                     "done": done(task_id, duration=duration),
                     "short": done(task_id, duration=duration),
-                    "erred": library.Erred(task_id, None, "tb", "ValueError"),
-                    "crashed": library.Crashed(task_id, "the fork died"),
+                    "erred": pipe.Erred(task_id, None, "tb", "ValueError"),
+                    "crashed": pipe.Crashed(task_id, "the fork died"),
                 }[outcome]
         self._settle_doomed(lib_id)
         self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)

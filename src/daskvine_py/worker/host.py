@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from daskvine_py.wire.protocol import split_address
-from daskvine_py.worker import library, task_process
+from daskvine_py.worker import library, pipe, task_process
 
 if TYPE_CHECKING:
     from daskvine_py.worker.state import LibraryRecord, WorkerTask
@@ -113,7 +113,7 @@ class TaskProcess:
 
 
 def start_task_process(
-    task: WorkerTask, call: library.Call, tasks_dir: str, functions_dir: str, worker_name: str
+    task: WorkerTask, call: pipe.Call, tasks_dir: str, functions_dir: str, worker_name: str
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file;
     ``OSError`` (with nothing left behind) when it cannot be started."""
@@ -174,7 +174,7 @@ def reap_task_process(proc: TaskProcess, worker_name: str, logger: Any) -> Any:
     shutil.rmtree(proc.directory, ignore_errors=True)
     if reply is None:
         how = library.describe_exit(code)
-        reply = library.Crashed(proc.task.id, f"task process {how} on worker {worker_name}")
+        reply = pipe.Crashed(proc.task.id, f"task process {how} on worker {worker_name}")
     return reply
 
 

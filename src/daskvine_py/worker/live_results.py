@@ -1,12 +1,12 @@
 """Where a worker's results are that its libraries keep live, and the exports under way.
 
-A library keeps each result it computes as a Python object (``library.Call.keep``); the
+A library keeps each result it computes as a Python object (``pipe.Call.keep``); the
 worker's ``WorkerState`` records here which library holds it and its estimated size, in
 least recently used order. A result may be live and serialized in the store at once (a
 small one, an output, or one exported for a reader elsewhere); it is *live only* when the
 store has no copy, and then only its library can hand it to a task without an export.
 
-Exports (``library.Export``) serialize a live result on demand, once, for everyone that
+Exports (``pipe.Export``) serialize a live result on demand, once, for everyone that
 waits: tasks bound for another library or a task process, peers, and the spill (``drop``:
 the library forgets it once sent, and the store keeps the copy). A result whose export
 with ``drop`` is under way is *leaving*: no new call may name it live, since the library

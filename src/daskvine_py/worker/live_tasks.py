@@ -14,7 +14,7 @@ from typing import Any
 from daskvine_py.errors import SerializationError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps_exception
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 from daskvine_py.worker.live_results import ExportWait
 from daskvine_py.worker.records import LibraryRecord, WorkerTask
 
@@ -206,7 +206,7 @@ class LiveHandling:
         entry = self.live.entries[dep_id]
         if wait is None:
             wait = self.exports[dep_id] = ExportWait(entry.lib, drop)
-            self.library_outbox.append((entry.lib, library.Export([dep_id], drop)))
+            self.library_outbox.append((entry.lib, pipe.Export([dep_id], drop)))
             if drop:
                 self.live.mark_leaving(entry)
         if task_id is not None:
@@ -224,7 +224,7 @@ class LiveHandling:
             if entry is not None:
                 forget.setdefault(entry.lib, []).append(task_id)
         for lib, ids in forget.items():
-            self.library_outbox.append((lib, library.Forget(ids)))
+            self.library_outbox.append((lib, pipe.Forget(ids)))
 
     def serve_peer(self, task_id: int, peer: bytes) -> bool:
         """A peer asks for a result held live only: export it, and answer the peer when
@@ -242,7 +242,7 @@ class LiveHandling:
             else:
                 self.peer_replies.append((peer, p.Data(task_id, value)))
 
-    def on_exported(self, lib: LibraryRecord, reply: library.Exported) -> None:
+    def on_exported(self, lib: LibraryRecord, reply: pipe.Exported) -> None:
         """A live result, serialized: into the store (the copy every later reader gets),
         then to the tasks and peers that waited for it."""
         task_id = reply.task_id

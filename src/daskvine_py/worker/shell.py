@@ -61,7 +61,7 @@ from daskvine_py.wire.exits import EXIT_AUTH_FAILED, EXIT_NO_MANAGER, EXIT_REJEC
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 from daskvine_py.worker.args import parse_args
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.state import WorkerState, WorkerTask
@@ -395,9 +395,9 @@ class Worker:
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
 
-    def _send_to_library(self, lib: h.Library, request: library.Run) -> None:
+    def _send_to_library(self, lib: h.Library, request: pipe.Run) -> None:
         try:
-            library.send(lib.conn, request)
+            pipe.send(lib.conn, request)
         except OSError:
             self._on_library_death(lib)
 
@@ -408,15 +408,15 @@ class Worker:
         wall = time.time()
         while True:
             try:
-                reply = library.receive(lib.conn)
+                reply = pipe.receive(lib.conn)
             except (EOFError, OSError):
                 self._on_library_death(lib)
                 return
             kind = type(reply)
-            if kind is library.Replies:
+            if kind is pipe.Replies:
                 for each in reply.replies:
                     state.on_library_reply(record, each, wall)
-            elif kind is library.Ready:
+            elif kind is pipe.Ready:
                 if state.on_library_ready(record) and not self.register_sent:
                     self._register()
             else:

@@ -40,7 +40,7 @@ from typing import Any
 from daskvine_py.ema import Ema
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 from daskvine_py.worker.fetching import Fetch, TransferSlots
 from daskvine_py.worker.live_results import ExportWait, LiveResults
 from daskvine_py.worker.live_tasks import MANAGER_IDENT, QUEUED_REQUEST_BYTES, RELAY, LiveHandling
@@ -96,7 +96,7 @@ class WorkerState(LiveHandling):
         #: results the libraries keep live, and exports of them under way
         self.live = LiveResults(store)
         #: library id -> calls to send it behind the task they wait for (``_follow``)
-        self.chained: dict[int, list[library.Call]] = {}
+        self.chained: dict[int, list[pipe.Call]] = {}
         self.exports: dict[int, ExportWait] = {}
         #: input id -> its copy from peers in progress
         self.fetches: dict[int, Fetch] = {}
@@ -386,7 +386,7 @@ class WorkerState(LiveHandling):
         lib = self.libraries[library_id] = LibraryRecord(library_id, list(self.functions), slots)
         return lib
 
-    def start_runnable(self) -> Sequence[tuple[LibraryRecord, library.Run]]:
+    def start_runnable(self) -> Sequence[tuple[LibraryRecord, pipe.Run]]:
         """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
         few when tasks are tiny, all of one run configuration per request, each task to
         the library that holds its live inputs if any; the requests to write to pipes.
@@ -397,13 +397,13 @@ class WorkerState(LiveHandling):
         """
         if not self.runnable and not self.homed and not self.chained:
             return _NO_REQUESTS
-        requests: list[tuple[LibraryRecord, library.Run]] = []
+        requests: list[tuple[LibraryRecord, pipe.Run]] = []
         for lib_id, calls in self.chained.items():
             lib = self.libraries[lib_id]
             functions = [(fid, self.functions[fid]) for fid in lib.unsent]
             lib.unsent = []
             requests.append(
-                (lib, library.Run(functions, self.tasks[calls[0].task_id].config, calls))
+                (lib, pipe.Run(functions, self.tasks[calls[0].task_id].config, calls))
             )
         self.chained.clear()
         recent = self.recent_duration.value if self.recent_duration.count else None
@@ -460,11 +460,11 @@ class WorkerState(LiveHandling):
             self._chain(lib, batch, calls)  # (a forked child's result is not kept live)
         functions = [(fid, self.functions[fid]) for fid in lib.unsent]
         lib.unsent = []
-        requests.append((lib, library.Run(functions, batch[0].config, calls)))
+        requests.append((lib, pipe.Run(functions, batch[0].config, calls)))
 
     def call(
         self, task: WorkerTask, lib: int | None = None, upcoming: set[int] | frozenset = frozenset()
-    ) -> library.Call:
+    ) -> pipe.Call:
         """What a library (``lib``) or a task process runs: the task with its inputs'
         values, inline in the ``Execute`` (small ones) or from the store, or named when
         they are live in that library (or made there earlier in the request: ``upcoming``)."""
@@ -481,7 +481,7 @@ class WorkerState(LiveHandling):
                 inputs.append((dep.key, dep_id, store.get(dep_id)))
         keep = task.keep and lib is not None
         send = task.want_result or not keep
-        return library.Call(task.id, task.key, task.payload, inputs, keep, send)
+        return pipe.Call(task.id, task.key, task.payload, inputs, keep, send)
 
     def _available(self, dep: p.DepLocation, lib: int | None) -> bool:
         """Whether a call to ``lib`` (None: a task process) can have this input now."""
@@ -536,7 +536,7 @@ class WorkerState(LiveHandling):
     def on_library_reply(self, lib: LibraryRecord, reply: Any, wall: float) -> None:
         """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``),
         or a result it exported."""
-        if type(reply) is library.Exported:
+        if type(reply) is pipe.Exported:
             self.on_exported(lib, reply)
             return
         sent = lib.sent
@@ -600,7 +600,7 @@ class WorkerState(LiveHandling):
             return
         self._transition(task, "forgotten")
         kind = type(reply)
-        if kind is library.Done:
+        if kind is pipe.Done:
             task_id, value, duration, nbytes, live, serialization = reply
             self.recent_duration.observe(duration)
             keep = task.keep
@@ -618,9 +618,9 @@ class WorkerState(LiveHandling):
             if value is not None and not task.want_result and not p.inlinable(value):
                 value = None
             self.outbox.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization))
-        elif kind is library.Erred:
+        elif kind is pipe.Erred:
             self.outbox.append(p.TaskErred(*reply))
-        elif kind is library.Missing:  # its producer failed: the manager decides
+        elif kind is pipe.Missing:  # its producer failed: the manager decides
             self.outbox.append(p.FetchFailed(task.id, reply.dep_id, (self.peer_address,)))
         else:  # Crashed: the process running it died (fork and tasks modes)
             logger.warning("task %r: %s", task.key, reply.reason)
