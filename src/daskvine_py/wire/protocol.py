@@ -68,6 +68,7 @@ from daskvine_py.wire.records import (
     TaskDone,
     TaskErred,
     TaskId,
+    ToManager,
     Transfers,
     Upload,
     Uploaded,
@@ -75,7 +76,7 @@ from daskvine_py.wire.records import (
     Withdraw,
     Withdrawn,
     inlinable,
-)  # fmt: skip
+)
 from daskvine_py.wire.serialize import Serialized
 from daskvine_py.wire.validation import (
     MAX_KEY_DEPTH,
@@ -83,7 +84,7 @@ from daskvine_py.wire.validation import (
     connectable,
     split_address,
     task_ids_named,
-)  # fmt: skip
+)
 
 #: Every name other modules use as ``p.NAME``: the records, their checks, the drop log.
 __all__ = [
@@ -92,7 +93,8 @@ __all__ = [
     "INLINE_BYTES", "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
     "Replicas", "Replicate", "RetireWorker", "RunConfig", "Shutdown", "Status",
     "StatusReply", "StatusRequest", "TaskCrashed", "TaskDone", "TaskErred", "TaskId",
-    "TO_CLIENT", "TO_MANAGER", "TO_PEER", "TO_WORKER", "Transfers", "Upload", "Uploaded",
+    "TO_CLIENT", "TO_MANAGER", "TO_PEER", "TO_WORKER",
+    "ToManager", "Transfers", "Upload", "Uploaded",
     "Welcome", "Withdraw", "Withdrawn", "Serialized", "MAX_KEY_DEPTH",
     "check_fields", "connectable", "split_address", "task_ids_named",
     "MAGIC", "PROTOCOL_VERSION", "decode", "encode", "unpack", "zero_copy",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from daskvine_py.wire.serialize import Serialized
 
@@ -294,6 +294,11 @@ class Data(NamedTuple):
 TO_MANAGER: frozenset[type] = frozenset(
     {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
      Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
+)  # fmt: skip
+#: Any record a worker sends its manager (the members of ``TO_MANAGER``).
+ToManager: TypeAlias = (
+    Register | TaskDone | TaskErred | TaskCrashed | FetchFailed | Replicas | Lost | Withdrawn
+    | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded
 )  # fmt: skip
 TO_WORKER: frozenset[type] = frozenset(
     {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,

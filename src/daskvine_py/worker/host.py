@@ -31,7 +31,7 @@ from daskvine_py.wire.protocol import split_address
 from daskvine_py.worker import library, pipe, task_process
 
 if TYPE_CHECKING:
-    from daskvine_py.worker.state import LibraryRecord, WorkerTask
+    from daskvine_py.worker.records import LibraryRecord, WorkerTask
 
 
 class Library:

@@ -69,11 +69,11 @@ from daskvine_py.worker.pipe import (
     Forget,
     Missing,
     Ready,
-    Record,
     Replies,
     Reply,
     Run,
-    receive,
+    ToLibrary,
+    receive_request,
     send,
 )
 
@@ -169,7 +169,7 @@ def serve(conn: Connection, runner: Runner, slots: int, running: SlotTable) -> N
     exports.put(None)
 
 
-def _route(request: Record, runner: Runner, exports: _ExportQueue) -> Run | None:
+def _route(request: ToLibrary, runner: Runner, exports: _ExportQueue) -> Run | None:
     """Take an ``Export`` or a ``Forget`` at once; a ``Run`` is returned, to run."""
     if type(request) is Run:
         runner.will_read(request.calls)
@@ -213,7 +213,7 @@ def _serve_alone(
             try:
                 with read_lock:
                     while busy[0] is not None and conn.poll(WATCH_INTERVAL):
-                        request = _route(receive(conn), runner, exports)
+                        request = _route(receive_request(conn), runner, exports)
                         if request is not None:
                             inbox.append(request)
             except (EOFError, OSError):
@@ -229,7 +229,7 @@ def _serve_alone(
                     return
             else:
                 try:  # (only the read raises these)
-                    request = _route(receive(conn), runner, exports)
+                    request = _route(receive_request(conn), runner, exports)
                 except (EOFError, OSError):
                     return
                 if request is None:
@@ -263,7 +263,7 @@ def _serve_in_slots(
         thread.start()
     while True:
         try:  # (only the read raises these)
-            request = _route(receive(conn), runner, exports)
+            request = _route(receive_request(conn), runner, exports)
         except (EOFError, OSError):
             break
         if request is not None:
@@ -544,7 +544,7 @@ def run(
     ended = time.perf_counter()
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
-    keep_live = keep and live is not None
+    keep_live = keep is True and live is not None  # (None: as False)
     nbytes = 0
     if keep_live:
         live[task_id] = result  # type: ignore[index]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple, TypeAlias
 
@@ -43,8 +43,9 @@ class Call(NamedTuple):
     key: Hashable
     payload: bytes  #: the pickled ``GraphNode``
     inputs: list[Input]
-    #: keep the result here, live, for later tasks (``Forget`` drops it)
-    keep: bool = False
+    #: keep the result here, live, for later tasks (``Forget`` drops it); None as False
+    #: (an output the cache keeps: the worker decides by its size)
+    keep: bool | None = False
     #: serialize the result and send it with ``Done`` (an output, or no ``keep``)
     send: bool = True
 
@@ -132,6 +133,9 @@ class Replies(NamedTuple):
 
 #: What a call comes back as (a task process's reply too).
 Reply: TypeAlias = Done | Erred | Crashed | Missing
+#: What a worker sends its library, and what a library sends its worker.
+ToLibrary: TypeAlias = Run | Export | Forget
+FromLibrary: TypeAlias = Ready | Done | Erred | Crashed | Missing | Exported | Replies
 #: Any record of the pipe, either way.
 Record: TypeAlias = (
     Run | Call | Ready | Done | Erred | Crashed | Replies | Export | Forget | Exported | Missing
@@ -196,7 +200,7 @@ def send(conn: Connection, message: Record) -> None:
             conn.send_bytes(raw)
 
 
-def receive(conn: Connection) -> Record:
+def _receive(conn: Connection) -> Any:
     """The record ``send`` sent; ``EOFError`` if the other side is gone."""
     first = conn.recv_bytes()
     count = int.from_bytes(first[:4], "little")
@@ -210,5 +214,11 @@ def receive(conn: Connection) -> Record:
         fields = (functions, config, [tuple.__new__(Call, call) for call in calls])
     elif tag == _REPLIES:
         fields = ([tuple.__new__(_RECORDS[t], f) for t, f in fields[0]],)
-    record: Record = tuple.__new__(_RECORDS[tag], fields)
-    return record
+    return tuple.__new__(_RECORDS[tag], fields)
+
+
+# One function under three types (no call in between): a record either way, and what each
+# end expects of the other.
+receive: Callable[[Connection], Record] = _receive
+receive_reply: Callable[[Connection], FromLibrary] = _receive  #: the worker's end
+receive_request: Callable[[Connection], ToLibrary] = _receive  #: the library's end
