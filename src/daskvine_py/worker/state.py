@@ -101,6 +101,8 @@ class WorkerState:
             self.tasks, self.local_waiters, self.live_tasks, store, self._transition,
             self._input_lost,
         )  # fmt: skip
+        #: legal edges -> what each does besides setting the state (``_TRANSITIONS``)
+        self._steps = _bind_steps(self)
         #: the manager welcomed us; when we last heard from it and last sent to it
         self.registered = False
         self.last_contact = now
@@ -143,12 +145,15 @@ class WorkerState:
         """Once per loop pass: start fetches that found a slot, report a change of the
         store's fullness and the bytes received from peers, spill live results past the
         memory limit."""
-        self.fetcher.start_queued(now)
+        fetcher = self.fetcher
+        if fetcher.slots.freed:  # (most passes: no call)
+            fetcher.start_queued(now)
         if self.store.full is not self.disk_full:
             self.disk_full = self.store.full
             logger.warning("worker %s disk full: %s", self.name, self.disk_full)
             self.outbox.append(p.DiskFull(self.disk_full))
-        self.fetcher.report_received()
+        if fetcher.received_from:
+            fetcher.report_received()
         limit = self.store.memory_limit
         live = self.live
         if limit is not None and live.nbytes:
@@ -446,19 +451,12 @@ class WorkerState:
     # -- transitions ------------------------------------------------------------------
 
     def _transition(self, task: WorkerTask, finish: TaskStateName) -> None:
-        step = _TRANSITIONS.get((task.state, finish), _illegal)
+        step = self._steps.get((task.state, finish), _illegal)
         if step is _illegal:
             raise InvalidTransition(task.key, task.state, finish, [])
         task.state = finish
         if step is not None:  # three transitions per task: skip the empty calls
-            step(self, task)
-
-    def _to_queued(self, task: WorkerTask) -> None:
-        self.dispatch.enqueue(task)
-
-    def _running_to_queued(self, task: WorkerTask) -> None:
-        """Its library died before it started: first in line again (callers go in reverse)."""
-        self.dispatch.requeue(task)
+            step(task)
 
     def _forget(self, task: WorkerTask) -> None:
         """Out of ``tasks``, and out of the fetches, local waits and exports it was in."""
@@ -485,24 +483,40 @@ class WorkerState:
         yield from self.dispatch.leaks()
 
 
-def _illegal(state: WorkerState, task: WorkerTask) -> None:
+_Edge = tuple[TaskStateName, TaskStateName]
+_Step = Callable[[WorkerTask], None]
+
+
+def _illegal(task: WorkerTask) -> None:
     """Stands for an edge that is not in ``_TRANSITIONS`` (never called)."""
     raise AssertionError("an illegal transition is raised before its step")
 
 
-_Step = Callable[[WorkerState, WorkerTask], None]
-#: Every legal edge and what it does besides setting the state; None: nothing more (its
-#: fetches, local waits or exports are in place; or the caller records where it runs).
-_TRANSITIONS: dict[tuple[TaskStateName, TaskStateName], _Step | None] = {
+#: Every legal edge and what it does besides setting the state, by name (bound to a state
+#: by ``_bind_steps``); None: nothing more (its fetches, local waits or exports are in
+#: place; or the caller records where it runs).
+_TRANSITIONS: dict[_Edge, str | None] = {
     ("new", "waiting"): None,
-    ("new", "queued"): WorkerState._to_queued,
-    ("new", "forgotten"): WorkerState._forget,
-    ("waiting", "queued"): WorkerState._to_queued,
+    ("new", "queued"): "enqueue",
+    ("new", "forgotten"): "forget",
+    ("waiting", "queued"): "enqueue",
     ("waiting", "running"): None,  # sent with the task it waits for (a chain)
-    ("waiting", "forgotten"): WorkerState._forget,
+    ("waiting", "forgotten"): "forget",
     ("queued", "waiting"): None,  # an input must first leave another library (export)
     ("queued", "running"): None,
-    ("queued", "forgotten"): WorkerState._forget,
-    ("running", "queued"): WorkerState._running_to_queued,
-    ("running", "forgotten"): WorkerState._running_to_forgotten,
+    ("queued", "forgotten"): "forget",
+    ("running", "queued"): "requeue",  # its library died before it started
+    ("running", "forgotten"): "forget_running",
 }
+
+
+def _bind_steps(state: WorkerState) -> dict[_Edge, _Step | None]:
+    """``_TRANSITIONS`` with each step bound: the dispatch's queues are called directly,
+    with no call of the state's in between (twice per task)."""
+    steps: dict[str, _Step] = {
+        "enqueue": state.dispatch.enqueue,
+        "requeue": state.dispatch.requeue,
+        "forget": state._forget,
+        "forget_running": state._running_to_forgotten,
+    }
+    return {edge: None if name is None else steps[name] for edge, name in _TRANSITIONS.items()}
