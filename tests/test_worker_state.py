@@ -1,6 +1,6 @@
 """The worker's sans-I/O state: literal events in, instructions out, in milliseconds.
 
-Every transition of ``worker_state._TRANSITIONS`` is driven here by the event that takes
+Every transition of ``state._TRANSITIONS`` is driven here by the event that takes
 it; the end of the file is a hypothesis-driven worker (random graphs of tasks with local,
 peer and inline inputs, library crashes, cancels, withdraws and peer failures) checking
 that every task is reported exactly once and that nothing is left behind.

@@ -12,7 +12,7 @@ Data flow::
 
 - This module is the I/O shell: the manager's socket, the loop, registration and exit.
   Every decision (which task runs where, what to fetch from whom, when a fetch or the
-  manager has been silent too long) is ``worker_state.WorkerState``'s, which takes events
+  manager has been silent too long) is ``state.WorkerState``'s, which takes events
   and ``now`` and leaves instructions; ``peers.PeerLinks`` owns the sockets to peers and
   ``host`` the library and task processes.
 - The loop drains every readable socket and pipe, then starts queued tasks on idle
