@@ -218,7 +218,7 @@ def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_pat
 def produce(i, path):
     with open(os.path.join(path, f"a{i}"), "a") as log:
         log.write("ran\n")
-    # Longer than a short task (``worker_state.SHORT_TASK``): none is queued in the pipe of
+    # Longer than a short task (``dispatch.SHORT_TASK``): none is queued in the pipe of
     # the library that runs the gate, where it would wait for the gate the test holds.
     time.sleep(0.06)
     return np.full(1000, float(i))

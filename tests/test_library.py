@@ -7,7 +7,7 @@ import numpy as np
 
 from daskvine_py.plan.graph import LegacyCall
 from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder, loads
-from daskvine_py.worker import library
+from daskvine_py.worker import library, pipe
 
 
 class Opaque:
@@ -35,7 +35,7 @@ def run(func, *args, keep=True, send=False):
     decoder = TaskDecoder()
     decoder.add_functions(encoder.functions)
     live: dict = {}
-    call = library.Call(1, "k", payload, [], keep, send)
+    call = pipe.Call(1, "k", payload, [], keep, send)
     return library.run(call, decoder, "w", live), live
 
 
@@ -48,7 +48,7 @@ def test_a_small_result_of_a_sized_type_is_sent_as_well_as_kept():
 
 def test_a_result_sizeof_cannot_size_stays_live_only():
     done, live = run(make_opaque)
-    assert type(done) is library.Done and done.live and done.value is None
+    assert type(done) is pipe.Done and done.live and done.value is None
     assert live[1].payload.nbytes == 800_000
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire import validation
 from daskvine_py.wire.serialize import dumps, dumps_exception, loads
 
 
@@ -98,7 +99,7 @@ def test_status_records_round_trip_and_are_checked():
 
 def test_a_task_done_with_its_serialization_takes_the_fast_check():
     done = p.TaskDone(1, 2, 0.1, None, 1769000000.5, 0.02)
-    assert p._task_done_ok(done)  # not the slower rule-by-rule path
+    assert validation._task_done_ok(done)  # not the slower rule-by-rule path
     p.check_fields(done)
     with pytest.raises(ProtocolError, match="TaskDone.serialization"):
         p.check_fields(done._replace(serialization=-1.0))

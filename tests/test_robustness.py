@@ -30,6 +30,7 @@ from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire import validation
 from daskvine_py.wire.serialize import Serialized, dumps, loads
 from daskvine_py.worker.shell import Worker
 from sockets import dealer
@@ -440,11 +441,12 @@ def test_a_result_that_cannot_be_read_back_is_answered_as_not_held(worker):
 def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
     deps = (p.DepLocation(1, "x", ("tcp://127.0.0.1:2",)),)
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
-    assert 1 in worker.state.fetches
+    assert 1 in worker.state.fetcher.fetches
     worker.peers.on_frames(p.encode([p.Data(1, Crafted(b"x", [5]))]), worker.state)
-    assert 1 in worker.state.fetches and 1 not in worker.store  # it waits for a valid answer
+    # It waits for a valid answer.
+    assert 1 in worker.state.fetcher.fetches and 1 not in worker.store
     worker.peers.on_frames(p.encode([p.Data(1, dumps(41))]), worker.state)
-    assert 1 not in worker.state.fetches and loads(worker.store.get(1)) == 41
+    assert 1 not in worker.state.fetcher.fetches and loads(worker.store.get(1)) == 41
 
 
 # -- 4. what the worker hears from the manager ------------------------------------------------
@@ -515,14 +517,17 @@ def test_a_task_whose_execute_no_worker_can_read_fails_its_run_saying_why(manage
 
 def test_a_task_the_worker_fails_to_take_is_reported_crashed(worker):
     deps = (p.DepLocation(1, "x", None), p.DepLocation(2, "z", ("tcp://127.0.0.1:2",)))
-    with mock.patch.object(worker.state, "_request_next", side_effect=RuntimeError("a bug")):
+    fetcher = type(worker.state.fetcher)
+    with mock.patch.object(fetcher, "request_next", side_effect=RuntimeError("a bug")):
         worker._on_manager_frames(p.encode([p.Execute(9, "y", b"", deps, False)]))
     (crashed,) = worker.state.outbox
     assert type(crashed) is p.TaskCrashed and crashed.task_id == 9
     assert "could not take the task" in crashed.reason and "a bug" in crashed.reason
     # What the handler had kept before it failed is gone with it.
     assert (
-        9 not in worker.state.tasks and not worker.state.local_waiters and not worker.state.fetches
+        9 not in worker.state.tasks
+        and not worker.state.local_waiters
+        and not worker.state.fetcher.fetches
     )
     _check_worker_consistent(worker)
 
@@ -532,7 +537,7 @@ def test_an_address_zeromq_refuses_moves_the_fetch_to_the_next_holder(worker):
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
     for _ in range(2):
         worker._flush()
-    fetch = worker.state.fetches.get(1)
+    fetch = worker.state.fetcher.fetches.get(1)
     if fetch is not None:  # the good holder was asked (first or after the bad one)
         assert fetch.current == "tcp://127.0.0.1:2"
     else:  # the bad one was the last to try: the manager is told
@@ -734,15 +739,15 @@ def test_fuzz_records_decode_valid_or_raise_protocol_error(direction, data):
         frames = [p.MAGIC + pickle.dumps(batch, protocol=5)]  # Serialized refuses an int buffer
     for convert in (bytes, memoryview):
         _decode_or_protocol_error([convert(f) for f in frames], allowed)
-    if len(batch) == 1 and type(batch[0]) in p._FAST:
+    if len(batch) == 1 and type(batch[0]) in validation._FAST:
         # The hand-written predicate never accepts what the rules refuse.
-        with mock.patch.dict(p._FAST, clear=True):
+        with mock.patch.dict(validation._FAST, clear=True):
             try:
                 p.check_fields(batch[0])
                 by_rules = True
             except ProtocolError:
                 by_rules = False
-        assert by_rules or not p._FAST[type(batch[0])](batch[0])
+        assert by_rules or not validation._FAST[type(batch[0])](batch[0])
 
 
 @_FUZZ
@@ -887,18 +892,18 @@ def test_fuzz_inconsistent_reports_never_break_the_state_and_every_run_ends(grap
 
 def _check_worker_consistent(worker):
     tasks = worker.state.tasks
-    for dep_id, fetch in worker.state.fetches.items():
+    for dep_id, fetch in worker.state.fetcher.fetches.items():
         assert fetch.dep_id == dep_id and fetch.waiters <= set(tasks), (dep_id, fetch.waiters)
     for dep_id, waiters in worker.state.local_waiters.items():
         assert waiters and waiters <= set(tasks), (dep_id, waiters)
     for task in tasks.values():
         for dep_id in task.missing:
-            fetch = worker.state.fetches.get(dep_id)
+            fetch = worker.state.fetcher.fetches.get(dep_id)
             assert (fetch is not None and task.id in fetch.waiters) or task.id in (
                 worker.state.local_waiters.get(dep_id, ())
             ), (task.id, dep_id)
-    in_flight = sum(1 for f in worker.state.fetches.values() if f.current is not None)
-    assert worker.state.slots.in_flight == in_flight
+    in_flight = sum(1 for f in worker.state.fetcher.fetches.values() if f.current is not None)
+    assert worker.state.fetcher.slots.in_flight == in_flight
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

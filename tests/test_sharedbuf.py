@@ -12,7 +12,7 @@ import pytest
 
 from daskvine_py.wire import sharedbuf
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 
 pytestmark = pytest.mark.skipif(not sharedbuf.AVAILABLE, reason="no POSIX shared memory here")
 
@@ -24,7 +24,7 @@ def segments(owner: int | None = None) -> list[str]:
 
 def echo(conn):
     """A library's side: read a record, send it back (both directions cross processes)."""
-    library.send(conn, library.receive(conn))
+    pipe.send(conn, pipe.receive(conn))
 
 
 def test_large_buffers_cross_processes_through_segments_that_are_gone_once_read():
@@ -36,8 +36,8 @@ def test_large_buffers_cross_processes_through_segments_that_are_gone_once_read(
     child = ctx.Process(target=echo, args=(there,))
     child.start()
     try:
-        library.send(here, library.Exported(7, dumps((big, small)), 0.5, ""))
-        back = library.receive(here)
+        pipe.send(here, pipe.Exported(7, dumps((big, small)), 0.5, ""))
+        back = pipe.receive(here)
     finally:
         child.join(30)
         if child.is_alive():

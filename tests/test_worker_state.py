@@ -1,6 +1,6 @@
 """The worker's sans-I/O state: literal events in, instructions out, in milliseconds.
 
-Every transition of ``worker_state._TRANSITIONS`` is driven here by the event that takes
+Every transition of ``state._TRANSITIONS`` is driven here by the event that takes
 it; the end of the file is a hypothesis-driven worker (random graphs of tasks with local,
 peer and inline inputs, library crashes, cancels, withdraws and peer failures) checking
 that every task is reported exactly once and that nothing is left behind.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import library
+from daskvine_py.worker import fetching, pipe
 from daskvine_py.worker import state as ws
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
@@ -57,12 +57,12 @@ def inline(dep_id, value):
 def done(task_id, value=None, duration=0.01):
     """A library's reply with the result serialized (sent, or a process's result)."""
     value = dumps(value if value is not None else task_id)
-    return library.Done(task_id, value, duration, value.nbytes)
+    return pipe.Done(task_id, value, duration, value.nbytes)
 
 
 def done_live(task_id, nbytes=10_000, duration=0.01):
     """A library's reply for a result it keeps live, and did not send."""
-    return library.Done(task_id, None, duration, nbytes, True)
+    return pipe.Done(task_id, None, duration, nbytes, True)
 
 
 def started(state):
@@ -76,7 +76,7 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
     assert state.tasks[1].state == "queued" and state.last_contact == 5.0
     ((sent_to, run),) = state.start_runnable()
     assert sent_to is lib and run.config is None and run.functions == []
-    assert run.calls == [library.Call(1, "k1", b"payload", [], keep=True, send=True)]
+    assert run.calls == [pipe.Call(1, "k1", b"payload", [], keep=True, send=True)]
     assert state.tasks[1].state == "running" and list(lib.sent) == [1]
     state.on_library_reply(lib, done(1, 42), wall=100.0)
     (report,) = state.outbox
@@ -124,9 +124,9 @@ def test_an_input_from_a_peer_is_fetched_then_the_task_runs():
     state, _ = make()
     state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
     assert state.tasks[1].state == "waiting" and state.peer_outbox == {"tcp://a:1": [7]}
-    assert state.fetches[7].deadline == 10.0 and state.poll_timeout(0.0) == 10.0
+    assert state.fetcher.fetches[7].deadline == 10.0 and state.poll_timeout(0.0) == 10.0
     state.on_data(p.Data(7, dumps("seven")), now=1.0)
-    assert state.tasks[1].state == "queued" and 7 in state.store and not state.fetches
+    assert state.tasks[1].state == "queued" and 7 in state.store and not state.fetcher.fetches
     assert state.outbox == [p.Replicas((7,))]
     state.end_pass(1.0)
     assert state.outbox[-1] == p.Transfers((("tcp://a:1", dumps("seven").nbytes),))
@@ -154,8 +154,8 @@ def test_a_silent_peer_times_out_and_its_socket_is_reset():
     assert state.on_timers(1.9) == []
     assert state.on_timers(2.0) == ["tcp://a:1"]
     # No holder answered: the fetch goes through the manager, and fails after that.
-    assert state.outbox == [p.Relay((7,))] and state.fetches[7].current == ws.RELAY
-    assert state.on_timers(4.0) == [ws.RELAY]  # (a peer socket by that name: none)
+    assert state.outbox == [p.Relay((7,))] and state.fetcher.fetches[7].current == fetching.RELAY
+    assert state.on_timers(4.0) == [fetching.RELAY]  # (a peer socket by that name: none)
     assert type(state.outbox[-1]) is p.FetchFailed and not state.tasks
 
 
@@ -177,7 +177,7 @@ def test_a_holder_uploads_what_the_manager_relays_live_or_stored():
     state.on_manager_message(p.Upload((3, 1, 99)), 0.0)
     assert [(type(r), r.task_id) for r in state.outbox] == [(p.Uploaded, 3), (p.Uploaded, 99)]
     assert state.outbox[1].value is None  # not held here
-    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.0, ""), 0.0)
+    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.0, ""), 0.0)
     (uploaded,) = state.outbox[2:]
     assert type(uploaded) is p.Uploaded and loads(uploaded.value) == "one"
 
@@ -186,11 +186,13 @@ def test_two_tasks_share_one_fetch_and_a_cancel_keeps_it_for_the_other():
     state, _ = make()
     state.on_manager_message(execute(1, at(7, "tcp://a:1")), 0.0)
     state.on_manager_message(execute(2, at(7, "tcp://a:1")), 0.0)
-    assert state.peer_outbox == {"tcp://a:1": [7]} and state.fetches[7].waiters == {1, 2}
+    assert state.peer_outbox == {"tcp://a:1": [7]} and state.fetcher.fetches[7].waiters == {1, 2}
     state.on_manager_message(p.Cancel((1,)), 0.0)
-    assert state.fetches[7].waiters == {2}
+    assert state.fetcher.fetches[7].waiters == {2}
     state.on_manager_message(p.Cancel((2,)), 0.0)
-    assert not state.fetches and state.slots.in_flight == 0  # a late reply is dropped
+    assert (
+        not state.fetcher.fetches and state.fetcher.slots.in_flight == 0
+    )  # a late reply is dropped
     state.on_data(p.Data(7, dumps(1)), 0.0)
     assert 7 not in state.store
 
@@ -247,8 +249,8 @@ def test_a_chained_task_whose_live_input_is_missing_is_reported_to_the_manager()
     state.on_manager_message(execute(1), 0.0)
     state.on_manager_message(execute(2, computed_here(1)), 0.0)
     state.start_runnable()
-    state.on_library_reply(lib, library.Erred(1, None, "tb", "ValueError"), 0.0)
-    state.on_library_reply(lib, library.Missing(2, 1), 0.0)
+    state.on_library_reply(lib, pipe.Erred(1, None, "tb", "ValueError"), 0.0)
+    state.on_library_reply(lib, pipe.Missing(2, 1), 0.0)
     assert state.outbox[-1] == p.FetchFailed(2, 1, (ME,)) and not state.tasks
 
 
@@ -277,7 +279,7 @@ def test_cancel_and_withdraw_drop_only_tasks_that_have_not_started():
     state.on_manager_message(p.Cancel((1, 2)), 0.0)  # 1 runs: its report will come
     state.on_manager_message(p.Withdraw((1, 3, 4, 99)), 0.0)
     assert state.outbox == [p.Withdrawn((3, 4))]
-    assert list(state.tasks) == [1] and not state.fetches
+    assert list(state.tasks) == [1] and not state.fetcher.fetches
     assert started(state) == []  # the queue's stale ids are skipped
 
 
@@ -291,7 +293,7 @@ def test_an_execute_sent_again_while_running_is_ignored():
 
 def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
     state, (lib, other) = make(libraries=2)
-    state.recent_duration.observe(0.0001)  # tiny tasks: batches of LIBRARY_BATCH
+    state.dispatch.recent_duration.observe(0.0001)  # tiny tasks: batches of LIBRARY_BATCH
     for task_id in range(1, 6):
         state.on_manager_message(execute(task_id), 0.0)
     assert started(state) == [(0, [1, 2, 3, 4, 5])]
@@ -299,7 +301,7 @@ def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
     (crashed,) = state.outbox
     assert crashed == p.TaskCrashed(1, "library process killed by signal SIGKILL on worker w")
     assert [state.tasks[t].state for t in (2, 3, 4, 5)] == ["queued"] * 4
-    assert 0 not in state.libraries
+    assert 0 not in state.dispatch.libraries
     assert started(state) == [(1, [2, 3, 4, 5])]
 
 
@@ -308,8 +310,8 @@ def test_erred_and_crashed_replies_are_reported():
     state.on_manager_message(execute(1), 0.0)
     state.on_manager_message(execute(2), 0.0)
     assert started(state) == [(0, [1, 2])]
-    state.on_library_reply(lib, library.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
-    state.on_library_reply(lib, library.Crashed(1, "forked task process died"), 0.0)
+    state.on_library_reply(lib, pipe.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
+    state.on_library_reply(lib, pipe.Crashed(1, "forked task process died"), 0.0)
     assert state.outbox == [
         p.TaskErred(2, None, "Traceback", "ValueError: x"),
         p.TaskCrashed(1, "forked task process died"),
@@ -319,7 +321,7 @@ def test_erred_and_crashed_replies_are_reported():
 
 def test_short_tasks_get_one_more_queued_behind_the_running_one():
     state, (lib,) = make()
-    state.recent_duration.observe(0.01)  # short, not tiny
+    state.dispatch.recent_duration.observe(0.01)  # short, not tiny
     for task_id in (1, 2, 3):
         state.on_manager_message(execute(task_id), 0.0)
     assert started(state) == [(0, [1]), (0, [2])]
@@ -373,9 +375,9 @@ def test_replicate_copies_a_result_nobody_waits_for():
     state, _ = make()
     state.store.put(5, dumps(5))
     state.on_manager_message(p.Replicate(5, ("tcp://a:1",)), 0.0)
-    assert state.outbox == [p.Replicas((5,))] and not state.fetches
+    assert state.outbox == [p.Replicas((5,))] and not state.fetcher.fetches
     state.on_manager_message(p.Replicate(6, ("tcp://a:1",)), 0.0)
-    assert state.fetches[6].replicate and state.peer_outbox == {"tcp://a:1": [6]}
+    assert state.fetcher.fetches[6].replicate and state.peer_outbox == {"tcp://a:1": [6]}
     state.on_data(p.Data(6, dumps(6)), 0.0)
     assert 6 in state.store and state.outbox[-1] == p.Replicas((6,))
 
@@ -386,7 +388,7 @@ def test_a_task_that_cannot_be_taken_is_crashed_and_leaves_nothing():
     state.on_manager_message(message, 0.0)
     state.cannot_take(message, "it could not take the task")
     assert state.outbox == [p.TaskCrashed(1, "worker w: it could not take the task")]
-    assert not state.tasks and not state.fetches and not state.local_waiters
+    assert not state.tasks and not state.fetcher.fetches and not state.local_waiters
     state.cannot_take(p.Cancel((1,)), "not an Execute")  # nothing to report
     assert len(state.outbox) == 1
 
@@ -436,7 +438,7 @@ def test_an_unreachable_peer_passes_its_fetches_on():
     ids = state.peer_outbox.pop(address)
     state.on_peer_unreachable(address, ids, 0.0)
     (other,) = state.peer_outbox
-    assert other != address and state.fetches[7].current == other
+    assert other != address and state.fetcher.fetches[7].current == other
 
 
 # -- live results -------------------------------------------------------------------------
@@ -454,7 +456,7 @@ def test_a_result_released_by_the_manager_is_forgotten_by_its_library():
     state, (lib,) = make()
     _live_in(state, lib, 1)
     state.on_manager_message(p.Release((1,)), 0.0)
-    assert state.library_outbox == [(0, library.Forget([1]))] and 1 not in state.live
+    assert state.library_outbox == [(0, pipe.Forget([1]))] and 1 not in state.live
 
 
 def test_one_release_of_many_live_results_is_one_forget_per_library():
@@ -471,7 +473,7 @@ def test_one_release_of_many_live_results_is_one_forget_per_library():
     assert len(held_by) == 2  # both libraries hold some
     state.on_manager_message(p.Release((1, 2, 3, 4, 5)), 0.0)  # 5 was never here
     assert sorted(state.library_outbox) == [
-        (lib, library.Forget(ids)) for lib, ids in sorted(held_by.items())
+        (lib, pipe.Forget(ids)) for lib, ids in sorted(held_by.items())
     ]
     assert not state.live.entries
 
@@ -480,8 +482,8 @@ def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
     assert state.serve_peer(1, b"peer-a") and state.serve_peer(1, b"peer-b")
-    assert state.library_outbox == [(0, library.Export([1], False))]  # once for both
-    state.on_library_reply(lib, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    assert state.library_outbox == [(0, pipe.Export([1], False))]  # once for both
+    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
     assert [ident for ident, _ in state.peer_replies] == [b"peer-a", b"peer-b"]
     assert loads(state.peer_replies[0][1].value) == "one"
     assert 1 in state.store and 1 in state.live  # the copy stays for later readers
@@ -495,11 +497,11 @@ def test_an_idle_library_takes_a_task_from_a_busy_one_after_an_export():
     assert started(state) == [(0, [9])]  # lib0 is busy with it
     for task_id in (2, 3, 4):
         state.on_manager_message(execute(task_id, held(1)), 0.0)
-    assert list(state.homed[0]) == [2, 3, 4]
+    assert list(state.dispatch.homed[0]) == [2, 3, 4]
     assert state.start_runnable() == []
     assert state.tasks[2].state == "waiting" and state.tasks[2].missing == {1}
-    assert state.library_outbox == [(0, library.Export([1], False))]
-    state.on_library_reply(lib0, library.Exported(1, dumps("one"), 0.001, ""), 0.0)
+    assert state.library_outbox == [(0, pipe.Export([1], False))]
+    state.on_library_reply(lib0, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
     requests = state.start_runnable()
     assert [(lib.id, [c.task_id for c in run.calls]) for lib, run in requests] == [(1, [2])]
     ((_, run),) = requests
@@ -513,11 +515,11 @@ def test_live_results_past_the_memory_limit_are_exported_to_the_store_which_spil
     for task_id in (1, 2, 3):
         _live_in(state, lib, task_id, nbytes=10_000)
     state.end_pass(0.0)
-    assert state.library_outbox == [(0, library.Export([1], True))]  # the oldest
+    assert state.library_outbox == [(0, pipe.Export([1], True))]  # the oldest
     state.end_pass(0.0)
     assert len(state.library_outbox) == 1  # on its way: not asked twice
     value = dumps(b"x" * 10_000)
-    state.on_library_reply(lib, library.Exported(1, value, 0.001, ""), 0.0)
+    state.on_library_reply(lib, pipe.Exported(1, value, 0.001, ""), 0.0)
     assert 1 not in state.live and 1 in state.store and state.store.reserved == 20_000
     assert state.store.memory_bytes + state.live.nbytes <= 25_000 + value.nbytes
 
@@ -528,8 +530,8 @@ def test_a_live_input_that_cannot_be_serialized_fails_the_task_that_needs_it_els
     config = p.RunConfig(6, "tasks", "direct", (), (), False)
     state.on_manager_message(config, 0.0)
     state.on_manager_message(execute(3, held(1), run_id=6), 0.0)  # a task process: export
-    assert state.tasks[3].state == "waiting" and state.exports[1].tasks == {3}
-    state.on_library_reply(lib, library.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
+    assert state.tasks[3].state == "waiting" and state.live_tasks.exports[1].tasks == {3}
+    state.on_library_reply(lib, pipe.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
     (erred,) = [r for r in state.outbox if type(r) is p.TaskErred]
     assert erred.task_id == 3 and "k1" in erred.message and "a lock" in erred.message
     assert 3 not in state.tasks and state.live.entries[1].stuck
@@ -649,12 +651,14 @@ class SimulatedWorker:
             if lib_id not in self.lib_live:
                 continue  # died since
             for task_id in request.task_ids:
-                if type(request) is library.Export:
+                if type(request) is pipe.Export:
                     held = task_id in self.lib_live[lib_id]
                     value = dumps(task_id) if held else None
-                    reply = library.Exported(task_id, value, 0.0, "" if held else "not held")
-                    self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
-                if type(request) is library.Forget or request.drop:
+                    reply = pipe.Exported(task_id, value, 0.0, "" if held else "not held")
+                    self.state.on_library_reply(
+                        self.state.dispatch.libraries[lib_id], reply, self.now
+                    )
+                if type(request) is pipe.Forget or request.drop:
                     self.doomed[lib_id].add(task_id)
             self._settle_doomed(lib_id)
             self._take_outbox()
@@ -702,23 +706,23 @@ class SimulatedWorker:
         live = self.lib_live[lib_id]
         absent = [d for _, d, v in call.inputs if v is None and d not in live]
         if absent:
-            reply = library.Missing(task_id, absent[0])  # it did not run
+            reply = pipe.Missing(task_id, absent[0])  # it did not run
         else:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1
             duration = 0.0005 if outcome == "done" else 0.01  # tiny: batches; short: queued
             if outcome in ("done", "short") and call.keep:
                 live.add(task_id)
                 value = dumps(task_id) if call.send else None
-                reply = library.Done(task_id, value, duration, 100, True)
+                reply = pipe.Done(task_id, value, duration, 100, True)
             else:
                 reply = {
                     "done": done(task_id, duration=duration),
                     "short": done(task_id, duration=duration),
-                    "erred": library.Erred(task_id, None, "tb", "ValueError"),
-                    "crashed": library.Crashed(task_id, "the fork died"),
+                    "erred": pipe.Erred(task_id, None, "tb", "ValueError"),
+                    "crashed": pipe.Crashed(task_id, "the fork died"),
                 }[outcome]
         self._settle_doomed(lib_id)
-        self.state.on_library_reply(self.state.libraries[lib_id], reply, self.now)
+        self.state.on_library_reply(self.state.dispatch.libraries[lib_id], reply, self.now)
         self._take_outbox()
 
     def die(self, index):
@@ -728,7 +732,7 @@ class SimulatedWorker:
         for task_id in running:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1  # it was running
         del self.lib_live[lib_id], self.doomed[lib_id]
-        record = self.state.libraries[lib_id]
+        record = self.state.dispatch.libraries[lib_id]
         self.state.on_library_death(record, "killed by signal SIGKILL", running)
         self.next_library += 1
         self.state.on_library_ready(self.state.add_library(self.next_library, self.slots))
@@ -762,7 +766,7 @@ class SimulatedWorker:
                 self.answer(0, "data")
             elif any(self.pipes.values()):
                 self.finish(0, "done")
-            elif self.state.fetches:
+            elif self.state.fetcher.fetches:
                 self.tick()
             else:
                 return
@@ -826,7 +830,7 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
 def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
     sim = SimulatedWorker(graph, slots)
     if recent is not None:  # tiny tasks go in batches, short ones one queued behind
-        sim.state.recent_duration.observe(recent)
+        sim.state.dispatch.recent_duration.observe(recent)
     for action, *args in steps:
         if action == "execute":  # the tasks up to this one, in order
             for task_id in range(1, min(args[0], len(graph)) + 1):

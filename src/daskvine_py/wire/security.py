@@ -81,14 +81,14 @@ class Connection(NamedTuple):
 # -- sockets --------------------------------------------------------------------------
 
 
-def serve(sock: zmq.Socket, public: bytes, secret: bytes) -> None:
+def serve(sock: zmq.Socket[bytes], public: bytes, secret: bytes) -> None:
     """Make ``sock`` a CurveZMQ server (before it binds)."""
     sock.curve_server = True
     sock.curve_publickey = public
     sock.curve_secretkey = secret
 
 
-def connect_as_worker(sock: zmq.Socket, server_public: bytes, keys: Keys) -> None:
+def connect_as_worker(sock: zmq.Socket[bytes], server_public: bytes, keys: Keys) -> None:
     """Make ``sock`` a CurveZMQ client with the workers' keys (before it connects)."""
     sock.curve_serverkey = server_public
     sock.curve_publickey = keys.worker_public
@@ -103,7 +103,9 @@ class Gate(ThreadAuthenticator):
     logged once, as a WARNING naming ``owner``; later refusals are only counted.
     """
 
-    def __init__(self, context: zmq.Context, allowed_key: bytes, owner: str) -> None:
+    def __init__(
+        self, context: zmq.Context[zmq.Socket[bytes]], allowed_key: bytes, owner: str
+    ) -> None:
         super().__init__(context, log=logging.getLogger("daskvine_py.wire.security.zap"))
         self.owner = owner
         self.allowed_key = allowed_key
@@ -265,7 +267,7 @@ def _check_pair(public: bytes, secret: bytes, path: str, whose: str) -> None:
 HANDSHAKE_FAILURES = 2
 #: Handshake failures after which libzmq drops the connection for good.
 _FINAL_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-_HANDSHAKE_FAILURE = {
+_HANDSHAKE_FAILURE: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the manager refused this {who}'s key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the manager speaks another security mechanism",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the manager's key is not the one this {who} has",
@@ -283,7 +285,7 @@ class HandshakeWatch:
     manager, so that one the manager refuses exits saying why. Made before the socket
     connects."""
 
-    def __init__(self, sock: zmq.Socket, has_keys: bool, who: str = "worker") -> None:
+    def __init__(self, sock: zmq.Socket[bytes], has_keys: bool, who: str = "worker") -> None:
         self.sock = sock
         self.has_keys = has_keys
         self.who = who

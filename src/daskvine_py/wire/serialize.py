@@ -22,7 +22,7 @@ import pickle
 import sys
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -47,7 +47,7 @@ class Serialized:
     def nbytes(self) -> int:
         return len(self.header) + sum(memoryview(b).nbytes for b in self.buffers)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[Serialized], tuple[bytes, list[pickle.PickleBuffer]]]:
         return (Serialized, (self.header, [pickle.PickleBuffer(b) for b in self.buffers]))
 
     def __repr__(self) -> str:
@@ -99,7 +99,9 @@ def resident(fid: FunctionId) -> Any:
     raise pickle.UnpicklingError(f"function {fid.hex()} outside a task decoder")
 
 
-def _into_table(encoder: TaskEncoder, obj: Any) -> tuple | None:
+def _into_table(
+    encoder: TaskEncoder, obj: Any
+) -> tuple[Callable[[FunctionId], Any], tuple[FunctionId]] | None:
     """``resident(fid)`` for what goes into the function table: functions, partials and
     bound methods, classes of ``__main__`` (which cloudpickle writes by value), and
     callable objects (see ``_tabled_type``)."""
@@ -219,14 +221,15 @@ _pickled_by_reference = getattr(cloudpickle.cloudpickle, "_should_pickle_by_refe
 
 
 def _pickled_function(func: Any) -> tuple[bytes, FunctionId, frozenset[str]]:
-    cacheable = type(func) is types.FunctionType and _pickled_by_reference is not None
-    if cacheable:
+    # None: not a plain function (or a cloudpickle without the check): never cached
+    by_reference = _pickled_by_reference if type(func) is types.FunctionType else None
+    if by_reference is not None:
         entry = _BY_REFERENCE.get(func)
         if entry is not None:
             return entry
     code = cloudpickle.dumps(func, protocol=5)
     entry = (code, hashlib.blake2b(code, digest_size=16).digest(), frozenset(modules_of(func)))
-    if cacheable and _pickled_by_reference(func):
+    if by_reference is not None and by_reference(func):
         if len(_BY_REFERENCE) >= _BY_REFERENCE_LIMIT:
             _BY_REFERENCE.clear()
         _BY_REFERENCE[func] = entry
@@ -285,7 +288,9 @@ class TaskDecoder:
         #: where to find a function not added: a fresh task process reads them from files
         self._lookup = lookup
 
-    def add_functions(self, functions: Mapping[FunctionId, bytes] | list) -> None:
+    def add_functions(
+        self, functions: Mapping[FunctionId, bytes] | Iterable[tuple[FunctionId, bytes]]
+    ) -> None:
         self._code.update(functions)
 
     def function(self, fid: FunctionId) -> Any:

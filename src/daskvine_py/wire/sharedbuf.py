@@ -22,7 +22,7 @@ import os
 import secrets
 
 try:  # CPython's own binding, behind multiprocessing.shared_memory (POSIX systems)
-    import _posixshmem
+    import _posixshmem  # type: ignore[import-not-found]  # CPython's own: no stubs
 except ImportError:  # pragma: no cover - no POSIX shared memory here: pipes only
     _posixshmem = None
 

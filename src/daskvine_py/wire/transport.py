@@ -20,7 +20,7 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
-def send_batch(sock: zmq.Socket, frames: Sequence[Any], ident: bytes | None = None) -> None:
+def send_batch(sock: zmq.Socket[bytes], frames: Sequence[Any], ident: bytes | None = None) -> None:
     """Send the frames of one ``protocol.encode`` batch, to ``ident`` on a ROUTER."""
     copy = not p.zero_copy(frames)
     if ident is not None:
@@ -30,7 +30,8 @@ def send_batch(sock: zmq.Socket, frames: Sequence[Any], ident: bytes | None = No
         sock.send(frame, _SNDMORE if i < last else 0, copy=copy)
 
 
-def has_more(sock: zmq.Socket) -> bool:
+def has_more(sock: zmq.Socket[bytes]) -> bool:
     """Whether a message waits on ``sock``: drain loops ask this after each message
     instead of reading until ``zmq.Again`` (an exception per drain, some 10 µs)."""
-    return bool(sock.get(_EVENTS) & _POLLIN)
+    # ZMQ_EVENTS is an int option; pyzmq types every option's value as int | bytes.
+    return bool(sock.get(_EVENTS) & _POLLIN)  # type: ignore[operator]

@@ -1,15 +1,22 @@
 """A worker's fetches of inputs from peers, and the bound on how many are in flight.
 
-Pure bookkeeping, no sockets: the worker asks ``TransferSlots.take`` which peer to ask for
-a fetch (or queues it when no slot is free), gives the slot back when the reply arrives,
-the peer times out or nobody waits any more, and starts queued fetches as slots free up.
+Pure bookkeeping, no sockets: ``Fetcher``, a component of ``state.WorkerState``, asks
+``TransferSlots.take`` which peer to ask for a fetch (or queues it when no slot is free),
+gives the slot back when the reply arrives, the peer times out or nobody waits any more,
+and starts queued fetches as slots free up; once no holder answered, it asks the manager
+to relay the input.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+
+from daskvine_py.wire import protocol as p
+
+logger = logging.getLogger("daskvine_py.worker")
 
 #: Inputs fetched from peers at once, overall and from one peer; the rest wait their turn.
 #: More in flight hides network latency for many small results; fewer bounds the memory
@@ -17,6 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 #: from being swamped by one worker while others also need it.
 MAX_FETCHES = 32
 MAX_FETCHES_PER_PEER = 8
+#: Where a fetch goes once no holder answered (``Fetch.current``, and the source of its
+#: bytes in ``Transfers``): the manager, which relays it from a holder.
+RELAY = "manager"
 
 
 class Fetch:
@@ -111,3 +121,180 @@ class TransferSlots:
                 self.queue.append(fetch)  # its peers are all busy: keep its place
             else:
                 yield fetch, address
+
+
+class Fetcher:
+    """The worker's copies of inputs from peers: one ``Fetch`` per input for every task
+    that waits for it (or none, for a ``Replicate``), within the transfer slots.
+
+    Instructions go where the owner takes them: ids to ask each peer for into
+    ``peer_outbox``, ``Relay`` and ``Transfers`` records into ``outbox``. A fetch no
+    holder could serve goes to ``on_failed`` once out of ``fetches``: the owner forgets
+    the tasks that waited for it. An input that arrived is the caller's to store.
+    """
+
+    __slots__ = (
+        "fetches", "slots", "received_from", "timeout", "outbox", "peer_outbox", "on_failed",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        timeout: float,
+        outbox: list[p.ToManager],
+        peer_outbox: dict[str, list[int]],
+        on_failed: Callable[[Fetch], None],
+    ) -> None:
+        #: input id -> its copy from peers in progress
+        self.fetches: dict[int, Fetch] = {}
+        #: requests in flight overall and per peer, and fetches waiting for a free slot
+        self.slots = TransferSlots()
+        #: bytes received per peer address since the last ``Transfers`` report
+        self.received_from: dict[str, int] = {}
+        self.timeout = timeout  #: seconds a peer has to answer
+        self.outbox = outbox
+        self.peer_outbox = peer_outbox
+        self.on_failed = on_failed
+
+    def want(self, dep_id: int, peers: Sequence[str], task_id: int, now: float) -> None:
+        """Task ``task_id`` needs input ``dep_id`` from one of ``peers``."""
+        fetch = self.fetches.get(dep_id)
+        if fetch is None:
+            fetch = self.fetches[dep_id] = Fetch(dep_id, peers)
+            self.request_next(fetch, now)
+        fetch.waiters.add(task_id)
+
+    def replicate(self, dep_id: int, peers: Sequence[str], now: float) -> None:
+        """Copy ``dep_id`` and keep it, whether or not a task waits for it."""
+        fetch = self.fetches.get(dep_id)
+        if fetch is not None:
+            fetch.replicate = True
+        elif peers:
+            fetch = self.fetches[dep_id] = Fetch(dep_id, peers, replicate=True)
+            self.request_next(fetch, now)
+
+    def unwait(self, dep_id: int, task_id: int) -> None:
+        """A task no longer waits for ``dep_id``: a fetch for nobody is dropped."""
+        fetch = self.fetches.get(dep_id)
+        if fetch is not None:
+            fetch.waiters.discard(task_id)
+            if not fetch.waiters and not fetch.replicate:
+                del self.fetches[dep_id]
+                self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
+
+    def unwait_all(self, task_id: int) -> None:
+        """``unwait`` from every fetch: for a task whose inputs are not known."""
+        for fetch in list(self.fetches.values()):
+            fetch.waiters.discard(task_id)
+            if not fetch.waiters and not fetch.replicate:  # for nobody: a later task would
+                del self.fetches[fetch.dep_id]  # wait on it forever, never requested
+                self.slots.give_back(fetch)
+
+    def request_next(self, fetch: Fetch, now: float) -> None:
+        """Ask the next untried holder, or queue the fetch until a transfer slot is free;
+        once every holder failed, ask through the manager (``Relay``), then give up."""
+        if not fetch.untried:
+            if fetch.relayed or not fetch.unreached:  # (holders that answered "not here")
+                self._failed(fetch)
+                return
+            self.slots.take_relay(fetch, RELAY)
+            fetch.deadline = now + self.timeout
+            self.outbox.append(p.Relay((fetch.dep_id,)))
+            return
+        address = self.slots.take(fetch)
+        if address is None:
+            fetch.deadline = float("inf")
+            self.slots.queue.append(fetch)
+        else:
+            self._request(fetch, address, now)
+
+    def _request(self, fetch: Fetch, address: str, now: float) -> None:
+        fetch.deadline = now + self.timeout
+        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
+
+    def _is_live(self, fetch: Fetch) -> bool:
+        return self.fetches.get(fetch.dep_id) is fetch
+
+    def _failed(self, fetch: Fetch) -> None:
+        self.fetches.pop(fetch.dep_id, None)
+        if fetch.replicate and not fetch.waiters:
+            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
+        self.on_failed(fetch)
+
+    def deadline(self, before: float) -> float:
+        """The earliest of ``before`` and the fetches' deadlines."""
+        for fetch in self.fetches.values():
+            if fetch.deadline < before:
+                before = fetch.deadline
+        return before
+
+    def on_timers(self, now: float) -> list[str]:
+        """Fetches past their deadline go to their next holder; the peers that did not
+        answer, whose sockets the shell resets."""
+        silent = []
+        for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
+            if self.fetches.get(fetch.dep_id) is not fetch:
+                continue  # dropped with a task that an earlier failure here cancelled
+            logger.warning("peer did not serve result %d within %.1f s", fetch.dep_id, self.timeout)
+            if fetch.current:
+                silent.append(fetch.current)
+            fetch.unreached = True
+            self.slots.give_back(fetch)
+            self.request_next(fetch, now)
+        return silent
+
+    def start_queued(self, now: float) -> None:
+        """Once per loop pass: ask for the queued fetches that found a slot."""
+        if self.slots.freed and self.slots.queue:
+            for fetch, address in self.slots.startable(self._is_live):
+                self._request(fetch, address, now)
+
+    def report_received(self) -> None:
+        """The bytes received from each peer since the last report, if any (``Transfers``)."""
+        if self.received_from:
+            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
+            self.received_from = {}
+
+    def relayed(self, dep_id: int) -> bool:
+        """Whether ``dep_id`` was asked for through the manager and is still wanted."""
+        fetch = self.fetches.get(dep_id)
+        return fetch is not None and fetch.current == RELAY
+
+    def on_unreachable(self, address: str, ids: list[int], now: float) -> None:
+        """Requests that could not be sent to ``address``: their fetches try the next holder."""
+        for dep_id in ids:
+            fetch = self.fetches.get(dep_id)
+            if fetch is not None and fetch.current == address:
+                fetch.unreached = True
+                self.slots.give_back(fetch)
+                self.request_next(fetch, now)
+
+    def on_data(self, reply: p.Data, now: float) -> Fetch | None:
+        """A peer's answer: the fetch, done, when it holds the input (the caller stores it
+        and tells the waiters); None, after asking the next holder, when it does not."""
+        fetch = self.fetches.get(reply.task_id)
+        if fetch is None or fetch.current is None:
+            return None  # nobody here waits for it any more, or it was asked elsewhere since
+        source = fetch.current
+        self.slots.give_back(fetch)
+        if reply.value is None:
+            self.request_next(fetch, now)
+            return None
+        del self.fetches[reply.task_id]
+        if source != RELAY:  # (the manager counts what it relays)
+            received = self.received_from
+            received[source] = received.get(source, 0) + reply.value.nbytes
+        return fetch
+
+    def on_data_error(self, dep_id: int) -> None:
+        """A peer's answer that could not be stored: the tasks that wait give up on it."""
+        fetch = self.fetches.get(dep_id)
+        if fetch is not None:
+            self.slots.give_back(fetch)
+            self._failed(fetch)
+
+    def leaks(self) -> Iterator[str]:
+        """What still holds something: names, for tests of a quiet worker."""
+        if self.fetches:
+            yield "fetches"
+        if self.slots.in_flight or any(self.slots.from_peer.values()):
+            yield "slots"

@@ -13,7 +13,9 @@ to start and reap the processes that run it:
 
 from __future__ import annotations
 
+import ctypes
 import glob
+import logging
 import multiprocessing
 import os
 import pickle
@@ -25,13 +27,14 @@ import sys
 import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from daskvine_py.wire.protocol import split_address
-from daskvine_py.worker import library, task_process
+from daskvine_py.worker import library, pipe, task_process
 
 if TYPE_CHECKING:
-    from daskvine_py.worker.state import LibraryRecord, WorkerTask
+    from daskvine_py.worker.records import LibraryRecord, WorkerTask
 
 
 class Library:
@@ -39,7 +42,13 @@ class Library:
 
     __slots__ = ("process", "conn", "pending", "record", "running")
 
-    def __init__(self, process: Any, conn: Connection, record: LibraryRecord, running: Any) -> None:
+    def __init__(
+        self,
+        process: BaseProcess,
+        conn: Connection,
+        record: LibraryRecord,
+        running: ctypes.Array[ctypes.c_longlong],
+    ) -> None:
         self.process = process
         self.conn = conn
         #: shared memory: per slot, 1 + the id of the task it runs (0: none), written by
@@ -113,7 +122,7 @@ class TaskProcess:
 
 
 def start_task_process(
-    task: WorkerTask, call: library.Call, tasks_dir: str, functions_dir: str, worker_name: str
+    task: WorkerTask, call: pipe.Call, tasks_dir: str, functions_dir: str, worker_name: str
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file;
     ``OSError`` (with nothing left behind) when it cannot be started."""
@@ -158,12 +167,12 @@ def write_functions(functions: dict[bytes, bytes], written: set[bytes], director
             written.add(fid)
 
 
-def reap_task_process(proc: TaskProcess, worker_name: str, logger: Any) -> Any:
+def reap_task_process(proc: TaskProcess, worker_name: str, logger: logging.Logger) -> pipe.Reply:
     """The reply of a task process that exited (``Crashed`` if it left none); its
     directory is removed."""
     os.close(proc.fd)
     code = proc.process.wait()
-    reply = None
+    reply: pipe.Reply | None = None
     try:
         with open(os.path.join(proc.directory, task_process.REPLY_FILE), "rb") as file:
             reply = pickle.load(file)
@@ -174,7 +183,7 @@ def reap_task_process(proc: TaskProcess, worker_name: str, logger: Any) -> Any:
     shutil.rmtree(proc.directory, ignore_errors=True)
     if reply is None:
         how = library.describe_exit(code)
-        reply = library.Crashed(proc.task.id, f"task process {how} on worker {worker_name}")
+        reply = pipe.Crashed(proc.task.id, f"task process {how} on worker {worker_name}")
     return reply
 
 

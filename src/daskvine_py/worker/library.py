@@ -4,18 +4,7 @@ A worker starts one library per core (or per ``--lib-cores`` cores) and keeps it
 whole life, so no task pays for an interpreter start or for re-importing its modules. The
 worker and its library talk over a pipe: a request carries one task, or a few when tasks
 are tiny or form a chain, and each task is answered as soon as it is done (tiny ones a
-few together)::
-
-    worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
-                 calls=[Call(task_id, key, payload, inputs, keep, send), ...])──► library
-    worker ──Export(task_ids, drop)── / ──Forget(task_ids)──────────────────────► library
-    worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization)──
-    worker ◄──Exported(task_id, Serialized | None, seconds, error)──────────────────
-    worker ◄──Erred(task_id, exception | None, traceback, message)───────────────────
-    worker ◄──Missing(task_id, dep_id)────── (a live input is not here: it did not run)
-    worker ◄──Crashed(task_id, reason)──────────── (fork mode: the child died)
-    worker ◄──Ready()───────────── (once, when started and its imports are done)
-    worker ◄──Replies([Done | Erred | Crashed | Missing, ...])── (tiny tasks' replies held)
+few together): see ``pipe`` for the records and how they travel.
 
 Results stay live. A call with ``keep`` leaves its result here as a Python object, and a
 later call that reads it names it instead of carrying it (input value None): no pickling
@@ -63,109 +52,45 @@ from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 from daskvine_py.errors import ImportHoistingError, SerializationError
 from daskvine_py.plan.fusion import link_key
-from daskvine_py.wire import sharedbuf
+from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads
+from daskvine_py.worker import pipe
+from daskvine_py.worker.pipe import (
+    Call,
+    Crashed,
+    Done,
+    Erred,
+    Export,
+    Exported,
+    Forget,
+    Missing,
+    Ready,
+    Replies,
+    Reply,
+    Run,
+    ToLibrary,
+    receive_request,
+    send,
+)
 
-_prctl: Any = None
-
-
-class Call(NamedTuple):
-    """One task to run. Its inputs come with it, by their Dask keys, as ``Serialized``
-    values, or as None: live in this library (``Done.live``), by the input's task id."""
-
-    task_id: int
-    key: Any
-    payload: bytes  #: the pickled ``GraphNode``
-    inputs: list  #: [(dep_key, dep_id, Serialized | None), ...]
-    #: keep the result here, live, for later tasks (``Forget`` drops it)
-    keep: bool = False
-    #: serialize the result and send it with ``Done`` (an output, or no ``keep``)
-    send: bool = True
-
-
-class Run(NamedTuple):
-    """Worker -> library: functions it has not seen, then tasks of one run configuration,
-    run in order: a call may use, live, the result of a call before it."""
-
-    functions: list  #: [(function_id, cloudpickle bytes), ...]
-    config: Any  #: the run's ``protocol.RunConfig``; None: the defaults
-    calls: list  #: [Call, ...]
+_prctl: Any = None  # libc's prctl, through ctypes: untyped
 
 
-class Export(NamedTuple):
-    """Worker -> library: serialize these live results and send them (``Exported``);
-    with ``drop``, forget them here once sent (to spill them)."""
+class SlotTable(Protocol):
+    """Per slot, 1 + the id of the task it runs (0: none): shared memory (``RawArray``)
+    the worker reads after a death, or a list in tests."""
 
-    task_ids: list
-    drop: bool
-
-
-class Forget(NamedTuple):
-    """Worker -> library: drop these live results (released, or kept elsewhere)."""
-
-    task_ids: list
+    def __setitem__(self, slot: int, value: int, /) -> None: ...
 
 
-class Ready(NamedTuple):
-    """Library -> worker, once: started, and the warm imports are done."""
-
-
-class Done(NamedTuple):
-    task_id: int
-    #: the result, ``Serialized``; None when it was not asked for (it is live here)
-    value: Any
-    duration: float  #: seconds the call took, serialization excluded
-    #: bytes of the result: serialized, or ``dask.sizeof``'s estimate of the live object
-    nbytes: int = 0
-    #: the result is kept here, live (``Call.keep``, in a mode that can keep it)
-    live: bool = False
-    #: seconds spent unpickling the inputs and pickling the result
-    serialization: float = 0.0
-
-
-class Exported(NamedTuple):
-    """A live result, serialized on demand (``Export``); ``value`` None with ``error``
-    when it is not here or cannot be pickled."""
-
-    task_id: int
-    value: Any
-    seconds: float
-    error: str
-
-
-class Missing(NamedTuple):
-    """A call's live input is not here (its producer failed, or it was forgotten): the
-    call did not run."""
-
-    task_id: int
-    dep_id: int
-
-
-class Erred(NamedTuple):
-    """The task's own code raised (or its function, inputs or result could not be
-    (de)serialized): the fields of ``protocol.TaskErred``."""
-
-    task_id: int
-    exception: Any  #: ``Serialized`` exception; None when it could not be pickled
-    traceback: str
-    message: str
-
-
-class Crashed(NamedTuple):
-    """The process running the task died (fork mode's child, a task process)."""
-
-    task_id: int
-    reason: str
-
-
-class Replies(NamedTuple):
-    """Several of the replies above in one message: tiny tasks' replies held together."""
-
-    replies: list  #: [Done | Erred | Crashed | Missing, ...]
+#: What the export thread is handed: (task id, drop); None: stop.
+_ExportQueue = SimpleQueue[tuple[int, bool] | None]
+#: What a slot thread is handed: (run configuration, calls in order); None: stop.
+_WorkQueue = SimpleQueue[tuple[RunConfig | None, list[Call]] | None]
 
 
 #: A tiny task's reply waits, while more of its request's tasks run, until the oldest
@@ -209,7 +134,7 @@ def main(
     import_modules: Sequence[str] = (),
     workdir: str | None = None,
     slots: int = 1,
-    running: Any = None,
+    running: SlotTable | None = None,
 ) -> None:
     """Entry point of a library process: hoist imports, then serve requests until EOF.
 
@@ -217,9 +142,8 @@ def main(
     run at once; ``running`` (shared memory, one integer per slot) where each slot says
     which task it runs, for the worker to blame the right one if this process dies.
     """
-    global _segment_owner
     _die_with_parent()
-    _segment_owner = os.getppid()  # the worker: its segments are removed if it dies
+    pipe.own_segments(os.getppid())  # the worker: its segments are removed if it dies
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
     for module in (*WARM_IMPORTS, *import_modules):
         importlib.import_module(module)
@@ -231,11 +155,11 @@ def main(
     serve(conn, runner, slots, running if running is not None else [0] * slots)
 
 
-def serve(conn: Connection, runner: Runner, slots: int, running: Any) -> None:
+def serve(conn: Connection, runner: Runner, slots: int, running: SlotTable) -> None:
     """Serve requests until EOF: one slot on this thread (``_serve_alone``), several on
     threads of their own (``_serve_in_slots``). Exports always have a thread of their own,
     so a peer or a spill never waits for a long task."""
-    exports: SimpleQueue = SimpleQueue()
+    exports: _ExportQueue = SimpleQueue()
     out = _Sender(conn)
     threading.Thread(target=_export, args=(exports, runner, out), daemon=True).start()
     if slots == 1:
@@ -245,19 +169,18 @@ def serve(conn: Connection, runner: Runner, slots: int, running: Any) -> None:
     exports.put(None)
 
 
-def _route(request: Any, runner: Runner, exports: SimpleQueue) -> bool:
-    """Take an ``Export`` or a ``Forget`` at once; True for a ``Run``, which is to run."""
-    kind = type(request)
-    if kind is Run:
+def _route(request: ToLibrary, runner: Runner, exports: _ExportQueue) -> Run | None:
+    """Take an ``Export`` or a ``Forget`` at once; a ``Run`` is returned, to run."""
+    if type(request) is Run:
         runner.will_read(request.calls)
-        return True
-    if kind is Export:
+        return request
+    if type(request) is Export:
         for task_id in request.task_ids:
             exports.put((task_id, request.drop))
-    elif kind is Forget:
+    elif type(request) is Forget:
         for task_id in request.task_ids:
             runner.forget(task_id)
-    return False
+    return None
 
 
 #: Seconds between a one-slot library's looks at whether its task has run this long:
@@ -267,7 +190,7 @@ WATCH_INTERVAL = 0.005
 
 
 def _serve_alone(
-    conn: Connection, runner: Runner, running: Any, out: _Sender, exports: SimpleQueue
+    conn: Connection, runner: Runner, running: SlotTable, out: _Sender, exports: _ExportQueue
 ) -> None:
     """One slot: this thread reads a request and runs it, with no hand-off between
     threads (a round trip costs what it did with one thread). While it runs a task, a
@@ -279,7 +202,7 @@ def _serve_alone(
     #: when this thread began running the current request (None: not running)
     busy: list[float | None] = [None]
     #: requests the watcher read while this thread was busy (None: the pipe closed)
-    inbox: deque = deque()
+    inbox: deque[Run | None] = deque()
 
     def watch() -> None:
         while True:
@@ -290,8 +213,8 @@ def _serve_alone(
             try:
                 with read_lock:
                     while busy[0] is not None and conn.poll(WATCH_INTERVAL):
-                        request = receive(conn)
-                        if _route(request, runner, exports):
+                        request = _route(receive_request(conn), runner, exports)
+                        if request is not None:
                             inbox.append(request)
             except (EOFError, OSError):
                 inbox.append(None)
@@ -305,11 +228,11 @@ def _serve_alone(
                 if request is None:
                     return
             else:
-                try:
-                    request = receive(conn)
+                try:  # (only the read raises these)
+                    request = _route(receive_request(conn), runner, exports)
                 except (EOFError, OSError):
                     return
-                if not _route(request, runner, exports):
+                if request is None:
                     continue
         runner.decoder.add_functions(request.functions)
         busy[0] = time.perf_counter()
@@ -322,14 +245,14 @@ def _serve_in_slots(
     conn: Connection,
     runner: Runner,
     slots: int,
-    running: Any,
+    running: SlotTable,
     out: _Sender,
-    exports: SimpleQueue,
+    exports: _ExportQueue,
 ) -> None:
     """Several slots: this thread only reads (and never writes: the worker may be blocked
     writing a large request while a slot writes a large result); calls go, in order, to
     ``slots`` threads that run them."""
-    work: SimpleQueue = SimpleQueue()
+    work: _WorkQueue = SimpleQueue()
     threads = [
         threading.Thread(
             target=_execute_calls, args=(work, runner, out, running, slot), daemon=True
@@ -339,11 +262,11 @@ def _serve_in_slots(
     for thread in threads:
         thread.start()
     while True:
-        try:
-            request = receive(conn)
+        try:  # (only the read raises these)
+            request = _route(receive_request(conn), runner, exports)
         except (EOFError, OSError):
             break
-        if _route(request, runner, exports):
+        if request is not None:
             runner.decoder.add_functions(request.functions)
             for call in request.calls:
                 work.put((request.config, [call]))
@@ -359,7 +282,7 @@ class _Sender:
         self.conn = conn
         self.lock = threading.Lock()
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Reply | Replies | Exported) -> None:
         with self.lock:
             try:
                 send(self.conn, message)
@@ -367,13 +290,13 @@ class _Sender:
                 os._exit(0)  # the worker is gone
 
 
-def _export(exports: SimpleQueue, runner: Runner, out: _Sender) -> None:
+def _export(exports: _ExportQueue, runner: Runner, out: _Sender) -> None:
     while (item := exports.get()) is not None:
         out.send(runner.export(*item))
 
 
 def _execute_calls(
-    work: SimpleQueue, runner: Runner, out: _Sender, running: Any, slot: int
+    work: _WorkQueue, runner: Runner, out: _Sender, running: SlotTable, slot: int
 ) -> None:
     while (item := work.get()) is not None:
         _run_calls(*item, runner, out, running, slot)
@@ -381,10 +304,15 @@ def _execute_calls(
 
 
 def _run_calls(
-    config: Any, calls: list, runner: Runner, out: _Sender, running: Any, slot: int
+    config: RunConfig | None,
+    calls: list[Call],
+    runner: Runner,
+    out: _Sender,
+    running: SlotTable,
+    slot: int,
 ) -> None:
     """Run calls in order, answering each at once (tiny ones a few together)."""
-    held: list = []
+    held: list[Reply] = []
     oldest = 0.0
     last = len(calls) - 1
     for index, call in enumerate(calls):
@@ -420,7 +348,7 @@ class Runner:
         self._doomed: set[int] = set()
         self._readers_lock = threading.Lock()
 
-    def execute(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
+    def execute(self, call: Call, config: RunConfig | None) -> Reply:
         """The reply to one call; ``config`` is its run's ``RunConfig`` or None."""
         if config is None:
             return run(call, self.decoder, self.worker_name, self.live)
@@ -431,7 +359,7 @@ class Runner:
             return self._forked(call, config)
         return self._direct(call, config)
 
-    def will_read(self, calls: list) -> None:
+    def will_read(self, calls: list[Call]) -> None:
         """Calls queued: the live results they read stay until they have run."""
         for call in calls:
             for _, dep_id, value in call[3]:
@@ -473,17 +401,18 @@ class Runner:
             self.forget(task_id)
         return Exported(task_id, serialized, time.perf_counter() - start, "")
 
-    def _prepare(self, config: Any) -> ImportHoistingError | None:
+    def _prepare(self, config: RunConfig) -> ImportHoistingError | None:
         if config.run_id not in self._prepared:
             if len(self._prepared) > 1000:
                 self._prepared.clear()  # old runs; their modules stay imported anyway
             self._prepared[config.run_id] = import_all(config.import_modules, self.worker_name)
         return self._prepared[config.run_id]
 
-    def _direct(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
+    def _direct(self, call: Call, config: RunConfig) -> Reply:
         saved_env = {name: os.environ.get(name) for name, _ in config.env_vars}
         os.environ.update(config.env_vars)
-        task_dir = cwd = saved_tempdir = None
+        task_dir = saved_tempdir = None
+        cwd = ""
         if config.sandbox:
             task_dir = self._task_dir(call[0])
             cwd = os.getcwd()
@@ -502,7 +431,7 @@ class Runner:
                 tempfile.tempdir = saved_tempdir
                 shutil.rmtree(task_dir, ignore_errors=True)
 
-    def _forked(self, call: Call, config: Any) -> Done | Erred | Crashed | Missing:
+    def _forked(self, call: Call, config: RunConfig) -> Reply:
         """Run ``call`` in a forked child; its reply comes back through a pipe."""
         try:  # deserialize the function here, once, so every child inherits it
             self.decoder.decode(call[2])
@@ -575,74 +504,6 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-#: The pipe's records by tag. A record travels as ``(tag, fields)``: pickled as itself it
-#: would carry its class's module and name, looked up again on every message (1.8 µs more
-#: per record here, two records per task).
-_RECORDS: tuple[type, ...] = (
-    Run, Call, Ready, Done, Erred, Crashed, Replies, Export, Forget, Exported, Missing
-)  # fmt: skip
-_TAGS = {record: tag for tag, record in enumerate(_RECORDS)}
-_RUN = _TAGS[Run]
-_REPLIES = _TAGS[Replies]
-
-
-#: Whose segments this process writes (``sharedbuf``): the worker's pid, in the worker
-#: and in its libraries (``main`` sets it there).
-_segment_owner = os.getpid()
-_PIPE = b"\0"
-_SEGMENT = b"\1"
-
-
-def send(conn: Connection, message: Any) -> None:
-    """Send a record over the pipe with its large buffers as messages of their own.
-
-    Inputs and results (``Serialized``) keep their buffers out of band, so a 100 MB array
-    is written as it is rather than first copied into one big pickle; a buffer of at
-    least ``sharedbuf.MIN_BYTES`` goes through shared memory, and only its segment's name
-    through the pipe. The first message: the number of buffers, how each travels, the
-    pickled record.
-    """
-    tag = _TAGS[type(message)]
-    fields = tuple(message)
-    if tag == _RUN:  # its calls travel as plain tuples too
-        fields = (message.functions, message.config, [tuple(call) for call in message.calls])
-    elif tag == _REPLIES:
-        fields = ([(_TAGS[type(reply)], tuple(reply)) for reply in message.replies],)
-    buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps((tag, fields), protocol=5, buffer_callback=buffers.append)
-    if not buffers:
-        conn.send_bytes(b"\0\0\0\0" + header)
-        return
-    raws = [buffer.raw() for buffer in buffers]
-    ways = [
-        _SEGMENT if sharedbuf.AVAILABLE and raw.nbytes >= sharedbuf.MIN_BYTES else _PIPE
-        for raw in raws
-    ]
-    conn.send_bytes(len(raws).to_bytes(4, "little") + b"".join(ways) + header)
-    for raw, way in zip(raws, ways, strict=True):
-        if way is _SEGMENT:
-            conn.send_bytes(sharedbuf.put(raw, _segment_owner).encode())
-        else:
-            conn.send_bytes(raw)
-
-
-def receive(conn: Connection) -> Any:
-    """The record ``send`` sent; ``EOFError`` if the other side is gone."""
-    first = conn.recv_bytes()
-    count = int.from_bytes(first[:4], "little")
-    buffers: list[Any] = [conn.recv_bytes() for _ in range(count)]
-    for index in range(count):
-        if first[4 + index] == _SEGMENT[0]:  # a segment's name: map it
-            buffers[index] = sharedbuf.take(buffers[index].decode())
-    tag, fields = pickle.loads(memoryview(first)[4 + count :], buffers=buffers)
-    if tag == _RUN:
-        functions, config, calls = fields
-        fields = (functions, config, [tuple.__new__(Call, call) for call in calls])
-    elif tag == _REPLIES:
-        fields = ([tuple.__new__(_RECORDS[t], f) for t, f in fields[0]],)
-    return tuple.__new__(_RECORDS[tag], fields)
-
-
 def run(
     call: Call, decoder: TaskDecoder, worker_name: str, live: dict | None = None
 ) -> Done | Erred | Missing:
@@ -683,7 +544,7 @@ def run(
     ended = time.perf_counter()
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
-    keep_live = keep and live is not None
+    keep_live = keep is True and live is not None  # (None: as False)
     nbytes = 0
     if keep_live:
         live[task_id] = result  # type: ignore[index]

@@ -1,12 +1,12 @@
 """Where a worker's results are that its libraries keep live, and the exports under way.
 
-A library keeps each result it computes as a Python object (``library.Call.keep``); the
-worker's ``WorkerState`` records here which library holds it and its estimated size, in
+A library keeps each result it computes as a Python object (``pipe.Call.keep``); the
+worker's ``live_tasks.LiveTasks`` records here which library holds it and its estimated size, in
 least recently used order. A result may be live and serialized in the store at once (a
 small one, an output, or one exported for a reader elsewhere); it is *live only* when the
 store has no copy, and then only its library can hand it to a task without an export.
 
-Exports (``library.Export``) serialize a live result on demand, once, for everyone that
+Exports (``pipe.Export``) serialize a live result on demand, once, for everyone that
 waits: tasks bound for another library or a task process, peers, and the spill (``drop``:
 the library forgets it once sent, and the store keeps the copy). A result whose export
 with ``drop`` is under way is *leaving*: no new call may name it live, since the library
@@ -16,7 +16,8 @@ may have dropped it before that call runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+
+from daskvine_py.worker.store import Store
 
 
 class LiveEntry:
@@ -50,7 +51,7 @@ class LiveResults:
 
     __slots__ = ("entries", "nbytes", "leaving_bytes", "store")
 
-    def __init__(self, store: Any = None) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self.store = store
         self.entries: dict[int, LiveEntry] = {}
         self.nbytes = 0

@@ -1,5 +1,5 @@
 """The worker's records of its tasks and libraries, shared by ``state.WorkerState`` and
-``live_tasks``: what the state knows of each; the processes and pipes are the shell's.
+its components: what the state knows of each; the processes and pipes are the shell's.
 """
 
 from __future__ import annotations

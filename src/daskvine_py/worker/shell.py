@@ -12,7 +12,7 @@ Data flow::
 
 - This module is the I/O shell: the manager's socket, the loop, registration and exit.
   Every decision (which task runs where, what to fetch from whom, when a fetch or the
-  manager has been silent too long) is ``worker_state.WorkerState``'s, which takes events
+  manager has been silent too long) is ``state.WorkerState``'s, which takes events
   and ``now`` and leaves instructions; ``peers.PeerLinks`` owns the sockets to peers and
   ``host`` the library and task processes.
 - The loop drains every readable socket and pipe, then starts queued tasks on idle
@@ -61,10 +61,11 @@ from daskvine_py.wire.exits import EXIT_AUTH_FAILED, EXIT_NO_MANAGER, EXIT_REJEC
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 from daskvine_py.worker.args import parse_args
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
-from daskvine_py.worker.state import WorkerState, WorkerTask
+from daskvine_py.worker.records import WorkerTask
+from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
@@ -256,10 +257,10 @@ class Worker:
         while state.library_outbox:  # exports and forgets; a death may add more
             outbox = state.library_outbox[:]
             state.library_outbox.clear()
-            for library_id, request in outbox:
+            for library_id, message in outbox:
                 lib = self.library_by_id.get(library_id)
                 if lib is not None:
-                    self._send_to_library(lib, request)
+                    self._send_to_library(lib, message)
         if state.process_runnable:
             self._start_processes()
         self._flush()
@@ -376,9 +377,9 @@ class Worker:
                 state.cannot_take(message, f"it could not take the task: {exc!r}")
 
     def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
-        if type(msg) is p.Welcome:
+        if isinstance(msg, p.Welcome):
             logger.info("worker %s registered as %s", self.name, msg.name)
-        elif type(msg) is p.Rejected:
+        elif isinstance(msg, p.Rejected):
             logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
             self.exit_code = EXIT_REJECTED
             self.running = False
@@ -395,9 +396,9 @@ class Worker:
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
 
-    def _send_to_library(self, lib: h.Library, request: library.Run) -> None:
+    def _send_to_library(self, lib: h.Library, request: pipe.ToLibrary) -> None:
         try:
-            library.send(lib.conn, request)
+            pipe.send(lib.conn, request)
         except OSError:
             self._on_library_death(lib)
 
@@ -408,15 +409,14 @@ class Worker:
         wall = time.time()
         while True:
             try:
-                reply = library.receive(lib.conn)
+                reply = pipe.receive_reply(lib.conn)
             except (EOFError, OSError):
                 self._on_library_death(lib)
                 return
-            kind = type(reply)
-            if kind is library.Replies:
+            if isinstance(reply, pipe.Replies):
                 for each in reply.replies:
                     state.on_library_reply(record, each, wall)
-            elif kind is library.Ready:
+            elif isinstance(reply, pipe.Ready):
                 if state.on_library_ready(record) and not self.register_sent:
                     self._register()
             else:
@@ -489,5 +489,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
     return worker.run()
-
-

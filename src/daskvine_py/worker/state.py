@@ -5,12 +5,22 @@ everything it decides. It never reads a clock (``now`` is passed in), never touc
 socket, a pipe or a process. Its one collaborator is the ``Store`` of results (which may
 spill to disk, as distributed's ``WorkerState.data`` may): membership, put, release.
 
+``WorkerState`` holds the tasks, their transitions and the manager's liveness, and owns
+three components, each with its own state, which the shell never sees:
+
+- ``fetcher`` (``fetching.Fetcher``): copies of inputs from peers, and relays;
+- ``live_tasks`` (``live_tasks.LiveTasks``): the results libraries keep live, exports;
+- ``dispatch`` (``dispatch.Dispatch``): the libraries, the queues of tasks ready to run,
+  the requests to send them, chains and stealing.
+
 Events are the methods named ``on_*`` (a record from the manager, a reply from a peer, a
 library's reply or death, a task process's exit, a timer pass). Instructions accumulate
-where the shell takes them each loop pass:
+where the shell takes them each loop pass (the components write into them):
 
 - ``outbox``: records for the manager (``TaskDone``, ``FetchFailed``, ``Withdrawn``...);
 - ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
+- ``library_outbox``: (library id, ``Export`` or ``Forget``) to write to library pipes;
+- ``peer_replies``: (peer identity, ``Data``) for peers that waited for an export;
 - ``start_runnable`` returns the requests to write to library pipes, and
   ``next_process_task`` the next task to start in a fresh interpreter.
 
@@ -33,40 +43,27 @@ nothing left of it in any other container.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from daskvine_py.ema import Ema
-from daskvine_py.errors import InvalidTransition
+from daskvine_py.errors import InvalidTransition, SerializationError
 from daskvine_py.wire import protocol as p
-from daskvine_py.worker import library
-from daskvine_py.worker.fetching import Fetch, TransferSlots
-from daskvine_py.worker.live_results import ExportWait, LiveResults
-from daskvine_py.worker.live_tasks import MANAGER_IDENT, QUEUED_REQUEST_BYTES, RELAY, LiveHandling
+from daskvine_py.wire.serialize import dumps_exception
+from daskvine_py.worker import pipe
+from daskvine_py.worker.dispatch import Dispatch
+from daskvine_py.worker.fetching import Fetch, Fetcher
+from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
 from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
 from daskvine_py.worker.store import Store
 
 logger = logging.getLogger("daskvine_py.worker")
 
-#: Tasks a library may be sent at once when tasks are tiny (recent runs under
-#: ``TINY_TASK`` seconds). More saves pipe round trips; each queued task is committed to
-#: that library, so longer tasks go one at a time and idle libraries are never starved.
-LIBRARY_BATCH = 8
-TINY_TASK = 0.001
-#: Tasks shorter than this (recent runs) get the next task queued in their library's
-#: pipe while they run, saving the library a wait for the worker between tasks. Longer
-#: tasks do not: a queued task is committed to its library, and another might free up.
-SHORT_TASK = 0.05
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
 
 
-#: ``start_runnable``'s answer when nothing is runnable: no list made per loop pass.
-_NO_REQUESTS: tuple = ()
-
-class WorkerState(LiveHandling):
-    """The worker's tasks, fetches, libraries and manager liveness; see the module
+class WorkerState:
+    """The worker's tasks and manager liveness, and its components; see the module
     docstring. ``peer_address`` names this worker in ``FetchFailed``; ``name`` in
     crash reasons."""
 
@@ -83,49 +80,43 @@ class WorkerState(LiveHandling):
         self.name = name
         self.peer_address = peer_address
         self.manager_timeout = manager_timeout
-        self.fetch_timeout = fetch_timeout
         self.heartbeat_interval = 1.0
         #: task id -> its record, from ``Execute`` until it is forgotten
         self.tasks: dict[int, WorkerTask] = {}
-        #: queued tasks for any library, for one library (``homed``: their inputs are
-        #: live there only), and for task processes (``task_mode="tasks"``), in order; ids
-        #: of tasks forgotten or started meanwhile are skipped when popped
-        self.runnable: deque[int] = deque()
-        self.homed: dict[int, deque[int]] = {}
-        self.process_runnable: deque[int] = deque()
-        #: results the libraries keep live, and exports of them under way
-        self.live = LiveResults(store)
-        #: library id -> calls to send it behind the task they wait for (``_follow``)
-        self.chained: dict[int, list[library.Call]] = {}
-        self.exports: dict[int, ExportWait] = {}
-        #: input id -> its copy from peers in progress
-        self.fetches: dict[int, Fetch] = {}
-        #: requests in flight overall and per peer, and fetches waiting for a free slot
-        self.slots = TransferSlots()
         #: input being computed here -> tasks sent ahead that wait for it
         self.local_waiters: dict[int, set[int]] = {}
-        #: library id -> its record, in start order
-        self.libraries: dict[int, LibraryRecord] = {}
         #: run id -> how its tasks run, for runs that do not use the defaults
         self.run_configs: dict[int, p.RunConfig] = {}
-        #: function id -> cloudpickle bytes: resident for the worker's life
-        self.functions: dict[bytes, bytes] = {}
-        #: recent task run times, to decide whether to batch tasks to libraries
-        self.recent_duration = Ema()
-        #: bytes received per peer address since the last ``Transfers`` report
-        self.received_from: dict[str, int] = {}
         self.disk_full = False
-        #: instructions: records for the manager, result ids to ask each peer for,
-        #: (library id, ``Export``/``Forget``) for libraries, answers to peers (identity,
-        #: ``Data``) that waited for an export
-        self.outbox: list[Any] = []
+        #: instructions for the shell; see the module docstring
+        self.outbox: list[p.ToManager] = []
         self.peer_outbox: dict[str, list[int]] = {}
-        self.library_outbox: list[tuple[int, Any]] = []
+        self.library_outbox: list[tuple[int, pipe.Export | pipe.Forget]] = []
         self.peer_replies: list[tuple[bytes, p.Data]] = []
+        self.fetcher = Fetcher(fetch_timeout, self.outbox, self.peer_outbox, self._fetch_failed)
+        self.live_tasks = LiveTasks(store, self.outbox, self.library_outbox, self.peer_replies)
+        #: the results the libraries keep live (``live_tasks``'s), read here and by the shell
+        self.live = self.live_tasks.live
+        self.dispatch = Dispatch(
+            self.tasks, self.local_waiters, self.live_tasks, store, self._transition,
+            self._input_lost,
+        )  # fmt: skip
+        #: legal edges -> what each does besides setting the state (``_TRANSITIONS``)
+        self._steps = _bind_steps(self)
         #: the manager welcomed us; when we last heard from it and last sent to it
         self.registered = False
         self.last_contact = now
         self.last_sent = 0.0
+
+    @property
+    def functions(self) -> dict[bytes, bytes]:
+        """Function id -> cloudpickle bytes, for task processes."""
+        return self.dispatch.functions
+
+    @property
+    def process_runnable(self) -> Collection[int]:
+        """Tasks queued for task processes (some may have been forgotten since)."""
+        return self.dispatch.process_runnable
 
     # -- timers -----------------------------------------------------------------------
 
@@ -137,10 +128,7 @@ class WorkerState(LiveHandling):
         deadline = self.last_contact + self.manager_timeout
         if self.registered:  # heartbeats start with registration; until then, nothing is due
             deadline = min(deadline, self.last_sent + self.heartbeat_interval)
-        for fetch in self.fetches.values():
-            if fetch.deadline < deadline:
-                deadline = fetch.deadline
-        return max(0.0, deadline - now)
+        return max(0.0, self.fetcher.deadline(deadline) - now)
 
     def manager_silent(self, now: float) -> bool:
         return now - self.last_contact > self.manager_timeout
@@ -151,44 +139,35 @@ class WorkerState(LiveHandling):
     def on_timers(self, now: float) -> list[str]:
         """Fetches past their deadline go to their next holder; the peers that did not
         answer, whose sockets the shell resets."""
-        silent = []
-        for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
-            if self.fetches.get(fetch.dep_id) is not fetch:
-                continue  # dropped with a task that an earlier failure here cancelled
-            logger.warning(
-                "peer did not serve result %d within %.1f s", fetch.dep_id, self.fetch_timeout
-            )
-            if fetch.current:
-                silent.append(fetch.current)
-            fetch.unreached = True
-            self.slots.give_back(fetch)
-            self._request_next(fetch, now)
-        return silent
+        return self.fetcher.on_timers(now)
 
     def end_pass(self, now: float) -> None:
         """Once per loop pass: start fetches that found a slot, report a change of the
-        store's fullness and the bytes received from peers."""
-        if self.slots.freed and self.slots.queue:
-            for fetch, address in self.slots.startable(self._fetch_is_live):
-                self._request(fetch, address, now)
+        store's fullness and the bytes received from peers, spill live results past the
+        memory limit."""
+        fetcher = self.fetcher
+        if fetcher.slots.freed:  # (most passes: no call)
+            fetcher.start_queued(now)
         if self.store.full is not self.disk_full:
             self.disk_full = self.store.full
             logger.warning("worker %s disk full: %s", self.name, self.disk_full)
             self.outbox.append(p.DiskFull(self.disk_full))
-        if self.received_from:
-            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
-            self.received_from = {}
+        if fetcher.received_from:
+            fetcher.report_received()
         limit = self.store.memory_limit
-        if limit is not None and self.live.nbytes:
-            live = self.live
+        live = self.live
+        if limit is not None and live.nbytes:
             excess = live.nbytes - live.leaving_bytes + self.store.memory_bytes - limit
             if excess > 0:
-                self._evict(excess)
+                self.live_tasks.evict(excess)
 
     # -- the manager ------------------------------------------------------------------
 
     def on_manager_message(self, msg: Any, now: float) -> None:
-        """A valid record from the manager (``Rejected`` and ``Shutdown`` are the shell's)."""
+        """A valid record from the manager (``Rejected`` and ``Shutdown`` are the shell's).
+
+        ``msg`` is one of ``p.TO_WORKER``, told apart by its type once (``Any``: a type
+        checker cannot narrow a union through that one ``type()``)."""
         self.last_contact = now
         kind = type(msg)
         if kind is p.Execute:
@@ -198,13 +177,11 @@ class WorkerState(LiveHandling):
                 del self.run_configs[next(iter(self.run_configs))]
             self.run_configs[msg.run_id] = msg
         elif kind is p.Function:
-            self.functions[msg.function_id] = bytes(msg.code)
-            for lib in self.libraries.values():
-                lib.unsent.append(msg.function_id)
+            self.dispatch.add_function(msg.function_id, bytes(msg.code))
         elif kind is p.Release:
             for task_id in msg.task_ids:
                 self.store.release(task_id)
-            self._drop_live(msg.task_ids)
+            self.live_tasks.forget(msg.task_ids)
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
@@ -213,24 +190,27 @@ class WorkerState(LiveHandling):
             if dropped:
                 self.outbox.append(p.Withdrawn(dropped))
         elif kind is p.Replicate:
-            self._on_replicate(msg, now)
+            if msg.task_id in self.store or msg.task_id in self.live:
+                self.outbox.append(p.Replicas((msg.task_id,)))
+            else:
+                self.fetcher.replicate(msg.task_id, msg.peers, now)
         elif kind is p.Upload:
             for task_id in msg.task_ids:
                 value = self.store.get(task_id, use=False)
-                if value is None and self.serve_peer(task_id, MANAGER_IDENT):
+                if value is None and self.live_tasks.serve_peer(task_id, MANAGER_IDENT):
                     continue  # uploaded once its library has exported it
                 self.outbox.append(p.Uploaded(task_id, value))
         elif kind is p.Relayed:
-            fetch = self.fetches.get(msg.task_id)
-            if fetch is not None and fetch.current == RELAY:
+            if self.fetcher.relayed(msg.task_id):
                 self.on_data(p.Data(msg.task_id, msg.value), now)
         elif kind is p.Welcome:
             self.registered = True
             self.heartbeat_interval = msg.heartbeat_interval
 
     def cannot_take(self, message: Any, why: str) -> None:
-        """An ``Execute`` that was dropped: forget what was kept of its task, and tell the
-        manager, which would otherwise wait for it forever."""
+        """An ``Execute`` that was dropped (``message``: whatever arrived, perhaps
+        malformed): forget what was kept of its task, and tell the manager, which would
+        otherwise wait for it forever."""
         if type(message) is not p.Execute or len(message) < 1 or type(message[0]) is not int:
             return
         task_id = message[0]
@@ -244,11 +224,7 @@ class WorkerState(LiveHandling):
             self.local_waiters[dep_id].discard(task_id)
             if not self.local_waiters[dep_id]:
                 del self.local_waiters[dep_id]
-        for fetch in list(self.fetches.values()):
-            fetch.waiters.discard(task_id)
-            if not fetch.waiters and not fetch.replicate:  # for nobody: a later task would
-                del self.fetches[fetch.dep_id]  # wait on it forever, never requested
-                self.slots.give_back(fetch)
+        self.fetcher.unwait_all(task_id)
         self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
 
     def _on_execute(self, msg: p.Execute, now: float) -> None:
@@ -263,32 +239,16 @@ class WorkerState(LiveHandling):
                 self.local_waiters.setdefault(dep.task_id, set()).add(task.id)
                 continue
             if not dep.peers:  # the manager thinks we hold it, but we do not
-                self.outbox.append(p.FetchFailed(task.id, dep.task_id, (self.peer_address,)))
-                self._transition(task, "forgotten")
+                self._input_lost(task, dep.task_id)
                 return
             task.missing.add(dep.task_id)
-            fetch = self.fetches.get(dep.task_id)
-            if fetch is None:
-                fetch = self.fetches[dep.task_id] = Fetch(dep.task_id, dep.peers)
-                self._request_next(fetch, now)
-            fetch.waiters.add(task.id)
+            self.fetcher.want(dep.task_id, dep.peers, task.id, now)
         self.tasks[task.id] = task
         if task.missing:
             self._transition(task, "waiting")
-            self._follow(task)
+            self.dispatch.follow(task)
         else:
-            self._queue(task)
-
-    def _on_replicate(self, msg: p.Replicate, now: float) -> None:
-        if msg.task_id in self.store or msg.task_id in self.live:
-            self.outbox.append(p.Replicas((msg.task_id,)))
-            return
-        fetch = self.fetches.get(msg.task_id)
-        if fetch is not None:
-            fetch.replicate = True
-        elif msg.peers:
-            fetch = self.fetches[msg.task_id] = Fetch(msg.task_id, msg.peers, replicate=True)
-            self._request_next(fetch, now)
+            self.dispatch.queue(task)
 
     def _cancel(self, task_id: int) -> bool:
         """Drop a task that has not started; whether it was dropped."""
@@ -298,37 +258,15 @@ class WorkerState(LiveHandling):
             return True
         return False
 
+    def _input_lost(self, task: WorkerTask, dep_id: int) -> None:
+        """An input of ``task`` is held nowhere here: the manager decides (``FetchFailed``)."""
+        self.outbox.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
+        self._transition(task, "forgotten")
+
     # -- peers ------------------------------------------------------------------------
 
-    def _request_next(self, fetch: Fetch, now: float) -> None:
-        """Ask the next untried holder, or queue the fetch until a transfer slot is free;
-        once every holder failed, ask through the manager (``Relay``), then give up."""
-        if not fetch.untried:
-            if fetch.relayed or not fetch.unreached:  # (holders that answered "not here")
-                self._fetch_failed(fetch)
-                return
-            self.slots.take_relay(fetch, RELAY)
-            fetch.deadline = now + self.fetch_timeout
-            self.outbox.append(p.Relay((fetch.dep_id,)))
-            return
-        address = self.slots.take(fetch)
-        if address is None:
-            fetch.deadline = float("inf")
-            self.slots.queue.append(fetch)
-        else:
-            self._request(fetch, address, now)
-
-    def _request(self, fetch: Fetch, address: str, now: float) -> None:
-        fetch.deadline = now + self.fetch_timeout
-        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
-
-    def _fetch_is_live(self, fetch: Fetch) -> bool:
-        return self.fetches.get(fetch.dep_id) is fetch
-
     def _fetch_failed(self, fetch: Fetch) -> None:
-        self.fetches.pop(fetch.dep_id, None)
-        if fetch.replicate and not fetch.waiters:
-            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
+        """No holder could serve ``fetch``: the tasks that waited for it are reported."""
         for task_id in fetch.waiters:
             task = self.tasks.get(task_id)
             if task is not None:
@@ -338,37 +276,26 @@ class WorkerState(LiveHandling):
 
     def on_peer_unreachable(self, address: str, ids: list[int], now: float) -> None:
         """Requests that could not be sent to ``address``: their fetches try the next holder."""
-        for dep_id in ids:
-            fetch = self.fetches.get(dep_id)
-            if fetch is not None and fetch.current == address:
-                fetch.unreached = True
-                self.slots.give_back(fetch)
-                self._request_next(fetch, now)
+        self.fetcher.on_unreachable(address, ids, now)
 
     def on_data(self, reply: p.Data, now: float) -> None:
         """A peer's answer: the input (stored, its tasks queued) or None (ask the next)."""
-        fetch = self.fetches.get(reply.task_id)
-        if fetch is None or fetch.current is None:
-            return  # nobody here waits for it any more, or it was asked elsewhere since
-        source = fetch.current
-        self.slots.give_back(fetch)
-        if reply.value is None:
-            self._request_next(fetch, now)
+        fetch = self.fetcher.on_data(reply, now)
+        value = reply.value
+        if fetch is None or value is None:  # (a fetch is done only with a value)
             return
-        del self.fetches[reply.task_id]
-        if source != RELAY:  # (the manager counts what it relays)
-            received = self.received_from
-            received[source] = received.get(source, 0) + reply.value.nbytes
-        self.store.put(reply.task_id, reply.value)
+        self.store.put(reply.task_id, value)
         self.outbox.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
 
     def on_data_error(self, task_id: int) -> None:
         """A peer's answer that could not be stored: the tasks that wait give up on it."""
-        fetch = self.fetches.get(task_id)
-        if fetch is not None:
-            self.slots.give_back(fetch)
-            self._fetch_failed(fetch)
+        self.fetcher.on_data_error(task_id)
+
+    def serve_peer(self, task_id: int, peer: bytes) -> bool:
+        """A peer asks for a result held live only: export it, and answer the peer when
+        it arrives (``peer_replies``). False when it is not live here."""
+        return self.live_tasks.serve_peer(task_id, peer)
 
     def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
         for task_id in waiters:
@@ -377,167 +304,33 @@ class WorkerState(LiveHandling):
                 continue
             task.missing.discard(dep_id)
             if not task.missing and task.state == "waiting":  # (else queued already)
-                self._queue(task)
+                self.dispatch.queue(task)
 
     # -- libraries --------------------------------------------------------------------
 
     def add_library(self, library_id: int, slots: int) -> LibraryRecord:
         """A library process started: it will be sent every function known so far."""
-        lib = self.libraries[library_id] = LibraryRecord(library_id, list(self.functions), slots)
-        return lib
+        return self.dispatch.add_library(library_id, slots)
 
-    def start_runnable(self) -> Sequence[tuple[LibraryRecord, library.Run]]:
-        """Hand runnable tasks to libraries with a free slot: one task per free slot, or a
-        few when tasks are tiny, all of one run configuration per request, each task to
-        the library that holds its live inputs if any; the requests to write to pipes.
+    def start_runnable(self) -> Sequence[tuple[LibraryRecord, pipe.Run]]:
+        """The requests to write to library pipes (``Dispatch.start_runnable``)."""
+        return self.dispatch.start_runnable()
 
-        A library runs the tasks it is sent one after the other (or ``slots`` at once)
-        and answers each at once; sending tiny tasks in batches saves pipe round trips,
-        and their replies then come back, and go to the manager, in batches too.
-        """
-        if not self.runnable and not self.homed and not self.chained:
-            return _NO_REQUESTS
-        requests: list[tuple[LibraryRecord, library.Run]] = []
-        for lib_id, calls in self.chained.items():
-            lib = self.libraries[lib_id]
-            functions = [(fid, self.functions[fid]) for fid in lib.unsent]
-            lib.unsent = []
-            requests.append(
-                (lib, library.Run(functions, self.tasks[calls[0].task_id].config, calls))
-            )
-        self.chained.clear()
-        recent = self.recent_duration.value if self.recent_duration.count else None
-        tiny = recent is not None and recent < TINY_TASK
-        depth = LIBRARY_BATCH if tiny else 1
-        # Libraries with a free slot first. A one-slot library blocked writing results
-        # while we write inputs would deadlock on the pipe (a library of several slots
-        # keeps reading while its slots write)...
-        for lib in [lib for lib in self.libraries.values() if len(lib.sent) < lib.slots]:
-            self._fill_library(lib, lib.slots * depth - len(lib.sent), None, requests)
-        self._steal()
-        # ...then, for short tasks, one small task queued behind the running one: it fits
-        # in the pipe's buffer, so writing it cannot block, and the library starts it
-        # without waiting for us to hear of the previous one.
-        if tiny or recent is None or recent > SHORT_TASK:
-            return requests
-        for lib in self.libraries.values():
-            if lib.slots == 1 and len(lib.sent) == 1 and lib.ready:
-                self._fill_library(lib, 1, QUEUED_REQUEST_BYTES, requests)
-        return requests
-
-    def _fill_library(
-        self, lib: LibraryRecord, room: int, max_bytes: int | None, requests: list
-    ) -> None:
-        """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
-        ``max_bytes`` (payloads and inputs) when given: its own (their inputs are live
-        there) first, then any; with the tasks that wait here only for them (chains)."""
-        batch: list[WorkerTask] = []
-        for queue in (self.homed.get(lib.id), self.runnable):
-            while queue and len(batch) < room:
-                task = self._next_runnable(queue, lib.id)
-                if task is None:
-                    break
-                if (batch and task.config is not batch[0].config) or (
-                    max_bytes is not None and self._request_bytes(task, lib.id) > max_bytes
-                ):
-                    queue.appendleft(task.id)  # for the next request
-                    break
-                # Running as it is chosen: an older entry of it still in a queue (it was
-                # queued again) is then passed over like any entry that is not queued.
-                self._transition(task, "running")
-                batch.append(task)
-        if not self.homed.get(lib.id, True):
-            del self.homed[lib.id]
-        if not batch:
-            return
-        calls = []
-        for task in batch:
-            task.lib = lib.id
-            lib.sent.append(task.id)
-            calls.append(self.call(task, lib.id))
-        config = batch[0].config
-        if lib.slots == 1 and (config is None or config.exec_mode == "direct"):
-            self._chain(lib, batch, calls)  # (a forked child's result is not kept live)
-        functions = [(fid, self.functions[fid]) for fid in lib.unsent]
-        lib.unsent = []
-        requests.append((lib, library.Run(functions, batch[0].config, calls)))
-
-    def call(
-        self, task: WorkerTask, lib: int | None = None, upcoming: set[int] | frozenset = frozenset()
-    ) -> library.Call:
-        """What a library (``lib``) or a task process runs: the task with its inputs'
-        values, inline in the ``Execute`` (small ones) or from the store, or named when
-        they are live in that library (or made there earlier in the request: ``upcoming``)."""
-        store = self.store
-        live = self.live
-        inputs = []
-        for dep in task.deps:
-            dep_id = dep.task_id
-            if dep.value is not None:
-                inputs.append((dep.key, dep_id, dep.value))
-            elif lib is not None and (dep_id in upcoming or live.usable(dep_id, lib)):
-                inputs.append((dep.key, dep_id, None))
-            else:
-                inputs.append((dep.key, dep_id, store.get(dep_id)))
-        keep = task.keep and lib is not None
-        send = task.want_result or not keep
-        return library.Call(task.id, task.key, task.payload, inputs, keep, send)
-
-    def _available(self, dep: p.DepLocation, lib: int | None) -> bool:
-        """Whether a call to ``lib`` (None: a task process) can have this input now."""
-        return (
-            dep.value is not None
-            or dep.task_id in self.store
-            or self.live.held_in(dep.task_id, lib)
-        )
-
-    def _request_bytes(self, task: WorkerTask, lib: int | None = None) -> int:
-        total = len(task.payload)
-        for dep in task.deps:
-            if dep.value is not None:
-                total += dep.value.nbytes
-            elif not self.live.held_in(dep.task_id, lib):  # (else named, not carried)
-                total += self.store.size(dep.task_id)
-        return total
-
-    def _next_runnable(self, queue: deque[int], lib: int | None = None) -> WorkerTask | None:
-        """The next queued task whose inputs are all here for ``lib``. One whose input is
-        held nowhere (released, or its library died) is reported (``FetchFailed``) and
-        forgotten; one whose input is live in another library, or leaving one, waits."""
-        while queue:
-            task = self.tasks.get(queue.popleft())
-            if task is None or task.state != "queued":
-                continue
-            for dep in task.deps:
-                if self._available(dep, lib):
-                    continue
-                dep_id = dep.task_id
-                if dep_id not in self.live:
-                    self.outbox.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
-                    self._transition(task, "forgotten")
-                    break
-                elsewhere = [
-                    d.task_id for d in task.deps
-                    if not self._available(d, lib) and d.task_id in self.live
-                ]  # fmt: skip
-                self._await_exports(task, elsewhere)  # then queued again
-                break
-            else:
-                return task
-        return None
-
-    # -- library replies --------------------------------------------------------------
+    def call(self, task: WorkerTask) -> pipe.Call:
+        """What a task process runs: the task with its inputs' values."""
+        return self.dispatch.call(task)
 
     def on_library_ready(self, lib: LibraryRecord) -> bool:
         """A library finished starting; whether every library is now ready."""
-        lib.ready = True
-        return all(other.ready for other in self.libraries.values())
+        return self.dispatch.on_ready(lib)
 
-    def on_library_reply(self, lib: LibraryRecord, reply: Any, wall: float) -> None:
+    def on_library_reply(
+        self, lib: LibraryRecord, reply: pipe.Reply | pipe.Exported, wall: float
+    ) -> None:
         """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``),
         or a result it exported."""
-        if type(reply) is library.Exported:
-            self.on_exported(lib, reply)
+        if isinstance(reply, pipe.Exported):
+            self.on_exported(reply)
             return
         sent = lib.sent
         if sent and sent[0] == reply.task_id:
@@ -546,6 +339,30 @@ class WorkerState(LiveHandling):
             sent.remove(reply.task_id)
         self.on_reply(reply, wall, lib.id)
 
+    def on_exported(self, reply: pipe.Exported) -> None:
+        """A live result, serialized: into the store (the copy every later reader gets),
+        then to the tasks and peers that waited for it."""
+        wait = self.live_tasks.on_exported(reply)
+        if wait is None:
+            return
+        task_id = reply.task_id
+        if reply.value is not None and task_id in self.store:
+            self._input_arrived(task_id, wait.tasks)
+            return
+        for waiter in wait.tasks:  # it could not be serialized: they cannot run elsewhere
+            task = self.tasks.get(waiter)
+            if task is None:
+                continue
+            dep_key = next((d.key for d in task.deps if d.task_id == task_id), task_id)
+            error = SerializationError(
+                dep_key, "an input", f"{reply.error} (moving it out of its library process "
+                f"on worker {self.name})",
+            )  # fmt: skip
+            exception, text = dumps_exception(error)
+            self.outbox.append(p.TaskErred(waiter, exception, text, str(error)))
+            task.missing.discard(task_id)
+            self._transition(task, "forgotten")
+
     def on_library_death(
         self, lib: LibraryRecord, how: str, running: Collection[int] | None = None
     ) -> None:
@@ -553,8 +370,7 @@ class WorkerState(LiveHandling):
         default the first ones sent) crashed; the others sent to it, finished or not
         (their replies may have been held), go back to the front of the queue; the
         results it kept live are lost (the manager recomputes those still needed)."""
-        del self.libraries[lib.id]
-        self.chained.pop(lib.id, None)  # their tasks are in ``lib.sent``: requeued below
+        self.dispatch.drop_library(lib.id)  # its chained calls are in ``lib.sent``: requeued
         if running is None:
             running = list(lib.sent)[: lib.slots]
         for task_id in running:
@@ -570,39 +386,30 @@ class WorkerState(LiveHandling):
             if queued is not None:
                 self._transition(queued, "queued")
         lib.sent.clear()
-        homed = self.homed.pop(lib.id, None)
-        if homed:
-            self.runnable.extendleft(reversed(homed))  # they find their inputs gone
-        lost = []
-        for task_id in self.live.in_library(lib.id):
-            self.live.drop(task_id)
-            if task_id not in self.store:
-                lost.append(task_id)
-        for task_id, wait in [(t, w) for t, w in self.exports.items() if w.lib == lib.id]:
-            del self.exports[task_id]
-            self._answer_peers(task_id, wait.peers, None)
+        self.dispatch.unhome(lib.id)
+        lost = self.live_tasks.lose(lib.id, self.store)
+        for task_id, wait in self.live_tasks.abandon(lib.id):
+            self.live_tasks.answer_peers(task_id, wait.peers, None)
             for waiter in wait.tasks:
                 task = self.tasks.get(waiter)
                 if task is not None:
-                    self.outbox.append(p.FetchFailed(waiter, task_id, (self.peer_address,)))
                     task.missing.discard(task_id)
-                    self._transition(task, "forgotten")
+                    self._input_lost(task, task_id)
         if lost:
             logger.warning(
                 "worker %s lost %d results kept live by its library process", self.name, len(lost)
             )
             self.outbox.append(p.Lost(tuple(lost)))
 
-    def on_reply(self, reply: Any, wall: float, lib: int | None = None) -> None:
+    def on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
         """A task's outcome, from a library (``lib``) or a task process."""
         task = self.tasks.get(reply.task_id)
         if task is None:
             return
         self._transition(task, "forgotten")
-        kind = type(reply)
-        if kind is library.Done:
+        if isinstance(reply, pipe.Done):
             task_id, value, duration, nbytes, live, serialization = reply
-            self.recent_duration.observe(duration)
+            self.dispatch.recent_duration.observe(duration)
             keep = task.keep
             if keep is None:  # (the cache's outputs) kept when too large to travel inline
                 keep = value is not None and not p.inlinable(value)
@@ -618,9 +425,9 @@ class WorkerState(LiveHandling):
             if value is not None and not task.want_result and not p.inlinable(value):
                 value = None
             self.outbox.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization))
-        elif kind is library.Erred:
+        elif isinstance(reply, pipe.Erred):
             self.outbox.append(p.TaskErred(*reply))
-        elif kind is library.Missing:  # its producer failed: the manager decides
+        elif isinstance(reply, pipe.Missing):  # its producer failed: the manager decides
             self.outbox.append(p.FetchFailed(task.id, reply.dep_id, (self.peer_address,)))
         else:  # Crashed: the process running it died (fork and tasks modes)
             logger.warning("task %r: %s", task.key, reply.reason)
@@ -630,7 +437,7 @@ class WorkerState(LiveHandling):
 
     def next_process_task(self) -> WorkerTask | None:
         """The next task to start in a fresh interpreter, if any."""
-        return self._next_runnable(self.process_runnable)
+        return self.dispatch.next_process_task()
 
     def on_process_started(self, task: WorkerTask) -> None:
         self._transition(task, "running")
@@ -644,28 +451,15 @@ class WorkerState(LiveHandling):
     # -- transitions ------------------------------------------------------------------
 
     def _transition(self, task: WorkerTask, finish: TaskStateName) -> None:
-        step = _TRANSITIONS.get((task.state, finish), _ILLEGAL)
-        if step is _ILLEGAL:
+        step = self._steps.get((task.state, finish), _illegal)
+        if step is _illegal:
             raise InvalidTransition(task.key, task.state, finish, [])
         task.state = finish
         if step is not None:  # three transitions per task: skip the empty calls
-            step(self, task)
-
-    def _to_queued(self, task: WorkerTask) -> None:
-        if task.config is not None and task.config.task_mode == "tasks":
-            self.process_runnable.append(task.id)
-        elif task.home is None:
-            self.runnable.append(task.id)
-        else:
-            self.homed.setdefault(task.home, deque()).append(task.id)
-
-    def _running_to_queued(self, task: WorkerTask) -> None:
-        """Its library died before it started: first in line again (callers go in reverse)."""
-        task.home = task.lib = None
-        self.runnable.appendleft(task.id)
+            step(task)
 
     def _forget(self, task: WorkerTask) -> None:
-        """Out of ``tasks``, and out of the fetches and local waits it was in."""
+        """Out of ``tasks``, and out of the fetches, local waits and exports it was in."""
         self.tasks.pop(task.id, None)
         for dep_id in task.missing:
             waiters = self.local_waiters.get(dep_id)
@@ -673,47 +467,56 @@ class WorkerState(LiveHandling):
                 waiters.discard(task.id)
                 if not waiters:
                     del self.local_waiters[dep_id]
-            fetch = self.fetches.get(dep_id)
-            if fetch is not None:
-                fetch.waiters.discard(task.id)
-                if not fetch.waiters and not fetch.replicate:
-                    del self.fetches[dep_id]
-                    self.slots.give_back(fetch)  # a late reply finds no fetch and is dropped
-            export = self.exports.get(dep_id)
-            if export is not None:  # it still arrives, into the store
-                export.tasks.discard(task.id)
+            self.fetcher.unwait(dep_id, task.id)
+            self.live_tasks.unwait(dep_id, task.id)  # the export still arrives, into the store
 
     def _running_to_forgotten(self, task: WorkerTask) -> None:
         self.tasks.pop(task.id, None)  # running: nothing missing, nothing fetched for it
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "fetches", "local_waiters", "peer_outbox", "exports"):
+        for name in ("tasks", "local_waiters", "peer_outbox"):
             if getattr(self, name):
                 yield name
-        queued = [*self.runnable, *self.process_runnable]
-        queued += [task_id for queue in self.homed.values() for task_id in queue]
-        if any(self.tasks.get(t) for t in queued):
-            yield "runnable"
-        if any(lib.sent for lib in self.libraries.values()):
-            yield "libraries"
-        if self.slots.in_flight or any(self.slots.from_peer.values()):
-            yield "slots"
+        yield from self.fetcher.leaks()
+        yield from self.live_tasks.leaks()
+        yield from self.dispatch.leaks()
 
 
-_ILLEGAL = object()
-#: Every legal edge and what it does besides setting the state; None: nothing more (its
-#: fetches, local waits or exports are in place; or the caller records where it runs).
-_TRANSITIONS: dict[tuple[str, str], Any] = {
+_Edge = tuple[TaskStateName, TaskStateName]
+_Step = Callable[[WorkerTask], None]
+
+
+def _illegal(task: WorkerTask) -> None:
+    """Stands for an edge that is not in ``_TRANSITIONS`` (never called)."""
+    raise AssertionError("an illegal transition is raised before its step")
+
+
+#: Every legal edge and what it does besides setting the state, by name (bound to a state
+#: by ``_bind_steps``); None: nothing more (its fetches, local waits or exports are in
+#: place; or the caller records where it runs).
+_TRANSITIONS: dict[_Edge, str | None] = {
     ("new", "waiting"): None,
-    ("new", "queued"): WorkerState._to_queued,
-    ("new", "forgotten"): WorkerState._forget,
-    ("waiting", "queued"): WorkerState._to_queued,
+    ("new", "queued"): "enqueue",
+    ("new", "forgotten"): "forget",
+    ("waiting", "queued"): "enqueue",
     ("waiting", "running"): None,  # sent with the task it waits for (a chain)
-    ("waiting", "forgotten"): WorkerState._forget,
+    ("waiting", "forgotten"): "forget",
     ("queued", "waiting"): None,  # an input must first leave another library (export)
     ("queued", "running"): None,
-    ("queued", "forgotten"): WorkerState._forget,
-    ("running", "queued"): WorkerState._running_to_queued,
-    ("running", "forgotten"): WorkerState._running_to_forgotten,
+    ("queued", "forgotten"): "forget",
+    ("running", "queued"): "requeue",  # its library died before it started
+    ("running", "forgotten"): "forget_running",
 }
+
+
+def _bind_steps(state: WorkerState) -> dict[_Edge, _Step | None]:
+    """``_TRANSITIONS`` with each step bound: the dispatch's queues are called directly,
+    with no call of the state's in between (twice per task)."""
+    steps: dict[str, _Step] = {
+        "enqueue": state.dispatch.enqueue,
+        "requeue": state.dispatch.requeue,
+        "forget": state._forget,
+        "forget_running": state._running_to_forgotten,
+    }
+    return {edge: None if name is None else steps[name] for edge, name in _TRANSITIONS.items()}

@@ -98,9 +98,10 @@ class Store:
     def size(self, task_id: int) -> int:
         """Bytes of a result, in memory or spilled (0 if absent), without reading it."""
         value = self._memory.get(task_id)
-        if value is None:
-            value = self._disk.get(task_id)
-        return 0 if value is None else value.nbytes
+        if value is not None:
+            return value.nbytes
+        spilled = self._disk.get(task_id)
+        return 0 if spilled is None else spilled.nbytes
 
     def get(self, task_id: int, use: bool = True) -> Serialized | None:
         """The result, read back from disk if spilled; ``use`` makes it most recent.

@@ -34,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here, after the interpreter started: these imports are the cost of the mode.
     from daskvine_py.wire.serialize import TaskDecoder
     from daskvine_py.worker.library import _die_with_parent, _erred, import_all, run
+    from daskvine_py.worker.pipe import Reply
 
     _die_with_parent()
     with open(os.path.join(task_dir, CALL_FILE), "rb") as file:
@@ -47,13 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return None
 
     failure = import_all(import_modules, worker_name)
+    reply: Reply
     if failure is not None:
         reply = _erred(call[0], failure, None)
     else:
         reply = run(call, TaskDecoder(lookup), worker_name)
     partial = os.path.join(task_dir, REPLY_FILE + ".part")
-    with open(partial, "wb") as file:
-        pickle.dump(reply, file, protocol=5)
+    with open(partial, "wb") as out:
+        pickle.dump(reply, out, protocol=5)
     os.replace(partial, os.path.join(task_dir, REPLY_FILE))  # all or nothing
     return 0
 

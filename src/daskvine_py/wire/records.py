@@ -1,0 +1,315 @@
+"""The wire's records: every message the manager, workers, peers and status clients send
+each other, by direction (``TO_MANAGER``, ``TO_WORKER``, ``TO_PEER``, ``FROM_PEER``,
+``FROM_CLIENT``, ``TO_CLIENT``).
+
+Each is a ``NamedTuple``: cheap to build, to pickle and to read on the hot path. How they
+travel is ``protocol`` (framing); what a valid one holds is ``validation``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Hashable
+from typing import NamedTuple, TypeAlias
+
+from daskvine_py.wire.serialize import Serialized
+
+#: Results this small (pickled, nothing out of band) ride along with ``TaskDone`` to the
+#: manager, which hands them to the tasks that read them inside ``Execute``: a tree of
+#: small partial results moves no data between peers (a fetch costs two messages and two
+#: wake-ups on each side), for a few hundred bytes through the manager per result.
+INLINE_BYTES = 1024
+
+TaskId = int
+
+
+class DepLocation(NamedTuple):
+    """Where an input of a task lives: its id, its Dask key, the peers that hold it.
+
+    ``peers`` is ``()`` when the worker holds the input, and ``None`` when the worker is
+    computing it (the task was sent ahead, to start as soon as the input is ready).
+    ``value`` is the input itself when it is small (see ``INLINE_BYTES``) and the worker
+    does not hold it: no fetch from a peer, and the worker keeps no copy.
+    """
+
+    task_id: TaskId
+    key: Hashable
+    peers: tuple[str, ...] | None
+    value: Serialized | None = None
+
+
+# -- worker -> manager ----------------------------------------------------------------
+
+
+class Register(NamedTuple):
+    version: int
+    name: str
+    cores: int
+    memory: int  #: bytes of memory the worker may use for results
+    hostname: str
+    peer_address: str  #: where peers fetch this worker's results
+    pid: int
+
+
+class TaskDone(NamedTuple):
+    task_id: TaskId
+    nbytes: int
+    duration: float
+    #: the result itself: when the manager asked for it (outputs) or when it is small
+    value: Serialized | None
+    #: the worker's ``time.time()`` when the result arrived from the library (0: unknown),
+    #: for the per-worker timeline of the performance report
+    finished: float = 0.0
+    #: seconds its library spent unpickling its inputs and pickling its result (not in
+    #: ``duration``); 0 for inputs and a result that stayed live
+    serialization: float = 0.0
+
+
+class TaskErred(NamedTuple):
+    """The task's own code raised: never retried."""
+
+    task_id: TaskId
+    exception: Serialized | None  #: None when the exception could not be pickled
+    traceback: str
+    message: str  #: ``repr`` of the exception, for when it cannot travel
+
+
+class TaskCrashed(NamedTuple):
+    """The process running the task died; the manager may retry it elsewhere."""
+
+    task_id: TaskId
+    reason: str
+
+
+class FetchFailed(NamedTuple):
+    """No listed peer could serve an input of a task; the task waits for the manager."""
+
+    task_id: TaskId
+    dep_id: TaskId
+    peers: tuple[str, ...]
+
+
+class Replicas(NamedTuple):
+    """Inputs this worker copied from peers and keeps until told to release them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Relay(NamedTuple):
+    """No holder of these inputs answered this worker (peers it cannot reach): the
+    manager fetches them from a holder (``Upload``) and forwards them (``Relayed``)."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Uploaded(NamedTuple):
+    """A result the manager asked for (``Upload``); None: not held here."""
+
+    task_id: TaskId
+    value: Serialized | None
+
+
+class Lost(NamedTuple):
+    """Results this worker reported done that it no longer holds: the library process
+    that kept them live died. The manager recomputes those still needed (lineage)."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Withdrawn(NamedTuple):
+    """Tasks the worker dropped unstarted when asked to (``Withdraw``): the manager may
+    now run them elsewhere. Tasks already started are not listed; they report as usual."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Transfers(NamedTuple):
+    """Bytes this worker received from each peer (by peer address) since its last report."""
+
+    received: tuple[tuple[str, int], ...]
+
+
+class DiskFull(NamedTuple):
+    """The store is over its memory limit with no disk left to spill to (or no longer)."""
+
+    full: bool
+
+
+class Heartbeat(NamedTuple):
+    pass
+
+
+class Status(NamedTuple):
+    """A worker's heartbeat: what it holds and the most memory its processes have used."""
+
+    stored_bytes: int
+    peak_memory: int  #: peak resident set of the worker process, bytes
+    peak_library_memory: int  #: the largest peak resident set among its library processes
+    spilled_bytes: int = 0  #: of ``stored_bytes``, in spill files on disk
+
+
+class Goodbye(NamedTuple):
+    reason: str
+
+
+# -- manager -> worker ----------------------------------------------------------------
+
+
+class Welcome(NamedTuple):
+    name: str
+    heartbeat_interval: float  #: how often the worker should speak when it has nothing to say
+
+
+class Rejected(NamedTuple):
+    reason: str
+
+
+class Execute(NamedTuple):
+    task_id: TaskId
+    key: Hashable
+    payload: bytes  #: the pickled ``GraphNode``
+    deps: tuple[DepLocation, ...]
+    want_result: bool  #: send the value back with ``TaskDone`` (outputs only)
+    run_id: int = 0  #: its run, when the run has a ``RunConfig``; 0: the defaults
+    #: keep the result for later tasks; False for an output nothing else reads (the
+    #: manager then sends no ``Release`` for it); None for such an output the cache
+    #: keeps: kept only when too large to travel inline (``inlinable``), else the
+    #: manager holds the value it received
+    keep: bool | None = True
+
+
+class RunConfig(NamedTuple):
+    """How the tasks of one run execute: sent once per worker, before the run's first
+    ``Execute`` there, and only for a run that does not use the defaults."""
+
+    run_id: int
+    task_mode: str  #: "function-calls" or "tasks"
+    exec_mode: str  #: "direct" or "fork"
+    import_modules: tuple[str, ...]  #: imported once per library before the run's tasks
+    env_vars: tuple[tuple[str, str], ...]
+    sandbox: bool  #: own cwd and TMPDIR per task (always, in fork and tasks modes)
+
+
+class Function(NamedTuple):
+    """A function tasks will reference by id: sent once, before the first such task."""
+
+    function_id: bytes
+    #: cloudpickle bytes (a buffer when large: it travels as its own frame)
+    code: bytes | bytearray | memoryview | pickle.PickleBuffer
+
+
+class Release(NamedTuple):
+    """Forget these results: nothing needs them any more."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Cancel(NamedTuple):
+    """Do not run these tasks; their run is over or their inputs were lost."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Withdraw(NamedTuple):
+    """Give these tasks back if they have not started (answer: ``Withdrawn``).
+
+    Taking work back for an idle worker must never run a task twice: a task may have
+    side effects (Dask's disk shuffle appends to files), so the manager moves it only
+    once its first worker has confirmed that it dropped it unstarted.
+    """
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Upload(NamedTuple):
+    """Send these results to the manager (``Uploaded``): a worker that cannot reach this
+    one needs them."""
+
+    task_ids: tuple[TaskId, ...]
+
+
+class Relayed(NamedTuple):
+    """An input asked for with ``Relay``, from its holder through the manager; None: no
+    holder could give it."""
+
+    task_id: TaskId
+    value: Serialized | None
+
+
+class Replicate(NamedTuple):
+    """Copy this result from one of these peers and keep it (``replicas=k``)."""
+
+    task_id: TaskId
+    peers: tuple[str, ...]
+
+
+class Shutdown(NamedTuple):
+    reason: str
+
+
+# -- status client <-> manager ----------------------------------------------------------
+#
+# A status client (``python -m daskvine_py.factory``, through ``status.StatusClient``) holds
+# the run's keys, as workers do, but never registers: it asks how much work is waiting
+# and may tell an idle worker of its pool to leave. The manager answers a request from
+# any authenticated identity that has not registered as a worker.
+
+
+class StatusRequest(NamedTuple):
+    """How much work is waiting, and how idle is each worker? (answer: ``StatusReply``;
+    ``Rejected`` for another protocol version)."""
+
+    version: int
+    name: str  #: the client's name, for the manager's log
+
+
+class RetireWorker(NamedTuple):
+    """Tell the worker of this name to leave (a pool retiring an idle worker of its own)."""
+
+    name: str
+    reason: str
+
+
+class StatusReply(NamedTuple):
+    """What ``manager_loop.Demand`` holds, as it was when the request arrived."""
+
+    #: tasks queued at the manager and tasks on workers: the cores the work could use now
+    cores_needed: int
+    #: (worker name, cores, seconds since it last held a task) for each connected worker
+    workers: tuple[tuple[str, int, float], ...]
+
+
+# -- worker <-> worker ----------------------------------------------------------------
+
+
+class GetData(NamedTuple):
+    task_ids: tuple[TaskId, ...]
+
+
+class Data(NamedTuple):
+    task_id: TaskId
+    value: Serialized | None  #: None: this worker does not hold it
+
+
+TO_MANAGER: frozenset[type] = frozenset(
+    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
+     Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
+)  # fmt: skip
+#: Any record a worker sends its manager (the members of ``TO_MANAGER``).
+ToManager: TypeAlias = (
+    Register | TaskDone | TaskErred | TaskCrashed | FetchFailed | Replicas | Lost | Withdrawn
+    | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded
+)  # fmt: skip
+TO_WORKER: frozenset[type] = frozenset(
+    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,
+     Heartbeat, Shutdown, Upload, Relayed}
+)  # fmt: skip
+TO_PEER: frozenset[type] = frozenset({GetData})
+FROM_PEER: frozenset[type] = frozenset({Data})
+FROM_CLIENT: frozenset[type] = frozenset({StatusRequest, RetireWorker})
+TO_CLIENT: frozenset[type] = frozenset({StatusReply, Rejected})
+
+
+def inlinable(value: Serialized) -> bool:
+    """Whether a result is small enough to travel inside ``TaskDone`` and ``Execute``."""
+    return not value.buffers and len(value.header) <= INLINE_BYTES
