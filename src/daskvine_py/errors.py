@@ -17,9 +17,9 @@ class DaskVineError(Exception):
     error survives pickling between processes unchanged.
     """
 
-    _init_args: tuple = ()
+    _init_args: tuple[object, ...] = ()
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> str | tuple[object, ...]:
         if self._init_args:
             return (type(self), self._init_args, self.__dict__)
         return super().__reduce__()

@@ -65,10 +65,10 @@ class RunOptions:
     progress: bool | None = None
     #: Write a self-contained HTML performance report of this run here (see ``report.py``).
     #: Records every task's dispatch and completion: a few hundred bytes of memory per task.
-    report: str | os.PathLike | None = None
+    report: str | os.PathLike[str] | None = None
     #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),
     #: from which ``python -m daskvine_py report`` rebuilds the report. Same cost as ``report``.
-    event_log: str | os.PathLike | None = None
+    event_log: str | os.PathLike[str] | None = None
     #: Copies to keep, on different workers, of each result that other tasks read (outputs
     #: included; an output nothing reads goes to the caller and is kept nowhere). 2 or more
     #: lets a run on preemptible nodes lose a worker without recomputing what it held, at
@@ -91,7 +91,7 @@ class RunOptions:
     #: A directory (local, or shared by managers) that also keeps results across manager
     #: restarts: every result of a cacheable task travels to the manager and is written
     #: there. None: the manager's ``cache_dir``.
-    cache_dir: str | os.PathLike | None = None
+    cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.fuse is not None and not isinstance(self.fuse, bool):
@@ -204,15 +204,15 @@ class ManagerOptions:
     #: A file of the manager's keys to reuse across restarts, so that workers holding an
     #: earlier connection file can join the new manager; made with fresh keys if it does
     #: not exist. None: fresh keys for every manager.
-    key_file: str | os.PathLike | None = None
+    key_file: str | os.PathLike[str] | None = None
     #: Where to write the connection file workers join with (mode 0600, its directory
     #: made 0700). None: a new file under ``security.default_connection_dir()``, removed
     #: when the manager closes.
-    connection_file: str | os.PathLike | None = None
+    connection_file: str | os.PathLike[str] | None = None
     #: The default of ``get(cache=...)``: reuse results across runs by content.
     cache: bool = False
     #: The default of ``get(cache_dir=...)``: where results are kept across restarts.
-    cache_dir: str | os.PathLike | None = None
+    cache_dir: str | os.PathLike[str] | None = None
     #: Bytes a cache directory may hold; past it the least recently used results go.
     cache_dir_limit: int = 10 * 2**30
     #: Bytes of cached results each worker keeps for later runs (every copy counts), on
