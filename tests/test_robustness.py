@@ -197,7 +197,7 @@ def test_a_half_applied_transition_still_drops_its_run_cleanly():
     st_, ids = _two_runs()
     task = st_.tasks[ids["a"]]
 
-    def half(self, task, worker):  # records the copy, then fails before the rest
+    def half(self, task, worker, drop):  # records the copy, then fails before the rest
         task.who_has.add(worker)
         worker.has_what.add(task)
         raise OSError("disk on fire")

@@ -5,9 +5,11 @@ runs submitted or cancelled, workers joining or lost, and the messages workers s
 returned instructions are protocol messages to send to workers (``Send``) and news for the
 callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) and for the
 manager's accounting (``BytesInlined``). No sockets, no threads, no clocks: tests drive it
-with literal events. The records live in ``state_records``, the events and instructions in
-``state_messages`` (re-exported here), and failure handling and the end of runs in
-``state_failures``.
+with literal events. The records live in ``records``, the events and instructions in
+``messages`` (re-exported here). The state keeps the records and the transitions; its
+components, each with its own state, do the rest: ``Constraints`` (annotated tasks),
+``Locality`` (targets, sending ahead), ``Stealing`` (``Withdraw``), ``Copies`` (replicas,
+losses, lineage), ``Failures`` (the end of runs), ``Relays`` and ``Caching``.
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report the state
@@ -24,7 +26,7 @@ manager to log). ``handle`` itself never raises.
 
 A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
 raises ``InvalidTransition``. When its run ends, every task goes from whatever state it is
-in to "forgotten" (``state_failures``), which leaves it in no record::
+in to "forgotten" (``Failures.forget``), which leaves it in no record::
 
     waiting ──► ready ──► processing ──► memory ──► released
        ▲          │  ▲        │  │          │          │
@@ -40,7 +42,7 @@ in to "forgotten" (``state_failures``), which leaves it in no record::
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
 - forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
 
-Runs with the result cache (``state_cache``) add waiting -> released (a task its run does
+Runs with the result cache (``caching``) add waiting -> released (a task its run does
 not compute: a hit, or an input only hits read) and waiting -> memory (read from disk).
 
 A report from a worker counts only if its task is processing on that worker
@@ -54,16 +56,17 @@ still owed to the caller.
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import ClassVar
 
 from daskvine_py.errors import InvalidTransition
-from daskvine_py.scheduler.cache_placement import CacheClear, CacheHandling
-from daskvine_py.scheduler.constraints import Constraints
-from daskvine_py.scheduler.failures import FailureHandling
+from daskvine_py.scheduler.cache_placement import CacheIndex
+from daskvine_py.scheduler.caching import Caching
+from daskvine_py.scheduler.constraints import Constraints, retries_of
+from daskvine_py.scheduler.copies import Copies
+from daskvine_py.scheduler.failures import Failures
 from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
@@ -71,11 +74,13 @@ from daskvine_py.scheduler.messages import (
     AbortRun,
     BadReport,
     BytesInlined,
+    CacheClear,
     CancelRun,
     Dispatched,
     EventDropped,
     ExtendRun,
     FromWorker,
+    Instruction,
     Key,
     NewTask,
     RunAborted,
@@ -85,11 +90,20 @@ from daskvine_py.scheduler.messages import (
     Send,
     SubmitRun,
     TaskFinished,
+    ToWorker,
     WorkerId,
     WorkerJoined,
     WorkerLost,
 )
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, TaskStateName, WorkerRecord
+from daskvine_py.scheduler.records import (
+    Drop,
+    RunRecord,
+    TaskRecord,
+    TaskStateName,
+    WorkerRecord,
+    needed,
+)
+from daskvine_py.scheduler.relays import Relays
 from daskvine_py.scheduler.saturation import DurationEstimates, extra_tasks
 from daskvine_py.scheduler.stealing import Stealing
 from daskvine_py.wire import protocol as p
@@ -103,13 +117,18 @@ __all__ = [
     "WorkerRecord",
 ]  # fmt: skip
 
+#: A step of the transition table: the task (its new state set), and where it goes to
+#: processing or memory (``worker``) or what its run's drop collects ("forgotten").
+Step = Callable[["SchedulerState", TaskRecord, "WorkerRecord | None", "Drop | None"], None]
 
-class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHandling):
+
+class SchedulerState:
     """All scheduling state of a manager; mutate only through ``handle``.
 
-    The attributes are heavily correlated (a task in ``processing`` is in its worker's
+    The records are heavily correlated (a task in ``processing`` is in its worker's
     ``processing`` set, a result in ``memory`` is in each holder's ``has_what``), which is
-    why only the transition methods touch them.
+    why only the transitions touch them. The components share the records by reference
+    and call back the state's transitions; none of them is part of this class.
     """
 
     def __init__(
@@ -124,11 +143,6 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         self.max_extra_tasks_per_core = max_extra_tasks_per_core
         #: when set, every worker holds exactly this many extra per core (no EMA sizing)
         self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
-        #: links of a linear chain sent ahead beyond saturation (``_send_ahead``)
-        self.chain_ahead = chain_ahead
-        #: input-less tasks are queued for the worker of a sibling when their reader has
-        #: at most this many inputs (``_pull_siblings``; 0: never)
-        self.sibling_inputs = sibling_inputs
         self.durations = DurationEstimates()
         self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
@@ -138,46 +152,69 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         #: recent transitions (task id, start, finish), for ``InvalidTransition`` messages
         self.story: deque[tuple[int, str, str]] = deque(maxlen=story_length)
         self._next_task_id = 1
-        self._out: list[Any] = []
+        #: the instructions of the ``handle`` call under way (the components append too)
+        self._out: list[Instruction] = []
         #: workers whose store is full (``DiskFull``): dispatch skips them
-        self._full = 0
-        #: results brought back after every copy was lost (lineage), since the start
-        self.recomputed = 0
-        #: input id -> workers waiting for it through the manager (``Relay``); the
-        #: (holder, reader) names already reported unable to reach each other
-        self.relays: dict[int, set[WorkerRecord]] = {}
-        self.unreachable_pairs: set[tuple[str, str]] = set()
-        #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
-        self._withdrawing: set[TaskRecord] = set()
+        self.full: set[WorkerRecord] = set()
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self._inlined: dict[WorkerRecord, int] = {}
-        self._init_constraints()  # annotated tasks: resources, restrictions
-        self._init_cache()  # results kept across runs (``state_cache``)
+        transition, send, held, out = self._transition, self._send, self._held, self._out
+        self.locality = Locality(
+            self.queue, self.full, self._extra, transition, chain_ahead, sibling_inputs
+        )
+        self.constraints = Constraints(
+            self.workers, self.runs, out, transition, self.locality.target, self._drop_run,
+            self._abort,
+        )  # fmt: skip
+        self.stealing = Stealing(
+            self.workers, self.queue, self.constraints.room, send, held, transition
+        )
+        self.caching = Caching(
+            self.workers, self.runs, self.tasks, out, transition, send, self._lose,
+            self._recompute, self._drop_run,
+        )  # fmt: skip
+        self.copies = Copies(
+            self.tasks, self.workers, transition, send, held, self.caching.lost,
+            self.caching.payload, self.caching.cache_runs,
+        )  # fmt: skip
+        self.failures = Failures(
+            self.workers, self.runs, self.tasks, out, self.queue, self.constraints.placing,
+            transition, send, held, self.caching.drop, self.stealing.settled,
+        )  # fmt: skip
+        self.relays = Relays(self.tasks, self.workers, out, send)
+        # What the per-task paths call, bound once.
+        self._target = self.locality.target
+        self._send_ahead = self.locality.send_ahead
+        self._pull_siblings = self.locality.pull_siblings
+        self._settled = self.stealing.settled
+        #: runs with a cache plan (``Caching.cache_runs``): tested for emptiness per task
+        self._cache_runs = self.caching.cache_runs
 
     # -- entry point ------------------------------------------------------------------
 
-    def handle(self, events: Iterable[Any], now: float = 0.0) -> list[Any]:
+    def handle(self, events: Iterable[object], now: float = 0.0) -> list[Instruction]:
         """Apply ``events`` in order, then dispatch ready work; return the instructions.
 
         Never raises: an event whose handling raises fails the runs it concerns
         (``RunAborted``) or, concerning none, is dropped (``EventDropped``).
         """
-        out = self._out = []
+        out = self._out
+        out.clear()  # (the list is shared with the components: emptied, never replaced)
         self.now = now
         handlers = self._EVENT_HANDLERS
         for event in events:
             handler = handlers.get(type(event))
             if handler is None:
-                self._out.append(
+                out.append(
                     EventDropped(f"an unknown event {event!r:.80}", TypeError("unknown event"))
                 )
                 continue
             # What a worker being lost concerns must be read before its records go.
-            lost = self._runs_on(event.worker) if type(event) is WorkerLost else ()
+            lost = self.failures.runs_on(event.worker) if isinstance(event, WorkerLost) else ()
             try:
                 handler(self, event)
             except Exception as exc:
-                self._on_handler_error(event, exc, lost)
+                self.failures.on_handler_error(event, exc, lost)
         try:
             self._dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
@@ -187,8 +224,9 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             for worker, nbytes in self._inlined.items():
                 out.append(BytesInlined(worker.id, worker.name, nbytes))
             self._inlined = {}
-        self._out = []
-        return out
+        instructions = out.copy()
+        out.clear()
+        return instructions
 
     # -- queries ----------------------------------------------------------------------
 
@@ -200,11 +238,38 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             held = len(worker.processing)
             processing += held
             running += min(held, worker.cores)
-        return len(self.queue) + len(self.placing), processing, running
+        return len(self.queue) + len(self.constraints), processing, running
 
     def worker_loads(self) -> dict[WorkerId, tuple[int, int]]:
         """Each worker's cores and the tasks it holds (queued there, fetching or running)."""
         return {wid: (worker.cores, len(worker.processing)) for wid, worker in self.workers.items()}
+
+    def runs_of(self, task_ids: Iterable[int]) -> list[int]:
+        """The runs of these tasks (those still known), each once."""
+        return self.failures.runs_of(task_ids)
+
+    @property
+    def cache(self) -> CacheIndex:
+        """What the result cache publishes to other threads (``Caching.index``)."""
+        return self.caching.index
+
+    @property
+    def cache_worker_bytes(self) -> int:
+        """Cached bytes each worker keeps (``CacheBudget.worker_bytes``)."""
+        return self.caching.budget.worker_bytes
+
+    @cache_worker_bytes.setter
+    def cache_worker_bytes(self, nbytes: int) -> None:
+        self.caching.budget.worker_bytes = nbytes
+
+    @property
+    def cache_manager_bytes(self) -> int:
+        """Bytes of small cached outputs the manager keeps (``CacheBudget``)."""
+        return self.caching.budget.manager_bytes
+
+    @cache_manager_bytes.setter
+    def cache_manager_bytes(self, nbytes: int) -> None:
+        self.caching.budget.manager_bytes = nbytes
 
     # -- event handlers ---------------------------------------------------------------
 
@@ -215,7 +280,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched, ev.settings
         )
         if ev.cache is not None:
-            self._cache_open(run, ev.cache)
+            self.caching.open(run, ev.cache)
         self._add_tasks(run, ev.tasks, ev.functions)
 
     def _on_extend(self, ev: ExtendRun) -> None:
@@ -247,7 +312,8 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))
-        self._mark_placements(run, added)  # annotated runs only
+        if run.settings is not None:
+            self.constraints.mark(run, added)  # annotated runs only
         for new, record in added:
             missing = 0
             for dep_key in new.dependencies:
@@ -260,7 +326,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                     missing += 1
             record.missing = missing
         if self._cache_runs:
-            self._cache_added(run, added)  # hits, skipped inputs, results read from disk
+            self.caching.added(run, added)  # hits, skipped inputs, results read from disk
         for _, record in added:
             if record.missing == 0 and record.state == "waiting":
                 self._transition(record, "ready")
@@ -279,8 +345,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         worker = self.workers.pop(ev.worker, None)
         if worker is None:
             return
-        if worker.full:
-            self._full -= 1
+        self.full.discard(worker)
         lost = []
         for task in worker.has_what:
             task.who_has.discard(worker)
@@ -296,8 +361,8 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                 self._transition(task, "waiting")
                 continue
             task.attempts += 1
-            if task.attempts > self._retries_of(task):
-                self._fail(
+            if task.attempts > retries_of(task):
+                self.failures.fail(
                     task,
                     worker,
                     None,
@@ -309,7 +374,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                 self._transition(task, "ready")
         self._lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
-        self._cache_worker_lost(worker)
+        self.caching.worker_lost(worker)
 
     def _on_from_worker(self, ev: FromWorker) -> None:
         worker = self.workers.get(ev.worker)
@@ -355,9 +420,9 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             task.delivered = True
             self._out.append(RunOutput(run.id, task.key, msg.value))
             run.undelivered -= 1
-        self._transition(task, "memory", worker=worker)
+        self._transition(task, "memory", worker)
         if self._cache_runs:
-            self._cache_done(task, msg, worker)
+            self.caching.done(task, msg, worker)
         if not run.undelivered:
             self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
             self._drop_run(run)
@@ -365,65 +430,25 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            self._not_held(msg.task_id, worker)
+            self.copies.not_held(msg.task_id, worker)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        self._fail(task, worker, msg.exception, msg.traceback, msg.message, crashed=False)
+        self.failures.fail(task, worker, msg.exception, msg.traceback, msg.message, False)
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            self._not_held(msg.task_id, worker)
+            self.copies.not_held(msg.task_id, worker)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         task.attempts += 1
-        if task.attempts > self._retries_of(task):
-            self._fail(
-                task, worker, None, "", f"{msg.reason} ({task.attempts} attempts)", crashed=True
-            )
-        else:
-            self._requeue(task)
-
-    def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
-        task = self._held(msg.task_id, worker)
-        if task is None:
-            self._not_held(msg.task_id, worker)
-            return
-        dep = self.tasks.get(msg.dep_id)
-        if dep is None or (dep.run is not task.run and dep not in task.deps):  # (or cached)
-            # Not one of its inputs: all that is known is that the worker dropped the task.
-            self._requeue(task)
-            return
-        # Whoever could not serve it has lost it (or is unreachable): forget that copy.
-        failed = [w for w in dep.who_has if w.peer_address in msg.peers]
-        for holder in failed:
-            dep.who_has.discard(holder)
-            holder.has_what.discard(dep)
-            self._send(holder, p.Release((dep.id,)))
-        if dep.state == "memory" and not dep.who_has:
-            self._lose([dep])
-        if task.state == "processing":  # its inputs still exist elsewhere: try again
-            self._requeue(task)
-
-    def _not_held(self, task_id: int, worker: WorkerRecord) -> None:
-        """``worker`` could not run ``task`` (it erred, crashed or lacked an input), which
-        the state believes it holds: the ``TaskDone`` that said so was false, and the
-        copy does not exist. Without this, tasks sent ahead to wait for it there would
-        wait forever. (An honest worker runs a task again only once its result is gone.)"""
-        task = self.tasks.get(task_id)
-        if task is None or task.state != "memory" or worker not in task.who_has:
-            return
-        task.who_has.discard(worker)
-        worker.has_what.discard(task)
-        if not task.who_has:
-            self._lose([task])
-
-    def _requeue(self, task: TaskRecord) -> None:
-        """A processing task its worker gave up: queue it, or, when it was sent ahead of an
-        input still missing, let it wait for that input here."""
-        self._transition(task, "ready" if task.missing == 0 else "waiting")
+        if task.attempts > retries_of(task):
+            reason = f"{msg.reason} ({task.attempts} attempts)"
+            self.failures.fail(task, worker, None, "", reason, crashed=True)
+        else:  # queued again, or, sent ahead of an input still missing, waiting for it
+            self._transition(task, "ready" if task.missing == 0 else "waiting")
 
     def _on_disk_full(self, worker: WorkerRecord, msg: p.DiskFull) -> None:
         """A full worker finishes what it holds and serves peers, but gets no new work."""
@@ -431,64 +456,58 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         if full is worker.full:
             return
         worker.full = full
-        self._full += 1 if full else -1
         if full:
+            self.full.add(worker)
             self.queue.forget_target(worker.id)
+        else:
+            self.full.discard(worker)
 
-    # -- shared steps -----------------------------------------------------------------
+    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
+        self.relays.on_uploaded(worker, msg)
+        self.caching.uploaded(worker, msg)  # outputs of the cache, results for its disk
 
-    def _replicate(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Ask other workers for copies until ``task.run.replicas`` would exist."""
-        others = [w for w in self.workers.values() if w is not worker and not w.full]
-        wanted = task.run.replicas - len(task.who_has)
-        for other in heapq.nsmallest(wanted, others, key=lambda w: len(w.has_what)):
-            self._send(other, p.Replicate(task.id, (worker.peer_address,)))
+    # The components' reports, through the state's table (which tests patch).
+
+    def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
+        self.copies.on_fetch_failed(worker, msg)
 
     def _on_replicas(self, worker: WorkerRecord, msg: p.Replicas) -> None:
-        """Record inputs ``worker`` fetched from peers; release those nobody needs now."""
-        for task_id in msg.task_ids:
-            task = self.tasks.get(task_id)
-            if task is not None and task.state == "memory":
-                task.who_has.add(worker)
-                worker.has_what.add(task)
-            else:
-                self._send(worker, p.Release((task_id,)))
+        self.copies.on_replicas(worker, msg)
+
+    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
+        self.copies.on_lost(worker, msg)
+
+    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
+        self.relays.on_relay(worker, msg)
+
+    def _on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
+        self.stealing.on_withdrawn(worker, msg)
+
+    def _on_bad_report(self, ev: BadReport) -> None:
+        self.failures.on_bad_report(ev)
+
+    def _on_abort(self, ev: AbortRun) -> None:
+        self.failures.on_abort(ev)
+
+    def _on_cache_clear(self, ev: CacheClear) -> None:
+        self.caching.on_clear(ev)
+
+    # -- what the components call back ----------------------------------------------------
+
+    def _send(self, worker: WorkerRecord, message: ToWorker) -> None:
+        self._out.append(Send(worker.id, message))
+
+    def _drop_run(self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None) -> None:
+        self.failures.drop_run(run, sweep, failed)
+
+    def _abort(self, run_id: int, error: BaseException, what: str) -> None:
+        self.failures.abort(run_id, error, what)
 
     def _lose(self, lost: list[TaskRecord]) -> None:
-        """Results whose every copy is gone: forget them, then recompute what is needed."""
-        lost = self._cache_lost(lost)  # cached ones are forgotten; their readers recompute
-        for task in lost:
-            self._transition(task, "released")
-        for task in lost:
-            if task.state == "released" and self._needed(task):
-                self._recompute(task)
+        self.copies.lose(lost)
 
-    def _recompute(self, root: TaskRecord) -> None:
-        """Bring a released result back, recomputing released inputs first (lineage)."""
-        stack = [root]
-        while stack:
-            task = stack.pop()
-            if task.state != "released":
-                continue
-            missing = 0
-            for dep in task.deps:
-                dep.waiters += 1
-                if dep.state != "memory":
-                    missing += 1
-                    if dep.state == "released":
-                        stack.append(dep)
-            task.missing = missing
-            self.recomputed += 1
-            if not task.payload and self._cache_runs:
-                self._cache_payload(task)  # submitted without it: lineage needs it now
-            self._transition(task, "ready" if missing == 0 else "waiting")
-
-    @staticmethod
-    def _needed(task: TaskRecord) -> bool:
-        return task.waiters > 0 or (task.is_output and not task.delivered)
-
-    def _send(self, worker: WorkerRecord, message: Any) -> None:
-        self._out.append(Send(worker.id, message))
+    def _recompute(self, task: TaskRecord) -> None:
+        self.copies.recompute(task)
 
     # -- dispatch ---------------------------------------------------------------------
 
@@ -500,25 +519,26 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         if cores are idle and no task is queued here, take back tasks that wait
         unstarted on a worker with more tasks than cores.
         """
-        if self.placing or self._unchecked:
-            self._dispatch_placed()
+        if self.constraints.pending():
+            self.constraints.dispatch()
         workers = list(self.workers.values())
-        if self._full:
+        if self.full:
             # When every worker is full, waiting for room could wait forever: overflow.
             workers = [w for w in workers if not w.full] or workers
+        queue = self.queue
         for steal in (False, True):
             hungry = workers
-            while hungry and self.queue:
+            while hungry and queue:
                 still_hungry = []
                 for worker in hungry:
-                    task = self.queue.peek_for(worker.id, steal)
+                    task = queue.peek_for(worker.id, steal)
                     if task is None:
                         continue
                     if len(worker.processing) >= worker.cores + self._extra(worker, task):
                         continue
-                    self.queue.pop_for(worker.id, steal)
+                    queue.pop_for(worker.id, steal)
                     try:
-                        self._transition(task, "processing", worker=worker)
+                        self._transition(task, "processing", worker)
                         self._send_ahead(task, worker)
                     except Exception as exc:
                         what = f"sending task {task.key!r} (id {task.id}) to worker {worker.name}"
@@ -526,14 +546,14 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                         continue
                     still_hungry.append(worker)
                 hungry = still_hungry
-        if not self.queue:
+        if not queue:
             try:
-                self._steal_for_idle_workers()
+                self.stealing.steal_for_idle_workers()
             except Exception as exc:  # stealing is an optimisation: runs go on without it
                 self._out.append(EventDropped("taking queued tasks back for idle workers", exc))
 
     def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
-        if worker.holding and (held := self._held_back(worker)):  # annotated tasks there
+        if worker.holding and (held := self.constraints.held_back(worker)):  # annotated there
             return -held
         if self.fixed_extra_tasks_per_core is not None:
             return worker.cores * self.fixed_extra_tasks_per_core
@@ -544,7 +564,13 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
 
     # -- transitions ------------------------------------------------------------------
 
-    def _transition(self, task: TaskRecord, finish: TaskStateName, **kwargs: Any) -> None:
+    def _transition(
+        self,
+        task: TaskRecord,
+        finish: TaskStateName,
+        worker: WorkerRecord | None = None,
+        drop: Drop | None = None,
+    ) -> None:
         start = task.state
         step = self._TRANSITIONS.get((start, finish))
         if step is None:
@@ -552,25 +578,28 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
             raise InvalidTransition(task.key, start, finish, story)
         self.story.append((task.id, start, finish))
         task.state = finish  # before the step: nested transitions see the new state
-        step(self, task, **kwargs)
+        step(self, task, worker, drop)
 
-    def _waiting_to_ready(self, task: TaskRecord) -> None:
-        if task.placement is not None:
-            return self._queue_placed(task)
+    def _waiting_to_ready(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        placement = task.placement
+        if placement is not None:
+            return self.constraints.push(task, placement)
         task.pulled = False
         self.queue.push(task, task.priority, self._target(task))
 
-    def _ready_to_waiting(self, task: TaskRecord) -> None:
+    def _ready_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
         self.queue.remove(task)
-        self.placing.remove(task)
+        self.constraints.remove(task)
 
-    def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        assert worker is not None
         self._assign(task, worker)
-        if not task.deps and self.sibling_inputs and len(self.workers) > 1:
+        if not task.deps and len(self.workers) > 1:
             self._pull_siblings(task, worker)
 
-    def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
         """Sent ahead: the inputs it misses are being computed on the same worker."""
+        assert worker is not None
         self._assign(task, worker)
 
     def _assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
@@ -592,7 +621,7 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                 self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
         deps = tuple(_location(dep, worker) for dep in task.deps)
         if self._cache_runs:
-            deps = self._cache_locations(task, deps)  # results of other runs, by our keys
+            deps = self.caching.locations(task, deps)  # results of other runs, by our keys
         for dep in deps:
             if dep.value is not None:  # inline: bytes moved from the manager
                 self._inlined[worker] = self._inlined.get(worker, 0) + len(dep.value.header)
@@ -606,15 +635,15 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         if run.watched:
             self._out.append(Dispatched(run.id, task.id, task.key, task.prefix, worker.name))
 
-    def _processing_to_ready(self, task: TaskRecord) -> None:
+    def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
         self._unassign(task)
         self._recall_sent_ahead(task)
-        self._waiting_to_ready(task)
+        self._waiting_to_ready(task, None, None)
 
-    def _processing_to_waiting(self, task: TaskRecord) -> None:
-        worker = self._unassign(task)
-        if worker is not None and worker.id in self.workers:
-            self._send(worker, p.Cancel((task.id,)))
+    def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        held = self._unassign(task)
+        if held is not None and held.id in self.workers:
+            self._send(held, p.Cancel((task.id,)))
         self._recall_sent_ahead(task)
 
     def _recall_sent_ahead(self, task: TaskRecord) -> None:
@@ -624,14 +653,15 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                 self._transition(dependent, "waiting")
 
     def _unassign(self, task: TaskRecord) -> WorkerRecord | None:
-        self._withdrawing.discard(task)
+        self._settled(task)
         worker = task.worker
         if worker is not None:
             worker.processing.pop(task, None)
         task.worker = None
         return worker
 
-    def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        assert worker is not None
         self._unassign(task)
         if not task.unread:  # an unread output is not kept: nothing to release later
             task.who_has.add(worker)
@@ -646,14 +676,14 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                     self._send_ahead(dependent, dependent.worker)
         for dep in task.deps:
             dep.waiters -= 1
-            if dep.state == "memory" and not self._needed(dep):
+            if dep.state == "memory" and not needed(dep):
                 self._transition(dep, "released")
-        if not self._needed(task):
+        if not needed(task):
             self._transition(task, "released")
         elif task.run.replicas > 1:
-            self._replicate(task, worker)
+            self.copies.replicate(task, worker)
 
-    def _memory_to_released(self, task: TaskRecord) -> None:
+    def _memory_to_released(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""
         task.value = None
         for holder in task.who_has:
@@ -667,12 +697,20 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
                 if dependent.state != "waiting":
                     self._transition(dependent, "waiting")
 
-    def _released_to_waiting(self, task: TaskRecord) -> None:
-        pass
+    def _nothing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        """released -> waiting (lineage counts first); and the cache's waiting ->
+        released (a task its run will not compute unless lineage needs it) and
+        waiting -> memory (read from the cache's directory: ``Caching`` sets its value)."""
 
-    _released_to_ready = _waiting_to_ready
+    def _processing_to_forgotten(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        assert drop is not None
+        self.failures.forget(task, drop, True)
 
-    _TRANSITIONS: dict[tuple[str, str], Any] = {
+    def _to_forgotten(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+        assert drop is not None
+        self.failures.forget(task, drop, False)
+
+    _TRANSITIONS: ClassVar[dict[tuple[TaskStateName, TaskStateName], Step]] = {
         ("waiting", "ready"): _waiting_to_ready,
         ("ready", "waiting"): _ready_to_waiting,
         ("ready", "processing"): _ready_to_processing,
@@ -681,40 +719,41 @@ class SchedulerState(Constraints, Locality, Stealing, FailureHandling, CacheHand
         ("processing", "waiting"): _processing_to_waiting,
         ("processing", "memory"): _processing_to_memory,
         ("memory", "released"): _memory_to_released,
-        ("released", "waiting"): _released_to_waiting,
-        ("released", "ready"): _released_to_ready,
-        ("waiting", "released"): CacheHandling._waiting_to_released,
-        ("waiting", "memory"): CacheHandling._waiting_to_memory,
-        ("waiting", "forgotten"): FailureHandling._to_forgotten,
-        ("ready", "forgotten"): FailureHandling._to_forgotten,
-        ("processing", "forgotten"): FailureHandling._processing_to_forgotten,
-        ("memory", "forgotten"): FailureHandling._to_forgotten,
-        ("released", "forgotten"): FailureHandling._to_forgotten,
+        ("released", "waiting"): _nothing,
+        ("released", "ready"): _waiting_to_ready,
+        ("waiting", "released"): _nothing,
+        ("waiting", "memory"): _nothing,
+        ("waiting", "forgotten"): _to_forgotten,
+        ("ready", "forgotten"): _to_forgotten,
+        ("processing", "forgotten"): _processing_to_forgotten,
+        ("memory", "forgotten"): _to_forgotten,
+        ("released", "forgotten"): _to_forgotten,
     }
 
-    _REPORT_HANDLERS: dict[type, Any] = {
+    # Handlers take (state, worker, report) and (state, event): one signature per type.
+    _REPORT_HANDLERS: ClassVar[dict[type, Callable[..., None]]] = {
         p.TaskDone: _on_task_done,
         p.TaskErred: _on_task_erred,
         p.TaskCrashed: _on_task_crashed,
         p.FetchFailed: _on_fetch_failed,
         p.Replicas: _on_replicas,
-        p.Lost: FailureHandling._on_lost,
-        p.Relay: FailureHandling._on_relay,
-        p.Uploaded: FailureHandling._on_uploaded,
-        p.Withdrawn: Stealing._on_withdrawn,
+        p.Lost: _on_lost,
+        p.Relay: _on_relay,
+        p.Uploaded: _on_uploaded,
+        p.Withdrawn: _on_withdrawn,
         p.DiskFull: _on_disk_full,
     }
 
-    _EVENT_HANDLERS: dict[type, Any] = {
+    _EVENT_HANDLERS: ClassVar[dict[type, Callable[..., None]]] = {
         SubmitRun: _on_submit,
         ExtendRun: _on_extend,
         CancelRun: _on_cancel,
         WorkerJoined: _on_worker_joined,
         WorkerLost: _on_worker_lost,
         FromWorker: _on_from_worker,
-        BadReport: FailureHandling._on_bad_report,
-        AbortRun: FailureHandling._on_abort,
-        CacheClear: CacheHandling._on_cache_clear,
+        BadReport: _on_bad_report,
+        AbortRun: _on_abort,
+        CacheClear: _on_cache_clear,
     }
 
 
