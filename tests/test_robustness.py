@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
+from daskvine_py.scheduler import dispatch
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized, dumps, loads
@@ -197,7 +198,7 @@ def test_a_half_applied_transition_still_drops_its_run_cleanly():
     st_, ids = _two_runs()
     task = st_.tasks[ids["a"]]
 
-    def half(self, task, worker, drop):  # records the copy, then fails before the rest
+    def half(self, task, worker):  # records the copy, then fails before the rest
         task.who_has.add(worker)
         worker.has_what.add(task)
         raise OSError("disk on fire")
@@ -501,13 +502,13 @@ def test_a_task_the_worker_cannot_read_is_reported_crashed(worker, caplog):
 def test_a_task_whose_execute_no_worker_can_read_fails_its_run_saying_why(manager):
     """The manager's side of it: the crash report comes back, the task is retried, and
     the run fails naming the task and what the worker could not read."""
-    real = s._location
+    real = dispatch._location
 
     def broken(dep, worker):
         return real(dep, worker)._replace(task_id=str(dep.id))
 
     dsk = {"x": 1, "y": (inc, "x")}
-    with mock.patch.object(s, "_location", broken):
+    with mock.patch.object(dispatch, "_location", broken):
         with pytest.raises(TaskFailed, match=r"'y'.*could not read the task.*Execute.deps"):
             manager.get(dsk, "y", retries=1, fuse=False)  # (fused, y would read no input)
     assert manager.get(dsk, "y") == dask.get(dsk, "y")

@@ -241,7 +241,8 @@ def test_random_placements_never_overfill_a_worker_and_every_run_ends(graph, see
             continue
         cluster.step()
     assert cluster.done.get(1) == "done", cluster.done
-    assert not cluster.state.tasks and not cluster.state.runs and not cluster.state.constraints.placing
+    state = cluster.state
+    assert not state.tasks and not state.runs and not state.constraints.placing
 
 
 def test_an_annotated_task_of_a_lost_worker_is_placed_again_by_the_same_rules():

@@ -1,15 +1,16 @@
 """The bytes the result cache keeps, and in which order it gives them up.
 
-A part of ``caching.Caching``: pure accounting, no transitions. Results adopted by the
-cache are counted against each holder's budget (``worker_bytes``) or, small outputs that
-only the manager holds, against the manager's (``manager_bytes``), least recently used
-first; results of runs still going that the cache will keep are counted too
-(``retained``), so a run that makes more than fits lets its older results go early.
+A part of ``caching.Caching``: accounting, and the choice of what to evict, which the
+caller carries out (``evict``). Results adopted by the cache are counted against each
+holder's budget (``worker_bytes``) or, small outputs that only the manager holds, against
+the manager's (``manager_bytes``), and evicted least recently used first; results of runs
+still going that the cache will keep are counted too (``retained``), so a run that makes
+more than fits lets its older results go early.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from daskvine_py.scheduler.cache_placement import (
     CACHE_MANAGER_BYTES,
@@ -105,6 +106,40 @@ class CacheBudget:
         for counts in (self.held, self.retained) if retained else (self.held,):
             for worker in [w for w in counts if workers.get(w.id) is not w]:
                 del counts[worker]
+
+    def evict(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        busy: Callable[[TaskRecord], bool],
+        forget: Callable[[TaskRecord], None],
+        release: Callable[[TaskRecord, WorkerRecord], None],
+    ) -> None:
+        """Give up the least recently used results over the budgets, but those ``busy``
+        (read by a run now): ``forget`` a result, or ``release`` its copy on a worker
+        over budget where others remain."""
+        self.forget_workers(workers, retained=False)  # lost: their results went too
+        if self.manager_held > self.manager_bytes:
+            for record in [r for r in self.lru if r in self.at_manager]:
+                if self.manager_held <= self.manager_bytes:
+                    break
+                if not busy(record):
+                    forget(record)
+        over = self.over()
+        for record in list(self.lru) if over else ():
+            if not over:
+                break
+            if busy(record):
+                continue
+            here = [w for w in record.who_has if w in over]
+            if not here:
+                continue
+            if len(here) == len(record.who_has):
+                forget(record)
+            else:
+                self.unhold(record, here)
+                for worker in here:
+                    release(record, worker)
+            over = {w for w in over if not self.fits(w) and self.held.get(w, 0)}
 
     def publish(self, index: CacheIndex) -> None:
         """Write the numbers other threads read into ``index``."""

@@ -17,8 +17,9 @@ submitted with a ``RunCache`` (``get(cache=True)``):
   (kept here, or ``Upload``). Two concurrent runs of a graph compute each task once.
 - **Predictions.** The caller plans top-down (``RunCache.plan``, ``CacheStatus``): tasks
   only hits read are "skip", results on the cache's disk come with their value ("disk":
-  in memory here, sent inside ``Execute``). Those tasks come without payloads (``RunCache.deferred``),
-  made only if lineage needs them; a predicted hit whose provider went is recomputed.
+  in memory here, sent inside ``Execute``). Those tasks come without payloads
+  (``RunCache.deferred``), made only if lineage needs them; a predicted hit whose
+  provider went is recomputed.
 - **Losses.** A provider that goes (worker lost, library died, fetch failed, its run
   dropped it, eviction) hands its readers back to their own runs' records, computed from
   lineage (``Caching.switch``): never a hang.
@@ -39,8 +40,8 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
 __all__ = [
-    "ACTIVE", "CACHE_MANAGER_BYTES", "CACHE_RUN_ID", "CACHE_WORKER_BYTES", "MAX_SECONDS", "CacheClear",
-    "CacheIndex", "CacheRun", "CacheStatus", "CacheWrite", "Encode", "RunCache",
+    "ACTIVE", "CACHE_MANAGER_BYTES", "CACHE_RUN_ID", "CACHE_WORKER_BYTES", "MAX_SECONDS",
+    "CacheClear", "CacheIndex", "CacheRun", "CacheStatus", "CacheWrite", "Encode", "RunCache",
     "unlink_readers",
 ]  # fmt: skip
 

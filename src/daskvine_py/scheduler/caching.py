@@ -12,13 +12,34 @@ import logging
 from collections.abc import Callable, Sequence
 
 from daskvine_py.scheduler.cache_budget import CacheBudget
-from daskvine_py.scheduler.cache_placement import ACTIVE, CACHE_RUN_ID, MAX_SECONDS
-from daskvine_py.scheduler.cache_placement import CacheClear, CacheIndex, CacheRun, CacheStatus
-from daskvine_py.scheduler.cache_placement import CacheWrite, RunCache, unlink_readers
-from daskvine_py.scheduler.messages import Instruction, Key, NewTask, RunDone, RunOutput
-from daskvine_py.scheduler.messages import ToWorker, WorkerId
-from daskvine_py.scheduler.records import Drop, RunRecord, TaskRecord, Transition, WorkerRecord
-from daskvine_py.scheduler.records import needed
+from daskvine_py.scheduler.cache_placement import (
+    ACTIVE,
+    CACHE_RUN_ID,
+    MAX_SECONDS,
+    CacheClear,
+    CacheIndex,
+    CacheRun,
+    CacheStatus,
+    CacheWrite,
+    RunCache,
+    unlink_readers,
+)
+from daskvine_py.scheduler.messages import (
+    Instruction,
+    NewTask,
+    RunDone,
+    RunOutput,
+    ToWorker,
+    WorkerId,
+)
+from daskvine_py.scheduler.records import (
+    Drop,
+    RunRecord,
+    TaskRecord,
+    Transition,
+    WorkerRecord,
+    needed,
+)
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
@@ -33,13 +54,13 @@ class Caching:
     It shares the state's ``workers``, ``runs`` and ``tasks`` and appends to its ``out``;
     ``transition``, ``send`` and ``drop_run`` are the state's; ``lose(results)``: their
     last copies went (``Copies.lose``); ``recompute(task)``: bring a released result
-    back from its lineage (``Copies.recompute``).
+    back from its lineage (``Copies.recompute``); ``dismiss``: ``Failures.dismiss``.
     """
 
     __slots__ = (
         "workers", "runs", "tasks", "out", "transition", "send", "lose", "recompute",
-        "drop_run", "index", "budget", "cache_runs", "owner", "key_of", "awaiting", "persist",
-        "uploads", "held_for_disk",
+        "drop_run", "dismiss", "index", "budget", "cache_runs", "owner", "key_of", "awaiting",
+        "persist", "uploads", "held_for_disk",
     )  # fmt: skip
 
     def __init__(
@@ -53,6 +74,7 @@ class Caching:
         lose: Callable[[list[TaskRecord]], None],
         recompute: Callable[[TaskRecord], None],
         drop_run: Callable[[RunRecord], None],
+        dismiss: Callable[[TaskRecord, Drop], None],
         budget: CacheBudget | None = None,
     ) -> None:
         self.workers = workers
@@ -64,6 +86,7 @@ class Caching:
         self.lose = lose
         self.recompute = recompute
         self.drop_run = drop_run
+        self.dismiss = dismiss
         #: what other threads may read (see ``CacheIndex``)
         self.index = CacheIndex()
         #: the bytes kept, per worker and at the manager
@@ -268,7 +291,7 @@ class Caching:
             if current and record.state == "memory" and (record.who_has or record.unread):
                 self._adopt(record, run)
                 continue
-            if current:
+            if current and ck is not None:
                 del providers[ck]
             self.key_of.pop(record, None)
             self.persist.pop(record.id, None)
@@ -548,45 +571,23 @@ class Caching:
             del self.index.providers[ck]
         drop = Drop(spared=record)  # (nothing to cancel: it is in memory)
         if record.state != "forgotten":
-            self.transition(record, "forgotten", None, drop)
+            self.dismiss(record, drop)
         for worker, ids in drop.release.items():
             if self.workers.get(worker.id) is worker:
                 self.send(worker, p.Release(tuple(ids)))
 
     def _evict(self) -> None:
-        """Release the least recently used cached results of workers over their budget
-        (a copy where others remain; the result where it was the last)."""
-        budget = self.budget
-        budget.forget_workers(self.workers, retained=False)  # lost: their results went too
-        if budget.manager_held > budget.manager_bytes:
-            self._evict_at_manager()
-        over = budget.over()
-        for record in list(budget.lru) if over else ():
-            if not over:
-                break
-            if record.waiters > 1 or record.id in self.awaiting:
-                continue  # read by a run now
-            here = [w for w in record.who_has if w in over]
-            if not here:
-                continue
-            if len(here) == len(record.who_has):
-                self._forget(record)
-            else:
-                budget.unhold(record, here)
-                for worker in here:
-                    record.who_has.discard(worker)
-                    worker.has_what.discard(record)
-                    self.send(worker, p.Release((record.id,)))
-            over = {w for w in over if not budget.fits(w) and budget.held.get(w, 0)}
+        self.budget.evict(self.workers, self._busy, self._forget, self._release_copy)
         self._publish()
 
-    def _evict_at_manager(self) -> None:
-        """Forget the manager's least recently used small outputs past its budget."""
-        for record in [r for r in self.budget.lru if r in self.budget.at_manager]:
-            if self.budget.manager_held <= self.budget.manager_bytes:
-                return
-            if record.waiters <= 1 and record.id not in self.awaiting:  # (else read now)
-                self._forget(record)
+    def _busy(self, record: TaskRecord) -> bool:
+        """Read by a run now: not evicted."""
+        return record.waiters > 1 or record.id in self.awaiting
+
+    def _release_copy(self, record: TaskRecord, worker: WorkerRecord) -> None:
+        record.who_has.discard(worker)
+        worker.has_what.discard(record)
+        self.send(worker, p.Release((record.id,)))
 
     def _publish(self) -> None:
         self.budget.forget_workers(self.workers, retained=True)

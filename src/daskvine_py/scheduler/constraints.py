@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from daskvine_py.plan.annotations import Placement
+from daskvine_py.scheduler.locality import target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import EventDropped, Instruction, NewTask, RunFailed, WorkerId
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord
@@ -53,29 +54,28 @@ def _placement(task: TaskRecord) -> Placement:
 class Constraints:
     """The annotated tasks of every run, and where they may go; see the module docstring.
 
-    It reads the state's ``workers`` and ``runs`` and appends to its ``out``;
-    ``target(task)``: the worker with most of a task's inputs (``Locality.target``);
-    ``transition``, ``drop_run`` and ``abort``: the state's.
+    It reads the state's ``workers``, ``runs`` and ``full`` (workers whose store is full)
+    and appends to its ``out``; ``transition``, ``drop_run`` and ``abort``: the state's.
     """
 
-    __slots__ = ("workers", "runs", "out", "transition", "target", "drop_run", "abort",
+    __slots__ = ("workers", "runs", "full", "out", "transition", "drop_run", "abort",
                  "placing", "placements", "unchecked", "reserved")  # fmt: skip
 
     def __init__(
         self,
         workers: dict[WorkerId, WorkerRecord],
         runs: dict[int, RunRecord],
+        full: set[WorkerRecord],
         out: list[Instruction],
         transition: Transition,
-        target: Callable[[TaskRecord], WorkerId | None],
         drop_run: Callable[[RunRecord], None],
         abort: Callable[[int, BaseException, str], None],
     ) -> None:
         self.workers = workers
         self.runs = runs
+        self.full = full
         self.out = out
         self.transition = transition
-        self.target = target
         self.drop_run = drop_run
         self.abort = abort
         #: ready annotated tasks, one lane per distinct placement
@@ -209,7 +209,7 @@ class Constraints:
         """A worker with room for ``task`` now: where most of its inputs are, else the
         one with most free slots."""
         placement = _placement(task)
-        target = self.target(task)
+        near = target(task, self.full)
         best: WorkerRecord | None = None
         best_room = 0
         for worker in self._allowed(placement):
@@ -218,7 +218,7 @@ class Constraints:
             room = self.room(worker)
             if room < placement.cores:
                 continue
-            if worker.id == target:
+            if worker.id == near:
                 return worker
             if best is None or room > best_room:
                 best, best_room = worker, room

@@ -11,7 +11,7 @@ computed again from its lineage: released inputs first (``recompute``).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from daskvine_py.scheduler.messages import ToWorker, WorkerId
 from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord, needed
@@ -40,7 +40,7 @@ class Copies:
         held: Callable[[int, WorkerRecord], TaskRecord | None],
         cache_lost: Callable[[list[TaskRecord]], list[TaskRecord]],
         cache_payload: Callable[[TaskRecord], None],
-        cache_runs: dict[int, object],
+        cache_runs: Mapping[int, object],
     ) -> None:
         self.tasks = tasks
         self.workers = workers

@@ -3,7 +3,7 @@
 A component of ``state.SchedulerState``: failures of the event handlers themselves
 (``RunAborted``, ``EventDropped``), malformed reports, a task's failure ending its run,
 and the drop of a run that ended, which takes each of its tasks to the "forgotten" end of
-the transition table (``forget`` is that step).
+the transition table (``dismiss``).
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ class Failures:
 
     It shares the state's ``workers``, ``runs``, ``tasks``, ``queue`` and ``placing``
     (``Constraints``) and appends to its ``out``; ``transition``, ``send`` and ``held``
-    are the state's; ``ending(run)``: a run is about to be dropped (the cache keeps its
-    results); ``settled(task)``: a task left its worker (``Stealing.settled``).
+    are the state's; ``drop_run(run, sweep, failed)``: the state's drop of a run, which
+    lets the cache keep its results before ``forget_run``; ``settled(task)``: a task left
+    its worker (``Stealing.settled``).
     """
 
     __slots__ = ("workers", "runs", "tasks", "out", "queue", "placing", "transition", "send",
-                 "held", "ending", "settled")  # fmt: skip
+                 "held", "drop_run", "settled")  # fmt: skip
 
     def __init__(
         self,
@@ -56,7 +57,7 @@ class Failures:
         transition: Transition,
         send: Callable[[WorkerRecord, ToWorker], None],
         held: Callable[[int, WorkerRecord], TaskRecord | None],
-        ending: Callable[[RunRecord], None],
+        drop_run: Callable[[RunRecord, bool, TaskRecord | None], None],
         settled: Callable[[TaskRecord], None],
     ) -> None:
         self.workers = workers
@@ -68,7 +69,7 @@ class Failures:
         self.transition = transition
         self.send = send
         self.held = held
-        self.ending = ending
+        self.drop_run = drop_run
         self.settled = settled
 
     # -- failures of the handlers themselves --------------------------------------------
@@ -101,7 +102,7 @@ class Failures:
         if run is None:
             return  # over already, or its submission failed before it was recorded
         try:
-            self.drop_run(run, sweep=True)
+            self.drop_run(run, True, None)
         except Exception:  # never expected: forget it without cancelling anything
             for task in run.tasks.values():
                 self.tasks.pop(task.id, None)
@@ -197,9 +198,9 @@ class Failures:
                 run.run_seconds, run.serialization_seconds,
             )
         )  # fmt: skip
-        self.drop_run(run, failed=task)
+        self.drop_run(run, False, task)
 
-    def drop_run(
+    def forget_run(
         self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None
     ) -> None:
         """Forget a finished, failed or cancelled run; cancel and release its work.
@@ -209,13 +210,11 @@ class Failures:
         aborted by an exception, maybe half-way through a transition): also look for its
         tasks in every worker's records, whatever their states say.
         """
-        self.ending(run)  # (the cache: its cacheable results outlive it)
         drop = Drop(failed, sweep)
         cancel, release = drop.cancel, drop.release
-        transition = self.transition
         for task in run.tasks.values():
             if task.state != "forgotten":  # else a drop that raised half-way went first
-                transition(task, "forgotten", None, drop)
+                self.dismiss(task, drop)
         if sweep:
             for worker in self.workers.values():
                 for task in [t for t in worker.processing if t.run is run]:
@@ -235,12 +234,14 @@ class Failures:
                 worker.configs.discard(run.id)
         self.runs.pop(run.id, None)
 
-    # -- the "forgotten" end of every task (the steps of the transition table) ---------
+    # -- the "forgotten" end of every task ----------------------------------------------
 
-    def forget(self, task: TaskRecord, drop: Drop, was_processing: bool) -> None:
-        """Drop the task from every record; what its workers must hear goes in ``drop``.
-        With ``drop.sweep`` its state may be wrong, so look for it in its worker's
-        records whatever it says."""
+    def dismiss(self, task: TaskRecord, drop: Drop) -> None:
+        """Take ``task`` to "forgotten" and drop it from every record; what its workers
+        must hear goes in ``drop``. With ``drop.sweep`` its state may be wrong, so look
+        for it in its worker's records whatever it says."""
+        was_processing = task.state == "processing"
+        self.transition(task, "forgotten")
         worker = task.worker
         if worker is not None and (was_processing or drop.sweep):
             listed = worker.processing.pop(task, False) is None

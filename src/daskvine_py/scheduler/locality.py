@@ -27,27 +27,40 @@ SIBLING_READERS = 4
 SIBLING_INPUTS = 8
 
 
-class Locality:
-    """Locality targets, sending ahead and sibling pulls; see the module docstring.
+def target(task: TaskRecord, full: set[WorkerRecord]) -> WorkerId | None:
+    """The worker holding most of the task's input bytes, if any (not a ``full`` one)."""
+    if not task.deps:
+        return None
+    held: dict[WorkerRecord, int] = {}
+    for dep in task.deps:
+        size = dep.nbytes + 1
+        for holder in dep.who_has:
+            held[holder] = held.get(holder, 0) + size
+    if full:
+        held = {w: size for w, size in held.items() if not w.full}
+    if not held:
+        return None
+    return max(held, key=held.__getitem__).id
 
-    ``full``: the workers whose store is full (shared with the state, which keeps it);
+
+class Locality:
+    """Sending ahead and sibling pulls; see the module docstring (``target`` is a function).
+
     ``extra(worker, task)``: the tasks ``worker`` holds beyond its cores for one like
     ``task`` (saturation); ``transition(task, "processing", worker)``: send a task.
     """
 
-    __slots__ = ("queue", "full", "extra", "transition", "chain_ahead", "sibling_inputs")
+    __slots__ = ("queue", "extra", "transition", "chain_ahead", "sibling_inputs")
 
     def __init__(
         self,
         queue: ReadyQueue[TaskRecord],
-        full: set[WorkerRecord],
         extra: Callable[[WorkerRecord, TaskRecord], int],
         transition: Transition,
         chain_ahead: int = CHAIN_AHEAD,
         sibling_inputs: int = SIBLING_INPUTS,
     ) -> None:
         self.queue = queue
-        self.full = full
         self.extra = extra
         self.transition = transition
         #: links of a linear chain sent ahead beyond saturation (``send_ahead``)
@@ -55,21 +68,6 @@ class Locality:
         #: input-less tasks are queued for the worker of a sibling when their reader has
         #: at most this many inputs (``pull_siblings``; 0: never)
         self.sibling_inputs = sibling_inputs
-
-    def target(self, task: TaskRecord) -> WorkerId | None:
-        """The worker holding most of the task's input bytes, if any."""
-        if not task.deps:
-            return None
-        held: dict[WorkerRecord, int] = {}
-        for dep in task.deps:
-            size = dep.nbytes + 1
-            for holder in dep.who_has:
-                held[holder] = held.get(holder, 0) + size
-        if self.full:
-            held = {w: size for w, size in held.items() if not w.full}
-        if not held:
-            return None
-        return max(held, key=held.__getitem__).id
 
     def pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Queue the input-less siblings of ``task`` (other inputs of the tasks it feeds)

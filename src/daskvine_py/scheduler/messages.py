@@ -8,7 +8,7 @@ the second. Imported by ``state`` and re-exported there: ``state.SubmitRun`` etc
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.wire import protocol as p
@@ -117,10 +117,10 @@ class CacheClear(NamedTuple):
 # -- instructions ---------------------------------------------------------------------
 
 #: What the state sends a worker.
-ToWorker = Union[
-    p.Execute, p.RunConfig, p.Function, p.Release, p.Cancel, p.Withdraw, p.Upload,
-    p.Relayed, p.Replicate,
-]  # fmt: skip
+ToWorker = (
+    p.Execute | p.RunConfig | p.Function | p.Release | p.Cancel | p.Withdraw | p.Upload
+    | p.Relayed | p.Replicate
+)  # fmt: skip
 
 
 
@@ -209,7 +209,8 @@ class TaskFinished(NamedTuple):
     run_id: int
     key: Key
     worker: str  #: the worker's name
-    report: p.TaskDone | p.TaskErred | p.TaskCrashed
+    #: ``p.TaskDone``, ``p.TaskErred`` or ``p.TaskCrashed`` (read by kind, so untyped)
+    report: Any
 
 
 class CacheWrite(NamedTuple):
@@ -222,7 +223,7 @@ class CacheWrite(NamedTuple):
 
 
 #: Everything ``state.SchedulerState.handle`` returns.
-Instruction = Union[
-    Send, RunOutput, RunDone, RunFailed, RunAborted, EventDropped, BytesRelayed,
-    BytesInlined, Dispatched, TaskFinished, CacheWrite,
-]  # fmt: skip
+Instruction = (
+    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | BytesRelayed
+    | BytesInlined | Dispatched | TaskFinished | CacheWrite
+)  # fmt: skip

@@ -182,12 +182,8 @@ class Drop:
 
 class Transition(Protocol):
     """``SchedulerState._transition``, as components call it: move ``task`` to ``finish``
-    (``worker``: where it goes to processing or memory; ``drop``: for "forgotten")."""
+    (``worker``: where it goes to processing or memory)."""
 
     def __call__(
-        self,
-        task: TaskRecord,
-        finish: TaskStateName,
-        worker: WorkerRecord | None = None,
-        drop: Drop | None = None,
+        self, task: TaskRecord, finish: TaskStateName, worker: WorkerRecord | None = None
     ) -> None: ...

@@ -26,7 +26,7 @@ manager to log). ``handle`` itself never raises.
 
 A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
 raises ``InvalidTransition``. When its run ends, every task goes from whatever state it is
-in to "forgotten" (``Failures.forget``), which leaves it in no record::
+in to "forgotten" (``Failures.dismiss``), which leaves it in no record::
 
     waiting ──► ready ──► processing ──► memory ──► released
        ▲          │  ▲        │  │          │          │
@@ -56,18 +56,18 @@ still owed to the caller.
 
 from __future__ import annotations
 
-import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.scheduler.cache_placement import CacheIndex
 from daskvine_py.scheduler.caching import Caching
 from daskvine_py.scheduler.constraints import Constraints, retries_of
 from daskvine_py.scheduler.copies import Copies
+from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.failures import Failures
-from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality
+from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality, target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     RUN_PRIORITY_BITS,
@@ -95,19 +95,11 @@ from daskvine_py.scheduler.messages import (
     WorkerJoined,
     WorkerLost,
 )
-from daskvine_py.scheduler.records import (
-    Drop,
-    RunRecord,
-    TaskRecord,
-    TaskStateName,
-    WorkerRecord,
-    needed,
-)
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, TaskStateName, WorkerRecord, needed
 from daskvine_py.scheduler.relays import Relays
-from daskvine_py.scheduler.saturation import DurationEstimates, extra_tasks
+from daskvine_py.scheduler.saturation import DurationEstimates, Saturation
 from daskvine_py.scheduler.stealing import Stealing
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import OUT_OF_BAND_MIN_BYTES
 
 __all__ = [
     "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
@@ -117,9 +109,10 @@ __all__ = [
     "WorkerRecord",
 ]  # fmt: skip
 
-#: A step of the transition table: the task (its new state set), and where it goes to
-#: processing or memory (``worker``) or what its run's drop collects ("forgotten").
-Step = Callable[["SchedulerState", TaskRecord, "WorkerRecord | None", "Drop | None"], None]
+#: A step of the transition table: (state, task, the worker it goes to, if it does).
+Step = Callable[["SchedulerState", TaskRecord, "WorkerRecord | None"], None]
+#: A report's handler (the worker, the report) or an event's; one signature per type.
+Handler = Callable[..., None]
 
 
 class SchedulerState:
@@ -128,7 +121,7 @@ class SchedulerState:
     The records are heavily correlated (a task in ``processing`` is in its worker's
     ``processing`` set, a result in ``memory`` is in each holder's ``has_what``), which is
     why only the transitions touch them. The components share the records by reference
-    and call back the state's transitions; none of them is part of this class.
+    and call back the transitions; none is mixed into this class.
     """
 
     def __init__(
@@ -139,10 +132,6 @@ class SchedulerState:
         chain_ahead: int = CHAIN_AHEAD,
         sibling_inputs: int = SIBLING_INPUTS,
     ) -> None:
-        #: bound on the tasks a worker holds beyond one per core (see ``saturation``)
-        self.max_extra_tasks_per_core = max_extra_tasks_per_core
-        #: when set, every worker holds exactly this many extra per core (no EMA sizing)
-        self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
         self.durations = DurationEstimates()
         self.now = 0.0
         self.workers: dict[WorkerId, WorkerRecord] = {}
@@ -156,52 +145,83 @@ class SchedulerState:
         self._out: list[Instruction] = []
         #: workers whose store is full (``DiskFull``): dispatch skips them
         self.full: set[WorkerRecord] = set()
-        #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
-        self._inlined: dict[WorkerRecord, int] = {}
         transition, send, held, out = self._transition, self._send, self._held, self._out
-        self.locality = Locality(
-            self.queue, self.full, self._extra, transition, chain_ahead, sibling_inputs
-        )
+        workers, queue, full = self.workers, self.queue, self.full
         self.constraints = Constraints(
-            self.workers, self.runs, out, transition, self.locality.target, self._drop_run,
-            self._abort,
-        )  # fmt: skip
-        self.stealing = Stealing(
-            self.workers, self.queue, self.constraints.room, send, held, transition
+            workers, self.runs, full, out, transition, self._drop_run, self._abort
         )
+        self.saturation = Saturation(
+            self.durations, self.constraints.held_back, max_extra_tasks_per_core,
+            fixed_extra_tasks_per_core,
+        )  # fmt: skip
+        self.locality = Locality(
+            queue, self.saturation.extra, transition, chain_ahead, sibling_inputs
+        )
+        self.stealing = Stealing(workers, queue, self.constraints.room, send, held, transition)
+        self.failures = Failures(
+            workers, self.runs, self.tasks, out, queue, self.constraints.placing, transition,
+            send, held, self._drop_run, self.stealing.settled,
+        )  # fmt: skip
         self.caching = Caching(
-            self.workers, self.runs, self.tasks, out, transition, send, self._lose,
-            self._recompute, self._drop_run,
+            workers, self.runs, self.tasks, out, transition, send, self._lose,
+            self._recompute, self._drop_run, self.failures.dismiss,
         )  # fmt: skip
         self.copies = Copies(
-            self.tasks, self.workers, transition, send, held, self.caching.lost,
+            self.tasks, workers, transition, send, held, self.caching.lost,
             self.caching.payload, self.caching.cache_runs,
         )  # fmt: skip
-        self.failures = Failures(
-            self.workers, self.runs, self.tasks, out, self.queue, self.constraints.placing,
-            transition, send, held, self.caching.drop, self.stealing.settled,
+        self.relays = Relays(self.tasks, workers, out, send)
+        self.dispatch = Dispatch(
+            workers, queue, full, out, transition, send, self._abort, self.constraints,
+            self.saturation.extra, self.locality.send_ahead,
+            self.stealing.steal_for_idle_workers, self.caching.locations,
+            self.caching.cache_runs,
         )  # fmt: skip
-        self.relays = Relays(self.tasks, self.workers, out, send)
         # What the per-task paths call, bound once.
-        self._target = self.locality.target
+        self._assign = self.dispatch.assign
         self._send_ahead = self.locality.send_ahead
         self._pull_siblings = self.locality.pull_siblings
         self._settled = self.stealing.settled
         #: runs with a cache plan (``Caching.cache_runs``): tested for emptiness per task
         self._cache_runs = self.caching.cache_runs
+        self._reports: dict[type, Handler] = {
+            p.TaskDone: self._on_task_done,
+            p.TaskErred: self._on_task_erred,
+            p.TaskCrashed: self._on_task_crashed,
+            p.FetchFailed: self.copies.on_fetch_failed,
+            p.Replicas: self.copies.on_replicas,
+            p.Lost: self.copies.on_lost,
+            p.Relay: self.relays.on_relay,
+            p.Uploaded: self._on_uploaded,
+            p.Withdrawn: self.stealing.on_withdrawn,
+            p.DiskFull: self.dispatch.on_disk_full,
+        }
+        self._events: dict[type, Handler] = {
+            SubmitRun: self._on_submit,
+            ExtendRun: self._on_extend,
+            CancelRun: self._on_cancel,
+            WorkerJoined: self._on_worker_joined,
+            WorkerLost: self._on_worker_lost,
+            FromWorker: self._on_from_worker,
+            BadReport: self.failures.on_bad_report,
+            AbortRun: self.failures.on_abort,
+            CacheClear: self.caching.on_clear,
+        }
 
     # -- entry point ------------------------------------------------------------------
 
-    def handle(self, events: Iterable[object], now: float = 0.0) -> list[Instruction]:
+    def handle(self, events: Iterable[object], now: float = 0.0) -> list[Any]:
         """Apply ``events`` in order, then dispatch ready work; return the instructions.
 
         Never raises: an event whose handling raises fails the runs it concerns
-        (``RunAborted``) or, concerning none, is dropped (``EventDropped``).
+        (``RunAborted``) or, concerning none, is dropped (``EventDropped``). Each
+        instruction is an ``Instruction``; the list is typed loosely because its reader
+        dispatches on ``type(instruction)``, which type checkers do not narrow.
         """
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
-        self.now = now
-        handlers = self._EVENT_HANDLERS
+        self.now = self.dispatch.now = now
+        handlers = self._events
         for event in events:
             handler = handlers.get(type(event))
             if handler is None:
@@ -212,18 +232,15 @@ class SchedulerState:
             # What a worker being lost concerns must be read before its records go.
             lost = self.failures.runs_on(event.worker) if isinstance(event, WorkerLost) else ()
             try:
-                handler(self, event)
+                handler(event)
             except Exception as exc:
                 self.failures.on_handler_error(event, exc, lost)
         try:
-            self._dispatch()
+            self.dispatch.dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
             for run_id in list(self.runs):
                 self._abort(run_id, exc, "dispatching ready tasks")
-        if self._inlined:
-            for worker, nbytes in self._inlined.items():
-                out.append(BytesInlined(worker.id, worker.name, nbytes))
-            self._inlined = {}
+        self.dispatch.count_inlined()
         instructions = out.copy()
         out.clear()
         return instructions
@@ -262,15 +279,6 @@ class SchedulerState:
     def cache_worker_bytes(self, nbytes: int) -> None:
         self.caching.budget.worker_bytes = nbytes
 
-    @property
-    def cache_manager_bytes(self) -> int:
-        """Bytes of small cached outputs the manager keeps (``CacheBudget``)."""
-        return self.caching.budget.manager_bytes
-
-    @cache_manager_bytes.setter
-    def cache_manager_bytes(self, nbytes: int) -> None:
-        self.caching.budget.manager_bytes = nbytes
-
     # -- event handlers ---------------------------------------------------------------
 
     def _on_submit(self, ev: SubmitRun) -> None:
@@ -295,14 +303,9 @@ class SchedulerState:
         records = run.tasks
         added = []
         for new in tasks:
+            priority = run.id << RUN_PRIORITY_BITS | new.priority
             record = TaskRecord(
-                self._next_task_id,
-                new.key,
-                run,
-                new.payload,
-                new.functions,
-                run.id << RUN_PRIORITY_BITS | new.priority,
-                new.prefix,
+                self._next_task_id, new.key, run, new.payload, new.functions, priority, new.prefix
             )
             self._next_task_id += 1
             record.is_output = new.key in run.outputs
@@ -360,18 +363,9 @@ class SchedulerState:
             if task.missing:
                 self._transition(task, "waiting")
                 continue
-            task.attempts += 1
-            if task.attempts > retries_of(task):
-                self.failures.fail(
-                    task,
-                    worker,
-                    None,
-                    "",
-                    f"its worker was lost {task.attempts} times; last: {ev.reason}",
-                    crashed=True,
-                )
-            else:
-                self._transition(task, "ready")
+            if self._out_of_retries(task):
+                reason = f"its worker was lost {task.attempts} times; last: {ev.reason}"
+                self.failures.fail(task, worker, None, "", reason, crashed=True)
         self._lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
         self.caching.worker_lost(worker)
@@ -380,10 +374,10 @@ class SchedulerState:
         worker = self.workers.get(ev.worker)
         if worker is None:
             return  # a message that was in flight when the worker was declared lost
-        handler = self._REPORT_HANDLERS.get(type(ev.message))
+        handler = self._reports.get(type(ev.message))
         if handler is None:
             raise TypeError(f"not a worker report: {ev.message!r}")
-        handler(self, worker, ev.message)
+        handler(worker, ev.message)
 
     def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
         """The task a report from ``worker`` is about, if it is processing there; None if
@@ -443,62 +437,34 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        task.attempts += 1
-        if task.attempts > retries_of(task):
+        if self._out_of_retries(task):
             reason = f"{msg.reason} ({task.attempts} attempts)"
             self.failures.fail(task, worker, None, "", reason, crashed=True)
-        else:  # queued again, or, sent ahead of an input still missing, waiting for it
-            self._transition(task, "ready" if task.missing == 0 else "waiting")
 
-    def _on_disk_full(self, worker: WorkerRecord, msg: p.DiskFull) -> None:
-        """A full worker finishes what it holds and serves peers, but gets no new work."""
-        full = msg.full
-        if full is worker.full:
-            return
-        worker.full = full
-        if full:
-            self.full.add(worker)
-            self.queue.forget_target(worker.id)
-        else:
-            self.full.discard(worker)
+    def _out_of_retries(self, task: TaskRecord) -> bool:
+        """Count one more crash (or lost worker) of ``task``: whether no retry is left;
+        else it is queued again (or, sent ahead of an input still missing, waits)."""
+        task.attempts += 1
+        if task.attempts > retries_of(task):
+            return True
+        self._transition(task, "ready" if task.missing == 0 else "waiting")
+        return False
 
     def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
         self.relays.on_uploaded(worker, msg)
         self.caching.uploaded(worker, msg)  # outputs of the cache, results for its disk
-
-    # The components' reports, through the state's table (which tests patch).
-
-    def _on_fetch_failed(self, worker: WorkerRecord, msg: p.FetchFailed) -> None:
-        self.copies.on_fetch_failed(worker, msg)
-
-    def _on_replicas(self, worker: WorkerRecord, msg: p.Replicas) -> None:
-        self.copies.on_replicas(worker, msg)
-
-    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
-        self.copies.on_lost(worker, msg)
-
-    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
-        self.relays.on_relay(worker, msg)
-
-    def _on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
-        self.stealing.on_withdrawn(worker, msg)
-
-    def _on_bad_report(self, ev: BadReport) -> None:
-        self.failures.on_bad_report(ev)
-
-    def _on_abort(self, ev: AbortRun) -> None:
-        self.failures.on_abort(ev)
-
-    def _on_cache_clear(self, ev: CacheClear) -> None:
-        self.caching.on_clear(ev)
 
     # -- what the components call back ----------------------------------------------------
 
     def _send(self, worker: WorkerRecord, message: ToWorker) -> None:
         self._out.append(Send(worker.id, message))
 
-    def _drop_run(self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None) -> None:
-        self.failures.drop_run(run, sweep, failed)
+    def _drop_run(
+        self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None
+    ) -> None:
+        if self._cache_runs:
+            self.caching.drop(run)  # its cacheable results outlive it
+        self.failures.forget_run(run, sweep, failed)
 
     def _abort(self, run_id: int, error: BaseException, what: str) -> None:
         self.failures.abort(run_id, error, what)
@@ -509,67 +475,10 @@ class SchedulerState:
     def _recompute(self, task: TaskRecord) -> None:
         self.copies.recompute(task)
 
-    # -- dispatch ---------------------------------------------------------------------
-
-    def _dispatch(self) -> None:
-        """Give ready tasks to workers below their saturation, one per worker per round.
-
-        Workers first take their own (targeted) and untargeted work, and only then work
-        targeted elsewhere: when both are free, a task runs where its inputs are. Then,
-        if cores are idle and no task is queued here, take back tasks that wait
-        unstarted on a worker with more tasks than cores.
-        """
-        if self.constraints.pending():
-            self.constraints.dispatch()
-        workers = list(self.workers.values())
-        if self.full:
-            # When every worker is full, waiting for room could wait forever: overflow.
-            workers = [w for w in workers if not w.full] or workers
-        queue = self.queue
-        for steal in (False, True):
-            hungry = workers
-            while hungry and queue:
-                still_hungry = []
-                for worker in hungry:
-                    task = queue.peek_for(worker.id, steal)
-                    if task is None:
-                        continue
-                    if len(worker.processing) >= worker.cores + self._extra(worker, task):
-                        continue
-                    queue.pop_for(worker.id, steal)
-                    try:
-                        self._transition(task, "processing", worker)
-                        self._send_ahead(task, worker)
-                    except Exception as exc:
-                        what = f"sending task {task.key!r} (id {task.id}) to worker {worker.name}"
-                        self._abort(task.run.id, exc, what)
-                        continue
-                    still_hungry.append(worker)
-                hungry = still_hungry
-        if not queue:
-            try:
-                self.stealing.steal_for_idle_workers()
-            except Exception as exc:  # stealing is an optimisation: runs go on without it
-                self._out.append(EventDropped("taking queued tasks back for idle workers", exc))
-
-    def _extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
-        if worker.holding and (held := self.constraints.held_back(worker)):  # annotated there
-            return -held
-        if self.fixed_extra_tasks_per_core is not None:
-            return worker.cores * self.fixed_extra_tasks_per_core
-        trip = worker.round_trip.value if worker.round_trip.count else None
-        return extra_tasks(
-            worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
-        )
-
     # -- transitions ------------------------------------------------------------------
 
     def _transition(
-        self,
-        task: TaskRecord,
-        finish: TaskStateName,
-        worker: WorkerRecord | None = None,
-        drop: Drop | None = None,
+        self, task: TaskRecord, finish: TaskStateName, worker: WorkerRecord | None = None
     ) -> None:
         start = task.state
         step = self._TRANSITIONS.get((start, finish))
@@ -578,69 +487,36 @@ class SchedulerState:
             raise InvalidTransition(task.key, start, finish, story)
         self.story.append((task.id, start, finish))
         task.state = finish  # before the step: nested transitions see the new state
-        step(self, task, worker, drop)
+        step(self, task, worker)
 
-    def _waiting_to_ready(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _waiting_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         placement = task.placement
         if placement is not None:
             return self.constraints.push(task, placement)
         task.pulled = False
-        self.queue.push(task, task.priority, self._target(task))
+        self.queue.push(task, task.priority, target(task, self.full))
 
-    def _ready_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _ready_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         self.queue.remove(task)
         self.constraints.remove(task)
 
-    def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         assert worker is not None
         self._assign(task, worker)
         if not task.deps and len(self.workers) > 1:
             self._pull_siblings(task, worker)
 
-    def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _waiting_to_processing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         """Sent ahead: the inputs it misses are being computed on the same worker."""
         assert worker is not None
         self._assign(task, worker)
 
-    def _assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        task.worker = worker
-        task.sent_at = self.now
-        # Only tasks that can start at once measure the round trip.
-        task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
-        worker.processing[task] = None
-        run = task.run
-        config_id = 0  # the defaults: nothing to announce
-        if run.config is not None:
-            config_id = run.id
-            if run.id not in worker.configs:
-                worker.configs.add(run.id)
-                self._send(worker, run.config)
-        for fid in task.functions:
-            if fid not in worker.functions:
-                worker.functions.add(fid)
-                self._send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
-        deps = tuple(_location(dep, worker) for dep in task.deps)
-        if self._cache_runs:
-            deps = self.caching.locations(task, deps)  # results of other runs, by our keys
-        for dep in deps:
-            if dep.value is not None:  # inline: bytes moved from the manager
-                self._inlined[worker] = self._inlined.get(worker, 0) + len(dep.value.header)
-        self._send(
-            worker,
-            p.Execute(
-                task.id, task.key, task.payload, deps, task.is_output, config_id,
-                None if task.unread is None else not task.unread,
-            ),
-        )  # fmt: skip
-        if run.watched:
-            self._out.append(Dispatched(run.id, task.id, task.key, task.prefix, worker.name))
-
-    def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         self._unassign(task)
         self._recall_sent_ahead(task)
-        self._waiting_to_ready(task, None, None)
+        self._waiting_to_ready(task, None)
 
-    def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         held = self._unassign(task)
         if held is not None and held.id in self.workers:
             self._send(held, p.Cancel((task.id,)))
@@ -660,7 +536,7 @@ class SchedulerState:
         task.worker = None
         return worker
 
-    def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         assert worker is not None
         self._unassign(task)
         if not task.unread:  # an unread output is not kept: nothing to release later
@@ -683,7 +559,7 @@ class SchedulerState:
         elif task.run.replicas > 1:
             self.copies.replicate(task, worker)
 
-    def _memory_to_released(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
+    def _memory_to_released(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""
         task.value = None
         for holder in task.who_has:
@@ -697,18 +573,11 @@ class SchedulerState:
                 if dependent.state != "waiting":
                     self._transition(dependent, "waiting")
 
-    def _nothing(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
-        """released -> waiting (lineage counts first); and the cache's waiting ->
-        released (a task its run will not compute unless lineage needs it) and
-        waiting -> memory (read from the cache's directory: ``Caching`` sets its value)."""
-
-    def _processing_to_forgotten(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
-        assert drop is not None
-        self.failures.forget(task, drop, True)
-
-    def _to_forgotten(self, task: TaskRecord, worker: WorkerRecord | None, drop: Drop | None) -> None:
-        assert drop is not None
-        self.failures.forget(task, drop, False)
+    def _nothing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
+        """released -> waiting (``Copies.recompute`` counts first); the cache's waiting ->
+        released (a task its run will not compute unless lineage needs it) and waiting ->
+        memory (read from the cache's directory: ``Caching`` sets its value); and every
+        state -> forgotten (``Failures.dismiss`` drops it from every record)."""
 
     _TRANSITIONS: ClassVar[dict[tuple[TaskStateName, TaskStateName], Step]] = {
         ("waiting", "ready"): _waiting_to_ready,
@@ -723,56 +592,9 @@ class SchedulerState:
         ("released", "ready"): _waiting_to_ready,
         ("waiting", "released"): _nothing,
         ("waiting", "memory"): _nothing,
-        ("waiting", "forgotten"): _to_forgotten,
-        ("ready", "forgotten"): _to_forgotten,
-        ("processing", "forgotten"): _processing_to_forgotten,
-        ("memory", "forgotten"): _to_forgotten,
-        ("released", "forgotten"): _to_forgotten,
+        ("waiting", "forgotten"): _nothing,
+        ("ready", "forgotten"): _nothing,
+        ("processing", "forgotten"): _nothing,
+        ("memory", "forgotten"): _nothing,
+        ("released", "forgotten"): _nothing,
     }
-
-    # Handlers take (state, worker, report) and (state, event): one signature per type.
-    _REPORT_HANDLERS: ClassVar[dict[type, Callable[..., None]]] = {
-        p.TaskDone: _on_task_done,
-        p.TaskErred: _on_task_erred,
-        p.TaskCrashed: _on_task_crashed,
-        p.FetchFailed: _on_fetch_failed,
-        p.Replicas: _on_replicas,
-        p.Lost: _on_lost,
-        p.Relay: _on_relay,
-        p.Uploaded: _on_uploaded,
-        p.Withdrawn: _on_withdrawn,
-        p.DiskFull: _on_disk_full,
-    }
-
-    _EVENT_HANDLERS: ClassVar[dict[type, Callable[..., None]]] = {
-        SubmitRun: _on_submit,
-        ExtendRun: _on_extend,
-        CancelRun: _on_cancel,
-        WorkerJoined: _on_worker_joined,
-        WorkerLost: _on_worker_lost,
-        FromWorker: _on_from_worker,
-        BadReport: _on_bad_report,
-        AbortRun: _on_abort,
-        CacheClear: _on_cache_clear,
-    }
-
-
-def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
-    """Large function bytes (big closures) travel as their own frame."""
-    return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
-
-
-def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
-    """Where ``worker`` finds an input of a task: inline when small and not held there."""
-    if dep.value is not None and worker not in dep.who_has:
-        return p.DepLocation(dep.id, dep.key, (), dep.value)
-    return p.DepLocation(dep.id, dep.key, _peers(dep, worker))
-
-
-def _peers(dep: TaskRecord, worker: WorkerRecord) -> tuple[str, ...] | None:
-    """Where ``worker`` finds an input: () it holds it, None it is computing it, else peers."""
-    if worker in dep.who_has:
-        return ()
-    if dep.state == "processing":
-        return None
-    return tuple(holder.peer_address for holder in dep.who_has)
