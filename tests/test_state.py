@@ -563,7 +563,7 @@ def test_replicas_are_requested_and_a_lost_holder_costs_no_recomputation():
     st_.handle([s.FromWorker(other, p.Replicas((1,)))])
     assert x.who_has == {st_.workers[W1], st_.workers[W2]}
     st_.handle([s.WorkerLost(holder, "preempted")])
-    assert x.state == "memory" and st_.copies.recomputed == 0
+    assert x.state == "memory" and st_.recomputed == 0
 
 
 def test_outputs_that_tasks_read_are_replicated_and_unread_ones_are_not():
@@ -587,7 +587,7 @@ def test_recomputed_counts_each_lost_result_brought_back():
     assert st_.tasks[1].state == "released" and st_.tasks[2].state == "memory"
     st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
     # b was lost and c needs it: b comes back, and a with it (b's input, released).
-    assert st_.copies.recomputed == 2
+    assert st_.recomputed == 2
 
 
 def test_when_every_worker_is_full_work_goes_on_rather_than_waiting_forever():

@@ -391,7 +391,7 @@ class Caching:
     ) -> bool:
         """``record`` (to run) reads the providers its run's hits among its inputs stand
         for; ``count``: move its ``waiters`` and ``missing`` counts along (not when
-        ``_recompute`` counts next). Whether it reads any."""
+        ``recompute`` counts next). Whether it reads any."""
         deps = record.deps
         any_read = False
         for i, dep in enumerate(deps):
@@ -492,7 +492,7 @@ class Caching:
         self.recompute(record)
 
     def _relink_lineage(self, crun: CacheRun, root: TaskRecord) -> None:
-        """Before ``_recompute(root)``: the released records it will walk read the
+        """Before ``recompute(root)``: the released records it will walk read the
         providers their inputs' hits stand for, where those still live."""
         stack, seen = [root], {root}
         while stack:

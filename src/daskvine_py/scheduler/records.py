@@ -38,10 +38,10 @@ class WorkerRecord:
         self.cores = cores
         self.peer_address = peer_address
         #: bytes of memory it offers for results (``--memory``), and its host's name:
-        #: what annotated tasks are placed by (``state_constraints``)
+        #: what annotated tasks are placed by (``constraints``)
         self.memory = memory
         self.hostname = hostname
-        #: annotated tasks placed or waiting for room here (``state_constraints``)
+        #: annotated tasks placed or waiting for room here (``constraints``)
         self.holding: dict[TaskRecord, None] = {}
         #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
         self.processing: dict[TaskRecord, None] = {}
@@ -153,7 +153,7 @@ class TaskRecord:
         #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
         self.placement: Placement | None = None
         #: an input-less task queued for the worker that took a sibling (one that feeds
-        #: the same task): see ``SchedulerState._pull_siblings``
+        #: the same task): see ``Locality.pull_siblings``
         self.pulled = False
 
     def __repr__(self) -> str:

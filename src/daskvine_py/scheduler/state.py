@@ -7,9 +7,9 @@ callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) a
 manager's accounting (``BytesInlined``). No sockets, no threads, no clocks: tests drive it
 with literal events. The records live in ``records``, the events and instructions in
 ``messages`` (re-exported here). The state keeps the records and the transitions; its
-components, each with its own state, do the rest: ``Constraints`` (annotated tasks),
-``Locality`` (targets, sending ahead), ``Stealing`` (``Withdraw``), ``Copies`` (replicas,
-losses, lineage), ``Failures`` (the end of runs), ``Relays`` and ``Caching``.
+components, each with its own state, do the rest: ``Dispatch`` (rounds, ``Execute``),
+``Saturation``, ``Constraints`` (annotated tasks), ``Locality``, ``Stealing``, ``Copies``
+(replicas, losses, lineage), ``Failures`` (the end of runs), ``Relays`` and ``Caching``.
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report the state
@@ -146,44 +146,42 @@ class SchedulerState:
         #: workers whose store is full (``DiskFull``): dispatch skips them
         self.full: set[WorkerRecord] = set()
         transition, send, held, out = self._transition, self._send, self._held, self._out
-        workers, queue, full = self.workers, self.queue, self.full
-        self.constraints = Constraints(
-            workers, self.runs, full, out, transition, self._drop_run, self._abort
-        )
+        workers, runs, tasks = self.workers, self.runs, self.tasks
+        queue, full = self.queue, self.full
+        drop_run, abort = self._drop_run, self._abort
+        self.constraints = Constraints(workers, runs, full, out, transition, drop_run, abort)
         self.saturation = Saturation(
             self.durations, self.constraints.held_back, max_extra_tasks_per_core,
             fixed_extra_tasks_per_core,
         )  # fmt: skip
-        self.locality = Locality(
-            queue, self.saturation.extra, transition, chain_ahead, sibling_inputs
-        )
+        extra = self.saturation.extra
+        self.locality = Locality(queue, extra, transition, chain_ahead, sibling_inputs)
         self.stealing = Stealing(workers, queue, self.constraints.room, send, held, transition)
         self.failures = Failures(
-            workers, self.runs, self.tasks, out, queue, self.constraints.placing, transition,
-            send, held, self._drop_run, self.stealing.settled,
+            workers, runs, tasks, out, queue, self.constraints.placing, transition, send, held,
+            drop_run, self.stealing.settled,
         )  # fmt: skip
         self.caching = Caching(
-            workers, self.runs, self.tasks, out, transition, send, self._lose,
-            self._recompute, self._drop_run, self.failures.dismiss,
+            workers, runs, tasks, out, transition, send, self._lose, self._recompute, drop_run,
+            self.failures.dismiss,
         )  # fmt: skip
+        cache_runs = self.caching.cache_runs
         self.copies = Copies(
-            self.tasks, workers, transition, send, held, self.caching.lost,
-            self.caching.payload, self.caching.cache_runs,
+            tasks, workers, transition, send, held, self.caching.lost, self.caching.payload,
+            cache_runs,
         )  # fmt: skip
-        self.relays = Relays(self.tasks, workers, out, send)
+        self.relays = Relays(tasks, workers, out, send)
         self.dispatch = Dispatch(
-            workers, queue, full, out, transition, send, self._abort, self.constraints,
-            self.saturation.extra, self.locality.send_ahead,
-            self.stealing.steal_for_idle_workers, self.caching.locations,
-            self.caching.cache_runs,
+            workers, queue, full, out, transition, send, abort, self.constraints, extra,
+            self.locality.send_ahead, self.stealing.steal_for_idle_workers,
+            self.caching.locations, cache_runs,
         )  # fmt: skip
         # What the per-task paths call, bound once.
         self._assign = self.dispatch.assign
         self._send_ahead = self.locality.send_ahead
         self._pull_siblings = self.locality.pull_siblings
         self._settled = self.stealing.settled
-        #: runs with a cache plan (``Caching.cache_runs``): tested for emptiness per task
-        self._cache_runs = self.caching.cache_runs
+        self._cache_runs = cache_runs  # (tested for emptiness: any run with a cache plan?)
         self._reports: dict[type, Handler] = {
             p.TaskDone: self._on_task_done,
             p.TaskErred: self._on_task_erred,
@@ -264,6 +262,11 @@ class SchedulerState:
     def runs_of(self, task_ids: Iterable[int]) -> list[int]:
         """The runs of these tasks (those still known), each once."""
         return self.failures.runs_of(task_ids)
+
+    @property
+    def recomputed(self) -> int:
+        """Results brought back after every copy was lost (lineage), since the start."""
+        return self.copies.recomputed
 
     @property
     def cache(self) -> CacheIndex:
@@ -380,8 +383,7 @@ class SchedulerState:
         handler(worker, ev.message)
 
     def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
-        """The task a report from ``worker`` is about, if it is processing there; None if
-        the report is stale (cancelled, re-assigned, or its run is over)."""
+        """The task a report from ``worker`` is about; None: stale (not processing there)."""
         task = self.tasks.get(task_id)
         if task is None or task.state != "processing" or task.worker is not worker:
             return None
@@ -442,8 +444,7 @@ class SchedulerState:
             self.failures.fail(task, worker, None, "", reason, crashed=True)
 
     def _out_of_retries(self, task: TaskRecord) -> bool:
-        """Count one more crash (or lost worker) of ``task``: whether no retry is left;
-        else it is queued again (or, sent ahead of an input still missing, waits)."""
+        """One more crash or lost worker for ``task``: fail it (True), or try it again."""
         task.attempts += 1
         if task.attempts > retries_of(task):
             return True
@@ -574,10 +575,9 @@ class SchedulerState:
                     self._transition(dependent, "waiting")
 
     def _nothing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
-        """released -> waiting (``Copies.recompute`` counts first); the cache's waiting ->
-        released (a task its run will not compute unless lineage needs it) and waiting ->
-        memory (read from the cache's directory: ``Caching`` sets its value); and every
-        state -> forgotten (``Failures.dismiss`` drops it from every record)."""
+        """released -> waiting (``Copies.recompute`` counted); the cache's waiting ->
+        released (not computed unless lineage needs it) and waiting -> memory (read from
+        disk: ``Caching``); every state -> forgotten (``Failures.dismiss`` does the rest)."""
 
     _TRANSITIONS: ClassVar[dict[tuple[TaskStateName, TaskStateName], Step]] = {
         ("waiting", "ready"): _waiting_to_ready,
