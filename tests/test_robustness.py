@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from beacon import Beacon, ping_then_sleep
 from daskvine_py import Manager, ManagerDied, ProtocolError, SchedulerError, TaskFailed
+from daskvine_py.scheduler import dispatch
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import validation
@@ -503,13 +504,13 @@ def test_a_task_the_worker_cannot_read_is_reported_crashed(worker, caplog):
 def test_a_task_whose_execute_no_worker_can_read_fails_its_run_saying_why(manager):
     """The manager's side of it: the crash report comes back, the task is retried, and
     the run fails naming the task and what the worker could not read."""
-    real = s._location
+    real = dispatch._location
 
     def broken(dep, worker):
         return real(dep, worker)._replace(task_id=str(dep.id))
 
     dsk = {"x": 1, "y": (inc, "x")}
-    with mock.patch.object(s, "_location", broken):
+    with mock.patch.object(dispatch, "_location", broken):
         with pytest.raises(TaskFailed, match=r"'y'.*could not read the task.*Execute.deps"):
             manager.get(dsk, "y", retries=1, fuse=False)  # (fused, y would read no input)
     assert manager.get(dsk, "y") == dask.get(dsk, "y")

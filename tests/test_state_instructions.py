@@ -128,16 +128,14 @@ def test_a_failed_task_is_forgotten_without_a_cancel_to_its_worker():
 def test_reports_are_routed_by_the_table_and_an_unknown_one_is_dropped():
     st_ = s.SchedulerState()
     st_.handle([joined(W1)])
-    assert set(s.SchedulerState._REPORT_HANDLERS) == {
+    assert set(st_._reports) == {
         p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
         p.Withdrawn, p.DiskFull, p.Relay, p.Uploaded,
     }  # fmt: skip
     (dropped,) = st_.handle([s.FromWorker(W1, p.Heartbeat())])
     assert type(dropped) is s.EventDropped and isinstance(dropped.error, TypeError)
     seen = []
-    with mock.patch.dict(
-        s.SchedulerState._REPORT_HANDLERS, {p.DiskFull: lambda self, w, m: seen.append(m)}
-    ):
+    with mock.patch.dict(st_._reports, {p.DiskFull: lambda w, m: seen.append(m)}):
         st_.handle([s.FromWorker(W1, p.DiskFull(True))])
     assert seen == [p.DiskFull(True)] and not st_.workers[W1].full
 

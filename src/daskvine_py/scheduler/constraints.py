@@ -1,6 +1,6 @@
 """Placement of annotated tasks: resources, worker restrictions, per-task retries.
 
-A mixin of ``state.SchedulerState``. Tasks without a ``Placement`` never come here: they
+A component of ``state.SchedulerState``. Tasks without a ``Placement`` never come here: they
 wait in the state's ``queue`` and take one slot wherever they go. A task with one waits
 in ``placing``, one lane per distinct placement, and is placed only on a worker it may
 run on (``workers``, ``allow_other_workers``) with room for it:
@@ -27,94 +27,129 @@ as it is read, so no path that takes a task off a worker needs to know about it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from daskvine_py.plan.annotations import Placement
+from daskvine_py.scheduler.locality import target
 from daskvine_py.scheduler.matching import ReadyQueue
-from daskvine_py.scheduler.messages import EventDropped, NewTask, RunFailed, WorkerId
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from daskvine_py.scheduler.messages import EventDropped, Instruction, NewTask, RunFailed, WorkerId
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord
+
+
+def retries_of(task: TaskRecord) -> int:
+    """Re-runs allowed after crashes and lost workers: its annotation, else its run's."""
+    run = task.run
+    if run.settings is None:
+        return run.retries
+    return run.settings.retries.get(task.key, run.retries)
+
+
+def _placement(task: TaskRecord) -> Placement:
+    """An annotated task's placement (every task this component holds has one)."""
+    placement = task.placement
+    assert placement is not None
+    return placement
 
 
 class Constraints:
-    """The annotated-task half of ``SchedulerState``; see the module docstring."""
+    """The annotated tasks of every run, and where they may go; see the module docstring.
 
-    # Provided by SchedulerState.
-    workers: dict[WorkerId, WorkerRecord]
-    runs: dict[int, RunRecord]
-    _out: list[Any]
-    _transition: Any
-    _target: Any
-    _drop_run: Any
-    _abort: Any
+    It reads the state's ``workers``, ``runs`` and ``full`` (workers whose store is full)
+    and appends to its ``out``; ``transition``, ``drop_run`` and ``abort``: the state's.
+    """
 
-    def _init_constraints(self) -> None:
+    __slots__ = ("workers", "runs", "full", "out", "transition", "drop_run", "abort",
+                 "placing", "placements", "unchecked", "reserved")  # fmt: skip
+
+    def __init__(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        runs: dict[int, RunRecord],
+        full: set[WorkerRecord],
+        out: list[Instruction],
+        transition: Transition,
+        drop_run: Callable[[RunRecord], None],
+        abort: Callable[[int, BaseException, str], None],
+    ) -> None:
+        self.workers = workers
+        self.runs = runs
+        self.full = full
+        self.out = out
+        self.transition = transition
+        self.drop_run = drop_run
+        self.abort = abort
         #: ready annotated tasks, one lane per distinct placement
         self.placing: ReadyQueue[TaskRecord] = ReadyQueue()
         #: the placements with tasks in ``placing``
-        self._placements: set[Placement] = set()
+        self.placements: set[Placement] = set()
         #: runs whose placements are still to be checked against the connected workers
-        self._unchecked: list[RunRecord] = []
+        self.unchecked: list[RunRecord] = []
         #: tasks waiting for room, and the worker held back for each this round
-        self._reserved: dict[TaskRecord, WorkerRecord] = {}
+        self.reserved: dict[TaskRecord, WorkerRecord] = {}
+
+    def __len__(self) -> int:
+        """Annotated tasks ready here (``SchedulerState.load``)."""
+        return len(self.placing)
+
+    def pending(self) -> bool:
+        """Whether a dispatch round has anything to do here."""
+        return bool(self.placing or self.unchecked)
 
     # -- hooks called by the state --------------------------------------------------------
 
-    def _mark_placements(self, run: RunRecord, added: Sequence[tuple[NewTask, TaskRecord]]) -> None:
+    def mark(self, run: RunRecord, added: Sequence[tuple[NewTask, TaskRecord]]) -> None:
         """New tasks of an annotated run get their placement before they are queued."""
         if run.settings is None or not run.settings.placements:
             return
         placements = run.settings.placements
         for _, record in added:
             record.placement = placements.get(record.key)
-        if run not in self._unchecked:
-            self._unchecked.append(run)
+        if run not in self.unchecked:
+            self.unchecked.append(run)
 
-    def _queue_placed(self, task: TaskRecord) -> None:
-        self.placing.push(task, task.priority, task.placement)
-        self._placements.add(task.placement)
+    def push(self, task: TaskRecord, placement: Placement) -> None:
+        """Queue a ready annotated task (``placement`` is its own)."""
+        self.placing.push(task, task.priority, placement)
+        self.placements.add(placement)
 
-    def _retries_of(self, task: TaskRecord) -> int:
-        """Re-runs allowed after crashes and lost workers: its annotation, else its run's."""
-        run = task.run
-        if run.settings is None:
-            return run.retries
-        return run.settings.retries.get(task.key, run.retries)
+    def remove(self, task: TaskRecord) -> None:
+        """It is no longer ready (nothing if it was not queued here)."""
+        self.placing.remove(task)
 
-    def _held_back(self, worker: WorkerRecord) -> int:
+    def held_back(self, worker: WorkerRecord) -> int:
         """Slots of ``worker`` that annotated tasks take beyond one each, or all of them
         while it is reserved for one; pruning what no longer holds anything there."""
         held = 0
         for task in list(worker.holding):
             if task.worker is worker and task.state == "processing":
-                held += task.placement.cores - 1
-            elif self._reserved.get(task) is worker:
+                held += _placement(task).cores - 1
+            elif self.reserved.get(task) is worker:
                 held += worker.cores
             else:
                 del worker.holding[task]
         return held
 
-    def _room(self, worker: WorkerRecord) -> int:
+    def room(self, worker: WorkerRecord) -> int:
         """Tasks ``worker`` could start now without going beyond its slots."""
-        held = self._held_back(worker) if worker.holding else 0
+        held = self.held_back(worker) if worker.holding else 0
         return worker.cores - len(worker.processing) - held
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _dispatch_placed(self) -> None:
+    def dispatch(self) -> None:
         """Fail new runs asking what no worker offers; place ready annotated tasks where
         they fit, best priority first; hold back a worker for each that fits nowhere yet."""
-        if self._unchecked and self.workers:
-            runs, self._unchecked = self._unchecked, []
+        if self.unchecked and self.workers:
+            runs, self.unchecked = self.unchecked, []
             for run in runs:
                 self._check_run(run)
-        self._reserved.clear()
+        self.reserved.clear()
         if not self.workers:
             return
         waiting: dict[Placement, TaskRecord] = {}
         while self.placing:
             best: tuple[TaskRecord, WorkerRecord] | None = None
-            for placement in list(self._placements):
+            for placement in list(self.placements):
                 task = self._front(placement)
                 if task is None:
                     continue
@@ -129,13 +164,13 @@ class Constraints:
             if best is None:
                 break
             task, worker = best
-            waiting.pop(task.placement, None)
+            waiting.pop(_placement(task), None)
             self.placing.remove(task)
             worker.holding[task] = None
             try:
-                self._transition(task, "processing", worker=worker)
+                self.transition(task, "processing", worker)
             except Exception as exc:
-                self._abort(task.run.id, exc, f"sending task {task.key!r} (id {task.id}) to "
+                self.abort(task.run.id, exc, f"sending task {task.key!r} (id {task.id}) to "
                             f"worker {worker.name}")  # fmt: skip
         for task in waiting.values():
             if task.state == "ready":
@@ -146,7 +181,7 @@ class Constraints:
         while True:
             task = self.placing.peek_for(placement, False)
             if task is None:
-                self._placements.discard(placement)
+                self.placements.discard(placement)
                 return None
             if task.state == "ready":
                 return task
@@ -173,16 +208,17 @@ class Constraints:
     def _fitting_worker(self, task: TaskRecord) -> WorkerRecord | None:
         """A worker with room for ``task`` now: where most of its inputs are, else the
         one with most free slots."""
-        placement = task.placement
-        target = self._target(task)
-        best, best_room = None, 0
+        placement = _placement(task)
+        near = target(task, self.full)
+        best: WorkerRecord | None = None
+        best_room = 0
         for worker in self._allowed(placement):
             if worker.memory - self._reserved_memory(worker) < placement.memory:
                 continue
-            room = self._room(worker)
+            room = self.room(worker)
             if room < placement.cores:
                 continue
-            if worker.id == target:
+            if worker.id == near:
                 return worker
             if best is None or room > best_room:
                 best, best_room = worker, room
@@ -191,30 +227,31 @@ class Constraints:
     def _reserved_memory(self, worker: WorkerRecord) -> int:
         if not worker.holding:
             return 0
-        self._held_back(worker)  # prune
+        self.held_back(worker)  # prune
         return sum(
-            task.placement.memory
+            _placement(task).memory
             for task in worker.holding
             if task.worker is worker and task.state == "processing"
         )
 
     def _reserve(self, task: TaskRecord) -> None:
         """Hold back, from new work, the worker that will soonest have room for ``task``."""
-        taken = set(self._reserved.values())
-        candidates = [w for w in self._holders(task.placement) if w not in taken]  # maybe none
+        taken = set(self.reserved.values())
+        candidates = [w for w in self._holders(_placement(task)) if w not in taken]  # maybe none
         if not candidates:
             return
-        worker = max(candidates, key=self._room)
-        self._reserved[task] = worker
+        worker = max(candidates, key=self.room)
+        self.reserved[task] = worker
         worker.holding[task] = None
 
     # -- what nobody offers -------------------------------------------------------------------
 
     def _check_run(self, run: RunRecord) -> None:
         """Fail a new run at once if one of its placements fits no connected worker."""
-        if self.runs.get(run.id) is not run:
+        settings = run.settings
+        if self.runs.get(run.id) is not run or settings is None:
             return
-        for placement, key in run.settings.examples.items():
+        for placement, key in settings.examples.items():
             if not self._holders(placement):
                 task = run.tasks.get(key)
                 if task is not None:
@@ -233,14 +270,14 @@ class Constraints:
         if more > 0:
             offers += f" and {more} more"
         message = (
-            f"it asks for {task.placement.describe()}, which no connected worker can hold "
+            f"it asks for {_placement(task).describe()}, which no connected worker can hold "
             f"(workers: {offers})"
         )
-        self._out.append(
+        self.out.append(
             RunFailed(run.id, task.key, "", None, "", message, False, run.run_seconds,
                       run.serialization_seconds)
         )  # fmt: skip
         try:
-            self._drop_run(run)
+            self.drop_run(run)
         except Exception as exc:
-            self._out.append(EventDropped(f"dropping run {run.id}", exc))
+            self.out.append(EventDropped(f"dropping run {run.id}", exc))

@@ -1,86 +1,108 @@
 """How runs end when something goes wrong, and how every run's tasks are forgotten.
 
-A mixin of ``state.SchedulerState`` (it uses the state's records and ``_transition``):
-failures of the event handlers themselves (``RunAborted``, ``EventDropped``), malformed
-reports, a task's failure ending its run, and the drop of a run that ended, which takes
-each of its tasks to the "forgotten" end of the transition table.
+A component of ``state.SchedulerState``: failures of the event handlers themselves
+(``RunAborted``, ``EventDropped``), malformed reports, a task's failure ending its run,
+and the drop of a run that ended, which takes each of its tasks to the "forgotten" end of
+the transition table (``dismiss``).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
 
+from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     AbortRun,
     BadReport,
-    BytesRelayed,
     CancelRun,
     EventDropped,
     ExtendRun,
     FromWorker,
+    Instruction,
     RunAborted,
     RunFailed,
     SubmitRun,
+    ToWorker,
     WorkerId,
     WorkerJoined,
     WorkerLost,
 )
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from daskvine_py.scheduler.records import Drop, RunRecord, TaskRecord, Transition, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
-logger = logging.getLogger("daskvine_py.manager")
 
+class Failures:
+    """Aborted, failed and finished runs, and the tasks they leave; see the module
+    docstring.
 
-class FailureHandling:
-    """The failure and drop half of ``SchedulerState``; see the module docstring."""
+    It shares the state's ``workers``, ``runs``, ``tasks``, ``queue`` and ``placing``
+    (``Constraints``) and appends to its ``out``; ``transition``, ``send`` and ``held``
+    are the state's; ``drop_run(run, sweep, failed)``: the state's drop of a run, which
+    lets the cache keep its results before ``forget_run``; ``settled(task)``: a task left
+    its worker (``Stealing.settled``).
+    """
 
-    # Provided by SchedulerState.
-    workers: dict[WorkerId, WorkerRecord]
-    runs: dict[int, RunRecord]
-    tasks: dict[int, TaskRecord]
-    _out: list[Any]
-    _transition: Any
-    _send: Any
-    _held: Any
-    _withdrawing: set[TaskRecord]
-    queue: Any
-    placing: Any
-    _cache_runs: dict[int, Any]
-    _cache_drop: Any
-    _cache_uploaded: Any
+    __slots__ = ("workers", "runs", "tasks", "out", "queue", "placing", "transition", "send",
+                 "held", "drop_run", "settled")  # fmt: skip
+
+    def __init__(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        runs: dict[int, RunRecord],
+        tasks: dict[int, TaskRecord],
+        out: list[Instruction],
+        queue: ReadyQueue[TaskRecord],
+        placing: ReadyQueue[TaskRecord],
+        transition: Transition,
+        send: Callable[[WorkerRecord, ToWorker], None],
+        held: Callable[[int, WorkerRecord], TaskRecord | None],
+        drop_run: Callable[[RunRecord, bool, TaskRecord | None], None],
+        settled: Callable[[TaskRecord], None],
+    ) -> None:
+        self.workers = workers
+        self.runs = runs
+        self.tasks = tasks
+        self.out = out
+        self.queue = queue
+        self.placing = placing
+        self.transition = transition
+        self.send = send
+        self.held = held
+        self.drop_run = drop_run
+        self.settled = settled
 
     # -- failures of the handlers themselves --------------------------------------------
 
-    def _on_handler_error(self, event: Any, exc: Exception, lost: Iterable[int]) -> None:
-        what = self._describe(event)
-        kind = type(event)
-        if kind in (SubmitRun, ExtendRun, CancelRun, AbortRun):
-            runs: Iterable[int] = (event.run_id,)
-        elif kind is WorkerLost:
+    def on_handler_error(self, event: object, exc: Exception, lost: Iterable[int]) -> None:
+        """Handling ``event`` raised ``exc``: the runs it concerns fail (``lost``: those
+        with work on a worker being lost, read before its records went)."""
+        what = self.describe(event)
+        runs: Iterable[int]
+        if isinstance(event, (SubmitRun, ExtendRun, CancelRun, AbortRun)):
+            runs = (event.run_id,)
+        elif isinstance(event, WorkerLost):
             runs = lost
-        elif kind is FromWorker:
+        elif isinstance(event, FromWorker):
             runs = self.runs_of(p.task_ids_named(event.message))
-        elif kind is BadReport:
+        elif isinstance(event, BadReport):
             runs = self.runs_of(event.task_ids)
         else:
             runs = ()
         runs = list(runs)
         if not runs:
-            self._out.append(EventDropped(what, exc))
+            self.out.append(EventDropped(what, exc))
         for run_id in runs:
-            self._abort(run_id, exc, what)
+            self.abort(run_id, exc, what)
 
-    def _abort(self, run_id: int, error: BaseException, what: str) -> None:
+    def abort(self, run_id: int, error: BaseException, what: str) -> None:
         """Fail a run with ``error`` and drop it, however far a handler got with it."""
-        self._out.append(RunAborted(run_id, error, what))
+        self.out.append(RunAborted(run_id, error, what))
         run = self.runs.get(run_id)
         if run is None:
             return  # over already, or its submission failed before it was recorded
         try:
-            self._drop_run(run, sweep=True)
+            self.drop_run(run, True, None)
         except Exception:  # never expected: forget it without cancelling anything
             for task in run.tasks.values():
                 self.tasks.pop(task.id, None)
@@ -97,7 +119,7 @@ class FailureHandling:
                 runs[task.run.id] = None
         return list(runs)
 
-    def _runs_on(self, worker_id: WorkerId) -> list[int]:
+    def runs_on(self, worker_id: WorkerId) -> list[int]:
         """The runs with tasks processing on, or results held by, a worker."""
         worker = self.workers.get(worker_id)
         if worker is None:
@@ -106,13 +128,14 @@ class FailureHandling:
         runs.update((task.run.id, None) for task in worker.has_what)
         return list(runs)
 
-    def _describe(self, event: Any) -> str:
+    def describe(self, event: object) -> str:
         """An event in words, for error messages: its kind, its task and key, its worker."""
         kind = type(event)
-        if kind is FromWorker or kind is BadReport:
+        if isinstance(event, (FromWorker, BadReport)):
             worker = self.workers.get(event.worker)
             name = worker.name if worker is not None else f"{event.worker!r:.40} (unknown)"
-            if kind is FromWorker:
+            ids: tuple[int, ...]
+            if isinstance(event, FromWorker):
                 record = type(event.message).__name__
                 ids = p.task_ids_named(event.message)
             else:
@@ -124,26 +147,26 @@ class FailureHandling:
                 more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
                 about = f" about task {key}(id {ids[0]}){more}"
             return f"a {record}{about} from worker {name}"
-        if kind is SubmitRun:
+        if isinstance(event, SubmitRun):
             return f"the submission of run {event.run_id}"
-        if kind is ExtendRun:
+        if isinstance(event, ExtendRun):
             return f"more tasks of run {event.run_id}"
-        if kind is CancelRun:
+        if isinstance(event, CancelRun):
             return f"the cancellation of run {event.run_id}"
-        if kind is AbortRun:
+        if isinstance(event, AbortRun):
             return event.what
-        if kind is WorkerJoined:
+        if isinstance(event, WorkerJoined):
             return f"worker {event.name} joining"
-        if kind is WorkerLost:
+        if isinstance(event, WorkerLost):
             worker = self.workers.get(event.worker)
             name = worker.name if worker is not None else repr(event.worker)
             return f"the loss of worker {name} ({event.reason})"
         return f"a {kind.__name__} event"
 
-    def _on_abort(self, ev: AbortRun) -> None:
-        self._abort(ev.run_id, ev.error, ev.what)
+    def on_abort(self, ev: AbortRun) -> None:
+        self.abort(ev.run_id, ev.error, ev.what)
 
-    def _on_bad_report(self, ev: BadReport) -> None:
+    def on_bad_report(self, ev: BadReport) -> None:
         """The runs of the tasks a malformed report names, processing on its sender, fail:
         the report was all the manager would have heard of them."""
         worker = self.workers.get(ev.worker)
@@ -151,14 +174,14 @@ class FailureHandling:
             return  # nothing runs there: nothing waits on it (the manager logged it)
         runs: dict[int, None] = {}
         for task_id in ev.task_ids:
-            task = self._held(task_id, worker)
+            task = self.held(task_id, worker)
             if task is not None:
                 runs[task.run.id] = None
-        what = self._describe(ev)
+        what = self.describe(ev)
         for run_id in runs:
-            self._abort(run_id, ev.error, what)
+            self.abort(run_id, ev.error, what)
 
-    def _fail(
+    def fail(
         self,
         task: TaskRecord,
         worker: WorkerRecord,
@@ -167,16 +190,17 @@ class FailureHandling:
         message: str,
         crashed: bool,
     ) -> None:
+        """``task`` failed on ``worker``, and its run with it."""
         run = task.run
-        self._out.append(
+        self.out.append(
             RunFailed(
                 run.id, task.key, worker.name, exception, traceback, message, crashed,
                 run.run_seconds, run.serialization_seconds,
             )
         )  # fmt: skip
-        self._drop_run(run, failed=task)
+        self.drop_run(run, False, task)
 
-    def _drop_run(
+    def forget_run(
         self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None
     ) -> None:
         """Forget a finished, failed or cancelled run; cancel and release its work.
@@ -186,16 +210,11 @@ class FailureHandling:
         aborted by an exception, maybe half-way through a transition): also look for its
         tasks in every worker's records, whatever their states say.
         """
-        if self._cache_runs:
-            self._cache_drop(run)  # its cacheable results outlive it
-        cancel: dict[WorkerRecord, list[int]] = {}
-        release: dict[WorkerRecord, list[int]] = {}
+        drop = Drop(failed, sweep)
+        cancel, release = drop.cancel, drop.release
         for task in run.tasks.values():
             if task.state != "forgotten":  # else a drop that raised half-way went first
-                self._transition(
-                    task, "forgotten", cancel=None if task is failed else cancel,
-                    release=release, sweep=sweep,
-                )  # fmt: skip
+                self.dismiss(task, drop)
         if sweep:
             for worker in self.workers.values():
                 for task in [t for t in worker.processing if t.run is run]:
@@ -206,99 +225,34 @@ class FailureHandling:
                     release.setdefault(worker, []).append(task.id)
         for worker, ids in cancel.items():
             if worker.id in self.workers:
-                self._send(worker, p.Cancel(tuple(ids)))
+                self.send(worker, p.Cancel(tuple(ids)))
         for worker, ids in release.items():
             if worker.id in self.workers:
-                self._send(worker, p.Release(tuple(ids)))
+                self.send(worker, p.Release(tuple(ids)))
         if run.config is not None:
             for worker in self.workers.values():
                 worker.configs.discard(run.id)
         self.runs.pop(run.id, None)
 
-    # -- the "forgotten" end of every task (steps of the transition table) ---------------
+    # -- the "forgotten" end of every task ----------------------------------------------
 
-    def _processing_to_forgotten(
-        self, task: TaskRecord, cancel: dict | None, release: dict, sweep: bool
-    ) -> None:
-        self._forget(task, cancel, release, True, sweep)
-
-    def _to_forgotten(
-        self, task: TaskRecord, cancel: dict | None, release: dict, sweep: bool
-    ) -> None:
-        self._forget(task, cancel, release, False, sweep)
-
-    def _forget(
-        self,
-        task: TaskRecord,
-        cancel: dict | None,
-        release: dict,
-        was_processing: bool,
-        sweep: bool,
-    ) -> None:
-        """Drop the task from every record; what its workers must hear goes in ``cancel``
-        (None: nothing) and ``release``. ``sweep``: its state may be wrong, so look for it
-        in its worker's records whatever it says."""
+    def dismiss(self, task: TaskRecord, drop: Drop) -> None:
+        """Take ``task`` to "forgotten" and drop it from every record; what its workers
+        must hear goes in ``drop``. With ``drop.sweep`` its state may be wrong, so look
+        for it in its worker's records whatever it says."""
+        was_processing = task.state == "processing"
+        self.transition(task, "forgotten")
         worker = task.worker
-        if worker is not None and (was_processing or sweep):
+        if worker is not None and (was_processing or drop.sweep):
             listed = worker.processing.pop(task, False) is None
-            if (listed or was_processing) and cancel is not None:
-                cancel.setdefault(worker, []).append(task.id)
+            if (listed or was_processing) and task is not drop.spared:
+                drop.cancel.setdefault(worker, []).append(task.id)
             task.worker = None
-        self._withdrawing.discard(task)
+        self.settled(task)
         self.queue.remove(task)  # nothing if not queued
         self.placing.remove(task)
+        release = drop.release
         for holder in task.who_has:
             holder.has_what.discard(task)
             release.setdefault(holder, []).append(task.id)
         self.tasks.pop(task.id, None)
-
-    # -- copies that cannot be had (a dead library, unreachable peers) ---------------
-
-    def _on_relay(self, worker: WorkerRecord, msg: p.Relay) -> None:
-        """``worker`` could reach no holder of these inputs: one holder uploads each to
-        the manager, which forwards it (``_on_uploaded``). Slower than a peer transfer,
-        but it does not fail the task."""
-        for dep_id in msg.task_ids:
-            dep = self.tasks.get(dep_id)
-            holders = [] if dep is None or dep.state != "memory" else list(dep.who_has)
-            holders = [h for h in holders if h is not worker]
-            if not holders:
-                self._send(worker, p.Relayed(dep_id, None))
-                continue
-            waiting = self.relays.get(dep_id)
-            if waiting is None:
-                waiting = self.relays[dep_id] = set()
-                holder = min(holders, key=lambda h: h.name)
-                self._send(holder, p.Upload((dep_id,)))
-                pair = (holder.name, worker.name)
-                if pair not in self.unreachable_pairs:
-                    self.unreachable_pairs.add(pair)
-                    logger.warning(
-                        "worker %s cannot fetch results from worker %s (%s); they go "
-                        "through the manager", worker.name, holder.name, holder.peer_address,
-                    )  # fmt: skip
-            waiting.add(worker)
-
-    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
-        task = self.tasks.get(msg.task_id)
-        run_id = task.run.id if task is not None else 0
-        for reader in self.relays.pop(msg.task_id, ()):
-            if self.workers.get(reader.id) is reader:
-                self._send(reader, p.Relayed(msg.task_id, msg.value))
-                if msg.value is not None:
-                    nbytes = msg.value.nbytes
-                    self._out.append(BytesRelayed(run_id, worker.name, reader.name, nbytes))
-        self._cache_uploaded(worker, msg)  # outputs of the cache, results for its disk
-
-    def _on_lost(self, worker: WorkerRecord, msg: p.Lost) -> None:
-        """Results ``worker`` no longer holds (a library process died with them)."""
-        lost = []
-        for task_id in msg.task_ids:
-            task = self.tasks.get(task_id)
-            if task is None or worker not in task.who_has:
-                continue
-            task.who_has.discard(worker)
-            worker.has_what.discard(task)
-            if not task.who_has and task.state == "memory":
-                lost.append(task)
-        self._lose(lost)

@@ -1,23 +1,25 @@
 """Where tasks go for their inputs: locality targets, sending ahead, siblings together.
 
-A mixin of ``state.SchedulerState``. A ready task is queued for the worker holding most
-of its input bytes (``_target``); a task whose inputs are all being computed on one
-worker is sent there before they are done (``_send_ahead``), so the worker starts it
+A component of ``state.SchedulerState``. A ready task is queued for the worker holding most
+of its input bytes (``target``); a task whose inputs are all being computed on one
+worker is sent there before they are done (``send_ahead``), so the worker starts it
 without a manager round trip; and tasks without inputs, which have no locality of their
-own, are queued for the worker that took a sibling (``_pull_siblings``), so the inputs of
+own, are queued for the worker that took a sibling (``pull_siblings``), so the inputs of
 one reader meet instead of one of them crossing between workers.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from daskvine_py.scheduler.records import TaskRecord, WorkerId, WorkerRecord
+from daskvine_py.scheduler.matching import ReadyQueue
+from daskvine_py.scheduler.messages import WorkerId
+from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
 
 #: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
 #: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
 CHAIN_AHEAD = 256
-#: Sibling co-assignment's bounds (``_pull_siblings``): readers of the task taken, and
+#: Sibling co-assignment's bounds (``pull_siblings``): readers of the task taken, and
 #: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
 #: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
 #: ``SIBLING_INPUTS`` also bounds the inputs of a reader sent ahead for several of them.
@@ -25,33 +27,49 @@ SIBLING_READERS = 4
 SIBLING_INPUTS = 8
 
 
+def target(task: TaskRecord, full: set[WorkerRecord]) -> WorkerId | None:
+    """The worker holding most of the task's input bytes, if any (not a ``full`` one)."""
+    if not task.deps:
+        return None
+    held: dict[WorkerRecord, int] = {}
+    for dep in task.deps:
+        size = dep.nbytes + 1
+        for holder in dep.who_has:
+            held[holder] = held.get(holder, 0) + size
+    if full:
+        held = {w: size for w, size in held.items() if not w.full}
+    if not held:
+        return None
+    return max(held, key=held.__getitem__).id
+
+
 class Locality:
-    """The placement half of ``SchedulerState``; see the module docstring."""
+    """Sending ahead and sibling pulls; see the module docstring (``target`` is a function).
 
-    workers: dict[Any, WorkerRecord]
-    queue: Any
-    chain_ahead: int
-    sibling_inputs: int
-    _full: int
-    _extra: Any
-    _transition: Any
+    ``extra(worker, task)``: the tasks ``worker`` holds beyond its cores for one like
+    ``task`` (saturation); ``transition(task, "processing", worker)``: send a task.
+    """
 
-    def _target(self, task: TaskRecord) -> WorkerId | None:
-        """The worker holding most of the task's input bytes, if any."""
-        if not task.deps:
-            return None
-        held: dict[WorkerRecord, int] = {}
-        for dep in task.deps:
-            size = dep.nbytes + 1
-            for holder in dep.who_has:
-                held[holder] = held.get(holder, 0) + size
-        if self._full:
-            held = {w: size for w, size in held.items() if not w.full}
-        if not held:
-            return None
-        return max(held, key=held.__getitem__).id
+    __slots__ = ("queue", "extra", "transition", "chain_ahead", "sibling_inputs")
 
-    def _pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def __init__(
+        self,
+        queue: ReadyQueue[TaskRecord],
+        extra: Callable[[WorkerRecord, TaskRecord], int],
+        transition: Transition,
+        chain_ahead: int = CHAIN_AHEAD,
+        sibling_inputs: int = SIBLING_INPUTS,
+    ) -> None:
+        self.queue = queue
+        self.extra = extra
+        self.transition = transition
+        #: links of a linear chain sent ahead beyond saturation (``send_ahead``)
+        self.chain_ahead = chain_ahead
+        #: input-less tasks are queued for the worker of a sibling when their reader has
+        #: at most this many inputs (``pull_siblings``; 0: never)
+        self.sibling_inputs = sibling_inputs
+
+    def pull_siblings(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Queue the input-less siblings of ``task`` (other inputs of the tasks it feeds)
         for the worker that took it.
 
@@ -63,10 +81,10 @@ class Locality:
         to tasks read by few with few inputs, so an all-to-all step costs nothing here.
         """
         dependents = task.dependents
-        if len(dependents) > SIBLING_READERS:
+        limit = self.sibling_inputs
+        if len(dependents) > SIBLING_READERS or not limit:
             return
         queue = self.queue
-        limit = self.sibling_inputs
         for dependent in dependents:
             deps = dependent.deps
             if len(deps) > limit:
@@ -81,10 +99,10 @@ class Locality:
                     sibling.pulled = True
                     queue.push(sibling, sibling.priority, worker.id)
 
-    def _send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Send dependents of ``task`` (just given to ``worker``) there now, when every
         input they miss is being computed there (``_behind``): ``task`` alone, or it and
-        its siblings (the pair ``x[i, j]``, ``x[j, i]`` that ``_pull_siblings`` put on one
+        its siblings (the pair ``x[i, j]``, ``x[j, i]`` that ``pull_siblings`` put on one
         worker, say).
 
         The worker starts them the moment their inputs are ready, without a round trip to
@@ -94,16 +112,18 @@ class Locality:
         """
         if worker.full or task.unread is None:  # (a cached output: maybe not kept there)
             return
+        extra = self.extra
+        transition = self.transition
         while True:
             follower = next((d for d in task.dependents if _behind(d, worker)), None)
             if follower is None or follower.placement is not None:  # annotated: placed alone
                 return
-            bound = worker.cores + self._extra(worker, follower)
+            bound = worker.cores + extra(worker, follower)
             if len(task.dependents) == 1 and len(follower.deps) == 1:
                 bound += self.chain_ahead
             if len(worker.processing) >= bound:
                 return
-            self._transition(follower, "processing", worker=worker)
+            transition(follower, "processing", worker)
             task = follower
 
 

@@ -199,8 +199,8 @@ class ReadyQueue(Generic[T]):
 
     def peek_for(self, worker: Hashable, steal: bool = True) -> T | None:
         """What ``pop_for(worker, steal)`` would return, left in the queue."""
-        lane = self._lane_for(worker, steal)
-        return None if lane is None else self._item_of[lane.first() & _TICKET_MASK]
+        lane = self._lane_for(worker, steal)  # (whose front is live: not empty)
+        return None if lane is None else self._item_of[-lane.chunks[-1][-1] & _TICKET_MASK]
 
     def _lane_for(self, worker: Hashable, steal: bool = True) -> Lane | None:
         """The lane whose live front is the best item for ``worker``, if any."""
@@ -215,17 +215,17 @@ class ReadyQueue(Generic[T]):
 
     def _lane_to_steal_from(self) -> Lane | None:
         """The lane of every targeted entry, if any is live (own and shared are empty)."""
-        if self._all is None:
+        steal = self._all
+        if steal is None:
             if not self._targeted:
                 return None
-            self._compact_steal_lane()
-        steal = self._all
+            steal = self._compact_steal_lane()
         if self._front(steal) is not None:
             return steal
         self._all = None  # nothing left to steal: stop keeping it
         return None
 
-    def _compact_steal_lane(self) -> None:
+    def _compact_steal_lane(self) -> Lane:
         """(Re)build the steal lane from the live targeted entries."""
         item_of = self._item_of
         live = Lane()
@@ -235,6 +235,7 @@ class ReadyQueue(Generic[T]):
                 if entry & _TICKET_MASK in item_of:
                     live.push(entry)
         self._all = live
+        return live
 
     def _front(self, lane: Lane) -> int | None:
         """The live front entry of ``lane``, discarding stale ones."""

@@ -8,10 +8,14 @@ the second. Imported by ``state`` and re-exported there: ``state.SubmitRun`` etc
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:  # (it reads ``Key`` from here)
+    from daskvine_py.scheduler.cache_placement import RunCache
 
 Key = Hashable
 WorkerId = bytes
@@ -49,9 +53,9 @@ class SubmitRun(NamedTuple):
     #: someone watches it (progress, report, event log): ``Dispatched``/``TaskFinished``
     watched: bool = False
     #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
-    settings: Any = None
-    #: its cache plan (``state_cache.RunCache``, ``get(cache=True)``); None: no cache
-    cache: Any = None
+    settings: RunSettings | None = None
+    #: its cache plan (``cache_placement.RunCache``, ``get(cache=True)``); None: no cache
+    cache: RunCache | None = None
 
 
 class ExtendRun(NamedTuple):
@@ -85,7 +89,7 @@ class FromWorker(NamedTuple):
     ``Replicas``, ``Withdrawn`` or ``DiskFull``."""
 
     worker: WorkerId
-    message: Any
+    message: object
 
 
 class BadReport(NamedTuple):
@@ -106,12 +110,23 @@ class AbortRun(NamedTuple):
     what: str  #: what was being done, for the message: "a TaskDone from worker w1"
 
 
+class CacheClear(NamedTuple):
+    """Event: forget every cached result (their workers release them)."""
+
+
 # -- instructions ---------------------------------------------------------------------
+
+#: What the state sends a worker.
+ToWorker = (
+    p.Execute | p.RunConfig | p.Function | p.Release | p.Cancel | p.Withdraw | p.Upload
+    | p.Relayed | p.Replicate
+)  # fmt: skip
+
 
 
 class Send(NamedTuple):
     worker: WorkerId
-    message: Any
+    message: ToWorker
 
 
 class RunOutput(NamedTuple):
@@ -194,4 +209,21 @@ class TaskFinished(NamedTuple):
     run_id: int
     key: Key
     worker: str  #: the worker's name
+    #: ``p.TaskDone``, ``p.TaskErred`` or ``p.TaskCrashed`` (read by kind, so untyped)
     report: Any
+
+
+class CacheWrite(NamedTuple):
+    """Instruction: write this result to the run's cache directory."""
+
+    store: object  #: ``RunCache.persist`` (opaque here)
+    key: bytes
+    value: Serialized
+    seconds: float
+
+
+#: Everything ``state.SchedulerState.handle`` returns.
+Instruction = (
+    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | BytesRelayed
+    | BytesInlined | Dispatched | TaskFinished | CacheWrite
+)  # fmt: skip

@@ -7,12 +7,13 @@ one ``TaskRecord`` per task of every run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
 from daskvine_py.scheduler.messages import Key, WorkerId
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized
 
 TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", "forgotten"]
 
@@ -31,16 +32,16 @@ class WorkerRecord:
         peer_address: str,
         memory: int = 0,
         hostname: str = "",
-    ):
+    ) -> None:
         self.id = id
         self.name = name
         self.cores = cores
         self.peer_address = peer_address
         #: bytes of memory it offers for results (``--memory``), and its host's name:
-        #: what annotated tasks are placed by (``state_constraints``)
+        #: what annotated tasks are placed by (``constraints``)
         self.memory = memory
         self.hostname = hostname
-        #: annotated tasks placed or waiting for room here (``state_constraints``)
+        #: annotated tasks placed or waiting for room here (``constraints``)
         self.holding: dict[TaskRecord, None] = {}
         #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
         self.processing: dict[TaskRecord, None] = {}
@@ -74,7 +75,7 @@ class RunRecord:
         config: p.RunConfig | None = None,
         watched: bool = False,
         settings: RunSettings | None = None,
-    ):
+    ) -> None:
         self.id = id
         #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
         self.settings = settings
@@ -113,9 +114,9 @@ class TaskRecord:
         run: RunRecord,
         payload: bytes,
         functions: tuple[bytes, ...],
-        priority: Any,
+        priority: int,
         prefix: str,
-    ):
+    ) -> None:
         self.id = id
         self.key = key
         self.run = run
@@ -137,7 +138,7 @@ class TaskRecord:
         self.nbytes = 0
         #: the result itself while in memory, when small (``protocol.inlinable``): tasks
         #: on other workers get it inside their ``Execute`` instead of fetching it
-        self.value: p.Serialized | None = None
+        self.value: Serialized | None = None
         #: the worker it is processing on
         self.worker: WorkerRecord | None = None
         self.is_output = False
@@ -152,8 +153,37 @@ class TaskRecord:
         #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
         self.placement: Placement | None = None
         #: an input-less task queued for the worker that took a sibling (one that feeds
-        #: the same task): see ``SchedulerState._pull_siblings``
+        #: the same task): see ``Locality.pull_siblings``
         self.pulled = False
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
+
+
+def needed(task: TaskRecord) -> bool:
+    """Whether a result must be kept: a task still reads it, or it is an output owed."""
+    return task.waiters > 0 or (task.is_output and not task.delivered)
+
+
+class Drop:
+    """What the drop of a run collects as its tasks are forgotten: the task ids each
+    worker must cancel and release; ``spared``, a task whose worker is done with it (the
+    one that failed the run: no ``Cancel``); ``sweep``, look for the tasks in their
+    workers' records whatever their states say (a run aborted half-way through)."""
+
+    __slots__ = ("cancel", "release", "spared", "sweep")
+
+    def __init__(self, spared: TaskRecord | None = None, sweep: bool = False) -> None:
+        self.cancel: dict[WorkerRecord, list[int]] = {}
+        self.release: dict[WorkerRecord, list[int]] = {}
+        self.spared = spared
+        self.sweep = sweep
+
+
+class Transition(Protocol):
+    """``SchedulerState._transition``, as components call it: move ``task`` to ``finish``
+    (``worker``: where it goes to processing or memory)."""
+
+    def __call__(
+        self, task: TaskRecord, finish: TaskStateName, worker: WorkerRecord | None = None
+    ) -> None: ...

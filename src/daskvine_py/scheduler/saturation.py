@@ -12,15 +12,17 @@ tasks that found a free core: their turnaround minus their run time is pure over
 ``extra`` is bounded: too much prefetch leaves work queued on one worker while another
 idles (the manager also takes unstarted work back for idle workers).
 
-Everything here is a pure function of its samples; no clocks are read.
+Everything here is a pure function of its samples; no clocks are read. ``Saturation`` is
+the state's component that applies it to each worker.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from daskvine_py.ema import Ema
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 
 #: Assumed round trip before a worker has been measured, in seconds.
 DEFAULT_ROUND_TRIP = 0.001
@@ -68,3 +70,40 @@ def extra_tasks(
     trip = DEFAULT_ROUND_TRIP if round_trip is None else round_trip
     wanted = math.ceil(cores * trip / max(duration, MIN_DURATION))
     return max(0, min(wanted, cores * max_extra_per_core))
+
+
+class Saturation:
+    """How many tasks each worker holds beyond its cores: ``extra(worker, task)``.
+
+    ``held_back(worker)``: the slots annotated tasks take there beyond one each
+    (``Constraints.held_back``), which leave no room for extras at all.
+    """
+
+    __slots__ = ("durations", "held_back", "max_extra_tasks_per_core",
+                 "fixed_extra_tasks_per_core")  # fmt: skip
+
+    def __init__(
+        self,
+        durations: DurationEstimates,
+        held_back: Callable[[WorkerRecord], int],
+        max_extra_tasks_per_core: int = 16,
+        fixed_extra_tasks_per_core: int | None = None,
+    ) -> None:
+        self.durations = durations
+        self.held_back = held_back
+        #: bound on the tasks a worker holds beyond one per core
+        self.max_extra_tasks_per_core = max_extra_tasks_per_core
+        #: when set, every worker holds exactly this many extra per core (no EMA sizing)
+        self.fixed_extra_tasks_per_core = fixed_extra_tasks_per_core
+
+    def extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
+        """Tasks ``worker`` may hold beyond its cores when the next is one like ``task``
+        (negative: annotated tasks there take more than their one slot each)."""
+        if worker.holding and (held := self.held_back(worker)):
+            return -held
+        if self.fixed_extra_tasks_per_core is not None:
+            return worker.cores * self.fixed_extra_tasks_per_core
+        trip = worker.round_trip.value if worker.round_trip.count else None
+        return extra_tasks(
+            worker.cores, self.durations.get(task.prefix), trip, self.max_extra_tasks_per_core
+        )

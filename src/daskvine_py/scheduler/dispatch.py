@@ -1,0 +1,198 @@
+"""Ready tasks to workers: the dispatch round, and what a worker is sent with a task.
+
+A component of ``state.SchedulerState``. Each ``handle`` call ends with a round
+(``dispatch``): annotated tasks first (``Constraints``), then every worker below its
+saturation (``Saturation.extra``) takes the best task for it from the ready queue, one per
+worker in turn, and the links behind it are sent ahead (``Locality``); when the queue runs
+dry, idle cores ask busy workers for queued tasks back (``Stealing``). A task given to a
+worker goes as an ``Execute`` (``assign``), preceded, once per worker, by its run's
+``RunConfig`` and the functions it references; small inputs held at the manager travel
+inside it, and their bytes are counted per worker (``BytesInlined``). A worker whose store
+is full (``DiskFull``) gets no new work while another has room.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+
+from daskvine_py.scheduler.constraints import Constraints
+from daskvine_py.scheduler.matching import ReadyQueue
+from daskvine_py.scheduler.messages import (
+    BytesInlined,
+    Dispatched,
+    EventDropped,
+    Instruction,
+    ToWorker,
+    WorkerId,
+)
+from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import OUT_OF_BAND_MIN_BYTES
+
+#: ``locations(task, deps)``: a task's inputs as its payload names them (``Caching``).
+Locations = Callable[[TaskRecord, tuple[p.DepLocation, ...]], tuple[p.DepLocation, ...]]
+
+
+class Dispatch:
+    """The dispatch round and the ``Execute`` of each task sent; see the module docstring.
+
+    It shares the state's ``workers``, ``queue`` and ``full`` (workers whose store is
+    full) and appends to its ``out``; ``transition``, ``send`` and ``abort`` are the
+    state's; ``extra``, ``send_ahead`` and ``steal`` are the other components' steps;
+    ``locations`` renames inputs for cache runs, only called while ``cache_runs`` is not
+    empty. ``now`` is set by the state at each ``handle``.
+    """
+
+    __slots__ = ("workers", "queue", "full", "out", "transition", "send", "abort",
+                 "constraints", "extra", "send_ahead", "steal", "locations", "cache_runs",
+                 "now", "inlined")  # fmt: skip
+
+    def __init__(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        queue: ReadyQueue[TaskRecord],
+        full: set[WorkerRecord],
+        out: list[Instruction],
+        transition: Transition,
+        send: Callable[[WorkerRecord, ToWorker], None],
+        abort: Callable[[int, BaseException, str], None],
+        constraints: Constraints,
+        extra: Callable[[WorkerRecord, TaskRecord], int],
+        send_ahead: Callable[[TaskRecord, WorkerRecord], None],
+        steal: Callable[[], None],
+        locations: Locations,
+        cache_runs: Mapping[int, object],
+    ) -> None:
+        self.workers = workers
+        self.queue = queue
+        self.full = full
+        self.out = out
+        self.transition = transition
+        self.send = send
+        self.abort = abort
+        self.constraints = constraints
+        self.extra = extra
+        self.send_ahead = send_ahead
+        self.steal = steal
+        self.locations = locations
+        self.cache_runs = cache_runs
+        self.now = 0.0
+        #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
+        self.inlined: dict[WorkerRecord, int] = {}
+
+    def dispatch(self) -> None:
+        """Give ready tasks to workers below their saturation, one per worker per round.
+
+        Workers first take their own (targeted) and untargeted work, and only then work
+        targeted elsewhere: when both are free, a task runs where its inputs are. Then,
+        if cores are idle and no task is queued here, take back tasks that wait
+        unstarted on a worker with more tasks than cores.
+        """
+        if self.constraints.pending():
+            self.constraints.dispatch()
+        workers = list(self.workers.values())
+        if self.full:
+            # When every worker is full, waiting for room could wait forever: overflow.
+            workers = [w for w in workers if not w.full] or workers
+        queue, extra, transition = self.queue, self.extra, self.transition
+        for steal in (False, True):
+            hungry = workers
+            while hungry and queue:
+                still_hungry = []
+                for worker in hungry:
+                    task = queue.peek_for(worker.id, steal)
+                    if task is None:
+                        continue
+                    if len(worker.processing) >= worker.cores + extra(worker, task):
+                        continue
+                    queue.pop_for(worker.id, steal)
+                    try:
+                        transition(task, "processing", worker)
+                        self.send_ahead(task, worker)
+                    except Exception as exc:
+                        what = f"sending task {task.key!r} (id {task.id}) to worker {worker.name}"
+                        self.abort(task.run.id, exc, what)
+                        continue
+                    still_hungry.append(worker)
+                hungry = still_hungry
+        if not queue:
+            try:
+                self.steal()
+            except Exception as exc:  # stealing is an optimisation: runs go on without it
+                self.out.append(EventDropped("taking queued tasks back for idle workers", exc))
+
+    def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """Record ``task`` as processing on ``worker`` and send it there."""
+        task.worker = worker
+        task.sent_at = self.now
+        # Only tasks that can start at once measure the round trip.
+        task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
+        worker.processing[task] = None
+        run = task.run
+        send = self.send
+        config_id = 0  # the defaults: nothing to announce
+        if run.config is not None:
+            config_id = run.id
+            if run.id not in worker.configs:
+                worker.configs.add(run.id)
+                send(worker, run.config)
+        for fid in task.functions:
+            if fid not in worker.functions:
+                worker.functions.add(fid)
+                send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
+        deps = tuple(_location(dep, worker) for dep in task.deps)
+        if self.cache_runs:
+            deps = self.locations(task, deps)  # results of other runs, by our keys
+        for dep in deps:
+            if dep.value is not None:  # inline: bytes moved from the manager
+                self.inlined[worker] = self.inlined.get(worker, 0) + len(dep.value.header)
+        send(
+            worker,
+            p.Execute(
+                task.id, task.key, task.payload, deps, task.is_output, config_id,
+                None if task.unread is None else not task.unread,
+            ),
+        )  # fmt: skip
+        if run.watched:
+            self.out.append(Dispatched(run.id, task.id, task.key, task.prefix, worker.name))
+
+    def on_disk_full(self, worker: WorkerRecord, msg: p.DiskFull) -> None:
+        """A full worker finishes what it holds and serves peers, but gets no new work."""
+        full = msg.full
+        if full is worker.full:
+            return
+        worker.full = full
+        if full:
+            self.full.add(worker)
+            self.queue.forget_target(worker.id)
+        else:
+            self.full.discard(worker)
+
+    def count_inlined(self) -> None:
+        """The bytes moved inside ``Execute`` since the last call, per worker."""
+        if self.inlined:
+            for worker, nbytes in self.inlined.items():
+                self.out.append(BytesInlined(worker.id, worker.name, nbytes))
+            self.inlined = {}
+
+
+def _out_of_band(code: bytes) -> bytes | pickle.PickleBuffer:
+    """Large function bytes (big closures) travel as their own frame."""
+    return pickle.PickleBuffer(code) if len(code) >= OUT_OF_BAND_MIN_BYTES else code
+
+
+def _location(dep: TaskRecord, worker: WorkerRecord) -> p.DepLocation:
+    """Where ``worker`` finds an input of a task: inline when small and not held there."""
+    if dep.value is not None and worker not in dep.who_has:
+        return p.DepLocation(dep.id, dep.key, (), dep.value)
+    return p.DepLocation(dep.id, dep.key, _peers(dep, worker))
+
+
+def _peers(dep: TaskRecord, worker: WorkerRecord) -> tuple[str, ...] | None:
+    """Where ``worker`` finds an input: () it holds it, None it is computing it, else peers."""
+    if worker in dep.who_has:
+        return ()
+    if dep.state == "processing":
+        return None
+    return tuple(holder.peer_address for holder in dep.who_has)

@@ -1,0 +1,72 @@
+"""The ``Stealing`` component alone: asking queued tasks back for idle cores, and what
+the busy worker gives back."""
+
+from __future__ import annotations
+
+from daskvine_py.scheduler.matching import ReadyQueue
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from daskvine_py.scheduler.stealing import Stealing
+from daskvine_py.wire import protocol as p
+
+
+def setup(busy_tasks: int = 4):
+    busy = WorkerRecord(b"busy", "busy", 1, "tcp://busy:1")
+    idle = WorkerRecord(b"idle", "idle", 2, "tcp://idle:1")
+    run = RunRecord(1, 0, ())
+    tasks = {}
+    for i in range(1, busy_tasks + 1):
+        t = TaskRecord(i, f"t{i}", run, b"", (), i, "t")
+        t.state, t.worker = "processing", busy
+        busy.processing[t] = None
+        tasks[i] = t
+    sent: list[tuple[str, object]] = []
+    moves: list[tuple[int, str, str | None]] = []
+
+    def transition(task, finish, worker=None):
+        moves.append((task.id, finish, worker and worker.name))
+        if task.worker is not None:
+            task.worker.processing.pop(task, None)
+        task.state, task.worker = finish, worker
+        if worker is not None:
+            worker.processing[task] = None
+
+    def held(task_id, worker):
+        task = tasks.get(task_id)
+        return task if task is not None and task.worker is worker else None
+
+    def room(w):
+        return w.cores - len(w.processing)
+
+    stealing = Stealing(
+        {w.id: w for w in (busy, idle)}, ReadyQueue(), room,
+        lambda w, m: sent.append((w.name, m)), held, transition,
+    )  # fmt: skip
+    return stealing, busy, idle, tasks, sent, moves
+
+
+def test_idle_cores_ask_the_newest_queued_tasks_back_once():
+    stealing, busy, idle, tasks, sent, moves = setup()
+    stealing.steal_for_idle_workers()
+    # Two idle cores; the busy worker runs one task and queues three: the newest go.
+    assert sent == [("busy", p.Withdraw((4, 3)))]
+    assert stealing.withdrawing == {tasks[3], tasks[4]}
+    stealing.steal_for_idle_workers()
+    assert len(sent) == 1  # enough asked for already
+    stealing.settled(tasks[3])  # it finished there after all
+    assert stealing.withdrawing == {tasks[4]}
+
+
+def test_a_task_given_back_goes_straight_to_an_idle_worker():
+    stealing, busy, idle, tasks, sent, moves = setup()
+    stealing.on_withdrawn(busy, p.Withdrawn((4, 99)))  # 99: stale, ignored
+    assert moves == [(4, "ready", None), (4, "processing", "idle")]
+    tasks[2].missing = 1  # sent ahead of an input: it waits for it here
+    stealing.on_withdrawn(busy, p.Withdrawn((2,)))
+    assert moves[-1] == (2, "waiting", None)
+
+
+def test_nothing_is_asked_when_no_core_is_idle():
+    stealing, busy, idle, tasks, sent, moves = setup(busy_tasks=1)
+    stealing.workers.pop(b"idle")
+    stealing.steal_for_idle_workers()
+    assert sent == []
