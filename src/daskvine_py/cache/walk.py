@@ -525,6 +525,7 @@ def _walk_for(kind: type) -> _Walk:
     (Dask's containers) as a task, an ``os.PathLike`` as the file it names, anything else
     (subclasses of the types above too) by the key pickler. NumPy's ``SeedSequence`` is
     written as what makes it (a pickler would take 20-odd hooks for it)."""
+    walk: _Walk
     if issubclass(kind, Task):
         walk = KeyWalker._task
     elif kind.__module__ == "numpy.random.bit_generator" and kind.__name__ == "SeedSequence":

@@ -123,9 +123,11 @@ class Retire(NamedTuple):
 
 
 class StateEvent(NamedTuple):
-    """Hand an event to the scheduler state as it is (``state_cache.CacheClear``)."""
+    """Hand an event to the scheduler state as it is (``cache_placement.CacheClear``);
+    ``handled`` is set once the state has handled it, or once the loop is dead."""
 
     event: Any
+    handled: threading.Event | None = None
 
 
 class WorkerInfo:
@@ -157,7 +159,8 @@ class WorkerInfo:
 class IOLoop:
     """The loop's state and steps; ``run`` is the I/O thread's body.
 
-    Only ``command``, ``snapshot``, ``changed`` and ``error`` are for other threads.
+    Only ``command``, ``snapshot``, ``changed``, ``error`` and ``cache_index`` are for
+    other threads.
     """
 
     def __init__(
@@ -200,6 +203,11 @@ class IOLoop:
         self._retiring: set[bytes] = set()
         #: what to do with instructions of other kinds (``state_cache.CacheWrite``)
         self.handlers: dict[type, Callable[[Any], None]] = {}
+        #: ``StateEvent.handled`` of the events waiting in ``events``
+        self._handled: list[threading.Event] = []
+        #: what the state publishes of the result cache, for the caller's ``Cache``
+        self.cache_index = state.cache
+        state.cache_worker_bytes = options.cache_worker_bytes
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -212,10 +220,9 @@ class IOLoop:
         """Queue a command and wake the loop (any thread)."""
         self.commands.put(command)
         os.write(self.wake_write, b"x")
-        run = getattr(command, "run", None)
-        if self.error is not None and run is not None:
+        if self.error is not None:
             # Queued after the dying thread failed what it found: nobody will read it.
-            self.fail_dead(run)
+            self._abandon(command)
 
     def dead_error(self) -> ManagerDied:
         cause = self.error
@@ -227,6 +234,14 @@ class IOLoop:
         if not run.done.is_set():
             run.failure = self.dead_error()
             run.done.set()
+
+    def _abandon(self, command: Any) -> None:
+        """A command the dead loop will never carry out: its run fails, its waiter wakes."""
+        run = getattr(command, "run", None)
+        if run is not None:
+            self.fail_dead(run)
+        elif type(command) is StateEvent and command.handled is not None:
+            command.handled.set()
 
     def close_pipe(self) -> None:
         os.close(self.wake_read)
@@ -315,10 +330,10 @@ class IOLoop:
             self.fail_dead(run)
         with self.changed:
             self.changed.notify_all()  # callers waiting for workers: it will not come
+        for handled in self._handled:  # queued for the state, which will not see them
+            handled.set()
         while not self.commands.empty():
-            run = getattr(self.commands.get(), "run", None)
-            if run is not None:
-                self.fail_dead(run)
+            self._abandon(self.commands.get())
         for ident in list(self.workers):
             try:
                 self._send_now(ident, [p.Shutdown("the manager's I/O thread died")])
@@ -371,6 +386,8 @@ class IOLoop:
 
     def _on_state_event(self, command: StateEvent) -> None:
         self.events.append(command.event)
+        if command.handled is not None:
+            self._handled.append(command.handled)
 
     _COMMAND_HANDLERS: dict[type, Callable[[IOLoop, Any], None]] = {
         Submit: _on_submit,
@@ -595,8 +612,11 @@ class IOLoop:
         if not self.events:
             return
         events, self.events = self.events, []
+        handled, self._handled = self._handled, []
         try:
             instructions = self.state.handle(events, time.monotonic())
+            for done in handled:
+                done.set()
         except Exception as exc:  # handle never raises; if it does, no run can trust it
             logger.error("the scheduler failed on %d events; every run fails", len(events),
                          exc_info=exc)  # fmt: skip
