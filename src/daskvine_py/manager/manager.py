@@ -26,14 +26,11 @@ run ends: should the I/O thread die, every waiting and later ``get`` raises
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import ipaddress
 import itertools
 import logging
 import os
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -46,11 +43,9 @@ from daskvine_py import config
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
-from daskvine_py.manager import callbacks
+from daskvine_py.manager import callbacks, connection, launch
 from daskvine_py.manager.events import EventLog, summary_records, write_events
-from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.loop import (
-    HOSTNAME,
     Cancel,
     Close,
     Demand,
@@ -72,7 +67,6 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.cache_placement import CacheWrite
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
-from daskvine_py.wire.exits import EXIT_MEANINGS
 from daskvine_py.wire.serialize import TaskEncoder, loads
 
 if TYPE_CHECKING:
@@ -110,7 +104,7 @@ class Manager:
     def __init__(self, host: str | None = None, port: int | None = None, **settings: Any) -> None:
         self.options = config.manager_options(host, port, settings)
         host, port = self.options.host, self.options.port
-        self._keys = _manager_keys(self.options)
+        self._keys = connection.manager_keys(self.options)
         self._context = zmq.Context()
         #: the ZAP handler admitting workers (None without security)
         self._gate: security.Gate | None = None
@@ -136,19 +130,15 @@ class Manager:
             self._close_sockets()
             raise
         self.address = f"tcp://{host}:{bound}"
-        if self._keys is None and not _is_loopback(host):
+        if self._keys is None and not connection.is_loopback(host):
             logger.warning(
                 "manager listening on %s without security: anyone who can reach it can "
                 "run code as this user (use security=True outside trusted benchmarks)",
                 self.address,
             )
         #: the JSON file workers join with (``--connection-file``); see ``security``
-        # A wildcard bind is reached at this host's name.
-        reachable = self.address
-        if host in ("0.0.0.0", "::", "*"):
-            reachable = f"tcp://{HOSTNAME}:{bound}"
-        self.connection_file, self._cleanup_paths = _write_connection_file(
-            self.options.connection_file, reachable, self._keys
+        self.connection_file, self._cleanup_paths = connection.write_connection_file(
+            self.options.connection_file, connection.reachable(host, bound), self._keys
         )
         self._state = s.SchedulerState(
             self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
@@ -171,8 +161,8 @@ class Manager:
         self._thread.start()
         # A manager never closed must not leave local workers behind at interpreter exit,
         # nor its keys on disk.
-        weakref.finalize(self, _kill_all, self._local_processes)
-        weakref.finalize(self, _remove_paths, self._cleanup_paths)
+        weakref.finalize(self, launch.kill_all, self._local_processes)
+        weakref.finalize(self, connection.remove_paths, self._cleanup_paths)
 
     # -- public API -------------------------------------------------------------------
 
@@ -241,19 +231,11 @@ class Manager:
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
-        extra = _lib_resources_args(lib_resources or {})
-        for flag, value in (
-            ("--memory", memory),
-            ("--disk", disk),
-            ("--workdir", workdir),
-            ("--fetch-timeout", fetch_timeout),
-        ):
-            if value is not None:
-                extra += [flag, str(value)]
+        extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
         procs = [
-            spawn(
+            launch.spawn(
                 self.address,
                 cores=cores,
                 name=f"local-{start + i}",
@@ -295,7 +277,7 @@ class Manager:
             if dead:
                 raise RuntimeError(
                     f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
-                    f"{_exit_meaning(dead[0].returncode)}"
+                    f"{launch.exit_meaning(dead[0].returncode)}"
                 )
 
     def _worker_count(self) -> int:
@@ -330,7 +312,7 @@ class Manager:
             return pack_results(plan.structure, {})
         run = self._open_run(plan, run_options, started)
         progress = default_enabled() if run_options.progress is None else run_options.progress
-        structure, cached, ntasks = plan.structure, plan.cache, len(plan.nodes)
+        structure, cached = plan.structure, plan.cache
         try:
             if hooks is not None:
                 hooks.start(plan, run)
@@ -338,22 +320,14 @@ class Manager:
             # The plan's dicts (several entries per task) go now, not as the run ends:
             # the state has the tasks (only a rerun's deferred payloads keep the plan).
             del plan
-            waiter = run.done if hooks is None else hooks.waiter(run)
-            if progress:
-                wait_with_progress(waiter, lambda: run.finished_tasks, ntasks)
-            else:
-                waiter.wait()
+            _wait(run, hooks, progress)
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(Cancel(run))
-            self._end_run(run, "cancelled", run_options)
-            if hooks is not None:
-                hooks.finish(failed=True)
+            self._end_run(run, "cancelled", run_options, hooks)
             raise
         if cached is not None:
             run.info.cache = cached.info.stats
-        self._end_run(run, "done" if run.failure is None else "failed", run_options)
-        if hooks is not None:
-            hooks.finish(failed=run.failure is not None)
+        self._end_run(run, "done" if run.failure is None else "failed", run_options, hooks)
         if run.failure is not None:
             raise _run_error(run.failure)
         return pack_results(structure, _results(run, hooks))
@@ -381,24 +355,28 @@ class Manager:
             run.log = EventLog(run.id, *started, len(plan.nodes), run.info.options)
         return run
 
-    def _end_run(self, run: Run, outcome: str, options: RunOptions) -> None:
+    def _end_run(self, run: Run, outcome: str, options: RunOptions,
+                 hooks: callbacks.Hooks | None) -> None:  # fmt: skip
+        """Record the run's end (``last_run``), write its event log and report, and
+        tell the callbacks."""
         run.info.finished = time.time()
         run.info.outcome = outcome
         self.last_run = run.info
-        if run.log is None:
-            return
-        run.log.end(time.monotonic(), outcome, run.info)
-        run.info.events = run.log
-        try:
-            if options.event_log is not None:
-                write_events(run.log.records(), options.event_log)
-            if options.report is not None:
-                write_report(run.log.records(), options.report)
-        except Exception:
-            if outcome == "done":
-                raise
-            # The run's own error matters more; the report of a failed run is a bonus.
-            logger.exception("could not write the report or event log of run %d", run.id)
+        if run.log is not None:
+            run.log.end(time.monotonic(), outcome, run.info)
+            run.info.events = run.log
+            try:
+                if options.event_log is not None:
+                    write_events(run.log.records(), options.event_log)
+                if options.report is not None:
+                    write_report(run.log.records(), options.report)
+            except Exception:
+                if outcome == "done":
+                    raise
+                # The run's own error matters more; the report of a failed run is a bonus.
+                logger.exception("could not write the report or event log of run %d", run.id)
+        if hooks is not None:
+            hooks.finish(failed=outcome != "done")
 
     def report(self, path: str | os.PathLike) -> None:
         """Write the performance report of the last run that ended to ``path`` (HTML).
@@ -516,7 +494,7 @@ class Manager:
         self._close_sockets()
         self._io.close_pipe()
         self.cache.close()
-        _remove_paths(self._cleanup_paths)
+        connection.remove_paths(self._cleanup_paths)
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)
@@ -534,83 +512,6 @@ class Manager:
     def _raise_if_dead(self) -> None:
         if self._io.error is not None:
             raise self._io.dead_error()
-
-
-def _manager_keys(options: ManagerOptions) -> security.Keys | None:
-    """The run's keys: none without security, else from ``key_file`` (made if missing)."""
-    if not options.security:
-        return None
-    if options.key_file is None:
-        return security.Keys.generate()
-    path = os.fspath(options.key_file)
-    if os.path.exists(path):
-        return security.read_key_file(path, need_manager_secret=True)
-    keys = security.Keys.generate()
-    security.write_key_file(path, keys)
-    return keys
-
-
-def _write_connection_file(
-    path: str | os.PathLike | None, address: str, keys: security.Keys | None
-) -> tuple[str, list[str]]:
-    """Write the connection file; its path, and what to remove when the manager closes
-    (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""
-    if path is not None:
-        path = os.path.abspath(os.fspath(path))
-        security.write_connection_file(path, address, keys)
-        return path, []
-    port = address.rsplit(":", 1)[1]
-    name = f"manager-{HOSTNAME}-{os.getpid()}-{port}.json"
-    try:
-        directory = security.private_dir(security.default_connection_dir())
-        path = os.path.join(directory, name)
-        security.write_connection_file(path, address, keys)
-        return path, [path]
-    except OSError:  # no writable home directory: a private temporary one
-        directory = tempfile.mkdtemp(prefix="daskvine-py-")
-        path = os.path.join(directory, name)
-        security.write_connection_file(path, address, keys)
-        return path, [path, directory]
-
-
-def _remove_paths(paths: list[str]) -> None:
-    """Remove files, then the (empty) directories made for them."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
-
-
-def _exit_meaning(code: int | None) -> str:
-    meaning = None if code is None else EXIT_MEANINGS.get(code)
-    return f" ({meaning})" if meaning else ""
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _kill_all(processes: list[subprocess.Popen]) -> None:
-    for proc in processes:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
-    unknown = set(lib_resources) - {"cores", "slots"}
-    if unknown:
-        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
-    args = []
-    for name, value in lib_resources.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
-        args += [f"--lib-{name}", str(value)]
-    return args
 
 
 def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
@@ -649,6 +550,16 @@ def _deferred_payload(
     a task submitted without its payload."""
     payload, functions = _encode_task(encoder, key, plan.nodes[key])
     return payload, functions, {fid: encoder.functions[fid] for fid in functions}
+
+
+def _wait(run: Run, hooks: callbacks.Hooks | None, progress: bool) -> None:
+    """Wait for the run to end: calling the callbacks as it goes, if any, and showing
+    a progress bar, if asked."""
+    waiter = run.done if hooks is None else hooks.waiter(run)
+    if progress:
+        wait_with_progress(waiter, lambda: run.finished_tasks, run.info.tasks)
+    else:
+        waiter.wait()
 
 
 def _results(run: Run, hooks: callbacks.Hooks | None) -> dict[Any, Any]:
