@@ -612,12 +612,13 @@ class IOLoop:
         if not self.events:
             return
         events, self.events = self.events, []
-        handled, self._handled = self._handled, []
         try:
             instructions = self.state.handle(events, time.monotonic())
+            handled, self._handled = self._handled, []  # (kept for ``_died`` until now)
             for done in handled:
                 done.set()
         except Exception as exc:  # handle never raises; if it does, no run can trust it
+            self._handled = []  # not handled: their waiters time out
             logger.error("the scheduler failed on %d events; every run fails", len(events),
                          exc_info=exc)  # fmt: skip
             for run_id in list(self.watching.runs):
