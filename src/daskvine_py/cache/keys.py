@@ -3,7 +3,7 @@
 A task's key hashes its function, its literal arguments and the keys of its inputs, never
 Dask's name for it (the same name can carry different work, and ``dask.delayed`` names
 impure calls with a fresh uuid each time). The node is rewritten into a canonical tree of
-tuples (``cache_walk``, which says how) and that tree is pickled once, into BLAKE2b. In the
+tuples (``walk``, which says how) and that tree is pickled once, into BLAKE2b. In the
 tree, in place of what the node holds:
 
 - an input (``TaskRef``, a legacy task's argument that is a key, an ``Alias`` target): the

@@ -8,10 +8,10 @@
    a hit, one whose key is in the cache directory is read from there, and a task only
    hits and read results need is skipped. Only the tasks that run are counted as
    readers of their inputs, and ordered (``plan.graph.ordered``).
-2. The state (``state_cache``) checks the plan as the run arrives, links hits to the
+2. The state (``scheduler.cache_placement``) checks the plan as the run arrives, links hits to the
    results they stand for, keeps the run's cacheable results on their workers after the
    run, and hands results for the directory back as ``CacheWrite`` instructions.
-3. A writer thread writes those (``cache_store.DiskStore``), so the I/O thread never
+3. A writer thread writes those (``directory.DiskStore``), so the I/O thread never
    waits on a disk.
 
 ``clear()`` forgets every cached result (workers release them, directories are emptied);

@@ -133,7 +133,7 @@ def rewrite_reductions(
 ) -> tuple[dict[Key, Any], dict[Key, frozenset[Key]]]:
     """Return new ``(nodes, dependencies)`` where large reductions are balanced trees.
 
-    ``nodes`` and ``dependencies`` are a (possibly culled) graph as ``graph.build_plan``
+    ``nodes`` and ``dependencies`` are a (possibly culled) graph as ``graph.read``
     makes it; ``outputs`` are the keys the caller will read, which are never removed or
     changed in value. A reduction over at least ``threshold`` inputs, and more than
     ``arity``, becomes a tree whose tasks read at most ``arity`` inputs each. ``arity=None``
