@@ -4,11 +4,10 @@ The manager is in four parts, one job each:
 
 - ``manager.Manager`` (this module): the caller's side. It binds the ROUTER (and the
   CurveZMQ gate), writes the connection file and starts local workers. ``get`` is a
-  pipeline: the graph is read once into a ``Plan``, the plan goes through its passes
-  (``plan.graph``: rewrite, fusion, annotations, the cache's, ordering), and submission
-  sends its tasks in parts of a run (``SUBMIT_PART`` tasks each), queued to the I/O
-  thread as typed commands; then it waits on the run and unpickles the results in the
-  caller's thread, so dispatch goes on meanwhile.
+  pipeline: the graph read once into a ``Plan``, the plan's passes (``plan.graph``), and
+  submission of its tasks in parts (``SUBMIT_PART`` tasks each), queued to the I/O thread
+  as typed commands; then it waits on the run and unpickles the results in the caller's
+  thread, so dispatch goes on meanwhile.
 - ``loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what workers
   send, feeds the scheduler state (``scheduler.state.SchedulerState``), which it owns,
   routes its instructions and flushes one batch per worker per iteration.
@@ -339,9 +338,9 @@ class Manager:
         if not plan.outputs:
             return plan
         caching = _uses_cache(options, self.options)
+        fuse = not caching if options.fuse is None else options.fuse
         plan = graph.rewritten(plan, options.reduction_arity, options.reduction_threshold)
-        if not caching if options.fuse is None else options.fuse:
-            # A cached run's ``cache=False`` tasks run on their own, never in a chain.
+        if fuse:  # a cached run's ``cache=False`` tasks run on their own, never in a chain
             plan = graph.fused(plan, uncached_keys(plan.annotations) if caching else set())
         plan = graph.annotated(plan)
         if caching:

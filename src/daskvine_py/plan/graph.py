@@ -265,7 +265,7 @@ def build_plan(
     """``read``, then optionally ``rewrite`` (``rewrite(nodes, dependencies, outputs)``
     returns a new graph computing the same outputs), ``fuse`` (``unfusable`` keys stay
     tasks of their own) and ``order`` (else the priorities are the depth-first order).
-    The passes of a ``get`` without annotations or the cache, for tests and tools."""
+    What ``get`` does but for settling annotations and the cache: for tests and tools."""
     plan = read(dsk, keys)
     if rewrite is not None:
         plan = _regraphed(plan, *rewrite(plan.nodes, plan.dependencies, plan.outputs))
