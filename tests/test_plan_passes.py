@@ -15,6 +15,8 @@ from unittest import mock
 import dask
 import pytest
 from dask.highlevelgraph import HighLevelGraph
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daskvine_py.cache.directory import DiskStore
 from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys
@@ -269,6 +271,33 @@ def test_the_passes_in_their_order_compute_what_dask_computes():
     assert execute(plan) == dask.get(dsk, ["more", "total"])
     built = graph.build_plan(dsk, ["more", "total"])  # the plan's own passes, for tools
     assert execute(built) == execute(plan)
+
+
+@st.composite
+def graphs(draw):
+    """Random graphs of legacy tasks: sums of earlier keys (fan-ins), chains of ``inc``."""
+    dsk = {}
+    for i in range(draw(st.integers(1, 40))):
+        inputs = draw(st.sets(st.integers(0, i - 1), max_size=6)) if i else set()
+        if len(inputs) == 1:
+            dsk[f"k{i}"] = (inc, f"k{inputs.pop()}")
+        else:
+            dsk[f"k{i}"] = (sum, [f"k{j}" for j in sorted(inputs)]) if inputs else i
+    return dsk
+
+
+@settings(max_examples=60, deadline=None)
+@given(dsk=graphs(), data=st.data())
+def test_every_plan_the_passes_make_computes_what_dask_computes(dsk, data):
+    outputs = data.draw(st.lists(st.sampled_from(sorted(dsk)), min_size=1, max_size=3))
+    priority = data.draw(st.dictionaries(st.sampled_from(sorted(dsk)), st.integers(-2, 2)))
+    plan = dataclasses.replace(graph.read(dsk, outputs), annotations={"priority": priority})
+    plan = graph.rewritten(plan, arity=2, threshold=3)
+    if data.draw(st.booleans()):
+        plan = graph.fused(plan)
+    plan = graph.ordered(graph.annotated(plan))
+    assert sorted(plan.priorities.values()) == list(range(len(plan.nodes)))
+    assert execute(plan) == dask.get(dsk, outputs)
 
 
 # -- get drops the plan once it is submitted ---------------------------------------------
