@@ -1,13 +1,20 @@
-"""The cache's directory (issue 17): atomic entries, broken ones missed, eviction."""
+"""The cache's directory (issue 17): atomic entries, broken ones missed, eviction; and
+``Cache.clear``, which waits for the state before it empties the directories."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import numpy as np
+import pytest
 
 from daskvine_py.cache.directory import DiskStore
+from daskvine_py.cache.result_cache import Cache
+from daskvine_py.errors import ManagerDied
+from daskvine_py.scheduler.cache_placement import CacheIndex
+from daskvine_py.scheduler.messages import CacheClear
 from daskvine_py.wire.serialize import dumps, loads
 
 
@@ -72,3 +79,39 @@ def test_clear_removes_everything(tmp_path):
     store.put(b"d" * 20, dumps(1), 0.1)
     store.clear()
     assert len(store) == 0 and not os.listdir(tmp_path)
+
+
+# -- Cache.clear: the state first, then the directories ---------------------------------
+
+
+def _cache(tmp_path, send_event, raise_if_dead=lambda: None):
+    return Cache(CacheIndex(), send_event, raise_if_dead, tmp_path)
+
+
+def test_clear_waits_until_the_state_handled_it_then_empties_the_directory(tmp_path):
+    sent = []
+
+    def send_event(event, handled):  # the I/O thread sets ``handled`` a little later
+        sent.append(event)
+        threading.Timer(0.05, handled.set).start()
+
+    cache = _cache(tmp_path, send_event)
+    cache.store(tmp_path).put(b"k" * 20, dumps(1), 0.1)
+    cache.clear()
+    assert sent == [CacheClear()]
+    assert not os.listdir(tmp_path)
+
+
+def test_clear_raises_manager_died_when_the_loop_is_dead(tmp_path):
+    def dead():
+        raise ManagerDied("RuntimeError: gone")
+
+    cache = _cache(tmp_path, lambda event, handled: handled.set(), dead)  # a dying loop's set
+    with pytest.raises(ManagerDied):
+        cache.clear()
+
+
+def test_clear_times_out_when_the_state_never_handles_it(tmp_path):
+    cache = _cache(tmp_path, lambda event, handled: None)
+    with pytest.raises(TimeoutError, match="not cleared within"):
+        cache.clear(timeout=0.05)

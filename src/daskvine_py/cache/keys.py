@@ -3,7 +3,7 @@
 A task's key hashes its function, its literal arguments and the keys of its inputs, never
 Dask's name for it (the same name can carry different work, and ``dask.delayed`` names
 impure calls with a fresh uuid each time). The node is rewritten into a canonical tree of
-tuples (``cache_walk``, which says how) and that tree is pickled once, into BLAKE2b. In the
+tuples (``walk``, which says how) and that tree is pickled once, into BLAKE2b. In the
 tree, in place of what the node holds:
 
 - an input (``TaskRef``, a legacy task's argument that is a key, an ``Alias`` target): the
@@ -35,7 +35,7 @@ import pickle
 import stat
 import sys
 import types
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -51,6 +51,7 @@ from daskvine_py.cache.walk import (
     _Hasher,
     is_uncached,
 )
+from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain
 from daskvine_py.plan.graph import LegacyCall, Plan, convert
 from daskvine_py.wire.serialize import TaskEncoder
@@ -86,28 +87,22 @@ def uncached(func: _F) -> _F:
     return func
 
 
+def uncached_keys(annotations: Mapping[str, Mapping[Key, Any]]) -> set[Key]:
+    """Keys that ``dask.annotate(cache=False)`` covers, of the annotations a graph carried
+    (``Plan.annotations``): an expression's ``__dask_annotations__`` (blockwise fusion
+    drops those of fused layers, as it does for distributed) or a ``HighLevelGraph``'s
+    layers, read once with the graph (``plan.annotations.read``)."""
+    return {key for key, value in annotations.get("cache", {}).items() if value is False}
+
+
 def annotated_off(dsk: Any) -> set[Key]:
-    """Keys that ``dask.annotate(cache=False)`` covers, wherever annotations reach the
-    scheduler: an expression's ``__dask_annotations__`` (blockwise fusion drops those of
-    fused layers, as it does for distributed) or a ``HighLevelGraph``'s layers."""
-    off: set[Key] = set()
-    annotations = getattr(dsk, "__dask_annotations__", None)
-    if callable(annotations):
-        try:
-            found = annotations() or {}
-        except Exception:  # an expression that cannot say: as if it had none
-            found = {}
-        for key, value in found.get("cache", {}).items():
-            if value is False:
-                off.add(key)
-        return off
-    for layer in getattr(dsk, "layers", {}).values():
-        value = (getattr(layer, "annotations", None) or {}).get("cache", True)
-        if value is False:
-            off.update(layer.keys())
-        elif callable(value):
-            off.update(k for k in layer.keys() if value(k) is False)
-    return off
+    """``uncached_keys`` of the graph ``dsk`` itself (for tools: ``get`` reads a graph
+    once, into its plan)."""
+    try:
+        found = read_annotations(dsk)
+    except Exception:  # an expression that cannot say: as if it had none
+        return set()
+    return uncached_keys(found)
 
 
 # Stand-ins the key pickler writes in place of what it replaces; only hashed, never loaded.
@@ -258,7 +253,7 @@ class KeyMaker(KeyWalker):
         self._depth = 0
         #: id -> (object, ``opaque`` digest), for this run: the same dtype, meta frame or
         #: NumPy function in many tasks is pickled once
-        self._opaque: dict[int, tuple[Any, bytes]] = {}
+        self._opaque_digests: dict[int, tuple[Any, bytes]] = {}
 
     def file_of(self, text: str) -> Any:
         """``(FILE, path, size, mtime)`` for a string naming a local file, else None."""
@@ -292,7 +287,7 @@ class KeyMaker(KeyWalker):
         """The digest of an object the walker does not know, pickled by ``_KeyPickler``;
         once per run, unless the object holds inputs (its digest then depends on the
         scope: a fused graph's inner names)."""
-        known = self._opaque.get(id(obj))
+        known = self._opaque_digests.get(id(obj))
         if known is not None and known[0] is obj:
             return known[1]
         if self._depth == len(self._picklers):
@@ -309,7 +304,7 @@ class KeyMaker(KeyWalker):
             self._depth -= 1
         digest = out.hash.digest()
         if not pickler.read_inputs:
-            self._opaque[id(obj)] = (obj, digest)
+            self._opaque_digests[id(obj)] = (obj, digest)
         return digest
 
     def _chain_key(self, node: Chain) -> CacheKey | None:
@@ -416,7 +411,7 @@ def _code_stamp(obj: Any) -> Any:
 
 
 def _functions_of(cls: Any) -> list[types.FunctionType]:
-    found = []
+    found: list[types.FunctionType] = []
     for value in vars(cls).values():
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__func__

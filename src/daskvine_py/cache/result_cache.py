@@ -2,15 +2,16 @@
 
 ``get(..., cache=True)`` (or ``Manager(cache=True)``) runs through here:
 
-1. ``Cache.prepare`` (the caller's thread) computes every task's cache key
-   (``cache_keys``), then plans top-down from the outputs with what it sees: a task whose
-   key a worker holds (or a run computes now) is a hit, one whose key is in the cache
-   directory is read from there, and a task only hits and read results need is skipped.
-   Only the tasks that run are counted as readers of their inputs.
-2. The state (``state_cache``) checks the plan as the run arrives, links hits to the
+1. ``Cache.prepare``, the cache's pass over the run's plan (the caller's thread: see
+   ``cached``), computes every task's cache key (``keys``), then plans top-down from the
+   outputs with what it sees: a task whose key a worker holds (or a run computes now) is
+   a hit, one whose key is in the cache directory is read from there, and a task only
+   hits and read results need is skipped. Only the tasks that run are counted as
+   readers of their inputs, and ordered (``plan.graph.ordered``).
+2. The state (``scheduler.cache_placement``) checks the plan as the run arrives, links hits to the
    results they stand for, keeps the run's cacheable results on their workers after the
    run, and hands results for the directory back as ``CacheWrite`` instructions.
-3. A writer thread writes those (``cache_store.DiskStore``), so the I/O thread never
+3. A writer thread writes those (``directory.DiskStore``), so the I/O thread never
    waits on a disk.
 
 ``clear()`` forgets every cached result (workers release them, directories are emptied);
@@ -19,18 +20,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable
 from queue import SimpleQueue
 from typing import Any
 
 from daskvine_py.cache.directory import DiskStore
-from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
-from daskvine_py.plan.graph import Plan, prioritized
-from daskvine_py.scheduler.cache_placement import CacheClear, CacheIndex, CacheWrite, RunCache
+from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys, uncached_keys
+from daskvine_py.plan.graph import Plan
+from daskvine_py.scheduler.cache_placement import CacheIndex, CacheStatus, RunCache
+from daskvine_py.scheduler.messages import CacheClear, CacheWrite
 from daskvine_py.wire.serialize import Serialized, TaskEncoder
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -39,25 +41,16 @@ Key = Hashable
 
 
 class CachedRun:
-    """What ``get`` needs of the cache for one run: the plan for the state, the run's
-    plan (ordered), the readers to count (None: the plan's own), the run's encoder, and,
-    for a run keyed as it is submitted, ``add_key(key, node)`` to call before each
-    task's submission."""
+    """What submission needs of the cache for one run (``Plan.cache``): the cache plan
+    for the state (``info``), the run's encoder, and, for a run keyed as it is submitted,
+    ``add_key(key, node)`` to call before each task's submission."""
 
-    __slots__ = ("info", "plan", "readers", "encoder", "_maker", "_off")
+    __slots__ = ("info", "encoder", "_maker", "_off")
 
     def __init__(
-        self,
-        info: RunCache,
-        plan: Plan,
-        readers: dict[Key, int] | None,
-        encoder: TaskEncoder,
-        maker: KeyMaker | None,
-        off: set[Key],
+        self, info: RunCache, encoder: TaskEncoder, maker: KeyMaker | None, off: set[Key]
     ) -> None:
         self.info = info
-        self.plan = plan
-        self.readers = readers
         self.encoder = encoder
         self._maker = maker
         self._off = off
@@ -84,7 +77,7 @@ class Cache:
     def __init__(
         self,
         index: CacheIndex,
-        send_event: Callable[[Any], None],
+        send_event: Callable[[Any, threading.Event], None],
         raise_if_dead: Callable[[], None],
         cache_dir: str | os.PathLike | None = None,
         cache_dir_limit: int | None = None,
@@ -129,14 +122,12 @@ class Cache:
         """Forget every cached result: workers release theirs, and the cache
         directories this manager used (its default one included) are emptied. Results
         runs in progress are computing are kept when those runs end."""
-        target = self._index.clears + 1
-        self._send_event(CacheClear())
-        deadline = time.monotonic() + timeout
-        while self._index.clears < target:
+        handled = threading.Event()  # set once the state handled it, or the loop died
+        self._send_event(CacheClear(), handled)
+        if not handled.wait(timeout):
             self._raise_if_dead()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the cache was not cleared within {timeout} s")
-            time.sleep(0.001)
+            raise TimeoutError(f"the cache was not cleared within {timeout} s")
+        self._raise_if_dead()
         self.flush(timeout)
         if self._default_dir is not None:
             self.store(self._default_dir)
@@ -155,56 +146,15 @@ class Cache:
                 store = self._stores[full] = DiskStore(full, **kwargs)
             return store
 
-    def prepare(
-        self, plan: Plan, dsk: Any, cache_dir: str | os.PathLike | None, encoder: TaskEncoder
-    ) -> CachedRun:
-        """The run's cache plan, how many tasks that run read each key (what the state
-        counts as readers), and ``plan`` ordered (given unordered: ``build_plan(...,
-        order=False)``).
-
-        When nothing could hit (no result on any worker, none in the directory: a first
-        run), nothing is planned and keys are computed as the tasks are submitted, so the
-        workers start on the first part while the caller's thread hashes the next.
-        Otherwise only the tasks that run are ordered (``dask.order``), and the others
-        are submitted without their payloads (``RunCache.deferred``): an unchanged rerun
-        pickles nothing.
-        """
-        maker = KeyMaker(encoder, self._digests)
-        off = annotated_off(dsk)
+    def prepare(self, plan: Plan, cache_dir: str | os.PathLike | None) -> Plan:
+        """The cache's pass: ``cached`` with this manager's cache, and the directory
+        ``cache_dir`` (None: the manager's own, if any)."""
         directory = cache_dir if cache_dir is not None else self._default_dir
         store = self.store(directory) if directory is not None else None
         if store is not None:
             store.refresh()
-        providers = self._index.providers
-        if not providers and (store is None or not len(store)):
-            info = RunCache(maker.keys, persist=store)
-            return CachedRun(info, prioritized(plan), None, encoder, maker, off)
-        keys = task_keys(plan, maker, off)
-        status: dict[Key, str] = {}
-        values: dict[Key, Serialized] = {}
-        seconds: dict[Key, float] = {}
-        readers: dict[Key, int] = {}
-        needed = set(plan.outputs)
-        dependencies = plan.dependencies
-        for key in reversed(plan.order):  # readers before what they read
-            ck = keys[key]
-            if key not in needed and ck is not None:
-                status[key] = "skip"
-                continue
-            if ck is not None and ck in providers:
-                status[key] = "hit"
-                continue
-            found = store.get(ck) if ck is not None and store is not None and ck in store else None
-            if found is not None:
-                status[key] = "disk"
-                values[key], seconds[key] = found
-                continue
-            for dep in dependencies[key]:
-                needed.add(dep)
-                readers[dep] = readers.get(dep, 0) + 1
-        info = RunCache(keys, status, values, seconds, store, deferred=frozenset(status))
-        running = {key for key in plan.order if key not in status}
-        return CachedRun(info, prioritized(plan, running), readers, encoder, None, off)
+        maker = KeyMaker(TaskEncoder(), self._digests)
+        return cached(plan, maker, self._index.providers, store)
 
     def write(self, instruction: CacheWrite) -> None:
         """Queue a result for its directory (the I/O thread calls this: it never waits)."""
@@ -243,3 +193,50 @@ class Cache:
                     self._pending -= 1
                     if not self._pending:
                         self._idle.notify_all()
+
+
+def cached(
+    plan: Plan, maker: KeyMaker, providers: Container[bytes], store: DiskStore | None
+) -> Plan:
+    """``plan`` with its cache record (``Plan.cache``, a ``CachedRun``): the cache's pass.
+
+    ``providers`` are the cache keys whose results workers hold or runs compute now
+    (``CacheIndex.providers``), ``store`` the run's cache directory. When nothing could
+    hit (no provider, nothing in the directory: a first run), nothing is planned and keys
+    are computed as the tasks are submitted (``CachedRun.add_key``), so the workers start
+    on the first part while the caller's thread hashes the next. Otherwise the plan's
+    ``running`` tasks are those it computes, its ``dependents`` count only their reads,
+    and the others are submitted without their payloads (``RunCache.deferred``): an
+    unchanged rerun pickles nothing. Run before ``ordered``, which orders ``running``.
+    """
+    off = uncached_keys(plan.annotations) if plan.annotations else set()
+    if not providers and (store is None or not len(store)):
+        info = RunCache(maker.keys, persist=store)
+        return dataclasses.replace(plan, cache=CachedRun(info, maker.encoder, maker, off))
+    keys = task_keys(plan, maker, off)
+    status: dict[Key, CacheStatus] = {}
+    values: dict[Key, Serialized] = {}
+    seconds: dict[Key, float] = {}
+    readers: dict[Key, int] = {}
+    needed = set(plan.outputs)
+    dependencies = plan.dependencies
+    for key in reversed(plan.order):  # readers before what they read
+        ck = keys[key]
+        if key not in needed and ck is not None:
+            status[key] = CacheStatus.SKIP
+            continue
+        if ck is not None and ck in providers:
+            status[key] = CacheStatus.HIT
+            continue
+        found = store.get(ck) if ck is not None and store is not None and ck in store else None
+        if found is not None:
+            status[key] = CacheStatus.DISK
+            values[key], seconds[key] = found
+            continue
+        for dep in dependencies[key]:
+            needed.add(dep)
+            readers[dep] = readers.get(dep, 0) + 1
+    info = RunCache(keys, status, values, seconds, store, deferred=frozenset(status))
+    running = {key for key in plan.order if key not in status}
+    record = CachedRun(info, maker.encoder, None, off)
+    return dataclasses.replace(plan, cache=record, dependents=readers, running=running)

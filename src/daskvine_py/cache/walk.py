@@ -3,7 +3,7 @@
 ``KeyWalker.node_key`` rewrites a node (a Dask task, a ``LegacyCall``) into plain values
 that a hookless C pickler writes in one call, into BLAKE2b: no Python call per object, as
 a pickler with ``persistent_id`` and ``reducer_override`` hooks makes
-(``cache_keys._KeyPickler``, still used for the objects the walker does not know). What
+(``keys._KeyPickler``, still used for the objects the walker does not know). What
 the tree holds:
 
 - a scalar (``int``, ``float``, ``bool``, ``None``, ``bytes``, ``complex``; a ``str``
@@ -28,7 +28,7 @@ pickled by the key pickler (a structure too deep for it too leaves the task with
 key), and a node whose walk meets more than ``MAX_CONTAINERS`` containers is pickled by it
 whole.
 
-A mixin of ``cache_keys.KeyMaker``, which provides local files' facts (``file_of``),
+A mixin of ``keys.KeyMaker``, which provides local files' facts (``file_of``),
 functions' digests (``global_reduction``) and the key pickler (``opaque``). Tasks are told
 by their classes, not by Dask's version: a ``Task`` subclass is walked as a task (Dask's
 containers: ``List``, ``Dict``...), its ``constructor`` keyword left out.
@@ -90,7 +90,7 @@ _SCALARS = frozenset({int, float, bool, type(None), bytes, complex})
 #: The keyword of ``Task.kwargs`` left out: a container task's constructor, which its
 #: class names.
 _NOT_KWARGS = "constructor"
-#: The attribute ``cache_keys.uncached`` sets on a function.
+#: The attribute ``keys.uncached`` sets on a function.
 UNCACHED_MARK = "_daskvine_uncached"
 
 
@@ -525,6 +525,7 @@ def _walk_for(kind: type) -> _Walk:
     (Dask's containers) as a task, an ``os.PathLike`` as the file it names, anything else
     (subclasses of the types above too) by the key pickler. NumPy's ``SeedSequence`` is
     written as what makes it (a pickler would take 20-odd hooks for it)."""
+    walk: _Walk
     if issubclass(kind, Task):
         walk = KeyWalker._task
     elif kind.__module__ == "numpy.random.bit_generator" and kind.__name__ == "SeedSequence":

@@ -6,6 +6,7 @@ which wakes the loop, and waits on its ``Run``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 from daskvine_py.manager.watching import Run
@@ -45,9 +46,11 @@ class Retire(NamedTuple):
 
 
 class StateEvent(NamedTuple):
-    """Hand an event to the scheduler state as it is (``state_cache.CacheClear``)."""
+    """Hand an event to the scheduler state as it is (``messages.CacheClear``);
+    ``handled`` is set once the state has handled it, or once the loop is dead."""
 
     event: Any
+    handled: threading.Event | None = None
 
 
 #: Every command the loop takes.

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from daskvine_py.wire.exits import EXIT_MEANINGS
 from daskvine_py.wire.security import CONNECTION_FILE_ENV
 
 
@@ -40,3 +41,50 @@ def spawn(
     return subprocess.Popen(
         [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
     )
+
+
+def exit_meaning(code: int | None) -> str:
+    """What a worker's exit code means, as `` (...)`` to append to a message; "" if unknown."""
+    meaning = None if code is None else EXIT_MEANINGS.get(code)
+    return f" ({meaning})" if meaning else ""
+
+
+def kill_all(processes: list[subprocess.Popen]) -> None:
+    """Kill the processes still running (a manager never closed, at interpreter exit)."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def worker_args(
+    memory: int | None,
+    disk: int | None,
+    workdir: str | None,
+    fetch_timeout: float | None,
+    lib_resources: dict[str, int],
+) -> list[str]:
+    """The worker's options for those given (``Manager.start_workers``'s)."""
+    args = _lib_resources_args(lib_resources)
+    for flag, value in (
+        ("--memory", memory),
+        ("--disk", disk),
+        ("--workdir", workdir),
+        ("--fetch-timeout", fetch_timeout),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
+    """The worker's ``--lib-cores``/``--lib-slots`` arguments for ``lib_resources``."""
+    unknown = set(lib_resources) - {"cores", "slots"}
+    if unknown:
+        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
+    args = []
+    for name, value in lib_resources.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
+        args += [f"--lib-{name}", str(value)]
+    return args

@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from queue import SimpleQueue
@@ -89,7 +90,8 @@ _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 class IOLoop:
     """The loop's state and steps; ``run`` is the I/O thread's body.
 
-    Only ``command``, ``snapshot``, ``changed`` and ``error`` are for other threads.
+    Only ``command``, ``snapshot``, ``changed``, ``error`` and ``cache_index`` are for
+    other threads.
     """
 
     def __init__(
@@ -128,6 +130,11 @@ class IOLoop:
         self.error: BaseException | None = None
         #: what to do with instructions of other kinds (``state_cache.CacheWrite``)
         self.handlers: dict[type, Callable[[Any], None]] = {}
+        #: ``StateEvent.handled`` of the events waiting in ``events``
+        self._handled: list[threading.Event] = []
+        #: what the state publishes of the result cache, for the caller's ``Cache``
+        self.cache_index = state.cache
+        state.cache_worker_bytes = options.cache_worker_bytes
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -158,10 +165,9 @@ class IOLoop:
         """Queue a command and wake the loop (any thread)."""
         self.commands.put(command)
         os.write(self.wake_write, b"x")
-        run = getattr(command, "run", None)
-        if self.error is not None and run is not None:
+        if self.error is not None:
             # Queued after the dying thread failed what it found: nobody will read it.
-            self.fail_dead(run)
+            self._abandon(command)
 
     def dead_error(self) -> ManagerDied:
         cause = self.error
@@ -173,6 +179,14 @@ class IOLoop:
         if not run.done.is_set():
             run.failure = self.dead_error()
             run.done.set()
+
+    def _abandon(self, command: Any) -> None:
+        """A command the dead loop will never carry out: its run fails, its waiter wakes."""
+        run = getattr(command, "run", None)
+        if run is not None:
+            self.fail_dead(run)
+        elif type(command) is StateEvent and command.handled is not None:
+            command.handled.set()
 
     def close_pipe(self) -> None:
         os.close(self.wake_read)
@@ -249,10 +263,10 @@ class IOLoop:
             self.fail_dead(run)
         with self.changed:
             self.changed.notify_all()  # callers waiting for workers: it will not come
+        for handled in self._handled:  # queued for the state, which will not see them
+            handled.set()
         while not self.commands.empty():
-            queued = getattr(self.commands.get(), "run", None)
-            if queued is not None:
-                self.fail_dead(queued)
+            self._abandon(self.commands.get())
         for ident in list(self.workers):
             try:
                 self._send_now(ident, [p.Shutdown("the manager's I/O thread died")])
@@ -299,6 +313,8 @@ class IOLoop:
 
     def _on_state_event(self, command: StateEvent) -> None:
         self.events.append(command.event)
+        if command.handled is not None:
+            self._handled.append(command.handled)
 
     _COMMAND_HANDLERS: dict[type, Callable[[IOLoop, Any], None]] = {
         Submit: _on_submit,
@@ -433,7 +449,11 @@ class IOLoop:
         events, self.events = self.events, []
         try:
             instructions = self.state.handle(events, time.monotonic())
+            handled, self._handled = self._handled, []  # (kept for ``_died`` until now)
+            for done in handled:
+                done.set()
         except Exception as exc:  # handle never raises; if it does, no run can trust it
+            self._handled = []  # not handled: their waiters time out
             logger.error("the scheduler failed on %d events; every run fails", len(events),
                          exc_info=exc)  # fmt: skip
             for run_id in list(self.watching.runs):

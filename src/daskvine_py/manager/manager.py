@@ -3,35 +3,33 @@
 The manager is in four parts, one job each:
 
 - ``manager.Manager`` (this module): the caller's side. It binds the ROUTER (and the
-  CurveZMQ gate), writes the connection file, starts local workers, and turns ``get`` into
-  parts of a run (``SUBMIT_PART`` tasks each) queued to the I/O thread as typed commands;
-  then it waits on the run and unpickles the results in the caller's thread, so dispatch
-  goes on meanwhile.
-- ``manager_loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what
-  workers send, feeds the scheduler state (``state.SchedulerState``), routes its
-  instructions and flushes one batch per worker per iteration.
-- ``liveness.Liveness``: who is silent past the timeout, who is due a heartbeat, whose
-  local process exited; pure, driven by ``now``.
+  CurveZMQ gate), writes the connection file and starts local workers. ``get`` is a
+  pipeline: the graph read once into a ``Plan``, the plan's passes (``plan.graph``), and
+  submission of its tasks in parts (``SUBMIT_PART`` tasks each), queued to the I/O thread
+  as typed commands; then it waits on the run and unpickles the results in the caller's
+  thread, so dispatch goes on meanwhile.
+- ``loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what workers
+  send, feeds the scheduler state (``scheduler.state.SchedulerState``), which it owns,
+  routes its instructions and flushes one batch per worker per iteration.
+- ``scheduler.liveness.Liveness``: who is silent past the timeout, who is due a
+  heartbeat, whose local process exited; pure, driven by ``now``.
 - ``watching.Watching``: the runs in progress, the bytes moved, and what watched runs
   (progress, report, event log) see, fed by the state's instructions.
 
 Callers never touch sockets, the state or the loop's dicts: they queue commands, wait on
-their run's event, and read the workers from a snapshot the loop publishes
-(``wait_for_workers`` waits on its condition). Every run ends: should the I/O thread die,
-every waiting and later ``get`` raises ``ManagerDied`` at once.
+their run's event, and read what the loop publishes: the workers' snapshot
+(``wait_for_workers`` waits on its condition) and the cache's index (``Cache``). Every
+run ends: should the I/O thread die, every waiting and later ``get`` raises
+``ManagerDied`` at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import ipaddress
 import itertools
 import logging
 import os
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -41,14 +39,12 @@ import zmq
 from dask.utils import key_split
 
 from daskvine_py import config
-from daskvine_py.cache.keys import annotated_off
+from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
-from daskvine_py.manager import callbacks
+from daskvine_py.manager import callbacks, connection, launch
 from daskvine_py.manager.events import EventLog, summary_records, write_events
-from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.loop import (
-    HOSTNAME,
     Cancel,
     Close,
     Demand,
@@ -63,15 +59,13 @@ from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions
-from daskvine_py.plan import annotations
+from daskvine_py.plan import graph
 from daskvine_py.plan.fusion import Chain, link_key
-from daskvine_py.plan.graph import Plan, build_plan, pack_results
-from daskvine_py.plan.rewrite import rewrite_reductions
+from daskvine_py.plan.graph import Plan, pack_results
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.cache_placement import CacheWrite, RunCache
+from daskvine_py.scheduler.messages import CacheWrite
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
-from daskvine_py.wire.exits import EXIT_MEANINGS
 from daskvine_py.wire.serialize import TaskEncoder, loads
 
 if TYPE_CHECKING:
@@ -83,6 +77,9 @@ logger = logging.getLogger("daskvine_py.manager")
 #: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
 #: thread less often.
 SUBMIT_PART = 4096
+
+#: What a deferred task (``RunCache.deferred``) is submitted with: no payload, no functions.
+_DEFERRED: tuple[bytes, tuple[bytes, ...]] = (b"", ())
 
 
 class Manager:
@@ -106,7 +103,7 @@ class Manager:
     def __init__(self, host: str | None = None, port: int | None = None, **settings: Any) -> None:
         self.options = config.manager_options(host, port, settings)
         host, port = self.options.host, self.options.port
-        self._keys = _manager_keys(self.options)
+        self._keys = connection.manager_keys(self.options)
         self._context = zmq.Context()
         #: the ZAP handler admitting workers (None without security)
         self._gate: security.Gate | None = None
@@ -132,19 +129,15 @@ class Manager:
             self._close_sockets()
             raise
         self.address = f"tcp://{host}:{bound}"
-        if self._keys is None and not _is_loopback(host):
+        if self._keys is None and not connection.is_loopback(host):
             logger.warning(
                 "manager listening on %s without security: anyone who can reach it can "
                 "run code as this user (use security=True outside trusted benchmarks)",
                 self.address,
             )
         #: the JSON file workers join with (``--connection-file``); see ``security``
-        # A wildcard bind is reached at this host's name.
-        reachable = self.address
-        if host in ("0.0.0.0", "::", "*"):
-            reachable = f"tcp://{HOSTNAME}:{bound}"
-        self.connection_file, self._cleanup_paths = _write_connection_file(
-            self.options.connection_file, reachable, self._keys
+        self.connection_file, self._cleanup_paths = connection.write_connection_file(
+            self.options.connection_file, connection.reachable(host, bound), self._keys
         )
         self._state = s.SchedulerState(
             self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
@@ -154,9 +147,8 @@ class Manager:
         self._pools: list[WorkerPool] = []
         self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
         #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
-        self._state.cache_worker_bytes = self.options.cache_worker_bytes
         self.cache = Cache(
-            self._state.cache, lambda event: self._command(StateEvent(event)),
+            self._io.cache_index, lambda event, handled: self._command(StateEvent(event, handled)),
             self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
         )  # fmt: skip
         self._io.handlers[CacheWrite] = self.cache.write
@@ -168,8 +160,8 @@ class Manager:
         self._thread.start()
         # A manager never closed must not leave local workers behind at interpreter exit,
         # nor its keys on disk.
-        weakref.finalize(self, _kill_all, self._local_processes)
-        weakref.finalize(self, _remove_paths, self._cleanup_paths)
+        weakref.finalize(self, launch.kill_all, self._local_processes)
+        weakref.finalize(self, connection.remove_paths, self._cleanup_paths)
 
     # -- public API -------------------------------------------------------------------
 
@@ -238,19 +230,11 @@ class Manager:
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
-        extra = _lib_resources_args(lib_resources or {})
-        for flag, value in (
-            ("--memory", memory),
-            ("--disk", disk),
-            ("--workdir", workdir),
-            ("--fetch-timeout", fetch_timeout),
-        ):
-            if value is not None:
-                extra += [flag, str(value)]
+        extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
         procs = [
-            spawn(
+            launch.spawn(
                 self.address,
                 cores=cores,
                 name=f"local-{start + i}",
@@ -292,7 +276,7 @@ class Manager:
             if dead:
                 raise RuntimeError(
                     f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
-                    f"{_exit_meaning(dead[0].returncode)}"
+                    f"{launch.exit_meaning(dead[0].returncode)}"
                 )
 
     def _worker_count(self) -> int:
@@ -321,97 +305,77 @@ class Manager:
              hooks: callbacks.Hooks | None) -> Any:  # fmt: skip
         run_options = config.run_options(options)
         self._raise_if_dead()
-        rewrite = None
-        if run_options.reduction_arity is not None:
-            rewrite = functools.partial(
-                rewrite_reductions,
-                arity=run_options.reduction_arity,
-                threshold=run_options.reduction_threshold,
-            )
-        started, mono_started = time.time(), time.monotonic()
-        annotated = annotations.read(dsk)  # before the plan: it keeps no layers
-        # An annotated task keeps its own settings: it is never a link of a chain.
-        unfusable = annotations.annotated_keys(annotated) if annotated else set()
-        caching = _uses_cache(run_options, self.options)
-        fuse = not caching if run_options.fuse is None else run_options.fuse
-        if caching and fuse:
-            unfusable |= annotated_off(dsk)  # dask.annotate(cache=False): run on their own
-        # A cached run orders only the tasks it will run, once it knows which.
-        plan = build_plan(dsk, keys, rewrite, fuse=fuse, unfusable=unfusable, order=not caching)
+        started = time.time(), time.monotonic()
+        plan = self._plan(dsk, keys, run_options)
         if not plan.outputs:
             return pack_results(plan.structure, {})
-        cached = None  # the cache's plan (``cache.Cache.prepare``)
-        if caching:
-            cached = self.cache.prepare(plan, dsk, run_options.cache_dir, TaskEncoder())
-            plan = cached.plan
-            if cached.info.deferred:  # hits' payloads: made only if lineage needs them
-                cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
-        settings = None
-        if annotated:
-            priorities, settings = annotations.settle(annotated, plan.nodes)
-            if priorities:
-                order = annotations.reprioritize(plan.priorities, priorities)
-                plan = dataclasses.replace(plan, priorities=order)
-        run = Run(next(self._run_ids))
-        run.info = RunInfo(run.id, run_options.as_dict(), len(plan.nodes), started)
-        if run_options.report is not None or run_options.event_log is not None:
-            run.log = EventLog(run.id, started, mono_started, len(plan.nodes), run.info.options)
+        run = self._open_run(plan, run_options, started)
         progress = default_enabled() if run_options.progress is None else run_options.progress
-        structure, ntasks = plan.structure, len(plan.nodes)
+        structure, cached = plan.structure, plan.cache
         try:
             if hooks is not None:
                 hooks.start(plan, run)
-            watch = progress or hooks is not None
-            self._submit_in_parts(run, plan, run_options, settings, watch, cached)
-            # The scheduler has what it needs: the graph need not live through the run
-            # (but for a rerun's deferred payloads, ``RunCache.encode``, which hold it).
+            self._submit(run, plan, run_options, watch=progress or hooks is not None)
+            # The plan's dicts (several entries per task) go now, not as the run ends:
+            # the state has the tasks (only a rerun's deferred payloads keep the plan).
             del plan
-            waiter = run.done if hooks is None else hooks.waiter(run)
-            if progress:
-                wait_with_progress(waiter, lambda: run.finished_tasks, ntasks)
-            else:
-                waiter.wait()
+            _wait(run, hooks, progress)
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             self._command(Cancel(run))
-            self._end_run(run, "cancelled", run_options)
-            if hooks is not None:
-                hooks.finish(failed=True)
+            self._end_run(run, "cancelled", run_options, hooks)
             raise
         if cached is not None:
             run.info.cache = cached.info.stats
-        self._end_run(run, "done" if run.failure is None else "failed", run_options)
-        if hooks is not None:
-            hooks.finish(failed=run.failure is not None)
+        self._end_run(run, "done" if run.failure is None else "failed", run_options, hooks)
         if run.failure is not None:
             raise _run_error(run.failure)
-        values = {} if hooks is None else hooks.values  # outputs the callbacks saw
-        for key, serialized in run.values.items():
-            if key in values:
-                continue
-            try:
-                values[key] = loads(serialized)
-            except Exception as exc:
-                raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
-        return pack_results(structure, values)
+        return pack_results(structure, _results(run, hooks))
 
-    def _end_run(self, run: Run, outcome: str, options: RunOptions) -> None:
+    def _plan(self, dsk: Any, keys: Any, options: RunOptions) -> Plan:
+        """``dsk`` read once into a plan, then the plan's passes in their order (see
+        ``plan.graph``): each takes the plan and returns one."""
+        plan = graph.read(dsk, keys)
+        if not plan.outputs:
+            return plan
+        caching = _uses_cache(options, self.options)
+        fuse = not caching if options.fuse is None else options.fuse
+        plan = graph.rewritten(plan, options.reduction_arity, options.reduction_threshold)
+        if fuse:  # a cached run's ``cache=False`` tasks run on their own, never in a chain
+            plan = graph.fused(plan, uncached_keys(plan.annotations) if caching else set())
+        plan = graph.annotated(plan)
+        if caching:
+            plan = self.cache.prepare(plan, options.cache_dir)
+        return graph.ordered(plan)
+
+    def _open_run(self, plan: Plan, options: RunOptions, started: tuple[float, float]) -> Run:
+        run = Run(next(self._run_ids))
+        run.info = RunInfo(run.id, options.as_dict(), len(plan.nodes), started[0])
+        if options.report is not None or options.event_log is not None:
+            run.log = EventLog(run.id, *started, len(plan.nodes), run.info.options)
+        return run
+
+    def _end_run(self, run: Run, outcome: str, options: RunOptions,
+                 hooks: callbacks.Hooks | None) -> None:  # fmt: skip
+        """Record the run's end (``last_run``), write its event log and report, and
+        tell the callbacks."""
         run.info.finished = time.time()
         run.info.outcome = outcome
         self.last_run = run.info
-        if run.log is None:
-            return
-        run.log.end(time.monotonic(), outcome, run.info)
-        run.info.events = run.log
-        try:
-            if options.event_log is not None:
-                write_events(run.log.records(), options.event_log)
-            if options.report is not None:
-                write_report(run.log.records(), options.report)
-        except Exception:
-            if outcome == "done":
-                raise
-            # The run's own error matters more; the report of a failed run is a bonus.
-            logger.exception("could not write the report or event log of run %d", run.id)
+        if run.log is not None:
+            run.log.end(time.monotonic(), outcome, run.info)
+            run.info.events = run.log
+            try:
+                if options.event_log is not None:
+                    write_events(run.log.records(), options.event_log)
+                if options.report is not None:
+                    write_report(run.log.records(), options.report)
+            except Exception:
+                if outcome == "done":
+                    raise
+                # The run's own error matters more; the report of a failed run is a bonus.
+                logger.exception("could not write the report or event log of run %d", run.id)
+        if hooks is not None:
+            hooks.finish(failed=outcome != "done")
 
     def report(self, path: str | os.PathLike) -> None:
         """Write the performance report of the last run that ended to ``path`` (HTML).
@@ -427,73 +391,56 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit_in_parts(
-        self, run: Run, plan: Plan, options: RunOptions,
-        settings: annotations.RunSettings | None, watch: bool,
-        cached: CachedRun | None = None,
-    ) -> None:  # fmt: skip
-        """Pickle and submit the plan's tasks in priority order, ``SUBMIT_PART`` at a time.
+    def _submit(self, run: Run, plan: Plan, options: RunOptions, watch: bool) -> None:
+        """Pickle and submit the plan's tasks in its order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
-        graph does not wait for all of it to be prepared. Priority order puts every task
-        after its dependencies; each task carries its dependents count, so a result is not
-        released before dependents still to come have arrived. With the cache, only the
-        tasks that will run count as dependents.
+        graph does not wait for all of it to be prepared. The plan's order puts every
+        task after its dependencies; each task carries its dependents count, so a result
+        is not released before dependents still to come have arrived (with the cache,
+        only the tasks that will run count: the cache's pass set ``plan.dependents``).
         """
+        cached: CachedRun | None = plan.cache
         encoder = TaskEncoder() if cached is None else cached.encoder
-        run_config = None if options.default_execution else _run_config(run.id, options)
-        cache = None if cached is None else cached.info
         add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
-        submit = functools.partial(
-            self._submit_part,
-            run,
-            plan,
-            options,
-            run_config,
-            settings,
-            watch=watch,
-            cache=cache,
-        )
-        sent_functions: set[bytes] = set()
+        deferred = frozenset() if cached is None else cached.info.deferred
+        if cached is not None and deferred:  # hits' payloads: made only if lineage needs them
+            cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
+        watched = watch or run.log is not None
+        run_config = None if options.default_execution else _run_config(run.id, options)
+        opening: s.SubmitRun | None = s.SubmitRun(
+            run.id, [], plan.outputs, options.retries, {}, options.replicas, run_config,
+            watched, plan.settings, None if cached is None else cached.info,
+        )  # fmt: skip
+        nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
+        dependents = plan.dependents
+        sent: set[bytes] = set()
         part: list[s.NewTask] = []
-        first = True
-        dependents = plan.dependents if cached is None or cached.readers is None else cached.readers
-        deferred = cache.deferred if cache is not None else frozenset()
         for key in plan.order:
+            node = nodes[key]
             if add_key is not None:
-                add_key(key, plan.nodes[key])
-            if key in deferred:
-                payload, functions = b"", ()
-            else:
-                payload, functions = _encode_task(encoder, key, plan.nodes[key])
-            deps = tuple(plan.dependencies[key])
-            prefix, readers = key_split(key), dependents.get(key, 0)
-            part.append(
-                s.NewTask(key, payload, functions, deps, plan.priorities[key], prefix, readers)
-            )
+                add_key(key, node)
+            payload, functions = _DEFERRED if key in deferred else _encode_task(encoder, key, node)
+            deps, readers = tuple(dependencies[key]), dependents.get(key, 0)
+            prefix = key_split(key)
+            part.append(s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers))
             if len(part) >= SUBMIT_PART:
-                submit(part, encoder, sent_functions, first)
-                first = False
-                part = []
+                self._send_part(run, part, encoder, sent, opening)
+                opening, part = None, []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        submit(part, encoder, sent_functions, first)
+        self._send_part(run, part, encoder, sent, opening)
         run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _submit_part(self, run: Run, plan: Plan, options: RunOptions,
-                     run_config: p.RunConfig | None, settings: annotations.RunSettings | None,
-                     part: list, encoder: TaskEncoder, sent_functions: set[bytes],
-                     first: bool, watch: bool, cache: RunCache | None = None) -> None:  # fmt: skip
-        """Send one part: the first opens the run, the others extend it."""
-        functions = {f: c for f, c in encoder.functions.items() if f not in sent_functions}
-        sent_functions.update(functions)
-        if first:
-            watched = watch or run.log is not None
-            event: Any = s.SubmitRun(
-                run.id, part, plan.outputs, options.retries, functions, options.replicas,
-                run_config, watched, settings, cache,
-            )  # fmt: skip
-            self._command(Submit(run, event, watched))
+    def _send_part(self, run: Run, part: list[s.NewTask], encoder: TaskEncoder,
+                   sent: set[bytes], opening: s.SubmitRun | None) -> None:  # fmt: skip
+        """Send one part and the functions not sent yet: the first part (``opening``)
+        opens the run, the others extend it."""
+        functions = {f: c for f, c in encoder.functions.items() if f not in sent}
+        sent.update(functions)
+        if opening is not None:
+            event = opening._replace(tasks=part, functions=functions)
+            self._command(Submit(run, event, event.watched))
         else:
             self._command(Extend(run, s.ExtendRun(run.id, part, functions)))
 
@@ -501,8 +448,9 @@ class Manager:
         """Keep workers on a batch system, sized to the work, through a Parsl provider.
 
         ``pool_options`` are ``WorkerPool``'s: ``min_workers``, ``max_workers``, ``cores``,
-        ``memory``, ``disk``, ``idle_timeout``, ``poll_interval``, ``python``. The pool
-        runs until its ``close()`` or the manager's, which cancel its jobs.
+        ``memory``, ``disk``, ``idle_timeout``, ``poll_interval``, ``python`` and
+        ``manager_timeout`` (the workers' ``--manager-timeout``, s). The pool runs until
+        its ``close()`` or the manager's, which cancel its jobs.
         """
         from daskvine_py.batch.pool import WorkerPool
 
@@ -545,7 +493,7 @@ class Manager:
         self._close_sockets()
         self._io.close_pipe()
         self.cache.close()
-        _remove_paths(self._cleanup_paths)
+        connection.remove_paths(self._cleanup_paths)
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)
@@ -563,83 +511,6 @@ class Manager:
     def _raise_if_dead(self) -> None:
         if self._io.error is not None:
             raise self._io.dead_error()
-
-
-def _manager_keys(options: ManagerOptions) -> security.Keys | None:
-    """The run's keys: none without security, else from ``key_file`` (made if missing)."""
-    if not options.security:
-        return None
-    if options.key_file is None:
-        return security.Keys.generate()
-    path = os.fspath(options.key_file)
-    if os.path.exists(path):
-        return security.read_key_file(path, need_manager_secret=True)
-    keys = security.Keys.generate()
-    security.write_key_file(path, keys)
-    return keys
-
-
-def _write_connection_file(
-    path: str | os.PathLike | None, address: str, keys: security.Keys | None
-) -> tuple[str, str | None]:
-    """Write the connection file; its path, and what to remove when the manager closes
-    (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""
-    if path is not None:
-        path = os.path.abspath(os.fspath(path))
-        security.write_connection_file(path, address, keys)
-        return path, []
-    port = address.rsplit(":", 1)[1]
-    name = f"manager-{HOSTNAME}-{os.getpid()}-{port}.json"
-    try:
-        directory = security.private_dir(security.default_connection_dir())
-        path = os.path.join(directory, name)
-        security.write_connection_file(path, address, keys)
-        return path, [path]
-    except OSError:  # no writable home directory: a private temporary one
-        directory = tempfile.mkdtemp(prefix="daskvine-py-")
-        path = os.path.join(directory, name)
-        security.write_connection_file(path, address, keys)
-        return path, [path, directory]
-
-
-def _remove_paths(paths: list[str]) -> None:
-    """Remove files, then the (empty) directories made for them."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
-
-
-def _exit_meaning(code: int | None) -> str:
-    meaning = EXIT_MEANINGS.get(code)
-    return f" ({meaning})" if meaning else ""
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _kill_all(processes: list[subprocess.Popen]) -> None:
-    for proc in processes:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
-    unknown = set(lib_resources) - {"cores", "slots"}
-    if unknown:
-        raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
-    args = []
-    for name, value in lib_resources.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
-        args += [f"--lib-{name}", str(value)]
-    return args
 
 
 def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
@@ -678,6 +549,30 @@ def _deferred_payload(
     a task submitted without its payload."""
     payload, functions = _encode_task(encoder, key, plan.nodes[key])
     return payload, functions, {fid: encoder.functions[fid] for fid in functions}
+
+
+def _wait(run: Run, hooks: callbacks.Hooks | None, progress: bool) -> None:
+    """Wait for the run to end: calling the callbacks as it goes, if any, and showing
+    a progress bar, if asked."""
+    waiter = run.done if hooks is None else hooks.waiter(run)
+    if progress:
+        wait_with_progress(waiter, lambda: run.finished_tasks, run.info.tasks)
+    else:
+        waiter.wait()
+
+
+def _results(run: Run, hooks: callbacks.Hooks | None) -> dict[Any, Any]:
+    """The run's outputs by key, unpickled in the caller's thread (those the callbacks
+    saw are not unpickled again)."""
+    values = {} if hooks is None else hooks.values
+    for key, serialized in run.values.items():
+        if key in values:
+            continue
+        try:
+            values[key] = loads(serialized)
+        except Exception as exc:
+            raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
+    return values
 
 
 def _run_error(failure: s.RunFailed | BaseException) -> BaseException:

@@ -21,12 +21,15 @@ from __future__ import annotations
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 Key = Hashable
 
 #: The annotations that mean something here; distributed's names and meanings.
 HONOURED = ("priority", "retries", "resources", "workers", "allow_other_workers")
+#: What ``read`` keeps: those, and ``cache`` (``dask.annotate(cache=False)``: tasks the
+#: result cache leaves alone), so that the graph's layers are read once for both.
+READ = (*HONOURED, "cache")
 #: What a task may ask for in ``resources``: task slots, and MB of the worker's memory.
 RESOURCES = ("cores", "memory")
 MB = 2**20
@@ -75,8 +78,11 @@ class RunSettings:
     examples: Mapping[Placement, Key]
 
 
-def read(dsk: Any) -> dict[str, Mapping[Key, Any]]:
-    """The annotations ``dsk`` carries, as ``{annotation: {key: value}}``; {} for none."""
+def read(dsk: Any) -> dict[str, dict[Key, Any]]:
+    """The annotations ``dsk`` carries, as ``{annotation: {key: value}}``; {} for none.
+
+    Of a ``HighLevelGraph``, only those in ``READ``; an expression hands over all of its own.
+    """
     expression_annotations = getattr(dsk, "__dask_annotations__", None)
     if expression_annotations is not None and not isinstance(dsk, Mapping):
         return dict(expression_annotations() or {})
@@ -89,7 +95,7 @@ def read(dsk: Any) -> dict[str, Mapping[Key, Any]]:
         if not annotations:
             continue
         for name, value in annotations.items():
-            if name not in HONOURED:
+            if name not in READ:
                 continue
             per_key = found.setdefault(name, {})
             if callable(value):
@@ -209,7 +215,7 @@ def _workers(key: Key, value: Any) -> frozenset[str] | None:
 def _number(key: Key, name: str, value: Any) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise ValueError(f"task {key!r}: the {name} annotation must be a number, not {value!r}")
-    return value
+    return cast(float, value)  # as it is: an int stays one
 
 
 def _retries(key: Key, value: Any) -> int:

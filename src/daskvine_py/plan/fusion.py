@@ -62,7 +62,7 @@ class Chain:
             raise
         return values[key]
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (Chain, (self.links,))
 
     def __repr__(self) -> str:

@@ -1,16 +1,21 @@
-"""Turn whatever Dask hands a ``get`` into a plan the scheduler can run.
+"""Any Dask graph into one ``Plan``, read once, and the passes it goes through to run.
 
 Dask gives a scheduler many shapes: plain dicts of legacy tuple tasks, ``HighLevelGraph``,
 dicts of ``dask._task_spec`` nodes (``Task``, ``DataNode``, ``Alias``, nested containers),
-and, since dask 2025.4, the expression object itself. ``build_plan`` normalises all of them
-to ``GraphNode`` objects, culls to the requested keys, rejects cycles and missing keys with
-errors that name them, and orders the tasks with ``dask.order``.
+and, since dask 2025.4, the expression object itself. ``read`` is the one look at what
+Dask handed over: it normalises every shape to ``GraphNode`` objects (light legacy tasks
+stay ``legacy.LegacyCall``), culls to the requested keys, rejects cycles and missing keys
+with errors that name them, and keeps the annotations the graph form carries. Then each
+pass takes the plan and returns one, in this order (``Manager.get`` runs them):
 
-Legacy tasks whose arguments are all keys or scalars (``(inc, ("x", 1))``, the bulk of a
-big hand-built graph) are not converted: building a ``Task`` costs several microseconds,
-which for 10^5 tasks is seconds before the first task can run. They become ``LegacyCall``
-objects, which hold the original tuple and run it the way its ``Task`` would.
+1. ``rewritten``: large reductions as balanced trees (``rewrite``);
+2. ``fused``: linear chains as one task each (``fusion``); annotated tasks stay apart;
+3. ``annotated``: the annotations settled into per-task settings and user priorities;
+4. the cache's pass (``cache.result_cache.Cache.prepare``, above this package): what a
+   cached run need not run, and the readers of what it runs;
+5. ``ordered``: priorities and the submission order, decided here and nowhere else.
 
+``build_plan`` runs the plan's own passes but the annotations' (for tests and tools).
 Everything here is pure: no sockets, no processes, no serialization.
 """
 
@@ -18,116 +23,83 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Container, Hashable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from dask.order import order
+from dask.typing import Key as DaskKey
 
 from daskvine_py.errors import GraphCycleError
+from daskvine_py.plan.annotations import RunSettings, annotated_keys, reprioritize, settle
+from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain, fuse_chains
+from daskvine_py.plan.legacy import Key, LegacyCall, light_dependencies
+from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, rewrite_reductions
 
-Key = Hashable
+__all__ = [
+    "DASK_ORDER_LIMIT", "Key", "LegacyCall", "Node", "Plan", "annotated", "as_mapping",
+    "build_plan", "convert", "cull", "depth_first", "flatten_keys", "fused",
+    "light_dependencies", "ordered", "pack_results", "read", "rewritten",
+]  # fmt: skip
 
 #: Largest graph ordered with ``dask.order``, whose memory-aware order costs some 20 µs
 #: per task (seconds for 10^5 tasks, before anything runs). Larger graphs take the
 #: depth-first topological order, which is linear and also finishes what it starts.
 DASK_ORDER_LIMIT = 50_000
 
+#: What a plan's task is: a Dask node, a light legacy task, or a fused chain.
+Node = GraphNode | LegacyCall | Chain
+
 
 @dataclass(frozen=True)
 class Plan:
-    """A culled, ordered task graph, ready to be scheduled.
+    """A culled task graph and what the passes made of it: the one record ``get`` runs.
 
-    ``nodes`` maps each needed key to its ``GraphNode``; ``dependencies`` holds, per key,
-    the keys it reads; ``outputs`` are the flat requested keys (no duplicates, in order);
-    ``priorities`` comes from ``dask.order`` (lower runs first); ``structure`` is the
-    requested key structure, nested lists included, for packing the results. ``order``
-    lists the keys by priority (every key after its dependencies) and ``dependents``
-    counts, per key, the tasks that read it (keys nobody reads are absent): both come
-    from the walk that culls the graph, so a big graph is not sorted or walked again
-    before its first task is sent.
+    Passes never mutate a plan: each returns a new one (``dataclasses.replace``), sharing
+    what it did not change.
     """
 
-    nodes: dict[Key, GraphNode | LegacyCall]
+    #: each needed key's task
+    nodes: dict[Key, Node]
+    #: per key, the keys it reads
     dependencies: dict[Key, frozenset[Key]]
+    #: the flat requested keys (no duplicates, in order)
     outputs: list[Key]
-    priorities: dict[Key, int]
+    #: the requested key structure, nested lists included, for packing the results
     structure: Any
+    #: every key after its dependencies: the depth-first walk's order until ``ordered``
+    #: makes it the priorities' (the walk that culls provides it, so a big graph is not
+    #: sorted or walked again before its first task is sent)
     order: list[Key]
+    #: per key, the tasks that read it (absent: none); after the cache's pass, only the
+    #: tasks that will run
     dependents: dict[Key, int]
+    #: per key, its rank (lower runs first): set by ``ordered`` ({} before)
+    priorities: dict[Key, int] = field(default_factory=dict)
+    #: the annotations the graph carried, ``{annotation: {key: value}}`` ({}: none)
+    annotations: Mapping[str, Mapping[Key, Any]] = field(default_factory=dict)
+    #: what the annotations ask of the scheduler beyond priorities (``annotated``)
+    settings: RunSettings | None = None
+    #: priorities users annotated, which ``ordered`` puts first (``annotated``)
+    user_priorities: Mapping[Key, float] = field(default_factory=dict)
+    #: the tasks that will run, set by the cache's pass (None: all of them)
+    running: AbstractSet[Key] | None = None
+    #: the cache's pass's record for submission and the state, ``CachedRun`` (the cache
+    #: is above this package, which cannot name it); None for a run without the cache
+    cache: Any = None
 
     def __len__(self) -> int:
         return len(self.nodes)
 
 
-class LegacyCall:
-    """A legacy task ``(func, *args)`` whose arguments are keys or scalars, unconverted.
-
-    Called with its inputs by key, it calls ``func`` with each argument that is a key
-    replaced by that input: what ``convert_legacy_task`` would build, without building
-    it. ``light_dependencies`` decides which tasks qualify and finds ``dependencies``.
-    """
-
-    __slots__ = ("task", "dependencies")
-
-    def __init__(self, task: tuple, dependencies: frozenset[Key]) -> None:
-        self.task = task
-        self.dependencies = dependencies
-
-    def __call__(self, values: Mapping[Key, Any]) -> Any:
-        task = self.task
-        if not self.dependencies:
-            return task[0](*task[1:])
-        deps = self.dependencies
-        return task[0](*[values[arg] if arg in deps else arg for arg in task[1:]])
-
-    def __reduce__(self) -> tuple:
-        return (LegacyCall, (self.task, self.dependencies))
-
-    def __repr__(self) -> str:
-        return f"LegacyCall({self.task!r})"
-
-
-#: Scalar argument types that ``convert_legacy_task`` checks against the graph's keys...
-_KEY_SCALARS = frozenset({int, float, str, bool})
-#: ...and scalars it passes through as they are.
-_PLAIN_SCALARS = frozenset({bytes, type(None)})
-
-
-def light_dependencies(value: Any, keys: Container) -> frozenset[Key] | None:
-    """The dependencies of a legacy task made of keys and scalars; None for anything else.
-
-    Exact types only: a subclass, a container, a dict or a nested task may mean something
-    else to Dask, so those tasks are converted by Dask itself.
-    """
-    if type(value) is not tuple or not value or not callable(value[0]):
-        return None
-    deps = []
-    for arg in value[1:]:
-        kind = type(arg)
-        if kind in _KEY_SCALARS:
-            if arg in keys:
-                deps.append(arg)
-        elif kind is tuple:
-            try:
-                if arg not in keys:
-                    return None  # a literal tuple, or a nested task
-            except TypeError:  # unhashable inside
-                return None
-            deps.append(arg)
-        elif kind not in _PLAIN_SCALARS:
-            return None
-    return frozenset(deps)
-
-
-def convert(key: Key, value: Any, keys: Container) -> GraphNode:
+def convert(key: Key, value: Any, keys: Container[Key]) -> GraphNode:
     """``value`` as a ``GraphNode``, as ``convert_legacy_graph`` would make it."""
     if isinstance(value, GraphNode):
         return value
-    node = convert_legacy_task(key, value, keys)
+    node = convert_legacy_task(cast(DaskKey, key), value, keys)
     if isinstance(node, Alias) and node.target == key:
         raise KeyError(f"task {key!r} is an alias of itself")
     if not isinstance(node, GraphNode):
@@ -135,7 +107,7 @@ def convert(key: Key, value: Any, keys: Container) -> GraphNode:
     return node
 
 
-def as_mapping(dsk: Any) -> Mapping:
+def as_mapping(dsk: Any) -> Mapping[Key, Any]:
     """The task mapping behind ``dsk``: expression objects are unwrapped."""
     if isinstance(dsk, dict):
         return dsk
@@ -156,7 +128,7 @@ def flatten_keys(keys: Any) -> list[Key]:
     if not isinstance(keys, list):
         return [keys]
     out: list[Key] = []
-    stack: list[Iterable] = [iter(keys)]
+    stack: list[Iterable[Any]] = [iter(keys)]
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
@@ -178,61 +150,82 @@ def pack_results(structure: Any, values: Mapping[Key, Any]) -> Any:
     return values[structure]
 
 
-Rewrite = Callable[
-    [dict[Key, GraphNode], dict[Key, frozenset[Key]], list[Key]],
-    tuple[dict[Key, GraphNode], dict[Key, frozenset[Key]]],
-]
+# -- the read and the passes ------------------------------------------------------------
 
 
-def build_plan(
-    dsk: Any,
-    keys: Any,
-    rewrite: Rewrite | None = None,
-    fuse: bool = True,
-    unfusable: Container[Key] = (),
-    order: bool = True,
-) -> Plan:
-    """Normalise ``dsk``, cull it to ``keys``, optionally ``rewrite`` it, ``fuse`` its
-    linear chains (``fusion.fuse_chains``; ``unfusable`` keys stay tasks of their own),
-    and ``order`` it (``prioritized``; else its priorities are its depth-first order).
+def read(dsk: Any, keys: Any) -> Plan:
+    """The plan of ``keys`` in ``dsk``: the one read of what Dask handed over.
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
-    ``rewrite(nodes, dependencies, outputs)`` returns a new graph computing the same
-    outputs (the tree rewriting of reductions); it runs on the culled, acyclic graph.
     """
+    found = read_annotations(dsk)  # before the mapping: a HighLevelGraph's layers
     mapping = as_mapping(dsk)
     outputs = list(dict.fromkeys(flatten_keys(keys)))
     for key in outputs:
         if key not in mapping:
             raise KeyError(key)
     nodes, dependencies, topological, readers = cull(mapping, outputs)
-    if rewrite is not None:
-        old_keys = nodes.keys()
-        nodes, dependencies = rewrite(nodes, dependencies, outputs)
-        if nodes.keys() != old_keys:  # a tree adds keys; untouched graphs keep theirs
-            roots = itertools.chain(outputs, dependencies)
-            _, topological, readers = depth_first(roots, dependencies.__getitem__, dependencies)
-    if fuse:
-        fused, dependencies, readers = fuse_chains(
-            nodes, dependencies, readers, outputs, unfusable=unfusable
-        )
-        if fused is not nodes:
-            nodes = fused
-            topological = [key for key in topological if key in nodes]
-    priorities = {key: i for i, key in enumerate(topological)}
-    plan = Plan(nodes, dependencies, outputs, priorities, keys, topological, readers)
-    return prioritized(plan) if order else plan
+    return Plan(nodes, dependencies, outputs, keys, topological, readers, annotations=found)
 
 
-def prioritized(plan: Plan, running: AbstractSet[Key] | None = None) -> Plan:
-    """``plan`` with ``dask.order``'s priorities, and its keys in that order.
+def rewritten(plan: Plan, arity: int | None, threshold: int = DEFAULT_THRESHOLD) -> Plan:
+    """``plan`` with its reductions of at least ``threshold`` inputs as trees of
+    ``arity`` inputs per task (``rewrite.rewrite_reductions``); None: as it is."""
+    if arity is None or len(plan.nodes) <= threshold:  # too small to hold such a reduction
+        return plan
+    nodes, dependencies = rewrite_reductions(
+        plan.nodes, plan.dependencies, plan.outputs, arity, threshold
+    )
+    return _regraphed(plan, nodes, dependencies)
 
-    ``running``: only these tasks are ordered (those a cached run computes); the others
-    (results the cache has, kept as lineage) rank after them in the plan's order, which
-    stays the depth-first one (every key after its dependencies).
+
+def fused(plan: Plan, keep: AbstractSet[Key] = frozenset()) -> Plan:
+    """``plan`` with its linear chains as one task each (``fusion.fuse_chains``).
+
+    Annotated tasks keep their own settings, and ``keep`` (the cache's ``cache=False``
+    tasks) their own runs: neither is ever a link of a chain.
     """
-    nodes, dependencies = plan.nodes, plan.dependencies
+    unfusable = annotated_keys(plan.annotations) if plan.annotations else set()
+    if keep:
+        unfusable |= keep
+    nodes, dependencies, readers = fuse_chains(
+        plan.nodes, plan.dependencies, plan.dependents, plan.outputs, unfusable=unfusable
+    )
+    if nodes is plan.nodes:
+        return plan
+    order = [key for key in plan.order if key in nodes]
+    return dataclasses.replace(
+        plan, nodes=nodes, dependencies=dependencies, dependents=readers, order=order
+    )
+
+
+def annotated(plan: Plan) -> Plan:
+    """``plan`` with its annotations settled for its tasks: the ``settings`` the scheduler
+    applies and the ``user_priorities`` that ``ordered`` puts first.
+
+    Run after the passes that change the tasks, so that the settings name the tasks that
+    run. Raises ``ValueError`` naming the key and the annotation for a value that means
+    nothing here (``annotations.settle``).
+    """
+    if not plan.annotations:
+        return plan
+    user, settings = settle(plan.annotations, plan.nodes)
+    if not user and settings is None:
+        return plan
+    return dataclasses.replace(plan, settings=settings, user_priorities=user)
+
+
+def ordered(plan: Plan) -> Plan:
+    """``plan`` with its priorities, and its keys in that order: the one place it is decided.
+
+    ``dask.order`` ranks the tasks that run (``plan.running``; all when None); the
+    others (results a cached run has, kept as lineage) rank after them in the plan's
+    order, which then stays the depth-first one (every key after its dependencies).
+    Annotated priorities go first (``annotations.reprioritize``).
+    """
+    nodes, dependencies, running = plan.nodes, plan.dependencies, plan.running
+    keys = plan.order
     if running is not None and len(running) < len(nodes):
         deps = {key: dependencies[key] & running for key in running}
         readers: dict[Key, int] = {}
@@ -241,14 +234,58 @@ def prioritized(plan: Plan, running: AbstractSet[Key] | None = None) -> Plan:
                 readers[dep] = readers.get(dep, 0) + 1
         ranks = _dask_order({key: nodes[key] for key in running}, deps, readers)
         if ranks is None:
-            ranks = {key: i for i, key in enumerate(k for k in plan.order if k in running)}
+            ranks = {key: i for i, key in enumerate(k for k in keys if k in running)}
         after = len(ranks)
-        priorities = {key: ranks.get(key, after + i) for i, key in enumerate(plan.order)}
-        return dataclasses.replace(plan, priorities=priorities)
-    ranks = _dask_order(nodes, dependencies, plan.dependents)
-    if ranks is None:
-        return plan
-    return dataclasses.replace(plan, priorities=ranks, order=sorted(nodes, key=ranks.__getitem__))
+        priorities = {key: ranks.get(key, after + i) for i, key in enumerate(keys)}
+    else:
+        ranks = _dask_order(nodes, dependencies, plan.dependents)
+        if ranks is None:
+            priorities = {key: i for i, key in enumerate(keys)}
+        else:
+            priorities, keys = ranks, sorted(nodes, key=ranks.__getitem__)
+    if plan.user_priorities:
+        priorities = reprioritize(priorities, plan.user_priorities)
+    return dataclasses.replace(plan, priorities=priorities, order=keys)
+
+
+Rewrite = Callable[
+    [dict[Key, Node], dict[Key, frozenset[Key]], list[Key]],
+    tuple[dict[Key, Node], dict[Key, frozenset[Key]]],
+]
+
+
+def build_plan(
+    dsk: Any,
+    keys: Any,
+    rewrite: Rewrite | None = None,
+    fuse: bool = True,
+    unfusable: AbstractSet[Key] = frozenset(),
+    order: bool = True,
+) -> Plan:
+    """``read``, then optionally ``rewrite`` (``rewrite(nodes, dependencies, outputs)``
+    returns a new graph computing the same outputs), ``fuse`` (``unfusable`` keys stay
+    tasks of their own) and ``order`` (else the priorities are the depth-first order).
+    What ``get`` does but for settling annotations and the cache: for tests and tools."""
+    plan = read(dsk, keys)
+    if rewrite is not None:
+        plan = _regraphed(plan, *rewrite(plan.nodes, plan.dependencies, plan.outputs))
+    if fuse:
+        plan = fused(plan, unfusable)
+    if order:
+        return ordered(plan)
+    return dataclasses.replace(plan, priorities={key: i for i, key in enumerate(plan.order)})
+
+
+def _regraphed(plan: Plan, nodes: dict[Key, Node], dependencies: dict[Key, frozenset[Key]]) -> Plan:
+    """``plan`` with a new graph computing the same outputs; walked again only when
+    its keys changed (a rewritten tree adds keys, an untouched graph keeps its own)."""
+    if nodes.keys() == plan.nodes.keys():
+        return dataclasses.replace(plan, nodes=nodes, dependencies=dependencies)
+    roots = itertools.chain(plan.outputs, dependencies)
+    _, order, readers = depth_first(roots, dependencies.__getitem__, dependencies)
+    return dataclasses.replace(
+        plan, nodes=nodes, dependencies=dependencies, order=order, dependents=readers
+    )
 
 
 def _dask_order(
@@ -264,14 +301,14 @@ def _dask_order(
         return None
     # dask.order reads the tasks themselves: it gets legacy tuples as they were.
     graph = {k: _as_dask_task(k, v, dependencies[k]) for k, v in nodes.items()}
-    return order(graph, dependencies=dict(dependencies))
+    return cast(dict[Key, int], order(cast(Any, graph), dependencies=cast(Any, dependencies)))
 
 
 def _as_dask_task(key: Key, node: Any, dependencies: frozenset[Key]) -> Any:
     """What dask.order is shown of a node: a chain as a task of the chain's inputs (its
     links name keys dask.order is not shown), a legacy task as it was."""
     if type(node) is Chain:
-        return Task(key, _chain, *[TaskRef(dep) for dep in dependencies])
+        return Task(key, _chain, *[TaskRef(cast(DaskKey, dep)) for dep in dependencies])
     return node.task if type(node) is LegacyCall else node
 
 
@@ -281,13 +318,13 @@ def _chain(*inputs: Any) -> None:
 
 def cull(
     graph: Mapping[Key, Any], outputs: Iterable[Key]
-) -> tuple[dict[Key, GraphNode | LegacyCall], dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
+) -> tuple[dict[Key, Node], dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
     """The nodes the outputs need, their dependencies, an order and each key's readers.
 
     One ``depth_first`` walk from the outputs. Only the needed tasks are converted, and
     light legacy tasks not at all (``LegacyCall``).
     """
-    needed: dict[Key, GraphNode | LegacyCall] = {}
+    needed: dict[Key, Node] = {}
 
     def convert_needed(key: Key) -> frozenset[Key]:
         value = graph[key]
@@ -303,7 +340,7 @@ def cull(
 
 
 def depth_first(
-    roots: Iterable[Key], dependencies_of: Callable[[Key], frozenset[Key]], known: Container
+    roots: Iterable[Key], dependencies_of: Callable[[Key], frozenset[Key]], known: Container[Key]
 ) -> tuple[dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
     """Walk from ``roots`` (in their order) through ``dependencies_of``, iteratively.
 

@@ -38,11 +38,12 @@ import types
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, TypeGuard, TypeVar, cast, overload
 
 from dask._task_spec import Alias, GraphNode, List, Task, TaskRef, Tuple, convert_legacy_task
+from dask.typing import Key as DaskKey
 
-from daskvine_py.plan.graph import Key, LegacyCall
+from daskvine_py.plan.legacy import Key, LegacyCall
 
 __all__ = [
     "DEFAULT_ARITY",
@@ -124,15 +125,15 @@ def is_associative(func: Any) -> bool:
 
 
 def rewrite_reductions(
-    nodes: Mapping[Key, GraphNode],
+    nodes: Mapping[Key, Any],
     dependencies: Mapping[Key, frozenset[Key]],
     outputs: Iterable[Key],
     arity: int | None = DEFAULT_ARITY,
     threshold: int = DEFAULT_THRESHOLD,
-) -> tuple[dict[Key, GraphNode], dict[Key, frozenset[Key]]]:
+) -> tuple[dict[Key, Any], dict[Key, frozenset[Key]]]:
     """Return new ``(nodes, dependencies)`` where large reductions are balanced trees.
 
-    ``nodes`` and ``dependencies`` are a (possibly culled) graph as ``graph.build_plan``
+    ``nodes`` and ``dependencies`` are a (possibly culled) graph as ``graph.read``
     makes it; ``outputs`` are the keys the caller will read, which are never removed or
     changed in value. A reduction over at least ``threshold`` inputs, and more than
     ``arity``, becomes a tree whose tasks read at most ``arity`` inputs each. ``arity=None``
@@ -151,8 +152,8 @@ def rewrite_reductions(
     known = _Known()
     # Light legacy tasks (graph.LegacyCall) are left unconverted; those calling a known or
     # marked function may be reductions and become Tasks here.
-    converted = {
-        key: convert_legacy_task(key, node.task, nodes)
+    converted: dict[Key, Any] = {
+        key: cast(GraphNode, convert_legacy_task(cast(DaskKey, key), node.task, nodes))
         for key, node in nodes.items()
         if type(node) is LegacyCall and (known.kind(node.task[0]) or _marked(node.task[0]))
     }
@@ -176,7 +177,7 @@ def rewrite_reductions(
             trees[key] = _build_tree(key, reduction, arity, taken)
             absorbed.update(reduction.absorbed)
 
-    new_nodes: dict[Key, GraphNode] = {}
+    new_nodes: dict[Key, Any] = {}
     new_dependencies: dict[Key, frozenset[Key]] = {}
     for key, node in original.items():  # untouched nodes stay the same objects
         if key in absorbed:
@@ -430,7 +431,7 @@ def _match_fan_in(node: Task, known: _Known) -> _Reduction | None:
     return None
 
 
-def _is_link(node: Any, known: _Known, func: Any = None) -> bool:
+def _is_link(node: Any, known: _Known, func: Any = None) -> TypeGuard[Task]:
     """Whether ``node`` is one step ``op(x, y)`` of a chain (of ``func``, if given)."""
     return (
         type(node) is Task
@@ -448,7 +449,7 @@ class _Graph:
 
     def __init__(
         self,
-        nodes: Mapping[Key, GraphNode],
+        nodes: Mapping[Key, Any],
         dependencies: Mapping[Key, frozenset[Key]],
         outputs: Iterable[Key],
         known: _Known,
@@ -501,8 +502,8 @@ class _Graph:
         owner = self.dependent.get(key)
         if owner is None or owner is _SEVERAL or key in self.outputs:
             return False
-        parent = self.nodes.get(owner)
-        if not _is_link(parent, self.known, self.nodes[key].func):
+        parent, link = self.nodes.get(owner), self.nodes[key]
+        if type(link) is not Task or not _is_link(parent, self.known, link.func):
             return False
         side = self.spine(parent, owner, top_level=True)
         return side is not None and _reference(parent.args[side]) == key
@@ -521,7 +522,7 @@ class _Graph:
             else:  # a reference to a link that nothing else reads: it joins the tree
                 owner = _reference(operand)
                 absorbed.append(owner)
-                node, top_level = self.nodes[owner], True
+                node, top_level = cast(Task, self.nodes[owner]), True  # (a link: ``spine``)
         terms: deque[Any] = deque(node.args)
         for side, other in reversed(steps):
             if side == 0:

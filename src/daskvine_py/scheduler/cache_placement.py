@@ -34,14 +34,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 
-from daskvine_py.scheduler.messages import CacheClear, CacheWrite, Key
+from daskvine_py.scheduler.messages import Key
 from daskvine_py.scheduler.records import RunRecord, TaskRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
 __all__ = [
     "ACTIVE", "CACHE_MANAGER_BYTES", "CACHE_RUN_ID", "CACHE_WORKER_BYTES", "MAX_SECONDS",
-    "CacheClear", "CacheIndex", "CacheRun", "CacheStatus", "CacheWrite", "Encode", "RunCache",
+    "CacheIndex", "CacheRun", "CacheStatus", "Encode", "RunCache",
     "unlink_readers",
 ]  # fmt: skip
 

@@ -1,0 +1,84 @@
+"""How workers reach a manager: its keys and its connection file.
+
+The ``Manager`` binds its ROUTER with the keys ``manager_keys`` finds or makes, and
+writes what a worker needs to join (address and keys, ``security``) with
+``write_connection_file``; ``remove_paths`` removes what it made when it closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+import tempfile
+
+from daskvine_py.options import ManagerOptions
+from daskvine_py.wire import security
+
+#: this machine's name: connection files are named after it, and a wildcard bind is
+#: reached at it
+HOSTNAME = socket.gethostname()
+
+
+def manager_keys(options: ManagerOptions) -> security.Keys | None:
+    """The run's keys: none without security, else from ``key_file`` (made if missing)."""
+    if not options.security:
+        return None
+    if options.key_file is None:
+        return security.Keys.generate()
+    path = os.fspath(options.key_file)
+    if os.path.exists(path):
+        return security.read_key_file(path, need_manager_secret=True)
+    keys = security.Keys.generate()
+    security.write_key_file(path, keys)
+    return keys
+
+
+def reachable(host: str, port: int) -> str:
+    """The address workers reach a manager bound on ``host`` at: a wildcard bind is
+    reached at this host's name."""
+    if host in ("0.0.0.0", "::", "*"):
+        host = HOSTNAME
+    return f"tcp://{host}:{port}"
+
+
+def write_connection_file(
+    path: str | os.PathLike | None, address: str, keys: security.Keys | None
+) -> tuple[str, list[str]]:
+    """Write the connection file; its path, and what to remove when the manager closes
+    (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""
+    if path is not None:
+        path = os.path.abspath(os.fspath(path))
+        security.write_connection_file(path, address, keys)
+        return path, []
+    port = address.rsplit(":", 1)[1]
+    name = f"manager-{HOSTNAME}-{os.getpid()}-{port}.json"
+    try:
+        directory = security.private_dir(security.default_connection_dir())
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path]
+    except OSError:  # no writable home directory: a private temporary one
+        directory = tempfile.mkdtemp(prefix="daskvine-py-")
+        path = os.path.join(directory, name)
+        security.write_connection_file(path, address, keys)
+        return path, [path, directory]
+
+
+def remove_paths(paths: list[str]) -> None:
+    """Remove files, then the (empty) directories made for them."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (only it may go unsecured
+    without a warning)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
