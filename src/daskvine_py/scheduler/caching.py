@@ -16,15 +16,15 @@ from daskvine_py.scheduler.cache_placement import (
     ACTIVE,
     CACHE_RUN_ID,
     MAX_SECONDS,
-    CacheClear,
     CacheIndex,
     CacheRun,
     CacheStatus,
-    CacheWrite,
     RunCache,
     unlink_readers,
 )
 from daskvine_py.scheduler.messages import (
+    CacheClear,
+    CacheWrite,
     Instruction,
     NewTask,
     RunDone,
