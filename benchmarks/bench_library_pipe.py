@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import daskvine_py.worker.library as L
 from daskvine_py.plan import graph
 from daskvine_py.wire.serialize import TaskEncoder, loads
+from daskvine_py.worker import pipe
 
 #: round trips not counted in the median
 WARM_UP = 100
@@ -42,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     proc.start()
     b.close()
     try:
-        ready = L.receive(a)
-        if type(ready) is not L.Ready:
+        ready = pipe.receive(a)
+        if type(ready) is not pipe.Ready:
             raise AssertionError(f"the library said {ready!r} first, not Ready")
         plan = graph.build_plan({"x": (abs, -1)}, ["x"])
         node = plan.nodes["x"] if hasattr(plan, "nodes") else list(plan.tasks.values())[0]
@@ -53,14 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         times = []
         for i in range(calls):
             fields = (i + 1, "x", payload, [])
-            call = L.Call(*fields, True, True) if new else L.Call(*fields)
+            call = pipe.Call(*fields, True, True) if new else pipe.Call(*fields)
             t = time.perf_counter()
-            L.send(a, L.Run(functions if i == 0 else [], None, [call]))
-            reply = L.receive(a)
+            pipe.send(a, pipe.Run(functions if i == 0 else [], None, [call]))
+            reply = pipe.receive(a)
             times.append(time.perf_counter() - t)
             replies = getattr(reply, "replies", [reply])  # held replies come together
             done = replies[0]
-            if len(replies) != 1 or type(done) is not L.Done or done.task_id != i + 1:
+            if len(replies) != 1 or type(done) is not pipe.Done or done.task_id != i + 1:
                 raise AssertionError(f"call {i + 1}: the library answered {reply!r}")
             if loads(done.value) != 1:
                 raise AssertionError(f"call {i + 1}: abs(-1) came back as {loads(done.value)!r}")

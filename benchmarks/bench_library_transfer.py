@@ -4,8 +4,8 @@
 
 A result made in library A and read by a task in library B of the same worker travels
 today as the library protocol carries it: A pickles it (protocol 5, the array's buffer out
-of band) and writes it to its pipe (``library.send``, ``Exported``); the worker reads it
-(``library.receive``) and keeps it in its store; then writes it into B's pipe inside the
+of band) and writes it to its pipe (``pipe.send``, ``Exported``); the worker reads it
+(``pipe.receive``) and keeps it in its store; then writes it into B's pipe inside the
 ``Call`` that needs it, and B reads and unpickles it. Three real processes do exactly that
 here, with the project's own framing, and the same move through shared memory:
 
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import library
+from daskvine_py.worker import pipe
 
 MODES = ("pipe", "shm", "shm-mapped")
 
@@ -55,19 +55,19 @@ def producer(conn: Any, nbytes: int, mode: str, repeat: int) -> None:
     for _ in range(repeat):
         conn.recv_bytes()  # "export it"
         if mode == "pipe":
-            library.send(conn, library.Exported(1, dumps(value), 0.0, ""))
+            pipe.send(conn, pipe.Exported(1, dumps(value), 0.0, ""))
         else:
             made = segment(size=value.nbytes)
             np.ndarray(value.shape, value.dtype, buffer=made.buf)[:] = value
             name = made.name
             made.close()
-            library.send(conn, library.Exported(1, (name, value.shape), 0.0, ""))
+            pipe.send(conn, pipe.Exported(1, (name, value.shape), 0.0, ""))
 
 
 def consumer(conn: Any, mode: str, repeat: int) -> None:
     """Library B: runs the call that reads the result, answers with a checksum."""
     for _ in range(repeat):
-        call = library.receive(conn).calls[0]
+        call = pipe.receive(conn).calls[0]
         carried = call.inputs[0][2]
         if mode == "pipe":
             value = loads(carried)
@@ -87,10 +87,10 @@ def move_once(to_a: Any, to_b: Any, mode: str) -> tuple[float, str]:
     """The worker's side of one move: ask A, keep what it sends, hand it to B."""
     start = time.perf_counter()
     to_a.send_bytes(b"export")
-    exported = library.receive(to_a)
+    exported = pipe.receive(to_a)
     kept = exported.value  # the store's copy (or the segment's name)
-    call = library.Call(2, "reader", b"", [("result", 1, kept)], False, True)
-    library.send(to_b, library.Run([], None, [call]))
+    call = pipe.Call(2, "reader", b"", [("result", 1, kept)], False, True)
+    pipe.send(to_b, pipe.Run([], None, [call]))
     answer = to_b.recv_bytes().decode()
     if mode != "pipe":
         done = segment(kept[0])
