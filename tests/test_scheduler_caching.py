@@ -3,9 +3,15 @@ their run, with literal records and the state's operations as recording function
 
 from __future__ import annotations
 
-from daskvine_py.scheduler.cache_placement import CacheStatus, RunCache
 from daskvine_py.scheduler.caching import Caching
-from daskvine_py.scheduler.messages import CacheClear, NewTask, RunDone, RunOutput
+from daskvine_py.scheduler.messages import (
+    CacheClear,
+    CacheStatus,
+    NewTask,
+    RunCache,
+    RunDone,
+    RunOutput,
+)
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads

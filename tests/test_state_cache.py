@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.cache_placement import RunCache
-from daskvine_py.scheduler.messages import CacheClear, CacheWrite
+from daskvine_py.scheduler.messages import CacheClear, CacheWrite, RunCache
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
 from test_state import SimulatedCluster, expected_value, joined, sends

@@ -31,8 +31,8 @@ from typing import Any
 from daskvine_py.cache.directory import DiskStore
 from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys, uncached_keys
 from daskvine_py.plan.graph import Plan
-from daskvine_py.scheduler.cache_placement import CacheIndex, CacheStatus, RunCache
-from daskvine_py.scheduler.messages import CacheClear, CacheWrite
+from daskvine_py.scheduler.cache_placement import CacheIndex
+from daskvine_py.scheduler.messages import CacheClear, CacheStatus, CacheWrite, RunCache
 from daskvine_py.wire.serialize import Serialized, TaskEncoder
 
 logger = logging.getLogger("daskvine_py.manager")

@@ -3,7 +3,7 @@ later runs read them instead of computing them.
 
 The records the caller's side (``cache.result_cache``) and the state share; the state's
 side is the ``caching.Caching`` component (its byte budgets: ``cache_budget``), for runs
-submitted with a ``RunCache`` (``get(cache=True)``):
+submitted with a ``messages.RunCache`` (``get(cache=True)``):
 
 - **Providers.** A cacheable task that runs provides its cache key
   (``CacheIndex.providers``); the cache counts as one more reader (``waiters``), so the
@@ -31,17 +31,15 @@ Every run's ``RunCache.stats`` is filled when the run is dropped, before the cal
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from daskvine_py.scheduler.messages import Key
+from daskvine_py.scheduler.messages import Key, RunCache
 from daskvine_py.scheduler.records import RunRecord, TaskRecord
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import Serialized
 
 __all__ = [
     "ACTIVE", "CACHE_MANAGER_BYTES", "CACHE_RUN_ID", "CACHE_WORKER_BYTES", "MAX_SECONDS",
-    "CacheIndex", "CacheRun", "CacheStatus", "Encode", "RunCache",
+    "CacheIndex", "CacheRun",
     "unlink_readers",
 ]  # fmt: skip
 
@@ -57,60 +55,6 @@ MAX_SECONDS = 1_000_000
 
 #: The states of a task that still reads its inputs.
 ACTIVE = frozenset({"waiting", "ready", "processing"})
-
-#: A deferred task's payload, made when needed: key -> payload, function ids, their bytes.
-Encode = Callable[[Key], tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]]
-
-
-class CacheStatus(str, enum.Enum):
-    """What the caller's plan predicts of a task that will not run (``RunCache.plan``).
-
-    A ``str`` enum: a plan made of the plain strings compares equal, member for member.
-    """
-
-    #: only hits read it: it stays released (its lineage, should a hit go)
-    SKIP = "skip"
-    #: its cache key has a live result (cached, or computed by a run now)
-    HIT = "hit"
-    #: its value was read from the cache's directory (``RunCache.values``)
-    DISK = "disk"
-
-
-class RunCache:
-    """One run's cache plan, made in the caller's thread (``cache.Cache.prepare``) and
-    read by the state, and the numbers the state writes back when the run is dropped."""
-
-    __slots__ = ("keys", "plan", "values", "seconds", "persist", "deferred", "encode", "stats")
-
-    def __init__(
-        self,
-        keys: dict[Key, bytes | None],
-        plan: Mapping[Key, CacheStatus] | None = None,
-        values: dict[Key, Serialized] | None = None,
-        seconds: dict[Key, float] | None = None,
-        persist: object = None,
-        deferred: frozenset[Key] = frozenset(),
-        encode: Encode | None = None,
-    ) -> None:
-        #: cache key of every task (None, or absent: not cacheable, it always runs); a run
-        #: keyed as it is submitted gets them part by part, before each part arrives
-        self.keys = keys
-        #: the status of tasks predicted not to run; absent: run
-        self.plan: Mapping[Key, CacheStatus] = plan or {}
-        #: the values of "disk" tasks, read from the cache directory
-        self.values = values or {}
-        #: original run time of the "disk" tasks (and their skipped inputs), from disk
-        self.seconds = seconds or {}
-        #: where results go on disk (opaque here: ``CacheWrite.store``); None: nowhere
-        self.persist = persist
-        #: tasks submitted without their payload (predicted not to run), and how to make
-        #: one should lineage need it: ``encode(key)`` -> payload, function ids, and
-        #: those functions' bytes
-        self.deferred = deferred
-        self.encode = encode
-        #: hits, misses, uncached, tasks_run, bytes_reused, seconds_saved (``RunInfo.cache``)
-        self.stats: dict[str, float] = {}
-
 
 class CacheIndex:
     """What the state publishes of the cache. The caller's thread reads it without a lock

@@ -18,15 +18,15 @@ from daskvine_py.scheduler.cache_placement import (
     MAX_SECONDS,
     CacheIndex,
     CacheRun,
-    CacheStatus,
-    RunCache,
     unlink_readers,
 )
 from daskvine_py.scheduler.messages import (
     CacheClear,
+    CacheStatus,
     CacheWrite,
     Instruction,
     NewTask,
+    RunCache,
     RunDone,
     RunOutput,
     ToWorker,

@@ -7,18 +7,70 @@ the second. Imported by ``state`` and re-exported there: ``state.SubmitRun`` etc
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+import enum
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
-if TYPE_CHECKING:  # (it reads ``Key`` from here)
-    from daskvine_py.scheduler.cache_placement import RunCache
-
 Key = Hashable
 WorkerId = bytes
+
+
+#: A deferred task's payload, made when needed: key -> payload, function ids, their bytes.
+Encode = Callable[[Key], tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]]
+
+
+class CacheStatus(str, enum.Enum):
+    """What the caller's plan predicts of a task that will not run (``RunCache.plan``).
+
+    A ``str`` enum: a plan made of the plain strings compares equal, member for member.
+    """
+
+    #: only hits read it: it stays released (its lineage, should a hit go)
+    SKIP = "skip"
+    #: its cache key has a live result (cached, or computed by a run now)
+    HIT = "hit"
+    #: its value was read from the cache's directory (``RunCache.values``)
+    DISK = "disk"
+
+
+class RunCache:
+    """One run's cache plan, made in the caller's thread (``cache.Cache.prepare``) and
+    read by the state, and the numbers the state writes back when the run is dropped."""
+
+    __slots__ = ("keys", "plan", "values", "seconds", "persist", "deferred", "encode", "stats")
+
+    def __init__(
+        self,
+        keys: dict[Key, bytes | None],
+        plan: Mapping[Key, CacheStatus] | None = None,
+        values: dict[Key, Serialized] | None = None,
+        seconds: dict[Key, float] | None = None,
+        persist: object = None,
+        deferred: frozenset[Key] = frozenset(),
+        encode: Encode | None = None,
+    ) -> None:
+        #: cache key of every task (None, or absent: not cacheable, it always runs); a run
+        #: keyed as it is submitted gets them part by part, before each part arrives
+        self.keys = keys
+        #: the status of tasks predicted not to run; absent: run
+        self.plan: Mapping[Key, CacheStatus] = plan or {}
+        #: the values of "disk" tasks, read from the cache directory
+        self.values = values or {}
+        #: original run time of the "disk" tasks (and their skipped inputs), from disk
+        self.seconds = seconds or {}
+        #: where results go on disk (opaque here: ``CacheWrite.store``); None: nowhere
+        self.persist = persist
+        #: tasks submitted without their payload (predicted not to run), and how to make
+        #: one should lineage need it: ``encode(key)`` -> payload, function ids, and
+        #: those functions' bytes
+        self.deferred = deferred
+        self.encode = encode
+        #: hits, misses, uncached, tasks_run, bytes_reused, seconds_saved (``RunInfo.cache``)
+        self.stats: dict[str, float] = {}
 
 #: Bits for a task's priority within its run: earlier runs go first, then Dask's order.
 RUN_PRIORITY_BITS = 32
