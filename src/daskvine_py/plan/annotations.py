@@ -1,7 +1,8 @@
 """Dask annotations: what each graph form carries, and the settings they make per task.
 
 ``dask.annotate(...)`` marks the layers built inside it; what reaches a scheduler depends
-on the graph form Dask hands it (``docs/annotations.md`` has the table per collection):
+on the graph form Dask hands it (the table per collection is in ``docs/dask-knobs.md``,
+"What reaches the scheduler"):
 
 - a ``HighLevelGraph`` (dask before 2025.4): each layer's ``annotations``, a value or a
   function of the key, for every key of the layer;
