@@ -4,7 +4,7 @@
 
 For each workload, the graph ``get`` receives is captured (through Dask, as the harness
 runs it), planned once (``graph.build_plan``), then keyed ``--repeat`` times with a fresh
-``cache_keys.KeyMaker`` each (the code digests kept, as a manager keeps them): the median
+``cache.keys.KeyMaker`` each (the code digests kept, as a manager keeps them): the median
 seconds, per task. ``bench_cache_overhead.py`` gives the run times to set them against.
 Nothing is computed; every repeat must give the same keys, and at least one task must be
 cacheable, or it exits non-zero. ``--smoke`` (a test that it still runs): the harness's

@@ -157,7 +157,7 @@ def test_uncached_functions_and_annotations_make_tasks_and_their_readers_keyless
     assert keys_of(second) == [None, None]
 
 
-# -- the canonical tree (cache_walk): what a key tells apart and what it does not ---------
+# -- the canonical tree (cache.walk): what a key tells apart and what it does not ---------
 
 
 def walk_helper(x):

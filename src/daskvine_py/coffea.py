@@ -258,7 +258,7 @@ class DaskVinePyExecutor(ExecutorBase):
         leaves (seconds), as for ``manager.scale``.
     pool_options
         The pool's other options (``memory``, ``disk``, ``poll_interval``, ``python``,
-        ``manager_timeout``; see ``pool.WorkerPool``).
+        ``manager_timeout``; see ``batch.pool.WorkerPool``).
     treereduction
         Partial results merged per ``accumulate`` task. Smaller bounds the memory of a
         merging worker more tightly, at the cost of more tasks and a deeper tree.

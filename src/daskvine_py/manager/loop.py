@@ -128,7 +128,7 @@ class IOLoop:
         self.sent_bytes = 0
         #: what killed the loop, once it has died (see ``ManagerDied``)
         self.error: BaseException | None = None
-        #: what to do with instructions of other kinds (``state_cache.CacheWrite``)
+        #: what to do with instructions of other kinds (``messages.CacheWrite``)
         self.handlers: dict[type, Callable[[Any], None]] = {}
         #: ``StateEvent.handled`` of the events waiting in ``events``
         self._handled: list[threading.Event] = []

@@ -42,7 +42,7 @@ class Placement:
 
     Tasks without one run anywhere and take one slot; a worker holds them beyond its
     slots (saturation). A task with one is placed only where it fits, and nothing else
-    goes beyond that worker's slots while it is there (``state_constraints``).
+    goes beyond that worker's slots while it is there (``scheduler.constraints``).
     """
 
     #: task slots it takes (a worker's ``--cores``, or its libraries' slots)

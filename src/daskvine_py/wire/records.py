@@ -271,7 +271,7 @@ class RetireWorker(NamedTuple):
 
 
 class StatusReply(NamedTuple):
-    """What ``manager_loop.Demand`` holds, as it was when the request arrived."""
+    """What ``batch.planner.Demand`` holds, as it was when the request arrived."""
 
     #: tasks queued at the manager and tasks on workers: the cores the work could use now
     cores_needed: int

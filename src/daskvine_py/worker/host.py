@@ -1,6 +1,6 @@
 """A worker's dealings with its host: child processes, their files, memory, the network.
 
-``worker.Worker`` decides nothing here: it asks ``WorkerState`` what to run and uses these
+``shell.Worker`` decides nothing here: it asks ``WorkerState`` what to run and uses these
 to start and reap the processes that run it:
 
 - library processes (``library.main``, spawned, one pipe each), reaped with the

@@ -1,6 +1,6 @@
 """The worker's bookkeeping as a sans-I/O state machine: events in, instructions out.
 
-``worker.Worker`` is the I/O shell (ZeroMQ, pipes, processes, the filesystem); this is
+``shell.Worker`` is the I/O shell (ZeroMQ, pipes, processes, the filesystem); this is
 everything it decides. It never reads a clock (``now`` is passed in), never touches a
 socket, a pipe or a process. Its one collaborator is the ``Store`` of results (which may
 spill to disk, as distributed's ``WorkerState.data`` may): membership, put, release.
