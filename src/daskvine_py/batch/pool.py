@@ -214,7 +214,7 @@ class WorkerPool:
         if plan.cancel:
             self.provider.cancel(plan.cancel)
         for name in plan.retire:
-            logger.info("pool %s: retiring worker %s, idle for %g s", self.name, name,
+            logger.debug("pool %s: retiring worker %s, idle for %g s", self.name, name,
                         self.planner.idle_timeout)  # fmt: skip
             self.source.retire(name, f"idle for {self.planner.idle_timeout:g} s")
         for _ in range(plan.submit):
