@@ -103,6 +103,8 @@ def test_a_worker_says_when_it_joins_and_when_it_leaves_and_why(tmp_path):
                          "--cores", "1", "--name", "cli-1")  # fmt: skip
         try:
             worker.wait_for("worker joined")
+            dsk = {f"x{i}": (_inc, i) for i in range(50)}
+            assert list(manager.get(dsk, list(dsk))) == [i + 1 for i in range(50)]
         except BaseException:
             worker.stop()
             raise
@@ -115,6 +117,10 @@ def test_a_worker_says_when_it_joins_and_when_it_leaves_and_why(tmp_path):
     assert f"INFO worker cli-1 left {manager.address}: the manager asked it to" in log, log
     assert "(exit status 0)" in log and "Traceback" not in log, log
     assert len(log.splitlines()) <= 3, log  # one line each, nothing per task
+
+
+def _inc(x):
+    return x + 1
 
 
 _MANAGER_SCRIPT = textwrap.dedent(
@@ -356,6 +362,19 @@ def test_a_factory_without_its_batch_systems_commands_exits_at_once_naming_them(
     assert not (tmp_path / ".daskvine_py" / "jobs").exists() or not list(
         (tmp_path / ".daskvine_py" / "jobs").iterdir()
     )
+
+
+def test_a_pool_whose_batch_commands_are_missing_is_refused_when_made(tmp_path, monkeypatch):
+    parsl_providers = pytest.importorskip("parsl.providers")
+    from daskvine_py.batch.pool import BatchSystemMissing, WorkerPool
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    class Source:
+        connection_file = "/shared/run.json"
+
+    with pytest.raises(BatchSystemMissing, match="sbatch, squeue, scancel not found on PATH"):
+        WorkerPool(Source(), parsl_providers.SlurmProvider())
 
 
 @pytest.mark.timeout(120)

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from daskvine_py.batch.pool import WorkerPool
+from daskvine_py.batch.pool import BatchSystemMissing, WorkerPool, check_commands
 from daskvine_py.batch.status import StatusClient
 from daskvine_py.wire import security
 
@@ -62,16 +62,6 @@ PROVIDERS = {
     "lsf": "LSFProvider",
     "sge": "GridEngineProvider",
     "local": "LocalProvider",
-}
-#: The commands each provider runs to submit, watch and cancel jobs, found on PATH before
-#: the factory starts: without them every submission would fail, again and again.
-BATCH_COMMANDS: dict[str, tuple[str, ...]] = {
-    "slurm": ("sbatch", "squeue", "scancel"),
-    "condor": ("condor_submit", "condor_q", "condor_rm"),
-    "pbs": ("qsub", "qstat", "qdel"),
-    "lsf": ("bsub", "bjobs", "bkill"),
-    "sge": ("qsub", "qstat", "qdel"),
-    "local": (),
 }
 EXIT_USAGE = 2
 EXIT_NO_BATCH_SYSTEM = 3
@@ -260,11 +250,6 @@ def _walltime(text: str) -> str:
     return text
 
 
-def missing_commands(batch: str) -> list[str]:
-    """The commands of ``--batch``'s provider that are not on PATH here."""
-    return [command for command in BATCH_COMMANDS[batch] if shutil.which(command) is None]
-
-
 def make_provider(args: argparse.Namespace) -> Any:
     """The Parsl provider of ``--batch``, asking for each job what the worker uses."""
     try:
@@ -297,10 +282,6 @@ def make_provider(args: argparse.Namespace) -> Any:
     return providers.GridEngineProvider(**common)  # cores: a parallel environment option
 
 
-class BatchSystemMissing(RuntimeError):
-    """What the factory needs to submit jobs is not here (Parsl, the batch commands)."""
-
-
 def default_script_dir() -> str:
     directory = security.private_dir(os.path.join(os.path.expanduser("~"), ".daskvine_py", "jobs"))
     return tempfile.mkdtemp(prefix=f"factory-{socket.gethostname()}-{os.getpid()}-", dir=directory)
@@ -320,15 +301,6 @@ def configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
-    missing = missing_commands(args.batch)
-    if missing:
-        logger.error(
-            "factory cannot submit %s jobs: %s not found on PATH (it needs %s). Run it "
-            "where the batch system's commands work, e.g. a login node, or put them on "
-            "PATH (module load ...)",
-            args.batch, ", ".join(missing), ", ".join(BATCH_COMMANDS[args.batch]),
-        )  # fmt: skip
-        return EXIT_NO_BATCH_SYSTEM
     stop = threading.Event()
     why = ["it was told to stop"]
 
@@ -340,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        # Before the first submission, and before anything is made to be cleaned up.
         provider = make_provider(args)
+        check_commands(provider)
     except BatchSystemMissing as exc:
         logger.error("factory cannot submit %s jobs: %s", args.batch, exc)
         return EXIT_NO_BATCH_SYSTEM
