@@ -305,6 +305,21 @@ def test_help_shows_the_defaults_and_the_installed_names():
     assert "(default 30)" in _help(args.parse_args)
 
 
+def test_the_installed_commands_are_the_same_command_lines():
+    bin_dir = os.path.dirname(sys.executable)
+    for script, args, message in (
+        ("daskvine-py-worker", ["tcp://127.0.0.1:5", "--cores", "0"], "--cores: must be 1 to"),
+        ("daskvine-py-factory", ["--batch", "local"], "connection file is needed"),
+    ):
+        path = os.path.join(bin_dir, script)
+        if not os.path.exists(path):
+            pytest.skip(f"{script} is not installed next to {sys.executable}")
+        done = subprocess.run([path, *args], env=_env(), capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert f"{script}: error:" in done.stderr and message in done.stderr, done.stderr
+
+
 def _help(parse) -> str:
     import contextlib
     import io

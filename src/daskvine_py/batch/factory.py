@@ -79,7 +79,10 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m daskvine_py.factory",
+        # the installed command's own name when run as it, for usage lines
+        prog="daskvine-py-factory"
+        if os.path.basename(sys.argv[0]) == "daskvine-py-factory"
+        else "python -m daskvine_py.factory",
         description="Keep worker jobs on a batch system, sized to a daskvine_py manager's "
         "work (through Parsl's providers). Installed as daskvine-py-factory too.",
     )

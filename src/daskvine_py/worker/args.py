@@ -13,6 +13,7 @@ import argparse
 import os
 import resource
 import socket
+import sys
 from collections.abc import Callable, Sequence
 
 from daskvine_py.wire import security
@@ -33,7 +34,10 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m daskvine_py.worker",
+        # the installed command's own name when run as it, for usage lines
+        prog="daskvine-py-worker"
+        if os.path.basename(sys.argv[0]) == "daskvine-py-worker"
+        else "python -m daskvine_py.worker",
         description="Join a daskvine_py manager and run its tasks on this node "
         "(installed as daskvine-py-worker too).",
     )
