@@ -255,6 +255,28 @@ def test_a_worker_whose_registration_is_never_answered_waits_the_timeout_after_s
         context.term()
 
 
+def test_a_worker_whose_libraries_cannot_start_leaves_instead_of_waiting_forever():
+    """The deadline starts with the registration: a worker whose libraries keep dying
+    before it registers gives up after a few, saying why."""
+    from daskvine_py.worker.shell import MAX_START_FAILURES, Worker
+
+    worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
+    try:
+        worker._start_library()
+        for _ in range(MAX_START_FAILURES):
+            assert worker.running
+            (lib,) = list(worker.library_by_fd.values())  # the one started, or its successor
+            lib.process.kill()
+            lib.process.join(10)
+            worker._on_library_death(lib)
+        assert not worker.running and worker.exit_code == 5
+        assert "its library processes could not start" in worker.leave_reason
+        assert "killed by signal SIGKILL" in worker.leave_reason
+    finally:
+        worker.manager_gone = True
+        worker._close()
+
+
 # -- 4. every input checked where it enters --------------------------------------------------
 
 _WORKER_USAGE_ERRORS = {

@@ -61,7 +61,12 @@ import zmq
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security, sharedbuf
-from daskvine_py.wire.exits import EXIT_AUTH_FAILED, EXIT_NO_MANAGER, EXIT_REJECTED
+from daskvine_py.wire.exits import (
+    EXIT_AUTH_FAILED,
+    EXIT_NO_LIBRARIES,
+    EXIT_NO_MANAGER,
+    EXIT_REJECTED,
+)
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
@@ -79,6 +84,11 @@ logger = logging.getLogger("daskvine_py.worker")
 #: goes on and tries again: with no connection (the manager refused ours) a send would
 #: otherwise block for good, before the refusal is read.
 MANAGER_SEND_TIMEOUT = 1.0
+
+#: Library processes that may die before the worker has registered before it gives up:
+#: the manager's deadline only starts with the registration, so without this bound a
+#: library that cannot start (a broken environment, no memory) would be restarted forever.
+MAX_START_FAILURES = 3
 
 #: Records from the manager about this worker's life rather than its tasks: the shell's.
 _LIFECYCLE = (p.Welcome, p.Rejected, p.Shutdown)
@@ -175,6 +185,8 @@ class Worker:
         self.functions_dir = os.path.join(self.workdir, "functions")
         self.functions_written: set[bytes] = set()
         self.register_sent = False
+        #: library processes that died before the registration went out
+        self.start_failures = 0
         #: the manager went silent or refused our keys: nothing more can reach it
         self.manager_gone = False
         self.running = True
@@ -460,6 +472,15 @@ class Worker:
         del self.library_by_id[lib.record.id]
         how = h.reap_library(lib, self.tasks_dir)
         self.state.on_library_death(lib.record, how, h.running_tasks(lib))
+        if not self.register_sent:
+            self.start_failures += 1
+            if self.start_failures >= MAX_START_FAILURES:
+                self._leave(
+                    f"its library processes could not start: {self.start_failures} died "
+                    f"before it could register, the last one {how}",
+                    EXIT_NO_LIBRARIES,
+                    logging.ERROR,
+                )
         if self.running:
             self._start_library()
 
