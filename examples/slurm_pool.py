@@ -6,12 +6,14 @@ Run it on a login node of a Slurm cluster with a shared home directory (the conn
 file and this Python must be visible on the compute nodes), or on this machine after
 ``scripts/slurm-single-node.sh start``. It prints ``squeue`` before, during and after,
 and the times that matter: from the first submission to the first task finished, and
-from the last task to the last job gone.
+from the last task to the last job gone. Without Slurm's commands it says so and exits
+with status 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,15 +37,25 @@ def squeue(prefix: str) -> str:
 
 
 def main() -> int:
-    from parsl.launchers import SimpleLauncher
-    from parsl.providers import SlurmProvider
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--partition", default="debug")
     parser.add_argument("--max-workers", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--idle-timeout", type=float, default=5.0)
     args = parser.parse_args()
+    # Without Slurm (or Parsl) there is nothing to show: say so in one line.
+    missing = [name for name in ("sbatch", "squeue", "scancel") if shutil.which(name) is None]
+    if missing:
+        print(f"slurm_pool.py needs Slurm: {', '.join(missing)} not found on PATH "
+              "(scripts/slurm-single-node.sh start sets one up here)", file=sys.stderr)  # fmt: skip
+        return 3
+    try:
+        from parsl.launchers import SimpleLauncher
+        from parsl.providers import SlurmProvider
+    except ImportError as exc:
+        print(f"slurm_pool.py needs Parsl ({exc}): pip install 'daskvine-py[batch]'",
+              file=sys.stderr)  # fmt: skip
+        return 3
     provider = SlurmProvider(
         partition=args.partition,
         nodes_per_block=1,

@@ -864,4 +864,4 @@ def test_the_fetch_timeout_is_a_worker_flag(capsys):
     assert parse_args(["tcp://127.0.0.1:5", "--fetch-timeout", "2.5"]).fetch_timeout == 2.5
     with pytest.raises(SystemExit):
         parse_args(["tcp://127.0.0.1:5", "--fetch-timeout", "0"])
-    assert "--fetch-timeout must be > 0" in capsys.readouterr().err
+    assert "argument --fetch-timeout: must be > 0" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""``python -m daskvine_py.factory``: a worker pool on a batch system, for a manager elsewhere.
+"""``python -m daskvine_py.factory`` (``daskvine-py-factory``): a worker pool on a batch
+system, for a manager elsewhere.
 
 ::
 
@@ -16,26 +17,38 @@ retires idle workers through it. Its jobs run ``python -m daskvine_py.worker
 --connection-file PATH``: the file must be readable at the same path where they land (a
 shared home directory). Its keys never appear on a command line.
 
-SIGINT or SIGTERM cancels every job the factory started, then it exits (status 0). Exit
-statuses otherwise: 2 for bad arguments or a connection file that cannot be used, 4 when
-the manager refuses it (keys of another run, another protocol version).
+Every argument is checked before anything starts (a usage error naming it, status 2),
+and so are the batch system's commands (``sbatch``, ``squeue``, ``scancel`` for Slurm):
+without them the factory exits at once, naming what is missing (status 3).
+
+It logs one INFO line when it starts, one whenever its jobs' numbers change (at most
+every ``REPORT_INTERVAL`` seconds: submitted, pending, running, ended, and the workers
+connected), and one when it stops; nothing per task or per job.
+
+SIGINT or SIGTERM cancels every job the factory started, removes the directory it made
+for their scripts (kept when jobs failed: their output is there), then it exits (status
+0). Exit statuses otherwise: 2 for bad arguments or a connection file that cannot be used,
+3 when the batch system's commands or Parsl are missing, 4 when the manager refuses it
+(keys of another run, another protocol version).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from daskvine_py.batch.pool import WorkerPool
+from daskvine_py.batch.pool import BatchSystemMissing, WorkerPool, check_commands
 from daskvine_py.batch.status import StatusClient
 from daskvine_py.wire import security
 
@@ -51,14 +64,27 @@ PROVIDERS = {
     "local": "LocalProvider",
 }
 EXIT_USAGE = 2
+EXIT_NO_BATCH_SYSTEM = 3
 EXIT_REFUSED = 4
+#: Bounds of the numeric options. ``MAX_CORES`` is the worker's own bound on ``--cores``
+#: (``worker.args``; the batch package does not import the worker).
+MAX_CORES = 4096
+MAX_WORKERS = 100_000
+MAX_MB = 2**40
+MAX_SECONDS = 1e6
+#: Seconds between two log lines about the jobs' numbers, however often they change.
+REPORT_INTERVAL = 30.0
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m daskvine_py.factory",
+        # the installed command's own name when run as it, for usage lines
+        prog="daskvine-py-factory"
+        if os.path.basename(sys.argv[0]) == "daskvine-py-factory"
+        else "python -m daskvine_py.factory",
         description="Keep worker jobs on a batch system, sized to a daskvine_py manager's "
-        "work (through Parsl's providers).",
+        "work (through Parsl's providers). Installed as daskvine-py-factory too.",
     )
     parser.add_argument(
         "--batch",
@@ -75,24 +101,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--min-workers",
-        type=int,
+        type=_integer(0, MAX_WORKERS),
         default=0,
         metavar="N",
         help="worker jobs kept even without work (default 0)",
     )
     parser.add_argument(
-        "--max-workers", type=int, default=1, metavar="N", help="worker jobs at most (default 1)"
+        "--max-workers",
+        type=_integer(1, MAX_WORKERS),
+        default=1,
+        metavar="N",
+        help="worker jobs at most (default 1)",
     )
     parser.add_argument(
         "--cores",
-        type=int,
+        type=_integer(1, MAX_CORES),
         default=1,
         metavar="N",
-        help="each worker's cores, requested from the batch system (default 1)",
+        help=f"each worker's cores, requested from the batch system, 1 to {MAX_CORES} (default 1)",
     )
     parser.add_argument(
         "--memory",
-        type=int,
+        type=_integer(1, MAX_MB),
         default=None,
         metavar="MB",
         help="each worker's memory for results (its --memory), also requested from the "
@@ -100,7 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--disk",
-        type=int,
+        type=_integer(0, MAX_MB),
         default=None,
         metavar="MB",
         help="each worker's disk for spilled results (its --disk)",
@@ -122,20 +152,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--walltime",
+        type=_walltime,
         default="01:00:00",
         metavar="HH:MM:SS",
         help="each job's time limit (default 01:00:00)",
     )
     parser.add_argument(
         "--idle-timeout",
-        type=float,
+        type=_seconds,
         default=60.0,
         metavar="SECONDS",
         help="retire a worker idle this long, beyond --min-workers (default 60)",
     )
     parser.add_argument(
         "--poll-interval",
-        type=float,
+        type=_seconds,
         default=5.0,
         metavar="SECONDS",
         help="how often to ask the manager and the batch system (default 5)",
@@ -154,19 +185,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(default: a new directory under ~/.daskvine_py/jobs)",
     )
     parser.add_argument(
-        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="INFO: a line at the start, when the jobs' numbers change, and at the end, "
+        "never one per task; WARNING: faults only (default INFO)",
     )
     args = parser.parse_args(argv)
-    if args.cores < 1:
-        parser.error(f"--cores must be >= 1, not {args.cores}")
-    if not 0 <= args.min_workers <= args.max_workers or args.max_workers < 1:
+    if args.min_workers > args.max_workers:
         parser.error(
-            "need 0 <= --min-workers <= --max-workers and --max-workers >= 1, got "
-            f"{args.min_workers} and {args.max_workers}"
+            f"--min-workers {args.min_workers} is more than --max-workers {args.max_workers}"
         )
-    for flag in ("idle_timeout", "poll_interval"):
-        if not 0 < getattr(args, flag) < math.inf:
-            parser.error(f"--{flag.replace('_', '-')} must be a number > 0")
+    if args.script_dir is not None and os.path.exists(args.script_dir):
+        if not os.path.isdir(args.script_dir) or not os.access(args.script_dir, os.W_OK):
+            parser.error(f"--script-dir {args.script_dir}: not a directory this user can write to")
     path = args.connection_file or os.environ.get(security.CONNECTION_FILE_ENV)
     if not path:
         parser.error(
@@ -174,11 +207,50 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"${security.CONNECTION_FILE_ENV}"
         )
     try:
-        security.read_connection_file(path)
+        connection = security.read_connection_file(path)
     except security.SecurityError as exc:
         parser.error(str(exc))
+    if connection.manager_gone():
+        parser.error(
+            f"connection file {path} is stale: the manager that wrote it (process "
+            f"{connection.pid} on this host) has exited. Start the manager again and give "
+            "the connection file it writes (manager.connection_file)"
+        )
     args.connection_file = path
     return args
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``, else a usage error naming both."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}, not {value}")
+        return value
+
+    return convert
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a duration in seconds, > 0 and at most ``MAX_SECONDS``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= {MAX_SECONDS:g} s, not {text}")
+    return value
+
+
+def _walltime(text: str) -> str:
+    """An argparse type: a job's time limit as batch systems write it, [D-]HH:MM:SS."""
+    if not re.fullmatch(r"(\d+-)?\d{1,4}(:\d{2}){0,2}", text):
+        raise argparse.ArgumentTypeError(f"expected [D-]HH:MM:SS, not {text!r}")
+    return text
 
 
 def make_provider(args: argparse.Namespace) -> Any:
@@ -187,9 +259,8 @@ def make_provider(args: argparse.Namespace) -> Any:
         from parsl import providers
         from parsl.launchers import SimpleLauncher
     except ImportError as exc:
-        raise SystemExit(
-            f"python -m daskvine_py.factory needs Parsl's providers ({exc}): "
-            "pip install 'daskvine-py[batch]'"
+        raise BatchSystemMissing(
+            f"the factory needs Parsl's providers ({exc}): pip install 'daskvine-py[batch]'"
         ) from None
     options = "".join(line.rstrip("\n") + "\n" for line in args.scheduler_options)
     common: dict[str, Any] = {"init_blocks": 0, "min_blocks": 0, "max_blocks": args.max_workers,
@@ -197,7 +268,7 @@ def make_provider(args: argparse.Namespace) -> Any:
     if args.batch == "local":
         return providers.LocalProvider(**common)
     common.update(walltime=args.walltime, scheduler_options=options, launcher=SimpleLauncher())
-    gigabytes = None if args.memory is None else math.ceil(args.memory / 1024)
+    gigabytes = None if args.memory is None else -(-args.memory // 1024)
     if args.batch == "slurm":
         return providers.SlurmProvider(
             exclusive=False, cores_per_node=args.cores, mem_per_node=gigabytes, **common
@@ -219,27 +290,45 @@ def default_script_dir() -> str:
     return tempfile.mkdtemp(prefix=f"factory-{socket.gethostname()}-{os.getpid()}-", dir=directory)
 
 
+def configure_logging(level: str) -> None:
+    """The command line's logging, set up here only (library code never adds handlers):
+    ``level`` for daskvine_py's own loggers, WARNING for other libraries' (Parsl's)
+    unless DEBUG."""
+    logging.basicConfig(
+        level=logging.DEBUG if level == "DEBUG" else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("daskvine_py").setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    client = StatusClient(args.connection_file, f"factory-{socket.gethostname()}-{os.getpid()}")
-    try:
-        provider = make_provider(args)
-        provider.script_dir = args.script_dir or default_script_dir()
-        os.makedirs(provider.script_dir, exist_ok=True)
-    except BaseException:
-        client.close()
-        raise
+    configure_logging(args.log_level)
     stop = threading.Event()
+    why = ["it was told to stop"]
 
     def on_signal(number: int, frame: Any) -> None:
-        logger.info("%s: cancelling the jobs and exiting", signal.Signals(number).name)
+        why[0] = signal.Signals(number).name
         stop.set()
 
+    # Before anything is made: a signal from here on ends in the clean-up below.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        # Before the first submission, and before anything is made to be cleaned up.
+        provider = make_provider(args)
+        check_commands(provider)
+    except BatchSystemMissing as exc:
+        logger.error("factory cannot submit %s jobs: %s", args.batch, exc)
+        return EXIT_NO_BATCH_SYSTEM
+    made_dir = args.script_dir is None
+    try:
+        provider.script_dir = args.script_dir or default_script_dir()
+        os.makedirs(provider.script_dir, exist_ok=True)
+    except OSError as exc:
+        logger.error("factory cannot make its directory for job scripts: %s", exc)
+        return EXIT_USAGE
+    client = StatusClient(args.connection_file, f"factory-{socket.gethostname()}-{os.getpid()}")
     pool = WorkerPool(
         client,
         provider,
@@ -253,29 +342,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         python=args.python,
     )
     logger.info(
-        "pool %s for the manager at %s: %s jobs (scripts and output in %s)",
-        pool.name,
-        client.address,
-        args.batch,
-        provider.script_dir,
-    )
+        "factory started: %d to %d %s jobs of %d cores for the manager at %s (pool %s; "
+        "job scripts and output in %s)",
+        args.min_workers, args.max_workers, args.batch, args.cores, client.address,
+        pool.name, provider.script_dir,
+    )  # fmt: skip
     code = 0
-    seen: Any = None
+    report = _JobReport()
     try:
         while not stop.wait(min(1.0, args.poll_interval)):
             if client.refused is not None:
-                logger.error(
-                    "the manager will not answer: %s; cancelling the jobs and exiting",
-                    client.refused,
-                )
+                logger.error("the manager will not answer: %s", client.refused)
+                why[0] = "the manager refused it"
                 code = EXIT_REFUSED
                 break
-            status = pool.status()
-            if (status["jobs"], status["workers"]) != seen:
-                seen = status["jobs"], status["workers"]
-                logger.info("jobs %s, workers %s", status["jobs"], status["workers"])
+            report.update(pool.status(), time.monotonic())
     finally:
+        live = sum(pool.status()["jobs"].get(state, 0) for state in ("pending", "running"))
         pool.close()
         client.close()
+        status = pool.status()
+        failed = bool(status["failures"])
+        if made_dir and not failed:
+            shutil.rmtree(provider.script_dir, ignore_errors=True)
+            kept = f"removed {provider.script_dir}"
+        else:
+            reason = "the failed jobs' output is there" if made_dir else "it was given"
+            kept = f"kept {provider.script_dir} ({reason})"
+        logger.info(
+            "factory stopped (%s): %d jobs submitted in all, %d cancelled now; %s",
+            why[0], sum(status["jobs"].values()), live, kept,
+        )  # fmt: skip
     return code
 
+
+class _JobReport:
+    """The factory's line about its jobs: logged when their numbers change, at most every
+    ``REPORT_INTERVAL`` seconds (one line per change would be one per job)."""
+
+    def __init__(self) -> None:
+        #: the last line logged: none yet about a pool with no jobs
+        self.logged = self._line({"jobs": {}, "workers": []})
+        self.logged_at = -REPORT_INTERVAL
+
+    def update(self, status: dict[str, Any], now: float) -> None:
+        line = self._line(status)
+        if line != self.logged and now - self.logged_at >= REPORT_INTERVAL:
+            logger.info("%s", line)
+            self.logged, self.logged_at = line, now
+
+    @staticmethod
+    def _line(status: dict[str, Any]) -> str:
+        jobs: dict[str, int] = status["jobs"]
+        ended = sum(n for state, n in jobs.items() if state not in ("pending", "running"))
+        failed = jobs.get("failed", 0)
+        return (
+            f"jobs: {sum(jobs.values())} submitted, {jobs.get('pending', 0)} pending, "
+            f"{jobs.get('running', 0)} running, {ended} ended"
+            + (f" ({failed} of them failed)" if failed else "")
+            + f"; {len(status['workers'])} workers connected"
+        )

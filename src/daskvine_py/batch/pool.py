@@ -16,6 +16,9 @@ A job's worker joins with the manager's connection file, named in the job's comm
 file (mode 0600) must be readable where the job runs: a shared home directory, or a path
 the provider's ``worker_init`` copies it to. Its keys never appear in the command.
 ``close()`` (and the manager's) cancels every job the pool started.
+
+A pool whose provider's commands are not on PATH (``sbatch`` for Slurm...) is refused when
+it is made (``BatchSystemMissing``): every submission would fail, again and again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import itertools
 import logging
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -42,6 +46,40 @@ from daskvine_py.batch.planner import (
 logger = logging.getLogger("daskvine_py.batch.pool")
 
 _POOL_IDS = itertools.count(1)
+
+#: The commands Parsl's providers run to submit, watch and cancel jobs, by provider class.
+PROVIDER_COMMANDS: dict[str, tuple[str, ...]] = {
+    "SlurmProvider": ("sbatch", "squeue", "scancel"),
+    "CondorProvider": ("condor_submit", "condor_q", "condor_rm"),
+    "PBSProProvider": ("qsub", "qstat", "qdel"),
+    "TorqueProvider": ("qsub", "qstat", "qdel"),
+    "GridEngineProvider": ("qsub", "qstat", "qdel"),
+    "LSFProvider": ("bsub", "bjobs", "bkill"),
+}
+
+
+class BatchSystemMissing(RuntimeError):
+    """What a pool needs to submit jobs is not here: Parsl, or its batch system's commands."""
+
+
+def missing_commands(provider: Any) -> list[str]:
+    """The commands ``provider`` runs that are not on PATH here (none for providers that
+    run none, or that this table does not know)."""
+    needed = PROVIDER_COMMANDS.get(type(provider).__name__, ())
+    return [command for command in needed if shutil.which(command) is None]
+
+
+def check_commands(provider: Any) -> None:
+    """``BatchSystemMissing``, naming them, when ``provider``'s commands are not on PATH."""
+    missing = missing_commands(provider)
+    if missing:
+        kind = type(provider).__name__
+        needed = ", ".join(PROVIDER_COMMANDS[kind])
+        raise BatchSystemMissing(
+            f"{', '.join(missing)} not found on PATH ({kind} needs {needed}). Run it where "
+            "the batch system's commands work, e.g. a login node, or put them on PATH "
+            "(module load ...)"
+        )
 
 
 class WorkSource(Protocol):
@@ -109,6 +147,7 @@ class WorkerPool:
         python: str = sys.executable,
         manager_timeout: float = 60.0,
     ) -> None:
+        check_commands(provider)
         self.source = source
         self.provider = provider
         self.planner = PoolPlanner(cores, min_workers, max_workers, idle_timeout)
@@ -214,7 +253,7 @@ class WorkerPool:
         if plan.cancel:
             self.provider.cancel(plan.cancel)
         for name in plan.retire:
-            logger.info("pool %s: retiring worker %s, idle for %g s", self.name, name,
+            logger.debug("pool %s: retiring worker %s, idle for %g s", self.name, name,
                         self.planner.idle_timeout)  # fmt: skip
             self.source.retire(name, f"idle for {self.planner.idle_timeout:g} s")
         for _ in range(plan.submit):

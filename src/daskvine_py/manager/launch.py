@@ -35,7 +35,9 @@ def spawn(
     args = [sys.executable, "-m", "daskvine_py.worker"]
     if address is not None:
         args.append(address)
-    args += ["--cores", str(cores)]
+    # Quiet beside the caller's own output (the command line's default is INFO);
+    # ``extra_args`` may say otherwise, the last one given wins.
+    args += ["--cores", str(cores), "--log-level", "WARNING"]
     if name:
         args += ["--name", name]
     return subprocess.Popen(

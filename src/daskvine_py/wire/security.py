@@ -15,7 +15,9 @@ unauthenticated connection can never make anyone unpickle anything. CurveZMQ enc
 every message after the handshake. The crypto is libzmq's (libsodium); nothing here is.
 
 A connection file (JSON, mode 0600 in a 0700 directory) carries what a worker needs:
-the manager's address, its public key, and the workers' key pair. It is handed to
+the manager's address, its public key, and the workers' key pair, and names the host and
+the process that wrote it, so that a worker on that host given the file of a manager
+that has exited says so at once (``Connection.manager_gone``). It is handed to
 workers by path (``--connection-file``, or ``DASKVINE_PY_CONNECTION_FILE`` in their
 environment), never on a command line: ``ps`` shows every user's arguments.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -76,6 +79,24 @@ class Connection(NamedTuple):
 
     address: str
     keys: Keys | None  #: None: the manager runs without security
+    #: the host and process id of the manager that wrote the file (None: a file written
+    #: before they were recorded, or by hand)
+    host: str | None = None
+    pid: int | None = None
+
+    def manager_gone(self) -> bool:
+        """Whether the file's manager has certainly exited: it ran on this host and its
+        process is not there. False when that cannot be known here (another host, a file
+        without them): the worker then learns it from the manager's silence."""
+        if self.pid is None or self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # another user's process (EPERM): it is there
+            return False
+        return False
 
 
 # -- sockets --------------------------------------------------------------------------
@@ -178,10 +199,19 @@ def write_private_json(path: str, data: Mapping[str, Any]) -> None:
         raise
 
 
-def write_connection_file(path: str, address: str, keys: Keys | None) -> None:
+def write_connection_file(
+    path: str, address: str, keys: Keys | None, host: str | None = None, pid: int | None = None
+) -> None:
     """The file a worker joins with: the address and, with security, the keys it needs
-    (never the manager's secret key)."""
-    data: dict[str, Any] = {"format": FILE_FORMAT, "address": address, "security": bool(keys)}
+    (never the manager's secret key); ``host`` and ``pid``, the manager's (default: this
+    host and process, which wrote it)."""
+    data: dict[str, Any] = {
+        "format": FILE_FORMAT,
+        "address": address,
+        "security": bool(keys),
+        "host": socket.gethostname() if host is None else host,
+        "pid": os.getpid() if pid is None else pid,
+    }
     if keys is not None:
         data.update(_key_fields(keys.for_workers()))
     write_private_json(path, data)
@@ -197,9 +227,13 @@ def read_connection_file(path: str) -> Connection:
     address = data.get("address")
     if not isinstance(address, str) or not address:
         raise SecurityError(f"connection file {path} names no manager address")
+    # Files written before the host and pid were recorded (or by hand) have neither.
+    host = data.get("host") if isinstance(data.get("host"), str) else None
+    pid = data.get("pid")
+    pid = pid if type(pid) is int and pid > 0 else None
     if data.get("security") is False:
-        return Connection(address, None)
-    return Connection(address, _keys_from(data, path, need_secret=False))
+        return Connection(address, None, host, pid)
+    return Connection(address, _keys_from(data, path, need_secret=False), host, pid)
 
 
 def read_key_file(path: str, need_manager_secret: bool = False) -> Keys:
@@ -220,18 +254,48 @@ def _key_fields(keys: Keys) -> dict[str, str]:
 
 def _read_json(path: str) -> dict[str, Any]:
     try:
-        with open(path) as file:
-            mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SecurityError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise SecurityError(
+                f"{path} is not a regular file ({_file_kind(status.st_mode)}): "
+                "give the path of the file the manager wrote"
+            )
+        os.set_blocking(fd, True)
+        mode = stat.S_IMODE(status.st_mode)
+        with os.fdopen(fd) as file:
+            fd = -1  # the file owns it now
             data = json.load(file)
+    except SecurityError:
+        raise
     except OSError as exc:
         raise SecurityError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
         raise SecurityError(f"{path} is not a daskvine_py key or connection file: {exc}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if not isinstance(data, dict):
         raise SecurityError(f"{path} is not a daskvine_py key or connection file")
     if mode & 0o077:
         logger.warning("%s is readable by other users (mode %o): chmod 600 it", path, mode)
     return data
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 def _keys_from(data: Mapping[str, Any], path: str, need_secret: bool) -> Keys:

@@ -1,20 +1,45 @@
-"""The command line of ``python -m daskvine_py.worker``: its arguments, and the manager's
-address and keys they name (arguments, a connection file, or the environment)."""
+"""The command line of ``python -m daskvine_py.worker`` (``daskvine-py-worker``): its
+arguments, and the manager's address and keys they name (arguments, a connection file,
+or the environment).
+
+Every value is checked here, where it enters: a bad one is a usage error naming it (exit
+status 2, argparse's), never a traceback from deep inside the worker or a hang. A
+connection file whose manager ran on this host and has exited is refused at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+import resource
+import socket
+import sys
+from collections.abc import Callable, Sequence
 
 from daskvine_py.wire import security
 from daskvine_py.wire.protocol import split_address
 
+#: Upper bound of every duration option, in seconds (about 11 days): past it a wait is
+#: "forever" in all but name, and poll timeouts in milliseconds must stay sane.
+MAX_SECONDS = 1e6
+#: Cores a worker may claim: one library process per ``--lib-cores`` of them, started at
+#: once. Far above any node; a typo (``--cores 100000``) must not fork that many.
+MAX_CORES = 4096
+#: Tasks one library process runs at once, each in a thread of its own.
+MAX_LIB_SLOTS = 1024
+#: Upper bound of ``--memory`` and ``--disk``: 1 EB, in MB.
+MAX_MB = 2**40
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m daskvine_py.worker",
-        description="Join a daskvine_py manager and run its tasks on this node.",
+        # the installed command's own name when run as it, for usage lines
+        prog="daskvine-py-worker"
+        if os.path.basename(sys.argv[0]) == "daskvine-py-worker"
+        else "python -m daskvine_py.worker",
+        description="Join a daskvine_py manager and run its tasks on this node "
+        "(installed as daskvine-py-worker too).",
     )
     parser.add_argument(
         "address",
@@ -38,13 +63,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cores",
-        type=int,
+        type=_integer(1, MAX_CORES),
         default=os.cpu_count() or 1,
-        help="library processes to run tasks in (default: all cores)",
+        help=f"library processes to run tasks in, 1 to {MAX_CORES} (default: all cores, "
+        f"{os.cpu_count() or 1} here)",
     )
     parser.add_argument(
         "--memory",
-        type=int,
+        type=_integer(1, MAX_MB),
         default=None,
         metavar="MB",
         help="memory for results, in MB; past it results spill to disk "
@@ -52,7 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--disk",
-        type=int,
+        type=_integer(0, MAX_MB),
         default=None,
         metavar="MB",
         help="disk for results spilled past --memory, in MB (default: no limit)",
@@ -66,17 +92,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--lib-cores",
-        type=int,
+        type=_integer(1, MAX_CORES),
         default=1,
         metavar="C",
         help="cores per library process: the worker runs cores // C libraries (default 1)",
     )
     parser.add_argument(
         "--lib-slots",
-        type=int,
+        type=_integer(1, MAX_LIB_SLOTS),
         default=1,
         metavar="S",
-        help="tasks each library process runs at once, in threads (default 1)",
+        help=f"tasks each library process runs at once, in threads, 1 to {MAX_LIB_SLOTS} "
+        "(default 1)",
     )
     parser.add_argument("--name", default=None, help="a name for logs and errors")
     parser.add_argument(
@@ -87,7 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--peer-port",
-        type=int,
+        type=_integer(0, 65535),
         default=0,
         metavar="PORT",
         help="port peers fetch results from (default: a free port)",
@@ -101,32 +128,100 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--manager-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         metavar="SECONDS",
-        help="exit after this long without hearing from the manager",
+        help="exit after this long without hearing from the manager, counted from when "
+        "the registration is sent (default 30)",
     )
     parser.add_argument(
         "--fetch-timeout",
-        type=float,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="ask a result's next holder when a peer has not served it within this long "
         "(default 10)",
     )
     parser.add_argument(
-        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="INFO: one line when the worker joins, loses the manager and leaves, never "
+        "one per task; WARNING: faults only (default INFO)",
     )
     args = parser.parse_args(argv)
-    if not args.fetch_timeout > 0:
-        parser.error(f"--fetch-timeout must be > 0, not {args.fetch_timeout}")
-    if not 0 <= args.peer_port < 65536:
-        parser.error(f"--peer-port must be a port number, not {args.peer_port}")
+    _check_threads(parser, args)
+    if args.workdir is not None and os.path.exists(args.workdir):
+        if not os.path.isdir(args.workdir) or not os.access(args.workdir, os.W_OK | os.X_OK):
+            parser.error(f"--workdir {args.workdir}: not a directory this user can write to")
     try:
         args.address, args.keys = _connection(args)
     except (security.SecurityError, ValueError) as exc:
         parser.error(str(exc))
+    if args.host is not None or args.peer_port != 0:
+        _check_host(parser, args.host, args.peer_port)
     return args
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``, else a usage error naming both."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}, not {value}")
+        return value
+
+    return convert
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a duration in seconds, > 0 and at most ``MAX_SECONDS``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= {MAX_SECONDS:g} s, not {text}")
+    return value
+
+
+def _check_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The libraries and their threads must fit in what this user may run (``ulimit -u``
+    counts threads as processes)."""
+    libraries = max(1, args.cores // args.lib_cores)
+    needed = libraries * (args.lib_slots + 1)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        parser.error(
+            f"--cores {args.cores} --lib-cores {args.lib_cores} --lib-slots {args.lib_slots} "
+            f"needs {needed} processes and threads, past this user's limit of {soft} "
+            "(ulimit -u)"
+        )
+
+
+def _check_host(parser: argparse.ArgumentParser, host: str | None, port: int) -> None:
+    """``--host`` must be an address of this host that peers can be served on (and
+    ``--peer-port`` free there): found now, not as a traceback once the worker binds."""
+    try:
+        split_address(f"tcp://{host or '0.0.0.0'}:1")
+        infos = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM)
+    except (ValueError, OSError, UnicodeError) as exc:
+        parser.error(f"--host {host!r} is not a host name or IP address: {exc}")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            given = [f"--host {host!r}"] if host else []
+            given += [f"--peer-port {port}"] if port else []
+            what = " ".join(given)
+            parser.error(f"{what}: cannot serve peers there: {exc.strerror or exc}")
 
 
 def _manager_address(text: str) -> str:
@@ -149,7 +244,16 @@ def _connection(args: argparse.Namespace) -> tuple[str, security.Keys | None]:
         path = os.environ.get(security.CONNECTION_FILE_ENV) or None
     if path is not None:
         connection = security.read_connection_file(path)
-        address = args.address or _manager_address(connection.address)
+        if connection.manager_gone():
+            raise ValueError(
+                f"connection file {path} is stale: the manager that wrote it (process "
+                f"{connection.pid} on this host) has exited. Start the manager again and "
+                "join with the connection file it writes (manager.connection_file)"
+            )
+        try:
+            address = args.address or _manager_address(connection.address)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"connection file {path}: {exc}") from None
         return address, connection.keys
     if args.address is None:
         raise ValueError(

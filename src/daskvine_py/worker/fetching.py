@@ -217,7 +217,7 @@ class Fetcher:
     def _failed(self, fetch: Fetch) -> None:
         self.fetches.pop(fetch.dep_id, None)
         if fetch.replicate and not fetch.waiters:
-            logger.info("could not copy result %d from %s", fetch.dep_id, fetch.peers)
+            logger.debug("could not copy result %d from %s", fetch.dep_id, fetch.peers)
         self.on_failed(fetch)
 
     def deadline(self, before: float) -> float:

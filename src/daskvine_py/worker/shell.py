@@ -30,8 +30,11 @@ Data flow::
   it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.worker.task_process``.
 - Task directories and function files live in ``<workdir>/tasks`` and
   ``<workdir>/functions``, removed with the worker's directory when it exits.
-- The worker exits when the manager says ``Shutdown`` or stays silent past the timeout.
-  Only records that pass validation count as hearing from it.
+- The worker exits when the manager says ``Shutdown`` or stays silent past the timeout,
+  counted from when its registration went out (its libraries start first, which takes a
+  while on many cores). Only records that pass validation count as hearing from it.
+- It logs one INFO line when it joins, one WARNING when it loses the manager, and one
+  line when it leaves, saying why (ERROR when it never could join); nothing per task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
   a bad one is dropped with a rate-limited warning and the worker goes on. A task whose
   ``Execute`` it cannot read or take is reported crashed (``TaskCrashed``), so that the
@@ -41,6 +44,7 @@ Data flow::
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -57,7 +61,12 @@ import zmq
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security, sharedbuf
-from daskvine_py.wire.exits import EXIT_AUTH_FAILED, EXIT_NO_MANAGER, EXIT_REJECTED
+from daskvine_py.wire.exits import (
+    EXIT_AUTH_FAILED,
+    EXIT_NO_LIBRARIES,
+    EXIT_NO_MANAGER,
+    EXIT_REJECTED,
+)
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
@@ -75,6 +84,11 @@ logger = logging.getLogger("daskvine_py.worker")
 #: goes on and tries again: with no connection (the manager refused ours) a send would
 #: otherwise block for good, before the refusal is read.
 MANAGER_SEND_TIMEOUT = 1.0
+
+#: Library processes that may die before the worker has registered before it gives up:
+#: the manager's deadline only starts with the registration, so without this bound a
+#: library that cannot start (a broken environment, no memory) would be restarted forever.
+MAX_START_FAILURES = 3
 
 #: Records from the manager about this worker's life rather than its tasks: the shell's.
 _LIFECYCLE = (p.Welcome, p.Rejected, p.Shutdown)
@@ -114,6 +128,7 @@ class Worker:
         if not fetch_timeout > 0:
             raise ValueError(f"fetch_timeout must be > 0, not {fetch_timeout}")
         self.address = address
+        self.cores = cores
         #: bytes of results kept in memory before spilling (``disk``: of spill files)
         self.memory = memory if memory is not None else h.total_memory()
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -170,10 +185,15 @@ class Worker:
         self.functions_dir = os.path.join(self.workdir, "functions")
         self.functions_written: set[bytes] = set()
         self.register_sent = False
+        #: library processes that died before the registration went out
+        self.start_failures = 0
         #: the manager went silent or refused our keys: nothing more can reach it
         self.manager_gone = False
         self.running = True
         self.exit_code = 0
+        #: why it leaves, said in its last log line, and at which level
+        self.leave_reason = "it stopped"
+        self.leave_level = logging.INFO
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -188,6 +208,11 @@ class Worker:
                 self._loop_once()
         finally:
             self._close()
+        logger.log(
+            self.leave_level,
+            "worker %s left %s: %s (exit status %d)",
+            self.name, self.address, self.leave_reason, self.exit_code,
+        )  # fmt: skip
         return self.exit_code
 
     def _register(self) -> None:
@@ -207,10 +232,18 @@ class Worker:
 
     def stop(self, reason: str) -> None:
         if self.running:
-            logger.info("worker %s stopping: %s", self.name, reason)
+            self.leave_reason = reason
             self.running = False
             if self.state.registered:
                 self.state.outbox.append(p.Goodbye(reason))
+
+    def _leave(self, reason: str, exit_code: int, level: int = logging.INFO) -> None:
+        """Leave a manager that cannot be reached (gone, silent, refusing us)."""
+        self.leave_reason = reason
+        self.leave_level = level
+        self.exit_code = exit_code
+        self.manager_gone = True
+        self.running = False
 
     def _close(self) -> None:
         self._flush()
@@ -274,16 +307,22 @@ class Worker:
     def _check_timers(self, now: float) -> None:
         state = self.state
         if state.manager_silent(now):
-            what = "answered" if state.registered else "answered our registration"
-            logger.warning(
-                "manager %s has not %s for %.0f s; exiting",
-                self.address,
-                what,
-                now - state.last_contact,
-            )
-            self.exit_code = 0 if state.registered else EXIT_NO_MANAGER
-            self.manager_gone = True
-            self.running = False
+            silent = now - state.last_contact
+            timeout = state.manager_timeout
+            if state.registered:
+                logger.warning(
+                    "worker %s lost the manager at %s: nothing heard from it for %.0f s "
+                    "(--manager-timeout %g)",
+                    self.name, self.address, silent, timeout,
+                )  # fmt: skip
+                self._leave("the manager was lost", 0)
+            else:
+                self._leave(
+                    f"the manager has not answered its registration, sent {silent:.0f} s ago "
+                    f"(--manager-timeout {timeout:g}); is a manager listening there?",
+                    EXIT_NO_MANAGER,
+                    logging.ERROR,
+                )
             return
         if state.heartbeat_due(now):
             state.outbox.append(self._status())
@@ -310,6 +349,8 @@ class Worker:
                 state.outbox[:0] = messages
             else:
                 state.last_sent = time.monotonic()
+                if self.register_sent:  # the first batch holds it: the deadline starts
+                    state.on_registration_sent(state.last_sent)
         self.peers.flush(state)
 
     # -- the manager ------------------------------------------------------------------
@@ -318,17 +359,13 @@ class Worker:
         """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
         why = self.handshakes.refusal()
         if why is not None:
-            logger.error(
-                "worker %s could not authenticate with the manager at %s: %s; exiting. "
-                "Join with the manager's current connection file (--connection-file): "
-                "a manager restarted without key_file has new keys",
-                self.name,
-                self.address,
-                why,
+            self._leave(
+                f"it could not authenticate with the manager: {why}. Join with the "
+                "manager's current connection file (--connection-file): a manager "
+                "restarted without key_file has new keys",
+                EXIT_AUTH_FAILED,
+                logging.ERROR,
             )
-            self.exit_code = EXIT_AUTH_FAILED
-            self.manager_gone = True
-            self.running = False
 
     def _drain_manager(self) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -378,13 +415,17 @@ class Worker:
 
     def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
         if isinstance(msg, p.Welcome):
-            logger.info("worker %s registered as %s", self.name, msg.name)
+            logger.info(
+                "worker joined %s as %s with %d cores (%d libraries, %d tasks at once)",
+                self.address, msg.name, self.cores, self.library_count, self.task_slots,
+            )  # fmt: skip
         elif isinstance(msg, p.Rejected):
-            logger.error("manager %s rejected this worker: %s", self.address, msg.reason)
+            self.leave_reason = f"the manager rejected it: {msg.reason}"
+            self.leave_level = logging.ERROR
             self.exit_code = EXIT_REJECTED
             self.running = False
         else:
-            self.stop(f"manager asked: {msg.reason}")
+            self.stop(f"the manager asked it to ({msg.reason})")
 
     # -- libraries --------------------------------------------------------------------
 
@@ -431,6 +472,15 @@ class Worker:
         del self.library_by_id[lib.record.id]
         how = h.reap_library(lib, self.tasks_dir)
         self.state.on_library_death(lib.record, how, h.running_tasks(lib))
+        if not self.register_sent:
+            self.start_failures += 1
+            if self.start_failures >= MAX_START_FAILURES:
+                self._leave(
+                    f"its library processes could not start: {self.start_failures} died "
+                    f"before it could register, the last one {how}",
+                    EXIT_NO_LIBRARIES,
+                    logging.ERROR,
+                )
         if self.running:
             self._start_library()
 
@@ -463,14 +513,33 @@ class Worker:
             self.state.on_reply(reply, time.time())
 
 
+def configure_logging(level: str) -> None:
+    """The command line's logging, set up here only (library code never adds handlers):
+    ``level`` for daskvine_py's own loggers, WARNING for other libraries' unless DEBUG."""
+    logging.basicConfig(
+        level=logging.DEBUG if level == "DEBUG" else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("daskvine_py").setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level)
     if args.keys is None:
         logger.info("joining %s without security (no connection or key file)", args.address)
-    worker = Worker(
+    try:
+        worker = _make_worker(args)
+    except (OSError, zmq.ZMQError) as exc:  # a --workdir or --host the checks let through
+        logger.error("worker cannot start: %s", exc)
+        return EXIT_REJECTED
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
+    return worker.run()
+
+
+def _make_worker(args: argparse.Namespace) -> Worker:
+    return Worker(
         args.address,
         cores=args.cores,
         memory=args.memory * 2**20 if args.memory is not None else None,
@@ -486,6 +555,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         peer_port=args.peer_port,
         contact_address=args.contact_address,
     )
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop("SIGTERM"))
-    signal.signal(signal.SIGINT, lambda *_: worker.stop("SIGINT"))
-    return worker.run()

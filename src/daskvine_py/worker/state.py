@@ -107,6 +107,9 @@ class WorkerState:
         self.registered = False
         self.last_contact = now
         self.last_sent = 0.0
+        #: when the registration went out (None: not yet, its libraries still starting):
+        #: the manager's silence counts from then, not from the worker's start
+        self.registration_sent: float | None = None
 
     @property
     def functions(self) -> dict[bytes, bytes]:
@@ -125,13 +128,24 @@ class WorkerState:
         fetch's timeout; 0 while records wait to be sent."""
         if self.outbox or self.peer_replies:
             return 0.0
-        deadline = self.last_contact + self.manager_timeout
+        if self.registration_sent is None and not self.registered:
+            deadline = now + self.manager_timeout  # no clock runs until it goes out
+        else:
+            deadline = self.last_contact + self.manager_timeout
         if self.registered:  # heartbeats start with registration; until then, nothing is due
             deadline = min(deadline, self.last_sent + self.heartbeat_interval)
         return max(0.0, self.fetcher.deadline(deadline) - now)
 
     def manager_silent(self, now: float) -> bool:
+        if self.registration_sent is None and not self.registered:
+            return False  # nothing asked of the manager yet: its silence means nothing
         return now - self.last_contact > self.manager_timeout
+
+    def on_registration_sent(self, now: float) -> None:
+        """The registration went out: the manager has ``manager_timeout`` to answer."""
+        if self.registration_sent is None:
+            self.registration_sent = now
+            self.last_contact = now
 
     def heartbeat_due(self, now: float) -> bool:
         return self.registered and now - self.last_sent > self.heartbeat_interval
