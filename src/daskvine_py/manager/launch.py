@@ -25,6 +25,12 @@ def spawn(
     then import on the worker, as they would under multiprocessing's spawn. The
     connection file travels in the environment (``security.CONNECTION_FILE_ENV``), not
     on the command line; ``address``, when given, overrides the one inside it.
+
+    The worker starts in a session of its own: a terminal's Ctrl-C (SIGINT to the whole
+    foreground process group) then reaches only the caller, whose ``get`` cancels its run,
+    rather than stopping every local worker under a manager that goes on. The worker
+    still leaves with the manager: told to when it closes, and by itself after
+    ``--manager-timeout`` (30 s) of silence should the manager be killed.
     """
     env = dict(popen_options.pop("env", None) or os.environ)
     paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]
@@ -37,6 +43,7 @@ def spawn(
     args += ["--cores", str(cores)]
     if name:
         args += ["--name", name]
+    popen_options.setdefault("start_new_session", True)
     return subprocess.Popen(
         [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
     )
