@@ -1,17 +1,27 @@
-"""What a user at a terminal meets: Ctrl-C in a real pty, a manager killed outright."""
+"""What a user at a terminal meets: Ctrl-C in a real pty, a manager killed outright, runs
+with no worker to run them."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
+
+from daskvine_py import Manager, RunCancelled
+from daskvine_py.manager import loop
+from daskvine_py.manager.launch import spawn
+from daskvine_py.manager.loop import NoWorkersLeft
+from daskvine_py.wire import security
+from daskvine_py.wire.exits import EXIT_AUTH_FAILED
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +196,127 @@ def test_local_workers_leave_a_manager_killed_outright(tmp_path):
             child.wait()
         _kill_all(workers)
         child.stdout.close()
+
+
+# -- runs with no worker -------------------------------------------------------------
+
+
+def slow(x, seconds=0.2):
+    time.sleep(seconds)
+    return x
+
+
+def _wired(manager: Manager) -> Manager:
+    """What the manager tells its loop for the no-worker warning: where workers join and
+    the gate that refuses wrong keys (a no-op once ``Manager`` passes them itself)."""
+    manager._io.connection_file = manager.connection_file
+    manager._io.gate = manager._gate
+    return manager
+
+
+class InThread:
+    """``get`` in a thread of its own, which may wait for a long time."""
+
+    def __init__(self, manager: Manager, dsk: dict, keys: object) -> None:
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(manager, dsk, keys), daemon=True)
+        self.thread.start()
+
+    def _run(self, manager: Manager, dsk: dict, keys: object) -> None:
+        try:
+            self.result = manager.get(dsk, keys, progress=False)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"get still waits after {timeout} s"
+
+
+def _warnings_saying(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+def _wait_for_warning(caplog: pytest.LogCaptureFixture, words: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while not _warnings_saying(caplog, words):
+        assert time.monotonic() < deadline, f"no warning saying {words!r} in {timeout} s"
+        time.sleep(0.1)
+    return _warnings_saying(caplog, words)[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_run_with_no_worker_warns_once_how_to_add_workers(monkeypatch, caplog):
+    monkeypatch.setattr(loop, "NO_WORKER_GRACE", 1.0)
+    caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
+    with _wired(Manager()) as manager:
+        waiting = InThread(manager, {"x": (slow, 1, 0.0)}, "x")
+        message = _wait_for_warning(caplog, "no worker connected", 30)
+        assert "run 1 has waited" in message, message
+        assert "manager.start_workers(n)" in message, message
+        assert f"python -m daskvine_py.worker --connection-file {manager.connection_file}" in (
+            message
+        )
+        assert "refused" not in message, message
+        time.sleep(1.5)  # past another grace period: no second warning for the same wait
+        assert len(_warnings_saying(caplog, "no worker connected")) == 1
+        manager.start_workers(1)  # the run goes on once a worker joins
+        waiting.join(60)
+        assert waiting.error is None and waiting.result == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_run_fails_when_every_local_worker_is_killed(monkeypatch, caplog):
+    """Every local worker killed while a run waits: ``get`` raises ``NoWorkersLeft``
+    naming them and how they ended, and the manager stays usable."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=3.0) as manager:
+        procs = manager.start_workers(2)
+        dsk = {f"s{i}": (slow, i) for i in range(200)}
+        dsk["total"] = (sum, [f"s{i}" for i in range(200)])
+        waiting = InThread(manager, dsk, "total")
+        time.sleep(1.0)  # tasks under way
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+        waiting.join(60)
+        assert isinstance(waiting.error, NoWorkersLeft), repr(waiting.error)
+        message = str(waiting.error)
+        for proc in procs:
+            assert f"(pid {proc.pid}) was killed by SIGKILL" in message, message
+        assert "local-0" in message and "local-1" in message, message
+        assert "manager.start_workers(n)" in message, message
+        assert manager.last_run is not None and manager.last_run.outcome == "failed"
+        manager.start_workers(1)
+        assert manager.get({"y": (slow, 2, 0.0)}, "y", progress=False) == 2
+
+
+@pytest.mark.timeout(90)
+def test_the_no_worker_warning_says_workers_were_refused_for_wrong_keys(
+    monkeypatch, caplog, tmp_path
+):
+    """A worker holding the manager's public key but other worker keys is refused by the
+    manager's gate, and the warning counts it."""
+    monkeypatch.setattr(loop, "NO_WORKER_GRACE", 1.0)
+    caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
+    other = str(tmp_path / "other-keys.json")
+    with _wired(Manager()) as manager:
+        ours = security.read_connection_file(manager.connection_file).keys
+        assert ours is not None
+        forged = security.Keys.generate()._replace(manager_public=ours.manager_public)
+        security.write_key_file(other, forged.for_workers())
+        stranger = spawn(
+            manager.address, name="stranger", extra_args=["--key-file", other],
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            assert stranger.wait(timeout=60) == EXIT_AUTH_FAILED
+        finally:
+            if stranger.poll() is None:
+                stranger.kill()
+                stranger.wait()
+        waiting = InThread(manager, {"x": (slow, 1, 0.0)}, "x")
+        message = _wait_for_warning(caplog, "no worker connected", 30)
+        assert "1 connection was refused for wrong keys" in message, message
+        assert manager.connection_file in message, message
+    waiting.join(30)
+    assert isinstance(waiting.error, RunCancelled), repr(waiting.error)

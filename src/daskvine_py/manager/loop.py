@@ -21,6 +21,10 @@ Data flow::
 - Who is registered, joining, rejected or retiring, and what status clients are told, is
   ``registry.Registry``'s; this module keeps the per-message path (drain, check, feed the
   state, flush) and tells the state, the liveness watch and the watched runs.
+- A run never waits silently for workers (``_check_vacancy``, on the timer): with no
+  worker registered for ``NO_WORKER_GRACE`` seconds, the manager warns once, saying how
+  to add some; when every local worker it started has ended, waiting runs fail with
+  ``NoWorkersLeft`` naming them and how they ended.
 - Every run ends. Each step of the loop is guarded: an exception fails the runs it
   concerns (``SchedulerError``, the exception as its cause) and the loop goes on; one
   that concerns no run is logged and dropped. A malformed record from a worker fails the
@@ -44,8 +48,15 @@ from typing import Any, cast
 import zmq
 
 from daskvine_py.batch.planner import Demand
-from daskvine_py.errors import ManagerDied, ProtocolError, RunCancelled, SchedulerError
+from daskvine_py.errors import (
+    DaskVineError,
+    ManagerDied,
+    ProtocolError,
+    RunCancelled,
+    SchedulerError,
+)
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
+from daskvine_py.manager.launch import how_they_ended, how_to_add_workers
 from daskvine_py.manager.registry import Registry, WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.watching import Run, Watching
@@ -54,6 +65,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
 from daskvine_py.scheduler.messages import BytesRelayed
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.security import Gate
 from daskvine_py.wire.transport import has_more, send_batch
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -63,6 +75,10 @@ logger = logging.getLogger("daskvine_py.manager")
 DRAIN_LIMIT = 10_000
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
+#: Seconds runs may wait with no worker registered before the manager warns. Shorter
+#: tells sooner of a forgotten ``start_workers``; longer stays quiet while workers start
+#: (a local one takes a second or two on a loaded machine) or one replaces another.
+NO_WORKER_GRACE = 5.0
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
     {
@@ -86,10 +102,18 @@ HOSTNAME = socket.gethostname()
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 
 
+class NoWorkersLeft(DaskVineError, RuntimeError):
+    """Every worker the manager started itself has ended, and no other is connected: the
+    runs waiting fail rather than wait forever. The message names the workers and how
+    they ended (exit code or signal), and how to start others."""
+
+
 class IOLoop:
     """The loop's state and steps; ``run`` is the I/O thread's body.
 
     Only ``command``, ``snapshot``, ``changed`` and ``error`` are for other threads.
+    ``connection_file`` and ``gate`` (the ``Manager``'s) only make the no-worker warning
+    say where workers join and whether some were refused for wrong keys.
     """
 
     def __init__(
@@ -98,12 +122,22 @@ class IOLoop:
         state: s.SchedulerState,
         options: ManagerOptions,
         local_processes: list[subprocess.Popen],
+        connection_file: str | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.router = router
         self.state = state
         self.options = options
         #: local worker processes (shared with the ``Manager``, which starts them)
         self.local_processes = local_processes
+        self.connection_file = connection_file or (
+            None if options.connection_file is None else os.fspath(options.connection_file)
+        )
+        self.gate = gate
+        #: since when runs have waited with no worker registered (None: they have not),
+        #: and whether the manager warned of it: once per such stretch
+        self._vacant_since: float | None = None
+        self._vacancy_warned = False
         self.commands: SimpleQueue[Command] = SimpleQueue()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -426,6 +460,67 @@ class IOLoop:
                 self.outboxes[cast(bytes, ident)] = [p.Heartbeat()]
         if self.registry.wants_demand:
             self.registry.publish_demand(now)
+        if self.watching.runs and not self.workers:
+            self._check_vacancy(now, exited)
+        else:
+            self._vacant_since, self._vacancy_warned = None, False
+
+    def _check_vacancy(self, now: float, exited: dict[int, int | None]) -> None:
+        """Runs wait and no worker is registered: fail them if every local worker has
+        ended (none could come back), else warn once after ``NO_WORKER_GRACE`` seconds.
+
+        A pool sizing workers to the work (``wants_demand``) may still bring some, so its
+        runs wait on, warned.
+        """
+        if self._vacant_since is None:
+            self._vacant_since = now
+        local = self.local_processes
+        if local and len(exited) == len(local) and not self.registry.wants_demand:
+            ended = how_they_ended(local)
+            for run_id in list(self.watching.runs):
+                error = NoWorkersLeft(
+                    f"run {run_id} cannot go on: every worker this manager started has "
+                    f"ended, and no other is connected: {ended}. To go on, "
+                    f"{how_to_add_workers(self.connection_file)}"
+                )
+                self._end_workerless(run_id, error)
+            return
+        if self._vacancy_warned or now - self._vacant_since < NO_WORKER_GRACE:
+            return
+        self._vacancy_warned = True
+        runs = sorted(self.watching.runs)
+        notes = []
+        refused = 0 if self.gate is None else self.gate.refused
+        if refused:
+            notes.append(
+                f"{refused} connection{'s were' if refused > 1 else ' was'} refused for wrong "
+                "keys: give those workers this manager's connection file"
+            )
+        if self.registry.last_lost is not None:
+            name, reason = self.registry.last_lost
+            notes.append(f"the last worker, {name}, was lost: {reason}")
+        if self.registry.wants_demand:
+            notes.append("a worker pool is sizing workers to the work: its jobs may be queued")
+        logger.warning(
+            "%s %s waited %.0f s with no worker connected; nothing runs until one joins: "
+            "%s%s",
+            "run" if len(runs) == 1 else "runs", ", ".join(map(str, runs)) +
+            (" has" if len(runs) == 1 else " have"),
+            now - self._vacant_since, how_to_add_workers(self.connection_file),
+            "".join(f". Note: {note}" for note in notes),
+        )  # fmt: skip
+
+    def _end_workerless(self, run_id: int, error: NoWorkersLeft) -> None:
+        """Fail a run that no worker will ever run: its tasks leave the state."""
+        run = self.watching.pop(run_id, time.monotonic())
+        if run is None:
+            return
+        self.events.append(s.CancelRun(run_id))
+        run.failure = error
+        try:
+            self.watching.settle(run)
+        finally:
+            run.done.set()
 
     def _apply_events(self) -> None:
         if not self.events:

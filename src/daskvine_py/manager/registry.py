@@ -92,6 +92,8 @@ class Registry:
         self._busy_at: dict[Hashable, float] = {}
         #: workers told to leave by a pool: their leaving is no news
         self._retiring: set[bytes] = set()
+        #: the name of the last worker lost (not retired), and why: for the no-worker warning
+        self.last_lost: tuple[str, str] | None = None
 
     def publish(self, ident: bytes, info: WorkerInfo | None) -> None:
         """Update the callers' snapshot of one worker (None: it left)."""
@@ -166,6 +168,7 @@ class Registry:
             logger.info("worker %s left: %s", info.name, reason)
         else:
             logger.warning("worker %s lost: %s", info.name, reason)
+            self.last_lost = (info.name, reason)
         self.publish(ident, None)
         return info
 
