@@ -4,6 +4,7 @@ with no worker to run them."""
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import select
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from daskvine_py import Manager, RunCancelled
-from daskvine_py.manager import loop
+from daskvine_py.manager import loop, progress
 from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.loop import NoWorkersLeft
 from daskvine_py.wire import security
@@ -320,3 +321,60 @@ def test_the_no_worker_warning_says_workers_were_refused_for_wrong_keys(
         assert manager.connection_file in message, message
     waiting.join(30)
     assert isinstance(waiting.error, RunCancelled), repr(waiting.error)
+
+
+# -- the progress bar ----------------------------------------------------------------
+
+
+class Stream(io.StringIO):
+    """stderr as a terminal, or as a pipe."""
+
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+def _count_to(total: int, done: threading.Event) -> list[int]:
+    """A counter a thread brings to ``total`` over about a second, then sets ``done``."""
+    counted = [0]
+
+    def count() -> None:
+        for _ in range(total):
+            time.sleep(1.0 / total)
+            counted[0] += 1
+        done.set()
+
+    threading.Thread(target=count, daemon=True).start()
+    return counted
+
+
+@pytest.mark.timeout(30)
+def test_progress_into_a_pipe_is_plain_lines(monkeypatch):
+    monkeypatch.setattr(progress, "LINE_PERIOD", 0.3)
+    err = Stream(terminal=False)
+    monkeypatch.setattr(sys, "stderr", err)
+    done = threading.Event()
+    counted = _count_to(50, done)
+    progress.wait_with_progress(done, lambda: counted[0], 50)
+    text = err.getvalue()
+    assert "\r" not in text and text.endswith("\n"), repr(text)
+    lines = text.splitlines()
+    assert len(lines) >= 3, lines  # the start, at least one on the way, the end
+    assert all(line.startswith("daskvine_py: ") for line in lines), lines
+    assert lines[0].startswith("daskvine_py: 0/50 tasks (0%)"), lines
+    assert lines[-1].startswith("daskvine_py: 50/50 tasks (100%)"), lines
+
+
+@pytest.mark.timeout(30)
+def test_progress_in_a_terminal_redraws_one_bar(monkeypatch):
+    err = Stream(terminal=True)
+    monkeypatch.setattr(sys, "stderr", err)
+    done = threading.Event()
+    counted = _count_to(20, done)
+    progress.wait_with_progress(done, lambda: counted[0], 20)
+    text = err.getvalue()
+    assert "\r" in text and "20/20" in text and text.endswith("\n"), repr(text)
+    assert text.count("\n") == 1, repr(text)  # redrawn in place, finished once
