@@ -17,7 +17,9 @@ import time
 
 import pytest
 
+import daskvine_py
 from daskvine_py import Manager, RunCancelled
+from daskvine_py import __main__ as cli
 from daskvine_py.manager import loop, progress
 from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.loop import NoWorkersLeft
@@ -378,3 +380,32 @@ def test_progress_in_a_terminal_redraws_one_bar(monkeypatch):
     text = err.getvalue()
     assert "\r" in text and "20/20" in text and text.endswith("\n"), repr(text)
     assert text.count("\n") == 1, repr(text)  # redrawn in place, finished once
+
+
+# -- python -m daskvine_py -----------------------------------------------------------
+
+
+def test_the_command_line_says_what_it_is_and_points_to_the_others(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "Dask graphs" in out and "--version" in out
+    for command in (
+        "python -m daskvine_py.worker", "daskvine-py-worker",
+        "python -m daskvine_py.factory", "daskvine-py-factory",
+    ):  # fmt: skip
+        assert command in out, out
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"daskvine_py {daskvine_py.__version__}"
+
+
+def test_the_demo_without_dask_array_says_to_install_the_demo_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "dask.array", None)  # import dask.array: ImportError
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["demo"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "pip install -e '.[demo]'" in err and "daskvine-py[demo]" in err, err
