@@ -145,7 +145,10 @@ class Registry:
         info = WorkerInfo(reg)
         self.workers[ident] = info
         self.publish(ident, info)
-        logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
+        logger.info(
+            "worker %s joined from %s with %d core%s", reg.name, reg.hostname, reg.cores,
+            "" if reg.cores == 1 else "s",
+        )  # fmt: skip
         self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
         return info
 
