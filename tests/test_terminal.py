@@ -210,10 +210,9 @@ def slow(x, seconds=0.2):
 
 
 def _wired(manager: Manager) -> Manager:
-    """What the manager tells its loop for the no-worker warning: where workers join and
-    the gate that refuses wrong keys (a no-op once ``Manager`` passes them itself)."""
+    """What the manager tells its loop for the no-worker warning: where workers join (a
+    no-op once ``Manager`` passes its connection file to ``IOLoop`` itself)."""
     manager._io.connection_file = manager.connection_file
-    manager._io.gate = manager._gate
     return manager
 
 
@@ -293,24 +292,42 @@ def test_a_run_fails_when_every_local_worker_is_killed(monkeypatch, caplog):
         assert manager.get({"y": (slow, 2, 0.0)}, "y", progress=False) == 2
 
 
+def _keys_of_another_manager(ours: security.Keys) -> security.Keys:
+    return security.Keys.generate().for_workers()
+
+
+def _our_manager_key_but_other_worker_keys(ours: security.Keys) -> security.Keys:
+    """Past the handshake's cryptography, refused by the manager's gate (ZAP)."""
+    return security.Keys.generate()._replace(manager_public=ours.manager_public).for_workers()
+
+
 @pytest.mark.timeout(90)
-def test_the_no_worker_warning_says_workers_were_refused_for_wrong_keys(
-    monkeypatch, caplog, tmp_path
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        (_keys_of_another_manager, "with wrong keys"),
+        (_our_manager_key_but_other_worker_keys, "with wrong keys"),
+        (None, "without keys"),
+    ],
+)
+def test_the_no_worker_warning_says_workers_were_refused_for_their_keys(
+    keys, said, monkeypatch, caplog, tmp_path
 ):
-    """A worker holding the manager's public key but other worker keys is refused by the
-    manager's gate, and the warning counts it."""
+    """A worker refused during the CurveZMQ handshake (another manager's connection file,
+    keys the gate refuses, no keys at all) exits; the warning says what was refused."""
     monkeypatch.setattr(loop, "NO_WORKER_GRACE", 1.0)
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
-    other = str(tmp_path / "other-keys.json")
     with _wired(Manager()) as manager:
-        ours = security.read_connection_file(manager.connection_file).keys
-        assert ours is not None
-        forged = security.Keys.generate()._replace(manager_public=ours.manager_public)
-        security.write_key_file(other, forged.for_workers())
+        extra = []
+        if keys is not None:
+            ours = security.read_connection_file(manager.connection_file).keys
+            assert ours is not None
+            other = str(tmp_path / "other-keys.json")
+            security.write_key_file(other, keys(ours))
+            extra = ["--key-file", other]
         stranger = spawn(
-            manager.address, name="stranger", extra_args=["--key-file", other],
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            manager.address, name="stranger", extra_args=extra, stderr=subprocess.DEVNULL
+        )
         try:
             assert stranger.wait(timeout=60) == EXIT_AUTH_FAILED
         finally:
@@ -319,7 +336,10 @@ def test_the_no_worker_warning_says_workers_were_refused_for_wrong_keys(
                 stranger.wait()
         waiting = InThread(manager, {"x": (slow, 1, 0.0)}, "x")
         message = _wait_for_warning(caplog, "no worker connected", 30)
-        assert "1 connection was refused for wrong keys" in message, message
+        assert f"this manager refused 1 handshake {said}" in message or (
+            f"handshakes {said}" in message
+        ), message
+        assert "give those workers this manager's connection file" in message, message
         assert manager.connection_file in message, message
     waiting.join(30)
     assert isinstance(waiting.error, RunCancelled), repr(waiting.error)

@@ -34,6 +34,7 @@ Data flow::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -46,6 +47,7 @@ from queue import SimpleQueue
 from typing import Any, cast
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from daskvine_py.batch.planner import Demand
 from daskvine_py.errors import (
@@ -65,7 +67,6 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
 from daskvine_py.scheduler.messages import BytesRelayed
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.security import Gate
 from daskvine_py.wire.transport import has_more, send_batch
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -79,6 +80,10 @@ TIMER_PERIOD = 0.1
 #: tells sooner of a forgotten ``start_workers``; longer stays quiet while workers start
 #: (a local one takes a second or two on a loaded machine) or one replaces another.
 NO_WORKER_GRACE = 5.0
+#: Failed handshakes on the ROUTER (with security) that tell of a worker without this
+#: manager's keys: the gate refused its key (AUTH), or it holds another manager's
+#: (CRYPTOGRAPHIC), or none (MECHANISM_MISMATCH). Counted for the no-worker warning.
+_REFUSAL_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
     {
@@ -112,8 +117,8 @@ class IOLoop:
     """The loop's state and steps; ``run`` is the I/O thread's body.
 
     Only ``command``, ``snapshot``, ``changed`` and ``error`` are for other threads.
-    ``connection_file`` and ``gate`` (the ``Manager``'s) only make the no-worker warning
-    say where workers join and whether some were refused for wrong keys.
+    ``connection_file`` (the ``Manager``'s) is what the no-worker warning tells workers
+    to join with.
     """
 
     def __init__(
@@ -123,7 +128,6 @@ class IOLoop:
         options: ManagerOptions,
         local_processes: list[subprocess.Popen],
         connection_file: str | None = None,
-        gate: Gate | None = None,
     ) -> None:
         self.router = router
         self.state = state
@@ -133,7 +137,11 @@ class IOLoop:
         self.connection_file = connection_file or (
             None if options.connection_file is None else os.fspath(options.connection_file)
         )
-        self.gate = gate
+        #: the ROUTER's monitor (with security; made and closed by the I/O thread)
+        self._monitor: zmq.Socket | None = None
+        #: handshakes refused since the start: with wrong keys, and without keys
+        self.refused_wrong_keys = 0
+        self.refused_no_keys = 0
         #: since when runs have waited with no worker registered (None: they have not),
         #: and whether the manager warned of it: once per such stretch
         self._vacant_since: float | None = None
@@ -226,6 +234,15 @@ class IOLoop:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.wake_read, zmq.POLLIN)
+        if self.options.security:
+            self._monitor = self.router.get_monitor_socket(_REFUSAL_EVENTS)
+            poller.register(self._monitor, zmq.POLLIN)
+        try:
+            self._iterate(poller)
+        finally:
+            self._close_monitor()
+
+    def _iterate(self, poller: zmq.Poller) -> None:
         next_timer = 0.0
         running = True
         while running:
@@ -235,6 +252,8 @@ class IOLoop:
             for sock, _ in poller.poll(math.ceil(timeout * 1000)):
                 if sock is self.router:
                     self._drain_router()
+                elif sock is self._monitor:
+                    self._count_refusals()
                 else:
                     running = self._drain_commands()
             now = time.monotonic()
@@ -252,6 +271,33 @@ class IOLoop:
                     watched = list(self.watching.watched)
                     self._loop_error(exc, "sampling watched runs", run_ids=watched)
             self._flush()
+
+    def _count_refusals(self) -> None:
+        """Handshakes refused for keys; other failures (garbage, a cut connection) are
+        the drop log's business, not a worker's."""
+        assert self._monitor is not None
+        for _ in range(DRAIN_LIMIT):
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            value = event["value"]
+            if (
+                event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                or value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
+            ):
+                self.refused_wrong_keys += 1
+            elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                self.refused_no_keys += 1
+
+    def _close_monitor(self) -> None:
+        """Closed by the thread that used it: the context ends only once it is."""
+        if self._monitor is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self.router.disable_monitor()
+        self._monitor.close(linger=0)
+        self._monitor = None
 
     def _loop_error(
         self,
@@ -490,11 +536,17 @@ class IOLoop:
         self._vacancy_warned = True
         runs = sorted(self.watching.runs)
         notes = []
-        refused = 0 if self.gate is None else self.gate.refused
-        if refused:
+        wrong, keyless = self.refused_wrong_keys, self.refused_no_keys
+        if wrong or keyless:
+            said = []
+            if wrong:
+                said.append(f"{_count(wrong, 'handshake')} with wrong keys (another "
+                            "manager's connection file, or an old one)")  # fmt: skip
+            if keyless:
+                said.append(f"{_count(keyless, 'handshake')} without keys (no connection file)")
             notes.append(
-                f"{refused} connection{'s were' if refused > 1 else ' was'} refused for wrong "
-                "keys: give those workers this manager's connection file"
+                f"this manager refused {' and '.join(said)}: give those workers this "
+                "manager's connection file"
             )
         if self.registry.last_lost is not None:
             name, reason = self.registry.last_lost
@@ -645,3 +697,8 @@ class IOLoop:
         for run in self.watching.clear():
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
+
+
+def _count(n: int, word: str) -> str:
+    """``1 handshake``, ``2 handshakes``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
