@@ -16,13 +16,19 @@ import threading
 import time
 
 import pytest
+import zmq
 
 import daskvine_py
 from daskvine_py import Manager, RunCancelled
 from daskvine_py import __main__ as cli
 from daskvine_py.manager import loop, progress
+from daskvine_py.manager.commands import Submit
 from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.loop import NoWorkersLeft
+from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.watching import Run
+from daskvine_py.options import ManagerOptions
+from daskvine_py.scheduler import state as s
 from daskvine_py.wire import security
 from daskvine_py.wire.exits import EXIT_AUTH_FAILED
 
@@ -343,6 +349,100 @@ def test_the_no_worker_warning_says_workers_were_refused_for_their_keys(
         assert manager.connection_file in message, message
     waiting.join(30)
     assert isinstance(waiting.error, RunCancelled), repr(waiting.error)
+
+
+# -- the decision, on the loop's timer, driven by hand ----------------------------------
+
+
+class Exited:
+    """A local worker process as the loop sees it: ``poll`` says it ended, and how."""
+
+    def __init__(self, name: str, pid: int, returncode: int | None) -> None:
+        self.args = [sys.executable, "-m", "daskvine_py.worker", "--name", name]
+        self.pid = pid
+        self.returncode = returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+@pytest.fixture
+def bare_loop():
+    """An I/O loop with no thread and no workers; its local processes are ``Exited``."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    io = loop.IOLoop(router, s.SchedulerState(), ManagerOptions(security=False), [],
+                     connection_file="/where/it/is.json")  # fmt: skip
+    try:
+        yield io
+    finally:
+        io.close_pipe()
+        router.close(linger=0)
+        context.term()
+
+
+def _submitted(io: loop.IOLoop, run_id: int = 1) -> Run:
+    run = Run(run_id)
+    run.info = RunInfo(run_id, tasks=1)
+    event = s.SubmitRun(run_id, [s.NewTask("x", b"", (), (), 0)], ["x"], 0)
+    io.command(Submit(run, event, False))
+    io._drain_commands()
+    io._apply_events()
+    return run
+
+
+def test_the_warning_comes_once_after_the_grace_period(bare_loop, caplog):
+    caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
+    run = _submitted(bare_loop)
+    grace = loop.NO_WORKER_GRACE
+    for now in (0.0, grace / 2, grace + 0.1, grace + 1, 10 * grace):
+        bare_loop._check_timers(now)
+    warned = _warnings_saying(caplog, "no worker connected")
+    assert len(warned) == 1, warned
+    assert "run 1 has waited" in warned[0]
+    assert "--connection-file /where/it/is.json" in warned[0]
+    assert not run.done.is_set()  # it waits on: a worker may join
+
+
+def test_no_warning_without_a_waiting_run(bare_loop, caplog):
+    caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
+    for now in (0.0, 100.0, 200.0):
+        bare_loop._check_timers(now)
+    assert not _warnings_saying(caplog, "no worker connected")
+
+
+def test_every_local_worker_ended_fails_the_waiting_runs_naming_them(bare_loop):
+    bare_loop.local_processes.extend(
+        [Exited("local-0", 11, -signal.SIGKILL), Exited("local-1", 12, EXIT_AUTH_FAILED)]
+    )
+    run = _submitted(bare_loop)
+    bare_loop._check_timers(0.0)
+    assert run.done.is_set() and isinstance(run.failure, NoWorkersLeft)
+    message = str(run.failure)
+    assert "local-0 (pid 11) was killed by SIGKILL" in message, message
+    assert "local-1 (pid 12) exited with code 4 (it could not authenticate" in message, message
+    assert "--connection-file /where/it/is.json" in message, message
+    assert not bare_loop.watching.runs
+    assert [type(e) for e in bare_loop.events] == [s.CancelRun]  # its tasks leave the state
+
+
+def test_a_local_worker_still_running_keeps_the_run_waiting(bare_loop):
+    bare_loop.local_processes.extend([Exited("local-0", 11, 0), Exited("local-1", 12, None)])
+    run = _submitted(bare_loop)
+    bare_loop._check_timers(0.0)
+    assert not run.done.is_set()
+
+
+def test_a_pool_sizing_workers_keeps_the_run_waiting_and_says_so(bare_loop, caplog):
+    caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
+    bare_loop.local_processes.append(Exited("local-0", 11, -signal.SIGKILL))
+    bare_loop.wants_demand = True
+    run = _submitted(bare_loop)
+    for now in (0.0, loop.NO_WORKER_GRACE + 1):
+        bare_loop._check_timers(now)
+    assert not run.done.is_set()
+    (warned,) = _warnings_saying(caplog, "no worker connected")
+    assert "a worker pool is sizing workers to the work" in warned, warned
 
 
 # -- the progress bar ----------------------------------------------------------------
