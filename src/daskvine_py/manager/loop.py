@@ -82,7 +82,8 @@ TIMER_PERIOD = 0.1
 NO_WORKER_GRACE = 5.0
 #: Failed handshakes on the ROUTER (with security) that tell of a worker without this
 #: manager's keys: the gate refused its key (AUTH), or it holds another manager's
-#: (CRYPTOGRAPHIC), or none (MECHANISM_MISMATCH). Counted for the no-worker warning.
+#: (CRYPTOGRAPHIC), or none (MECHANISM_MISMATCH: seen only when the manager notices before
+#: the worker hangs up, which is a race). Counted for the no-worker warning.
 _REFUSAL_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
