@@ -554,12 +554,10 @@ class IOLoop:
             notes.append(f"the last worker, {name}, was lost: {reason}")
         if self.registry.wants_demand:
             notes.append("a worker pool is sizing workers to the work: its jobs may be queued")
+        waiting = f"run {runs[0]} has" if len(runs) == 1 else f"runs {_listed(runs)} have"
         logger.warning(
-            "%s %s waited %.0f s with no worker connected; nothing runs until one joins: "
-            "%s%s",
-            "run" if len(runs) == 1 else "runs", ", ".join(map(str, runs)) +
-            (" has" if len(runs) == 1 else " have"),
-            now - self._vacant_since, how_to_add_workers(self.connection_file),
+            "%s waited %.0f s with no worker connected; nothing runs until one joins: %s%s",
+            waiting, now - self._vacant_since, how_to_add_workers(self.connection_file),
             "".join(f". Note: {note}" for note in notes),
         )  # fmt: skip
 
@@ -698,6 +696,10 @@ class IOLoop:
         for run in self.watching.clear():
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
 
 
 def _count(n: int, word: str) -> str:
