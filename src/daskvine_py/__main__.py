@@ -1,4 +1,5 @@
-"""The command line: ``python -m daskvine_py demo`` and ``python -m daskvine_py report``.
+"""The command line: ``python -m daskvine_py demo`` and ``python -m daskvine_py report``;
+``--help`` points to the worker's and the factory's commands.
 
 - ``demo``: an embedded manager, local workers, a real graph.
 - ``report LOG -o run.html``: the performance report of a run rebuilt from its event log
@@ -11,11 +12,33 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from daskvine_py import __version__
 from daskvine_py.demo import run_demo
+
+DESCRIPTION = """\
+daskvine_py runs Dask graphs on worker processes: a manager in your Python process
+(daskvine_py.Manager, passed to dask.compute as scheduler=manager.get) and workers on
+this machine (manager.start_workers(n)) or anywhere that can reach it.
+"""
+
+EPILOG = """\
+other commands:
+  python -m daskvine_py.worker --connection-file PATH   (or: daskvine-py-worker ...)
+      a worker joining a manager; PATH is the manager's connection_file
+  python -m daskvine_py.factory ...                     (or: daskvine-py-factory ...)
+      a pool of workers on a batch system for a manager running elsewhere
+each takes --help.
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m daskvine_py")
+    parser = argparse.ArgumentParser(
+        prog="python -m daskvine_py",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"daskvine_py {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a Dask array graph on local workers")
     demo.add_argument("--workers", type=int, default=2, help="local workers (default 2)")
@@ -27,10 +50,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("-o", "--output", default=None, help="the HTML file (default LOG.html)")
     args = parser.parse_args(argv)
     if args.command == "demo":
+        _demo_requirements(parser)
         return run_demo(args.workers, args.cores, args.size, args.chunks)
     if args.command == "report":
         return _report(parser, args.log, args.output)
     return 2
+
+
+def _demo_requirements(parser: argparse.ArgumentParser) -> None:
+    """The demo's graph is a Dask array: without NumPy and Dask's array extras (not
+    daskvine_py's own requirements), say what to install rather than let Dask's own
+    ImportError end it."""
+    try:
+        import dask.array  # noqa: F401
+    except ImportError as exc:
+        parser.exit(
+            1,
+            f"daskvine_py demo: it needs NumPy and Dask's array extras ({exc})\n"
+            "install them with: pip install 'daskvine-py[demo]' "
+            "(from a checkout: pip install -e '.[demo]')\n",
+        )
 
 
 def _report(parser: argparse.ArgumentParser, log: str, output: str | None) -> int:

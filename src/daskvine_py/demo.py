@@ -22,7 +22,8 @@ def run_demo(workers: int = 2, cores: int = 1, size: int = 4000, chunks: int = 2
         (result,) = dask.compute(y, scheduler=manager.get)
         elapsed = time.perf_counter() - ready
         print(
-            f"manager {manager.address}: {workers} local workers x {cores} cores, "
+            f"manager {manager.address}: {_count(workers, 'local worker')} x "
+            f"{_count(cores, 'core')}, "
             f"started in {ready - started:.2f} s"
         )
     (expected,) = dask.compute(y, scheduler="sync")
@@ -33,3 +34,8 @@ def run_demo(workers: int = 2, cores: int = 1, size: int = 4000, chunks: int = 2
     )
     print(f"{ntasks} tasks in {elapsed:.3f} s: {ntasks / elapsed:,.0f} tasks/s")
     return 0 if abs(result - expected) <= 1e-9 * abs(expected) else 1
+
+
+def _count(n: int, word: str) -> str:
+    """``1 core``, ``2 cores``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -10,6 +11,9 @@ from typing import Any
 
 from daskvine_py.wire.exits import EXIT_MEANINGS
 from daskvine_py.wire.security import CONNECTION_FILE_ENV
+
+#: Local workers named one by one in a message; the rest are counted.
+NAMED_WORKERS = 8
 
 
 def spawn(
@@ -26,6 +30,12 @@ def spawn(
     then import on the worker, as they would under multiprocessing's spawn. The
     connection file travels in the environment (``security.CONNECTION_FILE_ENV``), not
     on the command line; ``address``, when given, overrides the one inside it.
+
+    The worker starts in a session of its own: a terminal's Ctrl-C (SIGINT to the whole
+    foreground process group) then reaches only the caller, whose ``get`` cancels its run,
+    rather than stopping every local worker under a manager that goes on. The worker
+    still leaves with the manager: told to when it closes, and by itself after
+    ``--manager-timeout`` (30 s) of silence should the manager be killed.
     """
     env = dict(popen_options.pop("env", None) or os.environ)
     paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]
@@ -40,6 +50,7 @@ def spawn(
     args += ["--cores", str(cores), "--log-level", "WARNING"]
     if name:
         args += ["--name", name]
+    popen_options.setdefault("start_new_session", True)
     return subprocess.Popen(
         [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
     )
@@ -90,3 +101,36 @@ def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
             raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
         args += [f"--lib-{name}", str(value)]
     return args
+
+
+def how_ended(proc: subprocess.Popen) -> str:
+    """``local-0 (pid 123) was killed by SIGKILL``: a local worker that exited, in words."""
+    args = list(proc.args) if isinstance(proc.args, (list, tuple)) else []
+    name = str(args[args.index("--name") + 1]) if "--name" in args[:-1] else "a worker"
+    code = proc.returncode
+    if code is not None and code < 0:
+        try:
+            ended = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            ended = f"was killed by signal {-code}"
+    else:
+        meaning = EXIT_MEANINGS.get(code) if code else "told to stop, or the manager fell silent"
+        ended = f"exited with code {code}" + (f" ({meaning})" if meaning else "")
+    return f"{name} (pid {proc.pid}) {ended}"
+
+
+def how_they_ended(procs: Sequence[subprocess.Popen]) -> str:
+    """Each exited local worker in words (the first ``NAMED_WORKERS``, then a count)."""
+    said = [how_ended(proc) for proc in procs[:NAMED_WORKERS]]
+    if len(procs) > NAMED_WORKERS:
+        said.append(f"and {len(procs) - NAMED_WORKERS} more")
+    return "; ".join(said)
+
+
+def how_to_add_workers(connection_file: str | None) -> str:
+    """What to do about a manager with no worker: the two ways to add some."""
+    path = connection_file or "PATH (the manager's connection_file)"
+    return (
+        "start local workers with manager.start_workers(n), or workers anywhere that can "
+        f"reach this manager with: python -m daskvine_py.worker --connection-file {path}"
+    )

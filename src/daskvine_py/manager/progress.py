@@ -3,19 +3,29 @@
 The caller's thread, which waits in ``get`` anyway, redraws the bar at most
 ``1 / UPDATE_PERIOD`` times a second from a counter the manager's I/O thread bumps per
 finished task; nothing is called per task. tqdm draws it (on stderr): a small pure-Python
-package with no dependencies of its own, which computes the rate and the time left, and
-degrades to plain lines where the terminal cannot redraw. (rich draws prettier bars but
-brings markdown and syntax highlighting along, for one bar.)
+package with no dependencies of its own, which computes the rate and the time left.
+(rich draws prettier bars but brings markdown and syntax highlighting along, for one bar.)
+
+Where stderr is no terminal (``progress=True`` into a pipe, a log, CI), a redraw would be
+one more ``\\r`` on a single endless line: there the same counts are written as plain
+lines instead, at the start, every ``LINE_PERIOD`` seconds and at the end.
 """
 
 from __future__ import annotations
 
+import io
 import sys
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 #: Seconds between redraws: often enough to look live, rare enough to cost nothing.
 UPDATE_PERIOD = 0.1
+#: Seconds between plain lines where stderr is no terminal: each is kept for good there,
+#: so a few a minute tell a log's reader the run moves without flooding the log.
+LINE_PERIOD = 10.0
+#: A plain line: no bar, which only a redrawn terminal line makes sense of.
+LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} tasks ({percentage:.0f}%) in {elapsed}, {rate_fmt}"
 
 
 class Waitable(Protocol):
@@ -24,34 +34,58 @@ class Waitable(Protocol):
     def wait(self, timeout: float | None = None) -> bool: ...
 
 
-def default_enabled() -> bool:
-    """On when stderr is a terminal (a person is watching), off in logs and pipes."""
+def _is_terminal(stream: Any) -> bool:
     try:
-        return sys.stderr is not None and sys.stderr.isatty()
+        return stream is not None and bool(stream.isatty())
     except (AttributeError, ValueError):  # replaced or closed stderr
         return False
+
+
+def default_enabled() -> bool:
+    """On when stderr is a terminal (a person is watching), off in logs and pipes."""
+    return _is_terminal(sys.stderr)
 
 
 def wait_with_progress(done: Waitable, count: Callable[[], int], total: int) -> None:
     """Wait for ``done`` while a bar shows ``count()`` of ``total`` tasks finished.
 
     The bar is closed however the wait ends (Ctrl-C included), leaving the last state on
-    the terminal.
+    the terminal; where stderr is no terminal, the last line is written all the same.
     """
     from tqdm import tqdm
 
+    stream = sys.stderr
+    terminal = _is_terminal(stream)
     bar = tqdm(
         total=total,
         unit="task",
         desc="daskvine_py",
-        file=sys.stderr,
+        # No terminal: tqdm only counts (into nothing); the lines are ours.
+        file=stream if terminal else io.StringIO(),
         mininterval=UPDATE_PERIOD,
-        dynamic_ncols=True,
+        dynamic_ncols=terminal,
         smoothing=0.1,
+        bar_format=None if terminal else LINE_FORMAT,
     )
+    next_line = time.monotonic() + LINE_PERIOD
+    if not terminal:
+        _line(stream, bar)
     try:
         while not done.wait(UPDATE_PERIOD):
             bar.update(min(count(), total) - bar.n)
+            if not terminal and time.monotonic() >= next_line:
+                _line(stream, bar)
+                next_line = time.monotonic() + LINE_PERIOD
         bar.update(min(count(), total) - bar.n)
     finally:
+        if not terminal:
+            _line(stream, bar)
         bar.close()
+
+
+def _line(stream: Any, bar: Any) -> None:
+    try:
+        stream.write(f"{bar}\n")
+        stream.flush()
+    except (AttributeError, OSError, ValueError):  # no stderr, or a closed one
+        pass

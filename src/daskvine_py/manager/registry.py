@@ -92,6 +92,8 @@ class Registry:
         self._busy_at: dict[Hashable, float] = {}
         #: workers told to leave by a pool: their leaving is no news
         self._retiring: set[bytes] = set()
+        #: the name of the last worker lost (not retired), and why: for the no-worker warning
+        self.last_lost: tuple[str, str] | None = None
 
     def publish(self, ident: bytes, info: WorkerInfo | None) -> None:
         """Update the callers' snapshot of one worker (None: it left)."""
@@ -143,7 +145,10 @@ class Registry:
         info = WorkerInfo(reg)
         self.workers[ident] = info
         self.publish(ident, info)
-        logger.info("worker %s joined from %s with %d cores", reg.name, reg.hostname, reg.cores)
+        logger.info(
+            "worker %s joined from %s with %d core%s", reg.name, reg.hostname, reg.cores,
+            "" if reg.cores == 1 else "s",
+        )  # fmt: skip
         self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
         return info
 
@@ -166,6 +171,7 @@ class Registry:
             logger.info("worker %s left: %s", info.name, reason)
         else:
             logger.warning("worker %s lost: %s", info.name, reason)
+            self.last_lost = (info.name, reason)
         self.publish(ident, None)
         return info
 
