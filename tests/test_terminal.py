@@ -21,11 +21,11 @@ import zmq
 import daskvine_py
 from daskvine_py import Manager, RunCancelled
 from daskvine_py import __main__ as cli
-from daskvine_py.manager import loop, progress
+from daskvine_py.manager import loop, progress, vacancy
 from daskvine_py.manager.commands import Submit
 from daskvine_py.manager.launch import spawn
-from daskvine_py.manager.loop import NoWorkersLeft
 from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.vacancy import NoWorkersLeft
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions
 from daskvine_py.scheduler import state as s
@@ -256,7 +256,7 @@ def _wait_for_warning(caplog: pytest.LogCaptureFixture, words: str, timeout: flo
 
 @pytest.mark.timeout(60)
 def test_a_run_with_no_worker_warns_once_how_to_add_workers(monkeypatch, caplog):
-    monkeypatch.setattr(loop, "NO_WORKER_GRACE", 1.0)
+    monkeypatch.setattr(vacancy, "NO_WORKER_GRACE", 1.0)
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
     with _wired(Manager()) as manager:
         waiting = InThread(manager, {"x": (slow, 1, 0.0)}, "x")
@@ -322,7 +322,7 @@ def test_the_no_worker_warning_says_workers_were_refused_for_their_keys(
     keys the gate refuses) exits; the warning says what was refused. (A worker without
     keys is counted only when the manager sees the mismatch before the worker hangs up,
     which is a race: not tested.)"""
-    monkeypatch.setattr(loop, "NO_WORKER_GRACE", 1.0)
+    monkeypatch.setattr(vacancy, "NO_WORKER_GRACE", 1.0)
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
     with _wired(Manager()) as manager:
         ours = security.read_connection_file(manager.connection_file).keys
@@ -393,7 +393,7 @@ def _submitted(io: loop.IOLoop, run_id: int = 1) -> Run:
 def test_the_warning_comes_once_after_the_grace_period(bare_loop, caplog):
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
     run = _submitted(bare_loop)
-    grace = loop.NO_WORKER_GRACE
+    grace = vacancy.NO_WORKER_GRACE
     for now in (0.0, grace / 2, grace + 0.1, grace + 1, 10 * grace):
         bare_loop._check_timers(now)
     warned = _warnings_saying(caplog, "no worker connected")
@@ -437,7 +437,7 @@ def test_a_pool_sizing_workers_keeps_the_run_waiting_and_says_so(bare_loop, capl
     bare_loop.local_processes.append(Exited("local-0", 11, -signal.SIGKILL))
     bare_loop.wants_demand = True
     run = _submitted(bare_loop)
-    for now in (0.0, loop.NO_WORKER_GRACE + 1):
+    for now in (0.0, vacancy.NO_WORKER_GRACE + 1):
         bare_loop._check_timers(now)
     assert not run.done.is_set()
     (warned,) = _warnings_saying(caplog, "no worker connected")

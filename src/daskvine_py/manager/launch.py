@@ -125,12 +125,3 @@ def how_they_ended(procs: Sequence[subprocess.Popen]) -> str:
     if len(procs) > NAMED_WORKERS:
         said.append(f"and {len(procs) - NAMED_WORKERS} more")
     return "; ".join(said)
-
-
-def how_to_add_workers(connection_file: str | None) -> str:
-    """What to do about a manager with no worker: the two ways to add some."""
-    path = connection_file or "PATH (the manager's connection_file)"
-    return (
-        "start local workers with manager.start_workers(n), or workers anywhere that can "
-        f"reach this manager with: python -m daskvine_py.worker --connection-file {path}"
-    )

@@ -21,10 +21,9 @@ Data flow::
 - Who is registered, joining, rejected or retiring, and what status clients are told, is
   ``registry.Registry``'s; this module keeps the per-message path (drain, check, feed the
   state, flush) and tells the state, the liveness watch and the watched runs.
-- A run never waits silently for workers (``_check_vacancy``, on the timer): with no
-  worker registered for ``NO_WORKER_GRACE`` seconds, the manager warns once, saying how
-  to add some; when every local worker it started has ended, waiting runs fail with
-  ``NoWorkersLeft`` naming them and how they ended.
+- A run never waits silently for workers: on the timer, ``vacancy.Vacancy`` says when
+  to warn how to add some, and when runs fail (``NoWorkersLeft``: every local worker it
+  started has ended, none other is connected).
 - Every run ends. Each step of the loop is guarded: an exception fails the runs it
   concerns (``SchedulerError``, the exception as its cause) and the loop goes on; one
   that concerns no run is logged and dropped. A malformed record from a worker fails the
@@ -34,7 +33,6 @@ Data flow::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -48,20 +46,14 @@ from queue import SimpleQueue
 from typing import Any, cast
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from daskvine_py.batch.planner import Demand
-from daskvine_py.errors import (
-    DaskVineError,
-    ManagerDied,
-    ProtocolError,
-    RunCancelled,
-    SchedulerError,
-)
+from daskvine_py.errors import ManagerDied, ProtocolError, RunCancelled, SchedulerError
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
-from daskvine_py.manager.launch import how_they_ended, how_to_add_workers
+from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.registry import Registry, WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER
+from daskvine_py.manager.vacancy import NoWorkersLeft, Vacancy
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
 from daskvine_py.scheduler import state as s
@@ -77,15 +69,6 @@ logger = logging.getLogger("daskvine_py.manager")
 DRAIN_LIMIT = 10_000
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
-#: Seconds runs may wait with no worker registered before the manager warns. Shorter
-#: tells sooner of a forgotten ``start_workers``; longer stays quiet while workers start
-#: (a local one takes a second or two on a loaded machine) or one replaces another.
-NO_WORKER_GRACE = 5.0
-#: Failed handshakes on the ROUTER (with security) that tell of a worker without this
-#: manager's keys: the gate refused its key (AUTH), or it holds another manager's
-#: (CRYPTOGRAPHIC), or none (MECHANISM_MISMATCH: seen only when the manager notices before
-#: the worker hangs up, which is a race). Counted for the no-worker warning.
-_REFUSAL_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
     {
@@ -109,10 +92,6 @@ HOSTNAME = socket.gethostname()
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 
 
-class NoWorkersLeft(DaskVineError, RuntimeError):
-    """Every worker the manager started itself has ended, and no other is connected: the
-    runs waiting fail rather than wait forever. The message names the workers and how
-    they ended (exit code or signal), and how to start others."""
 
 
 class IOLoop:
@@ -140,14 +119,9 @@ class IOLoop:
             None if options.connection_file is None else os.fspath(options.connection_file)
         )
         #: the ROUTER's monitor (with security; made and closed by the I/O thread)
-        self._monitor: zmq.Socket | None = None
-        #: handshakes refused since the start: with wrong keys, and without keys
-        self.refused_wrong_keys = 0
-        self.refused_no_keys = 0
-        #: since when runs have waited with no worker registered (None: they have not),
-        #: and whether the manager warned of it: once per such stretch
-        self._vacant_since: float | None = None
-        self._vacancy_warned = False
+        self._monitor: HandshakeMonitor | None = None
+        #: runs waiting with no worker: when to warn, when to give up, what to say
+        self.vacancy = Vacancy()
         self.commands: SimpleQueue[Command] = SimpleQueue()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -249,12 +223,14 @@ class IOLoop:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.wake_read, zmq.POLLIN)
         if self.options.security:
-            self._monitor = self.router.get_monitor_socket(_REFUSAL_EVENTS)
-            poller.register(self._monitor, zmq.POLLIN)
+            self._monitor = HandshakeMonitor(self.router, self.vacancy, DRAIN_LIMIT)
+            poller.register(self._monitor.socket, zmq.POLLIN)
         try:
             self._iterate(poller)
         finally:
-            self._close_monitor()
+            if self._monitor is not None:
+                self._monitor.close()
+                self._monitor = None
 
     def _iterate(self, poller: zmq.Poller) -> None:
         next_timer = 0.0
@@ -266,8 +242,8 @@ class IOLoop:
             for sock, _ in poller.poll(math.ceil(timeout * 1000)):
                 if sock is self.router:
                     self._drain_router()
-                elif sock is self._monitor:
-                    self._count_refusals()
+                elif self._monitor is not None and sock is self._monitor.socket:
+                    self._monitor.drain()
                 else:
                     running = self._drain_commands()
             now = time.monotonic()
@@ -285,33 +261,6 @@ class IOLoop:
                     watched = list(self.watching.watched)
                     self._loop_error(exc, "sampling watched runs", run_ids=watched)
             self._flush()
-
-    def _count_refusals(self) -> None:
-        """Handshakes refused for keys; other failures (garbage, a cut connection) are
-        the drop log's business, not a worker's."""
-        assert self._monitor is not None
-        for _ in range(DRAIN_LIMIT):
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            value = event["value"]
-            if (
-                event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                or value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
-            ):
-                self.refused_wrong_keys += 1
-            elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                self.refused_no_keys += 1
-
-    def _close_monitor(self) -> None:
-        """Closed by the thread that used it: the context ends only once it is."""
-        if self._monitor is None:
-            return
-        with contextlib.suppress(zmq.ZMQError):
-            self.router.disable_monitor()
-        self._monitor.close(linger=0)
-        self._monitor = None
 
     def _loop_error(
         self,
@@ -523,70 +472,21 @@ class IOLoop:
         if self.registry.wants_demand:
             self.registry.publish_demand(now)
         if self.watching.runs and not self.workers:
-            self._check_vacancy(now, exited)
-        else:
-            self._vacant_since, self._vacancy_warned = None, False
-
-    def _check_vacancy(self, now: float, exited: dict[int, int | None]) -> None:
-        """Runs wait and no worker is registered: fail them if every local worker has
-        ended (none could come back), else warn once after ``NO_WORKER_GRACE`` seconds.
-
-        A pool sizing workers to the work (``wants_demand``) may still bring some, so its
-        runs wait on, warned.
-        """
-        if self._vacant_since is None:
-            self._vacant_since = now
-        local = self.local_processes
-        if local and len(exited) == len(local) and not self.registry.wants_demand:
-            ended = how_they_ended(local)
-            for run_id in list(self.watching.runs):
-                error = NoWorkersLeft(
-                    f"run {run_id} cannot go on: every worker this manager started has "
-                    f"ended, and no other is connected: {ended}. To go on, "
-                    f"{how_to_add_workers(self.connection_file)}"
-                )
+            warning, failed = self.vacancy.check(
+                now, sorted(self.watching.runs), self.local_processes, len(exited),
+                self.registry.wants_demand, self.registry.last_lost, self.connection_file,
+            )  # fmt: skip
+            for run_id, error in failed:
                 self._end_workerless(run_id, error)
-            return
-        if self._vacancy_warned or now - self._vacant_since < NO_WORKER_GRACE:
-            return
-        self._vacancy_warned = True
-        runs = sorted(self.watching.runs)
-        notes = []
-        wrong, keyless = self.refused_wrong_keys, self.refused_no_keys
-        if wrong or keyless:
-            said = []
-            if wrong:
-                said.append(f"{_count(wrong, 'handshake')} with wrong keys (another "
-                            "manager's connection file, or an old one)")  # fmt: skip
-            if keyless:
-                said.append(f"{_count(keyless, 'handshake')} without keys (no connection file)")
-            notes.append(
-                f"this manager refused {' and '.join(said)}: give those workers this "
-                "manager's connection file"
-            )
-        if self.registry.last_lost is not None:
-            name, reason = self.registry.last_lost
-            notes.append(f"the last worker, {name}, was lost: {reason}")
-        if self.registry.wants_demand:
-            notes.append("a worker pool is sizing workers to the work: its jobs may be queued")
-        waiting = f"run {runs[0]} has" if len(runs) == 1 else f"runs {_listed(runs)} have"
-        logger.warning(
-            "%s waited %.0f s with no worker connected; nothing runs until one joins: %s%s",
-            waiting, now - self._vacant_since, how_to_add_workers(self.connection_file),
-            "".join(f". Note: {note}" for note in notes),
-        )  # fmt: skip
+            if warning is not None:
+                logger.warning("%s", warning)
+        else:
+            self.vacancy.clear()
 
     def _end_workerless(self, run_id: int, error: NoWorkersLeft) -> None:
         """Fail a run that no worker will ever run: its tasks leave the state."""
-        run = self.watching.pop(run_id, time.monotonic())
-        if run is None:
-            return
-        self.events.append(s.CancelRun(run_id))
-        run.failure = error
-        try:
-            self.watching.settle(run)
-        finally:
-            run.done.set()
+        if self.watching.fail(run_id, error, time.monotonic()):
+            self.events.append(s.CancelRun(run_id))
 
     def _apply_events(self) -> None:
         if not self.events:
@@ -618,20 +518,9 @@ class IOLoop:
                 elif kind is BytesRelayed:
                     self.watching.relayed(instruction)
                 elif kind is s.RunOutput:
-                    run = self.watching.runs.get(instruction.run_id)
-                    if run is not None:
-                        run.values[instruction.key] = instruction.value
-                elif kind is s.RunDone:
-                    run = self.watching.pop(instruction.run_id, time.monotonic())
-                    if run is not None:
-                        self.watching.settle(run, instruction)
-                        run.done.set()
-                elif kind is s.RunFailed:
-                    run = self.watching.pop(instruction.run_id, time.monotonic())
-                    if run is not None:
-                        run.failure = instruction
-                        self.watching.settle(run, instruction)
-                        run.done.set()
+                    self.watching.output(instruction)
+                elif kind is s.RunDone or kind is s.RunFailed:
+                    self.watching.end(instruction, time.monotonic())
                 elif kind is s.RunAborted:
                     self._end_failed(instruction.run_id, instruction.error, instruction.what)
                 elif kind is s.EventDropped:
@@ -656,18 +545,11 @@ class IOLoop:
     def _end_failed(self, run_id: int, cause: BaseException, what: str) -> None:
         """A run failed by an exception of the manager's own: ``get`` raises
         ``SchedulerError``, naming ``what``, with the exception as its cause."""
-        run = self.watching.pop(run_id, time.monotonic())
-        if run is None:
-            return
-        logger.error("run %d failed: the manager could not handle %s", run_id, what,
-                     exc_info=cause)  # fmt: skip
         error = SchedulerError(run_id, what, f"{type(cause).__name__}: {cause}")
         error.__cause__ = cause
-        run.failure = error
-        try:
-            self.watching.settle(run)
-        finally:
-            run.done.set()
+        if self.watching.fail(run_id, error, time.monotonic()):
+            logger.error("run %d failed: the manager could not handle %s", run_id, what,
+                         exc_info=cause)  # fmt: skip
 
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
@@ -716,11 +598,3 @@ class IOLoop:
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
 
-
-def _listed(numbers: list[int]) -> str:
-    return ", ".join(map(str, numbers))
-
-
-def _count(n: int, word: str) -> str:
-    """``1 handshake``, ``2 handshakes``."""
-    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -145,6 +145,35 @@ class Watching:
             if nbytes != before.get(pair, 0)
         }
 
+    def output(self, output: s.RunOutput) -> None:
+        """An output's value, kept on its run for the caller."""
+        run = self.runs.get(output.run_id)
+        if run is not None:
+            run.values[output.key] = output.value
+
+    def end(self, ended: s.RunDone | s.RunFailed, now: float) -> None:
+        """The state ended a run: its caller wakes (to raise, if it failed)."""
+        run = self.pop(ended.run_id, now)
+        if run is None:
+            return
+        if type(ended) is s.RunFailed:
+            run.failure = ended
+        self.settle(run, ended)
+        run.done.set()
+
+    def fail(self, run_id: int, error: BaseException, now: float) -> bool:
+        """End a run with ``error``, an error of the manager's own (the state did not end
+        it); False if it had ended already."""
+        run = self.pop(run_id, now)
+        if run is None:
+            return False
+        run.failure = error
+        try:
+            self.settle(run)
+        finally:
+            run.done.set()
+        return True
+
     def clear(self) -> list[Run]:
         """Forget every run; those that were in progress."""
         runs = list(self.runs.values())
