@@ -79,6 +79,23 @@ class ImportHoistingError(DaskVineError, ImportError):
         self.worker = worker
 
 
+class BindError(DaskVineError, OSError):
+    """The manager cannot listen where it was told: the port is taken, or the host is not
+    an address of this machine. ``host``, ``port`` and ``errno`` say which; ``__cause__``
+    is ZeroMQ's own error."""
+
+    def __init__(self, host: str, port: int, errno: int | None, reason: str) -> None:
+        self._init_args = (host, port, errno, reason)
+        where = f"{host}:{port}" if port else f"{host} (any free port)"
+        super().__init__(f"the manager cannot listen on {where}: {reason}")
+        self.errno = errno
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:  # OSError's would put "[Errno n]" first: the message says it
+        return str(self.args[0])
+
+
 class GraphCycleError(DaskVineError, ValueError):
     """The graph has a cycle; ``cycle`` lists its keys in order."""
 

@@ -8,11 +8,15 @@ writes what a worker needs to join (address and keys, ``security``) with
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import socket
 import tempfile
 
+import zmq
+
+from daskvine_py.errors import BindError
 from daskvine_py.options import ManagerOptions
 from daskvine_py.wire import security
 
@@ -33,6 +37,38 @@ def manager_keys(options: ManagerOptions) -> security.Keys | None:
     keys = security.Keys.generate()
     security.write_key_file(path, keys)
     return keys
+
+
+def bind(router: zmq.Socket[bytes], host: str, port: int) -> int:
+    """Bind ``router`` on ``host`` at ``port`` (0: a free one); the port bound. ZeroMQ's
+    errors ("No such device") become a ``BindError`` saying what to change."""
+    try:
+        if port:
+            router.bind(f"tcp://{host}:{port}")
+            return port
+        return router.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        raise bind_error(host, port, exc) from exc
+
+
+def bind_error(host: str, port: int, exc: zmq.ZMQError) -> BindError:
+    """What a failed bind of ``host``:``port`` means, and what to do about it."""
+    if exc.errno == errno.EADDRINUSE:
+        reason = (
+            f"port {port} is already in use (another manager or program listens on it): "
+            "choose another port, or port=0 for a free one"
+        )
+    elif exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL, errno.EINVAL):
+        reason = (
+            f"{host!r} is not an address, host name or interface of this machine "
+            f"({exc.strerror}): give one of this machine's addresses, '0.0.0.0' to "
+            "listen on all of them, or '127.0.0.1' for local workers only"
+        )
+    elif exc.errno == errno.EACCES:
+        reason = f"permission denied for port {port} (ports below 1024 need privileges)"
+    else:
+        reason = str(exc.strerror)
+    return BindError(host, port, exc.errno, reason)
 
 
 def reachable(host: str, port: int) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import numbers
 import os
 import subprocess
 import threading
@@ -58,7 +59,7 @@ from daskvine_py.manager.progress import default_enabled, wait_with_progress
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
-from daskvine_py.options import ManagerOptions, RunOptions
+from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
 from daskvine_py.plan.fusion import Chain, link_key
 from daskvine_py.plan.graph import Plan, pack_results
@@ -120,11 +121,7 @@ class Manager:
                 self._gate.start()
                 assert self._keys.manager_secret is not None
                 security.serve(self._router, self._keys.manager_public, self._keys.manager_secret)
-            if port:
-                self._router.bind(f"tcp://{host}:{port}")
-                bound = port
-            else:
-                bound = self._router.bind_to_random_port(f"tcp://{host}")
+            bound = connection.bind(self._router, host, port)
         except BaseException:
             self._close_sockets()
             raise
@@ -230,6 +227,13 @@ class Manager:
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
+        for name, value in (("n", n), ("cores", cores)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"start_workers({name}=...) takes an integer >= 1 (workers to start, "
+                    f"cores of each), not {value!r}"
+                )
+        check_seconds("start_workers(timeout=...)", timeout, zero=True)
         extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
@@ -256,6 +260,7 @@ class Manager:
         ``processes``: local worker processes to watch meanwhile; one that exits fails
         the wait at once (``start_workers`` passes the ones it started).
         """
+        check_seconds("wait_for_workers(timeout=...)", timeout, zero=True)
         deadline = time.monotonic() + timeout
         changed = self._io.changed
         while True:
