@@ -43,7 +43,7 @@ from daskvine_py import config
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
-from daskvine_py.manager import callbacks, connection, launch
+from daskvine_py.manager import callbacks, connection, launch, lifecycle
 from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.loop import (
     Cancel,
@@ -159,6 +159,8 @@ class Manager:
         # nor its keys on disk.
         weakref.finalize(self, launch.kill_all, self._local_processes)
         weakref.finalize(self, connection.remove_paths, self._cleanup_paths)
+        # SIGTERM and SIGHUP (``kill``, ``timeout``, a batch job's end) close it too.
+        lifecycle.watch(self)
 
     # -- public API -------------------------------------------------------------------
 
@@ -499,6 +501,7 @@ class Manager:
         self._io.close_pipe()
         self.cache.close()
         connection.remove_paths(self._cleanup_paths)
+        lifecycle.unwatch(self)
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)

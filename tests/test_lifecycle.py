@@ -1,0 +1,148 @@
+"""A manager's own end: signals close it as ``close`` does; stale connection files go."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from daskvine_py import Manager
+from daskvine_py.manager import lifecycle
+from daskvine_py.wire import security
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+#: A program holding a manager with two local workers, killed in the middle of a run.
+HOLDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from daskvine_py import Manager
+
+    def nap(x):
+        time.sleep(60)
+        return x
+
+    manager = Manager()
+    workers = manager.start_workers(2, cores=1)
+    assert manager.get({"warm": (sum, [1, 2])}, "warm") == 3  # the libraries are up
+    print(json.dumps({"workers": [p.pid for p in workers],
+                      "file": manager.connection_file}), flush=True)
+    manager.get({"a": (nap, 1), "b": (nap, 2)}, ["a", "b"])
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    """Running, or stopped: a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as file:
+                    parent = int(file.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if parent == pid:
+                found.add(int(entry))
+    return found
+
+
+@pytest.fixture
+def connection_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "connections"
+    monkeypatch.setenv(security.CONNECTION_DIR_ENV, str(directory))
+    return directory
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_closes_the_manager_its_workers_and_its_file(signum, connection_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], env=env, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    processes: set[int] = set()
+    try:
+        line = holder.stdout.readline()
+        assert line, holder.stderr.read()
+        started = json.loads(line)
+        assert os.path.exists(started["file"])
+        processes = set(started["workers"])
+        libraries = set().union(*(_children(pid) for pid in processes))
+        assert libraries, "the workers run library processes"
+        processes |= libraries
+        time.sleep(0.5)  # inside the second get, waiting on its tasks
+        signalled = time.monotonic()
+        holder.send_signal(signum)
+        while any(map(_alive, processes)) and time.monotonic() < signalled + 2.0:
+            time.sleep(0.05)
+        assert not [pid for pid in processes if _alive(pid)], "left after 2 s"
+        assert list(connection_dir.glob("manager-*.json")) == []
+        assert holder.wait(10) == -signum  # ended as the signal's default action would
+        assert f"{signum.name} received: closing 1 manager(s)" in holder.stderr.read()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        for pid in processes:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_handlers_are_installed_over_the_default_and_restored_on_close(connection_dir):
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with Manager() as first, Manager() as second:
+        assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal
+        assert signal.getsignal(signal.SIGHUP) is lifecycle._on_signal
+        first.close()
+        assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal  # second is open
+        del second
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+
+def test_an_application_handler_or_ignored_signal_is_left_alone(connection_dir):
+    def application(signum, frame):
+        pass
+
+    term = signal.signal(signal.SIGTERM, application)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with Manager():
+            assert signal.getsignal(signal.SIGTERM) is application
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is application
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGHUP, hup)
+
+
+def test_a_manager_made_in_another_thread_installs_nothing(connection_dir):
+    import threading
+
+    made = []
+    thread = threading.Thread(target=lambda: made.append(Manager()))
+    thread.start()
+    thread.join()
+    try:
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        made[0].close()
