@@ -146,3 +146,50 @@ def test_a_manager_made_in_another_thread_installs_nothing(connection_dir):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         made[0].close()
+
+
+def _dead_pid() -> int:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    return done.pid
+
+
+def test_files_of_managers_gone_from_this_host_are_removed_by_the_next(connection_dir):
+    from daskvine_py.manager.connection import HOSTNAME
+
+    connection_dir.mkdir(mode=0o700)
+    dead, live = _dead_pid(), os.getpid()
+    files = {
+        "dead": (f"manager-{HOSTNAME}-{dead}-1.json", HOSTNAME, dead),
+        "live": (f"manager-{HOSTNAME}-{live}-2.json", HOSTNAME, live),
+        "elsewhere": (f"manager-{HOSTNAME}-{dead}-3.json", "another-host", dead),
+        "other host's name": (f"manager-another-host-{dead}-4.json", "another-host", dead),
+    }
+    for name, host, pid in files.values():
+        security.write_connection_file(
+            str(connection_dir / name), "tcp://127.0.0.1:1", None, host=host, pid=pid
+        )
+    with Manager() as manager:
+        left = {path.name for path in connection_dir.glob("manager-*.json")}
+        assert os.path.basename(manager.connection_file) in left
+    assert files["dead"][0] not in left
+    assert {files[k][0] for k in ("live", "elsewhere", "other host's name")} <= left
+
+
+@pytest.mark.timeout(60)
+def test_the_file_of_a_killed_manager_is_removed_by_the_next(connection_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, daskvine_py as d; m = d.Manager(); "
+         "print(m.connection_file, flush=True); sys.stdin.read()"],
+        env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        killed = holder.stdout.readline().strip()
+        assert os.path.exists(killed)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert os.path.exists(killed)  # SIGKILL: nothing ran
+    with Manager():
+        assert not os.path.exists(killed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import logging
 import os
 import socket
 import tempfile
@@ -19,6 +20,8 @@ import zmq
 from daskvine_py.errors import BindError
 from daskvine_py.options import ManagerOptions
 from daskvine_py.wire import security
+
+logger = logging.getLogger("daskvine_py.manager")
 
 #: this machine's name: connection files are named after it, and a wildcard bind is
 #: reached at it
@@ -94,12 +97,38 @@ def write_connection_file(
         directory = security.private_dir(security.default_connection_dir())
         path = os.path.join(directory, name)
         security.write_connection_file(path, address, keys)
+        remove_stale(directory)
         return path, [path]
     except OSError:  # no writable home directory: a private temporary one
         directory = tempfile.mkdtemp(prefix="daskvine-py-")
         path = os.path.join(directory, name)
         security.write_connection_file(path, address, keys)
         return path, [path, directory]
+
+
+def remove_stale(directory: str) -> list[str]:
+    """Remove the connection files in ``directory`` of managers that ended uncleanly
+    (SIGKILL, a crash) on this host: their process is gone. Files of other hosts (a home
+    directory shared by a cluster) and of live processes stay. The paths removed."""
+    removed = []
+    prefix = f"manager-{HOSTNAME}-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".json")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            stale = security.read_connection_file(path).manager_gone()
+        except Exception:  # unreadable, or not ours to judge: leave it
+            continue
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+    if removed:
+        logger.info("removed %d connection file(s) of managers no longer running", len(removed))
+    return removed
 
 
 def remove_paths(paths: list[str]) -> None:
