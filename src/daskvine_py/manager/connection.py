@@ -110,7 +110,7 @@ def remove_stale(directory: str) -> list[str]:
     """Remove the connection files in ``directory`` of managers that ended uncleanly
     (SIGKILL, a crash) on this host: their process is gone. Files of other hosts (a home
     directory shared by a cluster) and of live processes stay. The paths removed."""
-    removed = []
+    removed: list[str] = []
     prefix = f"manager-{HOSTNAME}-"
     try:
         names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".json")]
