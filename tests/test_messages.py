@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import errno
 import math
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
 
+import dask
 import pytest
 import zmq
 
-from daskvine_py import Manager
-from daskvine_py.errors import BindError
+from daskvine_py import Manager, RemoteTraceback
+from daskvine_py.errors import FULL_TRACEBACK_MARK, BindError
 from daskvine_py.options import ManagerOptions
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def test_a_port_in_use_names_host_port_and_the_fix():
@@ -84,3 +92,110 @@ def test_start_workers_refuses_what_starts_nothing(arguments, expected):
         assert manager._local_processes == []
         with pytest.raises(ValueError, match="wait_for_workers"):
             manager.wait_for_workers(1, timeout=-1)
+
+
+# -- a task's traceback -------------------------------------------------------------
+
+INTERNAL = ("library.py", "fusion.py", "legacy.py", "_task_spec.py", "dask/core.py")
+
+
+def halve_then_divide(x):
+    half = x / 2
+    return half / 0  # the user's line
+
+
+def passthrough(x):
+    return x
+
+
+def _printed(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def _assert_printed_once(printed: str) -> None:
+    assert printed.count("return half / 0  # the user's line") == 1, printed
+    assert printed.count(", in halve_then_divide") == 1, printed
+    line = halve_then_divide.__code__.co_firstlineno + 2
+    assert printed.count(f'File "{__file__}", line {line}, in halve_then_divide') == 1
+    for internal in INTERNAL:
+        assert internal not in printed, (internal, printed)
+    assert printed.rstrip().splitlines()[-2] == "ZeroDivisionError: float division by zero"
+    assert "<dynamic-code>" not in printed
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "graph",
+    [
+        {"x": 1, "y": (halve_then_divide, "x")},  # a legacy tuple
+        {"x": 1, "y": (halve_then_divide, "x"), "z": (passthrough, "y")},  # one chain
+        dict(dask.delayed(passthrough)(dask.delayed(halve_then_divide)(1), dask_key_name="z")
+             .__dask_graph__()),  # dask's task objects
+    ],
+    ids=["tuple", "chain", "delayed"],
+)  # fmt: skip
+def test_a_tasks_error_prints_once_with_the_users_frames_only(shared_manager, graph):
+    outputs = ["z"] if "z" in graph else ["y"]
+    with pytest.raises(ZeroDivisionError) as info:
+        shared_manager.get(graph, outputs)
+    error = info.value
+    assert str(error) == "float division by zero"
+    _assert_printed_once(_printed(error))
+    cause = error.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "library.py" in cause.full and "return half / 0" in cause.full  # for debugging
+    try:
+        shared_manager.get(graph, outputs)
+    except ZeroDivisionError:
+        pass
+
+
+#: A script whose task function lives in ``__main__``: cloudpickle sends it by value.
+SCRIPT = """\
+from daskvine_py import Manager
+
+
+def halve_then_divide(x):
+    half = x / 2
+    return half / 0  # the user's line
+
+
+if __name__ == "__main__":
+    with Manager() as manager:
+        manager.start_workers(1)
+        manager.get({"x": 1, "y": (halve_then_divide, "x")}, "y")
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_main_modules_function_shows_its_file_and_line(tmp_path):
+    script = tmp_path / "analysis.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], env={**os.environ, "PYTHONPATH": SRC},
+        cwd=tmp_path, capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+    printed = done.stderr
+    assert done.returncode == 1, printed
+    assert printed.count(f'File "{script}", line 6, in halve_then_divide') == 1, printed
+    assert printed.count("return half / 0  # the user's line") == 1, printed
+    assert "<dynamic-code>" not in printed
+    for internal in INTERNAL:
+        assert internal not in printed, (internal, printed)
+    assert printed.rstrip().splitlines()[-2:] == [
+        "ZeroDivisionError: float division by zero",
+        "daskvine_py: raised by task 'y' on worker local-0",
+    ]
+
+
+def test_source_lines_a_worker_could_not_read_come_from_this_machine():
+    shown = (
+        "Traceback (most recent call last):\n"
+        f'  File "{__file__}", line {halve_then_divide.__code__.co_firstlineno + 2}, '
+        "in halve_then_divide\n"
+        "ZeroDivisionError: division by zero\n"
+    )
+    cause = RemoteTraceback.from_wire(shown + FULL_TRACEBACK_MARK + "full")
+    assert "    return half / 0  # the user's line\n" in cause.text
+    assert cause.full == "full"
