@@ -199,3 +199,51 @@ def test_source_lines_a_worker_could_not_read_come_from_this_machine():
     cause = RemoteTraceback.from_wire(shown + FULL_TRACEBACK_MARK + "full")
     assert "    return half / 0  # the user's line\n" in cause.text
     assert cause.full == "full"
+
+
+# -- a module the workers cannot import -------------------------------------------------
+
+
+def _call_twice(func, x):
+    return func(func(x))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_module_only_the_manager_can_import_is_named_with_the_fix(tmp_path):
+    import cloudpickle
+
+    from daskvine_py import WorkerImportError
+
+    with Manager() as manager:
+        # The workers start with this process's sys.path as it is now: without tmp_path.
+        manager.start_workers(1, cores=1)
+        (tmp_path / "only_here_mod.py").write_text("def triple(x):\n    return 3 * x\n")
+        sys.path.insert(0, str(tmp_path))
+        try:
+            import only_here_mod
+
+            graph = {"x": 2, "y": (only_here_mod.triple, "x")}
+            with pytest.raises(WorkerImportError) as info:
+                manager.get(graph, "y")
+            error = info.value
+            assert isinstance(error, ImportError)
+            assert (error.key, error.module, error.worker) == ("y", "only_here_mod", "local-0")
+            message = str(error)
+            assert message.startswith(
+                "task 'y' needs module 'only_here_mod', which worker local-0 cannot import "
+                "(ModuleNotFoundError: No module named 'only_here_mod'): install it on the "
+                "workers or make it importable there"
+            ), message
+            assert "cloudpickle.register_pickle_by_value(only_here_mod)" in message
+            assert "cannot serialize" not in message
+            # The fix it suggests works, in the same process; and as an argument too.
+            cloudpickle.register_pickle_by_value(only_here_mod)
+            try:
+                assert manager.get(graph, "y") == 6
+                assert manager.get({"z": (_call_twice, only_here_mod.triple, 1)}, "z") == 9
+            finally:
+                cloudpickle.unregister_pickle_by_value(only_here_mod)
+        finally:
+            sys.path.remove(str(tmp_path))
+            sys.modules.pop("only_here_mod", None)

@@ -137,6 +137,30 @@ class BindError(DaskVineError, OSError):
         return str(self.args[0])
 
 
+class WorkerImportError(DaskVineError, ImportError):
+    """A task's function or arguments name a module its worker cannot import.
+
+    cloudpickle sends functions of importable modules by name, so a module that is only
+    on the manager's machine (a file beside the script, a package installed there only)
+    fails on the worker. ``module``, ``key`` and ``worker`` say which; the message says
+    how to fix it.
+    """
+
+    def __init__(self, key: Any, module: str | None, worker: str, detail: str) -> None:
+        self._init_args = (key, module, worker, detail)
+        shown = module or "?"
+        super().__init__(
+            f"task {key!r} needs module {shown!r}, which worker {worker} cannot import "
+            f"({detail}): install it on the workers or make it importable there (their "
+            f"PYTHONPATH), or send it by value: import {shown}; "
+            f"cloudpickle.register_pickle_by_value({shown}) before calling get()",
+            name=module,
+        )
+        self.key = key
+        self.module = module
+        self.worker = worker
+
+
 class GraphCycleError(DaskVineError, ValueError):
     """The graph has a cycle; ``cycle`` lists its keys in order."""
 

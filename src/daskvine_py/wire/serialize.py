@@ -298,7 +298,9 @@ def _pickled_function(func: Any) -> tuple[bytes, FunctionId, frozenset[str]]:
     by_reference = _pickled_by_reference if type(func) is types.FunctionType else None
     if by_reference is not None:
         entry = _BY_REFERENCE.get(func)
-        if entry is not None:
+        # (a module registered with cloudpickle.register_pickle_by_value since then
+        # makes its functions travel by value from now on)
+        if entry is not None and by_reference(func):
             return entry
     code = _dumps_function(func)
     entry = (code, hashlib.blake2b(code, digest_size=16).digest(), frozenset(modules_of(func)))

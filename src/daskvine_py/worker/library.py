@@ -54,7 +54,7 @@ from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any, Protocol
 
-from daskvine_py.errors import ImportHoistingError, SerializationError
+from daskvine_py.errors import ImportHoistingError, SerializationError, WorkerImportError
 from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads
@@ -514,11 +514,15 @@ def run(
     try:
         node = decoder.decode(payload)
     except Exception as exc:
-        error = SerializationError(
-            key,
-            "the function or arguments",
-            f"{type(exc).__name__}: {exc} (on worker {worker_name})",
-        )
+        error: Exception
+        if isinstance(exc, ImportError):  # a module the manager's side has and we lack
+            error = WorkerImportError(key, exc.name, worker_name, f"{type(exc).__name__}: {exc}")
+        else:
+            error = SerializationError(
+                key,
+                "the function or arguments",
+                f"{type(exc).__name__}: {exc} (on worker {worker_name})",
+            )
         return _erred(task_id, error, exc)
     start = time.perf_counter()
     values = {}
