@@ -482,6 +482,7 @@ class Manager:
         """Stop the workers this manager started, tell the others to leave, and stop."""
         if self._closed:
             return
+        check_seconds("close(timeout=...)", timeout, zero=True)
         for pool in self._pools:
             pool.close()
         self._closed = True
