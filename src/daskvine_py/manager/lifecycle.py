@@ -43,7 +43,8 @@ class Closable(Protocol):
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
 #: signal -> the handler it had before ours (always the default action)
 _installed: dict[int, Any] = {}
-_lock = threading.Lock()
+#: reentrant: the handler runs in the main thread, which it may interrupt holding it
+_lock = threading.RLock()
 
 
 def watch(manager: Closable) -> None:
