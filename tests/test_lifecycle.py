@@ -193,3 +193,20 @@ def test_the_file_of_a_killed_manager_is_removed_by_the_next(connection_dir, tmp
     assert os.path.exists(killed)  # SIGKILL: nothing ran
     with Manager():
         assert not os.path.exists(killed)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_under_timeout_the_run_ends_with_its_status_and_nothing_left(connection_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
+    done = subprocess.run(
+        ["timeout", "8", sys.executable, "-c", HOLDER], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+    assert done.returncode == 124, done.stderr  # timeout's own status: it timed out
+    workers = json.loads(done.stdout.splitlines()[0])["workers"]
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+    assert list(connection_dir.glob("manager-*.json")) == []
