@@ -80,6 +80,8 @@ def test_bad_settings_are_refused_naming_setting_and_value(setting, value, expec
          "each), not -1"),
         ({"n": 1, "cores": 0}, "start_workers(cores=...) takes an integer >= 1 (workers to "
          "start, cores of each), not 0"),
+        ({"n": 1, "fetch_timeout": -5}, "start_workers(fetch_timeout=...) must be a finite "
+         "number of seconds > 0, not -5"),
         ({"n": 1, "timeout": math.nan}, "start_workers(timeout=...) must be a finite number "
          "of seconds >= 0, not nan"),
     ],

@@ -236,6 +236,8 @@ class Manager:
                     f"cores of each), not {value!r}"
                 )
         check_seconds("start_workers(timeout=...)", timeout, zero=True)
+        if fetch_timeout is not None:
+            check_seconds("start_workers(fetch_timeout=...)", fetch_timeout)
         extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
