@@ -83,13 +83,14 @@ def loads(ser: Serialized) -> Any:
 
 def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
     """The exception, if it pickles and unpickles, and its formatted traceback: the
-    frames the user wrote, then ``FULL_TRACEBACK_MARK`` and every frame (see
-    ``errors.RemoteTraceback``)."""
-    full = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-    text = "".join(full.format())
+    frames the user wrote, then ``FULL_TRACEBACK_MARK`` and every frame, when that
+    differs (see ``errors.RemoteTraceback``)."""
+    full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     shown = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     _hide_internal_frames(shown, set())
-    text = "".join(shown.format()) + FULL_TRACEBACK_MARK + text
+    text = "".join(shown.format())
+    if text != full:
+        text += FULL_TRACEBACK_MARK + full
     try:
         ser = dumps(exc)
         loads(ser)  # some exceptions pickle but cannot be rebuilt
