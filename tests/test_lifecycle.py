@@ -209,4 +209,28 @@ def test_under_timeout_the_run_ends_with_its_status_and_nothing_left(connection_
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left
-    assert list(connection_dir.glob("manager-*.json")) == []
+    assert list(connection_dir.glob("manager-*.json")) == [], done.stderr
+    # timeout signals the process, then its whole group: one close, not cut short
+    assert done.stderr.count("SIGTERM received: closing 1 manager(s)") == 1, done.stderr
+
+
+def test_a_forked_child_signalled_leaves_its_parents_manager_alone(connection_dir):
+    with Manager() as manager:
+        pid = os.fork()
+        if pid == 0:  # the child (as multiprocessing's fork start method makes it)
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ended[0] == 0:  # stuck closing its copy of the manager
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not end on SIGTERM")
+        assert os.waitstatus_to_exitcode(ended[1]) == -signal.SIGTERM
+        assert os.path.exists(manager.connection_file)
+        assert not manager._closed

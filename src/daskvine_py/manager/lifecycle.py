@@ -43,13 +43,21 @@ class Closable(Protocol):
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
 #: signal -> the handler it had before ours (always the default action)
 _installed: dict[int, Any] = {}
+#: the process whose managers these are: a child forked from it (multiprocessing's
+#: fork, which ``terminate()``s with SIGTERM) inherits the handler and copies of them,
+#: but must not close them (their files and workers are its parent's)
+_owner = os.getpid()
 #: reentrant: the handler runs in the main thread, which it may interrupt holding it
 _lock = threading.RLock()
 
 
 def watch(manager: Closable) -> None:
     """``manager`` is open: the signals close it (see the module's docstring)."""
+    global _owner
     with _lock:
+        if os.getpid() != _owner:  # a forked child's own manager: forget its parent's
+            _open.clear()
+            _owner = os.getpid()
         _open.add(manager)
     if threading.current_thread() is not threading.main_thread():
         return
@@ -82,10 +90,22 @@ def unwatch(manager: Closable) -> None:
         del _installed[signum]
 
 
+#: a handler is closing the managers: the process ends when it is done
+_closing = False
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    """Close every open manager, then end the process as the signal's default action."""
+    """Close every open manager, then end the process as the signal's default action.
+
+    A signal arriving meanwhile waits for that: ``timeout`` and batch systems signal the
+    whole process group right after the process itself, and the default action would
+    end the process halfway through closing (its connection file left behind)."""
+    global _closing
+    if _closing:
+        return
+    _closing = True
     with _lock:
-        managers = list(_open)
+        managers = list(_open) if os.getpid() == _owner else []
     if managers:
         logger.warning(
             "%s received: closing %d manager(s) and stopping their local workers",
