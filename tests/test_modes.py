@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from daskvine_py import Manager, TaskFailed
-from daskvine_py.errors import ImportHoistingError, SerializationError
+from daskvine_py.errors import ImportHoistingError, WorkerImportError
 from daskvine_py.manager.launch import spawn
 
 pytestmark = pytest.mark.integration
@@ -189,7 +189,10 @@ def test_function_from_a_module_missing_on_the_worker(
     try:
         import client_only_mod
 
-        with pytest.raises(SerializationError, match=r"'f'.*client_only_mod.*on worker local-"):
+        with pytest.raises(
+            WorkerImportError,
+            match=r"task 'f' needs module 'client_only_mod', which worker local-\d+ cannot import",
+        ):
             modes_manager.get(
                 {"f": (client_only_mod.triple, 1)}, "f", task_mode=task_mode, exec_mode=exec_mode
             )

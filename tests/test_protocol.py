@@ -237,16 +237,12 @@ def _identity(x):
 def test_module_functions_are_pickled_once_per_process_closures_every_time(monkeypatch):
     """A function pickled by name cannot change, so later gets reuse its bytes; a closure
     is pickled by value, so a changed captured value is never served from a cache."""
-    import cloudpickle
-
     from daskvine_py.wire import serialize
     from daskvine_py.wire.serialize import TaskDecoder, TaskEncoder
 
     calls = []
-    real = cloudpickle.dumps
-    monkeypatch.setattr(
-        serialize.cloudpickle, "dumps", lambda f, **k: calls.append(f) or real(f, **k)
-    )
+    real = serialize._dumps_function  # cloudpickle, keeping file names
+    monkeypatch.setattr(serialize, "_dumps_function", lambda f: calls.append(f) or real(f))
     monkeypatch.setattr(serialize, "_BY_REFERENCE", {})
     ids = {TaskEncoder().function_id(_scale) for _ in range(3)}
     assert len(ids) == 1 and calls == [_scale]

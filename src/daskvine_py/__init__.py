@@ -18,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from daskvine_py.errors import (
+    BindError,
     DaskVineError,
     GraphCycleError,
     ImportHoistingError,
@@ -29,6 +30,7 @@ from daskvine_py.errors import (
     SerializationError,
     TaskFailed,
     VersionMismatch,
+    WorkerImportError,
 )
 from daskvine_py.options import ManagerOptions, RunOptions
 
@@ -59,6 +61,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BindError",
     "DaskVineError",
     "GraphCycleError",
     "ImportHoistingError",
@@ -73,6 +76,7 @@ __all__ = [
     "SerializationError",
     "TaskFailed",
     "VersionMismatch",
+    "WorkerImportError",
     "__version__",
     "associative",
     "uncached",

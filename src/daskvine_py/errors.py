@@ -7,6 +7,8 @@ specialise a builtin subclass it, so callers may catch either (``GraphCycleError
 
 from __future__ import annotations
 
+import linecache
+import os
 from typing import Any
 
 
@@ -25,20 +27,59 @@ class DaskVineError(Exception):
         return super().__reduce__()
 
 
+#: Between the two texts of a task's traceback as it travels (``RemoteTraceback.from_wire``).
+FULL_TRACEBACK_MARK = "\n[daskvine_py: the full traceback, internal frames included]\n"
+
+
 class RemoteTraceback(Exception):
     """The worker-side traceback of a task's exception, attached as ``__cause__``.
 
-    The user sees their own exception type and message, and under "The above
-    exception was the direct cause of the following exception" the stack as it was
-    on the worker.
+    The user sees, first, the stack as it was on the worker (their own frames only: the
+    worker's machinery and dask's task objects left out), then under "The above
+    exception was the direct cause of the following exception" their call of ``get``
+    and their own exception type and message. ``text`` is what is printed; ``full``
+    the traceback with every frame, for debugging daskvine_py itself.
     """
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, full: str | None = None) -> None:
         super().__init__(text)
         self.text = text
+        self.full = text if full is None else full
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.text, self.full))
 
     def __str__(self) -> str:
-        return "\n" + self.text
+        return "\n" + self.text.rstrip("\n")
+
+    @classmethod
+    def from_wire(cls, text: str) -> RemoteTraceback:
+        """From a worker's text (``serialize.dumps_exception``): the printed part, and
+        the full one after ``FULL_TRACEBACK_MARK``. Frames whose source line the worker
+        could not read (a script that exists only here) get it from this machine."""
+        shown, mark, full = text.partition(FULL_TRACEBACK_MARK)
+        return cls(_with_source_lines(shown), _with_source_lines(full) if mark else None)
+
+
+def _with_source_lines(text: str) -> str:
+    """``text`` with the source line under each ``File "...", line N`` that has none,
+    where that file is on this machine."""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        if not line.startswith('  File "'):
+            continue
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if following.startswith("    "):
+            continue  # the worker showed it
+        path, sep, rest = line[len('  File "') :].partition('", line ')
+        number = rest.partition(",")[0]
+        if sep and number.isdigit() and os.path.isfile(path):
+            source = linecache.getline(path, int(number)).strip()
+            if source:
+                out.append(f"    {source}\n")
+    return "".join(out)
 
 
 class TaskFailed(DaskVineError):
@@ -75,6 +116,47 @@ class ImportHoistingError(DaskVineError, ImportError):
     def __init__(self, module: str, worker: str, detail: str) -> None:
         self._init_args = (module, worker, detail)
         super().__init__(f"import_modules: cannot import {module!r} on worker {worker}: {detail}")
+        self.module = module
+        self.worker = worker
+
+
+class BindError(DaskVineError, OSError):
+    """The manager cannot listen where it was told: the port is taken, or the host is not
+    an address of this machine. ``host``, ``port`` and ``errno`` say which; ``__cause__``
+    is ZeroMQ's own error."""
+
+    def __init__(self, host: str, port: int, errno: int | None, reason: str) -> None:
+        self._init_args = (host, port, errno, reason)
+        where = f"{host}:{port}" if port else f"{host} (any free port)"
+        super().__init__(f"the manager cannot listen on {where}: {reason}")
+        self.errno = errno
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:  # OSError's would put "[Errno n]" first: the message says it
+        return str(self.args[0])
+
+
+class WorkerImportError(DaskVineError, ImportError):
+    """A task's function or arguments name a module its worker cannot import.
+
+    cloudpickle sends functions of importable modules by name, so a module that is only
+    on the manager's machine (a file beside the script, a package installed there only)
+    fails on the worker. ``module``, ``key`` and ``worker`` say which; the message says
+    how to fix it.
+    """
+
+    def __init__(self, key: Any, module: str | None, worker: str, detail: str) -> None:
+        self._init_args = (key, module, worker, detail)
+        shown = module or "?"
+        super().__init__(
+            f"task {key!r} needs module {shown!r}, which worker {worker} cannot import "
+            f"({detail}): install it on the workers or make it importable there (their "
+            f"PYTHONPATH), or send it by value: import {shown}; "
+            f"cloudpickle.register_pickle_by_value({shown}) before calling get()",
+            name=module,
+        )
+        self.key = key
         self.module = module
         self.worker = worker
 
@@ -160,8 +242,13 @@ class ManagerDied(DaskVineError, RuntimeError):
 
 
 def attach_remote_traceback(exc: BaseException, text: str, note: str | None) -> BaseException:
-    """Give ``exc`` its worker-side traceback as cause, and a note naming key and worker."""
-    exc.__cause__ = RemoteTraceback(text)
+    """Give ``exc`` its worker-side traceback as cause, and a note naming key and worker.
+
+    The worker's frames are printed once, in the cause: any traceback ``exc`` brought
+    with it (``tblib``'s pickling, which dask installs, restores one) is dropped, so
+    raising it here does not splice them in a second time."""
+    exc.__traceback__ = None
+    exc.__cause__ = RemoteTraceback.from_wire(text)
     if note and hasattr(exc, "add_note"):
         exc.add_note(note)
     return exc

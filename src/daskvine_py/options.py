@@ -6,6 +6,8 @@ Run options apply to one ``get`` call only: they never become state of the manag
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -221,17 +223,32 @@ class ManagerOptions:
     cache_worker_bytes: int = 2 * 2**30
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], not {self.port}")
-        if self.heartbeat_interval <= 0 or self.worker_timeout <= self.heartbeat_interval:
+        if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(
-                "need 0 < heartbeat_interval < worker_timeout, got "
+                f"host must be an address or host name of this machine, not {self.host!r}"
+            )
+        port = self.port
+        if not _is_int(port) or not 0 <= port < 65536:
+            raise ValueError(
+                f"port must be an integer in [0, 65535] (0 picks a free port), not {port!r}"
+            )
+        check_seconds("heartbeat_interval", self.heartbeat_interval)
+        check_seconds("worker_timeout", self.worker_timeout)
+        if self.worker_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                "need heartbeat_interval < worker_timeout, got "
                 f"{self.heartbeat_interval} and {self.worker_timeout}"
             )
-        if self.max_extra_tasks_per_core < 0:
-            raise ValueError("max_extra_tasks_per_core must be >= 0")
-        if self.fixed_extra_tasks_per_core is not None and self.fixed_extra_tasks_per_core < 0:
-            raise ValueError("fixed_extra_tasks_per_core must be >= 0 or None")
+        if not _is_int(self.max_extra_tasks_per_core) or self.max_extra_tasks_per_core < 0:
+            raise ValueError(
+                "max_extra_tasks_per_core must be an integer >= 0, "
+                f"not {self.max_extra_tasks_per_core!r}"
+            )
+        fixed = self.fixed_extra_tasks_per_core
+        if fixed is not None and (not _is_int(fixed) or fixed < 0):
+            raise ValueError(
+                f"fixed_extra_tasks_per_core must be an integer >= 0 or None, not {fixed!r}"
+            )
         if not isinstance(self.security, bool):
             raise ValueError(f"security must be True or False, not {self.security!r}")
         if not isinstance(self.cache, bool):
@@ -244,3 +261,20 @@ class ManagerOptions:
                 raise ValueError(f"{name} must be a number of bytes >= 0, not {value!r}")
         if self.key_file is not None and not self.security:
             raise ValueError("key_file needs security=True: without security there are no keys")
+
+
+def _is_int(value: object) -> bool:
+    """An integer, and not a bool (``port=True`` is a mistake, not port 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_seconds(name: str, value: object, zero: bool = False) -> float:
+    """``value`` as a duration in seconds: a finite number > 0 (>= 0 with ``zero``), or
+    a ``ValueError`` naming ``name``. NaN passes every comparison's negation, and a NaN
+    or infinite timer never fires (or fires at once): both are refused where they enter."""
+    bound = ">= 0" if zero else "> 0"
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of seconds {bound}, not {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, not {value!r}")
+    return float(value)

@@ -8,13 +8,20 @@ writes what a worker needs to join (address and keys, ``security``) with
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
+import logging
 import os
 import socket
 import tempfile
 
+import zmq
+
+from daskvine_py.errors import BindError
 from daskvine_py.options import ManagerOptions
 from daskvine_py.wire import security
+
+logger = logging.getLogger("daskvine_py.manager")
 
 #: this machine's name: connection files are named after it, and a wildcard bind is
 #: reached at it
@@ -33,6 +40,38 @@ def manager_keys(options: ManagerOptions) -> security.Keys | None:
     keys = security.Keys.generate()
     security.write_key_file(path, keys)
     return keys
+
+
+def bind(router: zmq.Socket[bytes], host: str, port: int) -> int:
+    """Bind ``router`` on ``host`` at ``port`` (0: a free one); the port bound. ZeroMQ's
+    errors ("No such device") become a ``BindError`` saying what to change."""
+    try:
+        if port:
+            router.bind(f"tcp://{host}:{port}")
+            return port
+        return router.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        raise bind_error(host, port, exc) from exc
+
+
+def bind_error(host: str, port: int, exc: zmq.ZMQError) -> BindError:
+    """What a failed bind of ``host``:``port`` means, and what to do about it."""
+    if exc.errno == errno.EADDRINUSE:
+        reason = (
+            f"port {port} is already in use (another manager or program listens on it): "
+            "choose another port, or port=0 for a free one"
+        )
+    elif exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL, errno.EINVAL):
+        reason = (
+            f"{host!r} is not an address, host name or interface of this machine "
+            f"({exc.strerror}): give one of this machine's addresses, '0.0.0.0' to "
+            "listen on all of them, or '127.0.0.1' for local workers only"
+        )
+    elif exc.errno == errno.EACCES:
+        reason = f"permission denied for port {port} (ports below 1024 need privileges)"
+    else:
+        reason = str(exc.strerror)
+    return BindError(host, port, exc.errno, reason)
 
 
 def reachable(host: str, port: int) -> str:
@@ -58,12 +97,38 @@ def write_connection_file(
         directory = security.private_dir(security.default_connection_dir())
         path = os.path.join(directory, name)
         security.write_connection_file(path, address, keys)
+        remove_stale(directory)
         return path, [path]
     except OSError:  # no writable home directory: a private temporary one
         directory = tempfile.mkdtemp(prefix="daskvine-py-")
         path = os.path.join(directory, name)
         security.write_connection_file(path, address, keys)
         return path, [path, directory]
+
+
+def remove_stale(directory: str) -> list[str]:
+    """Remove the connection files in ``directory`` of managers that ended uncleanly
+    (SIGKILL, a crash) on this host: their process is gone. Files of other hosts (a home
+    directory shared by a cluster) and of live processes stay. The paths removed."""
+    removed: list[str] = []
+    prefix = f"manager-{HOSTNAME}-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".json")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            stale = security.read_connection_file(path).manager_gone()
+        except Exception:  # unreadable, or not ours to judge: leave it
+            continue
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+    if removed:
+        logger.info("removed %d connection file(s) of managers no longer running", len(removed))
+    return removed
 
 
 def remove_paths(paths: list[str]) -> None:

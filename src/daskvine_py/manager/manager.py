@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import numbers
 import os
 import subprocess
 import threading
@@ -42,7 +43,7 @@ from daskvine_py import config
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
-from daskvine_py.manager import callbacks, connection, launch
+from daskvine_py.manager import callbacks, connection, launch, lifecycle
 from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.loop import (
     Cancel,
@@ -58,7 +59,7 @@ from daskvine_py.manager.progress import default_enabled, wait_with_progress
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
-from daskvine_py.options import ManagerOptions, RunOptions
+from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
 from daskvine_py.plan.fusion import Chain, link_key
 from daskvine_py.plan.graph import Plan, pack_results
@@ -120,11 +121,7 @@ class Manager:
                 self._gate.start()
                 assert self._keys.manager_secret is not None
                 security.serve(self._router, self._keys.manager_public, self._keys.manager_secret)
-            if port:
-                self._router.bind(f"tcp://{host}:{port}")
-                bound = port
-            else:
-                bound = self._router.bind_to_random_port(f"tcp://{host}")
+            bound = connection.bind(self._router, host, port)
         except BaseException:
             self._close_sockets()
             raise
@@ -162,6 +159,8 @@ class Manager:
         # nor its keys on disk.
         weakref.finalize(self, launch.kill_all, self._local_processes)
         weakref.finalize(self, connection.remove_paths, self._cleanup_paths)
+        # SIGTERM and SIGHUP (``kill``, ``timeout``, a batch job's end) close it too.
+        lifecycle.watch(self)
 
     # -- public API -------------------------------------------------------------------
 
@@ -230,6 +229,15 @@ class Manager:
         """
         if self._closed:
             raise RuntimeError("the manager is closed")
+        for name, value in (("n", n), ("cores", cores)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"start_workers({name}=...) takes an integer >= 1 (workers to start, "
+                    f"cores of each), not {value!r}"
+                )
+        check_seconds("start_workers(timeout=...)", timeout, zero=True)
+        if fetch_timeout is not None:
+            check_seconds("start_workers(fetch_timeout=...)", fetch_timeout)
         extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
@@ -256,6 +264,7 @@ class Manager:
         ``processes``: local worker processes to watch meanwhile; one that exits fails
         the wait at once (``start_workers`` passes the ones it started).
         """
+        check_seconds("wait_for_workers(timeout=...)", timeout, zero=True)
         deadline = time.monotonic() + timeout
         changed = self._io.changed
         while True:
@@ -475,6 +484,7 @@ class Manager:
         """Stop the workers this manager started, tell the others to leave, and stop."""
         if self._closed:
             return
+        check_seconds("close(timeout=...)", timeout, zero=True)
         for pool in self._pools:
             pool.close()
         self._closed = True
@@ -494,6 +504,7 @@ class Manager:
         self._io.close_pipe()
         self.cache.close()
         connection.remove_paths(self._cleanup_paths)
+        lifecycle.unwatch(self)
 
     def _close_sockets(self) -> None:
         self._router.close(linger=0)

@@ -18,14 +18,18 @@ import functools
 import hashlib
 import inspect
 import io
+import os
 import pickle
 import sys
 import traceback
 import types
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cloudpickle
+
+from daskvine_py.errors import FULL_TRACEBACK_MARK
 
 #: Buffers smaller than this ride inside the pickle stream: a separate frame costs more
 #: than copying a few kilobytes.
@@ -78,14 +82,52 @@ def loads(ser: Serialized) -> Any:
 
 
 def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
-    """The exception, if it pickles and unpickles, and its formatted traceback."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The exception, if it pickles and unpickles, and its formatted traceback: the
+    frames the user wrote, then ``FULL_TRACEBACK_MARK`` and every frame, when that
+    differs (see ``errors.RemoteTraceback``)."""
+    full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    shown = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    _hide_internal_frames(shown, set())
+    text = "".join(shown.format())
+    if text != full:
+        text += FULL_TRACEBACK_MARK + full
     try:
         ser = dumps(exc)
         loads(ser)  # some exceptions pickle but cannot be rebuilt
     except Exception:
         return None, text
     return ser, text
+
+
+#: Where the frames of a task's traceback that are not the user's come from: this
+#: package's machinery (a task's library, its chain, its legacy tuple) and dask's own
+#: task objects. They are left out of what the user sees, kept in the full text.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_INTERNAL_DIRS = tuple(
+    os.path.join(_PACKAGE_DIR, name) + os.sep
+    for name in ("worker", "plan", "wire", "scheduler", "cache", "manager")
+)
+_INTERNAL_FILES = (os.sep + os.path.join("dask", "_task_spec.py"),
+                   os.sep + os.path.join("dask", "core.py"))  # fmt: skip
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(_INTERNAL_DIRS) or filename.endswith(_INTERNAL_FILES)
+
+
+def _hide_internal_frames(shown: traceback.TracebackException, seen: set[int]) -> None:
+    """Leave the internal frames out of ``shown`` and of the exceptions chained to it."""
+    if id(shown) in seen:
+        return
+    seen.add(id(shown))
+    frames = [frame for frame in shown.stack if not _is_internal(frame.filename)]
+    if frames or not shown.stack:
+        shown.stack = traceback.StackSummary.from_list(frames)
+    # (an error of the machinery itself, every frame internal, keeps them: they are its story)
+    grouped = getattr(shown, "exceptions", None) or ()  # an ExceptionGroup's
+    for chained in (shown.__cause__, shown.__context__, *grouped):
+        if chained is not None:
+            _hide_internal_frames(chained, seen)
 
 
 #: Callables that go into the function table: functions, and partials and bound methods,
@@ -154,8 +196,40 @@ class _FastPickler(pickle.Pickler):
         return NotImplemented if reduction is None else reduction
 
 
+def _code_keeping_file(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
+    """cloudpickle's reduction of a code object, with its file name kept: cloudpickle
+    writes ``<dynamic-code>``, so a task's traceback would show neither the file of a
+    function of ``__main__`` (or a notebook, or a closure) nor its lines."""
+    rebuild, args = _cloudpickle_code(code)
+    return _code_in_file, (rebuild, args, code.co_filename)
+
+
+def _code_in_file(rebuild: Callable[..., types.CodeType], args: tuple[Any, ...],
+                  filename: str) -> types.CodeType:  # fmt: skip
+    return rebuild(*args).replace(co_filename=filename)
+
+
+_cloudpickle_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+#: cloudpickle's reducers, with code objects keeping their file name
+_DISPATCH = ChainMap({types.CodeType: _code_keeping_file}, cloudpickle.Pickler.dispatch_table)
+
+
+class _SourcePickler(cloudpickle.Pickler):
+    """cloudpickle, keeping the file names of the code it writes by value."""
+
+    dispatch_table = _DISPATCH
+
+
+def _dumps_function(func: Any) -> bytes:
+    buffer = io.BytesIO()
+    _SourcePickler(buffer, protocol=5).dump(func)
+    return buffer.getvalue()
+
+
 class _FunctionExtractingPickler(cloudpickle.Pickler):
     """cloudpickle (local classes, modules, ...) with the same function table."""
+
+    dispatch_table = _DISPATCH
 
     def __init__(self, file: io.BytesIO, encoder: TaskEncoder) -> None:
         super().__init__(file, protocol=5)
@@ -225,9 +299,11 @@ def _pickled_function(func: Any) -> tuple[bytes, FunctionId, frozenset[str]]:
     by_reference = _pickled_by_reference if type(func) is types.FunctionType else None
     if by_reference is not None:
         entry = _BY_REFERENCE.get(func)
-        if entry is not None:
+        # (a module registered with cloudpickle.register_pickle_by_value since then
+        # makes its functions travel by value from now on)
+        if entry is not None and by_reference(func):
             return entry
-    code = cloudpickle.dumps(func, protocol=5)
+    code = _dumps_function(func)
     entry = (code, hashlib.blake2b(code, digest_size=16).digest(), frozenset(modules_of(func)))
     if by_reference is not None and by_reference(func):
         if len(_BY_REFERENCE) >= _BY_REFERENCE_LIMIT:

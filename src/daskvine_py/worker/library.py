@@ -54,7 +54,7 @@ from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any, Protocol
 
-from daskvine_py.errors import ImportHoistingError, SerializationError
+from daskvine_py.errors import ImportHoistingError, SerializationError, WorkerImportError
 from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads
@@ -514,12 +514,8 @@ def run(
     try:
         node = decoder.decode(payload)
     except Exception as exc:
-        error = SerializationError(
-            key,
-            "the function or arguments",
-            f"{type(exc).__name__}: {exc} (on worker {worker_name})",
-        )
-        return _erred(task_id, error, exc)
+        return _erred(task_id, _unpickling_error(key, "the function or arguments", exc,
+                                                 worker_name), exc)  # fmt: skip
     start = time.perf_counter()
     values = {}
     unpickled = False
@@ -534,8 +530,7 @@ def run(
                 return Missing(task_id, dep_id)
             values[dep_key] = found
     except Exception as exc:
-        error = SerializationError(key, "an input", f"{type(exc).__name__}: {exc}")
-        return _erred(task_id, error, exc)
+        return _erred(task_id, _unpickling_error(key, "an input", exc, worker_name), exc)
     began = time.perf_counter()
     try:
         result = node(values)
@@ -567,6 +562,15 @@ def run(
 
 
 _ABSENT = object()
+
+
+def _unpickling_error(key: Any, what: str, exc: Exception, worker_name: str) -> Exception:
+    """What a task whose ``what`` could not be unpickled here fails with: a module the
+    manager's side has and this worker cannot import is named as such."""
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError):
+        return WorkerImportError(key, exc.name, worker_name, detail)
+    return SerializationError(key, what, f"{detail} (on worker {worker_name})")
 
 
 def _sizeof(value: Any) -> int:
