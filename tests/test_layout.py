@@ -43,6 +43,7 @@ def test_the_modules_that_import_dask_are_the_ones_the_architecture_lists():
         "manager.callbacks",
         "manager.manager",
         "demo",
+        "__main__",
         "worker.library",
     }
 

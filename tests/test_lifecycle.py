@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from daskvine_py import Manager
-from daskvine_py.manager import lifecycle
 from daskvine_py.wire import security
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -106,16 +105,37 @@ def test_a_signal_closes_the_manager_its_workers_and_its_file(signum, connection
                 os.kill(pid, signal.SIGKILL)
 
 
+def _in_a_fresh_process(code: str, connection_dir: Path) -> None:
+    """Run ``code`` (asserts) in an interpreter of its own: in this one, managers other
+    tests keep open (module fixtures) hold the handlers already."""
+    env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(90)
 def test_the_handlers_are_installed_over_the_default_and_restored_on_close(connection_dir):
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    with Manager() as first, Manager() as second:
-        assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal
-        assert signal.getsignal(signal.SIGHUP) is lifecycle._on_signal
-        first.close()
-        assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal  # second is open
-        del second
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    _in_a_fresh_process(
+        """
+        import signal
+        from daskvine_py import Manager
+        from daskvine_py.manager import lifecycle
+
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        with Manager() as first, Manager() as second:
+            assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal
+            assert signal.getsignal(signal.SIGHUP) is lifecycle._on_signal
+            first.close()
+            assert signal.getsignal(signal.SIGTERM) is lifecycle._on_signal  # second is open
+            del second
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        """,
+        connection_dir,
+    )
 
 
 def test_an_application_handler_or_ignored_signal_is_left_alone(connection_dir):
@@ -135,17 +155,24 @@ def test_an_application_handler_or_ignored_signal_is_left_alone(connection_dir):
         signal.signal(signal.SIGHUP, hup)
 
 
+@pytest.mark.timeout(90)
 def test_a_manager_made_in_another_thread_installs_nothing(connection_dir):
-    import threading
+    _in_a_fresh_process(
+        """
+        import signal, threading
+        from daskvine_py import Manager
 
-    made = []
-    thread = threading.Thread(target=lambda: made.append(Manager()))
-    thread.start()
-    thread.join()
-    try:
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    finally:
-        made[0].close()
+        made = []
+        thread = threading.Thread(target=lambda: made.append(Manager()))
+        thread.start()
+        thread.join()
+        try:
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        finally:
+            made[0].close()
+        """,
+        connection_dir,
+    )
 
 
 def _dead_pid() -> int:

@@ -21,11 +21,11 @@ import zmq
 import daskvine_py
 from daskvine_py import Manager, RunCancelled
 from daskvine_py import __main__ as cli
+from daskvine_py.errors import NoWorkersLeft
 from daskvine_py.manager import loop, progress, vacancy
 from daskvine_py.manager.commands import Submit
 from daskvine_py.manager.launch import spawn
 from daskvine_py.manager.runinfo import RunInfo
-from daskvine_py.manager.vacancy import NoWorkersLeft
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions
 from daskvine_py.scheduler import state as s
@@ -215,13 +215,6 @@ def slow(x, seconds=0.2):
     return x
 
 
-def _wired(manager: Manager) -> Manager:
-    """What the manager tells its loop for the no-worker warning: where workers join (a
-    no-op once ``Manager`` passes its connection file to ``IOLoop`` itself)."""
-    manager._io.connection_file = manager.connection_file
-    return manager
-
-
 class InThread:
     """``get`` in a thread of its own, which may wait for a long time."""
 
@@ -258,7 +251,7 @@ def _wait_for_warning(caplog: pytest.LogCaptureFixture, words: str, timeout: flo
 def test_a_run_with_no_worker_warns_once_how_to_add_workers(monkeypatch, caplog):
     monkeypatch.setattr(vacancy, "NO_WORKER_GRACE", 1.0)
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
-    with _wired(Manager()) as manager:
+    with Manager() as manager:
         waiting = InThread(manager, {"x": (slow, 1, 0.0)}, "x")
         message = _wait_for_warning(caplog, "no worker connected", 30)
         assert "run 1 has waited" in message, message
@@ -324,7 +317,7 @@ def test_the_no_worker_warning_says_workers_were_refused_for_their_keys(
     which is a race: not tested.)"""
     monkeypatch.setattr(vacancy, "NO_WORKER_GRACE", 1.0)
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
-    with _wired(Manager()) as manager:
+    with Manager() as manager:
         ours = security.read_connection_file(manager.connection_file).keys
         assert ours is not None
         other = str(tmp_path / "other-keys.json")

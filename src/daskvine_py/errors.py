@@ -161,6 +161,12 @@ class WorkerImportError(DaskVineError, ImportError):
         self.worker = worker
 
 
+class NoWorkersLeft(DaskVineError, RuntimeError):
+    """Every worker the manager started itself has ended, and no other is connected: the
+    runs waiting fail rather than wait forever. The message names the workers and how
+    they ended (exit code or signal), and how to start others."""
+
+
 class GraphCycleError(DaskVineError, ValueError):
     """The graph has a cycle; ``cycle`` lists its keys in order."""
 

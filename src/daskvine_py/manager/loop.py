@@ -48,12 +48,18 @@ from typing import Any, cast
 import zmq
 
 from daskvine_py.batch.planner import Demand
-from daskvine_py.errors import ManagerDied, ProtocolError, RunCancelled, SchedulerError
+from daskvine_py.errors import (
+    ManagerDied,
+    NoWorkersLeft,
+    ProtocolError,
+    RunCancelled,
+    SchedulerError,
+)
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.registry import Registry, WorkerInfo
 from daskvine_py.manager.runinfo import MANAGER
-from daskvine_py.manager.vacancy import NoWorkersLeft, Vacancy
+from daskvine_py.manager.vacancy import Vacancy
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
 from daskvine_py.scheduler import state as s

@@ -42,8 +42,8 @@ from dask.utils import key_split
 from daskvine_py import config
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
-from daskvine_py.errors import SerializationError, TaskFailed, attach_remote_traceback
-from daskvine_py.manager import callbacks, connection, launch, lifecycle
+from daskvine_py.errors import SerializationError
+from daskvine_py.manager import callbacks, connection, launch, lifecycle, results
 from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.loop import (
     Cancel,
@@ -61,13 +61,13 @@ from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
-from daskvine_py.plan.fusion import Chain, link_key
+from daskvine_py.plan.fusion import Chain
 from daskvine_py.plan.graph import Plan, pack_results
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
-from daskvine_py.wire.serialize import TaskEncoder, loads
+from daskvine_py.wire.serialize import TaskEncoder
 
 if TYPE_CHECKING:
     from daskvine_py.batch.pool import WorkerPool
@@ -142,7 +142,10 @@ class Manager:
         self._local_processes: list[subprocess.Popen] = []
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []
-        self._io = IOLoop(self._router, self._state, self.options, self._local_processes)
+        self._io = IOLoop(
+            self._router, self._state, self.options, self._local_processes,
+            connection_file=self.connection_file,
+        )  # fmt: skip
         #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
         self.cache = Cache(
             self._io.cache_index, lambda event, handled: self._command(StateEvent(event, handled)),
@@ -337,8 +340,8 @@ class Manager:
             run.info.cache = cached.info.stats
         self._end_run(run, "done" if run.failure is None else "failed", run_options, hooks)
         if run.failure is not None:
-            raise _run_error(run.failure)
-        return pack_results(structure, _results(run, hooks))
+            raise results.run_error(run.failure)
+        return pack_results(structure, results.values_of(run, hooks))
 
     def _plan(self, dsk: Any, keys: Any, options: RunOptions) -> Plan:
         """``dsk`` read once into a plan, then the plan's passes in their order (see
@@ -570,41 +573,3 @@ def _wait(run: Run, hooks: callbacks.Hooks | None, progress: bool) -> None:
         wait_with_progress(waiter, lambda: run.finished_tasks, run.info.tasks)
     else:
         waiter.wait()
-
-
-def _results(run: Run, hooks: callbacks.Hooks | None) -> dict[Any, Any]:
-    """The run's outputs by key, unpickled in the caller's thread (those the callbacks
-    saw are not unpickled again)."""
-    values = {} if hooks is None else hooks.values
-    for key, serialized in run.values.items():
-        if key in values:
-            continue
-        try:
-            values[key] = loads(serialized)
-        except Exception as exc:
-            raise SerializationError(key, "the result", f"{exc!r} (on the client)") from exc
-    return values
-
-
-def _run_error(failure: s.RunFailed | BaseException) -> BaseException:
-    """The exception ``get`` raises for a failed run."""
-    if isinstance(failure, BaseException):
-        return failure
-    note = f"daskvine_py: raised by task {failure.key!r} on worker {failure.worker}"
-    if failure.exception is not None:
-        try:
-            exc = loads(failure.exception)
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            link = link_key(exc)
-            if link is not None:
-                note = (
-                    f"daskvine_py: raised by task {link!r}, run in one chain with "
-                    f"{failure.key!r} on worker {failure.worker}"
-                )
-            return attach_remote_traceback(exc, failure.traceback, note)
-    error = TaskFailed(failure.key, failure.message, failure.worker)
-    if failure.traceback:
-        attach_remote_traceback(error, failure.traceback, None)
-    return error

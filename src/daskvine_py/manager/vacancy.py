@@ -15,19 +15,13 @@ from collections.abc import Sequence
 
 import zmq
 
-from daskvine_py.errors import DaskVineError
+from daskvine_py.errors import NoWorkersLeft
 from daskvine_py.manager.launch import how_they_ended
 
 #: Seconds runs may wait with no worker registered before the manager warns. Shorter
 #: tells sooner of a forgotten ``start_workers``; longer stays quiet while workers start
 #: (a local one takes a second or two on a loaded machine) or one replaces another.
 NO_WORKER_GRACE = 5.0
-
-class NoWorkersLeft(DaskVineError, RuntimeError):
-    """Every worker the manager started itself has ended, and no other is connected: the
-    runs waiting fail rather than wait forever. The message names the workers and how
-    they ended (exit code or signal), and how to start others."""
-
 
 class Vacancy:
     """Whether runs wait with no worker, since when, and what the manager has said."""
