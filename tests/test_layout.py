@@ -63,3 +63,46 @@ def test_the_import_contracts_hold():
     lint = shutil.which("lint-imports") or str(Path(sys.prefix) / "bin" / "lint-imports")
     done = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The package's modules ``path`` imports, anywhere in it, as dotted names."""
+    package = _module(path).split(".")[:-1]  # (of an __init__ too: its own package)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(["daskvine_py", *base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("daskvine_py."):
+                dotted = name.removeprefix("daskvine_py.")
+                if (PACKAGE / dotted.replace(".", "/")).with_suffix(".py").exists():
+                    found.add(dotted)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle, not even one that only type checkers follow."""
+    graph = {_module(path): _imported_modules(path) for path in PACKAGE.rglob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            circle = trail[trail.index(module) :] + [module]
+            raise AssertionError("import circle: " + " -> ".join(circle))
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, [*trail, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
