@@ -428,7 +428,7 @@ def test_a_local_worker_still_running_keeps_the_run_waiting(bare_loop):
 def test_a_pool_sizing_workers_keeps_the_run_waiting_and_says_so(bare_loop, caplog):
     caplog.set_level(logging.WARNING, logger="daskvine_py.manager")
     bare_loop.local_processes.append(Exited("local-0", 11, -signal.SIGKILL))
-    bare_loop.wants_demand = True
+    bare_loop.registry.wants_demand = True
     run = _submitted(bare_loop)
     for now in (0.0, vacancy.NO_WORKER_GRACE + 1):
         bare_loop._check_timers(now)

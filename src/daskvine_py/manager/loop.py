@@ -47,7 +47,6 @@ from typing import Any, cast
 
 import zmq
 
-from daskvine_py.batch.planner import Demand
 from daskvine_py.errors import (
     ManagerDied,
     NoWorkersLeft,
@@ -162,20 +161,6 @@ class IOLoop:
     def _drops(self) -> p.DropLog:
         """Warnings about dropped messages and loop errors, rate-limited."""
         return p.DropLog(logger)
-
-    @property
-    def demand(self) -> Demand:
-        """The latest ``Demand`` (any thread: replaced whole)."""
-        return self.registry.demand
-
-    @property
-    def wants_demand(self) -> bool:
-        """Whether the demand is computed at every timer check (once a pool asked)."""
-        return self.registry.wants_demand
-
-    @wants_demand.setter
-    def wants_demand(self, wanted: bool) -> None:
-        self.registry.wants_demand = wanted
 
     def _post(self, ident: bytes, message: Any) -> None:
         """Queue a message for ``ident``, sent with the next flush."""

@@ -40,21 +40,14 @@ import zmq
 from dask.utils import key_split
 
 from daskvine_py import config
+from daskvine_py.batch.planner import Demand
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError
 from daskvine_py.manager import callbacks, connection, launch, lifecycle, results
+from daskvine_py.manager.commands import Cancel, Close, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.events import EventLog, summary_records, write_events
-from daskvine_py.manager.loop import (
-    Cancel,
-    Close,
-    Demand,
-    Extend,
-    IOLoop,
-    Retire,
-    StateEvent,
-    Submit,
-)
+from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.progress import default_enabled, wait_with_progress
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
@@ -476,8 +469,8 @@ class Manager:
         """The cores the work could use now and each worker's idle time (updated every
         0.1 s by the I/O thread, from the first call on): what worker pools size
         themselves on."""
-        self._io.wants_demand = True
-        return self._io.demand
+        self._io.registry.wants_demand = True
+        return self._io.registry.demand
 
     def retire(self, name: str, reason: str = "retired") -> None:
         """Tell the worker ``name`` to leave (it finishes nothing more; idle workers only)."""
