@@ -157,7 +157,7 @@ def bar_svg(bar: Bar, y: float, height: int, colours: dict[str, str]) -> str:
     """
     x0, x1 = bar.x0, bar.x1
     if bar.count > 1:
-        label = f"{bar.prefix}: {bar.count} tasks"
+        label = f"{bar.prefix}: {bar.count} task{'' if bar.count == 1 else 's'}"
     else:
         label = f"{bar.key} ({bar.prefix})"
     label += f"; run {seconds(bar.run)}, (de)serialization {seconds(bar.serialization)}"

@@ -276,7 +276,8 @@ class Manager:
             if connected >= n:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{connected} of {n} workers connected after {timeout} s")
+                workers = "worker" if n == 1 else "workers"
+                raise TimeoutError(f"{connected} of {n} {workers} connected after {timeout} s")
             dead = [proc for proc in processes or () if proc.poll() is not None]
             if dead:
                 raise RuntimeError(

@@ -99,7 +99,7 @@ def _summary_table(summary: Summary) -> str:
         rows += [
             ("tasks finished", f"{done:,}{rate}"),
             ("tasks sent to workers", f"{summary.dispatched:,}"),
-            ("workers", f"{len(summary.workers)} ({cores} cores)"),
+            ("workers", f"{len(summary.workers)} ({cores} core{'' if cores == 1 else 's'})"),
             ("bytes of results made", draw.byte_size(sum(t.nbytes for t in summary.tasks))),
         ]
     rows.append(("bytes moved", draw.byte_size(sum(summary.transfers.values()))))

@@ -263,7 +263,7 @@ class Constraints:
         if self.runs.get(run.id) is not run:
             return
         offers = ", ".join(
-            f"{w.name} ({w.cores} cores, {w.memory / 2**20:.0f} MB)"
+            f"{w.name} ({w.cores} core{'' if w.cores == 1 else 's'}, {w.memory / 2**20:.0f} MB)"
             for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
         )
         more = len(self.workers) - 8

@@ -2,20 +2,19 @@
 
 ``SchedulerState.handle(events, now)`` is the only way to change the state. Events are
 runs submitted or cancelled, workers joining or lost, and the messages workers send; the
-returned instructions are protocol messages to send to workers (``Send``) and news for the
-callers of ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) and for the
-manager's accounting (``BytesInlined``). No sockets, no threads, no clocks: tests drive it
-with literal events. The records live in ``records``, the events and instructions in
-``messages`` (re-exported here). The state keeps the records and the transitions; its
-components, each with its own state, do the rest: ``Dispatch`` (rounds, ``Execute``),
-``Saturation``, ``Constraints`` (annotated tasks), ``Locality``, ``Stealing``, ``Copies``
-(replicas, losses, lineage), ``Failures`` (the end of runs), ``Relays`` and ``Caching``.
+instructions returned are messages to workers (``Send``) and news for the callers of
+``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) and for the manager's
+accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it with literal
+events. Its records are in ``records``, events and instructions in ``messages``. The state
+keeps the records and the transitions; its components, each with its own state, do the
+rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
+``Failures``, ``Relays`` and ``Caching`` (docs/architecture.md: what each decides).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
-yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report the state
-takes about one of its tasks; unwatched runs pay one flag test per task for this. Every
-run's ``RunDone`` or ``RunFailed`` carries the seconds its tasks ran and serialized, summed
-from the ``TaskDone`` reports taken (``manager.last_run``).
+yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report taken about
+one of its tasks; unwatched runs pay one flag test per task for this. Every run's
+``RunDone`` or ``RunFailed`` carries the seconds its tasks ran and serialized (summed from
+its ``TaskDone`` reports: ``manager.last_run``).
 
 Every run ends. Events are handled one at a time, and one that raises never takes the
 events beside it down: the runs it concerns fail with its exception (``RunAborted``: the
@@ -42,16 +41,15 @@ in to "forgotten" (``Failures.dismiss``), which leaves it in no record::
 - released: no copy is kept, because nothing still needs it (or every copy was lost).
 - forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
 
-Runs with the result cache (``caching``) add waiting -> released (a task its run does
-not compute: a hit, or an input only hits read) and waiting -> memory (read from disk).
+The result cache (``caching``) adds waiting -> released (a task its run does not compute:
+a hit, or an input only hits read) and waiting -> memory (read from disk).
 
-A report from a worker counts only if its task is processing on that worker
-(``_held``); any other is stale (cancelled, moved, or its run over).
+A report from a worker counts only if its task is processing on that worker (``_held``);
+any other is stale (cancelled, moved, or its run over).
 
-Two counters make completion and release O(edges):
-``missing`` = inputs not in memory; ``waiters`` = dependents still waiting, ready or
-processing. A result is released as soon as ``waiters`` is zero and it is not an output
-still owed to the caller.
+Two counters make completion and release O(edges): ``missing`` = inputs not in memory;
+``waiters`` = dependents still waiting, ready or processing. A result is released as soon
+as ``waiters`` is zero and it is not an output still owed to the caller.
 """
 
 from __future__ import annotations
@@ -367,7 +365,8 @@ class SchedulerState:
                 self._transition(task, "waiting")
                 continue
             if self._out_of_retries(task):
-                reason = f"its worker was lost {task.attempts} times; last: {ev.reason}"
+                times = "once" if task.attempts == 1 else f"{task.attempts} times"
+                reason = f"its worker was lost {times}; last: {ev.reason}"
                 self.failures.fail(task, worker, None, "", reason, crashed=True)
         self._lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
@@ -440,7 +439,8 @@ class SchedulerState:
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
         if self._out_of_retries(task):
-            reason = f"{msg.reason} ({task.attempts} attempts)"
+            attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
+            reason = f"{msg.reason} ({attempts})"
             self.failures.fail(task, worker, None, "", reason, crashed=True)
 
     def _out_of_retries(self, task: TaskRecord) -> bool:
