@@ -113,7 +113,7 @@ def test_a_worker_says_when_it_joins_and_when_it_leaves_and_why(tmp_path):
     finally:
         worker.stop()
     log = worker.log
-    assert f"INFO worker joined {manager.address} as cli-1 with 1 cores" in log, log
+    assert f"INFO worker joined {manager.address} as cli-1 with 1 core (1 library," in log, log
     assert f"INFO worker cli-1 left {manager.address}: the manager asked it to" in log, log
     assert "(exit status 0)" in log and "Traceback" not in log, log
     assert len(log.splitlines()) <= 3, log  # one line each, nothing per task

@@ -95,7 +95,7 @@ def test_a_task_no_worker_can_hold_fails_its_run_naming_the_key_and_the_ask():
     out = st_.handle([joined(W1), joined(W2), run_of(["x", "huge"], {"huge": Placement(cores=4)})])
     (failed,) = [i for i in out if type(i) is s.RunFailed]
     assert failed.key == "huge" and failed.run_id == 1
-    assert "4 cores" in failed.message and "w1 (1 cores" in failed.message
+    assert "4 cores" in failed.message and "w1 (1 core," in failed.message
     assert not st_.runs and not st_.tasks and not st_.constraints.placing
 
 

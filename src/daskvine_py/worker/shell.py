@@ -416,8 +416,9 @@ class Worker:
     def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
         if isinstance(msg, p.Welcome):
             logger.info(
-                "worker joined %s as %s with %d cores (%d libraries, %d tasks at once)",
-                self.address, msg.name, self.cores, self.library_count, self.task_slots,
+                "worker joined %s as %s with %s (%s, %s at once)", self.address, msg.name,
+                _count(self.cores, "core"), _count(self.library_count, "library", "libraries"),
+                _count(self.task_slots, "task"),
             )  # fmt: skip
         elif isinstance(msg, p.Rejected):
             self.leave_reason = f"the manager rejected it: {msg.reason}"
@@ -555,3 +556,8 @@ def _make_worker(args: argparse.Namespace) -> Worker:
         peer_port=args.peer_port,
         contact_address=args.contact_address,
     )
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``1 core``, ``2 cores``: what the lifecycle lines say."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
