@@ -45,11 +45,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from daskvine_py.batch.pool import BatchSystemMissing, WorkerPool, check_commands
 from daskvine_py.batch.status import StatusClient
+from daskvine_py.command_line import (
+    LOG_LEVELS,
+    MAX_CORES,
+    MAX_MB,
+    configure_logging,
+    integer,
+    seconds,
+)
 from daskvine_py.wire import security
 
 logger = logging.getLogger("daskvine_py.factory")
@@ -66,15 +74,10 @@ PROVIDERS = {
 EXIT_USAGE = 2
 EXIT_NO_BATCH_SYSTEM = 3
 EXIT_REFUSED = 4
-#: Bounds of the numeric options. ``MAX_CORES`` is the worker's own bound on ``--cores``
-#: (``worker.args``; the batch package does not import the worker).
-MAX_CORES = 4096
+#: Workers a pool may hold (the other bounds are the worker's, in ``command_line``).
 MAX_WORKERS = 100_000
-MAX_MB = 2**40
-MAX_SECONDS = 1e6
 #: Seconds between two log lines about the jobs' numbers, however often they change.
 REPORT_INTERVAL = 30.0
-LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -101,28 +104,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--min-workers",
-        type=_integer(0, MAX_WORKERS),
+        type=integer(0, MAX_WORKERS),
         default=0,
         metavar="N",
         help="worker jobs kept even without work (default 0)",
     )
     parser.add_argument(
         "--max-workers",
-        type=_integer(1, MAX_WORKERS),
+        type=integer(1, MAX_WORKERS),
         default=1,
         metavar="N",
         help="worker jobs at most (default 1)",
     )
     parser.add_argument(
         "--cores",
-        type=_integer(1, MAX_CORES),
+        type=integer(1, MAX_CORES),
         default=1,
         metavar="N",
         help=f"each worker's cores, requested from the batch system, 1 to {MAX_CORES} (default 1)",
     )
     parser.add_argument(
         "--memory",
-        type=_integer(1, MAX_MB),
+        type=integer(1, MAX_MB),
         default=None,
         metavar="MB",
         help="each worker's memory for results (its --memory), also requested from the "
@@ -130,7 +133,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--disk",
-        type=_integer(0, MAX_MB),
+        type=integer(0, MAX_MB),
         default=None,
         metavar="MB",
         help="each worker's disk for spilled results (its --disk)",
@@ -159,14 +162,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--idle-timeout",
-        type=_seconds,
+        type=seconds,
         default=60.0,
         metavar="SECONDS",
         help="retire a worker idle this long, beyond --min-workers (default 60)",
     )
     parser.add_argument(
         "--poll-interval",
-        type=_seconds,
+        type=seconds,
         default=5.0,
         metavar="SECONDS",
         help="how often to ask the manager and the batch system (default 5)",
@@ -220,32 +223,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[low, high]``, else a usage error naming both."""
-
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be {low} to {high}, not {value}")
-        return value
-
-    return convert
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a duration in seconds, > 0 and at most ``MAX_SECONDS``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be > 0 and <= {MAX_SECONDS:g} s, not {text}")
-    return value
-
-
 def _walltime(text: str) -> str:
     """An argparse type: a job's time limit as batch systems write it, [D-]HH:MM:SS."""
     if not re.fullmatch(r"(\d+-)?\d{1,4}(:\d{2}){0,2}", text):
@@ -288,17 +265,6 @@ def make_provider(args: argparse.Namespace) -> Any:
 def default_script_dir() -> str:
     directory = security.private_dir(os.path.join(os.path.expanduser("~"), ".daskvine_py", "jobs"))
     return tempfile.mkdtemp(prefix=f"factory-{socket.gethostname()}-{os.getpid()}-", dir=directory)
-
-
-def configure_logging(level: str) -> None:
-    """The command line's logging, set up here only (library code never adds handlers):
-    ``level`` for daskvine_py's own loggers, WARNING for other libraries' (Parsl's)
-    unless DEBUG."""
-    logging.basicConfig(
-        level=logging.DEBUG if level == "DEBUG" else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    logging.getLogger("daskvine_py").setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

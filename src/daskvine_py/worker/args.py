@@ -14,22 +14,14 @@ import os
 import resource
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from daskvine_py.command_line import LOG_LEVELS, MAX_CORES, MAX_MB, integer, seconds
 from daskvine_py.wire import security
 from daskvine_py.wire.protocol import split_address
 
-#: Upper bound of every duration option, in seconds (about 11 days): past it a wait is
-#: "forever" in all but name, and poll timeouts in milliseconds must stay sane.
-MAX_SECONDS = 1e6
-#: Cores a worker may claim: one library process per ``--lib-cores`` of them, started at
-#: once. Far above any node; a typo (``--cores 100000``) must not fork that many.
-MAX_CORES = 4096
 #: Tasks one library process runs at once, each in a thread of its own.
 MAX_LIB_SLOTS = 1024
-#: Upper bound of ``--memory`` and ``--disk``: 1 EB, in MB.
-MAX_MB = 2**40
-LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -63,14 +55,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cores",
-        type=_integer(1, MAX_CORES),
+        type=integer(1, MAX_CORES),
         default=os.cpu_count() or 1,
         help=f"library processes to run tasks in, 1 to {MAX_CORES} (default: all cores, "
         f"{os.cpu_count() or 1} here)",
     )
     parser.add_argument(
         "--memory",
-        type=_integer(1, MAX_MB),
+        type=integer(1, MAX_MB),
         default=None,
         metavar="MB",
         help="memory for results, in MB; past it results spill to disk "
@@ -78,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--disk",
-        type=_integer(0, MAX_MB),
+        type=integer(0, MAX_MB),
         default=None,
         metavar="MB",
         help="disk for results spilled past --memory, in MB (default: no limit)",
@@ -92,14 +84,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--lib-cores",
-        type=_integer(1, MAX_CORES),
+        type=integer(1, MAX_CORES),
         default=1,
         metavar="C",
         help="cores per library process: the worker runs cores // C libraries (default 1)",
     )
     parser.add_argument(
         "--lib-slots",
-        type=_integer(1, MAX_LIB_SLOTS),
+        type=integer(1, MAX_LIB_SLOTS),
         default=1,
         metavar="S",
         help=f"tasks each library process runs at once, in threads, 1 to {MAX_LIB_SLOTS} "
@@ -114,7 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--peer-port",
-        type=_integer(0, 65535),
+        type=integer(0, 65535),
         default=0,
         metavar="PORT",
         help="port peers fetch results from (default: a free port)",
@@ -128,7 +120,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--manager-timeout",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="exit after this long without hearing from the manager, counted from when "
@@ -136,7 +128,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--fetch-timeout",
-        type=_seconds,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="ask a result's next holder when a peer has not served it within this long "
@@ -162,32 +154,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.host is not None or args.peer_port != 0:
         _check_host(parser, args.host, args.peer_port)
     return args
-
-
-def _integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[low, high]``, else a usage error naming both."""
-
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be {low} to {high}, not {value}")
-        return value
-
-    return convert
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a duration in seconds, > 0 and at most ``MAX_SECONDS``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not 0 < value <= MAX_SECONDS:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be > 0 and <= {MAX_SECONDS:g} s, not {text}")
-    return value
 
 
 def _check_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

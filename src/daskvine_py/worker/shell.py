@@ -58,6 +58,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from daskvine_py.command_line import configure_logging
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security, sharedbuf
@@ -512,16 +513,6 @@ class Worker:
         reply = h.reap_task_process(proc, self.name, logger)
         if self.state.tasks.get(proc.task.id) is proc.task:
             self.state.on_reply(reply, time.time())
-
-
-def configure_logging(level: str) -> None:
-    """The command line's logging, set up here only (library code never adds handlers):
-    ``level`` for daskvine_py's own loggers, WARNING for other libraries' unless DEBUG."""
-    logging.basicConfig(
-        level=logging.DEBUG if level == "DEBUG" else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    logging.getLogger("daskvine_py").setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
