@@ -9,6 +9,13 @@ worker goes as an ``Execute`` (``assign``), preceded, once per worker, by its ru
 ``RunConfig`` and the functions it references; small inputs held at the manager travel
 inside it, and their bytes are counted per worker (``BytesInlined``). A worker whose store
 is full (``DiskFull``) gets no new work while another has room.
+
+A round visits the workers that may have room, not all of them: a worker found at its
+saturation bound is set aside until it reports something (``touch``: only its own reports
+take tasks off it) or joins; all are visited after any event but a worker's report (a run
+submitted, cancelled or failed frees or needs every worker) and every ``FULL_ROUND_EVERY``
+rounds (a category's durations, hence every bound, change without any one worker's report). On
+hundreds of workers the round's cost follows the workers that changed, not the cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ from daskvine_py.wire.serialize import OUT_OF_BAND_MIN_BYTES
 #: ``locations(task, deps)``: a task's inputs as its payload names them (``Caching``).
 Locations = Callable[[TaskRecord, tuple[p.DepLocation, ...]], tuple[p.DepLocation, ...]]
 
+#: Up to this many workers, every round visits them all (the cost is small; and small
+#: clusters see a change of bound at once).
+FULL_ROUND_WORKERS = 64
+#: Past it, every this many rounds visit them all; the others visit only the workers that
+#: may have room. Stealing, which looks at every worker, runs on those rounds only.
+FULL_ROUND_EVERY = 32
+
 
 class Dispatch:
     """The dispatch round and the ``Execute`` of each task sent; see the module docstring.
@@ -46,7 +60,7 @@ class Dispatch:
 
     __slots__ = ("workers", "queue", "full", "out", "transition", "send", "abort",
                  "constraints", "extra", "send_ahead", "steal", "locations", "cache_runs",
-                 "now", "inlined")  # fmt: skip
+                 "now", "inlined", "open", "rounds", "everyone")  # fmt: skip
 
     def __init__(
         self,
@@ -80,6 +94,16 @@ class Dispatch:
         self.now = 0.0
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self.inlined: dict[WorkerRecord, int] = {}
+        #: workers that may have room (an ordered set): the next round visits these
+        self.open: dict[WorkerRecord, None] = {}
+        #: rounds since the start: every ``FULL_ROUND_EVERY``-th visits every worker
+        self.rounds = 0
+        #: the next round visits every worker (set by the state after other events)
+        self.everyone = True
+
+    def touch(self, worker: WorkerRecord) -> None:
+        """``worker`` reported or joined: it may have room again."""
+        self.open[worker] = None
 
     def dispatch(self) -> None:
         """Give ready tasks to workers below their saturation, one per worker per round.
@@ -91,11 +115,23 @@ class Dispatch:
         """
         if self.constraints.pending():
             self.constraints.dispatch()
-        workers = list(self.workers.values())
+        self.rounds += 1
+        every = (
+            self.everyone
+            or len(self.workers) <= FULL_ROUND_WORKERS
+            or self.rounds % FULL_ROUND_EVERY == 0
+        )
+        self.everyone = False
+        if every:
+            workers = list(self.workers.values())
+        else:
+            known = self.workers
+            workers = [w for w in self.open if known.get(w.id) is w]  # (not lost since)
         if self.full:
             # When every worker is full, waiting for room could wait forever: overflow.
             workers = [w for w in workers if not w.full] or workers
         queue, extra, transition = self.queue, self.extra, self.transition
+        saturated = set()
         for steal in (False, True):
             hungry = workers
             while hungry and queue:
@@ -105,6 +141,7 @@ class Dispatch:
                     if task is None:
                         continue
                     if len(worker.processing) >= worker.cores + extra(worker, task):
+                        saturated.add(worker)
                         continue
                     queue.pop_for(worker.id, steal)
                     try:
@@ -116,7 +153,8 @@ class Dispatch:
                         continue
                     still_hungry.append(worker)
                 hungry = still_hungry
-        if not queue:
+        self.open = {w: None for w in workers if w not in saturated}
+        if not queue and every:
             try:
                 self.steal()
             except Exception as exc:  # stealing is an optimisation: runs go on without it

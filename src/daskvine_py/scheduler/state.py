@@ -218,7 +218,10 @@ class SchedulerState:
         out.clear()  # (the list is shared with the components: emptied, never replaced)
         self.now = self.dispatch.now = now
         handlers = self._events
+        runs = len(self.runs)
         for event in events:
+            if type(event) is not FromWorker:  # may free or need any worker: visit all
+                self.dispatch.everyone = True
             handler = handlers.get(type(event))
             if handler is None:
                 out.append(
@@ -231,6 +234,8 @@ class SchedulerState:
                 handler(event)
             except Exception as exc:
                 self.failures.on_handler_error(event, exc, lost)
+        if len(self.runs) != runs:  # a run ended or failed: its tasks left their workers
+            self.dispatch.everyone = True
         try:
             self.dispatch.dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
@@ -343,7 +348,8 @@ class SchedulerState:
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
             return
-        self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in the same order
+        worker = self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in order
+        self.dispatch.touch(worker)
 
     def _on_worker_lost(self, ev: WorkerLost) -> None:
         worker = self.workers.pop(ev.worker, None)
@@ -379,6 +385,7 @@ class SchedulerState:
         handler = self._reports.get(type(ev.message))
         if handler is None:
             raise TypeError(f"not a worker report: {ev.message!r}")
+        self.dispatch.touch(worker)
         handler(worker, ev.message)
 
     def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
