@@ -1,17 +1,18 @@
-"""The scheduler state on more workers than a round visits in full (``dispatch.FULL_ROUND_WORKERS``):
-a round visits only workers that may have room, and no task is left behind for it."""
+"""The scheduler state on more workers than a round always visits in full
+(``dispatch.FULL_ROUND_WORKERS``): a round visits only workers that may have room, and no
+task is left behind for it."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_state import SimulatedCluster, expected_value, random_graphs
 
 from daskvine_py.scheduler import dispatch as d
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
+from test_state import SimulatedCluster, expected_value, random_graphs
 
 WORKERS = d.FULL_ROUND_WORKERS + 16
 
