@@ -404,3 +404,28 @@ def test_a_cached_runs_numbers_are_a_row_of_the_summary():
     assert "result cache" in page
     assert "12 hits, 7 misses, 0 uncached; 7 tasks run; 3.1 MB reused" in page
     assert "4.50 s of task time saved" in page
+
+
+def test_tasks_over_time_draws_the_cores_connected_and_marks_each_worker_lost():
+    from daskvine_py.manager.report import render
+
+    records = [
+        {"event": "run", "t": 0.0, "run_id": 1, "tasks": 4},
+        {"event": "worker", "t": 0.0, "worker": "a", "cores": 12, "host": "n1"},
+        {"event": "worker", "t": 0.0, "worker": "b", "cores": 12, "host": "n2"},
+        {"event": "sample", "t": 0.5, "waiting": 0, "ready": 2, "processing": 20,
+         "running": 20, "done": 0},
+        {"event": "worker_lost", "t": 1.0, "worker": "b", "reason": "preempted"},
+        {"event": "worker", "t": 2.0, "worker": "c", "cores": 12, "host": "n3"},
+        {"event": "sample", "t": 2.5, "waiting": 0, "ready": 0, "processing": 4,
+         "running": 4, "done": 20},
+        {"event": "end", "t": 3.0, "outcome": "done", "duration": 3.0},
+    ]  # fmt: skip
+    page = render(records)
+    cores = re.search(r"data-series='cores' d='([^']*)'", page)
+    assert cores is not None
+    # 24 cores, 12 after b's loss, 24 again once c joins: the step has two levels.
+    levels = {round(float(y), 1) for y in re.findall(r"[ML][\d.]+,([\d.]+)", cores.group(1))}
+    assert len(levels) == 2
+    lost = re.findall(r"<line class='lost'[^>]*><title>([^<]*)</title>", page)
+    assert lost == ["b lost at 1.0 s"]

@@ -153,13 +153,36 @@ def _tasks_over_time(summary: Summary) -> str:
         ("waiting", "waiting (for inputs, or not submitted yet)", "#bab0ac"),
         ("ready", "ready (queued at the manager)", "#f28e2b"),
         ("queued", "sent, not running (queued on workers)", "#76b7b2"),
-        ("running", "running", "#4e79a7"),
+        ("running", "running (busy cores, for one-core tasks)", "#4e79a7"),
     )
     t_max = max(summary.duration, samples[-1].t, 1e-6)
-    y_max = max(max(getattr(c, name) for c in samples for name, _, _ in series), 1)
+    cores = _cores_over_time(summary)
+    y_max = max(max(getattr(c, name) for c in samples for name, _, _ in series), 1,
+                max((n for _, n in cores), default=0))  # fmt: skip
     height = 220
     chart = draw.Chart(t_max, y_max, height)
     parts = [chart.axes("seconds since start", "tasks")]
+    if cores:  # the cores of the workers connected: what "running" could reach
+        steps = []
+        for index, (t, n) in enumerate(cores):
+            x, y = chart.x(t), chart.y(n)
+            if index:
+                steps.append(f"L{x:.1f},{chart.y(cores[index - 1][1]):.1f}")
+            steps.append(("M" if not index else "L") + f"{x:.1f},{y:.1f}")
+        steps.append(f"L{chart.x(t_max):.1f},{chart.y(cores[-1][1]):.1f}")
+        parts.append(
+            f"<path class='series' data-series='cores' d='{' '.join(steps)}' fill='none' "
+            "stroke='#59a14f' stroke-width='1.2' stroke-dasharray='4 3'>"
+            "<title>cores of the connected workers</title></path>"
+        )
+    for worker in sorted(summary.workers.values(), key=lambda w: w.lost or 0.0):
+        if worker.lost is not None:  # a worker lost: a mark where it went
+            x = chart.x(worker.lost)
+            parts.append(
+                f"<line class='lost' x1='{x:.1f}' x2='{x:.1f}' y1='{chart.y(0):.1f}' "
+                f"y2='{chart.y(y_max):.1f}' stroke='#e15759' stroke-width='1'>"
+                f"<title>{draw.escape(worker.name)} lost at {worker.lost:.1f} s</title></line>"
+            )
     for name, _, colour in series:
         path = []
         previous = None
@@ -177,7 +200,30 @@ def _tasks_over_time(summary: Summary) -> str:
         f"<span class='swatch' style='background:{c}'></span>{draw.escape(label)} "
         for _, label, c in series
     )
+    if cores:
+        legend += ("<span class='swatch' style='background:#59a14f'></span>cores of the "
+                   "connected workers ")  # fmt: skip
+    if any(w.lost is not None for w in summary.workers.values()):
+        legend += "<span class='swatch' style='background:#e15759'></span>a worker lost "
     return chart.svg("".join(parts)) + f"<p class='legend'>{legend}</p>"
+
+
+def _cores_over_time(summary: Summary) -> list[tuple[float, int]]:
+    """(time, cores of the workers connected then), at each join and loss; [] when the
+    workers' cores are not known."""
+    changes: dict[float, int] = {}
+    for worker in summary.workers.values():
+        if not worker.cores:
+            continue
+        changes[worker.joined] = changes.get(worker.joined, 0) + worker.cores
+        if worker.lost is not None:
+            changes[worker.lost] = changes.get(worker.lost, 0) - worker.cores
+    steps = []
+    total = 0
+    for t in sorted(changes):
+        total += changes[t]
+        steps.append((t, total))
+    return steps
 
 
 def _timeline(summary: Summary, colours: dict[str, str]) -> str:

@@ -41,6 +41,8 @@ class RunWorker:
     cores: int = 0
     host: str = ""
     lost: float | None = None
+    #: when it joined the run (seconds since its start; 0: there at the start)
+    joined: float = 0.0
 
 
 @dataclass(slots=True)
@@ -156,7 +158,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             name = record["worker"]
             if name not in workers:  # the first record of a worker tells its cores
                 workers[name] = RunWorker(name, int(record.get("cores") or 0),
-                                          str(record.get("host", "")))  # fmt: skip
+                                          str(record.get("host", "")),
+                                          joined=float(record.get("t", 0.0)))  # fmt: skip
         elif kind == "worker_lost":
             name = record["worker"]
             workers.setdefault(name, RunWorker(name)).lost = record["t"]
