@@ -44,7 +44,7 @@ from daskvine_py.batch.planner import Demand
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.errors import SerializationError
-from daskvine_py.manager import callbacks, connection, launch, lifecycle, results
+from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
 from daskvine_py.manager.commands import Cancel, Close, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.loop import IOLoop
@@ -300,12 +300,13 @@ class Manager:
         are called (see ``callbacks``): the active ones, or ``callbacks=[...]``.
         """
         hooks = callbacks.take(options.pop("callbacks", None))
-        if hooks is None:
-            return self._get(dsk, keys, options, None)
+        gc_pace.run_started()  # fewer collections while the run's records live
         try:
             return self._get(dsk, keys, options, hooks)
         finally:
-            hooks.release()
+            gc_pace.run_ended()
+            if hooks is not None:
+                hooks.release()
 
     def _get(self, dsk: Any, keys: Any, options: dict[str, Any],
              hooks: callbacks.Hooks | None) -> Any:  # fmt: skip
