@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import random
-import time
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +54,9 @@ from typing import Any
 DECLARED: list[Any] = [0.0, 0]
 #: Whether ``sim_task`` really sleeps (dask.distributed) or only declares (the swarm).
 SLEEP = False
+#: Set while not sleeping: wakes the tasks still asleep, so a cluster given up on can close.
+_AWAKE = threading.Event()
+_AWAKE.set()
 
 
 def sim_task(seconds: float, nbytes: int, *inputs: int) -> int:
@@ -61,13 +64,18 @@ def sim_task(seconds: float, nbytes: int, *inputs: int) -> int:
     DECLARED[0] = seconds
     DECLARED[1] = nbytes
     if SLEEP and seconds > 0:
-        time.sleep(seconds)
+        _AWAKE.wait(seconds)
     return 1 + sum(inputs)
 
 
 def set_sleep(on: bool) -> None:
+    """Tasks sleep from now on, or not; turning it off also wakes the tasks asleep."""
     global SLEEP
     SLEEP = on
+    if on:
+        _AWAKE.clear()
+    else:
+        _AWAKE.set()
 
 
 @dataclass

@@ -145,3 +145,27 @@ def test_sim_task_declares_and_sleeps_only_when_asked():
 def test_unknown_workload():
     with pytest.raises(ValueError, match="unknown workload"):
         sw.build("dv4")
+
+
+def test_distributed_runs_a_small_dv3_large_and_reports_it():
+    pytest.importorskip("distributed")
+    from swarm_distributed import run_distributed
+
+    w = sw.build("dv3-large", 60, scale=0.001)
+    out = run_distributed(w, workers=3, threads=2, timeout=60)
+    assert out["error"] is None, out["error"]
+    assert out["result_ok"] and out["tasks_done"] == 60
+    assert (out["workers_registered"], out["cores"]) == (3, 6)
+    assert out["makespan_s"] > 0 and out["ideal_s"] == pytest.approx(w.ideal_s(6), abs=1e-3)
+    assert not sw.SLEEP  # the sleeping is switched off again
+
+
+def test_distributed_reports_a_timeout_instead_of_raising():
+    pytest.importorskip("distributed")
+    from swarm_distributed import run_distributed
+
+    w = sw.build("flat", 4, task_seconds=30.0)
+    out = run_distributed(w, workers=1, threads=1, timeout=3)
+    assert not out["result_ok"]
+    assert out["error"].startswith("timeout")
+    assert out["tasks_done"] < 4
