@@ -18,6 +18,7 @@ less a reserve for the teardown). The script exits 0 when the result was right, 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -33,6 +34,8 @@ from distributed import Client, LocalCluster, Worker, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from swarm_workloads import NAMES, Workload, build, set_sleep
+
+log = logging.getLogger("swarm_distributed")
 
 NOTE = (
     "in-process workers (LocalCluster processes=False): scheduler, workers and task threads "
@@ -125,6 +128,7 @@ def run_distributed(
     cluster: LocalCluster | None = None
     client: Client | None = None
     set_sleep(True)
+    log.info("starting %d workers x %d threads", workers, threads)
     try:
         cluster = LocalCluster(
             n_workers=workers,
@@ -141,6 +145,7 @@ def run_distributed(
         client = Client(cluster, timeout=left(reserve))
         client.wait_for_workers(workers, timeout=left(reserve))
         out["join_s"] = round(time.monotonic() - start, 3)
+        log.info("%d workers joined in %.1f s", workers, out["join_s"])
         scheduler = cluster.scheduler
         assert scheduler is not None  # started by now
         out["workers_registered"] = len(scheduler.workers)
@@ -151,6 +156,7 @@ def run_distributed(
         t0 = time.monotonic()
         try:
             futures = client.get(workload.graph, workload.keys, sync=False)
+            log.info("graph of %d tasks submitted in %.1f s", workload.tasks, time.monotonic() - t0)
             wait(futures if isinstance(futures, list) else [futures], timeout=left(reserve))
             result = client.gather(futures)
             out["makespan_s"] = round(time.monotonic() - t0, 3)
@@ -169,11 +175,9 @@ def run_distributed(
             out["tasks_done"] = counter.done
             out["tasks_erred"] = counter.erred
             out["busy_fraction"] = round(counter.task_seconds / (cores * elapsed), 4)
-            try:
+            if out["result_ok"]:  # a jammed loop would keep us waiting for this figure
                 loop = client.run_on_scheduler(time.thread_time) - loop0
                 out["loop_cpu_us_per_task"] = round(loop / ran * 1e6, 1)
-            except Exception:  # a busy loop may not answer: the figure is optional
-                pass
     except Exception as exc:  # a failure is an outcome to report
         if isinstance(exc, TimeoutError):
             out["error"] = (
@@ -185,6 +189,7 @@ def run_distributed(
     finally:
         set_sleep(False)  # wakes the tasks still asleep: the workers can close at once
         limit = left()
+        log.info("run over after %.1f s (%s); tearing down", time.monotonic() - start, out["error"])
         out["teardown_s"], abandoned = _teardown(client, cluster, limit)
         if abandoned:
             out["error"] = (out["error"] or "") + f"; teardown unfinished after {limit:.1f} s"
@@ -227,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.workload, args.tasks, args.scale = "dv3-large", 200, 0.01
         args.workers, args.threads, args.timeout = 4, 2, 60.0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     warnings.filterwarnings("ignore", module="distributed")  # large-graph and GC chatter
+    # past its own timeout the run is stuck where no timeout reaches: say where, and exit
+    faulthandler.dump_traceback_later(args.timeout + 30, exit=True)
     # what a user with hundreds of workers in one process would do first
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:

@@ -43,8 +43,10 @@ biggest input. A dv3-huge load holds the chunk's columns an analysis reads: draw
 from __future__ import annotations
 
 import math
+import os
 import random
-import threading
+import select
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,9 +56,9 @@ from typing import Any
 DECLARED: list[Any] = [0.0, 0]
 #: Whether ``sim_task`` really sleeps (dask.distributed) or only declares (the swarm).
 SLEEP = False
-#: Set while not sleeping: wakes the tasks still asleep, so a cluster given up on can close.
-_AWAKE = threading.Event()
-_AWAKE.set()
+#: A pipe made readable to wake the tasks still asleep, so a cluster given up on can close.
+#: Each sleeper polls it on its own (no lock shared by thousands of sleeping threads).
+_WAKE: tuple[int, int] | None = None
 
 
 def sim_task(seconds: float, nbytes: int, *inputs: int) -> int:
@@ -64,18 +66,32 @@ def sim_task(seconds: float, nbytes: int, *inputs: int) -> int:
     DECLARED[0] = seconds
     DECLARED[1] = nbytes
     if SLEEP and seconds > 0:
-        _AWAKE.wait(seconds)
+        _sleep(seconds)
     return 1 + sum(inputs)
+
+
+def _sleep(seconds: float) -> None:
+    wake = _WAKE
+    if wake is None:
+        time.sleep(seconds)
+        return
+    poller = select.poll()
+    poller.register(wake[0], select.POLLIN)
+    poller.poll(seconds * 1000)
 
 
 def set_sleep(on: bool) -> None:
     """Tasks sleep from now on, or not; turning it off also wakes the tasks asleep."""
-    global SLEEP
+    global SLEEP, _WAKE
     SLEEP = on
-    if on:
-        _AWAKE.clear()
-    else:
-        _AWAKE.set()
+    if on and _WAKE is None:
+        _WAKE = os.pipe()
+    elif not on and _WAKE is not None:
+        # written: the sleepers return; closed: those about to poll it return at once
+        os.write(_WAKE[1], b"x")
+        os.close(_WAKE[0])
+        os.close(_WAKE[1])
+        _WAKE = None
 
 
 @dataclass
