@@ -63,6 +63,13 @@ SMOKES = [
      r"numpy\s+function-calls/fork\s+numpy,pandas\s+\d(.*\n)*\nclosure over 1 MB", ()),
     ("bench_rewrite", "bench_rewrite.py", ["--smoke"], r"\n\s+4\s+\d+\s+\d+\.\d+", ()),
     ("bench_security", "bench_security.py", ["--smoke"], r"\nnoop-dict\s+on [\d.]+ s", ()),
+    ("swarm", "swarm.py", ["--smoke", "--workload", "dv3-large", "--preempt", "0.5"],
+     r'"result_ok": true.*"preempted": [1-9]', ()),
+    ("swarm-both", "swarm.py", ["--smoke", "--workload", "flat", "--system", "both"],
+     r"makespan: daskvine_py [\d.]+ s, distributed [\d.]+ s", ("distributed",)),
+    ("swarm_distributed", "swarm_distributed.py", ["--smoke"],
+     r'RESULT \{"system": "distributed", "workload": "dv3-large".*"result_ok": true',
+     ("distributed",)),
     ("bench_shuffle", "bench_shuffle.py", ["--smoke"],
      r"\nset_index\s+daskvine_py\s+\d(.*\n)*set_index\s+distributed\s+\d", ("distributed",)),
 ]  # fmt: skip

@@ -1,0 +1,377 @@
+"""Hundreds to thousands of simulated workers against one real manager (issue 28).
+
+    python benchmarks/swarm.py --workload dv3-large --workers 200 --cores 12 \\
+        --preempt 0.01 --json OUT.json [--report OUT.html] [--system both]
+
+The manager is the real one, embedded in this process as a user's would be, with
+CurveZMQ; the workers are ``swarm_workers.py`` processes, each hosting a share of the
+simulated workers (see its docstring: real sockets, the real protocol and the worker's
+own state; only the libraries are simulated, a task "running" for the seconds its graph
+declares). The graph is a real Dask graph (``swarm_workloads``) passed to ``manager.get``.
+
+``--system distributed`` runs the same graph, with tasks that really sleep, on
+dask.distributed with in-process workers (``swarm_distributed``); ``both`` runs the two in
+turn and prints their makespans side by side.
+
+The JSON holds ``workers``, ``workers_registered``, ``join_s`` (first connection to last
+registration), ``tasks``, ``tasks_done``, ``tasks_lost``, ``tasks_rerun`` (simulated
+completions beyond one per task: what preemption cost), ``result_ok``, ``makespan_s`` (the
+call of ``get`` to its return, graph conversion included), ``ideal_s`` (the larger of
+total work / cores and the critical path), ``busy_fraction`` (task-seconds run ÷ (cores ×
+makespan)), ``manager_cpu_us_per_task`` (this process's CPU time during ``get`` ÷ tasks:
+the manager's I/O thread and the caller's graph conversion), ``manager_rss_mb``, and
+``swarm_lag_s`` (the 99th percentile of how late the swarm delivered its simulated
+completions; ``swarm_lag_max_s`` the worst): a lag near the makespan's excess over
+the ideal says the swarm, not the manager, was the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import swarm_workloads  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: The first argument that makes this script one of the swarm's processes.
+SWARM_PROCESS = "--swarm-process"
+
+#: Simulated workers per swarm process by default: enough processes to spread the
+#: sockets' CPU, few enough to leave the manager its core.
+WORKERS_PER_PROCESS = 500
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _thread_cpu(name: str) -> float:
+    """CPU seconds of this process's thread called ``name`` (0 if none): the manager's
+    I/O thread, told apart from the caller's graph conversion."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{thread.native_id}/stat") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return 0.0
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+class _GcClock:
+    """Seconds this process spent in the garbage collector's collections, and how many
+    full (generation 2) collections ran, while it is installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info.get("generation") == 2
+
+    def __enter__(self) -> _GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def _profile_io_thread(path: str) -> None:
+    """Run the manager's I/O thread under cProfile, its figures written to ``path``."""
+    import cProfile
+
+    from daskvine_py.manager import loop
+
+    original = loop.IOLoop.run
+
+    def profiled(self: Any) -> None:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            original(self)
+        finally:
+            profile.disable()
+            profile.dump_stats(path)
+
+    loop.IOLoop.run = profiled  # type: ignore[method-assign]
+
+
+def start_swarm(
+    connection_file: str, args: argparse.Namespace, directory: str
+) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """The swarm processes, each with its share of the workers: (process, stats file)."""
+    processes = args.processes or max(1, math.ceil(args.workers / WORKERS_PER_PROCESS))
+    share, extra = divmod(args.workers, processes)
+    started = []
+    first = 0
+    for index in range(processes):
+        count = share + (1 if index < extra else 0)
+        if count == 0:
+            continue
+        stats = os.path.join(directory, f"swarm-{index}.json")
+        command = [
+            sys.executable, os.path.abspath(__file__), SWARM_PROCESS,
+            "--connection-file", connection_file, "--workers", str(count),
+            "--cores", str(args.cores), "--first-index", str(first),
+            "--byte-scale", str(args.byte_scale), "--preempt", str(args.preempt),
+            "--preempt-window", str(args.preempt_window),
+            "--replace-after", str(args.replace_after), "--seed", str(args.seed + index),
+            "--stats", stats,
+        ]  # fmt: skip
+        if args.profile_swarm:
+            command += ["--profile", os.path.join(args.profile_swarm, f"swarm-{index}.prof")]
+        started.append((subprocess.Popen(command), stats))
+        first += count
+    return started
+
+
+def wait_registered(manager: Any, workers: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        count = len(manager.workers)
+        if count >= workers:
+            return count
+        time.sleep(0.05)
+    return len(manager.workers)
+
+
+def stop_swarm(swarm: list[tuple[subprocess.Popen[bytes], str]], timeout: float) -> list[dict]:
+    """Wait for the swarm processes (the manager told their workers to leave), then
+    their figures."""
+    deadline = time.monotonic() + timeout
+    for process, _ in swarm:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    stats = []
+    for _, path in swarm:
+        try:
+            with open(path) as file:
+                stats.append(json.load(file))
+        except (OSError, ValueError):
+            stats.append({})
+    return stats
+
+
+def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -> dict[str, Any]:
+    from daskvine_py import Manager
+
+    cores = args.workers * args.cores
+    if args.profile_manager:
+        _profile_io_thread(args.profile_manager)
+    if args.gc_threshold:
+        gc.set_threshold(*args.gc_threshold)
+    with tempfile.TemporaryDirectory(prefix="daskvine-swarm-") as directory:
+        manager = Manager(
+            port=0, worker_timeout=args.worker_timeout, heartbeat_interval=1.0,
+        )  # fmt: skip
+        swarm: list[tuple[subprocess.Popen[bytes], str]] = []
+        result: dict[str, Any] = {"system": "daskvine_py", "workload": workload.name}
+        try:
+            swarm = start_swarm(manager.connection_file, args, directory)
+            registered = wait_registered(manager, args.workers, args.join_timeout)
+            cpu0, t0 = _cpu(), time.monotonic()
+            io0 = _thread_cpu("daskvine-manager")
+            error = None
+            value: Any = None
+            gc_clock = _GcClock()
+            try:
+                options: dict[str, Any] = {"progress": False}
+                if args.report:
+                    options["report"] = args.report
+                with gc_clock:
+                    value = manager.get(workload.graph, workload.keys, **options)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            makespan = time.monotonic() - t0
+            cpu = _cpu() - cpu0
+            io_cpu = _thread_cpu("daskvine-manager") - io0
+            run = manager.last_run
+            rss = _rss_mb()
+        finally:
+            manager.close()
+            stats = stop_swarm(swarm, 60.0)
+    tasks = run.tasks if run is not None else workload.tasks
+    done = sum(s.get("tasks_done", 0) for s in stats)
+    task_seconds = sum(s.get("task_seconds", 0.0) for s in stats)
+    starts = [s["connect_started"] for s in stats if s.get("connect_started")]
+    welcomes = [t for s in stats for t in s.get("welcomes", [])[: args.workers]]
+    ok = error is None and workload.result_ok(value)
+    result.update(
+        workers=args.workers,
+        cores=cores,
+        workers_registered=registered,
+        join_s=round(max(welcomes) - min(starts), 3) if welcomes and starts else None,
+        tasks=tasks,
+        tasks_done=tasks if ok else None,
+        tasks_lost=0 if ok else None,
+        tasks_rerun=max(0, done - tasks),
+        result_ok=ok,
+        makespan_s=round(makespan, 3),
+        ideal_s=round(workload.ideal_s(cores), 3),
+        busy_fraction=round(task_seconds / (cores * makespan), 4) if makespan > 0 else None,
+        manager_cpu_us_per_task=round(cpu / max(1, tasks) * 1e6, 2),
+        manager_io_cpu_us_per_task=round(io_cpu / max(1, tasks) * 1e6, 2),
+        manager_rss_mb=round(rss, 1),
+        manager_gc_s=round(gc_clock.seconds, 3),
+        manager_gc_full=gc_clock.full,
+        swarm_lag_s=round(max((s.get("lag_p99_s", 0.0) for s in stats), default=0.0), 4),
+        swarm_lag_max_s=round(max((s.get("lag_max_s", 0.0) for s in stats), default=0.0), 4),
+        swarm_cpu_s=round(sum(s.get("cpu_s", 0.0) for s in stats), 2),
+        preempted=sum(len(s.get("preempted", [])) for s in stats),
+        workers_gave_up=sum(s.get("gave_up", 0) for s in stats),
+        error=error,
+    )
+    return result
+
+
+def run_distributed(workload: swarm_workloads.Workload, args: argparse.Namespace) -> dict:
+    import swarm_distributed
+
+    return swarm_distributed.run_distributed(
+        workload, args.workers, args.cores, timeout=args.timeout
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workload", default="flat", choices=["dv3-large", "dv3-huge", "flat", "million"]
+    )
+    parser.add_argument("--workers", type=int, default=20)
+    parser.add_argument("--cores", type=int, default=12)
+    parser.add_argument("--tasks", type=int, default=None)
+    parser.add_argument("--task-seconds", type=float, default=None)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every declared task duration"
+    )
+    parser.add_argument(
+        "--preempt",
+        type=float,
+        default=0.0,
+        help="fraction of workers that vanish without a goodbye",
+    )
+    parser.add_argument(
+        "--preempt-window",
+        type=float,
+        default=None,
+        help="seconds after registration within which they vanish "
+        "(default: half the ideal makespan)",
+    )
+    parser.add_argument("--replace-after", type=float, default=5.0)
+    parser.add_argument(
+        "--byte-scale",
+        type=float,
+        default=0.001,
+        help="bytes carried per declared byte of a result",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help=f"swarm processes (default: one per {WORKERS_PER_PROCESS} workers)",
+    )
+    parser.add_argument("--worker-timeout", type=float, default=30.0)
+    parser.add_argument("--join-timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--system", default="daskvine_py", choices=["daskvine_py", "distributed", "both"]
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gc-threshold", type=int, nargs=3, default=None,
+                        help="the garbage collector's thresholds for this run (experiments)")
+    parser.add_argument("--report", default=None, help="write the run's HTML report here")
+    parser.add_argument(
+        "--profile-manager",
+        default=None,
+        help="write cProfile's figures of the manager's I/O thread here",
+    )
+    parser.add_argument(
+        "--profile-swarm",
+        default=None,
+        help="a directory for the swarm processes' cProfile figures",
+    )
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few workers, a few seconds: does it all still work?"
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.workers, args.cores = min(args.workers, 4), min(args.cores, 2)
+        args.tasks = args.tasks or 60
+        args.scale = min(args.scale, 0.01)
+        args.replace_after = min(args.replace_after, 0.1)
+        if args.preempt_window is None:
+            args.preempt_window = 0.2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [SWARM_PROCESS]:
+        import swarm_workers
+
+        return swarm_workers.main(argv[1:])
+    args = parse_args(argv)
+    workload = swarm_workloads.build(
+        args.workload, tasks=args.tasks, task_seconds=args.task_seconds, seed=args.seed,
+        scale=args.scale,
+    )  # fmt: skip
+    if args.preempt_window is None:
+        args.preempt_window = max(1.0, workload.ideal_s(args.workers * args.cores) / 2)
+    results = []
+    if args.system in ("daskvine_py", "both"):
+        results.append(run_daskvine(workload, args))
+    if args.system in ("distributed", "both"):
+        results.append(run_distributed(workload, args))
+    for result in results:
+        print(json.dumps(result))
+    if len(results) == 2 and all(r.get("makespan_s") for r in results):
+        ours, theirs = results[0]["makespan_s"], results[1]["makespan_s"]
+        print(
+            f"makespan: daskvine_py {ours:.2f} s, distributed {theirs:.2f} s, "
+            f"ratio {theirs / ours:.2f}x; ideal {results[0]['ideal_s']:.2f} s"
+        )
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(results if len(results) > 1 else results[0], file, indent=1)
+    return 0 if all(r.get("result_ok") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""One process of the swarm: many simulated workers, each a worker as the manager sees it.
+
+Every simulated worker has its own identity and its own DEALER to the manager (CurveZMQ
+with the connection file's keys), registers with the real protocol, heartbeats, takes
+batched ``Execute`` records, and keeps its bookkeeping in the worker's own sans-I/O
+``WorkerState`` (the same saturation queues, fetches and releases a real worker has). Only
+the library processes are simulated: a call is computed at once in this process (the
+workload's ``sim_task`` is cheap) and its ``Done`` is held back until the duration the
+task declared has passed on its library slot, with the result's declared size reported
+and a result scaled down by ``--byte-scale`` carried (so that results move between
+workers through their peer sockets, as large results do, without moving megabytes).
+
+Peers talk through each simulated worker's ``PeerLinks`` (a ROUTER serving its store, a
+DEALER per peer it fetches from) without CurveZMQ: only simulated workers are its peers,
+and the manager never sees those sockets.
+
+Preemption: ``--preempt F`` makes F of this process's workers (at least one, chosen at
+random) vanish, each at a random time within ``--preempt-window`` seconds of its
+registration, without a goodbye (their
+sockets closed at once, as a killed process's are); a replacement joins
+``--replace-after`` seconds later under a new name.
+
+The process measures itself: how late each simulated completion is delivered
+(``lag``: the delivery time less the time it was due), so that a swarm too slow for
+its load is never mistaken for a slow manager. It writes its figures as JSON to
+``--stats`` when the manager says ``Shutdown`` (or on SIGTERM).
+
+``swarm.py`` starts these processes (``swarm.py --swarm-process ARGS``, which calls
+``main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import logging
+import os
+import pickle
+import random
+import resource
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from daskvine_py.errors import ProtocolError
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+from daskvine_py.wire.serialize import Serialized, TaskDecoder, loads
+from daskvine_py.wire.transport import has_more, send_batch
+from daskvine_py.worker import pipe
+from daskvine_py.worker.peers import PeerLinks
+from daskvine_py.worker.records import LibraryRecord
+from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.store import Store
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import swarm_workloads  # noqa: E402  (beside this file)
+
+logger = logging.getLogger("daskvine_py.swarm")
+
+#: Padding shared by every result of one size: a result carries bytes, not copies.
+_PADDING: dict[int, bytes] = {}
+
+
+def _padding(nbytes: int) -> bytes:
+    pad = _PADDING.get(nbytes)
+    if pad is None:
+        pad = _PADDING[nbytes] = bytes(nbytes)
+    return pad
+
+
+class Swarm:
+    """The process's shared parts: the context, the poller, the clock of completions."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        connection = security.read_connection_file(args.connection_file)
+        self.address = connection.address
+        self.keys = connection.keys
+        self.context = zmq.Context(io_threads=args.io_threads)
+        self.context.set(zmq.MAX_SOCKETS, 65536)
+        self.poller = zmq.Poller()
+        #: socket -> (its worker, what it is: "manager", "server" or "client")
+        self.owners: dict[Any, tuple[SimWorker, str]] = {}
+        self.decoder = TaskDecoder()
+        #: (due, sequence, worker, library, reply) of the simulated calls in flight
+        self.completions: list[tuple[float, int, SimWorker, LibraryRecord, pipe.Done]] = []
+        self.sequence = 0
+        self.workers: list[SimWorker] = []
+        self.drops = p.DropLog(logger)
+        self.random = random.Random(args.seed)
+        self.next_index = args.first_index
+        #: the workers that will vanish, and when: (time, sequence, worker)
+        self.doomed: set[SimWorker] = set()
+        self.preemptions: list[tuple[float, int, SimWorker]] = []
+        self.replacements: list[float] = []
+        self.running = True
+        # figures
+        self.lags: list[float] = []
+        self.max_lag = 0.0
+        self.task_seconds = 0.0
+        self.tasks_done = 0
+        self.declared_bytes = 0
+        self.connect_started: float | None = None
+        self.welcomes: list[float] = []
+        self.preempted: list[tuple[float, str]] = []
+        #: replacements: (when, name)
+        self.joined: list[tuple[float, str]] = []
+        self.gave_up = 0
+
+    def start(self) -> None:
+        self.connect_started = time.time()
+        for _ in range(self.args.workers):
+            self.add_worker()
+        preempt = self.args.preempt
+        if preempt > 0:  # exactly this share of the first workers (at least one) vanish
+            count = max(1, round(preempt * len(self.workers)))
+            self.doomed = set(self.random.sample(self.workers, min(count, len(self.workers))))
+
+    def add_worker(self) -> SimWorker:
+        name = f"{self.args.name_prefix}{self.next_index}"
+        self.next_index += 1
+        worker = SimWorker(self, name, self.args.cores)
+        self.workers.append(worker)
+        return worker
+
+    def own(self, sock: Any, worker: SimWorker, kind: str) -> None:
+        self.owners[sock] = (worker, kind)
+
+    def schedule(self, worker: SimWorker, lib: LibraryRecord, due: float, done: pipe.Done) -> None:
+        self.sequence += 1
+        heapq.heappush(self.completions, (due, self.sequence, worker, lib, done))
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        heartbeat_check = 0.0
+        while self.running:
+            now = time.monotonic()
+            timeout = 0.2
+            if self.completions:
+                timeout = min(timeout, max(0.0, self.completions[0][0] - now))
+            if self.preemptions:
+                timeout = min(timeout, max(0.0, self.preemptions[0][0] - now))
+            dirty: set[SimWorker] = set()
+            for sock, _ in self.poller.poll(int(timeout * 1000)):
+                owner = self.owners.get(sock)
+                if owner is None:  # (a peer client's socket, reset since)
+                    continue
+                worker, kind = owner
+                if not worker.alive:
+                    continue
+                dirty.add(worker)
+                if kind == "manager":
+                    worker.drain_manager()
+                elif kind == "server":
+                    worker.peers.serve(worker.state)
+                else:
+                    worker.peers.drain(sock, worker.state)
+            now = time.monotonic()
+            wall = time.time()
+            completions = self.completions
+            while completions and completions[0][0] <= now:
+                due, _, worker, lib, done = heapq.heappop(completions)
+                if not worker.alive:
+                    continue
+                lag = now - due
+                self.lags.append(lag)
+                if lag > self.max_lag:
+                    self.max_lag = lag
+                self.task_seconds += done.duration
+                self.tasks_done += 1
+                worker.state.on_library_reply(lib, done, wall)
+                dirty.add(worker)
+            while self.preemptions and self.preemptions[0][0] <= now:
+                _, _, doomed = heapq.heappop(self.preemptions)
+                self.vanish(doomed, now)
+            while self.replacements and self.replacements[0] <= now:
+                heapq.heappop(self.replacements)
+                self.joined.append((time.time(), self.add_worker().name))
+            if now - heartbeat_check > 0.25:  # liveness: every worker, a few times a second
+                heartbeat_check = now
+                for worker in self.workers:
+                    if worker.alive and worker.check_timers(now):
+                        dirty.add(worker)
+            for worker in dirty:
+                if worker.alive:
+                    worker.pass_end(now)
+
+    def vanish(self, worker: SimWorker, now: float) -> None:
+        """A registered worker is preempted: gone without a word; one joins later."""
+        if not worker.alive:
+            return
+        worker.close()
+        self.preempted.append((time.time(), worker.name))
+        heapq.heappush(self.replacements, now + self.args.replace_after)
+
+    def on_welcome(self, worker: SimWorker) -> None:
+        self.welcomes.append(time.time())
+        if worker in self.doomed:  # it vanishes within the window after it joined
+            self.sequence += 1
+            when = time.monotonic() + self.random.uniform(0.0, self.args.preempt_window)
+            heapq.heappush(self.preemptions, (when, self.sequence, worker))
+
+    def stats(self) -> dict[str, Any]:
+        lags = sorted(self.lags)
+        pct = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "workers": len(self.workers),
+            "connect_started": self.connect_started,
+            "welcomes": self.welcomes,
+            "tasks_done": self.tasks_done,
+            "task_seconds": self.task_seconds,
+            "declared_bytes": self.declared_bytes,
+            "lag_p50_s": pct(0.5),
+            "lag_p99_s": pct(0.99),
+            "lag_max_s": self.max_lag,
+            "preempted": self.preempted,
+            "joined": self.joined,
+            "gave_up": self.gave_up,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+        }
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.alive:
+                worker.close()
+        self.context.term()
+
+
+class SimWorker:
+    """One simulated worker: a real ``WorkerState`` and real sockets, simulated libraries."""
+
+    def __init__(self, swarm: Swarm, name: str, cores: int) -> None:
+        self.swarm = swarm
+        self.name = name
+        self.alive = True
+        self.identity = uuid.uuid4().hex.encode()
+        context = swarm.context
+        sock = self.manager = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, 1000)
+        if swarm.keys is not None:
+            security.connect_as_worker(sock, swarm.keys.manager_public, swarm.keys)
+        sock.connect(swarm.address)
+        swarm.poller.register(sock, zmq.POLLIN)
+        swarm.own(sock, self, "manager")
+        self.store = Store()
+        self.peers = _SwarmPeers(swarm, self, context, swarm.poller, self.store, swarm.drops, name)
+        swarm.own(self.peers.server, self, "server")
+        now = time.monotonic()
+        self.state = WorkerState(
+            self.store, name, self.peers.address, swarm.args.manager_timeout, 10.0, now
+        )
+        #: simulated libraries: when each one's slot is free again
+        self.free_at: dict[int, float] = {}
+        self.libraries: dict[int, LibraryRecord] = {}
+        for library_id in range(1, cores + 1):
+            record = self.state.add_library(library_id, 1)
+            self.libraries[library_id] = record
+            self.free_at[library_id] = 0.0
+        for record in self.libraries.values():
+            self.state.on_library_ready(record)
+        self.state.outbox.append(
+            p.Register(
+                p.PROTOCOL_VERSION, name, cores, swarm.args.memory_mb * 2**20,
+                socket.gethostname(), self.peers.address, os.getpid(),
+            )
+        )  # fmt: skip
+        self.flush()
+
+    def drain_manager(self) -> None:
+        state = self.state
+        for _ in range(1000):
+            try:
+                frames = self.manager.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            now = time.monotonic()
+            try:
+                messages = p.unpack([f.buffer for f in frames], p.TO_WORKER)
+            except ProtocolError:
+                continue
+            for message in messages:
+                kind = type(message)
+                if kind is p.Welcome:
+                    self.swarm.on_welcome(self)
+                elif kind is p.Rejected:
+                    logger.error("worker %s rejected: %s", self.name, message.reason)
+                    self.close()
+                    return
+                elif kind is p.Shutdown:
+                    self.state.outbox.append(p.Goodbye("shut down"))
+                    self.flush()
+                    self.close()
+                    self.swarm.running = any(w.alive for w in self.swarm.workers)
+                    return
+                state.on_manager_message(message, now)
+            if not has_more(self.manager):
+                return
+
+    def check_timers(self, now: float) -> bool:
+        """Heartbeats and the manager's silence; whether anything is to be sent."""
+        state = self.state
+        if state.manager_silent(now):
+            logger.error("worker %s: the manager went silent", self.name)
+            self.swarm.gave_up += 1
+            self.close()
+            return False
+        if state.heartbeat_due(now):
+            state.outbox.append(p.Status(self.store.nbytes, 0, 0, 0))
+        for address in state.on_timers(now):
+            self.peers.reset(address)
+        return bool(state.outbox)
+
+    def pass_end(self, now: float) -> None:
+        state = self.state
+        for record, run in state.start_runnable():
+            self.simulate(record, run, now)
+        state.end_pass(now)
+        state.library_outbox.clear()  # nothing is kept live: no export or forget to do
+        self.flush()
+
+    def simulate(self, record: LibraryRecord, run: pipe.Run, now: float) -> None:
+        """Compute the run's calls at once; their replies fall due one after the other
+        on the library's slot, each when its declared duration has passed."""
+        swarm = self.swarm
+        decoder = swarm.decoder
+        if run.functions:
+            decoder.add_functions(run.functions)
+        start = max(now, self.free_at[record.id])
+        chained: dict[int, Any] = {}
+        scale = swarm.args.byte_scale
+        declared = swarm_workloads.DECLARED
+        for call in run.calls:
+            values = {}
+            for dep_key, dep_id, value in call.inputs:
+                values[dep_key] = chained[dep_id] if value is None else loads(value)
+            result = decoder.decode(call.payload)(values)
+            seconds, nbytes = declared[0], declared[1]
+            chained[call.task_id] = result
+            scaled = int(nbytes * scale)
+            header = pickle.dumps(result, protocol=5)
+            serialized = Serialized(header, [_padding(scaled)] if scaled else [])
+            swarm.declared_bytes += nbytes
+            start += seconds
+            done = pipe.Done(call.task_id, serialized, seconds, nbytes or serialized.nbytes)
+            swarm.schedule(self, record, start, done)
+        self.free_at[record.id] = start
+
+    def flush(self) -> None:
+        state = self.state
+        if state.outbox:
+            messages = state.outbox[:]
+            state.outbox.clear()
+            try:
+                send_batch(self.manager, p.encode(messages))
+            except zmq.Again:
+                state.outbox[:0] = messages
+            else:
+                state.last_sent = time.monotonic()
+                state.on_registration_sent(state.last_sent)
+        self.peers.flush(state)
+
+    def close(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        swarm = self.swarm
+        for sock in [self.manager, self.peers.server, *self.peers.clients.values()]:
+            swarm.owners.pop(sock, None)
+            try:
+                swarm.poller.unregister(sock)
+            except KeyError:
+                pass
+        self.manager.close(linger=0)
+        self.peers.close()
+
+
+class _SwarmPeers(PeerLinks):
+    """A simulated worker's peer sockets, their owner recorded for the shared poller."""
+
+    def __init__(self, swarm: Swarm, worker: SimWorker, *args: Any) -> None:
+        self.swarm_owner = (swarm, worker)
+        super().__init__(*args, host="127.0.0.1")
+
+    def _client(self, address: str) -> Any:
+        known = address in self.clients
+        sock = super()._client(address)
+        if not known:
+            swarm, worker = self.swarm_owner
+            swarm.own(sock, worker, "client")
+        return sock
+
+    def reset(self, address: str | None) -> None:
+        sock = self.clients.get(address) if address else None
+        if sock is not None:
+            self.swarm_owner[0].owners.pop(sock, None)
+        super().reset(address)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="one process of simulated workers")
+    parser.add_argument("--connection-file", required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--cores", type=int, default=12)
+    parser.add_argument("--memory-mb", type=int, default=48 * 1024)
+    parser.add_argument("--first-index", type=int, default=0)
+    parser.add_argument("--name-prefix", default="sim-")
+    parser.add_argument("--byte-scale", type=float, default=0.001)
+    parser.add_argument("--preempt", type=float, default=0.0)
+    parser.add_argument("--preempt-window", type=float, default=30.0)
+    parser.add_argument("--replace-after", type=float, default=5.0)
+    parser.add_argument("--manager-timeout", type=float, default=120.0)
+    parser.add_argument("--io-threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stats", required=True)
+    parser.add_argument("--profile", default=None, help="write cProfile's figures here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    swarm = Swarm(args)
+
+    def stop(*_: Any) -> None:
+        swarm.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+    try:
+        swarm.start()
+        swarm.run()
+    finally:
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
+        stats = swarm.stats()
+        swarm.close()
+        with open(args.stats + ".tmp", "w") as file:
+            json.dump(stats, file)
+        os.replace(args.stats + ".tmp", args.stats)
+    return 0
+
