@@ -33,6 +33,9 @@ Data flow::
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout,
   counted from when its registration went out (its libraries start first, which takes a
   while on many cores). Only records that pass validation count as hearing from it.
+  While the connection is up (handshake done), an unanswered registration waits longer,
+  ``state.REGISTRATION_PATIENCE`` timeouts, with one WARNING once past the first: a
+  manager welcoming hundreds of workers at once is busy, not gone.
 - It logs one INFO line when it joins, one WARNING when it loses the manager, and one
   line when it leaves, saying why (ERROR when it never could join); nothing per task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
@@ -75,7 +78,7 @@ from daskvine_py.worker import pipe
 from daskvine_py.worker.args import parse_args
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.records import WorkerTask
-from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.state import REGISTRATION_PATIENCE, WorkerState
 from daskvine_py.worker.store import Store
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
@@ -307,6 +310,14 @@ class Worker:
 
     def _check_timers(self, now: float) -> None:
         state = self.state
+        if state.waiting_warning_due(now):
+            logger.warning(
+                "worker %s has waited %.0f s for %s to answer its registration "
+                "(--manager-timeout %g); the connection is up, so the manager is busy: it "
+                "waits on, up to %.0f s",
+                self.name, now - (state.registration_sent or now), self.address,
+                state.manager_timeout, REGISTRATION_PATIENCE * state.manager_timeout,
+            )  # fmt: skip
         if state.manager_silent(now):
             silent = now - state.last_contact
             timeout = state.manager_timeout
@@ -317,10 +328,20 @@ class Worker:
                     self.name, self.address, silent, timeout,
                 )  # fmt: skip
                 self._leave("the manager was lost", 0)
+            elif state.manager_connected:
+                waited = now - (state.registration_sent or now)
+                self._leave(
+                    f"the manager has not answered its registration, sent {waited:.0f} s "
+                    f"ago, though connected ({REGISTRATION_PATIENCE} x --manager-timeout "
+                    f"{timeout:g}); is it stopped or overloaded?",
+                    EXIT_NO_MANAGER,
+                    logging.ERROR,
+                )
             else:
                 self._leave(
                     f"the manager has not answered its registration, sent {silent:.0f} s ago "
-                    f"(--manager-timeout {timeout:g}); is a manager listening there?",
+                    f"(--manager-timeout {timeout:g}), and no connection to it is up; is a "
+                    "manager listening there?",
                     EXIT_NO_MANAGER,
                     logging.ERROR,
                 )
@@ -359,6 +380,7 @@ class Worker:
     def _on_handshake_events(self) -> None:
         """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
         why = self.handshakes.refusal()
+        self.state.on_manager_connection(self.handshakes.connected, time.monotonic())
         if why is not None:
             self._leave(
                 f"it could not authenticate with the manager: {why}. Join with the "

