@@ -136,3 +136,69 @@ def test_a_worker_that_cannot_connect_gives_up_after_its_timeout_saying_so(tmp_p
         assert "waits on" not in log and "Traceback" not in log, log
     finally:
         worker.stop()
+
+
+# -- 3. a bounded number of sockets to peers --------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_holds_at_most_its_bound_of_peer_sockets_and_every_fetch_completes():
+    """Six real peer servers, thirty results, a bound of two sockets: a new peer takes the
+    place of an idle one, and a fetch whose peer finds both busy waits its turn."""
+    import logging
+
+    from daskvine_py.wire.serialize import dumps, loads
+    from daskvine_py.worker.fetching import MAX_PEER_LINKS
+    from daskvine_py.worker.peers import PeerLinks
+    from daskvine_py.worker.state import WorkerState
+    from daskvine_py.worker.store import Store
+
+    assert MAX_PEER_LINKS < 100  # the default: a few dozen, never one per peer of a swarm
+    bound = 2
+    context = zmq.Context()
+    poller = zmq.Poller()
+    drops = p.DropLog(logging.getLogger("daskvine_py.tests"))
+    holders: dict[zmq.Socket, PeerLinks] = {}
+    stores = [Store(None) for _ in range(7)]
+    links: list[PeerLinks] = []
+    try:
+        wanted = {}
+        for k, store in enumerate(stores[1:]):
+            peer = PeerLinks(context, poller, store, drops, f"peer-{k}", "127.0.0.1")
+            links.append(peer)
+            holders[peer.server] = peer
+            for j in range(5):
+                task_id = 100 * k + j
+                store.put(task_id, dumps(("result", k, j)))
+                wanted[task_id] = peer.address
+        mine = stores[0]
+        state = WorkerState(mine, "fetcher", now=time.monotonic())
+        state.fetcher.slots.links = bound
+        me = PeerLinks(context, poller, mine, drops, "fetcher", "127.0.0.1")
+        links.append(me)
+        now = time.monotonic()
+        for task_id, address in wanted.items():
+            state.on_manager_message(p.Replicate(task_id, (address,)), now)
+        most = 0
+        while not all(task_id in mine for task_id in wanted):
+            me.flush(state)
+            most = max(most, len(me.clients))
+            for sock, _ in poller.poll(10_000):
+                if sock in holders:
+                    holders[sock].serve()
+                elif sock is not me.server:
+                    me.drain(sock, state)
+            state.end_pass(time.monotonic())
+        assert most == bound, most
+        for task_id in wanted:
+            value = mine.get(task_id)
+            assert value is not None and loads(value) == ("result", task_id // 100, task_id % 100)
+        copied = {i for m in state.outbox if type(m) is p.Replicas for i in m.task_ids}
+        assert copied == set(wanted)
+        assert not list(state.fetcher.leaks())
+    finally:
+        for peer in links:
+            peer.close()
+        for store in stores:
+            store.close()
+        context.term()

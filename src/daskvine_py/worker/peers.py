@@ -1,5 +1,6 @@
 """A worker's sockets to its peers: the ROUTER that serves its results, a DEALER per peer
-it fetches from.
+it fetches from, at most ``fetching.MAX_PEER_LINKS`` of them: the state says which to
+close (``TransferSlots.evicted``) before a new one opens.
 
 ``WorkerState`` decides what to fetch from whom (``peer_outbox``) and takes the answers
 (``on_data``); this sends the requests, reads the answers and serves other workers'
@@ -79,6 +80,11 @@ class PeerLinks:
     def flush(self, state: WorkerState) -> None:
         """Send the state's requests (``peer_outbox``), one ``GetData`` per peer, and the
         answers that waited for a result to leave its library (``peer_replies``)."""
+        evicted = state.fetcher.slots.evicted
+        if evicted:  # closed before any new one opens: never more than the bound
+            for address in evicted:
+                self.reset(address)
+            evicted.clear()
         if state.peer_replies:
             replies = state.peer_replies[:]
             state.peer_replies.clear()
