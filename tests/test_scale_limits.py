@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -136,6 +137,61 @@ def test_a_worker_that_cannot_connect_gives_up_after_its_timeout_saying_so(tmp_p
         assert "waits on" not in log and "Traceback" not in log, log
     finally:
         worker.stop()
+
+
+# -- 2. open files: refused with a reason past the limit -----------------------------------
+
+_LIMITED_MANAGER = """
+import json, operator, sys, time
+from dask.local import get_sync
+from daskvine_py import Manager
+from daskvine_py.wire.exits import EXIT_REJECTED
+
+with Manager(host="127.0.0.1", port=0) as manager:
+    capacity = manager._io.registry.open_files.capacity
+    assert capacity >= 1, capacity
+    procs = manager.start_workers(capacity + 2, cores=1, wait=False)
+    deadline = time.monotonic() + 100
+    while sum(proc.poll() == EXIT_REJECTED for proc in procs) < 2:
+        assert time.monotonic() < deadline, [proc.poll() for proc in procs]
+        time.sleep(0.1)
+    manager.wait_for_workers(capacity, timeout=100)
+    dsk = {f"x{i}": (operator.add, i, 1) for i in range(40)}
+    dsk["total"] = (sum, [f"x{i}" for i in range(40)])
+    got = manager.get(dsk, "total")
+    print(json.dumps({"capacity": capacity, "workers": len(manager.workers),
+                      "exits": [proc.poll() for proc in procs],
+                      "right": got == get_sync(dsk, "total")}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_manager_out_of_open_files_refuses_the_extra_workers_saying_why(tmp_path):
+    """The manager's soft and hard limits are both low, so it cannot raise them: the
+    workers past what they allow are refused with the limit named, the others compute."""
+    import resource
+
+    limit = 94  # the manager's own files, its reserve, and a few workers
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    script = tmp_path / "manager.py"
+    script.write_text(_LIMITED_MANAGER)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["right"] and report["workers"] == report["capacity"], report
+    exits = report["exits"]  # two refused (EXIT_REJECTED), the others still running
+    assert exits.count(2) == 2 and exits.count(None) == report["capacity"], report
+    said = f"its limit of open files (RLIMIT_NOFILE {limit}, hard limit {limit})"
+    log = done.stderr
+    assert log.count("refused worker") == 1 and said in log, log  # one warning
+    assert log.count("the manager rejected it: the manager cannot take more workers") == 2
+    assert "ulimit -n" in log and "Too many open files" not in log, log
 
 
 # -- 3. a bounded number of sockets to peers --------------------------------------------

@@ -71,6 +71,7 @@ from daskvine_py.wire.exits import (
     EXIT_NO_MANAGER,
     EXIT_REJECTED,
 )
+from daskvine_py.wire.limits import raise_open_files
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
@@ -540,6 +541,7 @@ class Worker:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
+    raise_open_files()  # a socket per peer and per connection served, on a login node too
     if args.keys is None:
         logger.info("joining %s without security (no connection or key file)", args.address)
     try:
