@@ -88,7 +88,7 @@ def test_a_connected_worker_waits_past_its_timeout_for_a_late_welcome(tmp_path, 
     gate = None
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    args = ["--manager-timeout", "0.5", "--cores", "1"]
+    args = ["--manager-timeout", "2", "--cores", "1"]
     if secure:
         keys = security.Keys.generate()
         gate = security.Gate(context, keys.worker_public, "test manager")
@@ -111,6 +111,7 @@ def test_a_connected_worker_waits_past_its_timeout_for_a_late_welcome(tmp_path, 
         send_batch(router, p.encode([p.Welcome(register.name, 0.1)]), ident)
         worker.wait_for("worker joined")
         _receive(router, p.Status)  # its heartbeats: it serves this manager now
+        assert worker.proc.poll() is None, worker.log
         send_batch(router, p.encode([p.Shutdown("the test is over")]), ident)
         assert worker.proc.wait(60) == 0, worker.log
         log = worker.log

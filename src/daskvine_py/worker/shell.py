@@ -413,6 +413,7 @@ class Worker:
                 "manager", now, "worker %s dropped a malformed message from the manager: %s",
                 self.name, exc,
             )  # fmt: skip
+            self.state.manager_garbled = True  # (a busy manager would still speak the protocol)
             return
         state = self.state
         for message in messages:

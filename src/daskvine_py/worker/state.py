@@ -117,6 +117,8 @@ class WorkerState:
         self.registration_sent: float | None = None
         #: the connection to the manager is up (the shell's ``HandshakeWatch`` says)
         self.manager_connected = False
+        #: what answers there sent something unreadable: not a busy manager, no patience
+        self.manager_garbled = False
         #: the one warning that it still waits for its welcome, connected, has been given
         self.warned_waiting = False
 
@@ -158,7 +160,7 @@ class WorkerState:
         return now - self.last_contact > self.manager_timeout
 
     def _waits_connected(self) -> bool:
-        return not self.registered and self.manager_connected
+        return not self.registered and self.manager_connected and not self.manager_garbled
 
     def waiting_warning_due(self, now: float) -> bool:
         """Once: the registration has waited ``manager_timeout`` for an answer over a
