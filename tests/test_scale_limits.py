@@ -4,7 +4,8 @@
   (warned once) and joins when the answer comes; one that cannot connect at all still
   gives up after ``--manager-timeout``, saying so;
 - a manager whose open files run short refuses the workers past what it can hold, with a
-  reason naming the limit, and computes right with the others;
+  reason naming the limit, and computes right with the others; one whose files were used
+  up otherwise says once that it cannot accept connections;
 - a worker holds at most ``peers.MAX_PEER_LINKS`` sockets to peers however many it
   fetches from, and every fetch completes.
 """
@@ -193,6 +194,57 @@ def test_a_manager_out_of_open_files_refuses_the_extra_workers_saying_why(tmp_pa
     assert log.count("refused worker") == 1 and said in log, log  # one warning
     assert log.count("the manager rejected it: the manager cannot take more workers") == 2
     assert "ulimit -n" in log and "Too many open files" not in log, log
+
+
+_EXHAUSTED_MANAGER = """
+import subprocess, sys, time
+from daskvine_py import Manager
+
+CLIENT = (
+    "import sys, time, zmq\\n"
+    "time.sleep(1.0)\\n"  # until the manager has used up its files
+    "context = zmq.Context()\\n"
+    "dealer = context.socket(zmq.DEALER)\\n"
+    "dealer.connect(sys.argv[1])\\n"
+    "time.sleep(2.0)\\n"
+    "dealer.close(0)\\n"
+    "context.term()\\n"
+)
+with Manager(host="127.0.0.1", port=0, security=False) as manager:
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, manager.address])
+    held = []
+    try:
+        while True:
+            held.append(open(sys.executable, "rb"))
+    except OSError:
+        pass
+    client.wait()
+    for f in held:
+        f.close()
+    print("held", len(held), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_manager_whose_files_ran_out_otherwise_says_so_once(tmp_path):
+    """Files opened behind the registry's back use up the limit: a connection that
+    libzmq cannot accept is said once, with the limit, never as a bare error."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (94, 94))
+
+    script = tmp_path / "manager.py"
+    script.write_text(_EXHAUSTED_MANAGER)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("held"), done.stderr
+    log = done.stderr
+    said = "the manager cannot accept more connections: it is out of open files"
+    assert log.count(said) == 1 and "RLIMIT_NOFILE 94, hard limit 94" in log, log
+    assert "ulimit -n" in log and "Traceback" not in log, log
 
 
 # -- 3. a bounded number of sockets to peers --------------------------------------------
