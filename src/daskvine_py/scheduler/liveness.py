@@ -8,16 +8,18 @@ sent postpones the next heartbeat, so an idle connection still carries one per i
 (the cadence never depends on inbound traffic, unlike the zguide's ``ppqueue.py``).
 
 Its cost grows with the workers only per interval: ``heard`` and ``sent`` (per message)
-set a field; ``check`` (on the loop's timer) looks only at workers whose deadline may
-have come, kept in a heap with one entry per worker, which a postponed deadline pushes
-back when it comes up (about once per interval per worker), and at local workers whose
-process exited, by pid.
+set a field; ``check`` (on the loop's timer, every 0.1 s) finds local workers whose
+process exited by pid, and walks the workers only once the earliest deadline it saw on
+its last walk has come (deadlines only move later, so nothing can be due before). While
+the manager sends to every worker (a busy cluster), that is once per heartbeat interval;
+idle workers, whose heartbeats fall due at spread-out times, are walked on every pass
+(0.2 ms at 2,000 workers). A heap of deadlines would look at fewer workers, but measured
+slower than these walks in Python.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import math
 from collections.abc import Hashable, Mapping
 from typing import NamedTuple
 
@@ -62,11 +64,8 @@ class Liveness:
         self._peers: dict[Hashable, _Peer] = {}
         #: local workers by process id
         self._by_pid: dict[int, Hashable] = {}
-        #: (when a deadline may come, tie-breaker, worker, its record): one live entry per
-        #: worker, never later than its deadlines (they only move later); stale entries
-        #: (a worker that left, or joined again) are dropped when they come up
-        self._due: list[tuple[float, int, Hashable, _Peer]] = []
-        self._order = itertools.count()
+        #: no deadline comes before this (the earliest one the last walk saw, or a join's)
+        self._next_due = -math.inf
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -77,11 +76,10 @@ class Liveness:
     def joined(self, worker: Hashable, now: float, local_pid: int | None = None) -> None:
         """A worker registered; ``local_pid``: its process id if it runs on this host."""
         self.left(worker)
-        peer = _Peer(local_pid, now)
-        self._peers[worker] = peer
+        self._peers[worker] = _Peer(local_pid, now)
         if local_pid is not None:
             self._by_pid[local_pid] = worker
-        self._schedule(worker, peer)
+        self._next_due = min(self._next_due, now + min(self.interval, self.timeout))
 
     def heard(self, worker: Hashable, now: float) -> None:
         """A readable message came from ``worker``."""
@@ -96,7 +94,7 @@ class Liveness:
             peer.last_sent = now
 
     def left(self, worker: Hashable) -> None:
-        """Forget a worker (lost, or it said goodbye); its heap entry goes stale."""
+        """Forget a worker (lost, or it said goodbye)."""
         peer = self._peers.pop(worker, None)
         if peer is not None and peer.pid is not None:
             self._by_pid.pop(peer.pid, None)
@@ -117,25 +115,27 @@ class Liveness:
             if worker is not None:
                 lost.append(Lost(worker, f"its process exited with code {code}", False))
                 self.left(worker)
-        due = self._due
-        peers = self._peers
-        while due and due[0][0] < now:
-            _, _, worker, peer = heapq.heappop(due)
-            if peers.get(worker) is not peer:
-                continue  # it left, or joined again (a newer entry stands for it)
-            if now - peer.last_seen > self.timeout:
-                silence = now - peer.last_seen
-                reason = f"silent for {silence:.1f} s (timeout {self.timeout} s)"
-                lost.append(Lost(worker, reason, True))
-                self.left(worker)
+        if now <= self._next_due:
+            return Verdict(lost, heartbeat)
+        timeout, interval = self.timeout, self.interval
+        earliest = math.inf
+        silent = []
+        for worker, peer in self._peers.items():
+            silent_at = peer.last_seen + timeout
+            if now > silent_at:
+                reason = f"silent for {now - peer.last_seen:.1f} s (timeout {timeout} s)"
+                silent.append(Lost(worker, reason, True))
                 continue
-            if now - peer.last_sent > self.interval:
+            beat_at = peer.last_sent + interval
+            if now > beat_at:
                 heartbeat.append(worker)
                 peer.last_sent = now
-            self._schedule(worker, peer)
-        return Verdict(lost, heartbeat)
-
-    def _schedule(self, worker: Hashable, peer: _Peer) -> None:
-        """The worker's entry, at the earlier of its two deadlines."""
-        when = min(peer.last_seen + self.timeout, peer.last_sent + self.interval)
-        heapq.heappush(self._due, (when, next(self._order), worker, peer))
+                beat_at = now + interval
+            if beat_at < earliest:
+                earliest = beat_at
+            if silent_at < earliest:
+                earliest = silent_at
+        for gone in silent:
+            self.left(gone.worker)
+        self._next_due = earliest
+        return Verdict(lost + silent, heartbeat)
