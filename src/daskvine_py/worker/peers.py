@@ -27,6 +27,10 @@ from daskvine_py.worker.store import Store
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
 DRAIN_LIMIT = 1000
+#: Connections from peers the kernel holds until libzmq accepts them: a result every
+#: worker of a swarm needs at once (a broadcast) brings that many at once, and past the
+#: backlog (ZeroMQ's default is 100) the kernel drops them for a retry seconds later.
+PEER_BACKLOG = 4096
 
 
 class PeerLinks:
@@ -52,6 +56,7 @@ class PeerLinks:
         self.keys = keys
         self.server = context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
+        self.server.setsockopt(zmq.BACKLOG, PEER_BACKLOG)
         #: the ZAP handler admitting peers to ``server`` (None without keys)
         self.gate: security.Gate | None = None
         if keys is not None:
