@@ -2,7 +2,8 @@
 
 - a worker connected to a manager too busy to answer its registration in time waits on
   (warned once) and joins when the answer comes; one that cannot connect at all still
-  gives up after ``--manager-timeout``, saying so;
+  gives up after ``--manager-timeout``, saying so; one whose registration was lost with
+  its connection sends it again on the next;
 - a manager whose open files run short refuses the workers past what it can hold, with a
   reason naming the limit, and computes right with the others; one whose files were used
   up otherwise says once that it cannot accept connections;
@@ -139,6 +140,39 @@ def test_a_worker_that_cannot_connect_gives_up_after_its_timeout_saying_so(tmp_p
         assert "waits on" not in log and "Traceback" not in log, log
     finally:
         worker.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_registration_lost_with_its_connection_is_sent_again_on_the_next(tmp_path):
+    """The manager that took the registration is gone before it answered, and another
+    listens at the address: the worker registers with it when it reconnects."""
+    context = zmq.Context()
+    first = context.socket(zmq.ROUTER)
+    first.setsockopt(zmq.LINGER, 0)
+    port = first.bind_to_random_port("tcp://127.0.0.1")
+    worker = _Worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "5")
+    second = None
+    try:
+        _receive(first, p.Register)
+        first.close()
+        second = context.socket(zmq.ROUTER)
+        second.setsockopt(zmq.LINGER, 0)
+        while True:  # the first one's listener closes in libzmq's own time
+            try:
+                second.bind(f"tcp://127.0.0.1:{port}")
+                break
+            except zmq.ZMQError:
+                time.sleep(0.05)
+        ident, register = _receive(second, p.Register)
+        send_batch(second, p.encode([p.Welcome(register.name, 0.1)]), ident)
+        worker.wait_for("worker joined")
+        send_batch(second, p.encode([p.Shutdown("the test is over")]), ident)
+        assert worker.proc.wait(60) == 0, worker.log
+    finally:
+        worker.stop()
+        if second is not None:
+            second.close()
+        context.term()
 
 
 # -- 2. open files: refused with a reason past the limit -----------------------------------

@@ -362,6 +362,8 @@ class HandshakeWatch:
         #: for every mechanism, keys or none), not disconnected since. libzmq's own
         #: threads answer handshakes, so a manager whose loop is busy still completes it.
         self.connected = False
+        #: handshakes that succeeded: more than one, and the connection was made again
+        self.succeeded = 0
 
     def refusal(self) -> str | None:
         """Why the manager will never take this worker, once the handshakes so far say
@@ -371,6 +373,7 @@ class HandshakeWatch:
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failures = 0
                 self.connected = True
+                self.succeeded += 1
                 continue
             if event == zmq.EVENT_DISCONNECTED:
                 self.connected = False

@@ -35,7 +35,8 @@ Data flow::
   while on many cores). Only records that pass validation count as hearing from it.
   While the connection is up (handshake done), an unanswered registration waits longer,
   ``state.REGISTRATION_PATIENCE`` timeouts, with one WARNING once past the first: a
-  manager welcoming hundreds of workers at once is busy, not gone.
+  manager welcoming hundreds of workers at once is busy, not gone. A registration that
+  went out on a connection since lost is sent again once it is made again.
 - It logs one INFO line when it joins, one WARNING when it loses the manager, and one
   line when it leaves, saying why (ERROR when it never could join); nothing per task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
@@ -380,8 +381,13 @@ class Worker:
 
     def _on_handshake_events(self) -> None:
         """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
+        before = self.handshakes.succeeded
         why = self.handshakes.refusal()
-        self.state.on_manager_connection(self.handshakes.connected, time.monotonic())
+        state = self.state
+        state.on_manager_connection(self.handshakes.connected, time.monotonic())
+        if before and self.handshakes.succeeded > before and self.register_sent:
+            if not state.registered and state.registration_sent is not None:
+                self._register()  # it went out on a connection since lost, and with it
         if why is not None:
             self._leave(
                 f"it could not authenticate with the manager: {why}. Join with the "
