@@ -225,10 +225,15 @@ def test_the_managers_silence_counts_from_the_registration_not_the_start():
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_whose_registration_is_never_answered_waits_the_timeout_after_sending_it(
+def test_a_worker_whose_registration_is_never_answered_while_connected_gives_up_in_the_end(
     tmp_path,
 ):
+    """Connected to something that never answers: it waits past ``--manager-timeout``
+    (warned once: a busy manager is not a dead one), then gives up, saying so.
+    ``test_scale_limits`` has the manager that answers late, and the one not there."""
     import zmq
+
+    from daskvine_py.worker.state import REGISTRATION_PATIENCE
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -236,18 +241,15 @@ def test_a_worker_whose_registration_is_never_answered_waits_the_timeout_after_s
     port = router.bind_to_random_port("tcp://127.0.0.1")
     worker = None
     try:
-        begun = time.monotonic()
         worker = _worker(tmp_path, f"tcp://127.0.0.1:{port}", "--cores", "2",
-                         "--manager-timeout", "1.5")  # fmt: skip
+                         "--manager-timeout", "0.25")  # fmt: skip
         assert router.poll(60_000), worker.log  # the registration, once the libraries started
-        registered = time.monotonic()
         assert worker.wait(60) == 3
-        ended = time.monotonic()
         log = worker.log
-        assert ended - registered >= 1.4, (begun, registered, ended, log)
-        assert "the manager has not answered its registration, sent 2 s ago" in log, log
-        assert "(--manager-timeout 1.5)" in log and "(exit status 3)" in log, log
-        assert "Traceback" not in log
+        assert "the connection is up, so the manager is busy: it waits on" in log, log
+        assert "the manager has not answered its registration, sent" in log, log
+        assert f"though connected ({REGISTRATION_PATIENCE} x --manager-timeout 0.25)" in log
+        assert "(exit status 3)" in log and "Traceback" not in log, log
     finally:
         if worker is not None:
             worker.stop()

@@ -57,3 +57,19 @@ def test_each_worker_keeps_its_own_deadlines():
     live.joined(b"b", ms(200))
     verdict = live.check(ms(350))
     assert [gone.worker for gone in verdict.lost] == [b"a"] and verdict.heartbeat == [b"b"]
+
+
+def test_between_deadlines_nothing_is_walked_and_a_join_or_an_exit_is_still_seen():
+    live = Liveness(timeout=ms(300), interval=ms(100))
+    live.joined(b"a", ms(0))
+    live.sent(b"a", ms(90))
+    assert live.check(ms(95)) == Verdict([], [])  # its next deadline: 190
+    live.joined(b"b", ms(100), local_pid=7)  # due at 200, before the bound the walk saw
+    assert live.check(ms(150), exited={7: 1}).lost == [
+        Lost(b"b", "its process exited with code 1", False)
+    ]
+    assert live.check(ms(191)) == Verdict([], [b"a"])
+    live.joined(b"c", ms(195))
+    assert live.check(ms(296)) == Verdict([], [b"a", b"c"])  # a: 191 + 100; c: 195 + 100
+    verdict = live.check(ms(301))
+    assert [gone.worker for gone in verdict.lost] == [b"a"] and b"c" in live

@@ -42,9 +42,17 @@ def manager_keys(options: ManagerOptions) -> security.Keys | None:
     return keys
 
 
+#: Connections the kernel holds for the ROUTER until libzmq accepts them (capped by
+#: ``net.core.somaxconn``). ZeroMQ's default, 100, is less than a batch system's join
+#: storm: past it, connection attempts are dropped and retried seconds later, and a
+#: worker that cannot connect gives up after its ``--manager-timeout``.
+BACKLOG = 4096
+
+
 def bind(router: zmq.Socket[bytes], host: str, port: int) -> int:
     """Bind ``router`` on ``host`` at ``port`` (0: a free one); the port bound. ZeroMQ's
     errors ("No such device") become a ``BindError`` saying what to change."""
+    router.setsockopt(zmq.BACKLOG, BACKLOG)
     try:
         if port:
             router.bind(f"tcp://{host}:{port}")

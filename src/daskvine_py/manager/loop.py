@@ -123,7 +123,7 @@ class IOLoop:
         self.connection_file = connection_file or (
             None if options.connection_file is None else os.fspath(options.connection_file)
         )
-        #: the ROUTER's monitor (with security; made and closed by the I/O thread)
+        #: the ROUTER's monitor (made and closed by the I/O thread)
         self._monitor: HandshakeMonitor | None = None
         #: runs waiting with no worker: when to warn, when to give up, what to say
         self.vacancy = Vacancy()
@@ -213,9 +213,8 @@ class IOLoop:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.wake_read, zmq.POLLIN)
-        if self.options.security:
-            self._monitor = HandshakeMonitor(self.router, self.vacancy, DRAIN_LIMIT)
-            poller.register(self._monitor.socket, zmq.POLLIN)
+        self._monitor = HandshakeMonitor(self.router, self.vacancy, DRAIN_LIMIT)
+        poller.register(self._monitor.socket, zmq.POLLIN)
         try:
             self._iterate(poller)
         finally:

@@ -67,9 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("daskvine_py.manager")
 
-#: Pending connections the manager's port holds (the kernel caps it at ``somaxconn``).
-LISTEN_BACKLOG = 4096
-
 #: Tasks per part when a graph is submitted: the workers start on the first part while
 #: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
 #: thread less often.
@@ -109,9 +106,6 @@ class Manager:
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 1000)
-        # Connections waiting to be accepted: ZeroMQ's default of 100 drops the rest of a
-        # storm of workers starting at once, which then wait out TCP's retries (1, 3, 7 s).
-        self._router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
         try:
             if self._keys is not None:
                 # The gate must listen before the ROUTER binds: a CurveZMQ server with no

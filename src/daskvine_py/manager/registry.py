@@ -1,11 +1,12 @@
 """The manager's registered workers and the status clients it answers; no sockets.
 
 ``Registry`` admits a worker from its ``Register`` or rejects it (another protocol
-version, a malformed registration), keeps what each worker said of itself
-(``WorkerInfo``), publishes a snapshot of them to caller threads under ``changed``,
-computes the work's ``Demand`` for worker pools and answers status clients. What it sends
-goes through ``post`` into the I/O loop's outboxes; the loop (``loop.py``) tells the
-scheduler state, the liveness watch and the watched runs of workers joining and leaving.
+version, a malformed registration, no open file left for it: ``openfiles``), keeps what
+each worker said of itself (``WorkerInfo``), publishes a snapshot of them to caller
+threads under ``changed``, computes the work's ``Demand`` for worker pools and answers
+status clients. What it sends goes through ``post`` into the I/O loop's outboxes; the
+loop (``loop.py``) tells the scheduler state, the liveness watch and the watched runs of
+workers joining and leaving.
 None of this is on the loop's per-message path: a registered worker's batches are the
 loop's alone.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from daskvine_py.batch.planner import Demand
 from daskvine_py.errors import ProtocolError, VersionMismatch
+from daskvine_py.manager.openfiles import OpenFiles
 from daskvine_py.wire import protocol as p
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -94,6 +96,8 @@ class Registry:
         self._retiring: set[bytes] = set()
         #: the name of the last worker lost (not retired), and why: for the no-worker warning
         self.last_lost: tuple[str, str] | None = None
+        #: the workers this process's open files allow (its soft limit raised first)
+        self.open_files = OpenFiles()
 
     def publish(self, ident: bytes, info: WorkerInfo | None) -> None:
         """Update the callers' snapshot of one worker (None: it left)."""
@@ -142,6 +146,9 @@ class Registry:
             )  # fmt: skip
             self._post(ident, p.Rejected(f"malformed registration: {exc}"))
             return None
+        if self.open_files.full(len(self.workers)):
+            self._refuse_past_open_files(ident, reg.name)
+            return None
         info = WorkerInfo(reg)
         self.workers[ident] = info
         self.publish(ident, info)
@@ -151,6 +158,17 @@ class Registry:
         )  # fmt: skip
         self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
         return info
+
+    def _refuse_past_open_files(self, ident: bytes, name: str) -> None:
+        """Refuse a worker the open files cannot hold: said to it, logged once."""
+        reason = self.open_files.reason()
+        if not self.open_files.warned:
+            self.open_files.warned = True
+            logger.warning(
+                "refused worker %s, and will refuse every further one while %d are "
+                "connected: %s", name, len(self.workers), reason,
+            )  # fmt: skip
+        self._post(ident, p.Rejected(reason))
 
     def retire(self, name: str, reason: str) -> None:
         """Tell the worker of this name to leave; its leaving will be no news."""

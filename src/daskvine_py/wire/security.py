@@ -338,6 +338,7 @@ _HANDSHAKE_FAILURE: dict[int, str] = {
 }
 _HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -346,8 +347,9 @@ _HANDSHAKE_EVENTS = (
 
 class HandshakeWatch:
     """The CurveZMQ handshakes of a worker's (or a status client's: ``who``) socket to its
-    manager, so that one the manager refuses exits saying why. Made before the socket
-    connects."""
+    manager, so that one the manager refuses exits saying why, and whether the connection
+    is up (``connected``), so that one waiting on a busy manager knows it is not talking
+    to nobody. Made before the socket connects."""
 
     def __init__(self, sock: zmq.Socket[bytes], has_keys: bool, who: str = "worker") -> None:
         self.sock = sock
@@ -356,14 +358,25 @@ class HandshakeWatch:
         #: the monitor socket: readable when a handshake ended
         self.events = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         self.failures = 0
+        #: the connection is up: TCP connected and the handshake done (libzmq reports one
+        #: for every mechanism, keys or none), not disconnected since. libzmq's own
+        #: threads answer handshakes, so a manager whose loop is busy still completes it.
+        self.connected = False
+        #: handshakes that succeeded: more than one, and the connection was made again
+        self.succeeded = 0
 
     def refusal(self) -> str | None:
         """Why the manager will never take this worker, once the handshakes so far say
-        so; None until then."""
+        so; None until then. Also keeps ``connected``."""
         while self.events.poll(0):
             event = recv_monitor_message(self.events)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failures = 0
+                self.connected = True
+                self.succeeded += 1
+                continue
+            if event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
                 continue
             self.failures += 1
             if event not in _FINAL_HANDSHAKE_FAILURES and self.failures < HANDSHAKE_FAILURES:

@@ -124,7 +124,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=30.0,
         metavar="SECONDS",
         help="exit after this long without hearing from the manager, counted from when "
-        "the registration is sent (default 30)",
+        "the registration is sent (default 30). While connected to it (the handshake "
+        "done), a registration waits for its answer 20 times as long, with one warning "
+        "past the first timeout: a manager welcoming many workers is busy, not gone",
     )
     parser.add_argument(
         "--fetch-timeout",

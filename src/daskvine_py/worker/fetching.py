@@ -5,13 +5,19 @@ Pure bookkeeping, no sockets: ``Fetcher``, a component of ``state.WorkerState``,
 gives the slot back when the reply arrives, the peer times out or nobody waits any more,
 and starts queued fetches as slots free up; once no holder answered, it asks the manager
 to relay the input.
+
+The peers it may ask are bounded too (``MAX_PEER_LINKS``): each is a socket the shell
+holds open (``peers.PeerLinks``), and a worker among thousands must not hold thousands.
+A new peer takes the place of the least recently asked one with nothing in flight
+(``TransferSlots.evicted`` says whose socket to close); when every linked peer has
+something in flight, the fetch waits in the queue until one is free.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 
 from daskvine_py.wire import protocol as p
@@ -24,6 +30,10 @@ logger = logging.getLogger("daskvine_py.worker")
 #: from being swamped by one worker while others also need it.
 MAX_FETCHES = 32
 MAX_FETCHES_PER_PEER = 8
+#: Peers a worker holds a socket to at once. Past a few dozen more sockets buy nothing
+#: (``MAX_FETCHES`` are in flight at once) and cost a file descriptor and a connection
+#: on both sides, which a swarm of thousands multiplies.
+MAX_PEER_LINKS = 64
 #: Where a fetch goes once no holder answered (``Fetch.current``, and the source of its
 #: bytes in ``Transfers``): the manager, which relays it from a holder.
 RELAY = "manager"
@@ -54,15 +64,29 @@ class Fetch:
 
 
 class TransferSlots:
-    """Requests in flight, overall and per peer, and the fetches waiting for a slot."""
+    """Requests in flight, overall and per peer, the peers linked (their sockets open),
+    and the fetches waiting for a slot."""
 
-    __slots__ = ("total", "per_peer", "in_flight", "from_peer", "queue", "freed")
+    __slots__ = (
+        "total", "per_peer", "links", "in_flight", "from_peer", "linked", "evicted", "queue",
+        "freed",
+    )  # fmt: skip
 
-    def __init__(self, total: int = MAX_FETCHES, per_peer: int = MAX_FETCHES_PER_PEER) -> None:
+    def __init__(
+        self,
+        total: int = MAX_FETCHES,
+        per_peer: int = MAX_FETCHES_PER_PEER,
+        links: int = MAX_PEER_LINKS,
+    ) -> None:
         self.total = total
         self.per_peer = per_peer
+        self.links = links
         self.in_flight = 0
         self.from_peer: dict[str, int] = {}
+        #: peers asked whose sockets may be open, least recently asked first
+        self.linked: OrderedDict[str, None] = OrderedDict()
+        #: peers unlinked to make room: the shell closes their sockets before it sends
+        self.evicted: list[str] = []
         #: fetches waiting for a slot, in the order they asked
         self.queue: deque[Fetch] = deque()
         #: a slot was given back since queued fetches were last started
@@ -73,18 +97,38 @@ class TransferSlots:
         if self.in_flight >= self.total:
             return None
         busy = self.from_peer
+        linked = self.linked
+        room: bool | None = None  # whether a peer not linked may be (asked once)
         untried = fetch.untried
         for i in range(len(untried) - 1, -1, -1):
             address = untried[i]
-            if busy.get(address, 0) < self.per_peer:
+            if busy.get(address, 0) >= self.per_peer:
+                continue
+            if address in linked:
+                break
+            if room is None:
+                room = len(linked) < self.links or self._idle_link() is not None
+            if room:
                 break
         else:
             return None
         del untried[i]
+        if address not in linked and len(linked) >= self.links:
+            idle = self._idle_link()
+            assert idle is not None  # (``room`` said so)
+            del linked[idle]
+            self.evicted.append(idle)
+        linked[address] = None
+        linked.move_to_end(address)
         fetch.current = address
         self.in_flight += 1
         busy[address] = busy.get(address, 0) + 1
         return address
+
+    def _idle_link(self) -> str | None:
+        """The least recently asked linked peer with nothing in flight, if any."""
+        busy = self.from_peer
+        return next((address for address in self.linked if not busy.get(address)), None)
 
     def take_relay(self, fetch: Fetch, relay: str) -> None:
         """The fetch goes through the manager (named ``relay``): in flight, beyond the
@@ -100,7 +144,11 @@ class TransferSlots:
         if address is not None:
             fetch.current = None
             self.in_flight -= 1
-            self.from_peer[address] -= 1
+            left = self.from_peer[address] - 1
+            if left:
+                self.from_peer[address] = left
+            else:  # (kept only while busy: a worker may ask thousands of peers in its life)
+                del self.from_peer[address]
             self.freed = True
 
     def startable(self, live: Callable[[Fetch], bool]) -> Iterator[tuple[Fetch, str]]:

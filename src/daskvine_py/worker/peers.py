@@ -1,5 +1,6 @@
 """A worker's sockets to its peers: the ROUTER that serves its results, a DEALER per peer
-it fetches from.
+it fetches from, at most ``fetching.MAX_PEER_LINKS`` of them: the state says which to
+close (``TransferSlots.evicted``) before a new one opens.
 
 ``WorkerState`` decides what to fetch from whom (``peer_outbox``) and takes the answers
 (``on_data``); this sends the requests, reads the answers and serves other workers'
@@ -26,6 +27,10 @@ from daskvine_py.worker.store import Store
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
 DRAIN_LIMIT = 1000
+#: Connections from peers the kernel holds until libzmq accepts them: a result every
+#: worker of a swarm needs at once (a broadcast) brings that many at once, and past the
+#: backlog (ZeroMQ's default is 100) the kernel drops them for a retry seconds later.
+PEER_BACKLOG = 4096
 
 
 class PeerLinks:
@@ -51,6 +56,7 @@ class PeerLinks:
         self.keys = keys
         self.server = context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
+        self.server.setsockopt(zmq.BACKLOG, PEER_BACKLOG)
         #: the ZAP handler admitting peers to ``server`` (None without keys)
         self.gate: security.Gate | None = None
         if keys is not None:
@@ -79,6 +85,11 @@ class PeerLinks:
     def flush(self, state: WorkerState) -> None:
         """Send the state's requests (``peer_outbox``), one ``GetData`` per peer, and the
         answers that waited for a result to leave its library (``peer_replies``)."""
+        evicted = state.fetcher.slots.evicted
+        if evicted:  # closed before any new one opens: never more than the bound
+            for address in evicted:
+                self.reset(address)
+            evicted.clear()
         if state.peer_replies:
             replies = state.peer_replies[:]
             state.peer_replies.clear()

@@ -33,6 +33,10 @@ Data flow::
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout,
   counted from when its registration went out (its libraries start first, which takes a
   while on many cores). Only records that pass validation count as hearing from it.
+  While the connection is up (handshake done), an unanswered registration waits longer,
+  ``state.REGISTRATION_PATIENCE`` timeouts, with one WARNING once past the first: a
+  manager welcoming hundreds of workers at once is busy, not gone. A registration that
+  went out on a connection since lost is sent again once it is made again.
 - It logs one INFO line when it joins, one WARNING when it loses the manager, and one
   line when it leaves, saying why (ERROR when it never could join); nothing per task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
@@ -68,6 +72,7 @@ from daskvine_py.wire.exits import (
     EXIT_NO_MANAGER,
     EXIT_REJECTED,
 )
+from daskvine_py.wire.limits import raise_open_files
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
@@ -75,7 +80,7 @@ from daskvine_py.worker import pipe
 from daskvine_py.worker.args import parse_args
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.records import WorkerTask
-from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.state import REGISTRATION_PATIENCE, WorkerState
 from daskvine_py.worker.store import Store
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
@@ -307,6 +312,14 @@ class Worker:
 
     def _check_timers(self, now: float) -> None:
         state = self.state
+        if state.waiting_warning_due(now):
+            logger.warning(
+                "worker %s has waited %.0f s for %s to answer its registration "
+                "(--manager-timeout %g); the connection is up, so the manager is busy: it "
+                "waits on, up to %.0f s",
+                self.name, now - (state.registration_sent or now), self.address,
+                state.manager_timeout, REGISTRATION_PATIENCE * state.manager_timeout,
+            )  # fmt: skip
         if state.manager_silent(now):
             silent = now - state.last_contact
             timeout = state.manager_timeout
@@ -317,10 +330,20 @@ class Worker:
                     self.name, self.address, silent, timeout,
                 )  # fmt: skip
                 self._leave("the manager was lost", 0)
+            elif state.manager_connected:
+                waited = now - (state.registration_sent or now)
+                self._leave(
+                    f"the manager has not answered its registration, sent {waited:.0f} s "
+                    f"ago, though connected ({REGISTRATION_PATIENCE} x --manager-timeout "
+                    f"{timeout:g}); is it stopped or overloaded?",
+                    EXIT_NO_MANAGER,
+                    logging.ERROR,
+                )
             else:
                 self._leave(
                     f"the manager has not answered its registration, sent {silent:.0f} s ago "
-                    f"(--manager-timeout {timeout:g}); is a manager listening there?",
+                    f"(--manager-timeout {timeout:g}), and no connection to it is up; is a "
+                    "manager listening there?",
                     EXIT_NO_MANAGER,
                     logging.ERROR,
                 )
@@ -358,7 +381,13 @@ class Worker:
 
     def _on_handshake_events(self) -> None:
         """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
+        before = self.handshakes.succeeded
         why = self.handshakes.refusal()
+        state = self.state
+        state.on_manager_connection(self.handshakes.connected, time.monotonic())
+        if before and self.handshakes.succeeded > before and self.register_sent:
+            if not state.registered and state.registration_sent is not None:
+                self._register()  # it went out on a connection since lost, and with it
         if why is not None:
             self._leave(
                 f"it could not authenticate with the manager: {why}. Join with the "
@@ -390,6 +419,7 @@ class Worker:
                 "manager", now, "worker %s dropped a malformed message from the manager: %s",
                 self.name, exc,
             )  # fmt: skip
+            self.state.manager_garbled = True  # (a busy manager would still speak the protocol)
             return
         state = self.state
         for message in messages:
@@ -518,6 +548,7 @@ class Worker:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
+    raise_open_files()  # a socket per peer and per connection served, on a login node too
     if args.keys is None:
         logger.info("joining %s without security (no connection or key file)", args.address)
     try:

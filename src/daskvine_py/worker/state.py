@@ -60,6 +60,11 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
+#: A worker connected to its manager (the connection up, the handshake done) waits this
+#: many ``manager_timeout``s for the answer to its registration (10 minutes by default):
+#: a manager busy welcoming a storm of workers is not a dead one. Unconnected, it gives
+#: up after one ``manager_timeout``, counted from the registration or the disconnection.
+REGISTRATION_PATIENCE = 20
 
 
 class WorkerState:
@@ -110,6 +115,12 @@ class WorkerState:
         #: when the registration went out (None: not yet, its libraries still starting):
         #: the manager's silence counts from then, not from the worker's start
         self.registration_sent: float | None = None
+        #: the connection to the manager is up (the shell's ``HandshakeWatch`` says)
+        self.manager_connected = False
+        #: what answers there sent something unreadable: not a busy manager, no patience
+        self.manager_garbled = False
+        #: the one warning that it still waits for its welcome, connected, has been given
+        self.warned_waiting = False
 
     @property
     def functions(self) -> dict[bytes, bytes]:
@@ -130,6 +141,10 @@ class WorkerState:
             return 0.0
         if self.registration_sent is None and not self.registered:
             deadline = now + self.manager_timeout  # no clock runs until it goes out
+        elif self._waits_connected():
+            sent = self.registration_sent or now
+            patience = REGISTRATION_PATIENCE if self.warned_waiting else 1
+            deadline = sent + patience * self.manager_timeout
         else:
             deadline = self.last_contact + self.manager_timeout
         if self.registered:  # heartbeats start with registration; until then, nothing is due
@@ -139,7 +154,32 @@ class WorkerState:
     def manager_silent(self, now: float) -> bool:
         if self.registration_sent is None and not self.registered:
             return False  # nothing asked of the manager yet: its silence means nothing
+        if self._waits_connected():
+            waited = now - (self.registration_sent or now)
+            return waited > REGISTRATION_PATIENCE * self.manager_timeout
         return now - self.last_contact > self.manager_timeout
+
+    def _waits_connected(self) -> bool:
+        return not self.registered and self.manager_connected and not self.manager_garbled
+
+    def waiting_warning_due(self, now: float) -> bool:
+        """Once: the registration has waited ``manager_timeout`` for an answer over a
+        connection that is up, and the worker waits on (the shell says so)."""
+        if self.warned_waiting or not self._waits_connected() or self.registration_sent is None:
+            return False
+        if now - self.registration_sent <= self.manager_timeout:
+            return False
+        self.warned_waiting = True
+        return True
+
+    def on_manager_connection(self, connected: bool, now: float) -> None:
+        """The connection to the manager went up or down. Down, an unanswered registration
+        has one ``manager_timeout`` from now for the connection to come back."""
+        if connected is self.manager_connected:
+            return
+        self.manager_connected = connected
+        if not connected and not self.registered:
+            self.last_contact = now
 
     def on_registration_sent(self, now: float) -> None:
         """The registration went out: the manager has ``manager_timeout`` to answer."""
