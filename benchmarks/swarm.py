@@ -47,9 +47,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 #: The first argument that makes this script one of the swarm's processes.
 SWARM_PROCESS = "--swarm-process"
 
-#: Simulated workers per swarm process by default: enough processes to spread the
-#: sockets' CPU, few enough to leave the manager its core.
+#: Simulated workers per swarm process at most (fewer if open files are short): enough
+#: processes to spread the sockets' CPU, few enough to leave the manager its core.
 WORKERS_PER_PROCESS = 500
+
+
+def workers_per_process(links: int) -> int:
+    """Simulated workers one swarm process can hold: each may keep a socket to ``links``
+    peers besides its own two, within the open files allowed."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return WORKERS_PER_PROCESS
+    return max(1, min(WORKERS_PER_PROCESS, (hard - 1024) // (links + 4)))
 
 
 def _rss_mb() -> float:
@@ -63,6 +72,42 @@ def _rss_mb() -> float:
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def list_schedule_s(workload: swarm_workloads.Workload, cores: int) -> float:
+    """The makespan of greedy list scheduling with no overhead at all: whenever a core is
+    free it takes the ready task Dask's ``order`` ranks first, and every task takes exactly
+    its declared seconds. What any scheduler that does not know durations in advance can
+    hope for (``ideal_s`` assumes perfect packing, which needs to know them)."""
+    import heapq
+
+    from dask.order import order
+
+    graph = workload.graph
+    priority = order(graph)
+    deps = {key: [a for a in task[3:] if a in graph] for key, task in graph.items()}
+    waiting = {key: len(d) for key, d in deps.items()}
+    readers: dict[Any, list[Any]] = {}
+    for key, inputs in deps.items():
+        for dep in inputs:
+            readers.setdefault(dep, []).append(key)
+    ready = [(priority[k], k) for k, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    running: list[tuple[float, int, Any]] = []
+    now, free, sequence = 0.0, cores, 0
+    while ready or running:
+        while ready and free:
+            _, key = heapq.heappop(ready)
+            free -= 1
+            sequence += 1
+            heapq.heappush(running, (now + graph[key][1], sequence, key))
+        now, _, key = heapq.heappop(running)
+        free += 1
+        for reader in readers.get(key, ()):
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (priority[reader], reader))
+    return now
 
 
 def _thread_cpu(name: str) -> float:
@@ -129,7 +174,8 @@ def start_swarm(
     connection_file: str, args: argparse.Namespace, directory: str
 ) -> list[tuple[subprocess.Popen[bytes], str]]:
     """The swarm processes, each with its share of the workers: (process, stats file)."""
-    processes = args.processes or max(1, math.ceil(args.workers / WORKERS_PER_PROCESS))
+    per_process = workers_per_process(args.peer_links)
+    processes = args.processes or max(1, math.ceil(args.workers / per_process))
     share, extra = divmod(args.workers, processes)
     started = []
     first = 0
@@ -145,6 +191,7 @@ def start_swarm(
             "--byte-scale", str(args.byte_scale), "--preempt", str(args.preempt),
             "--preempt-window", str(args.preempt_window),
             "--replace-after", str(args.replace_after), "--seed", str(args.seed + index),
+            "--peer-links", str(args.peer_links),
             "--stats", stats,
         ]  # fmt: skip
         if args.profile_swarm:
@@ -230,7 +277,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
     done = sum(s.get("tasks_done", 0) for s in stats)
     task_seconds = sum(s.get("task_seconds", 0.0) for s in stats)
     starts = [s["connect_started"] for s in stats if s.get("connect_started")]
-    welcomes = [t for s in stats for t in s.get("welcomes", [])[: args.workers]]
+    welcomes = [t for s in stats for t in s.get("welcomes", [])]
     ok = error is None and workload.result_ok(value)
     result.update(
         workers=args.workers,
@@ -244,6 +291,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         result_ok=ok,
         makespan_s=round(makespan, 3),
         ideal_s=round(workload.ideal_s(cores), 3),
+        list_schedule_s=round(list_schedule_s(workload, cores), 3),
         busy_fraction=round(task_seconds / (cores * makespan), 4) if makespan > 0 else None,
         manager_cpu_us_per_task=round(cpu / max(1, tasks) * 1e6, 2),
         manager_io_cpu_us_per_task=round(io_cpu / max(1, tasks) * 1e6, 2),
@@ -255,6 +303,9 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         swarm_cpu_s=round(sum(s.get("cpu_s", 0.0) for s in stats), 2),
         preempted=sum(len(s.get("preempted", [])) for s in stats),
         workers_gave_up=sum(s.get("gave_up", 0) for s in stats),
+        workers_failed_to_join=sum(s.get("failed_to_join", 0) for s in stats),
+        swarm_processes=len(stats),
+        swarm_exits=[process.returncode for process, _ in swarm],
         error=error,
     )
     return result
@@ -295,6 +346,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--replace-after", type=float, default=5.0)
     parser.add_argument(
+        "--peer-links",
+        type=int,
+        default=8,
+        help="sockets to peers each simulated worker keeps at most",
+    )
+    parser.add_argument(
         "--byte-scale",
         type=float,
         default=0.001,
@@ -313,8 +370,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--system", default="daskvine_py", choices=["daskvine_py", "distributed", "both"]
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gc-threshold", type=int, nargs=3, default=None,
-                        help="the garbage collector's thresholds for this run (experiments)")
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        nargs=3,
+        default=None,
+        help="the garbage collector's thresholds for this run (experiments)",
+    )
     parser.add_argument("--report", default=None, help="write the run's HTML report here")
     parser.add_argument(
         "--profile-manager",
