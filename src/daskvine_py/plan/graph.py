@@ -37,7 +37,7 @@ from daskvine_py.plan.annotations import RunSettings, annotated_keys, reprioriti
 from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain, fuse_chains
 from daskvine_py.plan.legacy import Key, LegacyCall, light_dependencies
-from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, rewrite_reductions
+from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, may_reduce, rewrite_reductions
 
 __all__ = [
     "DASK_ORDER_LIMIT", "Key", "LegacyCall", "Node", "Plan", "annotated", "as_mapping",
@@ -174,10 +174,24 @@ def rewritten(plan: Plan, arity: int | None, threshold: int = DEFAULT_THRESHOLD)
     ``arity`` inputs per task (``rewrite.rewrite_reductions``); None: as it is."""
     if arity is None or len(plan.nodes) <= threshold:  # too small to hold such a reduction
         return plan
+    if _only_light(plan.nodes.values()):  # a big hand-built graph: no copy, no walk
+        return plan
     nodes, dependencies = rewrite_reductions(
         plan.nodes, plan.dependencies, plan.outputs, arity, threshold
     )
     return _regraphed(plan, nodes, dependencies)
+
+
+def _only_light(nodes: Iterable[Node]) -> bool:
+    """Whether every task is a light legacy task calling neither a known reducer nor a
+    marked function: ``rewrite_reductions`` would leave such a graph as it is."""
+    if any(type(node) is not LegacyCall for node in nodes):
+        return False
+    try:
+        funcs = {cast(LegacyCall, node).task[0] for node in nodes}
+    except TypeError:  # an unhashable callable: let the rewrite look at every task
+        return False
+    return not may_reduce(funcs)
 
 
 def fused(plan: Plan, keep: AbstractSet[Key] = frozenset()) -> Plan:

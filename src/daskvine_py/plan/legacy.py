@@ -46,6 +46,9 @@ class LegacyCall:
         return f"LegacyCall({self.task!r})"
 
 
+#: The dependencies of every task that has none: one object, not one per leaf (216 bytes).
+NO_KEYS: frozenset[Key] = frozenset()
+
 #: Scalar argument types that ``convert_legacy_task`` checks against the graph's keys...
 _KEY_SCALARS = frozenset({int, float, str, bool})
 #: ...and scalars it passes through as they are.
@@ -75,4 +78,4 @@ def light_dependencies(value: Any, keys: Container[Key]) -> frozenset[Key] | Non
             deps.append(arg)
         elif kind not in _PLAIN_SCALARS:
             return None
-    return frozenset(deps)
+    return frozenset(deps) if deps else NO_KEYS
