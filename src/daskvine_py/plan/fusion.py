@@ -134,11 +134,11 @@ def fuse_chains(
                     del fused_readers[inner], fused_nodes[inner], fused_deps[inner]
             fused_deps[last] = dependencies[part[0]]
     if cut:  # the parts of a cut chain all stand where the chain ends, in their order
-        inner = {part for parts in cut.values() for part in parts[:-1]}
+        moved = {part for parts in cut.values() for part in parts[:-1]}
         fused_nodes = {
             part: fused_nodes[part]
             for key in fused_nodes
-            if key not in inner
+            if key not in moved
             for part in cut.get(key, (key,))
         }
     return fused_nodes, fused_deps, fused_readers
