@@ -461,18 +461,24 @@ class Manager:
         done = frozenset() if stream is None else stream.keys
         if arriving:
             opening = None
-        prefixes: dict[str, str] = {}  # one string per kind of task, not one per task
+        # Without the cache nothing reads the plan's tasks after this: each goes as it is
+        # sent, so that the plan shrinks while the state's records grow.
+        take = nodes.__getitem__ if cached is not None else nodes.pop
+        take_deps = dependencies.__getitem__ if cached is not None else dependencies.pop
+        shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
         part: list[s.NewTask] = []
         for key in plan.order:
             if key in done:
                 continue
-            node = nodes[key]
+            node = take(key)
             if add_key is not None:
                 add_key(key, node)
             payload, functions = _DEFERRED if key in deferred else encode_task(encoder, key, node)
-            deps = tuple(dependencies[key])
+            functions = shared.setdefault(functions, functions)
+            deps = tuple(take_deps(key))
             readers = None if dependents is None else dependents.get(key, 0)
-            prefix = prefixes.setdefault(key_split(key), key_split(key))
+            prefix = key_split(key)
+            prefix = shared.setdefault(prefix, prefix)
             part.append(s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers))
             if len(part) >= SUBMIT_PART:
                 self._send_part(run, part, encoder, sent, opening)

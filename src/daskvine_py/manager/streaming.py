@@ -61,6 +61,8 @@ class Stream:
         self.keys: set[Key] = set()
         #: function -> whether its tasks may go early (not a reducer the rewrite knows)
         self._plain: dict[Any, bool] = {}
+        #: one prefix string, one tuple of function ids per kind of task
+        self._shared: dict[Any, Any] = {}
 
     @property
     def opened(self) -> bool:
@@ -83,8 +85,11 @@ class Stream:
                 going = False
                 break
             payload, functions = encode_task(self.encoder, key, node)
+            functions = self._shared.setdefault(functions, functions)
+            prefix = key_split(key)
+            prefix = self._shared.setdefault(prefix, prefix)
             deps = tuple(dependencies[key])
-            part.append(s.NewTask(key, payload, functions, deps, priority, key_split(key), None))
+            part.append(s.NewTask(key, payload, functions, deps, priority, prefix, None))
             self.keys.add(key)
         if part:
             self._send(part, self.encoder, self.sent, self._opening)
