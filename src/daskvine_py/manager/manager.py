@@ -461,8 +461,7 @@ class Manager:
         done = frozenset() if stream is None else stream.keys
         if arriving:
             opening = None
-        # Without the cache nothing reads the plan's tasks after this: each goes as it is
-        # sent, so that the plan shrinks while the state's records grow.
+        # Without the cache nothing reads the plan after this: it shrinks as the state grows.
         take = nodes.__getitem__ if cached is not None else nodes.pop
         take_deps = dependencies.__getitem__ if cached is not None else dependencies.pop
         shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
@@ -485,6 +484,9 @@ class Manager:
                 opening, part = None, []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
+        if cached is None:  # the plan's tables go before the state has built every record
+            for table in (nodes, dependencies, priorities, plan.dependents, plan.order):
+                table.clear()
         self._send_part(run, part, encoder, sent, opening, last=arriving)
         run.info.hoisting_candidates = sorted(encoder.modules)
 

@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
-from daskvine_py.scheduler.messages import Key, WorkerId
+from daskvine_py.scheduler.messages import Key, SubmitRun, WorkerId
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
@@ -101,6 +101,12 @@ class RunRecord:
         #: ``RunDone``/``RunFailed`` (every run: two additions per task)
         self.run_seconds = 0.0
         self.serialization_seconds = 0.0
+
+    @classmethod
+    def of(cls, ev: SubmitRun) -> RunRecord:
+        """The record of a run just submitted."""
+        return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
+                   ev.settings, ev.arriving)  # fmt: skip
 
     def arrived(self) -> list[TaskRecord]:
         """An arriving run has all its tasks: its results in memory that nothing needs."""

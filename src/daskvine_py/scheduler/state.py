@@ -283,10 +283,7 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = self.runs[ev.run_id] = RunRecord(
-            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched, ev.settings
-        )
-        run.arriving = ev.arriving
+        run = self.runs[ev.run_id] = RunRecord.of(ev)
         if ev.cache is not None:
             self.caching.open(run, ev.cache)
         self._add_tasks(run, ev.tasks, ev.functions)
