@@ -324,7 +324,7 @@ class Manager:
                 plan = self._plan(dsk, keys, run_options, stream)
                 if not plan.outputs:
                     return pack_results(plan.structure, {})
-                run = self._open_run(plan, run_options, started, run if stream else None)
+                run = self._open_run(run, plan, run_options, started)
                 opened = True
                 structure, cached = plan.structure, plan.cache
                 if hooks is not None:
@@ -382,13 +382,10 @@ class Manager:
         opening = opening_of(run.id, outputs, options, watch)
         return Stream(opening, functools.partial(self._send_part, run), run.done.is_set), run
 
-    def _open_run(self, plan: Plan, options: RunOptions, started: tuple[float, float],
-                  run: Run | None = None) -> Run:  # fmt: skip
-        if run is not None:  # opened for its stream: its size is known now
-            run.info.tasks = len(plan.nodes)
-            return run
-        run = Run(next(self._run_ids))
-        run.info = RunInfo(run.id, options.as_dict(), len(plan.nodes), started[0])
+    def _open_run(self, run: Run, plan: Plan, options: RunOptions,
+                  started: tuple[float, float]) -> Run:  # fmt: skip
+        """``run`` (``_stream``'s) with its size, known now, and its event log if asked."""
+        run.info.tasks = len(plan.nodes)
         if options.report is not None or options.event_log is not None:
             run.log = EventLog(run.id, *started, len(plan.nodes), run.info.options)
         return run
