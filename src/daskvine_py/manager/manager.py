@@ -6,8 +6,9 @@ The manager is in four parts, one job each:
   CurveZMQ gate), writes the connection file and starts local workers. ``get`` is a
   pipeline: the graph read once into a ``Plan``, the plan's passes (``plan.graph``), and
   submission of its tasks in parts (``SUBMIT_PART`` tasks each), queued to the I/O thread
-  as typed commands; then it waits on the run and unpickles the results in the caller's
-  thread, so dispatch goes on meanwhile.
+  as typed commands (a big graph's first parts go while it is read: ``streaming``);
+  then it waits on the run and unpickles the results in the caller's thread, so
+  dispatch goes on meanwhile.
 - ``loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what workers
   send, feeds the scheduler state (``scheduler.state.SchedulerState``), which it owns,
   routes its instructions and flushes one batch per worker per iteration.
@@ -380,7 +381,8 @@ class Manager:
             return None, run
         outputs = list(dict.fromkeys(graph.flatten_keys(keys)))
         opening = opening_of(run.id, outputs, options, watch)
-        return Stream(opening, functools.partial(self._send_part, run), run.done.is_set), run
+        send = functools.partial(self._send_part, run)
+        return Stream(opening, send, run.done.is_set, key_split), run
 
     def _open_run(self, run: Run, plan: Plan, options: RunOptions,
                   started: tuple[float, float]) -> Run:  # fmt: skip

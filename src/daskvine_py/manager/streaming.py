@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dask.utils import key_split
-
 from daskvine_py.errors import SerializationError
 from daskvine_py.options import RunOptions
 from daskvine_py.plan.annotations import RunSettings
@@ -49,11 +47,14 @@ Send = Callable[[list[s.NewTask], TaskEncoder, set[bytes], "s.SubmitRun | None"]
 class Stream:
     """The keys submitted while the graph was read, and the encoder they used."""
 
-    def __init__(self, opening: s.SubmitRun, send: Send, over: Callable[[], bool]) -> None:
+    def __init__(self, opening: s.SubmitRun, send: Send, over: Callable[[], bool],
+                 prefix_of: Callable[[Key], str]) -> None:  # fmt: skip
         #: the run's first event, sent with the first part (then None)
         self._opening: s.SubmitRun | None = opening._replace(arriving=True)
         self._send = send
         self._over = over
+        #: a task's kind, for duration estimates (``dask.utils.key_split``)
+        self._prefix_of = prefix_of
         self.encoder = TaskEncoder()
         #: function ids sent with a part already
         self.sent: set[bytes] = set()
@@ -86,7 +87,7 @@ class Stream:
                 break
             payload, functions = encode_task(self.encoder, key, node)
             functions = self._shared.setdefault(functions, functions)
-            prefix = key_split(key)
+            prefix = self._prefix_of(key)
             prefix = self._shared.setdefault(prefix, prefix)
             deps = tuple(dependencies[key])
             part.append(s.NewTask(key, payload, functions, deps, priority, prefix, None))
