@@ -13,6 +13,9 @@ is checked against the closed form (``sum(range(leaves))``). Per system:
 - ``seconds``: from calling ``get`` until it returned (graph conversion included);
 - ``first_dispatch_s`` (daskvine_py): from calling ``get`` until the manager sent the first
   task to a worker (``systems.FirstDispatch``, which costs nothing per task);
+- ``cpu_s``: the CPU time of the process that called ``get`` meanwhile (all its threads:
+  the manager's caller and I/O threads, a local scheduler, distributed's scheduler), which
+  others' load on the machine changes less than the wall time;
 - ``rss_growth_mb`` and ``bytes_per_task``: the peak resident memory of the process that
   called ``get`` (``VmHWM``, reset just before the call) minus its resident memory just
   before it (the user's graph built already), per task of the graph: the manager, the
@@ -105,9 +108,10 @@ def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
         before = _status_kb("VmRSS")
         if probe is not None:
             probe.reset()
-        begun = time.perf_counter()
+        begun, cpu = time.perf_counter(), time.process_time()
         got = running.get(dsk, root)
         out["seconds"] = time.perf_counter() - begun
+        out["cpu_s"] = time.process_time() - cpu
         peak = _status_kb("VmHWM")
         if got != sum(range(leaves)):
             raise AssertionError(f"{system} computed {got!r}, not {sum(range(leaves))}")
@@ -145,9 +149,9 @@ def run_child(system: str, leaves: int, workers: int) -> dict[str, Any]:
 def table(results: Sequence[dict[str, Any]]) -> str:
     sync = {r["leaves"]: r["seconds"] for r in results if r["system"] == "sync" and "seconds" in r}
     lines = [
-        f"{'system':<13}{'leaves':>9}{'tasks':>10}{'total s':>9}{'first s':>9}"
+        f"{'system':<13}{'leaves':>9}{'tasks':>10}{'total s':>9}{'first s':>9}{'cpu s':>8}"
         f"{'MB grown':>10}{'B/task':>8}{'/sync':>7}",
-        "-" * 75,
+        "-" * 83,
     ]
     for r in results:
         if "error" in r:
@@ -158,7 +162,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         ratio = r["seconds"] / sync[r["leaves"]] if r["leaves"] in sync else None
         lines.append(
             f"{r['system']:<13}{r['leaves']:>9,}{r['tasks']:>10,}{r['seconds']:>9.2f}"
-            f"{'-' if first is None else f'{first:.2f}':>9}"
+            f"{'-' if first is None else f'{first:.2f}':>9}{r.get('cpu_s', 0):>8.1f}"
             f"{'-' if grown is None else f'{grown:.0f}':>10}"
             f"{'-' if per_task is None else f'{per_task:.0f}':>8}"
             f"{'-' if ratio is None else f'{ratio:.2f}':>7}"
