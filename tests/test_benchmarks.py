@@ -58,6 +58,8 @@ SMOKES = [
      r"median round trip [\d.]+ us \(Done\)", ()),
     ("bench_library_transfer", "bench_library_transfer.py", ["--smoke"],
      r"\n\s+0\.1MB\s+shm-mapped\s+\d", ()),
+    ("bench_million", "bench_million.py", ["--smoke", "--systems", "daskvine_py,sync"],
+     r"\ndaskvine_py\s+1,000\s+1,144\s+[\d.]+\s+[\d.]+(.*\n)*sync\s+1,000", ()),
     ("bench_matching", "bench_matching.py", ["--smoke"], r"1,000 random\s+heapq\s+\d", ()),
     ("bench_modes", "bench_modes.py", ["--smoke"],
      r"numpy\s+function-calls/fork\s+numpy,pandas\s+\d(.*\n)*\nclosure over 1 MB", ()),

@@ -6,8 +6,9 @@ The manager is in four parts, one job each:
   CurveZMQ gate), writes the connection file and starts local workers. ``get`` is a
   pipeline: the graph read once into a ``Plan``, the plan's passes (``plan.graph``), and
   submission of its tasks in parts (``SUBMIT_PART`` tasks each), queued to the I/O thread
-  as typed commands; then it waits on the run and unpickles the results in the caller's
-  thread, so dispatch goes on meanwhile.
+  as typed commands (a big graph's first parts go while it is read: ``streaming``);
+  then it waits on the run and unpickles the results in the caller's thread, so
+  dispatch goes on meanwhile.
 - ``loop.IOLoop``: the I/O thread. It drains the ROUTER, checks and decodes what workers
   send, feeds the scheduler state (``scheduler.state.SchedulerState``), which it owns,
   routes its instructions and flushes one batch per worker per iteration.
@@ -26,6 +27,7 @@ run ends: should the I/O thread die, every waiting and later ``get`` raises
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import logging
 import numbers
@@ -43,7 +45,6 @@ from daskvine_py import config
 from daskvine_py.batch.planner import Demand
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
-from daskvine_py.errors import SerializationError
 from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
 from daskvine_py.manager.commands import Cancel, Close, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.events import EventLog, summary_records, write_events
@@ -51,14 +52,13 @@ from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.progress import default_enabled, wait_with_progress
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.manager.streaming import Stream, encode_task, opening_of
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
-from daskvine_py.plan.fusion import Chain
 from daskvine_py.plan.graph import Plan, pack_results
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
-from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.serialize import TaskEncoder
 
@@ -313,23 +313,36 @@ class Manager:
         run_options = config.run_options(options)
         self._raise_if_dead()
         started = time.time(), time.monotonic()
-        plan = self._plan(dsk, keys, run_options)
-        if not plan.outputs:
-            return pack_results(plan.structure, {})
-        run = self._open_run(plan, run_options, started)
         progress = default_enabled() if run_options.progress is None else run_options.progress
-        structure, cached = plan.structure, plan.cache
+        watch = progress or hooks is not None
+        stream, run = self._stream(keys, run_options, hooks, watch, started)
+        opened = False
+        # A big graph's plan and records are millions of objects, none garbage before the
+        # run ends: the cyclic collector would walk them again and again meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
-            if hooks is not None:
-                hooks.start(plan, run)
-            self._submit(run, plan, run_options, watch=progress or hooks is not None)
-            # The plan's dicts (several entries per task) go now, not as the run ends:
-            # the state has the tasks (only a rerun's deferred payloads keep the plan).
-            del plan
+            try:
+                plan = self._plan(dsk, keys, run_options, stream)
+                if not plan.outputs:
+                    return pack_results(plan.structure, {})
+                run = self._open_run(run, plan, run_options, started)
+                opened = True
+                structure, cached = plan.structure, plan.cache
+                if hooks is not None:
+                    hooks.start(plan, run)
+                self._submit(run, plan, run_options, watch, stream)
+                # The plan's dicts (several entries per task) go now, not as the run
+                # ends: the state has the tasks (a rerun's deferred payloads keep it).
+                del plan
+            finally:
+                if collecting:
+                    gc.enable()
             _wait(run, hooks, progress)
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
-            self._command(Cancel(run))
-            self._end_run(run, "cancelled", run_options, hooks)
+            if opened or (stream is not None and stream.opened):
+                self._command(Cancel(run))
+                self._end_run(run, "cancelled", run_options, hooks)
             raise
         if cached is not None:
             run.info.cache = cached.info.stats
@@ -338,25 +351,44 @@ class Manager:
             raise results.run_error(run.failure)
         return pack_results(structure, results.values_of(run, hooks))
 
-    def _plan(self, dsk: Any, keys: Any, options: RunOptions) -> Plan:
-        """``dsk`` read once into a plan, then the plan's passes in their order (see
-        ``plan.graph``): each takes the plan and returns one."""
-        plan = graph.read(dsk, keys)
+    def _plan(self, dsk: Any, keys: Any, options: RunOptions, stream: Stream | None) -> Plan:
+        """``dsk`` read once into a plan (``stream`` submitting the first tasks of a big
+        graph meanwhile), then the plan's passes in their order (see ``plan.graph``): each
+        takes the plan and returns one."""
+        plan = graph.read(dsk, keys, None if stream is None else stream.early)
         if not plan.outputs:
             return plan
         caching = _uses_cache(options, self.options)
         fuse = not caching if options.fuse is None else options.fuse
         plan = graph.rewritten(plan, options.reduction_arity, options.reduction_threshold)
         if fuse:  # a cached run's ``cache=False`` tasks run on their own, never in a chain
-            plan = graph.fused(plan, uncached_keys(plan.annotations) if caching else set())
+            keep = uncached_keys(plan.annotations) if caching else set()
+            plan = graph.fused(plan, stream.keys if stream is not None and stream.keys else keep)
         plan = graph.annotated(plan)
         if caching:
             plan = self.cache.prepare(plan, options.cache_dir)
         return graph.ordered(plan)
 
-    def _open_run(self, plan: Plan, options: RunOptions, started: tuple[float, float]) -> Run:
+    def _stream(self, keys: Any, options: RunOptions, hooks: callbacks.Hooks | None, watch: bool,
+                started: tuple[float, float]) -> tuple[Stream | None, Run]:  # fmt: skip
+        """The run, and what submits its first tasks while a big graph is read
+        (``streaming``): none for a run with callbacks, a report, an event log or the
+        cache, which need the whole plan first."""
         run = Run(next(self._run_ids))
-        run.info = RunInfo(run.id, options.as_dict(), len(plan.nodes), started[0])
+        run.info = RunInfo(run.id, options.as_dict(), 0, started[0])
+        if hooks is not None or options.report is not None or options.event_log is not None:
+            return None, run
+        if _uses_cache(options, self.options):
+            return None, run
+        outputs = list(dict.fromkeys(graph.flatten_keys(keys)))
+        opening = opening_of(run.id, outputs, options, watch)
+        send = functools.partial(self._send_part, run)
+        return Stream(opening, send, run.done.is_set, key_split), run
+
+    def _open_run(self, run: Run, plan: Plan, options: RunOptions,
+                  started: tuple[float, float]) -> Run:  # fmt: skip
+        """``run`` (``_stream``'s) with its size, known now, and its event log if asked."""
+        run.info.tasks = len(plan.nodes)
         if options.report is not None or options.event_log is not None:
             run.log = EventLog(run.id, *started, len(plan.nodes), run.info.options)
         return run
@@ -398,58 +430,77 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit(self, run: Run, plan: Plan, options: RunOptions, watch: bool) -> None:
+    def _submit(self, run: Run, plan: Plan, options: RunOptions, watch: bool,
+                stream: Stream | None = None) -> None:  # fmt: skip
         """Pickle and submit the plan's tasks in its order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
         graph does not wait for all of it to be prepared. The plan's order puts every
         task after its dependencies; each task carries its dependents count, so a result
         is not released before dependents still to come have arrived (with the cache,
-        only the tasks that will run count: the cache's pass set ``plan.dependents``).
+        only the tasks that will run count: the cache's pass set ``plan.dependents``). After
+        a ``stream``, the rest of an arriving run: readers counted by the state, a last part.
         """
         cached: CachedRun | None = plan.cache
+        arriving = stream is not None and stream.opened
         encoder = TaskEncoder() if cached is None else cached.encoder
+        if stream is not None:
+            encoder = stream.encoder
         add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
         deferred = frozenset() if cached is None else cached.info.deferred
         if cached is not None and deferred:  # hits' payloads: made only if lineage needs them
             cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
         watched = watch or run.log is not None
-        run_config = None if options.default_execution else _run_config(run.id, options)
-        opening: s.SubmitRun | None = s.SubmitRun(
-            run.id, [], plan.outputs, options.retries, {}, options.replicas, run_config,
-            watched, plan.settings, None if cached is None else cached.info,
+        opening: s.SubmitRun | None = opening_of(
+            run.id, plan.outputs, options, watched, plan.settings,
+            None if cached is None else cached.info,
         )  # fmt: skip
         nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
-        dependents = plan.dependents
-        sent: set[bytes] = set()
+        dependents: dict[Any, int] | None = None if arriving else plan.dependents
+        sent: set[bytes] = set() if stream is None else stream.sent
+        done = frozenset() if stream is None else stream.keys
+        if arriving:
+            opening = None
+        # Without the cache nothing reads the plan after this: it shrinks as the state grows.
+        take = nodes.__getitem__ if cached is not None else nodes.pop
+        take_deps = dependencies.__getitem__ if cached is not None else dependencies.pop
+        shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
         part: list[s.NewTask] = []
         for key in plan.order:
-            node = nodes[key]
+            if key in done:
+                continue
+            node = take(key)
             if add_key is not None:
                 add_key(key, node)
-            payload, functions = _DEFERRED if key in deferred else _encode_task(encoder, key, node)
-            deps, readers = tuple(dependencies[key]), dependents.get(key, 0)
+            payload, functions = _DEFERRED if key in deferred else encode_task(encoder, key, node)
+            functions = shared.setdefault(functions, functions)
+            deps = tuple(take_deps(key))
+            readers = None if dependents is None else dependents.get(key, 0)
             prefix = key_split(key)
+            prefix = shared.setdefault(prefix, prefix)
             part.append(s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers))
             if len(part) >= SUBMIT_PART:
                 self._send_part(run, part, encoder, sent, opening)
                 opening, part = None, []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
-        self._send_part(run, part, encoder, sent, opening)
+        if cached is None:  # the plan's tables go before the state has built every record
+            for table in (nodes, dependencies, priorities, plan.dependents, plan.order):
+                table.clear()
+        self._send_part(run, part, encoder, sent, opening, last=arriving)
         run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _send_part(self, run: Run, part: list[s.NewTask], encoder: TaskEncoder,
-                   sent: set[bytes], opening: s.SubmitRun | None) -> None:  # fmt: skip
+    def _send_part(self, run: Run, part: list[s.NewTask], encoder: TaskEncoder, sent: set[bytes],
+                   opening: s.SubmitRun | None, last: bool = False) -> None:  # fmt: skip
         """Send one part and the functions not sent yet: the first part (``opening``)
-        opens the run, the others extend it."""
+        opens the run, the others extend it (``last``: an arriving run's last part)."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent}
         sent.update(functions)
         if opening is not None:
             event = opening._replace(tasks=part, functions=functions)
             self._command(Submit(run, event, event.watched))
         else:
-            self._command(Extend(run, s.ExtendRun(run.id, part, functions)))
+            self._command(Extend(run, s.ExtendRun(run.id, part, functions, last)))
 
     def scale(self, provider: Any, **pool_options: Any) -> WorkerPool:
         """Keep workers on a batch system, sized to the work, through a Parsl provider.
@@ -529,34 +580,13 @@ def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
     return manager.cache or run.cache_dir is not None or manager.cache_dir is not None
 
 
-def _run_config(run_id: int, options: RunOptions) -> p.RunConfig:
-    return p.RunConfig(
-        run_id,
-        options.task_mode,
-        options.exec_mode,
-        options.import_modules,
-        tuple(options.env_vars.items()),
-        options.task_sandbox,
-    )
-
-
-def _encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:
-    try:
-        return encoder.encode(node)
-    except Exception as exc:
-        if type(node) is Chain:  # name the link that cannot be pickled
-            for link, link_node in node.links:
-                _encode_task(encoder, link, link_node)
-        raise SerializationError(key, "the function or arguments", repr(exc)) from exc
-
-
 def _deferred_payload(
     encoder: TaskEncoder, plan: Plan, key: Any
 ) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
     """A task's payload, function ids and the bytes of those functions, made in the I/O
     thread (with an encoder of its own) when the lineage of a lost cached result needs
     a task submitted without its payload."""
-    payload, functions = _encode_task(encoder, key, plan.nodes[key])
+    payload, functions = encode_task(encoder, key, plan.nodes[key])
     return payload, functions, {fid: encoder.functions[fid] for fid in functions}
 
 

@@ -109,29 +109,36 @@ def fuse_chains(
     if not next_link:
         return nodes, dependencies, readers
     previous = {reader: dep for dep, reader in next_link.items()}
-    fused_nodes: dict[Key, Any] = {}
-    fused_deps: dict[Key, frozenset[Key]] = {}
+    # Copies patched chain by chain (C-speed copies: chains are often few in a big graph);
+    # a chain takes its last link's place, so the order of the keys stays theirs.
+    fused_nodes = dict(nodes)
+    fused_deps = dict(dependencies)
     fused_readers = dict(readers)
-    for key, node in nodes.items():
+    cut: dict[Key, list[Key]] = {}  # chains cut in parts: the parts' keys, at the chain's end
+    for key in previous:
         if key in next_link:
             continue  # a link before the last: its chain is built from its last link
-        if key not in previous:
-            fused_nodes[key] = node
-            fused_deps[key] = dependencies[key]
-            continue
         # ``key`` ends a chain: walk back to its first link, cutting every ``limit``.
         links = [key]
         while links[-1] in previous:
             links.append(previous[links[-1]])
         links.reverse()
+        if len(links) > limit:
+            cut[key] = links[limit - 1 :: limit] + ([key] if len(links) % limit else [])
         for start in range(0, len(links), limit):
             part = links[start : start + limit]
             last = part[-1]
             if len(part) > 1:
                 fused_nodes[last] = Chain([(k, nodes[k]) for k in part])
                 for inner in part[:-1]:
-                    del fused_readers[inner]
-            else:
-                fused_nodes[last] = nodes[last]
+                    del fused_readers[inner], fused_nodes[inner], fused_deps[inner]
             fused_deps[last] = dependencies[part[0]]
+    if cut:  # the parts of a cut chain all stand where the chain ends, in their order
+        moved = {part for parts in cut.values() for part in parts[:-1]}
+        fused_nodes = {
+            part: fused_nodes[part]
+            for key in fused_nodes
+            if key not in moved
+            for part in cut.get(key, (key,))
+        }
     return fused_nodes, fused_deps, fused_readers

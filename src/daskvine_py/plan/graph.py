@@ -37,12 +37,12 @@ from daskvine_py.plan.annotations import RunSettings, annotated_keys, reprioriti
 from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain, fuse_chains
 from daskvine_py.plan.legacy import Key, LegacyCall, light_dependencies
-from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, rewrite_reductions
+from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, may_reduce, rewrite_reductions
 
 __all__ = [
-    "DASK_ORDER_LIMIT", "Key", "LegacyCall", "Node", "Plan", "annotated", "as_mapping",
-    "build_plan", "convert", "cull", "depth_first", "flatten_keys", "fused",
-    "light_dependencies", "ordered", "pack_results", "read", "rewritten",
+    "DASK_ORDER_LIMIT", "EARLY_EVERY", "Early", "Key", "LegacyCall", "Node", "Plan", "Seen",
+    "annotated", "as_mapping", "build_plan", "convert", "cull", "depth_first", "flatten_keys",
+    "fused", "light_dependencies", "ordered", "pack_results", "read", "rewritten",
 ]  # fmt: skip
 
 #: Largest graph ordered with ``dask.order``, whose memory-aware order costs some 20 µs
@@ -52,6 +52,15 @@ DASK_ORDER_LIMIT = 50_000
 
 #: What a plan's task is: a Dask node, a light legacy task, or a fused chain.
 Node = GraphNode | LegacyCall | Chain
+
+#: What sees the keys of a big graph as ``read`` finds them: ``early(size, annotated)``
+#: (the graph's tasks, whether it carries annotations) returns None or a ``Seen``, which
+#: is called every ``EARLY_EVERY`` keys with the keys done so far (each after its
+#: dependencies: the walk's order) and the nodes and dependencies found so far, until it
+#: returns False. The manager submits a big graph's first tasks this way (``streaming``).
+Seen = Callable[[list[Key], dict[Key, Node], dict[Key, frozenset[Key]]], bool]
+Early = Callable[[int, bool], Seen | None]
+EARLY_EVERY = 4096
 
 
 @dataclass(frozen=True)
@@ -153,11 +162,12 @@ def pack_results(structure: Any, values: Mapping[Key, Any]) -> Any:
 # -- the read and the passes ------------------------------------------------------------
 
 
-def read(dsk: Any, keys: Any) -> Plan:
+def read(dsk: Any, keys: Any, early: Early | None = None) -> Plan:
     """The plan of ``keys`` in ``dsk``: the one read of what Dask handed over.
 
     Raises ``KeyError`` for a requested key that is not in the graph or a dependency
-    that nothing produces, and ``GraphCycleError`` naming the keys of a cycle.
+    that nothing produces, and ``GraphCycleError`` naming the keys of a cycle (after
+    ``early`` saw the keys found before it, if it was given; see ``Early``).
     """
     found = read_annotations(dsk)  # before the mapping: a HighLevelGraph's layers
     mapping = as_mapping(dsk)
@@ -165,7 +175,8 @@ def read(dsk: Any, keys: Any) -> Plan:
     for key in outputs:
         if key not in mapping:
             raise KeyError(key)
-    nodes, dependencies, topological, readers = cull(mapping, outputs)
+    seen = None if early is None else early(len(mapping), bool(found))
+    nodes, dependencies, topological, readers = cull(mapping, outputs, seen)
     return Plan(nodes, dependencies, outputs, keys, topological, readers, annotations=found)
 
 
@@ -174,10 +185,24 @@ def rewritten(plan: Plan, arity: int | None, threshold: int = DEFAULT_THRESHOLD)
     ``arity`` inputs per task (``rewrite.rewrite_reductions``); None: as it is."""
     if arity is None or len(plan.nodes) <= threshold:  # too small to hold such a reduction
         return plan
+    if _only_light(plan.nodes.values()):  # a big hand-built graph: no copy, no walk
+        return plan
     nodes, dependencies = rewrite_reductions(
         plan.nodes, plan.dependencies, plan.outputs, arity, threshold
     )
     return _regraphed(plan, nodes, dependencies)
+
+
+def _only_light(nodes: Iterable[Node]) -> bool:
+    """Whether every task is a light legacy task calling neither a known reducer nor a
+    marked function: ``rewrite_reductions`` would leave such a graph as it is."""
+    if any(type(node) is not LegacyCall for node in nodes):
+        return False
+    try:
+        funcs = {cast(LegacyCall, node).task[0] for node in nodes}
+    except TypeError:  # an unhashable callable: let the rewrite look at every task
+        return False
+    return not may_reduce(funcs)
 
 
 def fused(plan: Plan, keep: AbstractSet[Key] = frozenset()) -> Plan:
@@ -317,12 +342,12 @@ def _chain(*inputs: Any) -> None:
 
 
 def cull(
-    graph: Mapping[Key, Any], outputs: Iterable[Key]
+    graph: Mapping[Key, Any], outputs: Iterable[Key], early: Seen | None = None
 ) -> tuple[dict[Key, Node], dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
     """The nodes the outputs need, their dependencies, an order and each key's readers.
 
     One ``depth_first`` walk from the outputs. Only the needed tasks are converted, and
-    light legacy tasks not at all (``LegacyCall``).
+    light legacy tasks not at all (``LegacyCall``). ``early``: see ``Early``.
     """
     needed: dict[Key, Node] = {}
 
@@ -335,12 +360,21 @@ def cull(
         node = needed[key] = convert(key, value, graph)
         return frozenset(node.dependencies)
 
-    dependencies, ordered, readers = depth_first(outputs, convert_needed, graph)
+    def seen(done: list[Key], dependencies: dict[Key, frozenset[Key]]) -> bool:
+        assert early is not None
+        return early(done, needed, dependencies)
+
+    dependencies, ordered, readers = depth_first(
+        outputs, convert_needed, graph, None if early is None else seen
+    )
     return needed, dependencies, ordered, readers
 
 
 def depth_first(
-    roots: Iterable[Key], dependencies_of: Callable[[Key], frozenset[Key]], known: Container[Key]
+    roots: Iterable[Key],
+    dependencies_of: Callable[[Key], frozenset[Key]],
+    known: Container[Key],
+    early: Callable[[list[Key], dict[Key, frozenset[Key]]], bool] | None = None,
 ) -> tuple[dict[Key, frozenset[Key]], list[Key], dict[Key, int]]:
     """Walk from ``roots`` (in their order) through ``dependencies_of``, iteratively.
 
@@ -348,10 +382,12 @@ def depth_first(
     dependencies, one root's keys finished before the next root's start, which keeps few
     intermediates alive) and how many tasks read each key (keys nobody reads are absent).
     A dependency met again while its own walk is unfinished is a cycle: ``GraphCycleError``;
-    one outside ``known`` is a ``KeyError`` naming both keys.
+    one outside ``known`` is a ``KeyError`` naming both keys. ``early(keys done so far,
+    dependencies)`` is called every ``EARLY_EVERY`` keys until it returns False.
     """
     dependencies: dict[Key, frozenset[Key]] = {}
     ordered: list[Key] = []
+    mark = EARLY_EVERY if early is not None else -1
     listed: set[Key] = set()
     readers: dict[Key, int] = {}
     for root in roots:
@@ -378,6 +414,9 @@ def depth_first(
                 stack.pop()
                 listed.add(key)
                 ordered.append(key)
+                if len(ordered) == mark:
+                    assert early is not None
+                    mark = mark + EARLY_EVERY if early(ordered, dependencies) else -1
     return dependencies, ordered, readers
 
 

@@ -28,8 +28,12 @@ class LegacyCall:
 
     __slots__ = ("task", "dependencies")
 
-    def __init__(self, task: tuple[Any, ...], dependencies: frozenset[Key]) -> None:
+    def __init__(
+        self, task: tuple[Any, ...], dependencies: frozenset[Key] | tuple[int, ...]
+    ) -> None:
         self.task = task
+        if type(dependencies) is tuple:  # unpickled: the positions of the keys in ``task``
+            dependencies = frozenset([task[i] for i in dependencies]) if dependencies else NO_KEYS
         self.dependencies = dependencies
 
     def __call__(self, values: Mapping[Key, Any]) -> Any:
@@ -40,11 +44,20 @@ class LegacyCall:
         return task[0](*[values[arg] if arg in deps else arg for arg in task[1:]])
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (LegacyCall, (self.task, self.dependencies))
+        # The keys are in the task already: their positions are a few bytes (a payload
+        # per task, 10^6 of them in a big graph), the keys again dozens.
+        deps = self.dependencies
+        positions = (
+            tuple([i for i, arg in enumerate(self.task) if i and arg in deps]) if deps else ()
+        )
+        return (LegacyCall, (self.task, positions))
 
     def __repr__(self) -> str:
         return f"LegacyCall({self.task!r})"
 
+
+#: The dependencies of every task that has none: one object, not one per leaf (216 bytes).
+NO_KEYS: frozenset[Key] = frozenset()
 
 #: Scalar argument types that ``convert_legacy_task`` checks against the graph's keys...
 _KEY_SCALARS = frozenset({int, float, str, bool})
@@ -75,4 +88,4 @@ def light_dependencies(value: Any, keys: Container[Key]) -> frozenset[Key] | Non
             deps.append(arg)
         elif kind not in _PLAIN_SCALARS:
             return None
-    return frozenset(deps)
+    return frozenset(deps) if deps else NO_KEYS

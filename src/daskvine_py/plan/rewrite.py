@@ -19,13 +19,10 @@ shapes and rebuilds them as trees whose tasks read at most ``arity`` inputs each
 Leaves keep their order, so a function that is associative but not commutative (list or tuple
 concatenation, dict merges where later keys win) gives the same result. Integer sums are exact;
 floating-point sums are regrouped too, so they may differ in the last bits, as with Dask's own
-``split_every``. The reduced key keeps
-its name and its value; the interior links of a rewritten chain disappear (nothing else read
-them); new keys are derived from the reduced key, its tree level and an index, so the same graph
-always rewrites to the same keys. Only known or marked functions are ever touched.
-
-Everything here is pure: it reads ``GraphNode`` objects, builds new ones and never mutates its
-inputs.
+``split_every``. The reduced key keeps its name and its value; the interior links of a rewritten
+chain disappear (nothing else read them); new keys are derived from the reduced key, its tree
+level and an index, so the same graph always rewrites to the same keys. Only known or marked
+functions are ever touched. Pure: it builds new ``GraphNode`` objects, never mutates its inputs.
 """
 
 from __future__ import annotations
@@ -46,12 +43,9 @@ from dask.typing import Key as DaskKey
 from daskvine_py.plan.legacy import Key, LegacyCall
 
 __all__ = [
-    "DEFAULT_ARITY",
-    "DEFAULT_THRESHOLD",
-    "associative",
-    "is_associative",
+    "DEFAULT_ARITY", "DEFAULT_THRESHOLD", "associative", "is_associative", "may_reduce",
     "rewrite_reductions",
-]
+]  # fmt: skip
 
 #: Inputs per task of a rewritten tree. Smaller bounds each reduction's memory more tightly
 #: (about arity + 1 values alive) but makes the tree deeper: more tasks, and more levels on
@@ -117,6 +111,12 @@ def associative(func: Any = None, *, commutative: bool = False) -> Any:
         return f
 
     return mark if func is None else mark(func)
+
+
+def may_reduce(funcs: Iterable[Any]) -> bool:
+    """Whether a legacy task calling one of ``funcs`` may be rewritten: a known or marked one."""
+    known = _Known()
+    return any(known.kind(f) or _marked(f) for f in funcs)
 
 
 def is_associative(func: Any) -> bool:

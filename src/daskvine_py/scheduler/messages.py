@@ -108,6 +108,9 @@ class SubmitRun(NamedTuple):
     settings: RunSettings | None = None
     #: its cache plan (``cache_placement.RunCache``, ``get(cache=True)``); None: no cache
     cache: RunCache | None = None
+    #: its tasks come with ``dependents=None`` while the graph is still being read: no
+    #: result is released until the ``ExtendRun`` marked ``last`` (a late reader may come)
+    arriving: bool = False
 
 
 class ExtendRun(NamedTuple):
@@ -116,6 +119,8 @@ class ExtendRun(NamedTuple):
     run_id: int
     tasks: Sequence[NewTask]
     functions: Mapping[bytes, bytes] = {}
+    #: the run's last part: an arriving run (``SubmitRun.arriving``) has all its tasks
+    last: bool = False
 
 
 class CancelRun(NamedTuple):

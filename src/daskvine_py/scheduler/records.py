@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
-from daskvine_py.scheduler.messages import Key, WorkerId
+from daskvine_py.scheduler.messages import Key, SubmitRun, WorkerId
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
@@ -63,7 +63,7 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "run_seconds", "serialization_seconds", "settings",
+        "watched", "run_seconds", "serialization_seconds", "settings", "arriving",
     )  # fmt: skip
 
     def __init__(
@@ -75,8 +75,12 @@ class RunRecord:
         config: p.RunConfig | None = None,
         watched: bool = False,
         settings: RunSettings | None = None,
+        arriving: bool = False,
     ) -> None:
         self.id = id
+        #: more tasks are coming whose readers are not counted yet: nothing is released
+        #: until the last part (``SubmitRun.arriving``)
+        self.arriving = arriving
         #: what its tasks' annotations ask for (``annotations.RunSettings``); None: nothing
         self.settings = settings
         #: someone watches it: the state emits ``Dispatched`` and ``TaskFinished``
@@ -97,6 +101,17 @@ class RunRecord:
         #: ``RunDone``/``RunFailed`` (every run: two additions per task)
         self.run_seconds = 0.0
         self.serialization_seconds = 0.0
+
+    @classmethod
+    def of(cls, ev: SubmitRun) -> RunRecord:
+        """The record of a run just submitted."""
+        return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
+                   ev.settings, ev.arriving)  # fmt: skip
+
+    def arrived(self) -> list[TaskRecord]:
+        """An arriving run has all its tasks: its results in memory that nothing needs."""
+        self.arriving = False
+        return [t for t in self.tasks.values() if t.state == "memory" and not needed(t)]
 
 
 class TaskRecord:
@@ -161,8 +176,9 @@ class TaskRecord:
 
 
 def needed(task: TaskRecord) -> bool:
-    """Whether a result must be kept: a task still reads it, or it is an output owed."""
-    return task.waiters > 0 or (task.is_output and not task.delivered)
+    """Whether a result must be kept: a task still reads it, it is an output owed, or
+    its run is still arriving (a reader may be on its way)."""
+    return task.waiters > 0 or (task.is_output and not task.delivered) or task.run.arriving
 
 
 class Drop:

@@ -42,14 +42,12 @@ in to "forgotten" (``Failures.dismiss``), which leaves it in no record::
 - forgotten: its run ended (done, failed, cancelled or aborted); the end of every task.
 
 The result cache (``caching``) adds waiting -> released (a task its run does not compute:
-a hit, or an input only hits read) and waiting -> memory (read from disk).
-
-A report from a worker counts only if its task is processing on that worker (``_held``);
-any other is stale (cancelled, moved, or its run over).
+a hit, or an input only hits read) and waiting -> memory (read from disk). A report from a
+worker counts only if its task is processing there (``_held``); any other is stale.
 
 Two counters make completion and release O(edges): ``missing`` = inputs not in memory;
-``waiters`` = dependents still waiting, ready or processing. A result is released as soon
-as ``waiters`` is zero and it is not an output still owed to the caller.
+``waiters`` = dependents still waiting, ready or processing. A result is released once
+``waiters`` is zero, unless it is an output owed to the caller or its run still arrives.
 """
 
 from __future__ import annotations
@@ -290,9 +288,7 @@ class SchedulerState:
     def _on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
             raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = self.runs[ev.run_id] = RunRecord(
-            ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched, ev.settings
-        )
+        run = self.runs[ev.run_id] = RunRecord.of(ev)
         if ev.cache is not None:
             self.caching.open(run, ev.cache)
         self._add_tasks(run, ev.tasks, ev.functions)
@@ -301,6 +297,8 @@ class SchedulerState:
         run = self.runs.get(ev.run_id)
         if run is not None:  # else it failed or was cancelled meanwhile
             self._add_tasks(run, ev.tasks, ev.functions)
+            for task in run.arrived() if ev.last and run.arriving else ():  # readers counted
+                self._transition(task, "released")
 
     def _add_tasks(
         self, run: RunRecord, tasks: Sequence[NewTask], functions: Mapping[bytes, bytes]
