@@ -69,6 +69,9 @@ def test_pairwise_8mb_intermediates_move_between_peers_never_through_the_manager
 
 
 def small_block(i):
+    # A little work each, so that both workers take their share even when one of them is
+    # still importing numpy (otherwise the other steals nearly all of them, rightly).
+    time.sleep(0.02)
     return np.full(20_000, float(i))
 
 
