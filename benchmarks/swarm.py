@@ -33,6 +33,7 @@ import json
 import math
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -312,11 +313,37 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
 
 
 def run_distributed(workload: swarm_workloads.Workload, args: argparse.Namespace) -> dict:
-    import swarm_distributed
-
-    return swarm_distributed.run_distributed(
-        workload, args.workers, args.cores, timeout=args.timeout
-    )
+    """The same workload on dask.distributed, in a process of its own
+    (``swarm_distributed.py``): hundreds of in-process workers can jam a process past any
+    timeout of its own, so this one is bounded from outside and killed past it."""
+    with tempfile.TemporaryDirectory(prefix="daskvine-swarm-") as directory:
+        path = os.path.join(directory, "distributed.json")
+        command = [
+            sys.executable, os.path.join(HERE, "swarm_distributed.py"),
+            "--workload", workload.name, "--workers", str(args.workers),
+            "--threads", str(args.cores), "--scale", str(args.scale), "--seed", str(args.seed),
+            "--timeout", str(args.timeout), "--json", path,
+        ]  # fmt: skip
+        if args.tasks is not None:
+            command += ["--tasks", str(args.tasks)]
+        if args.task_seconds is not None:
+            command += ["--task-seconds", str(args.task_seconds)]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            process.wait(args.timeout + 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        try:
+            with open(path) as file:
+                result: dict = json.load(file)
+        except (OSError, ValueError):
+            result = {
+                "system": "distributed", "workload": workload.name, "workers": args.workers,
+                "result_ok": False, "makespan_s": None,
+                "error": f"killed: no result {args.timeout + 60:g} s after it started",
+            }  # fmt: skip
+        return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
