@@ -584,3 +584,11 @@ def test_random_values_on_the_real_factory_command_line(tmp_path_factory, paths)
                 assert "factory stopped (SIGTERM)" in err, (given_args, err)
 
         check()
+
+
+def test_an_empty_workdir_is_refused_naming_the_option():
+    from daskvine_py.worker.args import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["tcp://127.0.0.1:1", "--workdir", ""])
+    assert exit_info.value.code == 2

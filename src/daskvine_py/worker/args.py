@@ -146,6 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     _check_threads(parser, args)
+    if args.workdir is not None and not args.workdir.strip():
+        parser.error("--workdir: an empty path names no directory")
     if args.workdir is not None and os.path.exists(args.workdir):
         if not os.path.isdir(args.workdir) or not os.access(args.workdir, os.W_OK | os.X_OK):
             parser.error(f"--workdir {args.workdir}: not a directory this user can write to")
