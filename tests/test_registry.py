@@ -72,3 +72,26 @@ def test_status_clients_get_the_demand_and_retire_workers(caplog):
     with caplog.at_level(logging.INFO, logger="daskvine_py.manager"):
         reg.remove(b"id1", "it left: retired")
     assert [r.levelno for r in caplog.records if "w1 left" in r.message] == [logging.INFO]
+
+
+def test_a_second_worker_under_a_taken_name_joins_under_a_suffix(caplog):
+    reg, posted = registry()
+    first = reg.stranger(b"id1", [register("w1")], now=0.0)
+    with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
+        second = reg.stranger(b"id2", [register("w1")], now=0.0)
+        third = reg.stranger(b"id3", [register("w1")], now=0.0)
+    assert (first.name, second.name, third.name) == ("w1", "w1~2", "w1~3")
+    assert posted.messages[1] == (b"id2", p.Welcome("w1~2", 0.5))
+    assert sorted(i["name"] for i in reg.snapshot.values()) == ["w1", "w1~2", "w1~3"]
+    assert "a connected worker has that name already; it joins as w1~2" in caplog.text
+    reg.remove(b"id1", "it left")  # its name is free again
+    assert reg.stranger(b"id4", [register("w1")], now=0.0).name == "w1"
+
+
+def test_names_with_control_characters_are_logged_escaped(caplog):
+    reg, _ = registry()
+    with caplog.at_level(logging.INFO, logger="daskvine_py.manager"):
+        reg.stranger(b"id1", [register("evil\nworker x lost: forged")], now=0.0)
+        reg.remove(b"id1", "gone")
+    assert "evil\\nworker x lost: forged" in caplog.text
+    assert not any(r.getMessage().count("\n") for r in caplog.records)

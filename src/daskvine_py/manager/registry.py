@@ -26,6 +26,12 @@ from daskvine_py.wire import protocol as p
 logger = logging.getLogger("daskvine_py.manager")
 
 
+def printable(text: str) -> str:
+    """``text`` as a log line may show it: control characters (a name with a newline would
+    forge a line of its own) escaped."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
@@ -96,6 +102,8 @@ class Registry:
         self._retiring: set[bytes] = set()
         #: the name of the last worker lost (not retired), and why: for the no-worker warning
         self.last_lost: tuple[str, str] | None = None
+        #: the connected workers' names: a second worker under a taken name gets a suffix
+        self._names: dict[str, bytes] = {}
         #: the workers this process's open files allow (its soft limit raised first)
         self.open_files = OpenFiles()
 
@@ -134,7 +142,7 @@ class Registry:
         if type(version) is int and version != p.PROTOCOL_VERSION:
             name = reg.name if len(reg) > 1 and type(reg.name) is str else repr(ident[:32])
             error = VersionMismatch(p.PROTOCOL_VERSION, version, name)
-            logger.warning("rejected worker %s: %s", name, error)
+            logger.warning("rejected worker %s: %s", printable(name), error)
             self._post(ident, p.Rejected(str(error)))
             return None
         try:
@@ -149,15 +157,34 @@ class Registry:
         if self.open_files.full(len(self.workers)):
             self._refuse_past_open_files(ident, reg.name)
             return None
+        name = self._unique(reg.name)
+        if name != reg.name:
+            logger.warning(
+                "worker %s: a connected worker has that name already; it joins as %s",
+                printable(reg.name), printable(name),
+            )  # fmt: skip
+            reg = reg._replace(name=name)
         info = WorkerInfo(reg)
         self.workers[ident] = info
+        self._names[name] = ident
         self.publish(ident, info)
         logger.info(
-            "worker %s joined from %s with %d core%s", reg.name, reg.hostname, reg.cores,
-            "" if reg.cores == 1 else "s",
+            "worker %s joined from %s with %d core%s", printable(reg.name),
+            printable(reg.hostname), reg.cores, "" if reg.cores == 1 else "s",
         )  # fmt: skip
         self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
         return info
+
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name~2``, ``name~3``...: the first no connected worker has. Two
+        workers under one name would be one in ``Manager.workers``, in reports, and to
+        ``RetireWorker``."""
+        if name not in self._names:
+            return name
+        number = 2
+        while f"{name}~{number}" in self._names:
+            number += 1
+        return f"{name}~{number}"
 
     def _refuse_past_open_files(self, ident: bytes, name: str) -> None:
         """Refuse a worker the open files cannot hold: said to it, logged once."""
@@ -184,11 +211,13 @@ class Registry:
         info = self.workers.pop(ident, None)
         if info is None:
             return None
+        if self._names.get(info.name) == ident:
+            del self._names[info.name]
         if ident in self._retiring:
             self._retiring.discard(ident)
-            logger.info("worker %s left: %s", info.name, reason)
+            logger.info("worker %s left: %s", printable(info.name), reason)
         else:
-            logger.warning("worker %s lost: %s", info.name, reason)
+            logger.warning("worker %s lost: %s", printable(info.name), reason)
             self.last_lost = (info.name, reason)
         self.publish(ident, None)
         return info
