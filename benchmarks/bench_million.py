@@ -38,7 +38,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from biggraph import _reset_peak, _terminate  # (beside this file)
 
 #: Inputs per task of the reduction: Dask's ``split_every`` for bags and dataframes.
 FAN_IN = 8
@@ -76,16 +78,6 @@ def _status_kb(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise KeyError(field)
-
-
-def _reset_peak() -> bool:
-    """``VmHWM`` back to the current RSS (Linux >= 4.0); False where impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
@@ -168,10 +160,6 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             f"{'-' if ratio is None else f'{ratio:.2f}':>7}"
         )
     return "\n".join(lines)
-
-
-def _terminate(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt  # stopped with SIGTERM: clean up as on Ctrl-C
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -26,46 +25,9 @@ import zmq
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.transport import send_batch
+from test_command_lines import _env, _worker
 
 pytestmark = pytest.mark.integration
-
-
-def _env() -> dict[str, str]:
-    """This checkout first on the path; no connection file from the environment."""
-    import daskvine_py
-
-    src = os.path.dirname(os.path.dirname(daskvine_py.__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    env.pop(security.CONNECTION_FILE_ENV, None)
-    return env
-
-
-class _Worker:
-    """``python -m daskvine_py.worker`` in a process of its own, its stderr in a file."""
-
-    def __init__(self, tmp_path, *args: str) -> None:
-        self.log_path = tmp_path / "worker.txt"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daskvine_py.worker", *args], env=_env(),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} (exit {self.proc.poll()}): {self.log}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 def _receive(router: zmq.Socket, kind: type) -> tuple[bytes, object]:
@@ -105,7 +67,7 @@ def test_a_connected_worker_waits_past_its_timeout_for_a_late_welcome(tmp_path, 
         args += ["--connection-file", path]
     else:
         args.insert(0, address)
-    worker = _Worker(tmp_path, *args)
+    worker = _worker(tmp_path, *args)
     try:
         ident, register = _receive(router, p.Register)
         worker.wait_for("the connection is up, so the manager is busy: it waits on")
@@ -131,7 +93,7 @@ def test_a_worker_that_cannot_connect_gives_up_after_its_timeout_saying_so(tmp_p
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    worker = _Worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "0.5")
+    worker = _worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "0.5")
     try:
         assert worker.proc.wait(60) == 3, worker.log
         log = worker.log
@@ -150,7 +112,7 @@ def test_a_registration_lost_with_its_connection_is_sent_again_on_the_next(tmp_p
     first = context.socket(zmq.ROUTER)
     first.setsockopt(zmq.LINGER, 0)
     port = first.bind_to_random_port("tcp://127.0.0.1")
-    worker = _Worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "5")
+    worker = _worker(tmp_path, f"tcp://127.0.0.1:{port}", "--manager-timeout", "5")
     second = None
     try:
         _receive(first, p.Register)

@@ -101,8 +101,22 @@ class Dispatch:
         #: the next round visits every worker (set by the state after other events)
         self.everyone = True
 
+    def load(self) -> tuple[int, int, int]:
+        """Tasks ready (queued here), processing (sent to workers) and running (those of
+        them that have a core), over every run."""
+        processing = running = 0
+        for worker in self.workers.values():
+            held = len(worker.processing)
+            processing += held
+            running += min(held, worker.cores)
+        return len(self.queue) + len(self.constraints), processing, running
+
+    def worker_loads(self) -> dict[WorkerId, tuple[int, int]]:
+        """Each worker's cores and the tasks it holds (queued there, fetching or running)."""
+        return {wid: (worker.cores, len(worker.processing)) for wid, worker in self.workers.items()}
+
     def touch(self, worker: WorkerRecord) -> None:
-        """``worker`` reported or joined: it may have room again."""
+        """``worker`` reported: it may have room again (a join visits every worker)."""
         self.open[worker] = None
 
     def dispatch(self) -> None:

@@ -172,6 +172,8 @@ class SchedulerState:
             self.locality.send_ahead, self.stealing.steal_for_idle_workers,
             self.caching.locations, cache_runs,
         )  # fmt: skip
+        #: queries over the workers: tasks ready, processing, running; each one's load
+        self.load, self.worker_loads = self.dispatch.load, self.dispatch.worker_loads
         # What the per-task paths call, bound once.
         self._assign = self.dispatch.assign
         self._send_ahead = self.locality.send_ahead
@@ -245,20 +247,6 @@ class SchedulerState:
         return instructions
 
     # -- queries ----------------------------------------------------------------------
-
-    def load(self) -> tuple[int, int, int]:
-        """Tasks ready (queued here), processing (sent to workers) and running (those of
-        them that have a core), over every run."""
-        processing = running = 0
-        for worker in self.workers.values():
-            held = len(worker.processing)
-            processing += held
-            running += min(held, worker.cores)
-        return len(self.queue) + len(self.constraints), processing, running
-
-    def worker_loads(self) -> dict[WorkerId, tuple[int, int]]:
-        """Each worker's cores and the tasks it holds (queued there, fetching or running)."""
-        return {wid: (worker.cores, len(worker.processing)) for wid, worker in self.workers.items()}
 
     def runs_of(self, task_ids: Iterable[int]) -> list[int]:
         """The runs of these tasks (those still known), each once."""
@@ -346,8 +334,7 @@ class SchedulerState:
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
             return
-        worker = self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in order
-        self.dispatch.touch(worker)
+        self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in the same order
 
     def _on_worker_lost(self, ev: WorkerLost) -> None:
         worker = self.workers.pop(ev.worker, None)
