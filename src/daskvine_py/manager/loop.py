@@ -56,14 +56,14 @@ from daskvine_py.errors import (
 )
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.handshakes import HandshakeMonitor
-from daskvine_py.manager.registry import Registry, WorkerInfo
+from daskvine_py.manager.registry import Registry, WorkerInfo, printable
 from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.vacancy import Vacancy
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
-from daskvine_py.scheduler.messages import BytesRelayed
+from daskvine_py.scheduler.messages import BytesRelayed, Eject
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.transport import has_more, send_batch
 
@@ -95,8 +95,6 @@ HOSTNAME = socket.gethostname()
 #: What an identity that has not registered may send: a registration, or a status
 #: client's records (``StatusRequest``, ``RetireWorker``).
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
-
-
 
 
 class IOLoop:
@@ -446,6 +444,15 @@ class IOLoop:
         self.outboxes.pop(ident, None)
         self.events.append(s.WorkerLost(ident, reason))
 
+    def _eject(self, ident: bytes, reason: str) -> None:
+        """Told to leave and lost: its tasks run elsewhere, its results are recomputed."""
+        info = self.workers.get(ident)
+        if info is None:
+            return
+        logger.warning("ejected worker %s: %s", printable(info.name), reason)
+        self._lose_worker(ident, f"ejected: {reason}")
+        self._send_now(ident, [p.Shutdown(f"ejected by the manager: {reason}")])
+
     def _check_timers(self, now: float) -> None:
         exited = {
             proc.pid: proc.returncode for proc in self.local_processes if proc.poll() is not None
@@ -511,6 +518,8 @@ class IOLoop:
                     self.watching.output(instruction)
                 elif kind is s.RunDone or kind is s.RunFailed:
                     self.watching.end(instruction, time.monotonic())
+                elif kind is Eject:
+                    self._eject(instruction.worker, instruction.reason)
                 elif kind is s.RunAborted:
                     self._end_failed(instruction.run_id, instruction.error, instruction.what)
                 elif kind is s.EventDropped:

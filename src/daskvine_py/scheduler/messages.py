@@ -228,6 +228,14 @@ class EventDropped(NamedTuple):
     error: BaseException
 
 
+class Eject(NamedTuple):
+    """This worker cannot be trusted with work (it lies about tasks, ignores ``Withdraw``,
+    stops making progress): tell it to leave and lose it, its tasks run elsewhere."""
+
+    worker: WorkerId
+    reason: str
+
+
 class BytesRelayed(NamedTuple):
     """A result went from its holder through the manager to a worker that could not reach
     the holder (``protocol.Relay``)."""
@@ -281,6 +289,6 @@ class CacheWrite(NamedTuple):
 
 #: Everything ``state.SchedulerState.handle`` returns.
 Instruction = (
-    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | BytesRelayed
+    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | BytesRelayed
     | BytesInlined | Dispatched | TaskFinished | CacheWrite
 )  # fmt: skip
