@@ -646,6 +646,7 @@ VALID = {
     p.Upload: (_IDS,),
     p.Relayed: (_ID, _VALUE),
     p.Withdrawn: (_IDS,),
+    p.Started: (_IDS,),
     p.Transfers: (st.lists(st.tuples(_ADDRESS, _SIZE), max_size=2).map(tuple),),
     p.DiskFull: (st.booleans(),),
     p.Status: (_SIZE, _SIZE, _SIZE, _SIZE),
@@ -661,6 +662,7 @@ VALID = {
     p.Release: (_IDS,),
     p.Cancel: (_IDS,),
     p.Withdraw: (_IDS,),
+    p.Abort: (_IDS, _TEXT),
     p.Replicate: (_ID, st.lists(_ADDRESS, max_size=2).map(tuple)),
     p.Heartbeat: (),
     p.Shutdown: (_TEXT,),
@@ -770,7 +772,7 @@ def test_fuzz_frames_decode_valid_or_raise_protocol_error(direction, frames):
 # -- fuzzing: the scheduler state under inconsistent reports ---------------------------------
 
 _REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-            p.Withdrawn, p.DiskFull, p.Relay, p.Uploaded)  # fmt: skip
+            p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded)  # fmt: skip
 
 
 #: The raw material of a false report, drawn before the run: which values it takes is
@@ -805,7 +807,7 @@ def bogus_report(spec, state):
     elif kind is p.FetchFailed:
         peers = [(), ("w0",), ("w1", "w2")][other % 3]
         message = p.FetchFailed(task_id, 1 + other % max_id, peers)
-    elif kind in (p.Replicas, p.Withdrawn, p.Lost, p.Relay):
+    elif kind in (p.Replicas, p.Withdrawn, p.Started, p.Lost, p.Relay):
         message = kind((task_id, 1 + other % max_id)[: other % 3])
     elif kind is p.Uploaded:
         message = p.Uploaded(task_id, dumps("bogus") if other % 2 else None)

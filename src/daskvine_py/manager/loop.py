@@ -84,6 +84,7 @@ _STATE_REPORTS = frozenset(
         p.Replicas,
         p.Lost,
         p.Withdrawn,
+        p.Started,
         p.DiskFull,
         p.Relay,
         p.Uploaded,

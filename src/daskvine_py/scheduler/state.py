@@ -190,6 +190,7 @@ class SchedulerState:
             p.Relay: self.relays.on_relay,
             p.Uploaded: self._on_uploaded,
             p.Withdrawn: self.stealing.on_withdrawn,
+            p.Started: lambda worker, msg: None,  # (read by the fault watch: to come)
             p.DiskFull: self.dispatch.on_disk_full,
         }
         self._events: dict[type, Handler] = {

@@ -40,6 +40,7 @@ from daskvine_py.wire.records import (
     TO_MANAGER,
     TO_PEER,
     TO_WORKER,
+    Abort,
     Cancel,
     Data,
     DepLocation,
@@ -61,6 +62,7 @@ from daskvine_py.wire.records import (
     RetireWorker,
     RunConfig,
     Shutdown,
+    Started,
     Status,
     StatusReply,
     StatusRequest,
@@ -88,10 +90,10 @@ from daskvine_py.wire.validation import (
 
 #: Every name other modules use as ``p.NAME``: the records, their checks, the drop log.
 __all__ = [
-    "DropLog", "Cancel", "Data", "DepLocation", "DiskFull", "Execute", "FetchFailed",
+    "DropLog", "Abort", "Cancel", "Data", "DepLocation", "DiskFull", "Execute", "FetchFailed",
     "FROM_CLIENT", "FROM_PEER", "Function", "GetData", "Goodbye", "Heartbeat", "inlinable",
     "INLINE_BYTES", "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
-    "Replicas", "Replicate", "RetireWorker", "RunConfig", "Shutdown", "Status",
+    "Replicas", "Replicate", "RetireWorker", "RunConfig", "Shutdown", "Started", "Status",
     "StatusReply", "StatusRequest", "TaskCrashed", "TaskDone", "TaskErred", "TaskId",
     "TO_CLIENT", "TO_MANAGER", "TO_PEER", "TO_WORKER",
     "ToManager", "Transfers", "Upload", "Uploaded",
@@ -101,7 +103,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 #: How the first frame of every message of ours begins.
 MAGIC = b"dvp"
 

@@ -123,6 +123,14 @@ class Withdrawn(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Started(NamedTuple):
+    """Tasks that began running here (their inputs were all in, a library took them):
+    the manager times stragglers from this, and a lost worker counts against the
+    retries only of tasks that had started there."""
+
+    task_ids: tuple[TaskId, ...]
+
+
 class Transfers(NamedTuple):
     """Bytes this worker received from each peer (by peer address) since its last report."""
 
@@ -221,6 +229,15 @@ class Withdraw(NamedTuple):
     task_ids: tuple[TaskId, ...]
 
 
+class Abort(NamedTuple):
+    """Stop these tasks, even those running (the process running one is killed): the
+    manager has given them to another worker (a straggler, a quarantined worker). The
+    worker answers nothing for them; results of a killed library are reported ``Lost``."""
+
+    task_ids: tuple[TaskId, ...]
+    reason: str
+
+
 class Upload(NamedTuple):
     """Send these results to the manager (``Uploaded``): a worker that cannot reach this
     one needs them."""
@@ -293,16 +310,16 @@ class Data(NamedTuple):
 
 TO_MANAGER: frozenset[type] = frozenset(
     {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
-     Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
+     Started, Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
 )  # fmt: skip
 #: Any record a worker sends its manager (the members of ``TO_MANAGER``).
 ToManager: TypeAlias = (
     Register | TaskDone | TaskErred | TaskCrashed | FetchFailed | Replicas | Lost | Withdrawn
-    | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded
+    | Started | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded
 )  # fmt: skip
 TO_WORKER: frozenset[type] = frozenset(
-    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Replicate,
-     Heartbeat, Shutdown, Upload, Relayed}
+    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Abort,
+     Replicate, Heartbeat, Shutdown, Upload, Relayed}
 )  # fmt: skip
 TO_PEER: frozenset[type] = frozenset({GetData})
 FROM_PEER: frozenset[type] = frozenset({Data})

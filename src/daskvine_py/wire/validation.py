@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from daskvine_py.errors import ProtocolError
 from daskvine_py.options import EXEC_MODES, TASK_MODES
 from daskvine_py.wire.records import (
+    Abort,
     Cancel,
     Data,
     DepLocation,
@@ -37,6 +38,7 @@ from daskvine_py.wire.records import (
     RetireWorker,
     RunConfig,
     Shutdown,
+    Started,
     Status,
     StatusReply,
     StatusRequest,
@@ -236,6 +238,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Relay: (_IDS,),
     Uploaded: (_ID, _VALUE),
     Withdrawn: (_IDS,),
+    Started: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),
     Status: (_SIZE, _SIZE, _SIZE, _SIZE),
@@ -256,6 +259,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Release: (_IDS,),
     Cancel: (_IDS,),
     Withdraw: (_IDS,),
+    Abort: (_IDS, _TEXT),
     Replicate: (_ID, _TEXTS),
     Upload: (_IDS,),
     Relayed: (_ID, _VALUE),
