@@ -8,7 +8,7 @@ accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it wit
 events. Its records are in ``records``, events and instructions in ``messages``. The state
 keeps the records and the transitions; its components, each with its own state, do the
 rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
-``Failures``, ``Relays`` and ``Caching`` (docs/architecture.md: what each decides).
+``Failures``, ``Relays``, ``Caching`` and ``Claims`` (docs/architecture.md: what each decides).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report taken about
@@ -43,7 +43,8 @@ in to "forgotten" (``Failures.dismiss``), which leaves it in no record::
 
 The result cache (``caching``) adds waiting -> released (a task its run does not compute:
 a hit, or an input only hits read) and waiting -> memory (read from disk). A report from a
-worker counts only if its task is processing there (``_held``); any other is stale.
+worker counts only if its task is processing there (``_held``); any other is stale, or a
+false claim if the manager never gave it that task (``claims``: dropped, counted).
 
 Two counters make completion and release O(edges): ``missing`` = inputs not in memory;
 ``waiters`` = dependents still waiting, ready or processing. A result is released once
@@ -59,6 +60,7 @@ from typing import Any, ClassVar
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.scheduler.cache_placement import CacheIndex
 from daskvine_py.scheduler.caching import Caching
+from daskvine_py.scheduler.claims import Claims
 from daskvine_py.scheduler.constraints import Constraints, retries_of
 from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.dispatch import Dispatch
@@ -153,20 +155,23 @@ class SchedulerState:
         extra = self.saturation.extra
         self.locality = Locality(queue, extra, transition, chain_ahead, sibling_inputs)
         self.stealing = Stealing(workers, queue, self.constraints.room, send, held, transition)
+        withdrawing, next_id = self.stealing.withdrawing, lambda: self._next_task_id
+        self.claims = Claims(workers, tasks, out, send, held, withdrawing, next_id)
+        tell = self.claims.send  # (remembers what takes tasks back: their reports are stale)
         self.failures = Failures(
-            workers, runs, tasks, out, queue, self.constraints.placing, transition, send, held,
+            workers, runs, tasks, out, queue, self.constraints.placing, transition, tell, held,
             drop_run, self.stealing.settled,
         )  # fmt: skip
         self.caching = Caching(
-            workers, runs, tasks, out, transition, send, self._lose, self._recompute, drop_run,
+            workers, runs, tasks, out, transition, tell, self._lose, self._recompute, drop_run,
             self.failures.dismiss,
         )  # fmt: skip
         cache_runs = self.caching.cache_runs
         self.copies = Copies(
-            tasks, workers, transition, send, held, self.caching.lost, self.caching.payload,
+            tasks, workers, transition, tell, held, self.caching.lost, self.caching.payload,
             cache_runs,
         )  # fmt: skip
-        self.relays = Relays(tasks, workers, out, send)
+        self.relays = Relays(tasks, workers, out, tell)
         self.dispatch = Dispatch(
             workers, queue, full, out, transition, send, abort, self.constraints, extra,
             self.locality.send_ahead, self.stealing.steal_for_idle_workers,
@@ -180,17 +185,19 @@ class SchedulerState:
         self._pull_siblings = self.locality.pull_siblings
         self._settled = self.stealing.settled
         self._cache_runs = cache_runs  # (tested for emptiness: any run with a cache plan?)
+        checked = self.claims.checked  # what only claims reach: checked first (``claims``)
         self._reports: dict[type, Handler] = {
             p.TaskDone: self._on_task_done,
             p.TaskErred: self._on_task_erred,
             p.TaskCrashed: self._on_task_crashed,
-            p.FetchFailed: self.copies.on_fetch_failed,
-            p.Replicas: self.copies.on_replicas,
-            p.Lost: self.copies.on_lost,
-            p.Relay: self.relays.on_relay,
-            p.Uploaded: self._on_uploaded,
-            p.Withdrawn: self.stealing.on_withdrawn,
-            p.Started: lambda worker, msg: None,  # (read by the fault watch: to come)
+            p.FetchFailed: checked(p.FetchFailed, self.copies.on_fetch_failed),
+            p.Replicas: checked(p.Replicas, self.copies.on_replicas),
+            p.Lost: checked(p.Lost, self.copies.on_lost),
+            p.Relay: checked(p.Relay, self.relays.on_relay),
+            p.Uploaded: checked(p.Uploaded, self.relays.on_uploaded, self.caching.uploaded),
+            p.Withdrawn: checked(p.Withdrawn, self.stealing.on_withdrawn),
+            p.Started: checked(p.Started, lambda worker, msg: None),  # (the fault watch: to come)
+            p.Transfers: self.claims.on_transfers,  # (only those the manager's loop doubts)
             p.DiskFull: self.dispatch.on_disk_full,
         }
         self._events: dict[type, Handler] = {
@@ -217,7 +224,7 @@ class SchedulerState:
         """
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
-        self.now = self.dispatch.now = now
+        self.now = self.dispatch.now = self.claims.now = now
         handlers = self._events
         runs = len(self.runs)
         for event in events:
@@ -384,10 +391,7 @@ class SchedulerState:
     def _on_task_done(self, worker: WorkerRecord, msg: p.TaskDone) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            # Nothing needs this copy (unless it is known to be there already).
-            known = self.tasks.get(msg.task_id)
-            if known is None or worker not in known.who_has:
-                self._send(worker, p.Release((msg.task_id,)))
+            self.claims.stale_done(worker, msg.task_id)  # stale (released), or a false claim
             return
         run = task.run
         if run.watched:
@@ -418,7 +422,8 @@ class SchedulerState:
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            self.copies.not_held(msg.task_id, worker)
+            if self.claims.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
+                self.copies.not_held(msg.task_id, worker)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
@@ -427,7 +432,8 @@ class SchedulerState:
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            self.copies.not_held(msg.task_id, worker)
+            if self.claims.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
+                self.copies.not_held(msg.task_id, worker)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
@@ -443,10 +449,6 @@ class SchedulerState:
             return True
         self._transition(task, "ready" if task.missing == 0 else "waiting")
         return False
-
-    def _on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:
-        self.relays.on_uploaded(worker, msg)
-        self.caching.uploaded(worker, msg)  # outputs of the cache, results for its disk
 
     # -- what the components call back ----------------------------------------------------
 
@@ -506,14 +508,14 @@ class SchedulerState:
         self._assign(task, worker)
 
     def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
-        self._unassign(task)
+        self.claims.remember(self._unassign(task), task.id)  # its reports there are stale
         self._recall_sent_ahead(task)
         self._waiting_to_ready(task, None)
 
     def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         held = self._unassign(task)
         if held is not None and held.id in self.workers:
-            self._send(held, p.Cancel((task.id,)))
+            self.claims.send(held, p.Cancel((task.id,)))
         self._recall_sent_ahead(task)
 
     def _recall_sent_ahead(self, task: TaskRecord) -> None:

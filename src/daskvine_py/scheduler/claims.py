@@ -1,0 +1,320 @@
+"""Reports checked against what the manager told each worker.
+
+A component of ``state.SchedulerState``. A worker may report on the tasks the manager sent
+it (done, erred, crashed, started, withdrawn, an input it could not fetch), on copies it was
+asked to make or fetched as inputs of its tasks (``Replicas``, ``Relay``), on results it
+holds (``Lost``), on uploads it was asked for (``Uploaded``) and on bytes from its peers
+(``Transfers``, which the manager's loop checks: ``manager/transfers.py``). The common
+case, a report about a task processing there, costs nothing here: the state's handlers
+look the task up anyway (``held``), and only a report that misses comes here.
+
+Such a report is *stale* when the manager took the task back from that worker meanwhile
+(cancelled, aborted, withdrawn, asked to upload or copy it) and the worker could not know
+yet: it stays harmless (the handler's usual answer) and is not counted. What was taken
+back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
+cancelled while it runs reports when it ends, which may be long after). Anything else is
+a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
+per worker, and at ``EJECT_AFTER`` in a row the worker is ejected (``Eject``). A copy
+reported lost or fetched just as its result was released is a race the manager cannot
+tell from a lie (releases are not remembered: that would cost every task): it is applied,
+harmlessly, and not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from daskvine_py.scheduler.messages import Eject, Instruction, ToWorker, WorkerId
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
+from daskvine_py.wire import protocol as p
+
+logger = logging.getLogger("daskvine_py.manager")
+
+#: False claims that eject a worker. An honest worker makes none, short of a race the
+#: memory below forgot (one at a time, rare); a liar makes hundreds a second. Twenty is
+#: well clear of the first and stops the second within one message.
+EJECT_AFTER = 20
+#: Seconds without a false claim after which a worker's count starts again: only a worker
+#: that keeps lying is ejected, not one that met a rare race twenty times in a day.
+FORGIVE_AFTER = 600.0
+#: Task ids taken back remembered per worker, and more per core (tasks running there).
+REMEMBERED = 256
+REMEMBERED_PER_CORE = 32
+
+#: Reports that name tasks by the tuple ``task_ids``.
+IdsReport = TypeVar("IdsReport", p.Started, p.Withdrawn, p.Lost, p.Replicas, p.Relay)
+#: A report's handler: (the worker, the report).
+Handler = Callable[[WorkerRecord, Any], None]
+
+
+class Told:
+    """What one worker was told that outlives a task's stay there, and its false claims."""
+
+    __slots__ = ("ids", "cap", "false", "last", "ejected")
+
+    def __init__(self, cores: int) -> None:
+        #: task ids taken back from it or asked of it (an ordered set, oldest first)
+        self.ids: dict[int, None] = {}
+        self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
+        #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
+        #: the last was (the state's clock)
+        self.false = 0
+        self.last = 0.0
+        self.ejected = False
+
+
+class Claims:
+    """Per worker, what it may still report on, and its false claims; see the module
+    docstring.
+
+    It reads the state's ``workers`` and ``tasks`` and appends to its ``out``; ``send``
+    and ``held`` are the state's; ``withdrawing`` is ``Stealing``'s (tasks asked back);
+    ``next_id()``: the id the next task will get (no task had a larger one). The state
+    sets ``now`` for every ``handle``.
+    """
+
+    __slots__ = ("workers", "tasks", "out", "_send", "held", "withdrawing", "next_id",
+                 "told", "drops", "now")  # fmt: skip
+
+    def __init__(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        tasks: dict[int, TaskRecord],
+        out: list[Instruction],
+        send: Callable[[WorkerRecord, ToWorker], None],
+        held: Callable[[int, WorkerRecord], TaskRecord | None],
+        withdrawing: set[TaskRecord],
+        next_id: Callable[[], int],
+    ) -> None:
+        self.workers = workers
+        self.tasks = tasks
+        self.out = out
+        self._send = send
+        self.held = held
+        self.withdrawing = withdrawing
+        self.next_id = next_id
+        #: by worker record (a worker that rejoins is a new record, with a clean slate)
+        self.told: dict[WorkerRecord, Told] = {}
+        #: the warnings about false claims: one a minute per worker at most
+        self.drops = p.DropLog(logger)
+        self.now = 0.0
+
+    # -- what the manager tells workers ---------------------------------------------------
+
+    def send(self, worker: WorkerRecord, message: ToWorker) -> None:
+        """The state's ``send``, remembering what takes a task back or asks for a result
+        (``Cancel``, ``Abort``, ``Upload``, ``Replicate``): the components' sends go here
+        (never ``Execute``'s: the per-task path)."""
+        if isinstance(message, (p.Cancel, p.Upload, p.Abort)):
+            for task_id in message.task_ids:
+                self.remember(worker, task_id)
+        elif isinstance(message, p.Replicate):
+            self.remember(worker, message.task_id)
+        self._send(worker, message)
+
+    def remember(self, worker: WorkerRecord | None, task_id: int) -> None:
+        """``task_id`` left ``worker`` (or was asked of it): reports about it are stale."""
+        if worker is None:
+            return
+        told = self._told(worker)
+        ids = told.ids
+        ids[task_id] = None
+        if len(ids) > told.cap:
+            del ids[next(iter(ids))]
+
+    def _told(self, worker: WorkerRecord) -> Told:
+        told = self.told.get(worker)
+        if told is None:
+            if len(self.told) > 2 * len(self.workers) + 8:  # forget workers that are gone
+                workers = self.workers
+                for gone in [w for w in self.told if workers.get(w.id) is not w]:
+                    del self.told[gone]
+            told = self.told[worker] = Told(worker.cores)
+        return told
+
+    # -- reports that missed ----------------------------------------------------------------
+
+    def stale(self, worker: WorkerRecord, task_id: int, report: object) -> bool:
+        """A report about a task not processing on ``worker``: True if the manager sent it
+        there (taken back since, or its result is held there), the caller's usual answer
+        follows; False: a false claim, counted, to be dropped."""
+        told = self.told.get(worker)
+        if told is not None and task_id in told.ids:
+            return True
+        task = self.tasks.get(task_id)
+        if task is not None and worker in task.who_has:
+            return True
+        self.false_claim(worker, report, task_id)
+        return False
+
+    def stale_done(self, worker: WorkerRecord, task_id: int) -> None:
+        """A ``TaskDone`` about a task not processing there: nothing needs the copy,
+        unless it is known to be there already (a false claim gets no answer)."""
+        if self.stale(worker, task_id, "a TaskDone"):
+            known = self.tasks.get(task_id)
+            if known is None or worker not in known.who_has:
+                self._send(worker, p.Release((task_id,)))
+
+    def on_transfers(self, worker: WorkerRecord, msg: p.Transfers) -> None:
+        """A ``Transfers`` the manager's loop found impossible (peers that never joined,
+        byte counts no link moves): not counted in the transfers; a false claim."""
+        self.false_claim(worker, "a Transfers naming peers it cannot have fetched from", None)
+
+    def false_claim(self, worker: WorkerRecord, report: object, task_id: int | None) -> None:
+        """Count, log (once a minute per worker) and, at ``EJECT_AFTER``, eject."""
+        told = self._told(worker)
+        if told.ejected:
+            return  # told to leave: the rest of its messages are dropped quietly
+        now = self.now
+        if now - told.last > FORGIVE_AFTER:
+            told.false = 0
+        told.false += 1
+        told.last = now
+        what = report if isinstance(report, str) else f"a {type(report).__name__}"
+        if task_id is not None:
+            what = f"{what} about task {task_id}"
+        name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
+        self.drops.warn(
+            ("false claim", worker.id), now, "worker %s reported %s, which the manager never "
+            "sent or asked it for: dropped (%d such in a row; ejected at %d)", name, what,
+            told.false, EJECT_AFTER,
+        )  # fmt: skip
+        if told.false >= EJECT_AFTER:
+            told.ejected = True
+            reason = f"{told.false} reports about work it was never given (the last: {what})"
+            self.out.append(Eject(worker.id, reason))
+
+    # -- the reports only claims reach, checked before their handlers -------------------------
+
+    def checked(self, kind: type, *handlers: Handler) -> Handler:
+        """The state's handler of reports of ``kind``: their claims checked first, then
+        ``handlers`` called with what is left (a report, perhaps with fewer ids)."""
+        check = _CHECKS[kind]
+        withdrawn = kind is p.Withdrawn
+
+        def on_report(worker: WorkerRecord, msg: Any) -> None:
+            kept = check(self, worker, msg)
+            if kept is None:
+                return
+            for handler in handlers:
+                handler(worker, kept)
+            if withdrawn:  # gone for good by its own word (remembered as taken back)
+                self.forget(worker, kept.task_ids)
+
+        return on_report
+
+    def forget(self, worker: WorkerRecord, task_ids: Iterable[int]) -> None:
+        """Forget ids remembered for ``worker``: no report about them can follow."""
+        told = self.told.get(worker)
+        if told is not None:
+            for task_id in task_ids:
+                told.ids.pop(task_id, None)
+
+    def _task_report(self, worker: WorkerRecord, msg: Any) -> Any:
+        """``FetchFailed``: about a task processing there, or a stale one."""
+        if self.held(msg.task_id, worker) is not None or self.stale(worker, msg.task_id, msg):
+            return msg
+        return None
+
+    def _started(self, worker: WorkerRecord, msg: p.Started) -> p.Started | None:
+        """Tasks that began running: those processing there (stale ones are dropped)."""
+        kept = []
+        for task_id in msg.task_ids:
+            if self.held(task_id, worker) is not None:
+                kept.append(task_id)
+            else:
+                self.stale(worker, task_id, msg)
+        return _same_or_fewer(msg, kept)
+
+    def _withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> p.Withdrawn | None:
+        """Tasks given back: only those asked back (``Withdraw``) still processing there.
+        One given back unasked might be running there: moved, it would run twice."""
+        kept = []
+        told = self.told.get(worker)
+        for task_id in msg.task_ids:
+            task = self.held(task_id, worker)
+            if task is not None and task in self.withdrawing:
+                kept.append(task_id)
+            elif told is None or task_id not in told.ids:
+                self.false_claim(worker, msg, task_id)
+        return _same_or_fewer(msg, kept)
+
+    def _copies(self, worker: WorkerRecord, msg: Any) -> Any:
+        """``Replicas`` and ``Relay``: copies of results it was asked to make or fetched
+        for its tasks. Claiming another would make it a holder peers fetch from."""
+        kept = []
+        for task_id in msg.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None:
+                if 0 < task_id < self.next_id():
+                    kept.append(task_id)  # its run ended: a race, harmless (released)
+                    continue
+            elif worker in task.who_has or self._fetching(worker, task):
+                kept.append(task_id)
+                continue
+            self.false_claim(worker, msg, task_id)
+        return _same_or_fewer(msg, kept)
+
+    def _fetching(self, worker: WorkerRecord, task: TaskRecord) -> bool:
+        """Whether ``worker`` was asked to copy ``task``'s result, or holds (or held until
+        taken back) a task that reads it. The shorter of its readers and the worker's
+        tasks is searched."""
+        told = self.told.get(worker)
+        ids: Mapping[int, None] = told.ids if told is not None else {}
+        if task.id in ids:
+            return True
+        readers = task.dependents
+        processing = worker.processing
+        if len(readers) <= len(processing):
+            return any(r.worker is worker or r.id in ids for r in readers)
+        if any(task in reader.deps for reader in processing):
+            return True
+        return bool(ids) and any(r.id in ids for r in readers)
+
+    def _lost(self, worker: WorkerRecord, msg: p.Lost) -> p.Lost | None:
+        """Results it no longer holds: a result in memory it was never said to hold is a
+        false claim (one that left memory may have been released just then: a race)."""
+        told = self.told.get(worker)
+        kept = []
+        for task_id in msg.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None:
+                if 0 < task_id < self.next_id():
+                    continue  # its run ended: nothing to do, nothing to count
+            elif worker in task.who_has:
+                kept.append(task_id)
+                continue
+            elif task.state != "memory" or (told is not None and task_id in told.ids):
+                continue
+            self.false_claim(worker, msg, task_id)
+        return _same_or_fewer(msg, kept)
+
+    def _uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> p.Uploaded | None:
+        """A result sent to the manager: only one asked of this worker (``Upload``), else
+        a value nobody asked it for would reach the workers waiting for it."""
+        told = self.told.get(worker)
+        if told is not None and msg.task_id in told.ids:
+            return msg
+        self.false_claim(worker, msg, msg.task_id)
+        return None
+
+
+def _same_or_fewer(msg: IdsReport, kept: list[int]) -> IdsReport | None:
+    """``msg`` itself if every id was kept (the usual case), a copy with ``kept``, or None."""
+    if len(kept) == len(msg.task_ids):
+        return msg
+    return msg._replace(task_ids=tuple(kept)) if kept else None
+
+
+#: The check of each kind of report ``Claims.checked`` takes.
+_CHECKS: dict[type, Callable[[Claims, WorkerRecord, Any], Any]] = {
+    p.FetchFailed: Claims._task_report,
+    p.Started: Claims._started,
+    p.Withdrawn: Claims._withdrawn,
+    p.Replicas: Claims._copies,
+    p.Relay: Claims._copies,
+    p.Lost: Claims._lost,
+    p.Uploaded: Claims._uploaded,
+}
