@@ -28,6 +28,7 @@ from daskvine_py.batch.planner import Demand
 from daskvine_py.batch.status import ManagerRefused, ManagerUnreachable, StatusClient
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
+from keyed import KeyedWorker
 from sockets import dealer
 from test_pool import _slurm_available, _wait
 
@@ -219,9 +220,14 @@ def test_a_status_client_sees_the_demand_and_retires_an_idle_worker(manager):
         assert run.result == tuple(range(1, 9))
         # a status client never counts as a worker
         assert sorted(manager.workers) == ["local-0", "local-1"]
-        client.retire("local-0", "a test")
-        _wait(lambda: "local-0" not in manager.workers, 30, "local-0 still there")
-        assert list(client.demand().workers) == ["local-1"]
+        # It retires an idle worker of a pool, not one the manager started (test_claims.py).
+        with KeyedWorker(manager, "pool-0", cores=1) as pooled:
+            _wait(lambda: "pool-0" in client.demand().workers, 30, "pool-0 not seen")
+            client.retire("pool-0", "a test")
+            (shutdown,) = pooled.receive(p.Shutdown, 1)
+            assert shutdown.reason == "a test"
+        _wait(lambda: "pool-0" not in manager.workers, 30, "pool-0 still there")
+        assert sorted(client.demand().workers) == ["local-0", "local-1"]
     total = db.from_sequence(range(10), npartitions=5).map(slow_inc).sum()
     assert dask.compute(total, scheduler=manager.get) == dask.compute(total, scheduler="sync")
 

@@ -58,6 +58,7 @@ from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire,
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.registry import Registry, WorkerInfo, printable
 from daskvine_py.manager.runinfo import MANAGER
+from daskvine_py.manager.transfers import credible
 from daskvine_py.manager.vacancy import Vacancy
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
@@ -75,21 +76,10 @@ DRAIN_LIMIT = 10_000
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
 #: Worker reports the scheduler state takes (``state.FromWorker``).
-_STATE_REPORTS = frozenset(
-    {
-        p.TaskDone,
-        p.TaskErred,
-        p.TaskCrashed,
-        p.FetchFailed,
-        p.Replicas,
-        p.Lost,
-        p.Withdrawn,
-        p.Started,
-        p.DiskFull,
-        p.Relay,
-        p.Uploaded,
-    }
-)
+_STATE_REPORTS = frozenset({
+    p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost, p.Withdrawn,
+    p.Started, p.DiskFull, p.Relay, p.Uploaded,
+})  # fmt: skip
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.
 HOSTNAME = socket.gethostname()
@@ -133,7 +123,8 @@ class IOLoop:
         self.liveness = Liveness(options.worker_timeout, options.heartbeat_interval)
         self.outboxes: dict[bytes, list[Any]] = {}
         self.registry = Registry(
-            self._post, self._drops, options.heartbeat_interval, state.load, state.worker_loads
+            self._post, self._drops, options.heartbeat_interval, state.load, state.worker_loads,
+            local_processes,
         )
         #: the registry's workers by identity (the same dict: read for every batch)
         self.workers: dict[bytes, WorkerInfo] = self.registry.workers
@@ -404,8 +395,9 @@ class IOLoop:
                     if message.value is not None:
                         self.watching.count(info.name, MANAGER, message.value.nbytes)
                 elif kind is p.Transfers:
-                    self.watching.received(info.name, message)
-                    continue
+                    if credible(message, self.watching.names_by_peer, info.peer_address):
+                        self.watching.received(info.name, message)
+                        continue  # (else the state counts it a false claim)
                 elif kind is p.Status:
                     info.status = message
                     self.registry.publish(ident, info)

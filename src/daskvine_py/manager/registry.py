@@ -14,8 +14,10 @@ loop's alone.
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from daskvine_py.batch.planner import Demand
@@ -24,6 +26,12 @@ from daskvine_py.manager.openfiles import OpenFiles
 from daskvine_py.wire import protocol as p
 
 logger = logging.getLogger("daskvine_py.manager")
+
+#: This host's name, as local workers give it.
+_HOSTNAME = socket.gethostname()
+#: Identities that registered as workers, remembered (past it, the oldest are forgotten):
+#: a status client's ``RetireWorker`` is refused from them.
+REMEMBERED_WORKERS = 100_000
 
 
 def printable(text: str) -> str:
@@ -71,6 +79,9 @@ class Registry:
         What a ``Welcome`` tells a worker.
     load, worker_loads
         The scheduler state's ``load`` and ``worker_loads``, for the demand.
+    local_processes
+        The workers this manager started (``Manager.start_workers``): no status client
+        retires them.
     """
 
     def __init__(
@@ -80,12 +91,17 @@ class Registry:
         heartbeat_interval: float,
         load: Callable[[], tuple[int, int, int]],
         worker_loads: Callable[[], dict[Any, tuple[int, int]]],
+        local_processes: Sequence[subprocess.Popen] = (),
     ) -> None:
         self._post = post
         self._drops = drops
         self._heartbeat_interval = heartbeat_interval
         self._load = load
         self._worker_loads = worker_loads
+        self._local_processes = local_processes
+        #: identities that ever registered (an ordered set), and status clients' names
+        self._registered: dict[bytes, None] = {}
+        self._client_names: dict[bytes, str] = {}
         #: registered workers by identity (the loop reads it for every batch: never replaced)
         self.workers: dict[bytes, WorkerInfo] = {}
         #: guards ``snapshot``; notified when a worker joins or leaves, or the loop dies
@@ -166,6 +182,9 @@ class Registry:
             reg = reg._replace(name=name)
         info = WorkerInfo(reg)
         self.workers[ident] = info
+        self._registered[ident] = None
+        if len(self._registered) > REMEMBERED_WORKERS:
+            del self._registered[next(iter(self._registered))]
         self._names[name] = ident
         self.publish(ident, info)
         logger.info(
@@ -251,14 +270,45 @@ class Registry:
                 )  # fmt: skip
                 continue
             if kind is p.RetireWorker:
-                self.retire(message.name, message.reason)
+                self._retire_for(ident, message, now)
                 continue
             logger.debug("status request from %s", message.name)
+            if ident not in self._client_names and len(self._client_names) < 1024:
+                self._client_names[ident] = message.name
             self.wants_demand = True  # from now on, idle times are sampled every check
             self.publish_demand(now)
             demand = self.demand
             loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
             self._post(ident, p.StatusReply(demand.cores_needed, loads))
+
+    def _retire_for(self, ident: bytes, message: p.RetireWorker, now: float) -> None:
+        """A status client's ``RetireWorker``. Any holder of the keys can send one, and the
+        protocol cannot tell a pool from it, so a request may only do what a pool does:
+        retire an idle worker the manager did not start, from an identity that never
+        registered as a worker. Others are refused, with a warning a minute at most."""
+        target = next((i for i, info in self.workers.items() if info.name == message.name), None)
+        if target is None:
+            return  # gone already (a pool may ask twice)
+        info = self.workers[target]
+        if ident in self._registered:
+            why = "that client's identity registered as a worker"
+        elif self._started_here(info):
+            why = "the manager started that worker itself (start_workers)"
+        elif self._worker_loads().get(target, (0, 0))[1]:
+            why = "that worker has tasks"
+        else:
+            self.retire(message.name, message.reason)
+            return
+        client = self._client_names.get(ident)
+        self._drops.warn(
+            ("refused retire",), now, "refused to retire worker %s for status client %s: %s",
+            printable(info.name), repr(ident[:32]) if client is None else printable(client), why,
+        )  # fmt: skip
+
+    def _started_here(self, info: WorkerInfo) -> bool:
+        return info.hostname == _HOSTNAME and any(
+            proc.pid == info.pid for proc in self._local_processes
+        )
 
     def publish_demand(self, now: float) -> None:
         """The work's demand and each worker's idle time, for worker pools."""
