@@ -14,7 +14,8 @@ yet: it stays harmless (the handler's usual answer) and is not counted. What was
 back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
-per worker, and at ``EJECT_AFTER`` in a row the worker is ejected (``Eject``). A copy
+per worker, and at ``EJECT_AFTER`` (none forgiven: ``FORGIVE_AFTER``) the worker is
+ejected (``Eject``). A copy
 reported lost or fetched just as its result was released is a race the manager cannot
 tell from a lie (releases are not remembered: that would cost every task): it is applied,
 harmlessly, and not counted.
@@ -116,8 +117,8 @@ class Claims:
 
     def remember(self, worker: WorkerRecord | None, task_id: int) -> None:
         """``task_id`` left ``worker`` (or was asked of it): reports about it are stale."""
-        if worker is None:
-            return
+        if worker is None or self.workers.get(worker.id) is not worker:
+            return  # (gone: nothing more comes from it)
         told = self._told(worker)
         ids = told.ids
         ids[task_id] = None
@@ -178,7 +179,7 @@ class Claims:
         name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
         self.drops.warn(
             ("false claim", worker.id), now, "worker %s reported %s, which the manager never "
-            "sent or asked it for: dropped (%d such in a row; ejected at %d)", name, what,
+            "sent or asked it for: dropped (%d such so far; ejected at %d)", name, what,
             told.false, EJECT_AFTER,
         )  # fmt: skip
         if told.false >= EJECT_AFTER:
