@@ -9,7 +9,6 @@ import threading
 import dask
 import dask.array as da
 import pytest
-from keyed import KeyedWorker
 
 from daskvine_py import Manager
 from daskvine_py.errors import TaskFailed
@@ -17,6 +16,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.verify import chosen
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
+from keyed import KeyedWorker
 
 W1, W2 = b"w1", b"w2"
 
