@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import fetching, pipe
+from daskvine_py.worker import fetching, pipe, serving
 from daskvine_py.worker import state as ws
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
@@ -551,6 +551,10 @@ def test_a_dead_library_loses_its_live_results_and_blames_the_task_it_was_runnin
     assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
 
 
+def _unreadable(task_id, exc):
+    raise AssertionError(f"result {task_id} could not be read back") from exc
+
+
 # -- a simulated worker under random events ----------------------------------------------------
 
 PEERS = ("tcp://a:1", "tcp://b:1")
@@ -671,13 +675,15 @@ class SimulatedWorker:
             self.lib_live[lib_id].discard(task_id)
 
     def ask(self, index, task_id):
-        """A peer asks for a result: the store answers, or an export of a live one."""
+        """A peer asks for a result, answered as the peer server answers: from the store,
+        or once a live one is exported."""
         ident = f"peer-{index}".encode()
         if ident in self.asks:
             return
         self.asks[ident] = (task_id, [])
-        if task_id not in self.state.store and not self.state.serve_peer(task_id, ident):
-            self.asks[ident][1].append(p.Data(task_id, None))
+        reply = serving.answer(self.state.store, self.state, ident, task_id, _unreadable)
+        if reply is not None:
+            self.asks[ident][1].append(reply)
         self._take_outbox()
 
     def _recall_dependents(self, task_id):
@@ -827,6 +833,13 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
     slots=st.integers(1, 2),
     recent=st.sampled_from([None, 0.0005, 0.01]),
 )
+@example(  # a second peer asks for a result the first one's ask exported to the store
+    graph={1: [], 2: []},
+    steps=[("execute", 1), ("start",), ("execute", 2), ("finish", 0, "done"), ("start",),
+           ("finish", 0, "done"), ("ask", 0, 2), ("ask", 1, 2)],
+    slots=1,
+    recent=None,
+)  # fmt: skip
 def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
     sim = SimulatedWorker(graph, slots)
     if recent is not None:  # tiny tasks go in batches, short ones one queued behind
@@ -853,8 +866,9 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
             assert len(reports) == 1, (task_id, reports)
         if any(type(r) is p.TaskDone for r in reports):
             assert sim.executed.get(task_id) == 1
-    for ident, (task_id, answers) in sim.asks.items():  # every peer heard once
+    for ident, (task_id, answers) in sim.asks.items():  # every peer heard once, rightly
         assert len(answers) == 1 and answers[0].task_id == task_id, (ident, answers)
+        assert answers[0].value is None or loads(answers[0].value) == task_id, answers
 
 
 def test_the_fetch_timeout_is_a_worker_flag(capsys):

@@ -308,7 +308,8 @@ class Worker:
         if not self.running:
             return 0
         timeout = self.state.poll_timeout(time.monotonic())
-        return 0 if self.state.outbox else int(timeout * 1000) + 1
+        busy = self.state.outbox or self.peers.requests  # (peers: answers left for next turn)
+        return 0 if busy else int(timeout * 1000) + 1
 
     def _check_timers(self, now: float) -> None:
         state = self.state
