@@ -10,7 +10,6 @@ import time
 import dask
 import pytest
 import zmq
-from sockets import dealer
 
 from daskvine_py import Manager
 from daskvine_py.wire import protocol as p
@@ -18,6 +17,7 @@ from daskvine_py.wire import security
 from daskvine_py.wire.serialize import dumps, loads
 from daskvine_py.worker import serving
 from daskvine_py.worker.store import Store
+from sockets import dealer
 
 
 def _unreadable(task_id, exc):
