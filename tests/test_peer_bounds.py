@@ -4,6 +4,7 @@ memory that stays, and real graphs run right beside it."""
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 
@@ -16,6 +17,7 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.serialize import dumps, loads
 from daskvine_py.worker import serving
+from daskvine_py.worker.peers import MAX_REQUEST_BYTES, PeerLinks
 from daskvine_py.worker.store import Store
 from sockets import dealer
 
@@ -63,6 +65,67 @@ def test_large_values_go_in_several_messages_and_past_a_turns_bytes_to_the_next(
     assert [[d.task_id for d in data] for _, data in first] == [[0, 1], [2]]
     second = requests.answers(store, None, _unreadable)
     assert [[d.task_id for d in data] for _, data in second] == [[3, 4]]
+
+
+@pytest.fixture
+def server():
+    """A real peer server (``PeerLinks``) holding result 3, and a DEALER to it."""
+    context = zmq.Context()
+    store = Store()
+    store.put(3, dumps("three"))
+    links = PeerLinks(context, zmq.Poller(), store, p.DropLog(logging.getLogger(
+        "daskvine_py.worker")), "w", "127.0.0.1")  # fmt: skip
+    try:
+        yield links, dealer(context, links.address)
+    finally:
+        links.close()
+        context.destroy(linger=0)
+
+
+def _serve_until_quiet(links: PeerLinks, *socks: zmq.Socket) -> list[list[p.Data]]:
+    """Serve while requests arrive; the answers each DEALER got, all its messages' records."""
+    answers: list[list[p.Data]] = [[] for _ in socks]
+    while links.server.poll(500) or links.requests:
+        links.serve()
+        for sock, got in zip(socks, answers, strict=True):
+            while sock.poll(200):
+                got += p.decode(sock.recv_multipart(), p.FROM_PEER)
+    return answers
+
+
+@pytest.mark.timeout(60)
+def test_a_flooding_peer_gets_a_bounded_answer_and_one_warning_and_others_theirs(
+    server, caplog
+):
+    links, flooder = server
+    honest = dealer(flooder.context, links.address)
+    flood = p.encode([p.GetData(tuple(range(100, 1_000_100)))])
+    with caplog.at_level(logging.WARNING, logger="daskvine_py.worker"):
+        for _ in range(3):  # the first fills what it may have waiting: the others are dropped
+            flooder.send_multipart(flood)
+        honest.send_multipart(p.encode([p.GetData((3,))]))
+        flooded, answered = _serve_until_quiet(links, flooder, honest)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "dropped 995904 of the 1000000 ids a peer at 127.0.0.1 asked for" in warnings[0]
+    assert [d.task_id for d in flooded] == list(range(100, 100 + serving.REQUEST_IDS))
+    assert all(d.value is None for d in flooded)
+    (three,) = answered
+    assert three.task_id == 3 and loads(three.value) == "three"
+    flooder.send_multipart(flood)  # answered: it may ask again
+    (flooded,) = _serve_until_quiet(links, flooder)
+    assert len(flooded) == serving.REQUEST_IDS
+
+
+@pytest.mark.timeout(60)
+def test_a_request_past_the_size_bound_is_refused_unread(server):
+    links, sock = server
+    sock.send_multipart([p.MAGIC + b"x" * (MAX_REQUEST_BYTES + 1)])
+    assert _serve_until_quiet(links, sock) == [[]] and not links.requests
+    again = dealer(sock.context, links.address)  # that connection was closed: a new one
+    again.send_multipart(p.encode([p.GetData((3,))]))
+    ((three,),) = _serve_until_quiet(links, again)
+    assert loads(three.value) == "three"
 
 
 def _rss(pid: int) -> int:

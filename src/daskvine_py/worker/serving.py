@@ -2,7 +2,8 @@
 
 No sockets here: ``peers.PeerLinks`` reads requests and sends answers; ``PeerRequests``
 holds the ids asked for and not yet answered, and hands out at most ``TURN_IDS`` answers
-per loop turn (fewer when their values pass ``TURN_BYTES``), taking peers in turn. A
+per call (fewer when their values pass ``TURN_BYTES``), taking peers in turn; a loop
+pass calls it twice at most (as requests arrive, and before it flushes). A
 request past ``REQUEST_IDS`` ids (a real fetch asks for a handful:
 ``fetching.MAX_FETCHES_PER_PEER``) keeps its first ids and drops the rest, as does a
 peer that already has that many waiting: a worker that floods its peers' port costs
@@ -92,9 +93,6 @@ class PeerRequests:
             else:
                 del waiting[ident]
         return messages
-
-    def forget(self, ident: bytes) -> None:
-        self.waiting.pop(ident, None)
 
 
 def answer(
