@@ -31,7 +31,8 @@ def test_a_request_past_the_bound_keeps_its_first_ids_and_a_full_peer_gets_no_mo
     assert requests.take(b"a", tuple(range(1_000_000))) == 1_000_000 - serving.REQUEST_IDS
     assert list(requests.waiting[b"a"]) == list(range(serving.REQUEST_IDS))
     assert requests.take(b"a", (7, 8)) == 2  # it has as many waiting as it may
-    assert requests.take(b"b", (7, 8)) == 0
+    assert requests.take(b"b", (7, 8, 7)) == 0 and requests.take(b"b", (8, 9)) == 0
+    assert list(requests.waiting[b"b"]) == [7, 8, 9]  # each answered once
 
 
 def test_each_turn_answers_a_bounded_share_taking_peers_in_turn(monkeypatch):

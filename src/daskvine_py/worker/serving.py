@@ -13,7 +13,7 @@ answer, from the store or, for a result a library keeps live, once it is exporte
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from daskvine_py.wire import protocol as p
@@ -36,12 +36,13 @@ _OnError = Callable[[int, Exception], None]
 
 
 class PeerRequests:
-    """Ids asked for by each peer (by identity), oldest peer first."""
+    """Ids asked for by each peer (by identity), oldest peer first; an id asked for again
+    before it is answered is answered once."""
 
     __slots__ = ("waiting",)
 
     def __init__(self) -> None:
-        self.waiting: OrderedDict[bytes, deque[int]] = OrderedDict()
+        self.waiting: OrderedDict[bytes, OrderedDict[int, None]] = OrderedDict()
 
     def __bool__(self) -> bool:
         return bool(self.waiting)
@@ -53,8 +54,8 @@ class PeerRequests:
         kept = task_ids if len(task_ids) <= room else task_ids[: max(room, 0)]
         if kept:
             if queue is None:
-                queue = self.waiting[ident] = deque()
-            queue.extend(kept)
+                queue = self.waiting[ident] = OrderedDict()
+            queue.update(dict.fromkeys(kept))
         return len(task_ids) - len(kept)
 
     def answers(
@@ -74,7 +75,7 @@ class PeerRequests:
             records: list[p.Data] = []
             size = 0
             while queue and ids_left > 0 and bytes_left > 0:
-                task_id = queue.popleft()
+                task_id = queue.popitem(last=False)[0]
                 ids_left -= 1
                 data = answer(store, state, ident, task_id, on_error)
                 if data is None:

@@ -577,7 +577,7 @@ class WorkerState:
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "local_waiters", "peer_outbox"):
+        for name in ("tasks", "local_waiters", "peer_outbox", "aborted", "aborting"):
             if getattr(self, name):
                 yield name
         yield from self.fetcher.leaks()
