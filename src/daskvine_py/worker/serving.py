@@ -2,13 +2,13 @@
 
 No sockets here: ``peers.PeerLinks`` reads requests and sends answers; ``PeerRequests``
 holds the ids asked for and not yet answered, and hands out at most ``TURN_IDS`` answers
-per call (fewer when their values pass ``TURN_BYTES``), taking peers in turn; a loop
-pass calls it twice at most (as requests arrive, and before it flushes). A
-request past ``REQUEST_IDS`` ids (a real fetch asks for a handful:
-``fetching.MAX_FETCHES_PER_PEER``) keeps its first ids and drops the rest, as does a
-peer that already has that many waiting: a worker that floods its peers' port costs
-them a bounded answer, never a stalled loop or memory that stays. ``answer`` is one id's
-answer, from the store or, for a result a library keeps live, once it is exported.
+per call (fewer when their values pass ``TURN_BYTES``), taking peers in turn; a loop pass
+calls it twice at most (as requests arrive, and before it flushes). A request past
+``REQUEST_IDS`` ids (a real fetch asks for a handful: ``fetching.MAX_FETCHES_PER_PEER``)
+keeps its first ids and drops the rest, as does a peer that already has that many
+waiting: a worker that floods its peers' port costs them a bounded answer, never a
+stalled loop or memory that stays. ``answer`` is one id's answer, from the store or, for
+a result a library keeps live, once it is exported.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
-#: Ids one peer may have waiting for an answer: a thousand times what a fetch asks at once.
+#: Ids one peer may have waiting for an answer: hundreds of times what a fetch asks.
 REQUEST_IDS = 4096
 #: Answers made per loop turn, over all peers; the rest wait for the next turns, so the
 #: loop goes back to its manager and libraries between them.
