@@ -84,8 +84,10 @@ def main() -> None:
         after = [rss_mb(w["pid"]) for w in workers]
         context.destroy(linger=0)
     print(f"answers per request of {args.ids} ids: {sorted(counts)}")
-    print(f"slowest answer wait (with 0.2 s for any extra) {max(waits):.3f} s, "
-          f"slowest graph {max(graphs):.3f} s")
+    print(
+        f"slowest answer wait (with 0.2 s for any extra) {max(waits):.3f} s, "
+        f"slowest graph {max(graphs):.3f} s"
+    )
     print("worker RSS MB before " + ", ".join(f"{m:.0f}" for m in before)
           + "; after " + ", ".join(f"{m:.0f}" for m in after))  # fmt: skip
 

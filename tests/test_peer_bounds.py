@@ -95,9 +95,7 @@ def _serve_until_quiet(links: PeerLinks, *socks: zmq.Socket) -> list[list[p.Data
 
 
 @pytest.mark.timeout(60)
-def test_a_flooding_peer_gets_a_bounded_answer_and_one_warning_and_others_theirs(
-    server, caplog
-):
+def test_a_flooding_peer_gets_a_bounded_answer_and_one_warning_and_others_theirs(server, caplog):
     links, flooder = server
     honest = dealer(flooder.context, links.address)
     flood = p.encode([p.GetData(tuple(range(100, 1_000_100)))])
