@@ -1,6 +1,6 @@
 """What a flood of ids on a worker's peer port costs it (issue 29, item 4).
 
-    python benchmarks/bench_peer_flood.py [--rounds 30] [--ids 1000000]
+    python benchmarks/bench_peer_flood.py [--rounds 30] [--ids 1000000] [--smoke]
 
 A ``Manager()`` (security on) with two local one-core workers; a client holding the
 connection file's worker keys sends each worker's peer port ``--rounds`` requests of
@@ -52,7 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--ids", type=int, default=1_000_000)
+    parser.add_argument("--smoke", action="store_true", help="2 rounds of 10,000 ids")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.ids = 2, 10_000
     with Manager() as manager:
         manager.start_workers(2, cores=1)
         assert manager.get(graph(0), "total") == dask.get(graph(0), "total")
