@@ -34,11 +34,14 @@ SMOKES = [
     # every variant of daskvine_py systems.py knows, and the peer, on one workload
     ("harness-variants", "harness.py",
      ["--smoke", "--only", "chain", "--systems", "distributed", "--prefetch", "1", "--progress",
-      "--event-log", "--insecure", "--cache"],
+      "--event-log", "--insecure", "--cache", "--verify", "0.5"],
      r"[\s\S]*".join(rf"{re.escape(name)}\s+\d+\.\d+" for name in (
-         "daskvine_py[cache]", "daskvine_py[insecure]", "daskvine_py[progress]",
-         "daskvine_py[event-log]", "daskvine_py[prefetch=1]", "distributed")),
+         "daskvine_py[verify=0.5]", "daskvine_py[cache]", "daskvine_py[insecure]",
+         "daskvine_py[progress]", "daskvine_py[event-log]", "daskvine_py[prefetch=1]",
+         "distributed")),
      ("distributed",)),
+    ("bench_peer_flood", "bench_peer_flood.py", ["--smoke"],
+     r"answers per request of 10000 ids: \[4096\]\n(.*\n)*worker RSS MB before", ()),
     ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
      r"after/before\n(.*\n)*chain\s+daskvine_py\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
     ("biggraph", "biggraph.py", ["--smoke"],

@@ -220,7 +220,15 @@ class Claims:
         return None
 
     def _started(self, worker: WorkerRecord, msg: p.Started) -> p.Started | None:
-        """Tasks that began running: those processing there (stale ones are dropped)."""
+        """Tasks that began running: those processing there (stale ones are dropped).
+        One record a loop pass on every worker: the usual case is one lookup per id."""
+        tasks = self.tasks
+        for task_id in msg.task_ids:
+            task = tasks.get(task_id)
+            if task is None or task.worker is not worker:  # (set while processing only)
+                break
+        else:
+            return msg
         kept = []
         for task_id in msg.task_ids:
             if self.held(task_id, worker) is not None:
