@@ -248,8 +248,9 @@ class Registry:
 
     def client(self, ident: bytes, messages: list[Any], now: float) -> None:
         """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
-        with the work's demand, each ``RetireWorker`` retires a worker. The client never
-        registers; a record of another kind in its batch is dropped."""
+        with the work's demand, each ``RetireWorker`` retires an idle worker of a pool
+        (``_retire_for``). The client never registers; a record of another kind in its
+        batch is dropped."""
         for message in messages:
             kind = type(message)
             if kind is p.StatusRequest and len(message) and type(message[0]) is int:
