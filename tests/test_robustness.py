@@ -647,7 +647,7 @@ _DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_si
 VALID = {
     p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID),
     p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
-    p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
+    p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
     p.FetchFailed: (_ID, _ID, st.lists(_ADDRESS, max_size=2).map(tuple)),
     p.Replicas: (_IDS,),

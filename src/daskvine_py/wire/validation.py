@@ -242,7 +242,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
-    TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
+    TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),

@@ -1,0 +1,197 @@
+"""Issue 29, part 5: less to trust in the analyst's process.
+
+The manager's I/O thread opens no pickle a worker, peer or status client sends: their
+records travel as plain data, a pickled batch from them is dropped unopened, results are
+unpickled in the caller's thread only, and a task's exception only when the caller allows
+it (``Manager(unpickle_remote_exceptions=...)``). Real managers and workers throughout;
+a key holder playing a hostile worker is a ``KeyedWorker``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+
+import dask
+import numpy as np
+import pytest
+
+from daskvine_py import Manager, RemoteTaskError, RemoteTraceback
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized
+from keyed import KeyedWorker
+
+pytestmark = pytest.mark.integration
+
+
+def inc(x):
+    return x + 1
+
+
+def divide_by_zero(x):
+    return x / 0
+
+
+def chunk(i):
+    return np.arange(20_000, dtype="float64") * i  # 160 kB: travels between peers, out of band
+
+
+def total(chunks):
+    return float(sum(c.sum() for c in chunks))
+
+
+def _record(path, pid, what):
+    """Called by unpickling: notes which thread of process ``pid`` opened the pickle
+    (a worker unpickles an exception once, to check that it travels: not noted)."""
+    if os.getpid() == pid:
+        with open(path, "a") as file:
+            file.write(threading.current_thread().name + "\n")
+    return what
+
+
+class Traced(Exception):
+    """An exception whose unpickling on the caller's side leaves a trace in ``path``."""
+
+    def __init__(self, path, pid):
+        super().__init__(f"traced into {path}")
+        self.path, self.pid = path, pid
+
+    def __reduce__(self):
+        return (_rebuild_traced, (self.path, self.pid))
+
+
+def _rebuild_traced(path, pid):
+    return _record(path, pid, Traced(path, pid))
+
+
+def raise_traced(x, path, pid):
+    raise Traced(path, pid)
+
+
+class Recorder:
+    """A result whose unpickling leaves a trace in ``path``: what a worker could send."""
+
+    def __init__(self, path, pid):
+        self.path, self.pid = path, pid
+
+    def __reduce__(self):
+        return (_record, (self.path, self.pid, "recorded"))
+
+
+class Bomb:
+    """Unpickled anywhere, it creates ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _caller(func, *args, **kwargs):
+    """``func`` run in a thread named "the-caller"; its outcome once joined."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = func(*args, **kwargs)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="the-caller", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.timeout(120)
+def test_by_default_a_tasks_exception_is_raised_as_itself_unpickled_in_the_callers_thread(
+    shared_manager, tmp_path
+):
+    marker = tmp_path / "opened"
+    with pytest.raises(ZeroDivisionError, match="division by zero"):
+        shared_manager.get({"x": (divide_by_zero, 1)}, "x")
+    with pytest.raises(Traced):
+        shared_manager.get({"t": (raise_traced, 1, str(marker), os.getpid())}, "t")
+    assert marker.read_text() == "MainThread\n"
+
+
+@pytest.mark.timeout(120)
+def test_declined_a_tasks_exception_is_never_unpickled_and_named_by_remote_task_error(tmp_path):
+    marker = tmp_path / "opened"
+    with Manager(unpickle_remote_exceptions=False) as manager:
+        manager.start_workers(1, cores=1)
+        with pytest.raises(RemoteTaskError) as info:
+            manager.get({"x": 1, "y": (divide_by_zero, "x")}, "y", fuse=False)
+        error = info.value
+        assert not isinstance(error, ZeroDivisionError)
+        assert (error.key, error.worker) == ("y", "local-0")
+        assert error.type_name == "builtins.ZeroDivisionError"
+        assert str(error).startswith(
+            "task 'y' raised builtins.ZeroDivisionError on worker local-0: division by zero"
+        )
+        assert "divide_by_zero" in error.traceback and "return x / 0" in error.traceback
+        assert isinstance(error.__cause__, RemoteTraceback)
+        assert pickle.loads(pickle.dumps(error)).type_name == error.type_name
+
+        with pytest.raises(RemoteTaskError, match="Traced") as info:
+            manager.get({"t": (raise_traced, 1, str(marker), os.getpid())}, "t")
+        assert info.value.type_name == f"{__name__}.Traced"
+        dsk = {"a": 1, "b": (inc, "a"), "c": (inc, "b")}
+        assert manager.get(dsk, "c") == dask.get(dsk, "c")
+    assert not marker.exists()
+
+
+def test_the_option_is_a_dask_config_setting_and_is_checked():
+    with dask.config.set({"daskvine_py.manager.unpickle_remote_exceptions": False}):
+        with Manager() as manager:
+            assert manager.options.unpickle_remote_exceptions is False
+    with pytest.raises(ValueError, match="unpickle_remote_exceptions must be True or False"):
+        Manager(unpickle_remote_exceptions="no")
+
+
+@pytest.mark.timeout(120)
+def test_a_pickled_batch_from_a_key_holder_is_dropped_unopened(tmp_path, caplog):
+    """A registered worker and a stranger, both holding the keys, send pickles that
+    would create a file when unpickled: nothing is opened; the worker is lost and told
+    why, the stranger's batch dropped with a warning; runs beside them are right."""
+    marker = tmp_path / "unpickled"
+    bomb = pickle.dumps([Bomb(str(marker))], protocol=5)
+    with Manager() as manager, caplog.at_level(logging.WARNING, "daskvine_py.manager"):
+        manager.start_workers(2, cores=1)
+        with KeyedWorker(manager, "liar") as liar, KeyedWorker(manager, register=False) as stranger:
+            liar.sock.send_multipart([p.MAGIC + bomb])
+            (shutdown,) = liar.receive(p.Shutdown, 1)
+            assert "pickled batch" in shutdown.reason
+            for frames in ([p.MAGIC + bomb], [p.MAGIC, bomb]):  # both layouts of old
+                stranger.sock.send_multipart(frames)
+            stranger.send(p.StatusRequest(p.PROTOCOL_VERSION, "probe"))  # answered: plain
+            assert stranger.sock.poll(20_000)
+            (reply,) = p.decode(stranger.sock.recv_multipart(), p.TO_CLIENT)
+            assert type(reply) is p.StatusReply
+            assert not stranger.sock.poll(300)  # nothing for the pickles
+        assert set(manager.workers) == {"local-0", "local-1"}
+        dsk = {f"c{i}": (chunk, i) for i in range(6)}
+        dsk["s"] = (total, [f"c{i}" for i in range(6)])
+        assert manager.get(dsk, "s") == dask.get(dsk, "s")
+        assert manager._thread.is_alive()
+    assert not marker.exists()
+    drops = [r.getMessage() for r in caplog.records if "unregistered" in r.getMessage()]
+    assert drops and "pickled batch" in drops[0]
+
+
+@pytest.mark.timeout(120)
+def test_an_output_a_worker_sends_is_unpickled_in_the_callers_thread_only(tmp_path):
+    """The value travels inside a plain ``TaskDone`` as opaque bytes: the I/O thread
+    passes it on, and the caller's own thread opens it."""
+    marker = tmp_path / "opened"
+    with Manager() as manager, KeyedWorker(manager, "keyed", cores=1) as keyed:
+        thread, outcome = _caller(manager.get, {"x": (inc, 1)}, "x")
+        (execute,) = keyed.receive(p.Execute, 1)
+        assert execute.want_result
+        value = Serialized(pickle.dumps(Recorder(str(marker), os.getpid()), protocol=5), [])
+        keyed.send(p.TaskDone(execute.task_id, 64, 0.01, value, 0.0, 0.0))
+        thread.join(60)
+        assert outcome == {"value": "recorded"}
+    assert marker.read_text() == "the-caller\n"
