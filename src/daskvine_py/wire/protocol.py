@@ -108,8 +108,8 @@ __all__ = [
     "ToManager", "Transfers", "Upload", "Uploaded",
     "Welcome", "Withdraw", "Withdrawn", "Serialized", "MAX_KEY_DEPTH",
     "check_fields", "connectable", "split_address", "task_ids_named",
-    "MAGIC", "PLAIN_KINDS", "PLAIN_MAGIC", "PROTOCOL_VERSION", "decode", "encode", "unpack",
-    "zero_copy",
+    "MAGIC", "PLAIN_KINDS", "PLAIN_MAGIC", "PROTOCOL_VERSION", "decode", "encode",
+    "encode_pickled", "unpack", "zero_copy",
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
@@ -123,6 +123,11 @@ def encode(messages: Sequence[Any]) -> list[Any]:
     when every record may travel so (``plain``), else a pickle."""
     if plain.only_plain(messages):
         return plain.encode(messages)
+    return encode_pickled(messages)
+
+
+def encode_pickled(messages: Sequence[Any]) -> list[Any]:
+    """Frames of one batch as a pickle, whatever its records (``encode`` picks)."""
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps(list(messages), protocol=5, buffer_callback=buffers.append)
     return [MAGIC + header, *(b.raw() for b in buffers)]
