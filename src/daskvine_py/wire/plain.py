@@ -123,11 +123,9 @@ def _extension(value: Serialized, frames: list[Any]) -> msgpack.ExtType:
     if not buffers:
         return msgpack.ExtType(_IN_BAND, data)
     for buffer in buffers:
-        if type(buffer) is pickle.PickleBuffer:
-            frames.append(buffer.raw())
-        else:
-            memoryview(buffer)  # TypeError for what is not a buffer
-            frames.append(buffer)
+        # As a pickle would send it: one flat byte view (TypeError for what is no buffer)
+        view = buffer if type(buffer) is pickle.PickleBuffer else pickle.PickleBuffer(buffer)
+        frames.append(view.raw())
     return msgpack.ExtType(_OUT_OF_BAND, _COUNT.pack(len(buffers)) + data)
 
 

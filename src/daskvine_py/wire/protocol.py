@@ -114,7 +114,7 @@ __all__ = [
 
 #: Bumped on any incompatible change; checked when a worker registers.
 PROTOCOL_VERSION = 7
-#: How the first frame of every message of ours begins.
+#: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 
 
@@ -166,7 +166,7 @@ def unpack(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
     if plain_only:
         raise ProtocolError(
             "a pickled batch where only plain data is read: dropped unopened (a sender of "
-            f"protocol {PROTOCOL_VERSION - 1} or older, or not ours)"
+            "protocol 6 or older, or not ours)"
         )
     try:
         messages = pickle.loads(first[len(MAGIC) :], buffers=frames[1:])
