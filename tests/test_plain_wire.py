@@ -18,12 +18,65 @@ import dask
 import numpy as np
 import pytest
 
-from daskvine_py import Manager, RemoteTaskError, RemoteTraceback
+from daskvine_py import Manager, ProtocolError, RemoteTaskError, RemoteTraceback
+from daskvine_py.wire import plain
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import Serialized
+from daskvine_py.wire.serialize import Serialized, dumps, loads
 from keyed import KeyedWorker
 
-pytestmark = pytest.mark.integration
+# -- the format --------------------------------------------------------------------------
+
+
+def test_what_the_manager_must_not_trust_travels_plain_and_what_it_sends_workers_pickled():
+    assert p.PLAIN_KINDS == p.TO_MANAGER | p.FROM_CLIENT | p.TO_CLIENT | p.TO_PEER | p.FROM_PEER
+    assert p.PLAIN_KINDS.isdisjoint(p.TO_WORKER - {p.Rejected})
+    for batch, magic in [([p.Status(1, 2, 3, 4), p.Started((5,))], p.PLAIN_MAGIC),
+                         ([p.Rejected("protocol version mismatch")], p.PLAIN_MAGIC),
+                         ([p.Rejected("x"), p.Heartbeat()], p.MAGIC),
+                         ([p.Release((1,))], p.MAGIC)]:  # fmt: skip
+        frames = p.encode(batch)
+        assert frames[0][:3] == magic
+        assert p.decode(frames, p.TO_WORKER if magic == p.MAGIC else p.TO_MANAGER | {p.Rejected})
+
+
+def test_values_keep_their_bytes_and_their_buffers_in_order_as_frames():
+    big, other = np.arange(100_000.0), np.ones(50_000)
+    batch = [p.TaskDone(1, 8, 0.5, dumps(big), 2.0, 0.1), p.TaskErred(2, None, "tb", "E: m", "E"),
+             p.Uploaded(3, dumps(other)), p.TaskDone(4, 8, 0.5, dumps("x"), 2.0, 0.1)]  # fmt: skip
+    frames = p.encode(batch)
+    assert len(frames) == 3 and p.zero_copy(frames)
+    assert len(frames[0]) < 1000  # the arrays are not in the first frame
+    done, erred, uploaded, small = p.decode([bytes(f) for f in frames], p.TO_MANAGER)
+    np.testing.assert_array_equal(loads(done.value), big)
+    np.testing.assert_array_equal(loads(uploaded.value), other)
+    assert loads(small.value) == "x" and type(small.value.header) is bytes
+    assert erred == batch[1] and done[:3] == (1, 8, 0.5) and type(done) is p.TaskDone
+
+
+def test_a_pickle_is_refused_in_every_plain_direction_and_read_from_the_manager():
+    for direction in (p.TO_MANAGER, p.FROM_CLIENT, p.TO_CLIENT, p.TO_PEER, p.FROM_PEER,
+                      p.TO_MANAGER | p.FROM_CLIENT):  # fmt: skip
+        with pytest.raises(ProtocolError, match="pickled batch"):
+            p.unpack(p.encode_pickled([p.Goodbye("x")]), direction)
+    assert p.unpack(p.encode_pickled([p.Heartbeat()]), p.TO_WORKER) == [p.Heartbeat()]
+
+
+def test_a_record_nested_a_thousand_deep_is_refused_with_a_short_message():
+    nest = b"\x91" * 1000 + b"\x01"
+    for kind in (p.Transfers, p.StatusReply):
+        frames = [p.PLAIN_MAGIC + b"\x92" + bytes([plain.CODES[kind]]) + b"\x91" + nest]
+        with pytest.raises(ProtocolError, match=kind.__name__) as info:
+            p.decode(frames, p.TO_MANAGER | p.TO_CLIENT)
+        assert len(str(info.value)) < 200
+
+
+def test_what_is_not_plain_data_does_not_encode():
+    for record in (p.Goodbye(object()), p.Status(2**64, 0, 0, 0), p.Data(1, Serialized(5, []))):
+        with pytest.raises(ValueError, match="plain data"):
+            p.encode([record])
+
+
+# -- end to end --------------------------------------------------------------------------
 
 
 def inc(x):
@@ -105,6 +158,7 @@ def _caller(func, *args, **kwargs):
     return thread, outcome
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_by_default_a_tasks_exception_is_raised_as_itself_unpickled_in_the_callers_thread(
     shared_manager, tmp_path
@@ -117,6 +171,7 @@ def test_by_default_a_tasks_exception_is_raised_as_itself_unpickled_in_the_calle
     assert marker.read_text() == "MainThread\n"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_declined_a_tasks_exception_is_never_unpickled_and_named_by_remote_task_error(tmp_path):
     marker = tmp_path / "opened"
@@ -151,6 +206,7 @@ def test_the_option_is_a_dask_config_setting_and_is_checked():
         Manager(unpickle_remote_exceptions="no")
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_pickled_batch_from_a_key_holder_is_dropped_unopened(tmp_path, caplog):
     """A registered worker and a stranger, both holding the keys, send pickles that
@@ -181,6 +237,7 @@ def test_a_pickled_batch_from_a_key_holder_is_dropped_unopened(tmp_path, caplog)
     assert drops and "pickled batch" in drops[0]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_an_output_a_worker_sends_is_unpickled_in_the_callers_thread_only(tmp_path):
     """The value travels inside a plain ``TaskDone`` as opaque bytes: the I/O thread

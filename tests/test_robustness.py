@@ -828,7 +828,9 @@ def plain_batches(draw, kinds):
     body = msgpack.packb(flat, default=lambda v: plain._extension(v, frames))
     if draw(st.integers(0, 7)) == 3:  # an array thousands deep: as the batch, or in a record
         nest = b"\x91" * draw(st.sampled_from([100, 1023, 1024, 5000])) + b"\x01"
-        body = nest if draw(st.booleans()) else b"\x92\x06\x91" + nest
+        kind = draw(st.sampled_from([p.Replicas, p.Transfers, p.StatusReply]))
+        code = bytes([plain.CODES[kind]])
+        body = nest if draw(st.booleans()) else b"\x92" + code + b"\x91" + nest
     if draw(st.integers(0, 4)) == 3:  # frames that belong to no value, or too few
         frames = frames[: draw(st.integers(1, len(frames)))]
         frames += draw(st.lists(st.binary(max_size=8), max_size=2))
