@@ -3,8 +3,9 @@
 The manager's I/O thread opens no pickle a worker, peer or status client sends: their
 records travel as plain data, a pickled batch from them is dropped unopened, results are
 unpickled in the caller's thread only, and a task's exception only when the caller allows
-it (``Manager(unpickle_remote_exceptions=...)``). Real managers and workers throughout;
-a key holder playing a hostile worker is a ``KeyedWorker``.
+it (``Manager(unpickle_remote_exceptions=...)``). The format alone, then fuzzers that
+write plain batches as a hostile sender would (the field rules are ``test_robustness``'s),
+then real managers and workers, a key holder playing a hostile worker (``KeyedWorker``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import pickle
 import threading
 
 import dask
+import msgpack
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daskvine_py import Manager, ProtocolError, RemoteTaskError, RemoteTraceback
 from daskvine_py.wire import plain
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized, dumps, loads
 from keyed import KeyedWorker
+from test_robustness import _FUZZ, DIRECTIONS, VALID, _decode_or_protocol_error
 
 # -- the format --------------------------------------------------------------------------
 
@@ -74,6 +79,109 @@ def test_what_is_not_plain_data_does_not_encode():
     for record in (p.Goodbye(object()), p.Status(2**64, 0, 0, 0), p.Data(1, Serialized(5, []))):
         with pytest.raises(ValueError, match="plain data"):
             p.encode([record])
+
+
+# -- fuzzing -----------------------------------------------------------------------------
+
+#: Anything msgpack can say: every scalar at the edges of its range (ints from -2**63 to
+#: 2**64 - 1), extensions of our codes and others, arrays, maps.
+_PLAIN_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
+    st.text(max_size=6), st.binary(max_size=6),
+    st.builds(msgpack.ExtType, st.integers(0, 3), st.binary(max_size=12)),
+    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
+)  # fmt: skip
+_PLAIN_ANY = st.recursive(
+    _PLAIN_SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=2)
+    ),
+    max_leaves=8,
+)
+@st.composite
+def plain_batches(draw, kinds):
+    """The frames of a plain batch written by a hostile sender: right or wrong codes, a
+    record's fields valid, replaced or of the wrong number, values whose extensions claim
+    buffers that may not be there, a nesting too deep for anything."""
+    expected = sorted(plain.CODES[kind] for kind in kinds if kind in plain.CODES) or [1]
+    flat = []
+    for _ in range(draw(st.integers(0, 3))):
+        code = draw(st.sampled_from(expected)) if draw(st.integers(0, 3)) else draw(
+            st.one_of(st.sampled_from(sorted(plain.KINDS)), st.integers(-(2**63), 2**64 - 1))
+        )  # mostly what is expected here, else any of ours or any at all
+        kind = plain.KINDS.get(code)
+        if kind is not None and draw(st.integers(0, 4)):
+            corrupt = draw(st.booleans())
+            fields = [draw(_PLAIN_ANY if corrupt and draw(st.booleans()) else valid)
+                      for valid in VALID[kind]]  # fmt: skip
+            if draw(st.integers(0, 4)) == 3:  # wrong arity
+                fields = fields[: draw(st.integers(0, len(fields)))] + draw(
+                    st.lists(_PLAIN_ANY, max_size=2)
+                )
+            fields = tuple(fields)
+        else:
+            fields = draw(_PLAIN_ANY)
+        flat += [code, fields]
+    if draw(st.integers(0, 7)) == 3:
+        flat.append(draw(_PLAIN_ANY))  # a code without its record
+    frames = [b""]
+    body = msgpack.packb(flat, default=lambda v: plain._extension(v, frames))
+    if draw(st.integers(0, 7)) == 3:  # an array thousands deep: as the batch, or in a record
+        nest = b"\x91" * draw(st.sampled_from([100, 1023, 1024, 5000])) + b"\x01"
+        kind = draw(st.sampled_from([p.Replicas, p.Transfers, p.StatusReply]))
+        code = bytes([plain.CODES[kind]])
+        body = nest if draw(st.booleans()) else b"\x92" + code + b"\x91" + nest
+    if draw(st.integers(0, 4)) == 3:  # frames that belong to no value, or too few
+        frames = frames[: draw(st.integers(1, len(frames)))]
+        frames += draw(st.lists(st.binary(max_size=8), max_size=2))
+    return [p.PLAIN_MAGIC + body, *frames[1:]]
+
+
+@_FUZZ
+@given(direction=st.sampled_from(sorted(DIRECTIONS)), data=st.data())
+def test_fuzz_plain_batches_decode_valid_or_raise_protocol_error(direction, data):
+    allowed = DIRECTIONS[direction]
+    frames = data.draw(plain_batches(allowed))
+    decoded = _decode_or_protocol_error(frames, allowed)
+    for record in decoded or ():
+        assert type(record) in allowed and type(record) in p.PLAIN_KINDS
+    try:  # what a receiver that keeps the good records beside a bad one sees
+        unpacked = p.unpack(frames, allowed)
+    except ProtocolError:
+        return
+    for record in unpacked:
+        try:
+            p.check_fields(record)
+        except ProtocolError as exc:
+            str(exc)  # its message, bounded whatever the record holds
+            p.task_ids_named(record)
+
+
+def _comparable(value):
+    if type(value) is Serialized:
+        return ("Serialized", bytes(value.header), [bytes(b) for b in value.buffers])
+    if isinstance(value, tuple):
+        return (type(value).__name__, *(_comparable(v) for v in value))
+    return value
+
+
+@_FUZZ
+@given(direction=st.sampled_from([d for d in sorted(DIRECTIONS) if d != "TO_WORKER"]),
+       data=st.data())  # fmt: skip
+def test_fuzz_valid_plain_records_round_trip_exactly(direction, data):
+    """Every valid record of a plain direction travels as plain data and reads back as it
+    was sent: same types, same values, buffers out of band in order."""
+    allowed = DIRECTIONS[direction]
+    kinds = sorted(allowed, key=lambda k: k.__name__)
+    batch = data.draw(st.lists(st.sampled_from(kinds).flatmap(
+        lambda kind: st.tuples(*VALID[kind]).map(lambda f, kind=kind: kind(*f))
+    ), max_size=4))  # fmt: skip
+    frames = p.encode(batch)
+    assert bytes(frames[0][: len(p.PLAIN_MAGIC)]) == p.PLAIN_MAGIC
+    decoded = p.decode([bytes(f) for f in frames], allowed)
+    assert [_comparable(r) for r in decoded] == [_comparable(r) for r in batch]
+    with pytest.raises(ProtocolError, match="pickled batch"):
+        p.decode([p.MAGIC + pickle.dumps(batch, protocol=5)], allowed)
 
 
 # -- end to end --------------------------------------------------------------------------
