@@ -98,6 +98,8 @@ _PLAIN_ANY = st.recursive(
     ),
     max_leaves=8,
 )
+
+
 @st.composite
 def plain_batches(draw, kinds):
     """The frames of a plain batch written by a hostile sender: right or wrong codes, a
@@ -106,9 +108,9 @@ def plain_batches(draw, kinds):
     expected = sorted(plain.CODES[kind] for kind in kinds if kind in plain.CODES) or [1]
     flat = []
     for _ in range(draw(st.integers(0, 3))):
-        code = draw(st.sampled_from(expected)) if draw(st.integers(0, 3)) else draw(
-            st.one_of(st.sampled_from(sorted(plain.KINDS)), st.integers(-(2**63), 2**64 - 1))
-        )  # mostly what is expected here, else any of ours or any at all
+        # mostly what is expected here, else any of ours or any at all
+        anything = st.one_of(st.sampled_from(sorted(plain.KINDS)), st.integers(-(2**63), 2**64 - 1))
+        code = draw(st.sampled_from(expected) if draw(st.integers(0, 3)) else anything)
         kind = plain.KINDS.get(code)
         if kind is not None and draw(st.integers(0, 4)):
             corrupt = draw(st.booleans())

@@ -31,6 +31,7 @@ and so does a record with a field of the wrong type, inside containers too, in
 ``check_fields`` (``validation``). ``decode`` does both. The receiver drops what fails,
 with a rate-limited warning (``DropLog``), and keeps the good records beside it.
 """
+
 from __future__ import annotations
 
 import pickle
