@@ -19,14 +19,16 @@ import dask
 import msgpack
 import numpy as np
 import pytest
+import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
 from daskvine_py import Manager, ProtocolError, RemoteTaskError, RemoteTraceback
-from daskvine_py.wire import plain
+from daskvine_py.wire import plain, security
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized, dumps, loads
 from keyed import KeyedWorker
+from sockets import dealer
 from test_robustness import _FUZZ, DIRECTIONS, VALID, _decode_or_protocol_error
 
 # -- the format --------------------------------------------------------------------------
@@ -56,6 +58,12 @@ def test_values_keep_their_bytes_and_their_buffers_in_order_as_frames():
     np.testing.assert_array_equal(loads(uploaded.value), other)
     assert loads(small.value) == "x" and type(small.value.header) is bytes
     assert erred == batch[1] and done[:3] == (1, 8, 0.5) and type(done) is p.TaskDone
+
+
+def test_text_with_lone_surrogates_travels_as_in_a_pickle():
+    """A file name decoded with ``surrogateescape`` in a traceback must not fail the batch."""
+    erred = p.TaskErred(1, None, 'File "/data/caf\udce9.py", line 1', "OSError: x", "OSError")
+    assert p.decode(p.encode([erred]), p.TO_MANAGER) == [erred]
 
 
 def test_a_pickle_is_refused_in_every_plain_direction_and_read_from_the_manager():
@@ -362,3 +370,29 @@ def test_an_output_a_worker_sends_is_unpickled_in_the_callers_thread_only(tmp_pa
         thread.join(60)
         assert outcome == {"value": "recorded"}
     assert marker.read_text() == "the-caller\n"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_pickle_sent_to_a_workers_peer_port_by_a_key_holder_is_dropped_unopened(tmp_path):
+    marker = tmp_path / "unpickled"
+    with Manager() as manager:
+        manager.start_workers(1, cores=1)
+        dsk = {"x": 1, "y": (inc, "x")}
+        assert manager.get(dsk, "y") == dask.get(dsk, "y")
+        keys = security.read_connection_file(manager.connection_file).keys
+        (worker,) = manager.workers.values()
+        context = zmq.Context()
+        try:
+            holder = dealer(context, worker["peer_address"],
+                            keys=(keys.worker_public, keys.worker_secret),
+                            server_key=keys.worker_public)  # fmt: skip
+            holder.send_multipart([p.MAGIC + pickle.dumps([Bomb(str(marker))], protocol=5)])
+            assert not holder.poll(500)  # no answer to it
+            holder.send_multipart(p.encode([p.GetData((123456789,))]))
+            assert holder.poll(10_000)  # the port still serves, in plain data
+            assert p.decode(holder.recv_multipart(), p.FROM_PEER) == [p.Data(123456789, None)]
+        finally:
+            context.destroy(linger=0)
+        assert manager.get(dsk, "y") == dask.get(dsk, "y")
+    assert not marker.exists()

@@ -82,6 +82,9 @@ assert PLAIN_KINDS == TO_MANAGER | FROM_CLIENT | TO_CLIENT | TO_PEER | FROM_PEER
 _IN_BAND = 0
 _OUT_OF_BAND = 1
 _COUNT = struct.Struct("<I")
+#: Text may hold lone surrogates (a file name decoded with ``surrogateescape``, in a
+#: traceback): they travel as they would in a pickle, rather than fail the whole batch.
+_TEXT_ERRORS = "surrogatepass"
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
 
 
@@ -107,7 +110,7 @@ def encode(messages: Sequence[Any]) -> list[Any]:
         flat.append(codes[type(message)])
         flat.append(message)
     try:
-        body = msgpack.packb(flat, default=extension, use_bin_type=True)
+        body = msgpack.packb(flat, default=extension, unicode_errors=_TEXT_ERRORS)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"a record that cannot travel as plain data: {exc}") from exc
     frames[0] = PLAIN_MAGIC + body
@@ -151,7 +154,9 @@ def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
         return value
 
     try:
-        flat = msgpack.unpackb(body, use_list=False, raw=False, ext_hook=extension)
+        flat = msgpack.unpackb(
+            body, use_list=False, raw=False, ext_hook=extension, unicode_errors=_TEXT_ERRORS
+        )
     except ProtocolError:
         raise
     except Exception as exc:  # garbage: msgpack's ValueErrors, bad UTF-8, too deep
