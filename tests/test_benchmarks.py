@@ -68,6 +68,8 @@ SMOKES = [
      r"numpy\s+function-calls/fork\s+numpy,pandas\s+\d(.*\n)*\nclosure over 1 MB", ()),
     ("bench_rewrite", "bench_rewrite.py", ["--smoke"], r"\n\s+4\s+\d+\s+\d+\.\d+", ()),
     ("bench_security", "bench_security.py", ["--smoke"], r"\nnoop-dict\s+on [\d.]+ s", ()),
+    ("bench_wire", "bench_wire.py", ["--smoke"],
+     r"\nmsgpack\s+[\d.]+\s+[\d.]+\s+[\d.]+\npickle\s+[\d.]+(.*\n)*msgpack/pickle\s+\d", ()),
     ("swarm", "swarm.py", ["--smoke", "--workload", "dv3-large", "--preempt", "0.5"],
      r'"result_ok": true.*"preempted": [1-9]', ()),
     ("swarm-both", "swarm.py", ["--smoke", "--workload", "flat", "--system", "both"],

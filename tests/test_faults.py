@@ -177,6 +177,23 @@ def test_version_mismatch_is_rejected_clearly(insecure_manager):
         context.destroy(linger=0)
 
 
+def test_a_worker_that_pickles_its_registration_is_told_why_it_is_refused(insecure_manager):
+    """Workers of protocol 6 and older pickle what they send: the manager opens none of
+    it, and answers in the format they read."""
+    context = zmq.Context()
+    try:
+        sock = dealer(context, insecure_manager.address, b"protocol-6")
+        sock.send_multipart(p.encode_pickled([p.Register(6, "old", 1, 0, "h", "tcp://x:1", 1)]))
+        assert sock.poll(5000)
+        frames = sock.recv_multipart()
+        assert frames[0].startswith(p.MAGIC)  # a pickle, as an old worker reads
+        (reply,) = pickle.loads(frames[0][len(p.MAGIC) :])
+        assert type(reply) is p.Rejected and f"version {p.PROTOCOL_VERSION}" in reply.reason
+        assert "old" not in insecure_manager.workers
+    finally:
+        context.destroy(linger=0)
+
+
 def test_a_flood_of_wrong_version_registrations_logs_a_line_not_one_each(insecure_manager, caplog):
     manager = insecure_manager
     context = zmq.Context()

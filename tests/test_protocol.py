@@ -17,7 +17,7 @@ def test_a_batch_round_trips_with_large_buffers_out_of_band():
     big = np.arange(1_000_000, dtype="float64")
     batch = [p.TaskDone(1, 8, 0.5, dumps(big)), p.Status(1, 2, 3), p.Replicas((1, 2))]
     frames = p.encode(batch)
-    assert frames[0].startswith(p.MAGIC)
+    assert frames[0].startswith(p.PLAIN_MAGIC)  # a worker's records: plain data
     assert len(frames[0]) < 10_000  # the 8 MB array is not in the header
     assert sum(memoryview(f).nbytes for f in frames[1:]) >= big.nbytes
     decoded = p.decode([bytes(f) for f in frames], p.TO_MANAGER)
@@ -31,11 +31,13 @@ def test_a_small_batch_is_one_frame():
     assert p.decode(frames, p.TO_MANAGER)[1] == p.Status(1, 2, 3, 4)
 
 
-def test_an_old_worker_registration_is_still_read_to_be_rejected_clearly():
-    """Protocol 3 and older sent the magic as a frame of its own; the manager must read
-    such a registration to answer with a version mismatch rather than drop it."""
-    old = p.Register(3, "old", 1, 0, "h", "tcp://127.0.0.1:1", 1)
-    assert p.decode([p.MAGIC, pickle.dumps([old])], p.TO_MANAGER) == [old]
+def test_a_pickled_registration_is_refused_unopened():
+    """Protocol 6 and older pickled every batch: the manager no longer opens a pickle
+    from a worker, so such a registration is refused as not ours, in either layout."""
+    old = p.Register(6, "old", 1, 0, "h", "tcp://127.0.0.1:1", 1)
+    for frames in ([p.MAGIC, pickle.dumps([old])], [p.MAGIC + pickle.dumps([old])]):
+        with pytest.raises(ProtocolError, match="pickled batch"):
+            p.decode(frames, p.TO_MANAGER)
 
 
 def test_small_values_stay_in_band():

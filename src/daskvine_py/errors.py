@@ -98,6 +98,31 @@ class TaskFailed(DaskVineError):
         self.worker = worker
 
 
+class RemoteTaskError(DaskVineError):
+    """A task's own code raised, and its exception was not unpickled on this side
+    (``Manager(unpickle_remote_exceptions=False)``): it stands for that exception.
+
+    ``type_name`` is the original exception's type, qualified (``builtins.KeyError``);
+    ``message`` its ``Type: text``; ``traceback`` the worker-side traceback's text, also
+    attached as ``__cause__`` (``RemoteTraceback``), so it prints as a local one would.
+    """
+
+    def __init__(self, key: Any, worker: str, type_name: str, message: str,
+                 traceback: str) -> None:  # fmt: skip
+        self._init_args = (key, worker, type_name, message, traceback)
+        short = type_name.rpartition(".")[2]
+        text = message[len(short) + 2 :] if message.startswith(f"{short}: ") else message
+        super().__init__(
+            f"task {key!r} raised {type_name or 'an exception'} on worker {worker}"
+            f"{': ' + text if text else ''} (not unpickled: unpickle_remote_exceptions=False)"
+        )
+        self.key = key
+        self.worker = worker
+        self.type_name = type_name
+        self.message = message
+        self.traceback = traceback
+
+
 class SerializationError(DaskVineError, TypeError):
     """A function, argument or result could not be (de)serialized.
 

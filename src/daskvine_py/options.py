@@ -229,6 +229,12 @@ class ManagerOptions:
     #: top of what runs in progress hold; past it the least recently used are released.
     #: More reuses more; less leaves the worker's memory and spill disk to the runs.
     cache_worker_bytes: int = 2 * 2**30
+    #: Unpickle a failed task's exception in the caller's thread, so that ``get`` raises
+    #: it as it was raised (``pytest.raises(ZeroDivisionError)`` works, as with Dask's own
+    #: schedulers). False never opens that pickle, which any holder of the connection file
+    #: could have written: ``get`` raises a ``RemoteTaskError`` naming the task, the
+    #: worker, the exception's type and message, with the worker's traceback.
+    unpickle_remote_exceptions: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host.strip():
@@ -259,8 +265,9 @@ class ManagerOptions:
             )
         if not isinstance(self.security, bool):
             raise ValueError(f"security must be True or False, not {self.security!r}")
-        if not isinstance(self.cache, bool):
-            raise ValueError(f"cache must be True or False, not {self.cache!r}")
+        for name in ("cache", "unpickle_remote_exceptions"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, str | os.PathLike):
             raise ValueError(f"cache_dir must be a path or None, not {self.cache_dir!r}")
         for name in ("cache_dir_limit", "cache_worker_bytes"):

@@ -351,10 +351,9 @@ class IOLoop:
                 if info is not None:
                     self._unreadable(ident, info, exc)
                     continue
-                self._drops.warn(
-                    ("malformed", "unregistered peers"), now, "dropped a malformed message "
-                    "from unregistered peers (%r): %s", ident[:32], exc,
-                )  # fmt: skip
+                reply = self.registry.unreadable(ident, buffers[0] if buffers else b"", exc, now)
+                if reply is not None:
+                    send_batch(self.router, reply, ident)
                 continue
             if info is None:
                 self._on_stranger(ident, messages, now)

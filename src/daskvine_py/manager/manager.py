@@ -348,7 +348,7 @@ class Manager:
             run.info.cache = cached.info.stats
         self._end_run(run, "done" if run.failure is None else "failed", run_options, hooks)
         if run.failure is not None:
-            raise results.run_error(run.failure)
+            raise results.run_error(run.failure, self.options.unpickle_remote_exceptions)
         return pack_results(structure, results.values_of(run, hooks))
 
     def _plan(self, dsk: Any, keys: Any, options: RunOptions, stream: Stream | None) -> Plan:

@@ -137,6 +137,23 @@ class Registry:
 
     # -- joining and leaving ----------------------------------------------------------
 
+    def unreadable(self, ident: bytes, first: Any, exc: ProtocolError,
+                   now: float) -> list[Any] | None:  # fmt: skip
+        """A stranger's batch that cannot be read: warned about (rate-limited). A pickled
+        one, which is all that workers and status clients of protocol 6 and older send,
+        is answered with a pickled ``Rejected`` they can read (else they would wait out
+        their timeout in silence); its content is never opened. The frames to send."""
+        self._drops.warn(
+            ("malformed", "unregistered peers"), now, "dropped a malformed message "
+            "from unregistered peers (%r): %s", ident[:32], exc,
+        )  # fmt: skip
+        if bytes(memoryview(first)[: len(p.MAGIC)]) != p.MAGIC:
+            return None
+        return p.encode_pickled([p.Rejected(
+            f"this manager speaks protocol version {p.PROTOCOL_VERSION}, which reads no "
+            "pickles from workers: install the same daskvine-py on both"
+        )])  # fmt: skip
+
     def stranger(self, ident: bytes, messages: list[Any], now: float) -> WorkerInfo | None:
         """Messages from an identity that has not registered: only ``Register`` counts,
         unless they are a status client's (``client``). The worker admitted, if any.

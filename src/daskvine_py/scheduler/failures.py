@@ -189,13 +189,14 @@ class Failures:
         traceback: str,
         message: str,
         crashed: bool,
+        type_name: str = "",
     ) -> None:
         """``task`` failed on ``worker``, and its run with it."""
         run = task.run
         self.out.append(
             RunFailed(
                 run.id, task.key, worker.name, exception, traceback, message, crashed,
-                run.run_seconds, run.serialization_seconds,
+                run.run_seconds, run.serialization_seconds, type_name,
             )
         )  # fmt: skip
         self.drop_run(run, False, task)

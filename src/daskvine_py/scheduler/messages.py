@@ -215,6 +215,7 @@ class RunFailed(NamedTuple):
     #: as in ``RunDone``: over the tasks that finished before the run failed
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
+    type_name: str = ""  #: the qualified type of the task's exception (``TaskErred``)
 
 
 class RunAborted(NamedTuple):

@@ -391,7 +391,8 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        self.failures.fail(task, worker, msg.exception, msg.traceback, msg.message, False)
+        exception, traceback, message, type_name = msg[1:]
+        self.failures.fail(task, worker, exception, traceback, message, False, type_name)
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self._held(msg.task_id, worker)

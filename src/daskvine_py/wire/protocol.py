@@ -4,24 +4,32 @@ its framing; and the one name under which the rest of the package is used
 ``p.DropLog``), re-exported from ``records`` (the messages), ``validation`` (their fields)
 and ``drops`` (what a receiver logs of what it drops).
 
-Every ZeroMQ message is one batch::
+Every ZeroMQ message is one batch, in one of two formats told apart by their first bytes::
 
-    [MAGIC + header, buffer_0, buffer_1, ...]
+    [PLAIN_MAGIC + msgpack of the records, buffer_0, buffer_1, ...]   (``plain``)
+    [MAGIC + pickle of the records, buffer_0, buffer_1, ...]
 
-``header`` is a pickled list of the records below; large buffers inside them (the
-out-of-band buffers of a ``Serialized``) travel as the following frames, never copied into
-the header. A small batch is one frame: every frame costs a send call on each side. A
-batch carries as many operations as accumulated during one loop iteration.
+Large buffers inside the records (the out-of-band buffers of a ``Serialized``) travel as
+the following frames, never copied into the first. A small batch is one frame: every
+frame costs a send call on each side. A batch carries as many operations as accumulated
+during one loop iteration.
 
-Messages are pickles: only holders of the run's keys reach a decoder (``security``); with
-``security=False`` a port must only be reachable from a trusted network, as with
-``dask.distributed`` without TLS. What arrives is still checked, in every direction
-(``TO_MANAGER``, ``TO_WORKER``, ``TO_PEER``, ``FROM_PEER``; ``FROM_CLIENT`` and
-``TO_CLIENT`` between the manager and a status client): a batch that is not ours (wrong
-magic, garbage, records of another direction) raises ``ProtocolError`` in ``unpack``, and
-so does a record with a field of the wrong type, inside containers too, in
-``check_fields`` (``validation``). ``decode`` does both. The receiver drops what
-fails, with a rate-limited warning (``DropLog``), and keeps the good records beside it.
+What a receiver must not trust with code travels as plain data: workers to their manager,
+status clients to the manager and back, peers to each other (``plain.PLAIN_KINDS``;
+``encode`` picks the format). Nothing in those is unpickled on arrival, and ``unpack``
+refuses a pickled batch in those directions unread, so a holder of the run's keys cannot
+make the manager's I/O thread run code. What the manager sends its workers (``TO_WORKER``:
+tasks, functions) is a pickle: a worker runs what its manager sends anyway. Only holders
+of the run's keys reach a decoder at all (``security``); with ``security=False`` a port
+must only be reachable from a trusted network, as with ``dask.distributed`` without TLS.
+
+What arrives is still checked, in every direction (``TO_MANAGER``, ``TO_WORKER``,
+``TO_PEER``, ``FROM_PEER``; ``FROM_CLIENT`` and ``TO_CLIENT`` between the manager and a
+status client): a batch that is not ours (wrong magic, garbage, records of another
+direction, a pickle where only plain data is read) raises ``ProtocolError`` in ``unpack``,
+and so does a record with a field of the wrong type, inside containers too, in
+``check_fields`` (``validation``). ``decode`` does both. The receiver drops what fails,
+with a rate-limited warning (``DropLog``), and keeps the good records beside it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from daskvine_py.errors import ProtocolError
+from daskvine_py.wire import plain
 from daskvine_py.wire.drops import DropLog
+from daskvine_py.wire.plain import PLAIN_KINDS, PLAIN_MAGIC
 from daskvine_py.wire.records import (
     FROM_CLIENT,
     FROM_PEER,
@@ -99,17 +109,26 @@ __all__ = [
     "ToManager", "Transfers", "Upload", "Uploaded",
     "Welcome", "Withdraw", "Withdrawn", "Serialized", "MAX_KEY_DEPTH",
     "check_fields", "connectable", "split_address", "task_ids_named",
-    "MAGIC", "PROTOCOL_VERSION", "decode", "encode", "unpack", "zero_copy",
+    "MAGIC", "PLAIN_KINDS", "PLAIN_MAGIC", "PROTOCOL_VERSION", "decode", "encode",
+    "encode_pickled", "unpack", "zero_copy",
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
 PROTOCOL_VERSION = 7
-#: How the first frame of every message of ours begins.
+#: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 
 
 def encode(messages: Sequence[Any]) -> list[Any]:
-    """Frames of one batch; out-of-band buffers become frames of their own."""
+    """Frames of one batch; out-of-band buffers become frames of their own. Plain data
+    when every record may travel so (``plain``), else a pickle."""
+    if plain.only_plain(messages):
+        return plain.encode(messages)
+    return encode_pickled(messages)
+
+
+def encode_pickled(messages: Sequence[Any]) -> list[Any]:
+    """Frames of one batch as a pickle, whatever its records (``encode`` picks)."""
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps(list(messages), protocol=5, buffer_callback=buffers.append)
     return [MAGIC + header, *(b.raw() for b in buffers)]
@@ -124,23 +143,34 @@ def zero_copy(frames: Sequence[Any]) -> bool:
     return len(frames) > 1
 
 
+#: Directions (sets of records) read as plain data only: a pickle there is refused unread.
+_PLAIN_ONLY: dict[frozenset[type], bool] = {}
+
+
 def unpack(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
     """The records of one batch, their fields not checked yet (``check_fields``), or
     ``ProtocolError`` if it is not a batch of ours, of records ``allowed`` here.
 
-    For receivers that keep the good records of a batch beside a bad one; ``decode``
-    checks them all.
+    A pickled batch is refused, unopened, where every record ``allowed`` travels as plain
+    data. For receivers that keep the good records of a batch beside a bad one;
+    ``decode`` checks them all.
     """
     first = memoryview(frames[0]) if frames else memoryview(b"")
-    if first[: len(MAGIC)] != MAGIC:
+    magic = first[: len(MAGIC)]
+    if magic == PLAIN_MAGIC:
+        return plain.decode(frames, allowed)
+    if magic != MAGIC:
         raise ProtocolError(f"not a daskvine_py message ({len(frames)} frames)")
-    header, buffers = first[len(MAGIC) :], frames[1:]
-    if not header and len(frames) > 1:
-        # Protocol 3 and older sent the magic as a frame of its own: reading that layout
-        # lets an old worker's registration be rejected with a clear version mismatch.
-        header, buffers = frames[1], frames[2:]
+    plain_only = _PLAIN_ONLY.get(allowed)
+    if plain_only is None:
+        plain_only = _PLAIN_ONLY[allowed] = allowed <= PLAIN_KINDS
+    if plain_only:
+        raise ProtocolError(
+            "a pickled batch where only plain data is read: dropped unopened (a sender of "
+            "protocol 6 or older, or not ours)"
+        )
     try:
-        messages = pickle.loads(header, buffers=buffers)
+        messages = pickle.loads(first[len(MAGIC) :], buffers=frames[1:])
     except Exception as exc:
         raise ProtocolError(f"undecodable message header: {exc!r}") from exc
     if type(messages) is not list:

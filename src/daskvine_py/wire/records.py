@@ -66,12 +66,15 @@ class TaskDone(NamedTuple):
 
 
 class TaskErred(NamedTuple):
-    """The task's own code raised: never retried."""
+    """The task's own code raised: never retried. The exception travels as data (its
+    type's name, its message, the traceback's text) and, when it pickles, as a pickle
+    that only the caller's thread may open (``Manager(unpickle_remote_exceptions=...)``)."""
 
     task_id: TaskId
     exception: Serialized | None  #: None when the exception could not be pickled
     traceback: str
-    message: str  #: ``repr`` of the exception, for when it cannot travel
+    message: str  #: ``Type: text`` of the exception, for when it is not unpickled
+    type_name: str = ""  #: its type, qualified: ``module.QualName`` (``serialize.type_name``)
 
 
 class TaskCrashed(NamedTuple):

@@ -81,6 +81,13 @@ def loads(ser: Serialized) -> Any:
     return pickle.loads(ser.header, buffers=ser.buffers)
 
 
+def type_name(exc: BaseException) -> str:
+    """The qualified name of ``exc``'s type (``builtins.ZeroDivisionError``,
+    ``mypackage.errors.Bad``): what names it where its pickle is not opened."""
+    kind = type(exc)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind.__name__)}"
+
+
 def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
     """The exception, if it pickles and unpickles, and its formatted traceback: the
     frames the user wrote, then ``FULL_TRACEBACK_MARK`` and every frame, when that

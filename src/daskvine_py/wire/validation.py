@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 import pickle
 import re
+import reprlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -89,6 +90,17 @@ MAX_KEY_DEPTH = 16
 _INF = float("inf")
 
 
+#: Bounded reprs of what arrived, for error messages: a value may nest a thousand deep,
+#: and the builtin ``repr`` of that raises ``RecursionError``.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
+
+
+def shown(value: object) -> str:
+    """``value`` for a message: at most 60 characters, nested at most 3 deep."""
+    return _REPR.repr(value)[:60]
+
+
 def _serialized(value: Any) -> str | None:
     if value is None:
         return None
@@ -122,7 +134,7 @@ def _texts(values: tuple[object, ...]) -> str | None:
 def _text_pairs(values: tuple[object, ...]) -> str | None:
     for value in values:
         if type(value) is not tuple or len(value) != 2 or _texts(value) is not None:
-            return f"holds {value!r:.60}, not a pair of str"
+            return f"holds {shown(value)}, not a pair of str"
     return None
 
 
@@ -135,7 +147,7 @@ def _transfer_counts(values: tuple[object, ...]) -> str | None:
             or type(value[1]) is not int
             or value[1] < 0
         ):
-            return f"holds {value!r:.60}, not (peer address, bytes)"
+            return f"holds {shown(value)}, not (peer address, bytes)"
     return None
 
 
@@ -150,7 +162,7 @@ def _worker_loads(values: tuple[object, ...]) -> str | None:
             or type(value[2]) not in _NUMBER_SET
             or _seconds(value[2]) is not None
         ):
-            return f"holds {value!r:.60}, not (worker name, cores, idle seconds)"
+            return f"holds {shown(value)}, not (worker name, cores, idle seconds)"
     return None
 
 
@@ -230,7 +242,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
-    TaskErred: (_ID, _VALUE, _TEXT, _TEXT),
+    TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),

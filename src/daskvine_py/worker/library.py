@@ -57,7 +57,7 @@ from typing import Any, Protocol
 from daskvine_py.errors import ImportHoistingError, SerializationError, WorkerImportError
 from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
-from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads
+from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe
 from daskvine_py.worker.pipe import (
     Call,
@@ -588,7 +588,7 @@ def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> Err
         exc.__cause__ = cause
         exc.__traceback__ = cause.__traceback__
     serialized, text = dumps_exception(exc)
-    return Erred(task_id, serialized, text, _describe(exc))
+    return Erred(task_id, serialized, text, _describe(exc), type_name(exc))
 
 
 def _describe(exc: BaseException) -> str:

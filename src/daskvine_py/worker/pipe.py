@@ -6,7 +6,7 @@ sends, and how they travel (``send``, ``receive``)::
     worker ──Export(task_ids, drop)── / ──Forget(task_ids)──────────────────────► library
     worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization)──
     worker ◄──Exported(task_id, Serialized | None, seconds, error)──────────────────
-    worker ◄──Erred(task_id, exception | None, traceback, message)───────────────────
+    worker ◄──Erred(task_id, exception | None, traceback, message, type_name)────────
     worker ◄──Missing(task_id, dep_id)────── (a live input is not here: it did not run)
     worker ◄──Crashed(task_id, reason)──────────── (fork mode: the child died)
     worker ◄──Ready()───────────── (once, when started and its imports are done)
@@ -116,6 +116,7 @@ class Erred(NamedTuple):
     exception: Serialized | None  #: None when it could not be pickled
     traceback: str
     message: str
+    type_name: str = ""  #: the exception's type, qualified (``serialize.type_name``)
 
 
 class Crashed(NamedTuple):

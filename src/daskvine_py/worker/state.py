@@ -49,7 +49,7 @@ from typing import Any
 
 from daskvine_py.errors import InvalidTransition, SerializationError
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import dumps_exception
+from daskvine_py.wire.serialize import dumps_exception, type_name
 from daskvine_py.worker import pipe
 from daskvine_py.worker.dispatch import Dispatch
 from daskvine_py.worker.fetching import Fetch, Fetcher
@@ -446,7 +446,7 @@ class WorkerState:
                 f"on worker {self.name})",
             )  # fmt: skip
             exception, text = dumps_exception(error)
-            self.outbox.append(p.TaskErred(waiter, exception, text, str(error)))
+            self.outbox.append(p.TaskErred(waiter, exception, text, str(error), type_name(error)))
             task.missing.discard(task_id)
             self._transition(task, "forgotten")
 
