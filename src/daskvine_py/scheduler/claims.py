@@ -253,17 +253,20 @@ class Claims:
     def _copies(self, worker: WorkerRecord, msg: Any) -> Any:
         """``Replicas`` and ``Relay``: copies of results it was asked to make or fetched
         for its tasks. Claiming another would make it a holder peers fetch from."""
-        kept = []
+        kept: list[int] = []
+        gone: list[int] = []  # copies of results whose run ended: released in one record
         for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is None:
-                if 0 < task_id < self.next_id():
-                    kept.append(task_id)  # its run ended: a race, harmless (released)
+                if 0 < task_id < self.next_id():  # a race, or a lie: harmless either way
+                    (gone if type(msg) is p.Replicas else kept).append(task_id)
                     continue
             elif worker in task.who_has or self._fetching(worker, task):
                 kept.append(task_id)
                 continue
             self.false_claim(worker, msg, task_id)
+        if gone:
+            self._send(worker, p.Release(tuple(gone)))
         return _same_or_fewer(msg, kept)
 
     def _fetching(self, worker: WorkerRecord, task: TaskRecord) -> bool:
