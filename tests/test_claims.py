@@ -121,6 +121,8 @@ def test_reports_about_tasks_taken_back_are_stale_harmless_and_never_counted(cap
         assert sends(out) == [p.Release((1,))]  # a result nothing needs: released there
         for _ in range(EJECT_AFTER + 5):
             assert not ejects(st_.handle(report(W1, *stale)))
+        out = st_.handle(report(W1, p.Replicas((1, 2, 3))))  # fetched as the run ended
+        assert sends(out) == [p.Release((1, 2, 3))]  # one record, however many
     assert FALSE not in caplog.text
     assert not st_.tasks and not st_.runs and not st_.workers[W1].processing
 
