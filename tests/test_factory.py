@@ -303,6 +303,12 @@ def test_malformed_status_records_are_dropped(manager, caplog):
                 sock.send_multipart(p.encode([record]))
             sock.send_multipart([b"garbage", b"more"])
             sock.send_multipart([p.MAGIC + pickle.dumps({"not": "a list"})])
+            # a pickle is not opened; its sender (of protocol 6 or older) is told so in a
+            # pickle, which it reads
+            assert sock.poll(20_000)
+            frames = sock.recv_multipart()
+            (refusal,) = pickle.loads(frames[0][len(p.MAGIC) :])
+            assert type(refusal) is p.Rejected and "reads no pickles" in refusal.reason
             # a good request beside a bad one is answered
             sock.send_multipart(p.encode([bad[0], p.StatusRequest(p.PROTOCOL_VERSION, "ok")]))
             (answer,) = reply()

@@ -340,11 +340,16 @@ def test_a_pickled_batch_from_a_key_holder_is_dropped_unopened(tmp_path, caplog)
             assert "pickled batch" in shutdown.reason
             for frames in ([p.MAGIC + bomb], [p.MAGIC, bomb]):  # both layouts of old
                 stranger.sock.send_multipart(frames)
+                # told, in the pickle an old sender reads, that pickles are not read
+                assert stranger.sock.poll(20_000)
+                answer = stranger.sock.recv_multipart()
+                (refusal,) = pickle.loads(answer[0][len(p.MAGIC) :])
+                assert type(refusal) is p.Rejected and "reads no pickles" in refusal.reason
             stranger.send(p.StatusRequest(p.PROTOCOL_VERSION, "probe"))  # answered: plain
             assert stranger.sock.poll(20_000)
             (reply,) = p.decode(stranger.sock.recv_multipart(), p.TO_CLIENT)
             assert type(reply) is p.StatusReply
-            assert not stranger.sock.poll(300)  # nothing for the pickles
+            assert not stranger.sock.poll(300)  # nothing more
         assert set(manager.workers) == {"local-0", "local-1"}
         dsk = {f"c{i}": (chunk, i) for i in range(6)}
         dsk["s"] = (total, [f"c{i}" for i in range(6)])
