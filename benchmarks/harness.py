@@ -4,7 +4,7 @@
                                  [--only noop,chain,...]
                                  [--systems daskvine_py,distributed,sync,threads,processes]
                                  [--prefetch 0,1,4] [--progress] [--event-log] [--insecure]
-                                 [--cache]
+                                 [--cache] [--verify F]
                                  [--workers 2] [--wide-workers 50]
                                  [--timeout 600] [--json results.json] [--list]
 
@@ -27,6 +27,8 @@ bar on every call, ``--event-log`` daskvine_py recording and writing every run's
 what watching a run costs, e.g. ``--only noop-dict --systems daskvine_py --progress``.
 ``--insecure`` adds daskvine_py without CurveZMQ (``Manager(security=False)``): what
 security costs, e.g. ``--only chain,tree10k,noop-dict --systems daskvine_py --insecure``.
+``--verify F`` adds daskvine_py with ``get(verify=F)``: what re-running F of the tasks on
+another worker and comparing costs, e.g. ``--only tree10k,noop-dict --verify 0.05``.
 ``--cache`` adds daskvine_py with ``get(cache=True)``, the cache emptied before every run:
 what hashing every task costs a first run (issue 17).
 ``--quick`` runs every workload at a small size once, as a smoke test (a couple of
@@ -166,6 +168,9 @@ def system_names(args: argparse.Namespace) -> list[str]:
     if args.cache:
         at = names.index(OURS) + 1 if OURS in names else 0
         names[at:at] = [systems.CACHE]
+    if args.verify:
+        at = names.index(OURS) + 1 if OURS in names else 0
+        names[at:at] = [f"daskvine_py[verify={args.verify:g}]"]
     return names
 
 
@@ -519,6 +524,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--cache",
         action="store_true",
         help="also daskvine_py with get(cache=True), emptied before every run: what hashing costs",
+    )
+    parser.add_argument(
+        "--verify",
+        type=float,
+        default=0.0,
+        help="also daskvine_py with get(verify=F): F of the tasks re-run elsewhere, compared",
     )
     parser.add_argument("--workers", type=int, default=2, help="one-core workers per system")
     parser.add_argument(

@@ -14,7 +14,8 @@ process outlives it.
   ``daskvine_py[insecure]``: ``Manager(security=False)``, no CurveZMQ, to measure what
   security costs (the default ``daskvine_py`` has it on, as users get it), or
   ``daskvine_py[cache]``: ``get(..., cache=True)`` with the cache emptied before every run,
-  to measure what hashing every task costs a first run.
+  to measure what hashing every task costs a first run, or ``daskvine_py[verify=F]``:
+  ``get(..., verify=F)``, that share of the tasks re-run on another worker and compared.
 - ``distributed``: ``LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)``.
 - ``sync``, ``threads``, ``processes``: Dask's synchronous, threaded and multiprocessing
   schedulers, the last two with ``workers`` threads or spawned processes (a pool kept warm).
@@ -70,11 +71,19 @@ def parse(name: str) -> tuple[str, int | None]:
     match = re.fullmatch(r"daskvine_py\[prefetch=(\d+)\]", name)
     if match:
         return "daskvine_py", int(match.group(1))
+    if verify_share(name) is not None:
+        return "daskvine_py", None
     if name in (watching_name(w) for w in WATCHING) or name in (INSECURE, CACHE):
         return "daskvine_py", None
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
     return name, None
+
+
+def verify_share(name: str) -> float | None:
+    """``"daskvine_py[verify=0.05]"`` -> 0.05; None for any other name."""
+    match = re.fullmatch(r"daskvine_py\[verify=([0-9.]+)\]", name)
+    return float(match.group(1)) if match else None
 
 
 def prefetch_name(extra: int) -> str:
@@ -100,6 +109,8 @@ def start(name: str, workers: int, start_timeout: float = 300.0) -> Iterator[Run
         running.name = name
         if name == watching_name("progress"):
             running.get = functools.partial(running.get, progress=True)
+        elif verify_share(name) is not None:
+            running.get = functools.partial(running.get, verify=verify_share(name))
         elif name == CACHE:
             running.get = functools.partial(running.get, cache=True)
             running.settle = running.manager.cache.clear  # every timed run is a first run

@@ -34,10 +34,11 @@ SMOKES = [
     # every variant of daskvine_py systems.py knows, and the peer, on one workload
     ("harness-variants", "harness.py",
      ["--smoke", "--only", "chain", "--systems", "distributed", "--prefetch", "1", "--progress",
-      "--event-log", "--insecure", "--cache"],
+      "--event-log", "--insecure", "--cache", "--verify", "0.5"],
      r"[\s\S]*".join(rf"{re.escape(name)}\s+\d+\.\d+" for name in (
-         "daskvine_py[cache]", "daskvine_py[insecure]", "daskvine_py[progress]",
-         "daskvine_py[event-log]", "daskvine_py[prefetch=1]", "distributed")),
+         "daskvine_py[verify=0.5]", "daskvine_py[cache]", "daskvine_py[insecure]",
+         "daskvine_py[progress]", "daskvine_py[event-log]", "daskvine_py[prefetch=1]",
+         "distributed")),
      ("distributed",)),
     ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
      r"after/before\n(.*\n)*chain\s+daskvine_py\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),

@@ -177,6 +177,27 @@ def test_version_mismatch_is_rejected_clearly(insecure_manager):
         context.destroy(linger=0)
 
 
+def test_a_flood_of_wrong_version_registrations_logs_a_line_not_one_each(insecure_manager, caplog):
+    manager = insecure_manager
+    context = zmq.Context()
+    try:
+        sock = dealer(context, manager.address, b"old-workers")
+        for i in range(2000):
+            register = p.Register(999, f"old\n{i}", 1, 0, "h", "tcp://x:1", 1)
+            sock.send_multipart(p.encode([register]))
+        replies = []
+        while len(replies) < 2000:  # every one is answered, none hangs
+            assert sock.poll(10_000), len(replies)
+            replies += p.decode(sock.recv_multipart(), p.TO_WORKER)
+        assert all(type(r) is p.Rejected and "protocol version 999" in r.reason for r in replies)
+    finally:
+        context.destroy(linger=0)
+    lines = [r for r in caplog.records if "rejected worker" in r.getMessage()]
+    assert 1 <= len(lines) <= 2
+    assert "\n" not in lines[0].getMessage()  # the name's newline is escaped
+    assert dask.get({"x": (inc, 1)}, "x") == manager.get({"x": (inc, 1)}, "x")
+
+
 def _fake_manager():
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)

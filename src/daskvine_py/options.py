@@ -76,6 +76,11 @@ class RunOptions:
     #: lets a run on preemptible nodes lose a worker without recomputing what it held, at
     #: the cost of copying every intermediate (network, memory) while it is needed.
     replicas: int = 1
+    #: Share of the tasks (0 to 1) run a second time on another worker, their results'
+    #: bytes compared by content hash: a mismatch fails the run naming both workers (a
+    #: node that corrupts data). Chosen tasks send their value to the manager and hold
+    #: their inputs until the re-run read them: off (0) by default (docs/faults.md).
+    verify: float = 0.0
     #: Run each linear chain of tasks (a task whose only reader has no other input) as one
     #: task, up to ``fusion.FUSE_LIMIT`` links: no round trip and no state per link. The
     #: chain is one task for retries, progress and the report, named by its last key.
@@ -119,6 +124,9 @@ class RunOptions:
             raise ValueError(f"retries must be a non-negative integer, not {self.retries!r}")
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, not {self.replicas!r}")
+        verify = self.verify
+        if isinstance(verify, bool) or not isinstance(verify, int | float) or not 0 <= verify <= 1:
+            raise ValueError(f"verify must be a number from 0 to 1, not {verify!r}")
         arity = self.reduction_arity
         if arity is not None and (not isinstance(arity, int) or arity < 2):
             raise ValueError(f"reduction_arity must be an integer >= 2 or None, not {arity!r}")

@@ -141,8 +141,11 @@ class Registry:
         version = reg[0] if len(reg) else None
         if type(version) is int and version != p.PROTOCOL_VERSION:
             name = reg.name if len(reg) > 1 and type(reg.name) is str else repr(ident[:32])
+            name = printable(name)
             error = VersionMismatch(p.PROTOCOL_VERSION, version, name)
-            logger.warning("rejected worker %s: %s", printable(name), error)
+            self._drops.warn(  # one line per version a minute, however many ask
+                ("version", version), now, "rejected worker %s: %s", name, error
+            )
             self._post(ident, p.Rejected(str(error)))
             return None
         try:

@@ -40,6 +40,9 @@ class RunInfo:
     #: the manager failed itself (``SchedulerError``)
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
+    #: tasks whose result matched, byte for byte, a re-run's on another worker
+    #: (``get(..., verify=f)``)
+    verified: int = 0
     #: top-level modules the run's functions come from or use (third-party only): what
     #: ``import_modules`` could import once per library instead of once per task
     hoisting_candidates: list[str] = field(default_factory=list)

@@ -202,7 +202,7 @@ class Dispatch:
         send(
             worker,
             p.Execute(
-                task.id, task.key, task.payload, deps, task.is_output, config_id,
+                task.id, task.key, task.payload, deps, task.is_output or task.echo, config_id,
                 None if task.unread is None else not task.unread,
             ),
         )  # fmt: skip

@@ -111,6 +111,8 @@ class SubmitRun(NamedTuple):
     #: its tasks come with ``dependents=None`` while the graph is still being read: no
     #: result is released until the ``ExtendRun`` marked ``last`` (a late reader may come)
     arriving: bool = False
+    #: share of its tasks re-run on a second worker, results compared (``verify``)
+    verify: float = 0.0
 
 
 class ExtendRun(NamedTuple):
@@ -198,6 +200,8 @@ class RunDone(NamedTuple):
     #: ``TaskDone`` reports the state took (``RunRecord``)
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
+    #: tasks whose result matched a re-run's on another worker (``verify``)
+    verified: int = 0
 
 
 class RunFailed(NamedTuple):

@@ -63,7 +63,8 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "run_seconds", "serialization_seconds", "settings", "arriving",
+        "watched", "run_seconds", "serialization_seconds", "settings", "arriving", "verify",
+        "verified",
     )  # fmt: skip
 
     def __init__(
@@ -76,8 +77,13 @@ class RunRecord:
         watched: bool = False,
         settings: RunSettings | None = None,
         arriving: bool = False,
+        verify: float = 0.0,
     ) -> None:
         self.id = id
+        #: share of its tasks re-run on a second worker and compared (``verify``), and
+        #: how many of them matched so far
+        self.verify = verify
+        self.verified = 0
         #: more tasks are coming whose readers are not counted yet: nothing is released
         #: until the last part (``SubmitRun.arriving``)
         self.arriving = arriving
@@ -106,7 +112,7 @@ class RunRecord:
     def of(cls, ev: SubmitRun) -> RunRecord:
         """The record of a run just submitted."""
         return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
-                   ev.settings, ev.arriving)  # fmt: skip
+                   ev.settings, ev.arriving, ev.verify)  # fmt: skip
 
     def arrived(self) -> list[TaskRecord]:
         """An arriving run has all its tasks: its results in memory that nothing needs."""
@@ -119,7 +125,7 @@ class TaskRecord:
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
         "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-        "placement", "pulled", "started_at",
+        "placement", "pulled", "echo", "started_at",
     )  # fmt: skip
 
     def __init__(
@@ -174,6 +180,8 @@ class TaskRecord:
         #: an input-less task queued for the worker that took a sibling (one that feeds
         #: the same task): see ``Locality.pull_siblings``
         self.pulled = False
+        #: its worker sends its value back: to compare with a re-run (``verify``)
+        self.echo = False
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

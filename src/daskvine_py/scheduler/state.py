@@ -54,7 +54,7 @@ Two counters make completion and release O(edges): ``missing`` = inputs not in m
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from daskvine_py.errors import InvalidTransition
@@ -97,6 +97,8 @@ from daskvine_py.scheduler.records import RunRecord, TaskRecord, TaskStateName, 
 from daskvine_py.scheduler.relays import Relays
 from daskvine_py.scheduler.saturation import DurationEstimates, Saturation
 from daskvine_py.scheduler.stealing import Stealing
+from daskvine_py.scheduler.submission import Submission
+from daskvine_py.scheduler.verify import Verification
 from daskvine_py.wire import protocol as p
 
 __all__ = [
@@ -174,6 +176,13 @@ class SchedulerState:
             self.copies.replicate, self.caching.worker_lost,
         )  # fmt: skip
         self._out_of_retries = self.churn.out_of_retries
+        self.verification = Verification(
+            workers, tasks, transition, self._new_id, self.failures.fail
+        )
+        self.submission = Submission(
+            runs, tasks, transition, self._new_id, self.constraints.mark, self.verification.added,
+            self.caching, cache_runs,
+        )  # fmt: skip
         self.dispatch = Dispatch(
             workers, queue, full, out, transition, send, abort, self.constraints, extra,
             self.locality.send_ahead, self.stealing.steal_for_idle_workers,
@@ -201,8 +210,8 @@ class SchedulerState:
             p.DiskFull: self.dispatch.on_disk_full,
         }
         self._events: dict[type, Handler] = {
-            SubmitRun: self._on_submit,
-            ExtendRun: self._on_extend,
+            SubmitRun: self.submission.on_submit,
+            ExtendRun: self.submission.on_extend,
             CancelRun: self._on_cancel,
             WorkerJoined: self._on_worker_joined,
             WorkerLost: self.churn.on_worker_lost,
@@ -281,59 +290,6 @@ class SchedulerState:
 
     # -- event handlers ---------------------------------------------------------------
 
-    def _on_submit(self, ev: SubmitRun) -> None:
-        if ev.run_id in self.runs:
-            raise ValueError(f"run {ev.run_id} was submitted twice")
-        run = self.runs[ev.run_id] = RunRecord.of(ev)
-        if ev.cache is not None:
-            self.caching.open(run, ev.cache)
-        self._add_tasks(run, ev.tasks, ev.functions)
-
-    def _on_extend(self, ev: ExtendRun) -> None:
-        run = self.runs.get(ev.run_id)
-        if run is not None:  # else it failed or was cancelled meanwhile
-            self._add_tasks(run, ev.tasks, ev.functions)
-            for task in run.arrived() if ev.last and run.arriving else ():  # readers counted
-                self._transition(task, "released")
-
-    def _add_tasks(
-        self, run: RunRecord, tasks: Sequence[NewTask], functions: Mapping[bytes, bytes]
-    ) -> None:
-        run.functions.update(functions)
-        records = run.tasks
-        added = []
-        for new in tasks:
-            priority = run.id << RUN_PRIORITY_BITS | new.priority
-            record = TaskRecord(
-                self._next_task_id, new.key, run, new.payload, new.functions, priority, new.prefix
-            )
-            self._next_task_id += 1
-            record.is_output = new.key in run.outputs
-            if new.dependents is not None:
-                record.waiters = new.dependents
-                record.unread = record.is_output and not new.dependents
-            records[new.key] = record
-            self.tasks[record.id] = record
-            added.append((new, record))
-        if run.settings is not None:
-            self.constraints.mark(run, added)  # annotated runs only
-        for new, record in added:
-            missing = 0
-            for dep_key in new.dependencies:
-                dep = records[dep_key]
-                record.deps.append(dep)
-                dep.dependents.append(record)
-                if new.dependents is None:
-                    dep.waiters += 1
-                if dep.state != "memory":
-                    missing += 1
-            record.missing = missing
-        if self._cache_runs:
-            self.caching.added(run, added)  # hits, skipped inputs, results read from disk
-        for _, record in added:
-            if record.missing == 0 and record.state == "waiting":
-                self._transition(record, "ready")
-
     def _on_cancel(self, ev: CancelRun) -> None:
         run = self.runs.get(ev.run_id)
         if run is not None:
@@ -353,6 +309,10 @@ class SchedulerState:
             raise TypeError(f"not a worker report: {ev.message!r}")
         self.dispatch.touch(worker)
         handler(worker, ev.message)
+
+    def _new_id(self) -> int:
+        self._next_task_id += 1
+        return self._next_task_id - 1
 
     def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
         """The task a report from ``worker`` is about; None: stale (not processing there)."""
@@ -389,10 +349,14 @@ class SchedulerState:
             self._out.append(RunOutput(run.id, task.key, msg.value))
             run.undelivered -= 1
         self._transition(task, "memory", worker)
+        if task.echo and not self.verification.done(task, worker, msg.value):
+            return  # a re-run's result differed: the run failed
         if self._cache_runs:
             self.caching.done(task, msg, worker)
         if not run.undelivered:
-            self._out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
+            self._out.append(
+                RunDone(run.id, run.run_seconds, run.serialization_seconds, run.verified)
+            )
             self._drop_run(run)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:

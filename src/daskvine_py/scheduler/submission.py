@@ -1,0 +1,105 @@
+"""Runs and their tasks arriving: ``SubmitRun`` and ``ExtendRun`` into records.
+
+A component of ``state.SchedulerState``. Each task becomes a ``TaskRecord`` linked to its
+inputs (``deps``, ``dependents``), with its two counters set (``missing``: inputs not in
+memory; ``waiters``: readers still to run, given by the caller or, in a run that is still
+arriving, counted as readers come); annotated runs get their placements (``Constraints``),
+verified runs their sample (``Verification``), cached runs their hits (``Caching``); what
+can run goes to "ready".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from daskvine_py.scheduler.messages import RUN_PRIORITY_BITS, ExtendRun, NewTask, SubmitRun
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition
+
+
+class Submission:
+    """Adds the tasks of runs submitted and extended; see the module docstring.
+
+    It shares the state's ``runs`` and ``tasks``; ``transition`` and ``new_id`` are the
+    state's; ``mark`` (``Constraints.mark``), ``sample`` (``Verification.added``) and
+    ``caching`` the other components'; ``cache_runs`` is tested for emptiness.
+    """
+
+    __slots__ = ("runs", "tasks", "transition", "new_id", "mark", "sample", "caching",
+                 "cache_runs")  # fmt: skip
+
+    def __init__(
+        self,
+        runs: dict[int, RunRecord],
+        tasks: dict[int, TaskRecord],
+        transition: Transition,
+        new_id: Callable[[], int],
+        mark: Callable[[RunRecord, list[tuple[NewTask, TaskRecord]]], None],
+        sample: Callable[[RunRecord, list[TaskRecord]], None],
+        caching: Any,
+        cache_runs: Mapping[int, object],
+    ) -> None:
+        self.runs = runs
+        self.tasks = tasks
+        self.transition = transition
+        self.new_id = new_id
+        self.mark = mark
+        self.sample = sample
+        self.caching = caching
+        self.cache_runs = cache_runs
+
+    def on_submit(self, ev: SubmitRun) -> None:
+        if ev.run_id in self.runs:
+            raise ValueError(f"run {ev.run_id} was submitted twice")
+        run = self.runs[ev.run_id] = RunRecord.of(ev)
+        if ev.cache is not None:
+            self.caching.open(run, ev.cache)
+        self.add(run, ev.tasks, ev.functions)
+
+    def on_extend(self, ev: ExtendRun) -> None:
+        run = self.runs.get(ev.run_id)
+        if run is not None:  # else it failed or was cancelled meanwhile
+            self.add(run, ev.tasks, ev.functions)
+            for task in run.arrived() if ev.last and run.arriving else ():  # readers counted
+                self.transition(task, "released")
+
+    def add(
+        self, run: RunRecord, tasks: Sequence[NewTask], functions: Mapping[bytes, bytes]
+    ) -> None:
+        """Records for ``tasks`` of ``run``, each after its inputs."""
+        run.functions.update(functions)
+        records = run.tasks
+        added = []
+        new_id = self.new_id
+        for new in tasks:
+            priority = run.id << RUN_PRIORITY_BITS | new.priority
+            record = TaskRecord(
+                new_id(), new.key, run, new.payload, new.functions, priority, new.prefix
+            )
+            record.is_output = new.key in run.outputs
+            if new.dependents is not None:
+                record.waiters = new.dependents
+                record.unread = record.is_output and not new.dependents
+            records[new.key] = record
+            self.tasks[record.id] = record
+            added.append((new, record))
+        if run.settings is not None:
+            self.mark(run, added)  # annotated runs only
+        for new, record in added:
+            missing = 0
+            for dep_key in new.dependencies:
+                dep = records[dep_key]
+                record.deps.append(dep)
+                dep.dependents.append(record)
+                if new.dependents is None:
+                    dep.waiters += 1
+                if dep.state != "memory":
+                    missing += 1
+            record.missing = missing
+        if run.verify:
+            self.sample(run, [record for _, record in added])
+        if self.cache_runs:
+            self.caching.added(run, added)  # hits, skipped inputs, results read from disk
+        for _, record in added:
+            if record.missing == 0 and record.state == "waiting":
+                self.transition(record, "ready")

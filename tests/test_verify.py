@@ -1,0 +1,152 @@
+"""Optional verification (``get(..., verify=f)``): a share of the tasks run again on
+another worker and their results are compared by content hash; a mismatch fails the run
+naming both workers."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import dask.array as da
+import pytest
+
+from daskvine_py import Manager
+from daskvine_py.errors import TaskFailed
+from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.verify import chosen
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
+from keyed import KeyedWorker
+
+W1, W2 = b"w1", b"w2"
+
+
+def joined(worker: bytes) -> s.WorkerJoined:
+    return s.WorkerJoined(worker, worker.decode(), 1, f"tcp://{worker.decode()}")
+
+
+def executes(out: list, worker: bytes) -> list[p.Execute]:
+    return [i.message for i in out if type(i) is s.Send and i.worker == worker
+            and type(i.message) is p.Execute]  # fmt: skip
+
+
+def two_step(verify: float) -> s.SubmitRun:
+    """x, then y reading x; the output is y."""
+    tasks = [s.NewTask("x", b"px", (), (), 0), s.NewTask("y", b"py", (), ("x",), 1)]
+    return s.SubmitRun(1, tasks, ["y"], 3, verify=verify)
+
+
+def test_the_sample_is_the_share_asked_for_spread_over_the_ids():
+    picked = [i for i in range(1, 100_001) if chosen(i, 0.05)]
+    assert 4_500 < len(picked) < 5_500
+    assert not [i for i in range(1, 1000) if chosen(i, 0.0)]
+    assert all(chosen(i, 1.0) for i in range(1, 1000))
+
+
+def by_key(out: list) -> dict:
+    """The ``Execute``s in ``out`` by key: [(worker, record), ...]."""
+    found: dict = {}
+    for worker in (W1, W2):
+        for e in executes(out, worker):
+            found.setdefault(e.key, []).append((worker, e))
+    return found
+
+
+def test_a_chosen_task_runs_again_on_the_other_worker_and_matching_results_count():
+    st_ = s.SchedulerState(chain_ahead=0)
+    out = st_.handle([joined(W1), two_step(verify=1.0)])
+    [(_, x)] = by_key(out)["x"]
+    assert x.want_result  # its value comes back to be hashed
+    st_.handle([joined(W2)])
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(x.task_id, 8, 0.01, dumps(41)))])
+    sent = by_key(out)
+    [(where, shadow)] = sent["x"]
+    assert where == W2 and shadow.payload == b"px" and shadow.keep is False
+    assert shadow.task_id != x.task_id and shadow.want_result
+    assert st_.tasks[x.task_id].state == "memory"  # held for the re-run (and for y)
+    out = st_.handle([s.FromWorker(W2, p.TaskDone(shadow.task_id, 8, 0.01, dumps(41)))])
+    assert st_.runs[1].verified == 1
+    assert not [i for i in out if type(i) is s.RunDone]  # y is not done yet
+
+
+def test_results_that_differ_fail_the_run_naming_both_workers():
+    st_ = s.SchedulerState(chain_ahead=0)
+    out = st_.handle([joined(W1), joined(W2), two_step(verify=1.0)])
+    [(worker, x)] = by_key(out)["x"]
+    other = W2 if worker == W1 else W1
+    out = st_.handle([s.FromWorker(worker, p.TaskDone(x.task_id, 8, 0.01, dumps(41)))])
+    [(where, shadow)] = by_key(out)["x"]
+    assert where == other
+    out = st_.handle([s.FromWorker(other, p.TaskDone(shadow.task_id, 8, 0.01, dumps(40)))])
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert failed.key == "x" and "verification failed" in failed.message
+    assert worker.decode() in failed.message and other.decode() in failed.message
+    assert not st_.runs and not st_.tasks  # the run and every record of it are gone
+
+
+def test_one_worker_verifies_nothing_and_releases_what_it_held():
+    st_ = s.SchedulerState(chain_ahead=0)
+    out = st_.handle([joined(W1), two_step(verify=1.0)])
+    sent = by_key(out)
+    [(_, x)] = sent["x"]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(x.task_id, 8, 0.01, dumps(41)))])
+    [(_, y)] = sent.get("y") or by_key(out)["y"]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(y.task_id, 8, 0.01, dumps(42)))])
+    assert [i for i in out if type(i) is s.RunDone] and not st_.tasks
+
+
+def _double(x):
+    return 2 * x
+
+
+@pytest.fixture(scope="module")
+def manager():
+    with Manager() as m:
+        m.start_workers(2, cores=1)
+        yield m
+
+
+@pytest.mark.timeout(120)
+def test_a_verified_run_computes_what_dask_computes(manager):
+    x = da.arange(2000, chunks=50)
+    total = ((x + 1) * 3).sum()
+    expected = dask.compute(total, scheduler="sync")[0]
+    (got,) = dask.compute(total, scheduler=manager.get, verify=0.5)
+    assert got == expected
+    assert manager.last_run.verified > 0  # some re-runs ran elsewhere and matched
+
+
+class _Liar(threading.Thread):
+    """A registered worker that answers every task it is sent with 0."""
+
+    def __init__(self, manager: Manager) -> None:
+        super().__init__(daemon=True)
+        self.worker = KeyedWorker(manager, "liar", cores=4)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        sock = self.worker.sock
+        while not self.stop.is_set():
+            if not sock.poll(50):
+                continue
+            for record in p.decode(sock.recv_multipart(), p.TO_WORKER):
+                if type(record) is p.Execute:
+                    self.worker.send(p.TaskDone(record.task_id, 8, 0.001, dumps(0)))
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_answers_wrong_is_caught_by_verification():
+    with Manager() as manager:
+        manager.start_workers(1, cores=1)
+        liar = _Liar(manager)
+        liar.start()
+        try:
+            dsk = {("x", i): (_double, i + 1) for i in range(40)}
+            dsk["total"] = (sum, [("x", i) for i in range(40)])
+            with pytest.raises(TaskFailed, match="verification failed") as info:
+                manager.get(dsk, "total", verify=1.0)
+            assert "liar" in str(info.value)
+        finally:
+            liar.stop.set()
+            liar.join(5)
+            liar.worker.close()
