@@ -16,7 +16,7 @@ import dask
 import pytest
 
 from beacon import Beacon, ping
-from daskvine_py import Manager
+from daskvine_py import Manager, TaskFailed
 from daskvine_py.scheduler import churn
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
@@ -248,6 +248,15 @@ def step(x, seconds, address):
     return x + 1
 
 
+def kill_my_worker(x):
+    """Kill the worker this library runs under (its parent), as a task may by exhausting
+    the node's memory; after a moment, as such a task would (its worker has said by then
+    that it started)."""
+    time.sleep(0.2)
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
+
+
 def add_all(parts, address):
     if address is not None:
         ping(address)
@@ -319,3 +328,13 @@ def test_the_worker_holding_the_most_killed_six_times_with_default_retries():
         assert "v" in result, result
         assert result["v"] == dask.get(probe_shape(150, None)[0], total)
         assert manager._state.recomputed > 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_task_that_kills_every_worker_it_runs_on_uses_its_retries():
+    """Its worker says it started there, so each loss counts: it fails after its retries."""
+    with Manager(heartbeat_interval=0.2, worker_timeout=3.0) as manager:
+        manager.start_workers(4, cores=1)  # one left when it fails
+        with pytest.raises(TaskFailed, match=r"'poison'.*lost while running it 3 times"):
+            manager.get({"poison": (kill_my_worker, 1)}, "poison", retries=2)
