@@ -2,8 +2,8 @@
 seconds, with the default retries (issue 29).
 
     python benchmarks/churn.py [--maps 11610] [--fan-in 8] [--workers 4] [--every 6]
-                               [--max-kills 0] [--no-baseline] [--json churn.json]
-                               [--smoke]
+                               [--max-kills 0] [--no-baseline] [--no-replicas]
+                               [--json churn.json] [--smoke]
 
 The graph has the probe's shape: ``--maps`` first-stage tasks ``("a", i)`` (10 ms each),
 as many second-stage ones ``("b", i)`` (20 ms), each reading two first-stage results, and
@@ -19,7 +19,8 @@ its default ``retries``. Printed: each run's makespan (``get`` alone, workers al
 joined), their ratio, the kills, the results recomputed after every copy was lost
 (``recomputed``), the temporary replicas the scheduler asked for, and whether each result
 equals Dask's synchronous scheduler's on the same graph without the sleeps. A failed or
-wrong run exits non-zero. ``--json``: the same numbers in a file.
+wrong run exits non-zero. ``--no-replicas``: the scheduler makes no temporary replicas
+(what they save, in recomputed results and time). ``--json``: the numbers in a file.
 
 ``--smoke`` (a test that it still runs, numbers meaningless): 100 maps on two workers,
 one kill as soon as a worker holds a result, no baseline.
@@ -40,6 +41,7 @@ import numpy as np
 from dask.local import get_sync
 
 from daskvine_py import Manager
+from daskvine_py.scheduler import churn as scheduler_churn
 
 #: Elements of each result array (int64: 8 KB).
 WIDTH = 1_000
@@ -156,11 +158,14 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=6.0, help="seconds between kills")
     parser.add_argument("--max-kills", type=int, default=0, help="0: no limit")
     parser.add_argument("--no-baseline", action="store_true", help="only the run with churn")
+    parser.add_argument("--no-replicas", action="store_true", help="no temporary replicas")
     parser.add_argument("--json", help="write the numbers to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny, one kill: still runs?")
     args = parser.parse_args()
     if args.smoke:
         args.maps, args.workers, args.max_kills, args.no_baseline = 100, 2, 1, True
+    if args.no_replicas:  # (the manager's state runs in this process)
+        scheduler_churn.CHURN_LEVEL = float("inf")
     dsk, key = probe_graph(args.maps, args.fan_in)
     expected = get_sync(probe_graph(args.maps, args.fan_in, scale=0.0)[0], key)
     print(f"graph: {len(dsk):,} tasks ({args.maps:,} maps in two stages, sums of "
@@ -185,7 +190,7 @@ def main() -> int:
                    for name, run in runs.items()}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({"tasks": len(dsk), "workers": args.workers, "every": args.every,
-                       "runs": summary}, f, indent=1)  # fmt: skip
+                       "replicas": not args.no_replicas, "runs": summary}, f, indent=1)  # fmt: skip
     return 0 if right else 1
 
 

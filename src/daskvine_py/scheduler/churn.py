@@ -57,6 +57,9 @@ REPLICAS_PER_WORKER = 256
 #: the bytes they may take when no worker said how much it has.
 REPLICA_MEMORY_SHARE = 0.05
 REPLICA_BYTES = 1 << 30
+#: Seconds between two looks for replicas gone (their results released) while the
+#: bounds are reached: each look visits every replica.
+PRUNE_PERIOD = 1.0
 
 
 class Churn:
@@ -71,7 +74,7 @@ class Churn:
 
     __slots__ = ("workers", "tasks", "full", "queue", "transition", "held", "fail", "lose",
                  "replicate", "cache_worker_lost", "now", "level", "last_loss", "extra",
-                 "extra_bytes", "max_extra", "max_bytes", "replicas")  # fmt: skip
+                 "extra_bytes", "max_extra", "max_bytes", "pruned_at", "replicas")  # fmt: skip
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class Churn:
         #: bounds on ``extra``, set at each loss from the workers left
         self.max_extra = 0
         self.max_bytes = 0
+        self.pruned_at = 0.0
         #: temporary replicas asked for since the start
         self.replicas = 0
 
@@ -186,7 +190,7 @@ class Churn:
         self.max_bytes = int(memory * REPLICA_MEMORY_SHARE) if memory else REPLICA_BYTES
         self.max_extra = REPLICAS_PER_WORKER * len(workers)
         self._prune()
-        if len(workers) < 2:
+        if len(workers) < 2 or not self._churning():
             return
         for holder in list(workers.values()):
             for task in list(holder.has_what):
@@ -222,6 +226,8 @@ class Churn:
         """Whether one more temporary replica of ``task`` fits the bounds."""
         if len(self.extra) < self.max_extra and self.extra_bytes + task.nbytes <= self.max_bytes:
             return True
+        if self.now - self.pruned_at < PRUNE_PERIOD:
+            return False
         self._prune()
         return len(self.extra) < self.max_extra and self.extra_bytes + task.nbytes <= self.max_bytes
 
@@ -244,3 +250,4 @@ class Churn:
         }
         self.extra = kept
         self.extra_bytes = sum(task.nbytes for task in kept)
+        self.pruned_at = self.now
