@@ -14,6 +14,8 @@ import time
 
 import dask
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from beacon import Beacon, ping
 from daskvine_py import Manager, TaskFailed
@@ -21,6 +23,7 @@ from daskvine_py.scheduler import churn
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
+from test_state import SimulatedCluster, expected_value, random_graphs
 
 W1, W2, W3 = b"w1", b"w2", b"w3"
 
@@ -235,6 +238,42 @@ def test_temporary_replicas_are_bounded_in_bytes():
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
     st_.handle([s.WorkerLost(W2, "its process exited with code -9")])
     assert st_.churn.extra == {} and st_.churn.extra_bytes == 0
+
+
+class ReplicatingCluster(SimulatedCluster):
+    """``test_state``'s simulated cluster whose workers also carry out ``Replicate``."""
+
+    def deliver(self, worker, message):
+        if type(message) is not p.Replicate or worker not in self.stores:
+            return super().deliver(worker, message)
+        source = next((w for w in self.stores if w.decode() in message.peers), None)
+        if source is not None and message.task_id in self.stores[source]:
+            self.stores[worker][message.task_id] = self.stores[source][message.task_id]
+            self.pending.append(s.FromWorker(worker, p.Replicas((message.task_id,))))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
+       losses=st.integers(1, 4))  # fmt: skip
+def test_random_graphs_under_churn_compute_right_and_leave_no_copy_behind(graphs, seed, losses):
+    cluster = ReplicatingCluster(seed)
+    for name in (b"w0", b"w1", b"w2"):
+        cluster.join(name)
+    for run_id, (deps, outputs) in enumerate(graphs, start=1):
+        tasks = [s.NewTask(k, b"", (), deps[k], i) for i, k in enumerate(deps)]
+        cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
+    cluster.replace_a_worker(iter([b"x0"]))  # churn from the start: copies are made
+    names = iter(f"w{i}".encode() for i in range(3, 100))
+
+    def idle():
+        return not any(cluster.queued.values()) and not cluster.pending
+
+    cluster.run_until(idle, losses - 1, names)
+    for run_id, (deps, outputs) in enumerate(graphs, start=1):
+        assert cluster.done.get(run_id) == "done", cluster.done
+        assert cluster.outputs.get(run_id, {}) == {k: expected_value(k, deps) for k in outputs}
+    assert not cluster.state.tasks and not cluster.state.runs
+    assert all(not store for store in cluster.stores.values()), cluster.stores
 
 
 # -- real workers, killed again and again ----------------------------------------------------

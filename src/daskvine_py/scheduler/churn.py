@@ -176,6 +176,8 @@ class Churn:
         second copy if it is worth one and there is room."""
         if not self._churning():
             self.level = 0.0  # calm again: the state stops calling
+            self.extra.clear()  # (those made go with their results; the next churn counts anew)
+            self.extra_bytes = 0
             return
         if self._worth_a_copy(task) and self._room(task):
             self._copy(task, worker)
@@ -192,12 +194,14 @@ class Churn:
         self._prune()
         if len(workers) < 2 or not self._churning():
             return
+        extra = self.extra
         for holder in list(workers.values()):
             for task in list(holder.has_what):
-                if len(task.who_has) == 1 and task not in self.extra and self._worth_a_copy(task):
-                    if not self._room(task):
-                        return
-                    self._copy(task, holder)
+                if len(extra) >= self.max_extra:
+                    return
+                if len(task.who_has) == 1 and task not in extra and self._worth_a_copy(task):
+                    if self._room(task):  # (a result too large for the bytes left is not)
+                        self._copy(task, holder)
 
     def _decayed(self) -> float:
         return self.level * math.pow(0.5, (self.now - self.last_loss) / LOSS_HALF_LIFE)
@@ -240,14 +244,15 @@ class Churn:
 
     def _prune(self) -> None:
         """Forget the replicas whose result was released or whose workers are gone."""
-        workers = self.workers
-        kept = {
-            task: pair
-            for task, pair in self.extra.items()
-            if task.state == "memory"
-            and self.tasks.get(task.id) is task
-            and all(workers.get(w.id) is w for w in pair)
-        }
-        self.extra = kept
-        self.extra_bytes = sum(task.nbytes for task in kept)
+        workers, tasks, extra = self.workers, self.tasks, self.extra
+        gone = [
+            task
+            for task, pair in extra.items()
+            if task.state != "memory"
+            or tasks.get(task.id) is not task
+            or any(workers.get(w.id) is not w for w in pair)
+        ]
+        for task in gone:
+            del extra[task]
+        self.extra_bytes = sum(task.nbytes for task in extra)
         self.pruned_at = self.now
