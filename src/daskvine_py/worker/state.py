@@ -93,8 +93,6 @@ class WorkerState:
         #: run id -> how its tasks run, for runs that do not use the defaults
         self.run_configs: dict[int, p.RunConfig] = {}
         self.disk_full = False
-        #: tasks that began running this pass, for the manager (``Started``)
-        self.started: list[int] = []
         #: instructions for the shell; see the module docstring
         self.outbox: list[p.ToManager] = []
         self.peer_outbox: dict[str, list[int]] = {}
@@ -204,9 +202,6 @@ class WorkerState:
         fetcher = self.fetcher
         if fetcher.slots.freed:  # (most passes: no call)
             fetcher.start_queued(now)
-        if self.started:
-            self.outbox.append(p.Started(tuple(self.started)))
-            self.started.clear()
         if self.store.full is not self.disk_full:
             self.disk_full = self.store.full
             logger.warning("worker %s disk full: %s", self.name, self.disk_full)
@@ -514,8 +509,6 @@ class WorkerState:
         if step is _illegal:
             raise InvalidTransition(task.key, task.state, finish, [])
         task.state = finish
-        if finish == "running":
-            self.started.append(task.id)
         if step is not None:  # three transitions per task: skip the empty calls
             step(task)
 
