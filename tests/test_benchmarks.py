@@ -40,6 +40,8 @@ SMOKES = [
          "daskvine_py[progress]", "daskvine_py[event-log]", "daskvine_py[prefetch=1]",
          "distributed")),
      ("distributed",)),
+    ("bench_peer_flood", "bench_peer_flood.py", ["--smoke"],
+     r"answers per request of 10000 ids: \[4096\]\n(.*\n)*worker RSS MB before", ()),
     ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
      r"after/before\n(.*\n)*chain\s+daskvine_py\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
     ("biggraph", "biggraph.py", ["--smoke"],

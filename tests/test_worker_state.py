@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
-from daskvine_py.worker import fetching, pipe
+from daskvine_py.worker import fetching, pipe, serving
 from daskvine_py.worker import state as ws
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
@@ -78,6 +78,9 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
     assert sent_to is lib and run.config is None and run.functions == []
     assert run.calls == [pipe.Call(1, "k1", b"payload", [], keep=True, send=True)]
     assert state.tasks[1].state == "running" and list(lib.sent) == [1]
+    state.end_pass(0.0)  # once per loop pass: the tasks sent to run since the last one
+    assert state.outbox == [p.Started((1,))]
+    state.outbox.clear()
     state.on_library_reply(lib, done(1, 42), wall=100.0)
     (report,) = state.outbox
     assert type(report) is p.TaskDone and report.task_id == 1 and report.finished == 100.0
@@ -227,7 +230,9 @@ def test_a_chain_goes_to_the_library_with_the_task_it_waits_for():
     assert not state.local_waiters and list(lib.sent) == [1, 2, 3]
     for task_id in (1, 2, 3):
         state.on_library_reply(lib, done_live(task_id), 0.0)
-    assert [type(r) for r in state.outbox] == [p.TaskDone] * 3
+    # (one Started for the three, before the first report: no end of pass came between)
+    assert state.outbox[0] == p.Started((1, 2, 3))
+    assert [type(r) for r in state.outbox[1:]] == [p.TaskDone] * 3
     assert set(state.live.entries) == {1, 2, 3} and not list(state.leaks())
 
 
@@ -298,7 +303,8 @@ def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
         state.on_manager_message(execute(task_id), 0.0)
     assert started(state) == [(0, [1, 2, 3, 4, 5])]
     state.on_library_death(lib, "killed by signal SIGKILL")
-    (crashed,) = state.outbox
+    started_, crashed = state.outbox
+    assert started_ == p.Started((1, 2, 3, 4, 5))
     assert crashed == p.TaskCrashed(1, "library process killed by signal SIGKILL on worker w")
     assert [state.tasks[t].state for t in (2, 3, 4, 5)] == ["queued"] * 4
     assert 0 not in state.dispatch.libraries
@@ -313,6 +319,7 @@ def test_erred_and_crashed_replies_are_reported():
     state.on_library_reply(lib, pipe.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
     state.on_library_reply(lib, pipe.Crashed(1, "forked task process died"), 0.0)
     assert state.outbox == [
+        p.Started((1, 2)),
         p.TaskErred(2, None, "Traceback", "ValueError: x"),
         p.TaskCrashed(1, "forked task process died"),
     ]
@@ -367,8 +374,9 @@ def test_task_mode_tasks_go_to_processes():
     state.on_reply(done(1), 0.0)
     second = state.next_process_task()
     state.on_process_failed(second, "no fork for you")
-    assert [type(m) for m in state.outbox] == [p.TaskDone, p.TaskCrashed]
-    assert "no fork for you" in state.outbox[1].reason and not state.tasks
+    assert state.outbox[0] == p.Started((1,))  # (2 never started)
+    assert [type(m) for m in state.outbox[1:]] == [p.TaskDone, p.TaskCrashed]
+    assert "no fork for you" in state.outbox[2].reason and not state.tasks
 
 
 def test_replicate_copies_a_result_nobody_waits_for():
@@ -551,6 +559,77 @@ def test_a_dead_library_loses_its_live_results_and_blames_the_task_it_was_runnin
     assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
 
 
+def test_abort_drops_unstarted_tasks_silently_and_frees_their_fetches():
+    state, _ = make()
+    state.on_manager_message(execute(1), 0.0)
+    state.on_manager_message(execute(2, at(7, "tcp://a:1")), 0.0)
+    state.on_manager_message(p.Abort((1, 2, 99), "run elsewhere"), 0.0)
+    assert not state.tasks and not state.take_aborted() and not state.outbox
+    assert not state.fetcher.fetches and started(state) == []
+    state.peer_outbox.clear()
+    assert not list(state.leaks())
+
+
+def test_abort_of_a_running_task_kills_its_library_and_requeues_what_else_it_ran():
+    """Nothing is reported of the aborted task, even a reply that arrives before the
+    kill; the other tasks the library had are not blamed (they run again) and the
+    results it kept live are lost."""
+    state, (lib,) = make()
+    _live_in(state, lib, 1, duration=0.0001)  # tiny: several tasks per request
+    for task_id in (2, 3, 4):
+        state.on_manager_message(execute(task_id), 0.0)
+    assert started(state) == [(0, [2, 3, 4])]
+    state.end_pass(0.0)
+    state.outbox.clear()
+    state.on_manager_message(p.Abort((3,), "a straggler"), 0.0)
+    (aborted,) = state.take_aborted()
+    assert aborted.id == 3 and aborted.lib == lib.id and 3 not in state.tasks
+    state.on_library_reply(lib, done(3), 0.0)  # written before the kill: not reported
+    assert not state.outbox
+    state.on_library_death(lib, "killed by signal SIGKILL", running={2})
+    assert state.outbox == [p.Lost((1,))]  # no TaskCrashed: 2 was not at fault
+    assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
+    state.outbox.clear()
+    new = state.add_library(1, 1)
+    state.on_library_ready(new)
+    assert started(state) == [(1, [2, 4])]
+    for task_id in (2, 4):
+        state.on_library_reply(new, done(task_id), 0.0)
+    assert [type(r) for r in state.outbox] == [p.Started, p.TaskDone, p.TaskDone]
+    assert not list(state.leaks())
+
+
+def test_a_late_reply_of_an_aborted_task_sent_again_is_not_taken_for_the_new_one():
+    state, (lib, other) = make(libraries=2)
+    state.on_manager_message(execute(1), 0.0)
+    assert started(state) == [(0, [1])]
+    state.on_manager_message(p.Abort((1,), "a straggler"), 0.0)
+    state.take_aborted()
+    state.on_manager_message(execute(1), 0.0)  # the manager gives it back to us
+    assert started(state) == [(1, [1])]
+    state.on_library_reply(lib, done(1, "stale"), 0.0)  # from the library being killed
+    assert not any(type(r) is p.TaskDone for r in state.outbox)
+    state.on_library_reply(other, done(1, "fresh"), 0.0)
+    (report,) = [r for r in state.outbox if type(r) is p.TaskDone]
+    assert loads(report.value) == "fresh"
+
+
+def test_abort_of_a_task_process_names_it_for_the_shell_to_kill():
+    state, _ = make()
+    state.on_manager_message(p.RunConfig(3, "tasks", "direct", (), (), True), 0.0)
+    state.on_manager_message(execute(1, run_id=3), 0.0)
+    task = state.next_process_task()
+    state.on_process_started(task)
+    state.on_manager_message(p.Abort((1,), "a straggler"), 0.0)
+    assert state.take_aborted() == [task] and task.lib is None and not state.aborting
+    state.on_reply(pipe.Crashed(1, "task process killed by signal SIGKILL"), 0.0)
+    assert [type(r) for r in state.outbox] == [p.Started]
+
+
+def _unreadable(task_id, exc):
+    raise AssertionError(f"result {task_id} could not be read back") from exc
+
+
 # -- a simulated worker under random events ----------------------------------------------------
 
 PEERS = ("tcp://a:1", "tcp://b:1")
@@ -579,6 +658,10 @@ class SimulatedWorker:
         self.executed: dict[int, int] = {}
         self.reports: dict[int, list] = {}
         self.cancelled: set[int] = set()
+        #: tasks the worker said began running (``Started``)
+        self.started: set[int] = set()
+        #: tasks the manager aborted: nothing is reported of them
+        self.aborted: set[int] = set()
 
     # the manager
 
@@ -610,7 +693,7 @@ class SimulatedWorker:
         self._tell(p.Release((task_id, 1000 + task_id % 4)))
 
     def _over(self, task_id):
-        return task_id in self.reports or task_id in self.cancelled
+        return task_id in self.reports or task_id in self.cancelled or task_id in self.aborted
 
     def _tell(self, message):
         self.state.on_manager_message(message, self.now)
@@ -631,7 +714,11 @@ class SimulatedWorker:
         self.state.outbox.clear()
         for message in messages:
             kind = type(message)
-            if kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
+            if kind is p.Started:
+                self.started.update(message.task_ids)
+            elif kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
+                if kind in (p.TaskDone, p.TaskErred):  # it ran: said so first
+                    assert message.task_id in self.started, message
                 self.reports.setdefault(message.task_id, []).append(message)
                 if kind is not p.TaskDone:
                     self._recall_dependents(message.task_id)
@@ -671,13 +758,15 @@ class SimulatedWorker:
             self.lib_live[lib_id].discard(task_id)
 
     def ask(self, index, task_id):
-        """A peer asks for a result: the store answers, or an export of a live one."""
+        """A peer asks for a result, answered as the peer server answers: from the store,
+        or once a live one is exported."""
         ident = f"peer-{index}".encode()
         if ident in self.asks:
             return
         self.asks[ident] = (task_id, [])
-        if task_id not in self.state.store and not self.state.serve_peer(task_id, ident):
-            self.asks[ident][1].append(p.Data(task_id, None))
+        reply = serving.answer(self.state.store, self.state, ident, task_id, _unreadable)
+        if reply is not None:
+            self.asks[ident][1].append(reply)
         self._take_outbox()
 
     def _recall_dependents(self, task_id):
@@ -725,13 +814,29 @@ class SimulatedWorker:
         self.state.on_library_reply(self.state.dispatch.libraries[lib_id], reply, self.now)
         self._take_outbox()
 
+    def abort(self, task_id):
+        """The manager takes a task back, running or not (a straggler): the library
+        running it is killed; the others it ran are not blamed (they run again)."""
+        if task_id not in self.sent or self._over(task_id):
+            return
+        self.aborted.add(task_id)
+        self._tell(p.Abort((task_id,), "a straggler"))
+        for task in self.state.take_aborted():
+            if task.lib in self.pipes:
+                self._replace(task.lib, set())
+        self._recall_dependents(task_id)
+
     def die(self, index):
         busiest = sorted(self.pipes, key=lambda lib_id: -len(self.pipes[lib_id]))
         lib_id = busiest[index % len(busiest)]
-        running = {call.task_id for call in self.pipes.pop(lib_id)[: self.slots]}
+        running = {call.task_id for call in self.pipes[lib_id][: self.slots]}
         for task_id in running:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1  # it was running
-        del self.lib_live[lib_id], self.doomed[lib_id]
+        self._replace(lib_id, running)
+
+    def _replace(self, lib_id, running):
+        """Library ``lib_id`` dies, blamed for ``running``; a new one takes its place."""
+        del self.pipes[lib_id], self.lib_live[lib_id], self.doomed[lib_id]
         record = self.state.dispatch.libraries[lib_id]
         self.state.on_library_death(record, "killed by signal SIGKILL", running)
         self.next_library += 1
@@ -813,6 +918,7 @@ actions = st.one_of(
     ),
     st.tuples(st.just("release"), st.integers(1, 10)),
     st.tuples(st.just("ask"), st.integers(0, 3), st.integers(1, 10)),
+    st.tuples(st.just("abort"), st.integers(1, 10)),
 )
 
 
@@ -827,6 +933,13 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
     slots=st.integers(1, 2),
     recent=st.sampled_from([None, 0.0005, 0.01]),
 )
+@example(  # a second peer asks for a result the first one's ask exported to the store
+    graph={1: [], 2: []},
+    steps=[("execute", 1), ("start",), ("execute", 2), ("finish", 0, "done"), ("start",),
+           ("finish", 0, "done"), ("ask", 0, 2), ("ask", 1, 2)],
+    slots=1,
+    recent=None,
+)  # fmt: skip
 def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
     sim = SimulatedWorker(graph, slots)
     if recent is not None:  # tiny tasks go in batches, short ones one queued behind
@@ -845,16 +958,20 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
     state = sim.state
     assert not list(state.leaks()), list(state.leaks())
     assert all(count == 1 for count in sim.executed.values()), sim.executed
+    assert set(sim.executed) <= sim.started, (sim.executed, sim.started)
     for task_id in sim.sent:
         reports = sim.reports.get(task_id, [])
         if task_id in sim.cancelled:
             assert reports == [] and task_id not in sim.executed, (task_id, reports)
+        elif task_id in sim.aborted:  # (it may have run: it is not reported)
+            assert reports == [], (task_id, reports)
         else:
             assert len(reports) == 1, (task_id, reports)
         if any(type(r) is p.TaskDone for r in reports):
             assert sim.executed.get(task_id) == 1
-    for ident, (task_id, answers) in sim.asks.items():  # every peer heard once
+    for ident, (task_id, answers) in sim.asks.items():  # every peer heard once, rightly
         assert len(answers) == 1 and answers[0].task_id == task_id, (ident, answers)
+        assert answers[0].value is None or loads(answers[0].value) == task_id, answers
 
 
 def test_the_fetch_timeout_is_a_worker_flag(capsys):

@@ -30,11 +30,13 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
+from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.worker import library, pipe, task_process
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
+    from daskvine_py.worker.state import WorkerState
 
 
 class Library:
@@ -221,6 +223,17 @@ def peak_rss(pid: int | None) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def status(state: WorkerState, libraries: Iterable[Library]) -> p.Status:
+    """The heartbeat: bytes held (stored and live), peak memory of the worker and of its
+    largest library, bytes spilled."""
+    peaks = [peak_rss(lib.process.pid) for lib in libraries]
+    store = state.store
+    return p.Status(
+        store.nbytes + state.live.nbytes, peak_rss(os.getpid()), max(peaks, default=0),
+        store.disk_bytes,
+    )  # fmt: skip
 
 
 def total_memory() -> int:

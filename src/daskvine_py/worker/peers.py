@@ -14,7 +14,6 @@ proves it is one.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import zmq
 
@@ -22,11 +21,15 @@ from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.transport import send_batch
+from daskvine_py.worker import serving
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
 DRAIN_LIMIT = 1000
+#: Largest request a peer may send (a ``GetData`` of ``serving.REQUEST_IDS`` ids takes
+#: some 40 kB): a larger one closes its connection before it is read or decoded.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 #: Connections from peers the kernel holds until libzmq accepts them: a result every
 #: worker of a swarm needs at once (a broadcast) brings that many at once, and past the
 #: backlog (ZeroMQ's default is 100) the kernel drops them for a retry seconds later.
@@ -57,6 +60,9 @@ class PeerLinks:
         self.server = context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
         self.server.setsockopt(zmq.BACKLOG, PEER_BACKLOG)
+        self.server.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        #: ids peers asked for and not yet answered
+        self.requests = serving.PeerRequests()
         #: the ZAP handler admitting peers to ``server`` (None without keys)
         self.gate: security.Gate | None = None
         if keys is not None:
@@ -90,11 +96,15 @@ class PeerLinks:
             for address in evicted:
                 self.reset(address)
             evicted.clear()
+        self.answer_waiting(state)
         if state.peer_replies:
             replies = state.peer_replies[:]
             state.peer_replies.clear()
+            by_peer: dict[bytes, list[p.Data]] = {}  # one message per peer
             for ident, data in replies:
-                self._answer(ident, [data])
+                by_peer.setdefault(ident, []).append(data)
+            for ident, records in by_peer.items():
+                self._answer(ident, records)
         # A peer that cannot be asked passes its fetches on to their next holders, which
         # may add requests: until none is left (each fetch has finitely many holders).
         while state.peer_outbox:
@@ -104,8 +114,10 @@ class PeerLinks:
                 if address not in self.clients and not p.connectable(address):
                     self._unreachable(state, address, ids, "not an address to connect to")
                     continue
+                step = serving.REQUEST_IDS  # (a fetch asks for a handful: one request)
+                requests = [p.GetData(tuple(ids[i : i + step])) for i in range(0, len(ids), step)]
                 try:
-                    send_batch(self._client(address), p.encode([p.GetData(tuple(ids))]))
+                    send_batch(self._client(address), p.encode(requests))
                 except zmq.ZMQError as exc:
                     self._unreachable(state, address, ids, str(exc))
 
@@ -172,14 +184,69 @@ class PeerLinks:
     # -- serving peers ----------------------------------------------------------------
 
     def serve(self, state: WorkerState | None = None) -> None:
+        """Take the requests that arrived; they are answered by ``answer_waiting``, a
+        bounded number per loop turn (``serving``)."""
         for _ in range(DRAIN_LIMIT):
             try:
                 ident, *frames = self.server.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
-            replies = self.replies(ident.bytes, [f.buffer for f in frames], state)
-            if replies:
-                self._answer(ident.bytes, replies)
+                break
+            self.take(ident.bytes, [f.buffer for f in frames], _address(ident))
+        self.answer_waiting(state)
+
+    def take(self, ident: bytes, frames: list, address: str = "unknown") -> bool:
+        """Queue one request from a peer (at host ``address``); False for one that is not
+        valid. Ids past ``serving.REQUEST_IDS`` waiting from it are dropped, with a
+        warning a minute per host at most."""
+        requests = self._read(ident, frames)
+        if requests is None:
+            return False
+        for request in requests:
+            dropped = self.requests.take(ident, request.task_ids)
+            if dropped:
+                self.drops.warn(
+                    ("too many ids", address), time.monotonic(), "worker %s dropped %d of the "
+                    "%d ids a peer at %s asked for: a peer may have %d waiting", self.name,
+                    dropped, len(request.task_ids), address, serving.REQUEST_IDS,
+                )  # fmt: skip
+        return True
+
+    def replies(
+        self, ident: bytes, frames: list, state: WorkerState | None = None
+    ) -> list[p.Data] | None:
+        """The answer to one request at once (``serve`` spreads them over loop turns),
+        its first ``serving.REQUEST_IDS`` ids; None for a request that is not valid."""
+        requests = self._read(ident, frames)
+        if requests is None:
+            return None
+        ids = [task_id for request in requests for task_id in request.task_ids]
+        answers = (
+            serving.answer(self.store, state, ident, task_id, self._unreadable)
+            for task_id in ids[: serving.REQUEST_IDS]
+        )
+        return [data for data in answers if data is not None]
+
+    def _read(self, ident: bytes, frames: list) -> list[p.GetData] | None:
+        try:
+            return p.decode(frames, p.TO_PEER)
+        except ProtocolError as exc:
+            self.drops.warn(
+                ("request",), time.monotonic(), "worker %s dropped a malformed request from "
+                "peer %r: %s", self.name, ident[:32], exc,
+            )  # fmt: skip
+            return None
+
+    def answer_waiting(self, state: WorkerState | None) -> None:
+        """Answer this turn's share of the ids peers asked for."""
+        if self.requests:
+            for ident, records in self.requests.answers(self.store, state, self._unreadable):
+                self._answer(ident, records)
+
+    def _unreadable(self, task_id: int, exc: Exception) -> None:
+        self.drops.warn(
+            ("store",), time.monotonic(), "worker %s cannot serve result %d: %r",
+            self.name, task_id, exc,
+        )  # fmt: skip
 
     def _answer(self, ident: bytes, replies: list) -> None:
         try:
@@ -190,31 +257,10 @@ class PeerLinks:
                 self.name, exc, exc_info=exc,
             )  # fmt: skip
 
-    def replies(
-        self, ident: bytes, frames: list, state: WorkerState | None = None
-    ) -> list[Any] | None:
-        """The answer to one request from a peer; None for a request that is not valid.
-        Results live in a library only are answered once exported (``state.serve_peer``)."""
-        try:
-            requests = p.decode(frames, p.TO_PEER)
-        except ProtocolError as exc:
-            self.drops.warn(
-                ("request",), time.monotonic(), "worker %s dropped a malformed request from "
-                "peer %r: %s", self.name, ident[:32], exc,
-            )  # fmt: skip
-            return None
-        replies = []
-        for request in requests:
-            for task_id in request.task_ids:
-                try:
-                    value = self.store.get(task_id, use=False)
-                except Exception as exc:  # a spill file that cannot be read back
-                    self.drops.warn(
-                        ("store",), time.monotonic(), "worker %s cannot serve result %d: %r",
-                        self.name, task_id, exc,
-                    )  # fmt: skip
-                    value = None  # "not held here": the peer asks the next holder
-                if value is None and state is not None and state.serve_peer(task_id, ident):
-                    continue
-                replies.append(p.Data(task_id, value))
-        return replies
+
+def _address(frame: zmq.Frame) -> str:
+    """The host a peer's message came from, for warnings about it."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        return "unknown"

@@ -39,6 +39,8 @@ Data flow::
   went out on a connection since lost is sent again once it is made again.
 - It logs one INFO line when it joins, one WARNING when it loses the manager, and one
   line when it leaves, saying why (ERROR when it never could join); nothing per task.
+  A task the manager aborts (``Abort``) while it runs has its process killed: its
+  library is replaced as after a crash, with no report of the task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
   a bad one is dropped with a rate-limited warning and the worker goes on. A task whose
   ``Execute`` it cannot read or take is reported crashed (``TaskCrashed``), so that the
@@ -285,6 +287,8 @@ class Worker:
                     self._on_process_exit(self.process_by_fd[sock])
             else:
                 self.peers.drain(sock, self.state)
+        if self.state.aborted:
+            self._kill_aborted()
         now = time.monotonic()
         self._check_timers(now)
         state = self.state
@@ -292,7 +296,9 @@ class Worker:
             lib = self.library_by_id.get(record.id)
             if lib is not None:  # not died since, on an earlier request
                 self._send_to_library(lib, request)
-        state.end_pass(now)
+        if state.process_runnable:
+            self._start_processes()
+        state.end_pass(now)  # (after every start: one ``Started`` for the pass)
         while state.library_outbox:  # exports and forgets; a death may add more
             outbox = state.library_outbox[:]
             state.library_outbox.clear()
@@ -300,15 +306,14 @@ class Worker:
                 lib = self.library_by_id.get(library_id)
                 if lib is not None:
                     self._send_to_library(lib, message)
-        if state.process_runnable:
-            self._start_processes()
         self._flush()
 
     def _poll_timeout_ms(self) -> int:
         if not self.running:
             return 0
         timeout = self.state.poll_timeout(time.monotonic())
-        return 0 if self.state.outbox else int(timeout * 1000) + 1
+        busy = self.state.outbox or self.peers.requests  # (peers: answers left for next turn)
+        return 0 if busy else int(timeout * 1000) + 1
 
     def _check_timers(self, now: float) -> None:
         state = self.state
@@ -349,18 +354,9 @@ class Worker:
                 )
             return
         if state.heartbeat_due(now):
-            state.outbox.append(self._status())
+            state.outbox.append(h.status(state, self.library_by_fd.values()))
         for address in state.on_timers(now):
             self.peers.reset(address)
-
-    def _status(self) -> p.Status:
-        libraries = [h.peak_rss(lib.process.pid) for lib in self.library_by_fd.values()]
-        return p.Status(
-            self.store.nbytes + self.state.live.nbytes,
-            h.peak_rss(os.getpid()),
-            max(libraries, default=0),
-            self.store.disk_bytes,
-        )
 
     def _flush(self) -> None:
         state = self.state
@@ -515,6 +511,18 @@ class Worker:
                 )
         if self.running:
             self._start_library()
+
+    def _kill_aborted(self) -> None:
+        """Kill what runs the tasks the manager aborted: their library (replaced as after
+        a crash) or their task process (reaped as it exits, its reply ignored)."""
+        for task in self.state.take_aborted():
+            lib = self.library_by_id.get(task.lib if task.lib is not None else -1)
+            if lib is not None:
+                lib.process.kill()
+                self._on_library_death(lib)
+            for proc in self.process_by_fd.values():
+                if proc.task is task:
+                    proc.process.kill()
 
     # -- task processes (task_mode="tasks") ---------------------------------------------
 

@@ -17,7 +17,8 @@ Events are the methods named ``on_*`` (a record from the manager, a reply from a
 library's reply or death, a task process's exit, a timer pass). Instructions accumulate
 where the shell takes them each loop pass (the components write into them):
 
-- ``outbox``: records for the manager (``TaskDone``, ``FetchFailed``, ``Withdrawn``...);
+- ``outbox``: records for the manager (``TaskDone``, ``FetchFailed``, ``Withdrawn``...;
+  ``Started`` once per pass for the tasks sent to run, before any report of them);
 - ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
 - ``library_outbox``: (library id, ``Export`` or ``Forget``) to write to library pipes;
 - ``peer_replies``: (peer identity, ``Data``) for peers that waited for an export;
@@ -43,7 +44,7 @@ nothing left of it in any other container.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from daskvine_py.errors import InvalidTransition, SerializationError
@@ -55,6 +56,9 @@ from daskvine_py.worker.fetching import Fetch, Fetcher
 from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
 from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
 from daskvine_py.worker.store import Store
+from daskvine_py.worker.transitions import TRANSITIONS as _TRANSITIONS
+from daskvine_py.worker.transitions import Edge, Step
+from daskvine_py.worker.transitions import illegal as _illegal
 
 logger = logging.getLogger("daskvine_py.worker")
 
@@ -98,6 +102,12 @@ class WorkerState:
         self.peer_outbox: dict[str, list[int]] = {}
         self.library_outbox: list[tuple[int, pipe.Export | pipe.Forget]] = []
         self.peer_replies: list[tuple[bytes, p.Data]] = []
+        #: tasks that went running since the last ``Started`` (one record per loop pass)
+        self.started: list[WorkerTask] = []
+        #: running tasks stopped by ``Abort``, whose process the shell kills (their
+        #: library: ``task.lib``, or their task process), and the libraries so killed
+        self.aborted: list[WorkerTask] = []
+        self.aborting: set[int] = set()
         self.fetcher = Fetcher(fetch_timeout, self.outbox, self.peer_outbox, self._fetch_failed)
         self.live_tasks = LiveTasks(store, self.outbox, self.library_outbox, self.peer_replies)
         #: the results the libraries keep live (``live_tasks``'s), read here and by the shell
@@ -196,9 +206,11 @@ class WorkerState:
         return self.fetcher.on_timers(now)
 
     def end_pass(self, now: float) -> None:
-        """Once per loop pass: start fetches that found a slot, report a change of the
-        store's fullness and the bytes received from peers, spill live results past the
-        memory limit."""
+        """Once per loop pass: report the tasks that started, start fetches that found a
+        slot, report a change of the store's fullness and the bytes received from peers,
+        spill live results past the memory limit."""
+        if self.started:
+            self._report_started()
         fetcher = self.fetcher
         if fetcher.slots.freed:  # (most passes: no call)
             fetcher.start_queued(now)
@@ -239,6 +251,8 @@ class WorkerState:
         elif kind is p.Cancel:
             for task_id in msg.task_ids:
                 self._cancel(task_id)
+        elif kind is p.Abort:
+            self._abort(msg.task_ids)
         elif kind is p.Withdraw:
             dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
             if dropped:
@@ -311,6 +325,25 @@ class WorkerState:
             self._transition(task, "forgotten")
             return True
         return False
+
+    def _abort(self, task_ids: Sequence[int]) -> None:
+        """Stop these tasks with no report (the manager gave them to another worker):
+        dropped if unstarted, else what runs them is killed (``aborted``)."""
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is None:
+                continue
+            if task.state == "running":
+                self.aborted.append(task)
+                if task.lib is not None:
+                    self.aborting.add(task.lib)
+            self._transition(task, "forgotten")  # a late reply finds no task to report
+
+    def take_aborted(self) -> list[WorkerTask]:
+        """The running tasks aborted since the last call, for the shell to kill."""
+        aborted = self.aborted[:]
+        self.aborted.clear()
+        return aborted
 
     def _input_lost(self, task: WorkerTask, dep_id: int) -> None:
         """An input of ``task`` is held nowhere here: the manager decides (``FetchFailed``)."""
@@ -423,9 +456,13 @@ class WorkerState:
         """A library process died (``how``: its exit): the tasks it was ``running`` (by
         default the first ones sent) crashed; the others sent to it, finished or not
         (their replies may have been held), go back to the front of the queue; the
-        results it kept live are lost (the manager recomputes those still needed)."""
+        results it kept live are lost (the manager recomputes those still needed). One
+        killed to abort a task crashed none: the others it ran go back to the queue too."""
         self.dispatch.drop_library(lib.id)  # its chained calls are in ``lib.sent``: requeued
-        if running is None:
+        if lib.id in self.aborting:
+            self.aborting.discard(lib.id)
+            running = ()
+        elif running is None:
             running = list(lib.sent)[: lib.slots]
         for task_id in running:
             task = self.tasks.get(task_id)
@@ -433,8 +470,8 @@ class WorkerState:
                 lib.sent.remove(task_id)
                 reason = f"library process {how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
-                self.outbox.append(p.TaskCrashed(task.id, reason))
                 self._transition(task, "forgotten")
+                self.outbox.append(p.TaskCrashed(task.id, reason))
         for task_id in reversed(lib.sent):
             queued = self.tasks.get(task_id)
             if queued is not None:
@@ -458,8 +495,8 @@ class WorkerState:
     def on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
         """A task's outcome, from a library (``lib``) or a task process."""
         task = self.tasks.get(reply.task_id)
-        if task is None:
-            return
+        if task is None or (lib is not None and task.lib != lib):
+            return  # forgotten (aborted), or sent again since to another library
         self._transition(task, "forgotten")
         if isinstance(reply, pipe.Done):
             task_id, value, duration, nbytes, live, serialization = reply
@@ -525,11 +562,22 @@ class WorkerState:
             self.live_tasks.unwait(dep_id, task.id)  # the export still arrives, into the store
 
     def _running_to_forgotten(self, task: WorkerTask) -> None:
+        if self.started:  # its report follows the news that it started
+            self._report_started()
         self.tasks.pop(task.id, None)  # running: nothing missing, nothing fetched for it
+
+    def _requeue(self, task: WorkerTask) -> None:
+        if self.started:
+            self._report_started()
+        self.dispatch.requeue(task)
+
+    def _report_started(self) -> None:
+        self.outbox.append(p.Started(tuple(task.id for task in self.started)))
+        self.started.clear()
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "local_waiters", "peer_outbox"):
+        for name in ("tasks", "local_waiters", "peer_outbox", "aborted", "aborting"):
             if getattr(self, name):
                 yield name
         yield from self.fetcher.leaks()
@@ -537,39 +585,13 @@ class WorkerState:
         yield from self.dispatch.leaks()
 
 
-_Edge = tuple[TaskStateName, TaskStateName]
-_Step = Callable[[WorkerTask], None]
-
-
-def _illegal(task: WorkerTask) -> None:
-    """Stands for an edge that is not in ``_TRANSITIONS`` (never called)."""
-    raise AssertionError("an illegal transition is raised before its step")
-
-
-#: Every legal edge and what it does besides setting the state, by name (bound to a state
-#: by ``_bind_steps``); None: nothing more (its fetches, local waits or exports are in
-#: place; or the caller records where it runs).
-_TRANSITIONS: dict[_Edge, str | None] = {
-    ("new", "waiting"): None,
-    ("new", "queued"): "enqueue",
-    ("new", "forgotten"): "forget",
-    ("waiting", "queued"): "enqueue",
-    ("waiting", "running"): None,  # sent with the task it waits for (a chain)
-    ("waiting", "forgotten"): "forget",
-    ("queued", "waiting"): None,  # an input must first leave another library (export)
-    ("queued", "running"): None,
-    ("queued", "forgotten"): "forget",
-    ("running", "queued"): "requeue",  # its library died before it started
-    ("running", "forgotten"): "forget_running",
-}
-
-
-def _bind_steps(state: WorkerState) -> dict[_Edge, _Step | None]:
+def _bind_steps(state: WorkerState) -> dict[Edge, Step | None]:
     """``_TRANSITIONS`` with each step bound: the dispatch's queues are called directly,
     with no call of the state's in between (twice per task)."""
-    steps: dict[str, _Step] = {
+    steps: dict[str, Step] = {
         "enqueue": state.dispatch.enqueue,
-        "requeue": state.dispatch.requeue,
+        "start": state.started.append,  # reported in one ``Started`` per pass
+        "requeue": state._requeue,
         "forget": state._forget,
         "forget_running": state._running_to_forgotten,
     }

@@ -1,0 +1,152 @@
+"""``Abort`` end to end: a real worker, driven by a manager the test speaks for, kills
+the process running an aborted task (a library, or a task process), reports nothing of
+that task, and runs the next ``Execute`` right."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import time
+
+import dask
+import pytest
+import zmq
+from dask._task_spec import Task
+
+from daskvine_py.manager.launch import spawn
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import TaskEncoder, loads
+
+pytestmark = pytest.mark.integration
+
+REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed)
+
+
+class FakeManager:
+    """A bare ROUTER on 127.0.0.1 the test speaks for, with one real worker joined."""
+
+    def __init__(self, router: zmq.Socket, ident: bytes) -> None:
+        self.router = router
+        self.ident = ident
+        self.encoder = TaskEncoder()
+        self.heard: list = []  #: every record the worker sent
+
+    def send(self, *records) -> None:
+        self.router.send_multipart([self.ident, *p.encode(list(records))])
+
+    def execute(self, task_id: int, node: Task, run_id: int = 0, want: bool = True) -> None:
+        """Send a task (``want``: its value back, as for an output; else kept here)."""
+        payload, function_ids = self.encoder.encode(node)
+        functions = [p.Function(fid, self.encoder.functions[fid]) for fid in function_ids]
+        self.send(*functions, p.Execute(task_id, node.key, payload, (), want, run_id))
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> None:
+        """Read the worker's records until ``predicate(record)`` holds for one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.router.poll(max(1, int(left * 1000))), self.heard
+            _, *frames = self.router.recv_multipart()
+            records = p.decode(frames, p.TO_MANAGER)
+            self.heard += records
+            if any(predicate(r) for r in records):
+                return
+
+
+@contextlib.contextmanager
+def fake_manager_with_a_worker():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name="aborted",
+                 extra_args=["--manager-timeout", "120"])  # fmt: skip
+    try:
+        assert router.poll(60_000)
+        ident, *frames = router.recv_multipart()
+        (register,) = p.decode(frames, p.TO_MANAGER)
+        assert type(register) is p.Register
+        manager = FakeManager(router, ident)
+        manager.send(p.Welcome("aborted", 0.5))
+        yield manager, proc
+    finally:
+        proc.kill()
+        proc.wait()
+        context.destroy(linger=0)
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The child processes of ``pid`` and their command lines."""
+    children = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as file:
+            for child in file.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                        children[int(child)] = cmdline.read().replace(b"\0", b" ").decode()
+                except FileNotFoundError:
+                    pass  # gone meanwhile
+    return children
+
+
+def _libraries(pid: int) -> list[int]:
+    """The library processes of worker ``pid`` (multiprocessing's spawned children)."""
+    return [child for child, cmd in _children(pid).items() if "spawn_main" in cmd]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1].startswith("Z")  # a zombie is gone too
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _the_next_task_runs_right(manager: FakeManager, task_id: int, run_id: int = 0) -> None:
+    manager.execute(task_id, Task("answer", operator.add, 20, 22), run_id)
+    manager.wait_for(lambda r: type(r) in REPORTS and r.task_id == task_id)
+    (report,) = [r for r in manager.heard if type(r) in REPORTS and r.task_id == task_id]
+    assert type(report) is p.TaskDone
+    assert loads(report.value) == dask.get({"answer": (operator.add, 20, 22)}, "answer")
+
+
+@pytest.mark.timeout(120)
+def test_an_aborted_task_has_its_library_killed_and_the_worker_goes_on():
+    with fake_manager_with_a_worker() as (manager, proc):
+        (library,) = _libraries(proc.pid)
+        manager.execute(1, Task("kept", bytes, 1_000_000), want=False)  # live in the library
+        manager.wait_for(lambda r: type(r) is p.TaskDone and r.task_id == 1)
+        manager.execute(2, Task("sleepy", time.sleep, 30))
+        manager.wait_for(lambda r: type(r) is p.Started and 2 in r.task_ids)
+        manager.send(p.Abort((2,), "a straggler"))
+        # The task sleeps 30 s: its library is gone long before, killed.
+        _wait_until(lambda: _gone(library))
+        _wait_until(lambda: len(_libraries(proc.pid)) == 1)  # its replacement
+        manager.wait_for(lambda r: type(r) is p.Lost)
+        assert [r for r in manager.heard if type(r) is p.Lost] == [p.Lost((1,))]
+        _the_next_task_runs_right(manager, 3)
+        assert not [r for r in manager.heard if type(r) in REPORTS and r.task_id == 2]
+        assert proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_an_aborted_task_process_is_killed_and_the_worker_goes_on():
+    with fake_manager_with_a_worker() as (manager, proc):
+        (library,) = _libraries(proc.pid)
+        manager.send(p.RunConfig(5, "tasks", "direct", (), (), True))
+        manager.execute(1, Task("sleepy", time.sleep, 30), run_id=5)
+        manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
+        (process,) = [pid for pid, cmd in _children(proc.pid).items() if "task_process" in cmd]
+        manager.send(p.Abort((1,), "a straggler"))
+        _wait_until(lambda: _gone(process))
+        _the_next_task_runs_right(manager, 2, run_id=5)
+        assert not [r for r in manager.heard if type(r) in REPORTS and r.task_id == 1]
+        assert _libraries(proc.pid) == [library]  # the library had nothing to do with it
