@@ -4,13 +4,13 @@ while workers keep being lost.
 A component of ``state.SchedulerState``.
 
 - **Only a running task pays for a lost worker.** A worker says which tasks began running
-  (``Started``: a library took them); the state stamps ``TaskRecord.started_at`` (what
-  the fault watch times stragglers from). When a worker is lost, a task that had started
-  there uses one of its retries: it may be what killed the worker. A task queued or
-  fetching inputs there, sent ahead, or a result held there uses none: the task is queued
-  again, the result recomputed from its lineage. A worker that left on its own
-  (``Goodbye``: a preemption's SIGTERM, a pool retiring it) or that the manager ejected
-  costs no task a retry.
+  (``Started``: sent to a library or a task process); the state stamps
+  ``TaskRecord.started_at`` (what the fault watch times stragglers from). When a worker is
+  lost, a task that had started there uses one of its retries: it may be what killed the
+  worker. A task queued or fetching inputs there, sent ahead, or a result held there uses
+  none: the task is queued again, the result recomputed from its lineage. A worker that
+  left on its own (``Goodbye``: a preemption's SIGTERM, a pool retiring it) or that the
+  manager ejected costs no task a retry.
 - **Temporary replicas.** Each worker lost adds one to a count of recent losses that
   halves every ``LOSS_HALF_LIFE`` seconds. While it is at least ``CHURN_LEVEL``, results
   whose loss would cost much get a second copy on another worker (the one holding fewest
