@@ -77,6 +77,9 @@ SMOKES = [
     ("swarm_distributed", "swarm_distributed.py", ["--smoke"],
      r'RESULT \{"system": "distributed", "workload": "dv3-large".*"result_ok": true',
      ("distributed",)),
+    ("churn", "churn.py", ["--smoke"],
+     r"\nchurn\s+makespan\s+[\d.]+ s\s+kills\s+1\s+.*result right\n"
+     r"result equals dask's synchronous scheduler: yes", ()),
     ("bench_shuffle", "bench_shuffle.py", ["--smoke"],
      r"\nset_index\s+daskvine_py\s+\d(.*\n)*set_index\s+distributed\s+\d", ("distributed",)),
 ]  # fmt: skip

@@ -224,6 +224,7 @@ def test_small_inputs_travel_inside_execute_large_ones_from_peers():
 def test_lost_worker_with_running_tasks_requeues_them():
     st_ = s.SchedulerState()
     st_.handle([joined(W1), s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3)])
+    st_.handle([s.FromWorker(W1, p.Started((1,)))])  # running there: the loss costs a retry
     out = st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
     assert out == [s.Send(W2, p.Execute(1, "a", b"", (), True))]
     assert st_.tasks[1].attempts == 1

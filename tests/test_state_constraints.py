@@ -154,7 +154,8 @@ def test_annotated_retries_override_the_runs():
     assert [(i.key, i.crashed) for i in out if type(i) is s.RunFailed] == [("a", True)]
     st_ = s.SchedulerState()
     st_.handle([joined(W1, cores=2), run_of(["a", "b"], retries={"b": 0}, run_retries=5)])
-    out = st_.handle([s.WorkerLost(W1, "preempted")])
+    st_.handle([s.FromWorker(W1, p.Started((1, 2)))])  # both running when W1 is lost
+    out = st_.handle([s.WorkerLost(W1, "killed")])
     assert [i.key for i in out if type(i) is s.RunFailed] == ["b"]
 
 

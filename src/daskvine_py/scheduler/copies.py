@@ -55,12 +55,18 @@ class Copies:
 
     # -- more copies ------------------------------------------------------------------
 
-    def replicate(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Ask other workers for copies until ``task.run.replicas`` would exist."""
+    def replicate(
+        self, task: TaskRecord, worker: WorkerRecord, copies: int = 0
+    ) -> list[WorkerRecord]:
+        """Ask other workers, those holding fewest results, to copy ``task``'s result from
+        ``worker`` until ``copies`` (0: ``task.run.replicas``) would exist; the workers
+        asked."""
         others = [w for w in self.workers.values() if w is not worker and not w.full]
-        wanted = task.run.replicas - len(task.who_has)
-        for other in heapq.nsmallest(wanted, others, key=lambda w: len(w.has_what)):
+        wanted = (copies or task.run.replicas) - len(task.who_has)
+        chosen = heapq.nsmallest(wanted, others, key=lambda w: len(w.has_what))
+        for other in chosen:
             self.send(other, p.Replicate(task.id, (worker.peer_address,)))
+        return chosen
 
     def on_replicas(self, worker: WorkerRecord, msg: p.Replicas) -> None:
         """Record inputs ``worker`` fetched from peers; release those nobody needs now."""

@@ -125,7 +125,7 @@ class TaskRecord:
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
         "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-        "placement", "pulled", "echo",
+        "placement", "pulled", "echo", "started_at",
     )  # fmt: skip
 
     def __init__(
@@ -148,6 +148,10 @@ class TaskRecord:
         #: when it was sent to its worker, and whether a core was free there then
         self.sent_at = 0.0
         self.sent_idle = False
+        #: when its worker said it began running there (``Started``); None: not yet, or
+        #: not processing. A lost worker costs a retry only to tasks started there; the
+        #: fault watch times stragglers from it.
+        self.started_at: float | None = None
         self.deps: list[TaskRecord] = []
         self.dependents: list[TaskRecord] = []
         self.state: TaskStateName = "waiting"

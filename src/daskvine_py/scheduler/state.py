@@ -8,7 +8,8 @@ accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it wit
 events. Its records are in ``records``, events and instructions in ``messages``. The state
 keeps the records and the transitions; its components, each with its own state, do the
 rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
-``Failures``, ``Relays``, ``Caching`` and ``Claims`` (docs/architecture.md: what each decides).
+``Failures``, ``Relays``, ``Caching``, ``Claims`` and ``Churn`` (docs/architecture.md:
+what each decides).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report taken about
@@ -60,8 +61,9 @@ from typing import Any, ClassVar
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.scheduler.cache_placement import CacheIndex
 from daskvine_py.scheduler.caching import Caching
+from daskvine_py.scheduler.churn import Churn
 from daskvine_py.scheduler.claims import Claims
-from daskvine_py.scheduler.constraints import Constraints, retries_of
+from daskvine_py.scheduler.constraints import Constraints
 from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.failures import Failures
@@ -174,6 +176,11 @@ class SchedulerState:
             cache_runs,
         )  # fmt: skip
         self.relays = Relays(tasks, workers, out, tell)
+        self.churn = Churn(
+            workers, tasks, full, queue, transition, held, self.failures.fail, self._lose,
+            self.copies.replicate, self.caching.worker_lost,
+        )  # fmt: skip
+        self._out_of_retries = self.churn.out_of_retries
         self.verification = Verification(
             workers, tasks, transition, self._new_id, self.failures.fail
         )
@@ -205,7 +212,7 @@ class SchedulerState:
             p.Relay: checked(p.Relay, self.relays.on_relay),
             p.Uploaded: checked(p.Uploaded, self.relays.on_uploaded, self.caching.uploaded),
             p.Withdrawn: checked(p.Withdrawn, self.stealing.on_withdrawn),
-            p.Started: checked(p.Started, lambda worker, msg: None),  # (the fault watch: to come)
+            p.Started: checked(p.Started, self.churn.on_started),  # (``started_at``)
             p.Transfers: self.claims.on_transfers,  # (only those the manager's loop doubts)
             p.DiskFull: self.dispatch.on_disk_full,
         }
@@ -214,7 +221,7 @@ class SchedulerState:
             ExtendRun: self.submission.on_extend,
             CancelRun: self._on_cancel,
             WorkerJoined: self._on_worker_joined,
-            WorkerLost: self._on_worker_lost,
+            WorkerLost: self.churn.on_worker_lost,
             FromWorker: self._on_from_worker,
             BadReport: self.failures.on_bad_report,
             AbortRun: self.failures.on_abort,
@@ -233,7 +240,7 @@ class SchedulerState:
         """
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
-        self.now = self.dispatch.now = self.claims.now = now
+        self.now = self.dispatch.now = self.claims.now = self.churn.now = now
         handlers = self._events
         runs = len(self.runs)
         for event in events:
@@ -299,33 +306,6 @@ class SchedulerState:
         if ev.worker in self.workers:
             return
         self.workers[ev.worker] = WorkerRecord(*ev)  # the same fields, in the same order
-
-    def _on_worker_lost(self, ev: WorkerLost) -> None:
-        worker = self.workers.pop(ev.worker, None)
-        if worker is None:
-            return
-        self.full.discard(worker)
-        lost = []
-        for task in worker.has_what:
-            task.who_has.discard(worker)
-            if not task.who_has and task.state == "memory":
-                lost.append(task)
-        worker.has_what.clear()
-        for task in list(worker.processing):
-            if self.tasks.get(task.id) is not task:
-                continue  # its run was dropped by an earlier failure in this loop
-            if task.state != "processing":
-                continue  # sent ahead, and already recalled with the task it waited for
-            if task.missing:
-                self._transition(task, "waiting")
-                continue
-            if self._out_of_retries(task):
-                times = "once" if task.attempts == 1 else f"{task.attempts} times"
-                reason = f"its worker was lost {times}; last: {ev.reason}"
-                self.failures.fail(task, worker, None, "", reason, crashed=True)
-        self._lose([task for task in lost if task.id in self.tasks])
-        self.queue.forget_target(worker.id)
-        self.caching.worker_lost(worker)
 
     def _on_from_worker(self, ev: FromWorker) -> None:
         worker = self.workers.get(ev.worker)
@@ -407,13 +387,6 @@ class SchedulerState:
             reason = f"{msg.reason} ({attempts})"
             self.failures.fail(task, worker, None, "", reason, crashed=True)
 
-    def _out_of_retries(self, task: TaskRecord) -> bool:
-        """One more crash or lost worker for ``task``: fail it (True), or try it again."""
-        task.attempts += 1
-        if task.attempts > retries_of(task):
-            return True
-        self._transition(task, "ready" if task.missing == 0 else "waiting")
-        return False
 
     # -- what the components call back ----------------------------------------------------
 
@@ -494,7 +467,7 @@ class SchedulerState:
         worker = task.worker
         if worker is not None:
             worker.processing.pop(task, None)
-        task.worker = None
+        task.worker = task.started_at = None
         return worker
 
     def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
@@ -519,6 +492,8 @@ class SchedulerState:
             self._transition(task, "released")
         elif task.run.replicas > 1:
             self.copies.replicate(task, worker)
+        elif self.churn.level:  # workers are being lost: a second copy if worth it
+            self.churn.made(task, worker)
 
     def _memory_to_released(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""
