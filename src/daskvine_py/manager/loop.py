@@ -55,6 +55,7 @@ from daskvine_py.errors import (
     SchedulerError,
 )
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
+from daskvine_py.manager.faults_watch import FaultWatch
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.registry import Registry, WorkerInfo, printable
 from daskvine_py.manager.runinfo import MANAGER
@@ -76,20 +77,9 @@ DRAIN_LIMIT = 10_000
 TIMER_PERIOD = 0.1
 #: Worker reports the scheduler state takes (``state.FromWorker``).
 _STATE_REPORTS = frozenset(
-    {
-        p.TaskDone,
-        p.TaskErred,
-        p.TaskCrashed,
-        p.FetchFailed,
-        p.Replicas,
-        p.Lost,
-        p.Withdrawn,
-        p.Started,
-        p.DiskFull,
-        p.Relay,
-        p.Uploaded,
-    }
-)
+    {p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost, p.Withdrawn,
+     p.Started, p.DiskFull, p.Relay, p.Uploaded}
+)  # fmt: skip
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.
 HOSTNAME = socket.gethostname()
@@ -155,6 +145,8 @@ class IOLoop:
         #: what the state publishes of the result cache, for the caller's ``Cache``
         self.cache_index = state.cache
         state.cache_worker_bytes = options.cache_worker_bytes
+        #: stragglers, stuck workers and quarantines (``faults_watch``): ticks, warnings
+        self.faults = FaultWatch(state, options, self.registry, self.watching, self.handlers)
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -467,6 +459,7 @@ class IOLoop:
         for ident in verdict.heartbeat:
             if ident not in self.outboxes:
                 self.outboxes[cast(bytes, ident)] = [p.Heartbeat()]
+        self.faults.tick(now, self.events)
         if self.registry.wants_demand:
             self.registry.publish_demand(now)
         if self.watching.runs and not self.workers:

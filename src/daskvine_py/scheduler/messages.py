@@ -111,6 +111,8 @@ class SubmitRun(NamedTuple):
     #: its tasks come with ``dependents=None`` while the graph is still being read: no
     #: result is released until the ``ExtendRun`` marked ``last`` (a late reader may come)
     arriving: bool = False
+    #: its fast-abort multiplier (``RunOptions.fast_abort``); None: the manager's; 0: off
+    fast_abort: float | None = None
 
 
 class ExtendRun(NamedTuple):
@@ -171,12 +173,17 @@ class CacheClear(NamedTuple):
     """Event: forget every cached result (their workers release them)."""
 
 
+class Tick(NamedTuple):
+    """Event: time passed (the manager's timer, about once a second): look for
+    stragglers, stuck workers and unanswered ``Withdraw`` (``faults.Faults``)."""
+
+
 # -- instructions ---------------------------------------------------------------------
 
 #: What the state sends a worker.
 ToWorker = (
     p.Execute | p.RunConfig | p.Function | p.Release | p.Cancel | p.Withdraw | p.Upload
-    | p.Relayed | p.Replicate
+    | p.Relayed | p.Replicate | p.Abort
 )  # fmt: skip
 
 
@@ -236,6 +243,17 @@ class Eject(NamedTuple):
     reason: str
 
 
+class Quarantined(NamedTuple):
+    """This worker gets no new tasks (its tasks fail while others' succeed, or it is slow),
+    or, with ``reason`` None, no longer (``note`` says why): for ``manager.workers``, the
+    log and the report."""
+
+    worker: WorkerId
+    name: str
+    reason: str | None
+    note: str = ""
+
+
 class BytesRelayed(NamedTuple):
     """A result went from its holder through the manager to a worker that could not reach
     the holder (``protocol.Relay``)."""
@@ -289,6 +307,6 @@ class CacheWrite(NamedTuple):
 
 #: Everything ``state.SchedulerState.handle`` returns.
 Instruction = (
-    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | BytesRelayed
-    | BytesInlined | Dispatched | TaskFinished | CacheWrite
+    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | Quarantined
+    | BytesRelayed | BytesInlined | Dispatched | TaskFinished | CacheWrite
 )  # fmt: skip

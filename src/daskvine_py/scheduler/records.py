@@ -21,7 +21,7 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", 
 class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs", "memory", "hostname", "holding",
+        "functions", "full", "configs", "memory", "hostname", "holding", "quarantined",
     )  # fmt: skip
 
     def __init__(
@@ -55,6 +55,8 @@ class WorkerRecord:
         self.has_what: set[TaskRecord] = set()
         #: its store has no room left (``DiskFull``): it gets no new work meanwhile
         self.full = False
+        #: why it gets no new tasks (``faults``); None: it gets them
+        self.quarantined: str | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
@@ -63,7 +65,7 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "run_seconds", "serialization_seconds", "settings", "arriving",
+        "watched", "run_seconds", "serialization_seconds", "settings", "arriving", "fast_abort",
     )  # fmt: skip
 
     def __init__(
@@ -76,8 +78,11 @@ class RunRecord:
         watched: bool = False,
         settings: RunSettings | None = None,
         arriving: bool = False,
+        fast_abort: float | None = None,
     ) -> None:
         self.id = id
+        #: its fast-abort multiplier; None: the manager's (``faults``)
+        self.fast_abort = fast_abort
         #: more tasks are coming whose readers are not counted yet: nothing is released
         #: until the last part (``SubmitRun.arriving``)
         self.arriving = arriving
@@ -106,7 +111,7 @@ class RunRecord:
     def of(cls, ev: SubmitRun) -> RunRecord:
         """The record of a run just submitted."""
         return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
-                   ev.settings, ev.arriving)  # fmt: skip
+                   ev.settings, ev.arriving, ev.fast_abort)  # fmt: skip
 
     def arrived(self) -> list[TaskRecord]:
         """An arriving run has all its tasks: its results in memory that nothing needs."""
