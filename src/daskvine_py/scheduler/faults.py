@@ -155,9 +155,9 @@ class Faults:
         self.aborted: dict[TaskRecord, tuple[WorkerRecord, float]] = {}
         #: tasks whose error is being retried: where it failed, tries, whether it struck
         self.erred_on: dict[TaskRecord, tuple[WorkerRecord, int, bool]] = {}
-        #: per worker: its last progress report; errors in a row; strikes; slowness shown
+        #: per worker: its last progress report; strikes; slowness shown (errors in a
+        #: row: ``WorkerRecord.errors``)
         self.progress: dict[WorkerRecord, float] = {}
-        self.streak: dict[WorkerRecord, int] = {}
         self.strikes: dict[WorkerRecord, float] = {}
         self.slow: dict[WorkerRecord, int] = {}
         #: tasks asked back (``Withdraw``) and when the tick first saw them asked
@@ -191,8 +191,8 @@ class Faults:
         if category is None:
             category = self.categories[task.prefix] = Category()
         category.observe(duration, worker)
-        if self.streak:
-            self.streak.pop(worker, None)
+        if worker.errors:
+            worker.errors = 0
         if worker in self.strikes:
             self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
         if self.erred_on:
@@ -212,7 +212,7 @@ class Faults:
     def erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
         """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
         self._ended(task, worker)
-        self.streak[worker] = self.streak.get(worker, 0) + 1
+        worker.errors += 1
         category = self.categories.get(task.prefix)
         struck = category is not None and category.succeeded_elsewhere(worker)
         if struck:
@@ -220,10 +220,14 @@ class Faults:
                         "on other workers")  # fmt: skip
         previous = self.erred_on.get(task)
         tries = 0 if previous is None else previous[1]
-        if tries < 1 or (worker in self.quarantined and tries < MAX_ERROR_RETRIES):
+        # Not the second worker to fail it: a quarantined one, or its first one again
+        # (stealing may hand a task back to a worker with room: a black hole has room).
+        first = worker if previous is None else previous[0]
+        again = previous is not None and first is worker
+        if tries < 1 or ((again or worker in self.quarantined) and tries < MAX_ERROR_RETRIES):
             target = self.elsewhere(worker)
             if target is not None:
-                self.erred_on[task] = (worker, tries + 1, struck)
+                self.erred_on[task] = (first, tries + 1, struck)
                 self.move(task, target)
                 return
         self.erred_on.pop(task, None)
@@ -232,7 +236,7 @@ class Faults:
     def crashed(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """``task``'s process died on ``worker`` (its retries are the state's to count)."""
         self._ended(task, worker)
-        self.streak[worker] = self.streak.get(worker, 0) + 1
+        worker.errors += 1
         category = self.categories.get(task.prefix)
         if category is not None and category.succeeded_elsewhere(worker):
             self.strike(worker, f"its tasks crash while {task.prefix!r:.40} tasks succeed "
@@ -286,7 +290,7 @@ class Faults:
             if worker.id in self.ejected:
                 continue
             load = len(worker.processing) / max(1, worker.cores)
-            if worker in self.streak:
+            if worker.errors:
                 load += 1e9  # a black hole empties its queue fastest: the last choice
             if load < best_load:
                 best, best_load = worker, load
@@ -397,7 +401,7 @@ class Faults:
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""
         workers = self.workers
-        for table in (self.progress, self.streak, self.strikes, self.slow, self.quarantined):
+        for table in (self.progress, self.strikes, self.slow, self.quarantined):
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}

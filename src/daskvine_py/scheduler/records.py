@@ -22,6 +22,7 @@ class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
         "functions", "full", "configs", "memory", "hostname", "holding", "quarantined",
+        "errors",
     )  # fmt: skip
 
     def __init__(
@@ -57,6 +58,9 @@ class WorkerRecord:
         self.full = False
         #: why it gets no new tasks (``faults``); None: it gets them
         self.quarantined: str | None = None
+        #: its tasks' errors and crashes since its last task done: while any, it is no
+        #: thief (``stealing``), and retries go elsewhere first (``faults``)
+        self.errors = 0
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
