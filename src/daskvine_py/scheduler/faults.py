@@ -365,8 +365,8 @@ class Faults:
             quiet = now - since
             if quiet <= stall:
                 continue
-            expected = self.durations.get(oldest.prefix)
-            if expected is None or quiet <= STALL_FACTOR * expected:
+            expected = self.durations.get(oldest.prefix) or 0.0  # (unknown: any kind's)
+            if quiet <= STALL_FACTOR * expected:
                 continue
             started = self.started
             if any(started.get(task, (0, None))[1] is worker for task in processing):
