@@ -72,6 +72,9 @@ STRIKES = 3.0
 FORGIVEN = 0.5
 #: Retries of a task's error on other workers: one, more only after quarantined workers.
 MAX_ERROR_RETRIES = 3
+#: Errors in a row on one worker, of kinds that fail nowhere else, past which each error
+#: is a strike: a black hole that is the first to run a kind fails many tasks quickly.
+BURST = 8
 #: A worker making no progress is ejected past this many times its tasks' usual duration.
 STALL_FACTOR = 10.0
 
@@ -79,7 +82,7 @@ STALL_FACTOR = 10.0
 class Category:
     """What the tasks of one kind (``TaskRecord.prefix``) took, and where they succeeded."""
 
-    __slots__ = ("count", "mean", "var", "winners")
+    __slots__ = ("count", "mean", "var", "winners", "losers")
 
     def __init__(self) -> None:
         self.count = 0
@@ -87,6 +90,8 @@ class Category:
         self.var = 0.0
         #: up to two workers a task of this kind succeeded on
         self.winners: tuple[WorkerRecord, ...] = ()
+        #: up to two workers a task of this kind failed on
+        self.losers: tuple[WorkerRecord, ...] = ()
 
     def observe(self, duration: float, worker: WorkerRecord) -> None:
         self.count += 1
@@ -106,6 +111,13 @@ class Category:
 
     def succeeded_elsewhere(self, worker: WorkerRecord) -> bool:
         return any(winner is not worker for winner in self.winners)
+
+    def failed(self, worker: WorkerRecord) -> bool:
+        """Note a failure on ``worker``; whether this kind failed on another one too."""
+        losers = self.losers
+        if len(losers) < 2 and worker not in losers:
+            self.losers = losers = (*losers, worker)
+        return any(loser is not worker for loser in losers)
 
 
 class Faults:
@@ -174,6 +186,9 @@ class Faults:
             task = self.held(task_id, worker)
             if task is None:
                 continue
+            known = self.started.get(task)
+            if known is not None and known[1] is worker:
+                continue  # said twice: its clock runs from the first
             self.started[task] = (now, worker)
             if self.aborts.get(task, 0) >= MAX_ABORTS or not self.factor_of(task.run):
                 continue
@@ -214,10 +229,17 @@ class Faults:
         self._ended(task, worker)
         worker.errors += 1
         category = self.categories.get(task.prefix)
-        struck = category is not None and category.succeeded_elsewhere(worker)
+        if category is None:
+            category = self.categories[task.prefix] = Category()
+        alone = not category.failed(worker)
+        struck = category.succeeded_elsewhere(worker)
         if struck:
             self.strike(worker, f"its tasks fail while {task.prefix!r:.40} tasks succeed "
                         "on other workers")  # fmt: skip
+        elif alone and worker.errors >= BURST:
+            struck = True
+            self.strike(worker, f"{worker.errors} of its tasks failed in a row, of kinds "
+                        "that fail on no other worker")  # fmt: skip
         previous = self.erred_on.get(task)
         tries = 0 if previous is None else previous[1]
         # Not the second worker to fail it: a quarantined one, or its first one again
