@@ -134,22 +134,44 @@ def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slo
         assert executes(out, W1) == []  # and it gets no new tasks
 
 
-def test_a_black_hole_is_quarantined_and_its_errors_are_absorbed():
-    st_, now = warmed((W1, W2, W3))
+@pytest.mark.parametrize("confirmed", [False, True])
+def test_a_black_hole_is_quarantined_and_its_errors_are_absorbed(confirmed):
+    """Quarantined once its failed tasks succeed elsewhere (three strikes), or after a
+    burst of failures in a row of a kind that succeeds elsewhere (8, then a strike each)."""
+    st_, now = warmed((W1, W2, W3), n=200)
     quarantined = []
-    for _ in range(4):
+    for _ in range(10):
         (task_id,) = holding(st_, W1)
         erred = p.TaskErred(task_id, None, "tb", "ImportError: no module named numpy")
         out = st_.handle([s.FromWorker(W1, erred)], now)
         assert of(out, s.RunFailed) == []
-        assert st_.tasks[task_id].worker.id in (W2, W3)  # retried elsewhere
+        elsewhere = st_.tasks[task_id].worker.id
+        assert elsewhere in (W2, W3)  # retried elsewhere
         quarantined += of(out, Quarantined)
+        if confirmed:
+            done = p.TaskDone(task_id, 8, 1.0, VALUE)
+            quarantined += of(st_.handle([s.FromWorker(elsewhere, done)], now), Quarantined)
         if st_.workers[W1].quarantined:
             break
     assert [q.worker for q in quarantined] == [W1]
-    assert "succeed on other workers" in quarantined[0].reason
+    assert ("then succeeded on" if confirmed else "failed in a row") in quarantined[0].reason
     out = finish(st_, W2, now) + finish(st_, W3, now)
     assert executes(out, W1) == []
+
+
+def test_errors_that_fail_on_every_worker_strike_none():
+    """A data-dependent error (its kind succeeds elsewhere) fails on its second worker
+    too: the run fails and neither worker is struck."""
+    st_, now = warmed((W1, W2))
+    for _ in range(4):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: 5")
+        st_.handle([s.FromWorker(W1, bad)], now)
+        out = st_.handle([s.FromWorker(W2, bad)], now)
+        assert [f.worker for f in of(out, s.RunFailed)] == ["w2"]
+        st_.handle([flat(40, run_id=max(st_.runs, default=1) + 1)], now)
+        now += 1.0
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
 
 
 def test_a_deterministic_error_fails_the_run_on_its_second_worker():

@@ -113,11 +113,12 @@ class Category:
         return any(winner is not worker for winner in self.winners)
 
     def failed(self, worker: WorkerRecord) -> bool:
-        """Note a failure on ``worker``; whether this kind failed on another one too."""
+        """Note a failure on ``worker``; whether this kind failed on another worker that
+        fails few tasks in a row (two black holes do not vouch for each other)."""
         losers = self.losers
         if len(losers) < 2 and worker not in losers:
             self.losers = losers = (*losers, worker)
-        return any(loser is not worker for loser in losers)
+        return any(loser is not worker and loser.errors < BURST for loser in losers)
 
 
 class Faults:
@@ -231,15 +232,7 @@ class Faults:
         category = self.categories.get(task.prefix)
         if category is None:
             category = self.categories[task.prefix] = Category()
-        alone = not category.failed(worker)
-        struck = category.succeeded_elsewhere(worker)
-        if struck:
-            self.strike(worker, f"its tasks fail while {task.prefix!r:.40} tasks succeed "
-                        "on other workers")  # fmt: skip
-        elif alone and worker.errors >= BURST:
-            struck = True
-            self.strike(worker, f"{worker.errors} of its tasks failed in a row, of kinds "
-                        "that fail on no other worker")  # fmt: skip
+        struck = self._burst(task, worker, category, "failed")
         previous = self.erred_on.get(task)
         tries = 0 if previous is None else previous[1]
         # Not the second worker to fail it: a quarantined one, or its first one again
@@ -260,9 +253,22 @@ class Faults:
         self._ended(task, worker)
         worker.errors += 1
         category = self.categories.get(task.prefix)
-        if category is not None and category.succeeded_elsewhere(worker):
-            self.strike(worker, f"its tasks crash while {task.prefix!r:.40} tasks succeed "
-                        "on other workers")  # fmt: skip
+        if category is None:
+            category = self.categories[task.prefix] = Category()
+        self._burst(task, worker, category, "crashed")
+
+    def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category,
+               how: str) -> bool:  # fmt: skip
+        """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
+        other workers or fails on none (a failure alone may be the task's own bug: a
+        data-dependent error fails wherever it runs)."""
+        alone = not category.failed(worker)
+        if worker.errors < BURST or not (alone or category.succeeded_elsewhere(worker)):
+            return False
+        where = "fail on no other worker" if alone else "succeed on other workers"
+        self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
+                    f"{task.prefix!r:.40} {where}")  # fmt: skip
+        return True
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self.progress[worker] = self.now
