@@ -94,9 +94,10 @@ def named(manager: Manager, prefix: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.timeout(120)
-def test_a_black_hole_is_quarantined_and_runs_end_right():
+def test_a_black_hole_is_quarantined_and_runs_end_right(tmp_path, caplog):
     """Every task it is given fails at once; the runs succeed anyway (each error is tried
-    on another worker) and it is quarantined: no new tasks, shown in ``manager.workers``."""
+    on another worker) and it is quarantined: no new tasks, one WARNING, shown in
+    ``manager.workers`` and in the report of the run that saw it."""
 
     def fail_everything(record: Any) -> list[Any]:
         if type(record) is p.Execute:
@@ -107,11 +108,17 @@ def test_a_black_hole_is_quarantined_and_runs_end_right():
         manager.start_workers(2, cores=1)
         manager.wait_for_workers(2, timeout=60)
         with Playing(KeyedWorker(manager, "hole", cores=4), fail_everything) as hole:
-            for seed in range(5):
-                dsk, keys = graph(seed=seed * 100)
-                assert manager.get(dsk, keys) == dask.get(dsk, keys)
+            reports = []
+            with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
+                for seed in range(5):
+                    dsk, keys = graph(seed=seed * 100)
+                    reports.append(tmp_path / f"run-{seed}.html")
+                    assert manager.get(dsk, keys, report=reports[-1]) == dask.get(dsk, keys)
             info = named(manager, "hole")
             assert info is not None and info["quarantined"]
+            warned = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+            assert len(warned) == 1 and "worker hole" in warned[0]
+            assert any("quarantined" in path.read_text() for path in reports)
             executes = sum(type(r) is p.Execute for r in hole.received)
             dsk, keys = graph(seed=1000)
             assert manager.get(dsk, keys) == dask.get(dsk, keys)

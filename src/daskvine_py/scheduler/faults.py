@@ -353,11 +353,11 @@ class Faults:
 
     def on_tick(self, ev: Tick) -> None:
         now = self.now
+        self._prune()  # (first: a lost worker is no longer quarantined, nor stuck)
         self._stragglers(now)
         self._stuck(now)
         self._unanswered(now)
         self._all_quarantined()
-        self._prune()
 
     def _stragglers(self, now: float) -> None:
         found = []
