@@ -49,7 +49,8 @@ def finish(st_: s.SchedulerState, worker: bytes, now: float, seconds: float = 1.
 
 
 def warmed(workers: tuple[bytes, ...] = (W1, W2), n: int = 40, **options: object):
-    """A state whose kind "t" has ``MIN_SAMPLES`` tasks done in 1 s each, on every worker."""
+    """A state whose kind "t" has ``MIN_SAMPLES`` tasks done in 1 s each, on every worker;
+    W1's pace is then forgotten, as if it had finished none (a straggler finishes none)."""
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(w) for w in workers] + [flat(n, **options)], 0.0)
     now = 0.0
@@ -57,6 +58,7 @@ def warmed(workers: tuple[bytes, ...] = (W1, W2), n: int = 40, **options: object
         now += 1.0
         for worker in workers:
             finish(st_, worker, now)
+    st_.faults.pace.pop(st_.workers[W1], None)
     return st_, now
 
 
@@ -100,6 +102,14 @@ def test_fast_abort_can_be_turned_off_per_run_or_for_the_manager(manager, run):
     assert executes(st_.handle([Tick()], now + 100.0)) == []
 
 
+def test_a_long_task_on_a_worker_of_good_pace_runs_longer_before_it_is_aborted():
+    st_, now = warmed()
+    (task_id,) = holding(st_, W2)  # W2 ran its tasks in the usual time
+    st_.handle([s.FromWorker(W2, p.Started((task_id,)))], now)
+    assert executes(st_.handle([Tick()], now + 8.5)) == []  # past 3 s, within 3 x 3 s
+    assert task_id in executes(st_.handle([Tick()], now + 9.5), W1)
+
+
 def test_a_kind_whose_durations_spread_is_not_cut_at_its_tail():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), flat(60)], 0.0)
@@ -108,7 +118,7 @@ def test_a_kind_whose_durations_spread_is_not_cut_at_its_tail():
         now += 10.0
         finish(st_, W1, now, 1.0 if i % 2 else 9.0)
     (task_id,) = holding(st_, W2)
-    st_.handle([s.FromWorker(W2, p.Started((task_id,)))], now)
+    st_.handle([s.FromWorker(W2, p.Started((task_id,)))], now)  # (W2's pace: unknown)
     assert executes(st_.handle([Tick()], now + 16.0)) == []  # 3x the mean: legitimately long
     assert task_id in executes(st_.handle([Tick()], now + 22.0), W1)  # past mean + 4 deviations
 

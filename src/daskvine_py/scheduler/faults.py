@@ -10,8 +10,11 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   limit is the largest of ``fast_abort`` times the category's mean duration, the mean plus
   ``SPREAD`` standard deviations (a category whose durations legitimately spread wide is
   not cut at its tail) and ``FLOOR`` seconds, once ``MIN_SAMPLES`` tasks of the category
-  are done. Checked on the manager's tick (``Tick``, about once a second), from the oldest
-  started task of each category on: the walk stops at the first one within its limit.
+  are done. On a worker of good pace (its tasks ran about as long as their kinds usually
+  do: ``SLOW_PACE``) a task gets ``GOOD_PACE`` times as long: slow workers, not long tasks,
+  are what this is for. Checked on the manager's tick (``Tick``, about once a second),
+  from the oldest started task of each category on: the walk stops at the first one
+  within its limit.
 - **Ejection** (``Eject``). A worker that holds tasks, none known to be running, and
   reports no progress (``Started``, ``TaskDone``, ``TaskErred``, ``TaskCrashed``) for
   longer than both ``stall`` seconds (the manager's ``worker_timeout``) and ``STALL_FACTOR``
@@ -75,6 +78,14 @@ MAX_ERROR_RETRIES = 3
 #: Errors in a row on one worker, of kinds that fail nowhere else, past which each error
 #: is a strike: a black hole that is the first to run a kind fails many tasks quickly.
 BURST = 8
+#: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
+#: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
+#: on a worker whose pace is under log(2) (half as fast again as usual, or faster) is
+#: more likely long than straggling: it is let run to ``GOOD_PACE`` times its limit.
+PACE_WEIGHT = 0.1
+PACE_MIN = 0.1
+SLOW_PACE = math.log(2.0)
+GOOD_PACE = 3.0
 #: A worker making no progress is ejected past this many times its tasks' usual duration.
 STALL_FACTOR = 10.0
 
@@ -173,6 +184,8 @@ class Faults:
         self.progress: dict[WorkerRecord, float] = {}
         self.strikes: dict[WorkerRecord, float] = {}
         self.slow: dict[WorkerRecord, int] = {}
+        #: per worker: how fast its tasks run against their kinds' means (``PACE_WEIGHT``)
+        self.pace: dict[WorkerRecord, float] = {}
         #: tasks asked back (``Withdraw``) and when the tick first saw them asked
         self.asked: dict[TaskRecord, float] = {}
         self.ejected: set[WorkerId] = set()
@@ -206,6 +219,10 @@ class Faults:
         category = self.categories.get(task.prefix)
         if category is None:
             category = self.categories[task.prefix] = Category()
+        if category.count >= MIN_SAMPLES and category.mean >= PACE_MIN:
+            ratio = math.log(max(duration, 1e-3) / category.mean)
+            known = self.pace.get(worker)
+            self.pace[worker] = ratio if known is None else known + PACE_WEIGHT * (ratio - known)
         category.observe(duration, worker)
         if worker.errors:
             worker.errors = 0
@@ -360,23 +377,31 @@ class Faults:
         self._all_quarantined()
 
     def _stragglers(self, now: float) -> None:
+        """Abort what ran past its limit, oldest first; the walk stops at the first task
+        within its limit, and passes over the few long ones on workers of a good pace."""
         found = []
+        pace = self.pace
         for prefix, watch in self.watch.items():
             category = self.categories.get(prefix)
-            while watch:
-                task = next(iter(watch))
-                start = watch[task]
+            gone = []
+            for task, start in watch.items():
                 entry = self.started.get(task)
                 if entry is None or entry[0] != start or task.worker is not entry[1]:
-                    del watch[task]  # done, moved or forgotten since
+                    gone.append(task)  # done, moved or forgotten since
                     continue
                 if category is None:
                     break
                 limit = category.limit(self.factor_of(task.run))
-                if now - start <= limit:
+                ran = now - start
+                if ran <= limit:
                     break
+                worker = entry[1]
+                if worker in pace and pace[worker] < SLOW_PACE and ran <= GOOD_PACE * limit:
+                    continue  # a long task rather than a slow worker: let it run longer
+                gone.append(task)
+                found.append((task, worker, ran, limit))
+            for task in gone:
                 del watch[task]
-                found.append((task, entry[1], now - start, limit))
         for task, worker, ran, limit in found:
             if task.state == "processing" and task.worker is worker:
                 reason = f"ran {ran:.1f} s, past {limit:.1f} s for its kind ({task.prefix})"
@@ -429,7 +454,7 @@ class Faults:
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""
         workers = self.workers
-        for table in (self.progress, self.strikes, self.slow, self.quarantined):
+        for table in (self.progress, self.strikes, self.slow, self.pace, self.quarantined):
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}
