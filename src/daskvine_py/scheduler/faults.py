@@ -21,16 +21,18 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   times their usual duration; or one that leaves a ``Withdraw`` unanswered for ``patience``
   seconds while the task has not started. The manager tells it to leave; its tasks run
   elsewhere.
-- **Quarantine**. A worker gets a strike when a task fails there whose category succeeds
-  on other workers, or when a task that failed there then succeeds elsewhere; each task
+- **Quarantine**. A worker gets a strike when a task that failed there then succeeds
+  elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
+  other workers or fails on none (one failure alone may be the task's own bug); each task
   done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
   one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
-  worker whose aborted tasks ran faster elsewhere ``SLOW_CONFIRMED`` times is quarantined
-  as slow, and what it holds is taken back. A task's error is retried once on another
-  worker (one not erring lately) before it fails the run; a black hole's errors are so
-  absorbed, and a deterministic error fails the run after its second worker raised it.
-  Every error on a quarantined worker is retried (up to ``MAX_ERROR_RETRIES``). Should
-  every worker be quarantined while work waits, the one with the fewest strikes is
+  worker whose aborted tasks ran faster elsewhere ``SLOW_CONFIRMED`` times, or that had
+  that many aborted and finished none, is quarantined as slow, and what it holds is taken
+  back. A task's error is retried once on another worker (one not erring lately) before
+  it fails the run: a black hole's errors are so absorbed, and a deterministic error
+  fails the run after its second worker raised it. Every error on a quarantined worker,
+  or on the worker that failed the task first, is retried (up to ``MAX_ERROR_RETRIES``).
+  Should every worker be quarantined while work waits, the one with the fewest strikes is
   released (with a WARNING), so that a run never hangs: it runs, or fails with its error.
 """
 
@@ -186,6 +188,9 @@ class Faults:
         self.slow: dict[WorkerRecord, int] = {}
         #: per worker: how fast its tasks run against their kinds' means (``PACE_WEIGHT``)
         self.pace: dict[WorkerRecord, float] = {}
+        #: workers that finished a task (one that finished none and whose tasks are all
+        #: aborted is quarantined as slow without waiting for them to run elsewhere)
+        self.productive: set[WorkerRecord] = set()
         #: tasks asked back (``Withdraw``) and when the tick first saw them asked
         self.asked: dict[TaskRecord, float] = {}
         self.ejected: set[WorkerId] = set()
@@ -224,6 +229,9 @@ class Faults:
             known = self.pace.get(worker)
             self.pace[worker] = ratio if known is None else known + PACE_WEIGHT * (ratio - known)
         category.observe(duration, worker)
+        productive = self.productive
+        if worker not in productive:
+            productive.add(worker)
         if worker.errors:
             worker.errors = 0
         if worker in self.strikes:
@@ -356,10 +364,15 @@ class Faults:
         entry = self.started.pop(task, None)
         if entry is not None:
             self.aborted[task] = (worker, self.now - entry[0])
-        if counted:
-            self.aborts[task] = self.aborts.get(task, 0) + 1
         self.send(worker, p.Abort((task.id,), reason))
         self.move(task, self.elsewhere(worker))
+        if counted:
+            self.aborts[task] = self.aborts.get(task, 0) + 1
+            if worker not in self.productive:  # every task it had ran past its limit
+                shown = self.slow[worker] = self.slow.get(worker, 0) + 1
+                if shown >= SLOW_CONFIRMED:
+                    self.quarantine(worker, f"slow: {shown} of its tasks ran past their "
+                                    "kinds' limits, and it finished none")  # fmt: skip
 
     def eject(self, worker: WorkerRecord, reason: str) -> None:
         if worker.id not in self.ejected:
@@ -458,6 +471,7 @@ class Faults:
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}
+        self.productive = {w for w in self.productive if workers.get(w.id) is w}
         for tasks in (self.aborts, self.aborted, self.erred_on):
             for task in [t for t in tasks if t.state == "forgotten"]:
                 del tasks[task]
