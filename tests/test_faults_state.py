@@ -247,3 +247,33 @@ def test_a_worker_that_leaves_withdraw_unanswered_is_ejected():
     assert of(st_.handle([Tick()], 6.0), Eject) == []
     (eject,) = of(st_.handle([Tick()], 8.0), Eject)
     assert eject.worker == W1 and "Withdraw" in eject.reason
+
+
+@pytest.mark.parametrize("value", [0.5, -1, float("nan"), float("inf"), True, "3"])
+def test_fast_abort_refuses_what_is_not_a_multiplier(value):
+    from daskvine_py.options import ManagerOptions, RunOptions
+
+    with pytest.raises(ValueError, match="fast_abort"):
+        RunOptions(fast_abort=value)
+    with pytest.raises(ValueError, match="fast_abort"):
+        ManagerOptions(fast_abort=value)
+
+
+def test_fast_abort_goes_from_the_options_to_the_state():
+    import dask
+
+    from daskvine_py import Manager
+    from daskvine_py.config import run_options
+    from daskvine_py.manager.streaming import opening_of
+
+    assert opening_of(1, ["x"], run_options({"fast_abort": 0}), False).fast_abort == 0
+    assert opening_of(1, ["x"], run_options({}), False).fast_abort is None  # the manager's
+    with dask.config.set({"daskvine_py.get.fast_abort": 4}):
+        assert opening_of(1, ["x"], run_options({}), False).fast_abort == 4
+    st_ = s.SchedulerState()
+    assert st_.faults.factor_of(s.RunRecord.of(flat(1))) == 3.0  # on by default
+    assert st_.faults.factor_of(s.RunRecord.of(flat(1, fast_abort=0))) == 0
+    with dask.config.set({"daskvine_py.manager.fast_abort": 5.0}), Manager() as manager:
+        assert manager._state.faults.factor == 5.0
+    with Manager(fast_abort=None) as manager:
+        assert manager._state.faults.factor == 0.0
