@@ -24,7 +24,8 @@ logger = logging.getLogger("daskvine_py.manager")
 
 #: Seconds between two ticks at most: stragglers are caught within about this much.
 TICK_PERIOD = 1.0
-#: Heartbeat intervals a ``Withdraw`` may go unanswered before its worker is ejected.
+#: Heartbeat intervals a ``Withdraw`` may go unanswered before its worker is ejected (and
+#: never less than ``worker_timeout``: the patience given to silence).
 WITHDRAW_BEATS = 10
 
 
@@ -45,7 +46,7 @@ class FaultWatch:
         faults = state.faults
         faults.factor = options.fast_abort or 0.0
         faults.stall = options.worker_timeout
-        faults.patience = WITHDRAW_BEATS * options.heartbeat_interval
+        faults.patience = max(WITHDRAW_BEATS * options.heartbeat_interval, options.worker_timeout)
         handlers[Quarantined] = self.quarantined
         self._next_tick = 0.0
 

@@ -431,9 +431,9 @@ class Faults:
             quiet = now - since
             if quiet <= stall:
                 continue
-            expected = self.durations.get(oldest.prefix) or 0.0  # (unknown: any kind's)
-            if quiet <= STALL_FACTOR * expected:
-                continue
+            expected = self.durations.get(oldest.prefix)  # (a kind not seen: any kind's)
+            if expected is None or quiet <= STALL_FACTOR * expected:
+                continue  # (None: no task has finished yet, no telling how long they take)
             started = self.started
             if any(started.get(task, (0, None))[1] is worker for task in processing):
                 continue  # running something: fast abort's to judge
