@@ -21,6 +21,8 @@ Data flow::
 - Who is registered, joining, rejected or retiring, and what status clients are told, is
   ``registry.Registry``'s; this module keeps the per-message path (drain, check, feed the
   state, flush) and tells the state, the liveness watch and the watched runs.
+- Stragglers, stuck workers and black holes are the state's to judge (``faults``): on
+  the timer ``faults_watch.FaultWatch`` hands it a ``Tick`` about once a second.
 - A run never waits silently for workers: on the timer, ``vacancy.Vacancy`` says when
   to warn how to add some, and when runs fail (``NoWorkersLeft``: every local worker it
   started has ended, none other is connected).
