@@ -219,22 +219,26 @@ class Faults:
 
     def done(self, task: TaskRecord, worker: WorkerRecord, duration: float) -> None:
         """``task`` succeeded on ``worker`` in ``duration`` seconds (it was held there)."""
-        self.durations.observe(task.prefix, duration)
-        self._ended(task, worker)
-        category = self.categories.get(task.prefix)
+        prefix = task.prefix
+        self.durations.observe(prefix, duration)
+        self.progress[worker] = self.now
+        if self.started.pop(task, None) is not None:
+            watch = self.watch.get(prefix)
+            if watch is not None:
+                watch.pop(task, None)
+        category = self.categories.get(prefix)
         if category is None:
-            category = self.categories[task.prefix] = Category()
-        if category.count >= MIN_SAMPLES and category.mean >= PACE_MIN:
+            category = self.categories[prefix] = Category()
+        elif category.count >= MIN_SAMPLES and category.mean >= PACE_MIN:
             ratio = math.log(max(duration, 1e-3) / category.mean)
             known = self.pace.get(worker)
             self.pace[worker] = ratio if known is None else known + PACE_WEIGHT * (ratio - known)
         category.observe(duration, worker)
-        productive = self.productive
-        if worker not in productive:
-            productive.add(worker)
+        if worker not in self.productive:
+            self.productive.add(worker)
         if worker.errors:
             worker.errors = 0
-        if worker in self.strikes:
+        if self.strikes and worker in self.strikes:
             self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
         if self.erred_on:
             erred = self.erred_on.pop(task, None)
