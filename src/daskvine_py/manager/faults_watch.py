@@ -51,8 +51,9 @@ class FaultWatch:
         self._next_tick = 0.0
 
     def tick(self, now: float, events: list[Any]) -> None:
-        """Queue a ``Tick`` for the state if one is due and a run is under way."""
-        if now >= self._next_tick and self.state.runs:
+        """Queue a ``Tick`` for the state if one is due, a run is under way and a worker
+        is there to judge."""
+        if now >= self._next_tick and self.state.runs and self.state.workers:
             self._next_tick = now + TICK_PERIOD
             events.append(Tick())
 
