@@ -9,6 +9,13 @@ simulated workers (see its docstring: real sockets, the real protocol and the wo
 own state; only the libraries are simulated, a task "running" for the seconds its graph
 declares). The graph is a real Dask graph (``swarm_workloads``) passed to ``manager.get``.
 
+Faulty workers (issue 29): ``--black-holes F`` makes that share of the workers fail every
+task within about 10 ms, ``--stragglers F`` that share run every task 10x slower
+(``swarm_workers``); ``--fast-abort X`` sets the manager's ``fast_abort`` (default: its
+own). The JSON then also gives ``black_holes``, ``stragglers`` (their names),
+``quarantined`` (the workers the manager quarantined, by the end), ``tasks_failed`` (the
+black holes' errors) and ``tasks_killed`` (straggling calls aborted while running).
+
 ``--system distributed`` runs the same graph, with tasks that really sleep, on
 dask.distributed with in-process workers (``swarm_distributed``); ``both`` runs the two in
 turn and prints their makespans side by side.
@@ -193,6 +200,7 @@ def start_swarm(
             "--preempt-window", str(args.preempt_window),
             "--replace-after", str(args.replace_after), "--seed", str(args.seed + index),
             "--peer-links", str(args.peer_links),
+            "--black-holes", str(args.black_holes), "--stragglers", str(args.stragglers),
             "--stats", stats,
         ]  # fmt: skip
         if args.profile_swarm:
@@ -245,11 +253,13 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
     if args.gc_threshold:
         gc.set_threshold(*args.gc_threshold)
     with tempfile.TemporaryDirectory(prefix="daskvine-swarm-") as directory:
+        faults = {} if args.fast_abort is None else {"fast_abort": args.fast_abort}
         manager = Manager(
-            port=0, worker_timeout=args.worker_timeout, heartbeat_interval=1.0,
+            port=0, worker_timeout=args.worker_timeout, heartbeat_interval=1.0, **faults,
         )  # fmt: skip
         swarm: list[tuple[subprocess.Popen[bytes], str]] = []
         result: dict[str, Any] = {"system": "daskvine_py", "workload": workload.name}
+        quarantined: list[str] = []
         try:
             swarm = start_swarm(manager.connection_file, args, directory)
             registered = wait_registered(manager, args.workers, args.join_timeout)
@@ -271,6 +281,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             io_cpu = _thread_cpu("daskvine-manager") - io0
             run = manager.last_run
             rss = _rss_mb()
+            quarantined = sorted(n for n, info in manager.workers.items() if info["quarantined"])
         finally:
             manager.close()
             stats = stop_swarm(swarm, 60.0)
@@ -303,6 +314,11 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         swarm_lag_max_s=round(max((s.get("lag_max_s", 0.0) for s in stats), default=0.0), 4),
         swarm_cpu_s=round(sum(s.get("cpu_s", 0.0) for s in stats), 2),
         preempted=sum(len(s.get("preempted", [])) for s in stats),
+        black_holes=sorted(n for s in stats for n in s.get("black_holes", [])),
+        stragglers=sorted(n for s in stats for n in s.get("stragglers", [])),
+        quarantined=quarantined,
+        tasks_failed=sum(s.get("tasks_failed", 0) for s in stats),
+        tasks_killed=sum(s.get("tasks_killed", 0) for s in stats),
         workers_gave_up=sum(s.get("gave_up", 0) for s in stats),
         workers_failed_to_join=sum(s.get("failed_to_join", 0) for s in stats),
         swarm_processes=len(stats),
@@ -372,6 +388,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: half the ideal makespan)",
     )
     parser.add_argument("--replace-after", type=float, default=5.0)
+    parser.add_argument(
+        "--black-holes",
+        type=float,
+        default=0.0,
+        help="fraction of workers that fail every task within about 10 ms",
+    )
+    parser.add_argument(
+        "--stragglers",
+        type=float,
+        default=0.0,
+        help="fraction of workers that run every task 10x slower",
+    )
+    parser.add_argument(
+        "--fast-abort",
+        type=float,
+        default=None,
+        help="the manager's fast_abort multiplier (0: off; default: the manager's own)",
+    )
     parser.add_argument(
         "--peer-links",
         type=int,

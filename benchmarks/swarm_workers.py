@@ -24,6 +24,10 @@ registration, without a goodbye (their
 sockets closed at once, as a killed process's are); a replacement joins
 ``--replace-after`` seconds later under a new name.
 
+Faulty workers (issue 29): ``--black-holes F`` and ``--stragglers F`` (``swarm_faults``).
+Every simulated worker tells the manager when a task begins on its library slot
+(``Started``) and honours ``Abort``.
+
 The process measures itself: how late each simulated completion is delivered
 (``lag``: the delivery time less the time it was due), so that a swarm too slow for
 its load is never mistaken for a slow manager. It writes its figures as JSON to
@@ -65,7 +69,8 @@ from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import swarm_workloads  # noqa: E402  (beside this file)
+import swarm_faults  # noqa: E402  (beside this file)
+import swarm_workloads  # noqa: E402
 
 logger = logging.getLogger("daskvine_py.swarm")
 
@@ -123,7 +128,9 @@ class Swarm:
         self.owners: dict[Any, tuple[SimWorker, str]] = {}
         self.decoder = TaskDecoder()
         #: (due, sequence, worker, library, reply) of the simulated calls in flight
-        self.completions: list[tuple[float, int, SimWorker, LibraryRecord, pipe.Done]] = []
+        self.completions: list[tuple[float, int, SimWorker, LibraryRecord, Any]] = []
+        #: (due, sequence, worker, task id): when a simulated call begins (``Started``)
+        self.starts: list[tuple[float, int, SimWorker, int]] = []
         self.sequence = 0
         self.workers: list[SimWorker] = []
         self.drops = p.DropLog(logger)
@@ -139,6 +146,10 @@ class Swarm:
         self.max_lag = 0.0
         self.task_seconds = 0.0
         self.tasks_done = 0
+        self.tasks_failed = 0
+        self.tasks_killed = 0
+        self.black_holes: list[str] = []
+        self.stragglers: list[str] = []
         self.declared_bytes = 0
         self.connect_started: float | None = None
         self.welcomes: list[float] = []
@@ -156,6 +167,7 @@ class Swarm:
         if preempt > 0:  # exactly this share of the first workers (at least one) vanish
             count = max(1, round(preempt * len(self.workers)))
             self.doomed = set(self.random.sample(self.workers, min(count, len(self.workers))))
+        swarm_faults.choose(self)
 
     def add_worker(self) -> SimWorker:
         name = f"{self.args.name_prefix}{self.next_index}"
@@ -167,9 +179,11 @@ class Swarm:
     def own(self, sock: Any, worker: SimWorker, kind: str) -> None:
         self.owners[sock] = (worker, kind)
 
-    def schedule(self, worker: SimWorker, lib: LibraryRecord, due: float, done: pipe.Done) -> None:
+    def schedule(self, worker: SimWorker, lib: LibraryRecord, due: float, reply: Any,
+                 started: float) -> None:  # fmt: skip
         self.sequence += 1
-        heapq.heappush(self.completions, (due, self.sequence, worker, lib, done))
+        heapq.heappush(self.completions, (due, self.sequence, worker, lib, reply))
+        heapq.heappush(self.starts, (started, self.sequence, worker, reply.task_id))
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -182,6 +196,8 @@ class Swarm:
                 timeout = min(timeout, max(0.0, self.completions[0][0] - now))
             if self.preemptions:
                 timeout = min(timeout, max(0.0, self.preemptions[0][0] - now))
+            if self.starts:
+                timeout = min(timeout, max(0.0, self.starts[0][0] - now))
             dirty: set[SimWorker] = set()
             for sock, _ in self.poller.poll(int(timeout * 1000)):
                 owner = self.owners.get(sock)
@@ -200,16 +216,30 @@ class Swarm:
             now = time.monotonic()
             wall = time.time()
             completions = self.completions
+            starts = self.starts
+            while starts and starts[0][0] <= now:
+                _, _, worker, task_id = heapq.heappop(starts)
+                if worker.alive and task_id in worker.running and task_id not in worker.killed:
+                    worker.state.outbox.append(p.Started((task_id,)))
+                    dirty.add(worker)
             while completions and completions[0][0] <= now:
                 due, _, worker, lib, done = heapq.heappop(completions)
                 if not worker.alive:
+                    continue
+                worker.running.discard(done.task_id)
+                if done.task_id in worker.killed:
+                    swarm_faults.swallow(worker, lib, done, wall)
+                    dirty.add(worker)
                     continue
                 lag = now - due
                 self.lags.append(lag)
                 if lag > self.max_lag:
                     self.max_lag = lag
-                self.task_seconds += done.duration
-                self.tasks_done += 1
+                if type(done) is pipe.Done:
+                    self.task_seconds += done.duration
+                    self.tasks_done += 1
+                else:
+                    self.tasks_failed += 1
                 worker.state.on_library_reply(lib, done, wall)
                 dirty.add(worker)
             while self.preemptions and self.preemptions[0][0] <= now:
@@ -258,6 +288,10 @@ class Swarm:
             "connect_started": self.connect_started,
             "welcomes": self.welcomes,
             "tasks_done": self.tasks_done,
+            "tasks_failed": self.tasks_failed,
+            "tasks_killed": self.tasks_killed,
+            "black_holes": self.black_holes,
+            "stragglers": self.stragglers,
             "task_seconds": self.task_seconds,
             "declared_bytes": self.declared_bytes,
             "lag_p50_s": pct(0.5),
@@ -305,6 +339,13 @@ class SimWorker:
             self.store, name, self.peers.address, swarm.args.manager_timeout, 10.0, now
         )
         self.state.fetcher.slots.links = swarm.args.peer_links
+        #: a faulty worker (``--black-holes``, ``--stragglers``): it fails every task, or
+        #: runs each this many times slower
+        self.black_hole = False
+        self.slowdown = 1.0
+        #: tasks handed to a simulated library and not replied yet; those aborted
+        self.running: set[int] = set()
+        self.killed: set[int] = set()
         #: simulated libraries: when each one's slot is free again
         self.free_at: dict[int, float] = {}
         self.libraries: dict[int, LibraryRecord] = {}
@@ -348,6 +389,9 @@ class SimWorker:
                     self.close()
                     self.swarm.running = any(w.alive for w in self.swarm.workers)
                     return
+                elif kind is p.Abort:
+                    swarm_faults.abort(self, message.task_ids, now)
+                    continue
                 state.on_manager_message(message, now)
             if not has_more(self.manager):
                 return
@@ -390,15 +434,23 @@ class SimWorker:
             for dep_key, dep_id, value in call.inputs:
                 values[dep_key] = chained[dep_id] if value is None else loads(value)
             result = decoder.decode(call.payload)(values)
-            seconds, nbytes = declared[0], declared[1]
+            seconds, nbytes = declared[0] * self.slowdown, declared[1]
             chained[call.task_id] = result
+            self.running.add(call.task_id)
+            begins = start
+            if self.black_hole:
+                start += swarm_faults.BLACK_HOLE_SECONDS
+                message = "RuntimeError: a black hole (a simulated broken install)"
+                swarm.schedule(self, record, start, pipe.Erred(call.task_id, None, "", message),
+                               begins)  # fmt: skip
+                continue
             scaled = int(nbytes * scale)
             header = pickle.dumps(result, protocol=5)
             serialized = Serialized(header, [_padding(scaled)] if scaled else [])
             swarm.declared_bytes += nbytes
             start += seconds
             done = pipe.Done(call.task_id, serialized, seconds, nbytes or serialized.nbytes)
-            swarm.schedule(self, record, start, done)
+            swarm.schedule(self, record, start, done, begins)
         self.free_at[record.id] = start
 
     def flush(self) -> None:
@@ -468,6 +520,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--io-threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--peer-links", type=int, default=8)
+    parser.add_argument("--black-holes", type=float, default=0.0)
+    parser.add_argument("--stragglers", type=float, default=0.0)
     parser.add_argument("--stats", required=True)
     parser.add_argument("--profile", default=None, help="write cProfile's figures here")
     return parser.parse_args(argv)

@@ -129,6 +129,9 @@ def test_entries_are_named_records_and_each_type_has_its_record():
     entries = log.entries
     assert entries[-1].record() == {"event": "crashed", "t": 0.9, "id": 4, "worker": "w1",
                                     "message": "library died"}  # fmt: skip
+    log.quarantined(51.0, "w2", "slow")
+    assert entries[-1].record() == {"event": "quarantined", "t": 1.0, "worker": "w2",
+                                    "reason": "slow"}  # fmt: skip
     assert {type(entry) for entry in entries} == set(kinds)  # every kind, in that order
     for kind in kinds:  # slotted, and named after the event its record writes
         assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")

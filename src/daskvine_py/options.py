@@ -27,6 +27,17 @@ WORKER_SETTINGS = {
 }
 
 
+def check_fast_abort(value: object) -> None:
+    """A fast-abort multiplier: None, 0 (off) or a finite number >= 1."""
+    if value is None:
+        return
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if number == 0 or (math.isfinite(number) and number >= 1):
+            return
+    raise ValueError(f"fast_abort must be a number >= 1, or 0 or None (off), not {value!r}")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Options of one ``get`` call."""
@@ -99,8 +110,13 @@ class RunOptions:
     #: restarts: every result of a cacheable task travels to the manager and is written
     #: there. None: the manager's ``cache_dir``.
     cache_dir: str | os.PathLike[str] | None = None
+    #: Fast abort (docs/faults.md): a task running this many times its kind's usual
+    #: duration is taken back and run on another worker. None: the manager's
+    #: ``fast_abort``; 0: off for this run.
+    fast_abort: float | None = None
 
     def __post_init__(self) -> None:
+        check_fast_abort(self.fast_abort)
         if self.fuse is not None and not isinstance(self.fuse, bool):
             raise ValueError(f"fuse must be True, False or None, not {self.fuse!r}")
         if self.task_mode not in TASK_MODES:
@@ -235,8 +251,14 @@ class ManagerOptions:
     #: could have written: ``get`` raises a ``RemoteTaskError`` naming the task, the
     #: worker, the exception's type and message, with the worker's traceback.
     unpickle_remote_exceptions: bool = True
+    #: The default of ``get(fast_abort=...)``: a task running this many times its kind's
+    #: usual duration (and past its spread) is taken back and run on another worker
+    #: (docs/faults.md). Lower catches stragglers sooner but kills more tasks that were
+    #: merely long; 0 or None turns it off.
+    fast_abort: float | None = 3.0
 
     def __post_init__(self) -> None:
+        check_fast_abort(self.fast_abort)
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(
                 f"host must be an address or host name of this machine, not {self.host!r}"

@@ -72,6 +72,20 @@ class WorkerLostEntry:
 
 
 @dataclass(slots=True)
+class QuarantinedEntry:
+    """A worker was quarantined during the run ("quarantined": it got no new tasks), and
+    why; or released from it (``reason`` says so)."""
+
+    t: float
+    worker: str
+    reason: str
+
+    def record(self) -> dict[str, Any]:
+        return {"event": "quarantined", "t": round(self.t, 6), "worker": self.worker,
+                "reason": self.reason}  # fmt: skip
+
+
+@dataclass(slots=True)
 class DispatchEntry:
     """A task was sent to a worker ("dispatch"); ``task_id`` joins it to its outcome."""
 
@@ -171,7 +185,7 @@ class TransferEntry:
 #: type is named after the ``event`` its ``record()`` writes.
 Entry = (
     WorkerEntry | WorkerLostEntry | DispatchEntry | DoneEntry | ErredEntry | CrashedEntry
-    | SampleEntry | TransferEntry
+    | SampleEntry | TransferEntry | QuarantinedEntry
 )  # fmt: skip
 
 
@@ -202,6 +216,9 @@ class EventLog:
 
     def worker_lost(self, now: float, name: str, reason: str) -> None:
         self.entries.append(WorkerLostEntry(now - self.mono_start, name, reason))
+
+    def quarantined(self, now: float, name: str, reason: str) -> None:
+        self.entries.append(QuarantinedEntry(now - self.mono_start, name, reason))
 
     def dispatch(self, now: float, task_id: int, key: Hashable, prefix: str, worker: str) -> None:
         self.entries.append(DispatchEntry(now - self.mono_start, task_id, key, prefix, worker))

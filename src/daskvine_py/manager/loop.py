@@ -21,6 +21,8 @@ Data flow::
 - Who is registered, joining, rejected or retiring, and what status clients are told, is
   ``registry.Registry``'s; this module keeps the per-message path (drain, check, feed the
   state, flush) and tells the state, the liveness watch and the watched runs.
+- Stragglers, stuck workers and black holes are the state's to judge (``faults``): on
+  the timer ``faults_watch.FaultWatch`` hands it a ``Tick`` about once a second.
 - A run never waits silently for workers: on the timer, ``vacancy.Vacancy`` says when
   to warn how to add some, and when runs fail (``NoWorkersLeft``: every local worker it
   started has ended, none other is connected).
@@ -55,6 +57,7 @@ from daskvine_py.errors import (
     SchedulerError,
 )
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
+from daskvine_py.manager.faults_watch import FaultWatch
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.registry import Registry, WorkerInfo, printable
 from daskvine_py.manager.runinfo import MANAGER
@@ -146,6 +149,8 @@ class IOLoop:
         #: what the state publishes of the result cache, for the caller's ``Cache``
         self.cache_index = state.cache
         state.cache_worker_bytes = options.cache_worker_bytes
+        #: stragglers, stuck workers and quarantines (``faults_watch``): ticks, warnings
+        self.faults = FaultWatch(state, options, self.registry, self.watching, self.handlers)
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
@@ -458,6 +463,7 @@ class IOLoop:
         for ident in verdict.heartbeat:
             if ident not in self.outboxes:
                 self.outboxes[cast(bytes, ident)] = [p.Heartbeat()]
+        self.faults.tick(now, self.events)
         if self.registry.wants_demand:
             self.registry.publish_demand(now)
         if self.watching.runs and not self.workers:

@@ -171,9 +171,9 @@ class Manager:
 
     @property
     def workers(self) -> dict[str, dict[str, Any]]:
-        """The connected workers by name: hostname, cores, memory, pid, the address peers
-        fetch its results from (``peer_address``), and from their last
-        heartbeat the bytes of results they hold and their peak memory (a snapshot)."""
+        """The connected workers by name: hostname, cores, memory, pid, peer address, why it
+        gets no new tasks (``quarantined``, docs/faults.md) and, from its last heartbeat,
+        the bytes of results it holds and its peak memory (a snapshot)."""
         with self._io.changed:
             published = list(self._io.snapshot.values())
         return {info["name"]: {k: v for k, v in info.items() if k != "name"} for info in published}

@@ -43,7 +43,8 @@ def printable(text: str) -> str:
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
-    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status")
+    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status",
+                 "quarantined")  # fmt: skip
 
     def __init__(self, reg: p.Register) -> None:
         self.name = reg.name
@@ -53,6 +54,8 @@ class WorkerInfo:
         self.pid = reg.pid
         self.peer_address = reg.peer_address
         self.status = p.Status(0, 0, 0)
+        #: why the scheduler gives it no new tasks (docs/faults.md); None: it gives them
+        self.quarantined: str | None = None
 
     def public(self) -> dict[str, Any]:
         return {
@@ -63,6 +66,7 @@ class WorkerInfo:
             "pid": self.pid,
             "peer_address": self.peer_address,
             **self.status._asdict(),
+            "quarantined": self.quarantined,
         }
 
 

@@ -366,8 +366,8 @@ def _failures(summary: Summary) -> str:
         return draw.empty("None.")
     rows = []
     for failure in summary.failures[:MAX_FAILURES]:
-        if failure.kind == "worker_lost":
-            what, key = "worker lost", ""
+        if failure.kind in ("worker_lost", "quarantined"):
+            what, key = failure.kind.replace("_", " "), ""
         else:
             what, key = failure.kind, draw.key_text(failure.key)
         rows.append((draw.seconds(failure.t), what, key, failure.worker, failure.message))

@@ -120,7 +120,8 @@ def opening_of(run_id: int, outputs: list[Key], options: RunOptions, watched: bo
             tuple(options.env_vars.items()), options.task_sandbox,
         )  # fmt: skip
     return s.SubmitRun(run_id, [], outputs, options.retries, {}, options.replicas, config,
-                       watched, settings, cache, verify=float(options.verify))  # fmt: skip
+                       watched, settings, cache, verify=float(options.verify),
+                       fast_abort=options.fast_abort)  # fmt: skip
 
 
 def encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:

@@ -65,7 +65,8 @@ class TaskCounts:
 @dataclass(slots=True)
 class Failure:
     """What went wrong during the run: a task that raised ("erred") or whose process died
-    ("crashed"), or a worker lost ("worker_lost", ``key`` None, ``message`` the reason)."""
+    ("crashed"), or a worker lost ("worker_lost", ``key`` None, ``message`` the reason) or
+    quarantined ("quarantined", the same: docs/faults.md)."""
 
     t: float
     kind: str
@@ -165,6 +166,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             workers.setdefault(name, RunWorker(name)).lost = record["t"]
             summary.failures.append(
                 Failure(record["t"], "worker_lost", None, name, record["reason"])
+            )
+        elif kind == "quarantined":
+            summary.failures.append(
+                Failure(record["t"], "quarantined", None, record["worker"], record["reason"])
             )
         elif kind in ("erred", "crashed"):
             sent = dispatched.get(record["id"])

@@ -130,7 +130,10 @@ class Constraints:
         return held
 
     def room(self, worker: WorkerRecord) -> int:
-        """Tasks ``worker`` could start now without going beyond its slots."""
+        """Tasks ``worker`` could start now without going beyond its slots (none when it
+        is quarantined: ``faults``)."""
+        if worker.quarantined is not None:
+            return 0
         held = self.held_back(worker) if worker.holding else 0
         return worker.cores - len(worker.processing) - held
 

@@ -113,6 +113,8 @@ class SubmitRun(NamedTuple):
     arriving: bool = False
     #: share of its tasks re-run on a second worker, results compared (``verify``)
     verify: float = 0.0
+    #: its fast-abort multiplier (``RunOptions.fast_abort``); None: the manager's; 0: off
+    fast_abort: float | None = None
 
 
 class ExtendRun(NamedTuple):
@@ -173,12 +175,17 @@ class CacheClear(NamedTuple):
     """Event: forget every cached result (their workers release them)."""
 
 
+class Tick(NamedTuple):
+    """Event: time passed (the manager's timer, about once a second): look for
+    stragglers, stuck workers and unanswered ``Withdraw`` (``faults.Faults``)."""
+
+
 # -- instructions ---------------------------------------------------------------------
 
 #: What the state sends a worker.
 ToWorker = (
     p.Execute | p.RunConfig | p.Function | p.Release | p.Cancel | p.Withdraw | p.Upload
-    | p.Relayed | p.Replicate
+    | p.Relayed | p.Replicate | p.Abort
 )  # fmt: skip
 
 
@@ -241,6 +248,17 @@ class Eject(NamedTuple):
     reason: str
 
 
+class Quarantined(NamedTuple):
+    """This worker gets no new tasks (its tasks fail while others' succeed, or it is slow),
+    or, with ``reason`` None, no longer (``note`` says why): for ``manager.workers``, the
+    log and the report."""
+
+    worker: WorkerId
+    name: str
+    reason: str | None
+    note: str = ""
+
+
 class BytesRelayed(NamedTuple):
     """A result went from its holder through the manager to a worker that could not reach
     the holder (``protocol.Relay``)."""
@@ -294,6 +312,6 @@ class CacheWrite(NamedTuple):
 
 #: Everything ``state.SchedulerState.handle`` returns.
 Instruction = (
-    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | BytesRelayed
-    | BytesInlined | Dispatched | TaskFinished | CacheWrite
+    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | Quarantined
+    | BytesRelayed | BytesInlined | Dispatched | TaskFinished | CacheWrite
 )  # fmt: skip

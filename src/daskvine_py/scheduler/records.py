@@ -21,7 +21,8 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", 
 class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs", "memory", "hostname", "holding",
+        "functions", "full", "configs", "memory", "hostname", "holding", "quarantined",
+        "errors",
     )  # fmt: skip
 
     def __init__(
@@ -55,6 +56,11 @@ class WorkerRecord:
         self.has_what: set[TaskRecord] = set()
         #: its store has no room left (``DiskFull``): it gets no new work meanwhile
         self.full = False
+        #: why it gets no new tasks (``faults``); None: it gets them
+        self.quarantined: str | None = None
+        #: its tasks' errors and crashes since its last task done: while any, it is no
+        #: thief (``stealing``), and retries go elsewhere first (``faults``)
+        self.errors = 0
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
@@ -64,7 +70,7 @@ class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
         "watched", "run_seconds", "serialization_seconds", "settings", "arriving", "verify",
-        "verified",
+        "verified", "fast_abort",
     )  # fmt: skip
 
     def __init__(
@@ -78,12 +84,15 @@ class RunRecord:
         settings: RunSettings | None = None,
         arriving: bool = False,
         verify: float = 0.0,
+        fast_abort: float | None = None,
     ) -> None:
         self.id = id
         #: share of its tasks re-run on a second worker and compared (``verify``), and
         #: how many of them matched so far
         self.verify = verify
         self.verified = 0
+        #: its fast-abort multiplier; None: the manager's (``faults``)
+        self.fast_abort = fast_abort
         #: more tasks are coming whose readers are not counted yet: nothing is released
         #: until the last part (``SubmitRun.arriving``)
         self.arriving = arriving
@@ -112,7 +121,7 @@ class RunRecord:
     def of(cls, ev: SubmitRun) -> RunRecord:
         """The record of a run just submitted."""
         return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
-                   ev.settings, ev.arriving, ev.verify)  # fmt: skip
+                   ev.settings, ev.arriving, ev.verify, ev.fast_abort)  # fmt: skip
 
     def arrived(self) -> list[TaskRecord]:
         """An arriving run has all its tasks: its results in memory that nothing needs."""

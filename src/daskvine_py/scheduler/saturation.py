@@ -98,7 +98,10 @@ class Saturation:
 
     def extra(self, worker: WorkerRecord, task: TaskRecord) -> int:
         """Tasks ``worker`` may hold beyond its cores when the next is one like ``task``
-        (negative: annotated tasks there take more than their one slot each)."""
+        (negative: annotated tasks there take more than their one slot each, or it is
+        quarantined: ``faults``)."""
+        if worker.quarantined is not None:
+            return -worker.cores
         if worker.holding and (held := self.held_back(worker)):
             return -held
         if self.fixed_extra_tasks_per_core is not None:

@@ -8,8 +8,8 @@ accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it wit
 events. Its records are in ``records``, events and instructions in ``messages``. The state
 keeps the records and the transitions; its components, each with its own state, do the
 rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
-``Failures``, ``Relays``, ``Caching``, ``Claims`` and ``Churn`` (docs/architecture.md:
-what each decides).
+``Failures``, ``Relays``, ``Caching``, ``Claims``, ``Churn`` and ``Faults``
+(docs/architecture.md: what each decides).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report taken about
@@ -67,6 +67,7 @@ from daskvine_py.scheduler.constraints import Constraints
 from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.failures import Failures
+from daskvine_py.scheduler.faults import Faults
 from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality, target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
@@ -90,6 +91,7 @@ from daskvine_py.scheduler.messages import (
     Send,
     SubmitRun,
     TaskFinished,
+    Tick,
     ToWorker,
     WorkerId,
     WorkerJoined,
@@ -171,6 +173,8 @@ class SchedulerState:
             self.failures.dismiss,
         )  # fmt: skip
         cache_runs = self.caching.cache_runs
+        self.faults = Faults(workers, out, queue, self.durations, transition, send, held,
+                             self.failures.fail, self.stealing.withdrawing)  # fmt: skip
         self.copies = Copies(
             tasks, workers, transition, tell, held, self.caching.lost, self.caching.payload,
             cache_runs,
@@ -212,7 +216,7 @@ class SchedulerState:
             p.Relay: checked(p.Relay, self.relays.on_relay),
             p.Uploaded: checked(p.Uploaded, self.relays.on_uploaded, self.caching.uploaded),
             p.Withdrawn: checked(p.Withdrawn, self.stealing.on_withdrawn),
-            p.Started: checked(p.Started, self.churn.on_started),  # (``started_at``)
+            p.Started: checked(p.Started, self.churn.on_started, self.faults.on_started),
             p.Transfers: self.claims.on_transfers,  # (only those the manager's loop doubts)
             p.DiskFull: self.dispatch.on_disk_full,
         }
@@ -226,6 +230,7 @@ class SchedulerState:
             BadReport: self.failures.on_bad_report,
             AbortRun: self.failures.on_abort,
             CacheClear: self.caching.on_clear,
+            Tick: self.faults.on_tick,
         }
 
     # -- entry point ------------------------------------------------------------------
@@ -240,7 +245,7 @@ class SchedulerState:
         """
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
-        self.now = self.dispatch.now = self.claims.now = self.churn.now = now
+        self.now = self.dispatch.now = self.claims.now = self.churn.now = self.faults.now = now
         handlers = self._events
         runs = len(self.runs)
         for event in events:
@@ -343,7 +348,7 @@ class SchedulerState:
             task.value = msg.value
         if task.unread is None:  # (the cache's) its worker kept it only if too large
             task.unread = task.value is not None
-        self.durations.observe(task.prefix, msg.duration)
+        self.faults.done(task, worker, msg.duration)  # (and the duration estimates)
         if task.sent_idle:
             worker.round_trip.observe(max(0.0, self.now - task.sent_at - msg.duration))
         if task.is_output and not task.delivered:
@@ -371,8 +376,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        exception, traceback, message, type_name = msg[1:]
-        self.failures.fail(task, worker, exception, traceback, message, False, type_name)
+        self.faults.erred(task, worker, msg)  # retried once elsewhere, or the run fails
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self._held(msg.task_id, worker)
@@ -382,6 +386,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
+        self.faults.crashed(task, worker)
         if self._out_of_retries(task):
             attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
             reason = f"{msg.reason} ({attempts})"

@@ -53,7 +53,8 @@ class Stealing:
         Only asked (``Withdraw``): a task moves once its worker confirms it dropped it
         unstarted (``Withdrawn``), so no task ever runs twice because of this.
         """
-        idle = [w for w in self.workers.values() if self.room(w) > 0 and not w.full]
+        # (A worker whose last tasks failed is no thief: a black hole is always idle.)
+        idle = [w for w in self.workers.values() if self.room(w) > 0 and not (w.full or w.errors)]
         if not idle or all(len(w.processing) <= w.cores for w in self.workers.values()):
             return  # nobody idle, or nothing waits behind busy cores anywhere
         wanted = sum(self.room(w) for w in idle) - len(self.withdrawing)
@@ -93,7 +94,7 @@ class Stealing:
             self.transition(task, "ready")
             thief = next(
                 (w for w in self.workers.values()
-                 if w is not worker and not w.full and self.room(w) > 0),
+                 if w is not worker and not (w.full or w.errors) and self.room(w) > 0),
                 None,
             )  # fmt: skip
             if thief is not None:  # straight to an idle worker, not back to the queue's front

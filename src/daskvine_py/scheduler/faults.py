@@ -1,0 +1,486 @@
+"""Stragglers, stuck workers and black holes: fast abort, ejection and quarantine.
+
+A component of ``state.SchedulerState``. At hundreds of nodes some are always wrong: one
+runs everything ten times slower, one fails every task in milliseconds (a broken install,
+the "black hole"), one takes tasks and never answers. Three answers, each cheap per task:
+
+- **Fast abort** (TaskVine's idea). A task that has run (from its worker's ``Started``)
+  past its category's limit is taken back (``Abort``) and sent to another worker, at most
+  ``MAX_ABORTS`` times (then it is let run); it does not count against its retries. The
+  limit is the largest of ``fast_abort`` times the category's mean duration, the mean plus
+  ``SPREAD`` standard deviations (a category whose durations legitimately spread wide is
+  not cut at its tail) and ``FLOOR`` seconds, once ``MIN_SAMPLES`` tasks of the category
+  are done. On a worker of good pace (its tasks ran about as long as their kinds usually
+  do: ``SLOW_PACE``) a task gets ``GOOD_PACE`` times as long: slow workers, not long tasks,
+  are what this is for. Checked on the manager's tick (``Tick``, about once a second),
+  from the oldest started task of each category on: the walk stops at the first one
+  within its limit.
+- **Ejection** (``Eject``). A worker that holds tasks, none known to be running, and
+  reports no progress (``Started``, ``TaskDone``, ``TaskErred``, ``TaskCrashed``) for
+  longer than both ``stall`` seconds (the manager's ``worker_timeout``) and ``STALL_FACTOR``
+  times their usual duration; or one that leaves a ``Withdraw`` unanswered for ``patience``
+  seconds while the task has not started. The manager tells it to leave; its tasks run
+  elsewhere.
+- **Quarantine**. A worker gets a strike when a task that failed there then succeeds
+  elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
+  other workers or fails on none (one failure alone may be the task's own bug); each task
+  done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
+  one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
+  worker whose aborted tasks ran faster elsewhere ``SLOW_CONFIRMED`` times, or that had
+  that many aborted and finished none, is quarantined as slow, and what it holds is taken
+  back. A task's error is retried once on another worker (one not erring lately) before
+  it fails the run: a black hole's errors are so absorbed, and a deterministic error
+  fails the run after its second worker raised it. Every error on a quarantined worker,
+  or on the worker that failed the task first, is retried (up to ``MAX_ERROR_RETRIES``).
+  Should every worker be quarantined while work waits, the one with the fewest strikes is
+  released (with a WARNING), so that a run never hangs: it runs, or fails with its error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from daskvine_py.scheduler.matching import ReadyQueue
+from daskvine_py.scheduler.messages import (
+    Eject,
+    Instruction,
+    Quarantined,
+    Tick,
+    ToWorker,
+    WorkerId,
+)
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.saturation import DurationEstimates
+from daskvine_py.wire import protocol as p
+
+#: The default multiplier: TaskVine's when fast abort is on. Stragglers that run 10x
+#: slower are caught well before they end; with ``SPREAD`` a category's legitimately long
+#: tasks are not.
+DEFAULT_FAST_ABORT = 3.0
+#: Tasks of a category done before its mean is trusted.
+MIN_SAMPLES = 10
+#: Tasks that ran this long at most are never aborted: noise, and not worth a kill.
+FLOOR = 1.0
+#: Standard deviations above the mean a task may run before it is a straggler.
+SPREAD = 4.0
+#: The mean and spread follow about this many recent tasks of a category.
+WINDOW = 1000
+#: Fast aborts of one task at most; then it is let run wherever it is.
+MAX_ABORTS = 2
+#: Aborted tasks that then ran faster elsewhere before their worker is quarantined as slow.
+SLOW_CONFIRMED = 3
+#: Strikes (failures that other workers do not share) before a worker is quarantined.
+STRIKES = 3.0
+#: What one task done forgives of a worker's strikes.
+FORGIVEN = 0.5
+#: Retries of a task's error on other workers: one, more only after quarantined workers.
+MAX_ERROR_RETRIES = 3
+#: Errors in a row on one worker, of kinds that fail nowhere else, past which each error
+#: is a strike: a black hole that is the first to run a kind fails many tasks quickly.
+BURST = 8
+#: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
+#: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
+#: on a worker whose pace is under log(2) (half as fast again as usual, or faster) is
+#: more likely long than straggling: it is let run to ``GOOD_PACE`` times its limit.
+PACE_WEIGHT = 0.1
+PACE_MIN = 0.1
+SLOW_PACE = math.log(2.0)
+GOOD_PACE = 3.0
+#: A worker making no progress is ejected past this many times its tasks' usual duration.
+STALL_FACTOR = 10.0
+
+
+class Category:
+    """What the tasks of one kind (``TaskRecord.prefix``) took, and where they succeeded."""
+
+    __slots__ = ("count", "mean", "var", "winners", "losers")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self.var = 0.0
+        #: up to two workers a task of this kind succeeded on
+        self.winners: tuple[WorkerRecord, ...] = ()
+        #: up to two workers a task of this kind failed on
+        self.losers: tuple[WorkerRecord, ...] = ()
+
+    def observe(self, duration: float, worker: WorkerRecord) -> None:
+        self.count += 1
+        weight = 1.0 / min(self.count, WINDOW)
+        delta = duration - self.mean
+        self.mean += weight * delta
+        self.var = (1.0 - weight) * (self.var + weight * delta * delta)
+        winners = self.winners
+        if len(winners) < 2 and worker not in winners:
+            self.winners = (*winners, worker)
+
+    def limit(self, factor: float) -> float:
+        """Seconds a task of this kind may run before it is a straggler (inf: unknown)."""
+        if self.count < MIN_SAMPLES:
+            return math.inf
+        return max(FLOOR, factor * self.mean, self.mean + SPREAD * math.sqrt(self.var))
+
+    def succeeded_elsewhere(self, worker: WorkerRecord) -> bool:
+        return any(winner is not worker for winner in self.winners)
+
+    def failed(self, worker: WorkerRecord) -> bool:
+        """Note a failure on ``worker``; whether this kind failed on another worker that
+        fails few tasks in a row (two black holes do not vouch for each other)."""
+        losers = self.losers
+        if len(losers) < 2 and worker not in losers:
+            self.losers = losers = (*losers, worker)
+        return any(loser is not worker and loser.errors < BURST for loser in losers)
+
+
+class Faults:
+    """Fast aborts, ejections and quarantines; see the module docstring.
+
+    It shares the state's ``workers``, ``queue`` and ``durations`` and appends to its
+    ``out``; ``transition``, ``send`` and ``held`` are the state's; ``fail`` is
+    ``Failures.fail``; ``withdrawing`` the tasks ``Stealing`` asked back. The manager sets
+    ``factor``, ``stall`` and ``patience`` from its options; the state sets ``now``.
+    """
+
+    def __init__(
+        self,
+        workers: dict[WorkerId, WorkerRecord],
+        out: list[Instruction],
+        queue: ReadyQueue[TaskRecord],
+        durations: DurationEstimates,
+        transition: Transition,
+        send: Callable[[WorkerRecord, ToWorker], None],
+        held: Callable[[int, WorkerRecord], TaskRecord | None],
+        fail: Callable[..., None],  # (``Failures.fail``)
+        withdrawing: set[TaskRecord],
+    ) -> None:
+        self.workers = workers
+        self.out = out
+        self.queue = queue
+        self.durations = durations
+        self.transition = transition
+        self.send = send
+        self.held = held
+        self.fail = fail
+        self.withdrawing = withdrawing
+        #: the manager's ``fast_abort`` (0: off unless a run turns it on)
+        self.factor = DEFAULT_FAST_ABORT
+        #: seconds without progress before a worker may be ejected (``worker_timeout``)
+        self.stall = 30.0
+        #: seconds a ``Withdraw`` may go unanswered (heartbeat intervals)
+        self.patience = 10.0
+        self.now = 0.0
+        self.categories: dict[str, Category] = {}
+        #: tasks known running (``Started``): when, and where
+        self.started: dict[TaskRecord, tuple[float, WorkerRecord]] = {}
+        #: started tasks that may be aborted, per category, oldest first
+        self.watch: dict[str, dict[TaskRecord, float]] = {}
+        #: fast aborts per task; where each last ran and for how long
+        self.aborts: dict[TaskRecord, int] = {}
+        self.aborted: dict[TaskRecord, tuple[WorkerRecord, float]] = {}
+        #: tasks whose error is being retried: where it failed, tries, whether it struck
+        self.erred_on: dict[TaskRecord, tuple[WorkerRecord, int, bool]] = {}
+        #: per worker: its last progress report; strikes; slowness shown (errors in a
+        #: row: ``WorkerRecord.errors``)
+        self.progress: dict[WorkerRecord, float] = {}
+        self.strikes: dict[WorkerRecord, float] = {}
+        self.slow: dict[WorkerRecord, int] = {}
+        #: per worker: how fast its tasks run against their kinds' means (``PACE_WEIGHT``)
+        self.pace: dict[WorkerRecord, float] = {}
+        #: workers that finished a task (one that finished none and whose tasks are all
+        #: aborted is quarantined as slow without waiting for them to run elsewhere)
+        self.productive: set[WorkerRecord] = set()
+        #: tasks asked back (``Withdraw``) and when the tick first saw them asked
+        self.asked: dict[TaskRecord, float] = {}
+        self.ejected: set[WorkerId] = set()
+        self.quarantined: dict[WorkerRecord, str] = {}
+
+    # -- reports (per task: a few dict operations) ----------------------------------------
+
+    def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
+        now = self.now
+        self.progress[worker] = now
+        for task_id in msg.task_ids:
+            task = self.held(task_id, worker)
+            if task is None:
+                continue
+            known = self.started.get(task)
+            if known is not None and known[1] is worker:
+                continue  # said twice: its clock runs from the first
+            self.started[task] = (now, worker)
+            if self.aborts.get(task, 0) >= MAX_ABORTS or not self.factor_of(task.run):
+                continue
+            watch = self.watch.get(task.prefix)
+            if watch is None:
+                watch = self.watch[task.prefix] = {}
+            watch.pop(task, None)  # (to the end: its order is the start time)
+            watch[task] = now
+
+    def done(self, task: TaskRecord, worker: WorkerRecord, duration: float) -> None:
+        """``task`` succeeded on ``worker`` in ``duration`` seconds (it was held there)."""
+        prefix = task.prefix
+        self.durations.observe(prefix, duration)
+        self.progress[worker] = self.now
+        if self.started.pop(task, None) is not None:
+            watch = self.watch.get(prefix)
+            if watch is not None:
+                watch.pop(task, None)
+        category = self.categories.get(prefix)
+        if category is None:
+            category = self.categories[prefix] = Category()
+        elif category.count >= MIN_SAMPLES and category.mean >= PACE_MIN:
+            ratio = math.log(max(duration, 1e-3) / category.mean)
+            known = self.pace.get(worker)
+            self.pace[worker] = ratio if known is None else known + PACE_WEIGHT * (ratio - known)
+        category.observe(duration, worker)
+        if worker not in self.productive:
+            self.productive.add(worker)
+        if worker.errors:
+            worker.errors = 0
+        if self.strikes and worker in self.strikes:
+            self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
+        if self.erred_on:
+            erred = self.erred_on.pop(task, None)
+            if erred is not None and erred[0] is not worker and not erred[2]:
+                why = f"task {task.key!r:.60} failed there, then succeeded on {worker.name}"
+                self.strike(erred[0], why)
+        if self.aborted:
+            aborted = self.aborted.pop(task, None)
+            if aborted is not None and aborted[0] is not worker and duration < aborted[1]:
+                slow = aborted[0]
+                shown = self.slow[slow] = self.slow.get(slow, 0) + 1
+                if shown >= SLOW_CONFIRMED:
+                    self.quarantine(slow, f"slow: {shown} of its tasks were aborted after "
+                                    "running longer there than they then took elsewhere")
+
+    def erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
+        """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
+        self._ended(task, worker)
+        worker.errors += 1
+        category = self.categories.get(task.prefix)
+        if category is None:
+            category = self.categories[task.prefix] = Category()
+        struck = self._burst(task, worker, category, "failed")
+        previous = self.erred_on.get(task)
+        tries = 0 if previous is None else previous[1]
+        # Not the second worker to fail it: a quarantined one, or its first one again
+        # (stealing may hand a task back to a worker with room: a black hole has room).
+        first = worker if previous is None else previous[0]
+        again = previous is not None and first is worker
+        if tries < 1 or ((again or worker in self.quarantined) and tries < MAX_ERROR_RETRIES):
+            target = self.elsewhere(worker)
+            if target is not None:
+                self.erred_on[task] = (first, tries + 1, struck)
+                self.move(task, target)
+                return
+        self.erred_on.pop(task, None)
+        self.fail(task, worker, msg.exception, msg.traceback, msg.message, False, msg.type_name)
+
+    def crashed(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """``task``'s process died on ``worker`` (its retries are the state's to count)."""
+        self._ended(task, worker)
+        worker.errors += 1
+        category = self.categories.get(task.prefix)
+        if category is None:
+            category = self.categories[task.prefix] = Category()
+        self._burst(task, worker, category, "crashed")
+
+    def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category,
+               how: str) -> bool:  # fmt: skip
+        """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
+        other workers or fails on none (a failure alone may be the task's own bug: a
+        data-dependent error fails wherever it runs)."""
+        alone = not category.failed(worker)
+        if worker.errors < BURST or not (alone or category.succeeded_elsewhere(worker)):
+            return False
+        where = "fail on no other worker" if alone else "succeed on other workers"
+        self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
+                    f"{task.prefix!r:.40} {where}")  # fmt: skip
+        return True
+
+    def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        self.progress[worker] = self.now
+        if self.started.pop(task, None) is not None and task.prefix in self.watch:
+            self.watch[task.prefix].pop(task, None)
+
+    def factor_of(self, run: RunRecord) -> float:
+        """The run's fast-abort multiplier (0: off)."""
+        factor = run.fast_abort
+        return (self.factor or 0.0) if factor is None else factor
+
+    # -- quarantine -------------------------------------------------------------------
+
+    def strike(self, worker: WorkerRecord, why: str) -> None:
+        strikes = self.strikes[worker] = self.strikes.get(worker, 0.0) + 1.0
+        if strikes >= STRIKES:
+            self.quarantine(worker, why)
+
+    def quarantine(self, worker: WorkerRecord, reason: str) -> None:
+        """No new tasks for ``worker``; a slow one's tasks are taken back at once."""
+        if worker in self.quarantined or self.workers.get(worker.id) is not worker:
+            return
+        worker.quarantined = reason
+        self.quarantined[worker] = reason
+        self.out.append(Quarantined(worker.id, worker.name, reason))
+        if reason.startswith("slow"):
+            for task in list(worker.processing):
+                if task.state == "processing" and task.worker is worker:
+                    self.abort(task, worker, "its worker was quarantined", counted=False)
+
+    def release(self, worker: WorkerRecord, why: str) -> None:
+        worker.quarantined = None
+        self.quarantined.pop(worker, None)
+        self.strikes.pop(worker, None)
+        self.slow.pop(worker, None)
+        self.out.append(Quarantined(worker.id, worker.name, None, why))
+
+    # -- taking work back -------------------------------------------------------------
+
+    def elsewhere(self, away: WorkerRecord) -> WorkerRecord | None:
+        """The least loaded worker but ``away`` that may take a task now: not quarantined,
+        full or ejected, and not erring lately unless every other one is."""
+        best, best_load = None, math.inf
+        for worker in self.workers.values():
+            if worker is away or worker.full or worker.quarantined is not None:
+                continue
+            if worker.id in self.ejected:
+                continue
+            load = len(worker.processing) / max(1, worker.cores)
+            if worker.errors:
+                load += 1e9  # a black hole empties its queue fastest: the last choice
+            if load < best_load:
+                best, best_load = worker, load
+        return best
+
+    def move(self, task: TaskRecord, target: WorkerRecord | None) -> None:
+        """``task`` (processing) leaves its worker: to ``target`` if it can start there."""
+        if task.missing:
+            self.transition(task, "waiting")
+            return
+        self.transition(task, "ready")
+        if target is not None and task.placement is None:
+            self.queue.remove(task)
+            self.transition(task, "processing", target)
+
+    def abort(self, task: TaskRecord, worker: WorkerRecord, reason: str, counted: bool) -> None:
+        """Stop ``task`` on ``worker`` (even running) and run it elsewhere."""
+        entry = self.started.pop(task, None)
+        if entry is not None:
+            self.aborted[task] = (worker, self.now - entry[0])
+        self.send(worker, p.Abort((task.id,), reason))
+        self.move(task, self.elsewhere(worker))
+        if counted:
+            self.aborts[task] = self.aborts.get(task, 0) + 1
+            if worker not in self.productive:  # every task it had ran past its limit
+                shown = self.slow[worker] = self.slow.get(worker, 0) + 1
+                if shown >= SLOW_CONFIRMED:
+                    self.quarantine(worker, f"slow: {shown} of its tasks ran past their "
+                                    "kinds' limits, and it finished none")  # fmt: skip
+
+    def eject(self, worker: WorkerRecord, reason: str) -> None:
+        if worker.id not in self.ejected:
+            self.ejected.add(worker.id)
+            self.out.append(Eject(worker.id, reason))
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def on_tick(self, ev: Tick) -> None:
+        now = self.now
+        self._prune()  # (first: a lost worker is no longer quarantined, nor stuck)
+        self._stragglers(now)
+        self._stuck(now)
+        self._unanswered(now)
+        self._all_quarantined()
+
+    def _stragglers(self, now: float) -> None:
+        """Abort what ran past its limit, oldest first; the walk stops at the first task
+        within its limit, and passes over the few long ones on workers of a good pace."""
+        found = []
+        pace = self.pace
+        for prefix, watch in self.watch.items():
+            category = self.categories.get(prefix)
+            gone = []
+            for task, start in watch.items():
+                entry = self.started.get(task)
+                if entry is None or entry[0] != start or task.worker is not entry[1]:
+                    gone.append(task)  # done, moved or forgotten since
+                    continue
+                if category is None:
+                    break
+                limit = category.limit(self.factor_of(task.run))
+                ran = now - start
+                if ran <= limit:
+                    break
+                worker = entry[1]
+                if worker in pace and pace[worker] < SLOW_PACE and ran <= GOOD_PACE * limit:
+                    continue  # a long task rather than a slow worker: let it run longer
+                gone.append(task)
+                found.append((task, worker, ran, limit))
+            for task in gone:
+                del watch[task]
+        for task, worker, ran, limit in found:
+            if task.state == "processing" and task.worker is worker:
+                reason = f"ran {ran:.1f} s, past {limit:.1f} s for its kind ({task.prefix})"
+                self.abort(task, worker, reason, counted=True)
+
+    def _stuck(self, now: float) -> None:
+        stall = self.stall
+        for worker in list(self.workers.values()):
+            processing = worker.processing
+            if not processing or worker.id in self.ejected:
+                continue
+            oldest = next(iter(processing))
+            since = max(self.progress.get(worker, -math.inf), oldest.sent_at)
+            quiet = now - since
+            if quiet <= stall:
+                continue
+            expected = self.durations.get(oldest.prefix)  # (a kind not seen: any kind's)
+            if expected is None or quiet <= STALL_FACTOR * expected:
+                continue  # (None: no task has finished yet, no telling how long they take)
+            started = self.started
+            if any(started.get(task, (0, None))[1] is worker for task in processing):
+                continue  # running something: fast abort's to judge
+            self.eject(worker, f"it holds {len(processing)} tasks and reported no progress "
+                       f"for {quiet:.0f} s (such tasks take {expected:.2g} s)")  # fmt: skip
+
+    def _unanswered(self, now: float) -> None:
+        asked = self.asked
+        for task in self.withdrawing:
+            asked.setdefault(task, now)
+        ignored: dict[WorkerRecord, int] = {}
+        for task, since in list(asked.items()):
+            worker = task.worker
+            if task not in self.withdrawing or worker is None:
+                del asked[task]
+            elif now - since > self.patience and self.started.get(task, (0, None))[1] is not worker:
+                ignored[worker] = ignored.get(worker, 0) + 1
+        for worker, count in ignored.items():
+            self.eject(worker, f"it left Withdraw of {count} unstarted tasks unanswered for "
+                       f"over {self.patience:g} s")  # fmt: skip
+
+    def _all_quarantined(self) -> None:
+        """Work waits and every worker is quarantined: release the least struck one."""
+        quarantined = self.quarantined
+        if not quarantined or not self.queue or len(quarantined) < len(self.workers):
+            return
+        best = min(quarantined, key=lambda w: (self.strikes.get(w, 0.0), self.slow.get(w, 0)))
+        self.release(best, "every worker was quarantined and work waits: released the "
+                     "one with the fewest strikes")  # fmt: skip
+
+    def _prune(self) -> None:
+        """Forget what concerns lost workers and forgotten tasks (small tables)."""
+        workers = self.workers
+        for table in (self.progress, self.strikes, self.slow, self.pace, self.quarantined):
+            for worker in [w for w in table if workers.get(w.id) is not w]:
+                del table[worker]
+        self.ejected = {wid for wid in self.ejected if wid in workers}
+        self.productive = {w for w in self.productive if workers.get(w.id) is w}
+        for tasks in (self.aborts, self.aborted, self.erred_on):
+            for task in [t for t in tasks if t.state == "forgotten"]:
+                del tasks[task]
+        running = sum(len(w.processing) for w in workers.values())
+        if len(self.started) > 2 * running + 1000:  # tasks lost or forgotten while running
+            self.started = {
+                t: e for t, e in self.started.items()
+                if t.state == "processing" and t.worker is e[1]
+            }  # fmt: skip

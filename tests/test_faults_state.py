@@ -1,0 +1,279 @@
+"""Stragglers, stuck workers and black holes in the scheduler state (``scheduler.faults``):
+literal events in, instructions out; time is the ``now`` of each ``handle`` call."""
+
+from __future__ import annotations
+
+import pytest
+
+from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.faults import MAX_ABORTS
+from daskvine_py.scheduler.messages import Eject, Quarantined, Tick
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import dumps
+
+pytestmark = pytest.mark.timeout(30)
+
+W1, W2, W3 = b"w1", b"w2", b"w3"
+VALUE = dumps(1)
+
+
+def joined(worker: bytes, cores: int = 1) -> s.WorkerJoined:
+    return s.WorkerJoined(worker, worker.decode(), cores, f"tcp://{worker.decode()}")
+
+
+def flat(n: int, run_id: int = 1, **options: object) -> s.SubmitRun:
+    """``n`` independent outputs of one kind, "t"."""
+    tasks = [s.NewTask(("t", i), b"", (), (), i, "t") for i in range(n)]
+    return s.SubmitRun(run_id, tasks, [t.key for t in tasks], 3, **options)  # type: ignore[arg-type]
+
+
+def executes(out: list, worker: bytes | None = None) -> list[int]:
+    return [
+        i.message.task_id for i in out
+        if type(i) is s.Send and type(i.message) is p.Execute and worker in (None, i.worker)
+    ]  # fmt: skip
+
+
+def of(out: list, kind: type) -> list:
+    return [i for i in out if type(i) is kind]
+
+
+def holding(st_: s.SchedulerState, worker: bytes) -> list[int]:
+    return [t.id for t in st_.workers[worker].processing]
+
+
+def finish(st_: s.SchedulerState, worker: bytes, now: float, seconds: float = 1.0) -> list:
+    """Every task ``worker`` holds is done, each in ``seconds``."""
+    events = [s.FromWorker(worker, p.TaskDone(t, 8, seconds, VALUE)) for t in holding(st_, worker)]
+    return st_.handle(events, now)
+
+
+def warmed(workers: tuple[bytes, ...] = (W1, W2), n: int = 40, **options: object):
+    """A state whose kind "t" has ``MIN_SAMPLES`` tasks done in 1 s each, on every worker;
+    W1's pace is then forgotten, as if it had finished none (a straggler finishes none)."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.handle([joined(w) for w in workers] + [flat(n, **options)], 0.0)
+    now = 0.0
+    while st_.faults.categories.get("t") is None or st_.faults.categories["t"].count < 12:
+        now += 1.0
+        for worker in workers:
+            finish(st_, worker, now)
+    st_.faults.pace.pop(st_.workers[W1], None)
+    return st_, now
+
+
+def test_a_task_running_past_its_kinds_limit_is_aborted_and_runs_on_another_worker():
+    st_, now = warmed()
+    (task_id,) = holding(st_, W1)
+    st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+    assert of(st_.handle([Tick()], now + 2.5), s.Send) == []  # within 3x the mean
+    out = st_.handle([Tick()], now + 3.5)
+    aborts = [i for i in of(out, s.Send) if type(i.message) is p.Abort]
+    assert [(a.worker, a.message.task_ids) for a in aborts] == [(W1, (task_id,))]
+    assert "past 3.0 s" in aborts[0].message.reason
+    assert executes(out, W2) == [task_id]  # never back to the straggler while W2 can take it
+    task = st_.tasks[task_id]
+    assert task.attempts == 0  # not against its retries
+    assert st_.faults.aborts[task] == 1
+
+
+def test_a_task_is_aborted_at_most_twice_then_let_run():
+    st_, now = warmed()
+    (task_id,) = holding(st_, W1)
+    where = W1
+    for _ in range(MAX_ABORTS):
+        st_.handle([s.FromWorker(where, p.Started((task_id,)))], now)
+        now += 10.0
+        out = st_.handle([Tick()], now)
+        moved = st_.tasks[task_id].worker.id
+        assert moved != where and task_id in executes(out, moved)
+        where = moved
+    st_.handle([s.FromWorker(where, p.Started((task_id,)))], now)
+    assert task_id not in executes(st_.handle([Tick()], now + 1000.0))
+    assert st_.tasks[task_id].worker.id == where
+
+
+@pytest.mark.parametrize("manager, run", [(3.0, 0), (0.0, None)])
+def test_fast_abort_can_be_turned_off_per_run_or_for_the_manager(manager, run):
+    st_, now = warmed(fast_abort=run)
+    st_.faults.factor = manager
+    (task_id,) = holding(st_, W1)
+    st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+    assert executes(st_.handle([Tick()], now + 100.0)) == []
+
+
+def test_a_long_task_on_a_worker_of_good_pace_runs_longer_before_it_is_aborted():
+    st_, now = warmed()
+    (task_id,) = holding(st_, W2)  # W2 ran its tasks in the usual time
+    st_.handle([s.FromWorker(W2, p.Started((task_id,)))], now)
+    assert executes(st_.handle([Tick()], now + 8.5)) == []  # past 3 s, within 3 x 3 s
+    assert task_id in executes(st_.handle([Tick()], now + 9.5), W1)
+
+
+def test_a_kind_whose_durations_spread_is_not_cut_at_its_tail():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.handle([joined(W1), joined(W2), flat(60)], 0.0)
+    now = 0.0
+    for i in range(20):  # 1 s and 9 s in turn: mean 5, deviation 4
+        now += 10.0
+        finish(st_, W1, now, 1.0 if i % 2 else 9.0)
+    (task_id,) = holding(st_, W2)
+    st_.handle([s.FromWorker(W2, p.Started((task_id,)))], now)  # (W2's pace: unknown)
+    assert executes(st_.handle([Tick()], now + 16.0)) == []  # 3x the mean: legitimately long
+    assert task_id in executes(st_.handle([Tick()], now + 22.0), W1)  # past mean + 4 deviations
+
+
+def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slow():
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(3):
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        out = st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        assert elsewhere != W1
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+        quarantined += of(out, Quarantined)
+    assert [(q.worker, q.reason is not None and q.reason.startswith("slow")) for q in quarantined] \
+        == [(W1, True)]  # fmt: skip
+    assert st_.workers[W1].quarantined is not None
+    assert holding(st_, W1) == []  # what it held was taken back
+    for worker in (W2, W3):
+        out = finish(st_, worker, now)
+        assert executes(out, W1) == []  # and it gets no new tasks
+
+
+@pytest.mark.parametrize("confirmed", [False, True])
+def test_a_black_hole_is_quarantined_and_its_errors_are_absorbed(confirmed):
+    """Quarantined once its failed tasks succeed elsewhere (three strikes), or after a
+    burst of failures in a row of a kind that succeeds elsewhere (8, then a strike each)."""
+    st_, now = warmed((W1, W2, W3), n=200)
+    quarantined = []
+    for _ in range(10):
+        (task_id,) = holding(st_, W1)
+        erred = p.TaskErred(task_id, None, "tb", "ImportError: no module named numpy")
+        out = st_.handle([s.FromWorker(W1, erred)], now)
+        assert of(out, s.RunFailed) == []
+        elsewhere = st_.tasks[task_id].worker.id
+        assert elsewhere in (W2, W3)  # retried elsewhere
+        quarantined += of(out, Quarantined)
+        if confirmed:
+            done = p.TaskDone(task_id, 8, 1.0, VALUE)
+            quarantined += of(st_.handle([s.FromWorker(elsewhere, done)], now), Quarantined)
+        if st_.workers[W1].quarantined:
+            break
+    assert [q.worker for q in quarantined] == [W1]
+    assert ("then succeeded on" if confirmed else "failed in a row") in quarantined[0].reason
+    out = finish(st_, W2, now) + finish(st_, W3, now)
+    assert executes(out, W1) == []
+
+
+def test_errors_that_fail_on_every_worker_strike_none():
+    """A data-dependent error (its kind succeeds elsewhere) fails on its second worker
+    too: the run fails and neither worker is struck."""
+    st_, now = warmed((W1, W2))
+    for _ in range(4):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: 5")
+        st_.handle([s.FromWorker(W1, bad)], now)
+        out = st_.handle([s.FromWorker(W2, bad)], now)
+        assert [f.worker for f in of(out, s.RunFailed)] == ["w2"]
+        st_.handle([flat(40, run_id=max(st_.runs, default=1) + 1)], now)
+        now += 1.0
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
+
+
+def test_a_deterministic_error_fails_the_run_on_its_second_worker():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.handle([joined(W1), joined(W2), flat(2)], 0.0)
+    (task_id,) = holding(st_, W1)
+    out = st_.handle([s.FromWorker(W1, p.TaskErred(task_id, None, "tb", "ValueError: 1"))], 1.0)
+    assert of(out, s.RunFailed) == [] and executes(out, W2) == [task_id]
+    out = st_.handle([s.FromWorker(W2, p.TaskErred(task_id, None, "tb", "ValueError: 2"))], 2.0)
+    (failed,) = of(out, s.RunFailed)
+    assert (failed.worker, failed.message, failed.crashed) == ("w2", "ValueError: 2", False)
+
+
+def test_an_error_with_no_other_worker_fails_the_run_at_once():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.handle([joined(W1), flat(2)], 0.0)
+    (task_id,) = holding(st_, W1)
+    out = st_.handle([s.FromWorker(W1, p.TaskErred(task_id, None, "tb", "ValueError: 1"))], 1.0)
+    assert [f.worker for f in of(out, s.RunFailed)] == ["w1"]
+
+
+def test_when_every_worker_is_quarantined_the_least_struck_is_released():
+    st_, now = warmed((W1, W2))
+    st_.faults.quarantine(st_.workers[W1], "a test said so")
+    st_.faults.quarantine(st_.workers[W2], "a test said so")
+    st_.faults.strikes[st_.workers[W1]] = 5.0
+    out = finish(st_, W1, now) + finish(st_, W2, now)
+    assert executes(out) == []  # quarantined: nothing new for either
+    out = st_.handle([Tick()], now + 1.0)
+    released = of(out, Quarantined)
+    assert [(q.worker, q.reason) for q in released] == [(W2, None)]
+    assert executes(out, W2) != []
+
+
+def test_a_worker_holding_tasks_with_no_progress_is_ejected():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.faults.stall = 5.0
+    st_.handle([joined(W1, cores=100), joined(W2), flat(20)], 0.0)
+    finish(st_, W2, 1.0, seconds=0.1)
+    assert of(st_.handle([Tick()], 4.0), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 10.0), Eject)
+    assert eject.worker == W1 and "no progress" in eject.reason
+    assert of(st_.handle([Tick()], 11.0), Eject) == []  # once
+
+
+def test_a_worker_running_a_started_task_is_not_ejected_for_silence():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.faults.stall = 5.0
+    st_.handle([joined(W1), joined(W2), flat(20, fast_abort=0)], 0.0)
+    finish(st_, W2, 1.0, seconds=0.1)
+    st_.handle([s.FromWorker(w, p.Started(tuple(holding(st_, w)))) for w in (W1, W2)], 1.0)
+    assert of(st_.handle([Tick()], 100.0), Eject) == []
+
+
+def test_a_worker_that_leaves_withdraw_unanswered_is_ejected():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=4)
+    st_.faults.patience = 5.0
+    st_.handle([joined(W1), flat(5)], 0.0)
+    out = st_.handle([joined(W2)], 1.0)
+    asked = [i for i in of(out, s.Send) if type(i.message) is p.Withdraw]
+    assert asked and asked[0].worker == W1
+    st_.handle([Tick()], 2.0)
+    assert of(st_.handle([Tick()], 6.0), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 8.0), Eject)
+    assert eject.worker == W1 and "Withdraw" in eject.reason
+
+
+@pytest.mark.parametrize("value", [0.5, -1, float("nan"), float("inf"), True, "3"])
+def test_fast_abort_refuses_what_is_not_a_multiplier(value):
+    from daskvine_py.options import ManagerOptions, RunOptions
+
+    with pytest.raises(ValueError, match="fast_abort"):
+        RunOptions(fast_abort=value)
+    with pytest.raises(ValueError, match="fast_abort"):
+        ManagerOptions(fast_abort=value)
+
+
+def test_fast_abort_goes_from_the_options_to_the_state():
+    import dask
+
+    from daskvine_py import Manager
+    from daskvine_py.config import run_options
+    from daskvine_py.manager.streaming import opening_of
+
+    assert opening_of(1, ["x"], run_options({"fast_abort": 0}), False).fast_abort == 0
+    assert opening_of(1, ["x"], run_options({}), False).fast_abort is None  # the manager's
+    with dask.config.set({"daskvine_py.get.fast_abort": 4}):
+        assert opening_of(1, ["x"], run_options({}), False).fast_abort == 4
+    st_ = s.SchedulerState()
+    assert st_.faults.factor_of(s.RunRecord.of(flat(1))) == 3.0  # on by default
+    assert st_.faults.factor_of(s.RunRecord.of(flat(1, fast_abort=0))) == 0
+    with dask.config.set({"daskvine_py.manager.fast_abort": 5.0}), Manager() as manager:
+        assert manager._state.faults.factor == 5.0
+    with Manager(fast_abort=None) as manager:
+        assert manager._state.faults.factor == 0.0
