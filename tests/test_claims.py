@@ -127,6 +127,23 @@ def test_reports_about_tasks_taken_back_are_stale_harmless_and_never_counted(cap
     assert not st_.tasks and not st_.runs and not st_.workers[W1].processing
 
 
+def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
+    """One report in flight as an ``Abort`` went out is harmless; a worker that keeps
+    reporting aborted tasks ignores ``Abort`` (its tasks ran elsewhere meanwhile)."""
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1, cores=4)])
+    worker = st_.workers[W1]
+    with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
+        for task_id in range(1, EJECT_AFTER + 1):
+            st_.claims.send(worker, p.Abort((task_id,), "a straggler"))
+        out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)))
+        assert sends(out) == [p.Release((1,))] and not ejects(out)  # harmless, answered
+        reports = [p.TaskErred(i, None, "tb", "x") for i in range(2, EJECT_AFTER + 1)]
+        (eject,) = ejects(st_.handle(report(W1, *reports)))
+    assert eject.worker == W1 and "after it was told to abort it" in eject.reason
+    assert "after it was told to abort it" in caplog.text
+
+
 def test_a_task_given_back_unasked_stays_where_it_is():
     tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abc")]
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)

@@ -50,14 +50,21 @@ IdsReport = TypeVar("IdsReport", p.Started, p.Withdrawn, p.Lost, p.Replicas, p.R
 Handler = Callable[[WorkerRecord, Any], None]
 
 
+#: How ``stale_done`` names the report it checks (the state keeps the record itself).
+_DONE = "a TaskDone"
+#: What is wrong with most false claims.
+_NEVER = "which the manager never sent or asked it for"
+
+
 class Told:
     """What one worker was told that outlives a task's stay there, and its false claims."""
 
     __slots__ = ("ids", "cap", "false", "last", "ejected")
 
     def __init__(self, cores: int) -> None:
-        #: task ids taken back from it or asked of it (an ordered set, oldest first)
-        self.ids: dict[int, None] = {}
+        #: task ids taken back from it or asked of it, oldest first: whether it was told
+        #: to abort the task (then it must report nothing more of it)
+        self.ids: dict[int, bool] = {}
         self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
         #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
         #: the last was (the state's clock)
@@ -109,19 +116,21 @@ class Claims:
         (``Cancel``, ``Abort``, ``Upload``, ``Replicate``): the components' sends go here
         (never ``Execute``'s: the per-task path)."""
         if isinstance(message, (p.Cancel, p.Upload, p.Abort)):
+            aborted = type(message) is p.Abort
             for task_id in message.task_ids:
-                self.remember(worker, task_id)
+                self.remember(worker, task_id, aborted)
         elif isinstance(message, p.Replicate):
             self.remember(worker, message.task_id)
         self._send(worker, message)
 
-    def remember(self, worker: WorkerRecord | None, task_id: int) -> None:
-        """``task_id`` left ``worker`` (or was asked of it): reports about it are stale."""
+    def remember(self, worker: WorkerRecord | None, task_id: int, aborted: bool = False) -> None:
+        """``task_id`` left ``worker`` (or was asked of it): reports about it are stale.
+        ``aborted``: it was told to stop it (``Abort``): it should report nothing more."""
         if worker is None or self.workers.get(worker.id) is not worker:
             return  # (gone: nothing more comes from it)
         told = self._told(worker)
         ids = told.ids
-        ids[task_id] = None
+        ids[task_id] = aborted or ids.get(task_id, False)
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
@@ -143,6 +152,10 @@ class Claims:
         follows; False: a false claim, counted, to be dropped."""
         told = self.told.get(worker)
         if told is not None and task_id in told.ids:
+            if told.ids[task_id] and (report == _DONE or type(report) is p.TaskErred):
+                # A report in flight as the Abort went out, once; again and again, a
+                # worker that ignores Abort (its tasks ran elsewhere meanwhile).
+                self.false_claim(worker, report, task_id, "after it was told to abort it")
             return True
         task = self.tasks.get(task_id)
         if task is not None and worker in task.who_has:
@@ -153,7 +166,7 @@ class Claims:
     def stale_done(self, worker: WorkerRecord, task_id: int) -> None:
         """A ``TaskDone`` about a task not processing there: nothing needs the copy,
         unless it is known to be there already (a false claim gets no answer)."""
-        if self.stale(worker, task_id, "a TaskDone"):
+        if self.stale(worker, task_id, _DONE):
             known = self.tasks.get(task_id)
             if known is None or worker not in known.who_has:
                 self._send(worker, p.Release((task_id,)))
@@ -163,7 +176,8 @@ class Claims:
         byte counts no link moves): not counted in the transfers; a false claim."""
         self.false_claim(worker, "a Transfers naming peers it cannot have fetched from", None)
 
-    def false_claim(self, worker: WorkerRecord, report: object, task_id: int | None) -> None:
+    def false_claim(self, worker: WorkerRecord, report: object, task_id: int | None,
+                    why: str = _NEVER) -> None:  # fmt: skip
         """Count, log (once a minute per worker) and, at ``EJECT_AFTER``, eject."""
         told = self._told(worker)
         if told.ejected:
@@ -178,13 +192,13 @@ class Claims:
             what = f"{what} about task {task_id}"
         name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
         self.drops.warn(
-            ("false claim", worker.id), now, "worker %s reported %s, which the manager never "
-            "sent or asked it for: dropped (%d such so far; ejected at %d)", name, what,
-            told.false, EJECT_AFTER,
+            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d such so "
+            "far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
         )  # fmt: skip
         if told.false >= EJECT_AFTER:
             told.ejected = True
-            reason = f"{told.false} reports about work it was never given (the last: {what})"
+            last = what if why == _NEVER else f"{what}, {why}"
+            reason = f"{told.false} reports about work it was never given (the last: {last})"
             self.out.append(Eject(worker.id, reason))
 
     # -- the reports only claims reach, checked before their handlers -------------------------
@@ -274,7 +288,7 @@ class Claims:
         taken back) a task that reads it. The shorter of its readers and the worker's
         tasks is searched."""
         told = self.told.get(worker)
-        ids: Mapping[int, None] = told.ids if told is not None else {}
+        ids: Mapping[int, bool] = told.ids if told is not None else {}
         if task.id in ids:
             return True
         readers = task.dependents

@@ -173,7 +173,7 @@ class SchedulerState:
             self.failures.dismiss,
         )  # fmt: skip
         cache_runs = self.caching.cache_runs
-        self.faults = Faults(workers, out, queue, self.durations, transition, send, held,
+        self.faults = Faults(workers, out, queue, self.durations, transition, tell, held,
                              self.failures.fail, self.stealing.withdrawing)  # fmt: skip
         self.copies = Copies(
             tasks, workers, transition, tell, held, self.caching.lost, self.caching.payload,
