@@ -324,6 +324,8 @@ def _info_fields(info: Any) -> dict[str, Any]:
     out = {name: value for name, value in vars(info).items() if name not in skip}
     if not out.get("relayed", True):
         del out["relayed"]  # written only when results went through the manager
+    if not out.get("verified", True):
+        del out["verified"]  # written only for a run with ``verify``
     out["duration"] = duration
     return out
 
