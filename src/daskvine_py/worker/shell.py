@@ -84,6 +84,7 @@ from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.state import REGISTRATION_PATIENCE, WorkerState
 from daskvine_py.worker.store import Store
+from daskvine_py.worker.threads import task_cores
 
 # Named explicitly: run as ``python -m daskvine_py.worker`` this module is ``__main__``.
 logger = logging.getLogger("daskvine_py.worker")
@@ -144,6 +145,7 @@ class Worker:
         #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
         self.library_count = max(1, cores // lib_cores)
         self.lib_slots = lib_slots
+        self.task_cores = task_cores(lib_cores, lib_slots)  # what each task's threads fit
         self.task_slots = self.library_count * lib_slots
         #: this worker's own directory (inside ``workdir``, default the system temp dir),
         #: removed at exit: task directories, function files, spill files
@@ -460,7 +462,7 @@ class Worker:
     def _start_library(self) -> None:
         self.next_library_id += 1
         record = self.state.add_library(self.next_library_id, self.lib_slots)
-        lib = h.start_library(record, self.name, self.tasks_dir)
+        lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores)
         self.library_by_fd[lib.conn.fileno()] = lib
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
