@@ -61,6 +61,14 @@ def test_matmul_tasks_start_no_thread_per_core():
     assert all(count <= 3 for _, count in got), got
 
 
+def test_task_processes_run_one_thread_pools_too():
+    with Manager() as manager:
+        manager.start_workers(1, cores=1)
+        env, blas = manager.get({"x": (pools, 1)}, "x", task_mode="tasks")
+        assert set(env.values()) == {"1"}
+        assert set(blas) == {1}
+
+
 def test_a_library_of_two_cores_sizes_its_pools_to_two():
     with Manager() as manager:
         manager.start_workers(1, cores=2, lib_resources={"cores": 2, "slots": 1})

@@ -125,10 +125,16 @@ class TaskProcess:
 
 
 def start_task_process(
-    task: WorkerTask, call: pipe.Call, tasks_dir: str, functions_dir: str, worker_name: str
+    task: WorkerTask,
+    call: pipe.Call,
+    tasks_dir: str,
+    functions_dir: str,
+    worker_name: str,
+    cores: int,
 ) -> TaskProcess:
-    """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file;
-    ``OSError`` (with nothing left behind) when it cannot be started."""
+    """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file,
+    its thread pools fitting ``cores``; ``OSError`` (with nothing left behind) when it
+    cannot be started."""
     config = task.config
     assert config is not None
     directory = os.path.join(tasks_dir, f"task-{task.id}")
@@ -136,6 +142,7 @@ def start_task_process(
     with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
         pickle.dump((call, functions_dir, worker_name, config.import_modules), file, protocol=5)
     env = dict(os.environ)
+    threads.set_thread_env(cores, env)  # its pools fit its slot, as a library's do
     env.update(config.env_vars)
     env["TMPDIR"] = directory
     read_fd, write_fd = os.pipe()

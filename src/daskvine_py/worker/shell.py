@@ -539,7 +539,9 @@ class Worker:
         h.write_functions(self.state.functions, self.functions_written, self.functions_dir)
         call = self.state.call(task)
         try:
-            proc = h.start_task_process(task, call, self.tasks_dir, self.functions_dir, self.name)
+            proc = h.start_task_process(
+                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores
+            )
         except OSError as exc:
             self.state.on_process_failed(task, str(exc))
             return
