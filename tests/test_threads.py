@@ -20,6 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
 
+@pytest.fixture(autouse=True)
+def _unset(monkeypatch):
+    """Workers inherit this process's environment: start from none of the variables set."""
+    for name in threads.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 def pools(_: int) -> tuple[dict[str, str | None], list[int]]:
     """In a library: the pool variables and the threads of each BLAS pool loaded."""
     import numpy  # noqa: F401  (loads its BLAS here)
