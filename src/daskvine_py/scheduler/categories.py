@@ -5,6 +5,9 @@ them to the caller as ``Manager.last_run.categories``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 _MB = float(2**20)
 
 
@@ -31,6 +34,10 @@ class Category:
     def __repr__(self) -> str:
         return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
                 f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f})")  # fmt: skip
+
+
+#: A run's categories before any of its tasks finished.
+NO_CATEGORIES: Mapping[str, Category] = MappingProxyType({})
 
 
 class Categories(dict[str, Category]):

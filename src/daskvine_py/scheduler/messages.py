@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from daskvine_py.plan.annotations import RunSettings
-from daskvine_py.scheduler.categories import Categories
+from daskvine_py.scheduler.categories import NO_CATEGORIES, Category
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
@@ -211,7 +211,7 @@ class RunDone(NamedTuple):
     #: tasks whose result matched a re-run's on another worker (``verify``)
     verified: int = 0
     #: what its tasks took, by category (``RunRecord.categories``)
-    categories: Categories | None = None
+    categories: Mapping[str, Category] = NO_CATEGORIES
 
 
 class RunFailed(NamedTuple):
@@ -226,7 +226,7 @@ class RunFailed(NamedTuple):
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
     type_name: str = ""  #: the qualified type of the task's exception (``TaskErred``)
-    categories: Categories | None = None  #: as in ``RunDone``
+    categories: Mapping[str, Category] = NO_CATEGORIES  #: as in ``RunDone``
 
 
 class RunAborted(NamedTuple):
