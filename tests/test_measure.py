@@ -87,15 +87,18 @@ def test_a_forked_child_measures_itself_not_its_parent():
 @linux
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("exec_mode", ["direct", "fork"])
-def test_every_task_is_measured_by_category(exec_mode):
+@pytest.mark.parametrize(
+    "task_mode, exec_mode", [("function-calls", "direct"), ("function-calls", "fork"),
+                             ("tasks", "direct")]
+)  # fmt: skip
+def test_every_task_is_measured_by_category(task_mode, exec_mode):
     dsk: dict = {("hungry", i): (hungry, i) for i in range(2)}
     dsk.update({("tiny", i): (tiny, i) for i in range(6)})
     dsk.update({("spin", i): (spin, 300_000) for i in range(2)})
     dsk["total"] = (total, *[k for k in dsk])
     with Manager() as manager:
         manager.start_workers(2, cores=1)
-        assert manager.get(dsk, "total", exec_mode=exec_mode) == dask.get(dsk, "total")
+        assert manager.get(dsk, "total", task_mode=task_mode, exec_mode=exec_mode) == dask.get(dsk, "total")
         categories = manager.last_run.categories
 
     assert set(categories) == {"hungry", "tiny", "spin", "total"}
