@@ -326,7 +326,8 @@ def test_a_taskdone_whose_value_is_not_a_value_is_dropped(insecure_manager, capl
     manager = insecure_manager
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
         fake = FakeWorker(manager, cores=1)
-        fake.sock.send_multipart(raw_plain((p.TaskDone, (10**6, 1, 0.1, (b"x", (5,)), 0.0, 0.0))))
+        done = (10**6, 1, 0.1, (b"x", (5,)), 0.0, 0.0, 0.0, 0)
+        fake.sock.send_multipart(raw_plain((p.TaskDone, done)))
         fake.close()
         wait_until(lambda: "impostor" not in manager.workers)
     assert manager._thread.is_alive()
@@ -342,7 +343,7 @@ def test_a_malformed_report_about_a_task_fails_its_run_naming_it():
         try:
             getter = Background(manager.get, {"a": (inc, 1)}, "a")
             (execute,) = fake.receive(p.Execute, 1)
-            done = (execute.task_id, 8, 0.01, (b"x", (5,)), 0.0, 0.0)
+            done = (execute.task_id, 8, 0.01, (b"x", (5,)), 0.0, 0.0, 0.0, 0)
             fake.sock.send_multipart(raw_plain((p.TaskDone, done)))
             error = getter.error(30)
         finally:
@@ -566,6 +567,8 @@ def test_an_address_zeromq_refuses_moves_the_fetch_to_the_next_holder(worker):
         (p.TaskDone(1, 1, 0.1, Serialized(memoryview(b"x"), [])), "header is a memoryview"),
         (p.TaskDone(1, 1, math.nan, None), "TaskDone.duration"),
         (p.TaskDone(1, -1, 0.1, None), "TaskDone.nbytes: negative"),
+        (p.TaskDone(1, 1, 0.1, None, 0.0, 0.0, -1.0), "TaskDone.cpu"),
+        (p.TaskDone(1, 1, 0.1, None, 0.0, 0.0, 0.0, -1), "TaskDone.peak_memory: negative"),
         (p.Replicas((1, "2")), "task id is a str"),
         (p.Transfers((("tcp://x:1", "many"),)), "Transfers.received"),
         (p.Register(4, "w", 0, 0, "h", "tcp://x:1", 1), "Register.cores"),
@@ -646,7 +649,7 @@ _DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_si
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
     p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID),
-    p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
+    p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
     p.FetchFailed: (_ID, _ID, st.lists(_ADDRESS, max_size=2).map(tuple)),

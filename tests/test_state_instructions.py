@@ -72,7 +72,27 @@ def test_every_run_ends_with_the_seconds_its_tasks_ran_and_serialized():
             s.FromWorker(W1, p.TaskDone(2, 8, 0.125, dumps(3), 0.0, 1.0)),
         ])  # fmt: skip
         (done,) = [i for i in out if type(i) is s.RunDone]
-        assert done == s.RunDone(1, run_seconds=0.375, serialization_seconds=1.5)
+        assert done[:4] == s.RunDone(1, run_seconds=0.375, serialization_seconds=1.5)[:4]
+        assert {name: c.wall_s for name, c in done.categories.items()} == {"x": 0.25, "y": 0.125}
+
+
+def test_every_run_sums_its_tasks_by_category():
+    """The CPU seconds and peak memory each task's library measured, by key prefix."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
+    tasks = [s.NewTask(("x", i), b"", (), (), i, "x") for i in range(3)]
+    tasks.append(s.NewTask("y", b"", (), tuple(("x", i) for i in range(3)), 3, "y"))
+    st_.handle([joined(W1, cores=4), s.SubmitRun(1, tasks, ["y"], 0)])
+    out = st_.handle([
+        s.FromWorker(W1, p.TaskDone(1, 8, 0.5, None, 0.0, 0.0, 0.25, 300 * 2**20)),
+        s.FromWorker(W1, p.TaskDone(2, 8, 0.5, None, 0.0, 0.0, 0.5, 500 * 2**20)),
+        s.FromWorker(W1, p.TaskDone(3, 8, 0.5, None, 0.0, 0.0, 0.25, 100 * 2**20)),
+        s.FromWorker(W1, p.TaskDone(4, 8, 0.125, dumps(3), 0.0, 0.0, 0.0, 2**20)),
+    ])  # fmt: skip
+    (done,) = [i for i in out if type(i) is s.RunDone]
+    x, y = done.categories["x"], done.categories["y"]
+    assert (x.tasks, x.wall_s, x.cpu_s, x.peak_memory_mb) == (3, 1.5, 1.0, 500.0)
+    assert (y.tasks, y.wall_s, y.cpu_s, y.peak_memory_mb) == (1, 0.125, 0.0, 1.0)
+    assert (x.allocated_memory_mb, x.exhausted) == (0, 0)
 
 
 def test_a_failed_run_carries_the_seconds_of_the_tasks_done_before():

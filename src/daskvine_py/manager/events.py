@@ -320,7 +320,9 @@ def _info_fields(info: Any) -> dict[str, Any]:
     duration = getattr(info, "duration", 0.0)  # read before the check narrows its type
     if not dataclasses.is_dataclass(info):
         return {}
-    skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events"}
+    # (``categories``: not in the log yet)
+    skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events",
+            "categories"}  # fmt: skip
     out = {name: value for name, value in vars(info).items() if name not in skip}
     if not out.get("relayed", True):
         del out["relayed"]  # written only when results went through the manager

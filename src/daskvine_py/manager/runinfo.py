@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from daskvine_py.scheduler.categories import Category
+
 #: The name the manager goes by in ``RunInfo.transfers``.
 MANAGER = "manager"
 
@@ -40,6 +42,12 @@ class RunInfo:
     #: the manager failed itself (``SchedulerError``)
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
+    #: what the tasks that finished took, by category (their keys' prefix, dask's
+    #: ``key_split``): ``tasks``, ``wall_s``, ``cpu_s``, ``peak_memory_mb`` (the largest
+    #: peak resident memory of a process running one, its base included),
+    #: ``allocated_memory_mb`` and ``exhausted`` (0: no allocations yet); empty like
+    #: ``run_seconds``
+    categories: dict[str, Category] = field(default_factory=dict)
     #: tasks whose result matched, byte for byte, a re-run's on another worker
     #: (``get(..., verify=f)``)
     verified: int = 0

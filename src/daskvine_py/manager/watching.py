@@ -137,6 +137,7 @@ class Watching:
         if ended is not None:
             run.info.run_seconds = ended.run_seconds
             run.info.serialization_seconds = ended.serialization_seconds
+            run.info.categories = dict(ended.categories)
             if type(ended) is s.RunDone:
                 run.info.verified = ended.verified
         run.info.relayed = [[h, r, n] for (h, r), n in run.relayed.items()]

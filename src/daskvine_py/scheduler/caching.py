@@ -461,7 +461,8 @@ class Caching:
         if crun is not None:
             crun.reused += nbytes
         if not run.undelivered:
-            self.out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds))
+            self.out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds,
+                                    categories=run.categories))
             self.drop_run(run)
 
     def payload(self, task: TaskRecord) -> None:

@@ -278,7 +278,7 @@ class Constraints:
         )
         self.out.append(
             RunFailed(run.id, task.key, "", None, "", message, False, run.run_seconds,
-                      run.serialization_seconds)
+                      run.serialization_seconds, categories=run.categories)
         )  # fmt: skip
         try:
             self.drop_run(run)

@@ -196,7 +196,7 @@ class Failures:
         self.out.append(
             RunFailed(
                 run.id, task.key, worker.name, exception, traceback, message, crashed,
-                run.run_seconds, run.serialization_seconds, type_name,
+                run.run_seconds, run.serialization_seconds, type_name, run.categories,
             )
         )  # fmt: skip
         self.drop_run(run, False, task)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from daskvine_py.plan.annotations import RunSettings
+from daskvine_py.scheduler.categories import NO_CATEGORIES, Category
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
@@ -209,6 +210,8 @@ class RunDone(NamedTuple):
     serialization_seconds: float = 0.0
     #: tasks whose result matched a re-run's on another worker (``verify``)
     verified: int = 0
+    #: what its tasks took, by category (``RunRecord.categories``)
+    categories: Mapping[str, Category] = NO_CATEGORIES
 
 
 class RunFailed(NamedTuple):
@@ -223,6 +226,7 @@ class RunFailed(NamedTuple):
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
     type_name: str = ""  #: the qualified type of the task's exception (``TaskErred``)
+    categories: Mapping[str, Category] = NO_CATEGORIES  #: as in ``RunDone``
 
 
 class RunAborted(NamedTuple):

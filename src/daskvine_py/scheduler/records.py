@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
+from daskvine_py.scheduler.categories import Categories
 from daskvine_py.scheduler.messages import Key, SubmitRun, WorkerId
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
@@ -70,7 +71,7 @@ class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
         "watched", "run_seconds", "serialization_seconds", "settings", "arriving", "verify",
-        "verified", "fast_abort",
+        "verified", "fast_abort", "categories",
     )  # fmt: skip
 
     def __init__(
@@ -116,6 +117,8 @@ class RunRecord:
         #: ``RunDone``/``RunFailed`` (every run: two additions per task)
         self.run_seconds = 0.0
         self.serialization_seconds = 0.0
+        #: what its tasks took, by their keys' prefix (every run: one lookup per task)
+        self.categories = Categories()
 
     @classmethod
     def of(cls, ev: SubmitRun) -> RunRecord:

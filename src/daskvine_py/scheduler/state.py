@@ -343,6 +343,7 @@ class SchedulerState:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
         run.run_seconds += msg.duration
         run.serialization_seconds += msg.serialization
+        run.categories.done(task.prefix, msg.duration, msg.cpu, msg.peak_memory)
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
@@ -364,7 +365,8 @@ class SchedulerState:
             self.caching.done(task, msg, worker)
         if not run.undelivered:
             self._out.append(
-                RunDone(run.id, run.run_seconds, run.serialization_seconds, run.verified)
+                RunDone(run.id, run.run_seconds, run.serialization_seconds, run.verified,
+                        run.categories)
             )
             self._drop_run(run)
 

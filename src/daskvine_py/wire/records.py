@@ -63,6 +63,10 @@ class TaskDone(NamedTuple):
     #: seconds its library spent unpickling its inputs and pickling its result (not in
     #: ``duration``); 0 for inputs and a result that stayed live
     serialization: float = 0.0
+    #: CPU seconds of the call, and the peak resident bytes of the process that ran it
+    #: while it ran (its base included); 0: not measured
+    cpu: float = 0.0
+    peak_memory: int = 0
 
 
 class TaskErred(NamedTuple):

@@ -241,7 +241,7 @@ _KEY = _Field((*_KEY_ATOMS, tuple), _key)
 _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
-    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS),
+    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
     FetchFailed: (_ID, _ID, _TEXTS),
@@ -300,9 +300,9 @@ _RULES: dict[type, _Rule] = {
 
 
 def _task_done_ok(m: Any) -> bool:
-    if len(m) != 6:
+    if len(m) != 8:
         return False
-    task_id, nbytes, duration, value, finished, serialization = m
+    task_id, nbytes, duration, value, finished, serialization, cpu, peak = m
     return (
         type(task_id) is int
         and type(nbytes) is int
@@ -313,6 +313,10 @@ def _task_done_ok(m: Any) -> bool:
         and 0.0 <= finished < _INF
         and type(serialization) is float
         and 0.0 <= serialization < _INF
+        and type(cpu) is float
+        and 0.0 <= cpu < _INF
+        and type(peak) is int
+        and peak >= 0
         and (value is None or _serialized(value) is None)
     )
 

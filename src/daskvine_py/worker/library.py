@@ -59,6 +59,7 @@ from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe
+from daskvine_py.worker.measure import peak_memory, reset_peak, sizeof
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -531,34 +532,38 @@ def run(
             values[dep_key] = found
     except Exception as exc:
         return _erred(task_id, _unpickling_error(key, "an input", exc, worker_name), exc)
+    reset_peak()  # the task's peak resident memory, and its CPU time (``measure``)
+    cpu = time.process_time()
     began = time.perf_counter()
     try:
         result = node(values)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
         return _erred(task_id, exc, None)
     ended = time.perf_counter()
+    cpu, peak = time.process_time() - cpu, peak_memory()
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
     keep_live = keep is True and live is not None  # (None: as False)
     nbytes = 0
     if keep_live:
         live[task_id] = result  # type: ignore[index]
-        nbytes = _sizeof(result)
+        nbytes = sizeof(result)
         if not send_result and (
             nbytes > SEND_SMALL_BYTES or type(result).__module__ not in SIZED_MODULES
         ):
-            return Done(task_id, None, ended - began, nbytes, True, unpickling)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak)
     try:
         serialized = dumps(result)
     except Exception as exc:
         if keep_live and not send_result:  # small but unpicklable: it stays here only
-            return Done(task_id, None, ended - began, nbytes, True, unpickling)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak)
         if keep_live:
             live.pop(task_id, None)  # type: ignore[union-attr]
         error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
     seconds = unpickling + time.perf_counter() - ended
-    return Done(task_id, serialized, ended - began, serialized.nbytes, keep_live, seconds)
+    nbytes = serialized.nbytes
+    return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak)
 
 
 _ABSENT = object()
@@ -571,16 +576,6 @@ def _unpickling_error(key: Any, what: str, exc: Exception, worker_name: str) -> 
     if isinstance(exc, ImportError):
         return WorkerImportError(key, exc.name, worker_name, detail)
     return SerializationError(key, what, f"{detail} (on worker {worker_name})")
-
-
-def _sizeof(value: Any) -> int:
-    """Dask's estimate of an object's bytes (what its spill accounting uses)."""
-    try:
-        from dask.sizeof import sizeof
-
-        return int(sizeof(value))
-    except Exception:
-        return sys.getsizeof(value)
 
 
 def _erred(task_id: int, exc: BaseException, cause: BaseException | None) -> Erred:

@@ -4,7 +4,7 @@ sends, and how they travel (``send``, ``receive``)::
     worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
                  calls=[Call(task_id, key, payload, inputs, keep, send), ...])──► library
     worker ──Export(task_ids, drop)── / ──Forget(task_ids)──────────────────────► library
-    worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization)──
+    worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization, ...)
     worker ◄──Exported(task_id, Serialized | None, seconds, error)──────────────────
     worker ◄──Erred(task_id, exception | None, traceback, message, type_name)────────
     worker ◄──Missing(task_id, dep_id)────── (a live input is not here: it did not run)
@@ -88,6 +88,10 @@ class Done(NamedTuple):
     live: bool = False
     #: seconds spent unpickling the inputs and pickling the result
     serialization: float = 0.0
+    #: CPU seconds of the call (its process's: ``time.process_time``) and the process's
+    #: peak resident bytes while it ran (``measure``)
+    cpu: float = 0.0
+    peak_memory: int = 0
 
 
 class Exported(NamedTuple):

@@ -499,7 +499,7 @@ class WorkerState:
             return  # forgotten (aborted), or sent again since to another library
         self._transition(task, "forgotten")
         if isinstance(reply, pipe.Done):
-            task_id, value, duration, nbytes, live, serialization = reply
+            task_id, value, duration, nbytes, live, serialization, cpu, peak = reply
             self.dispatch.recent_duration.observe(duration)
             keep = task.keep
             if keep is None:  # (the cache's outputs) kept when too large to travel inline
@@ -515,7 +515,8 @@ class WorkerState:
                 self._input_arrived(task_id, waiters)
             if value is not None and not task.want_result and not p.inlinable(value):
                 value = None
-            self.outbox.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization))
+            done = p.TaskDone(task_id, nbytes, duration, value, wall, serialization, cpu, peak)
+            self.outbox.append(done)
         elif isinstance(reply, pipe.Erred):
             self.outbox.append(p.TaskErred(*reply))
         elif isinstance(reply, pipe.Missing):  # its producer failed: the manager decides

@@ -1,0 +1,58 @@
+"""What a run's tasks took, by category: the prefix of their keys (dask's ``key_split``,
+``TaskRecord.prefix``), summed as their ``TaskDone`` reports arrive. The manager hands
+them to the caller as ``Manager.last_run.categories``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+_MB = float(2**20)
+
+
+class Category:
+    """One category's totals over the tasks of a run that finished (a task run twice
+    counts twice)."""
+
+    __slots__ = ("tasks", "wall_s", "cpu_s", "peak_memory_mb", "allocated_memory_mb",
+                 "exhausted")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        #: seconds its tasks' calls took, and the CPU seconds of their processes then
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        #: the largest peak resident memory (MiB) of a process while one of its tasks
+        #: ran, that process's base included (0: not measured there)
+        self.peak_memory_mb = 0.0
+        #: memory allotted to each of its tasks (MiB; 0: none yet), and how many of its
+        #: tasks went past their allotment
+        self.allocated_memory_mb = 0.0
+        self.exhausted = 0
+
+    def __repr__(self) -> str:
+        return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
+                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f})")  # fmt: skip
+
+
+#: A run's categories before any of its tasks finished.
+NO_CATEGORIES: Mapping[str, Category] = MappingProxyType({})
+
+
+class Categories(dict[str, Category]):
+    """A run's categories by name."""
+
+    __slots__ = ()
+
+    def done(self, prefix: str, duration: float, cpu: float, peak_memory: int) -> None:
+        """A task of category ``prefix`` finished: one lookup and a few additions."""
+        category = self.get(prefix)
+        if category is None:
+            category = self[prefix] = Category()
+        category.tasks += 1
+        category.wall_s += duration
+        category.cpu_s += cpu
+        peak = peak_memory / _MB
+        if peak > category.peak_memory_mb:
+            category.peak_memory_mb = peak

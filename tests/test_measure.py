@@ -1,0 +1,116 @@
+"""Every task measured: its CPU seconds and peak resident memory, summed by category in
+``Manager.last_run.categories``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import dask
+import pytest
+
+from daskvine_py import Manager
+from daskvine_py.worker import measure
+
+MB = 2**20
+HUNGRY_MB = 200
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+
+
+def _touched(megabytes: int) -> bytearray:
+    """``megabytes`` resident: every page written (a fresh mapping is not resident)."""
+    block = bytearray(megabytes * MB)
+    block[::4096] = b"\1" * len(range(0, len(block), 4096))
+    return block
+
+
+def hungry(i: int) -> int:
+    block = _touched(HUNGRY_MB)
+    return i + block[4096]
+
+
+def tiny(i: int) -> int:
+    return i + 1
+
+
+def spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def total(*parts: int) -> int:
+    return sum(parts)
+
+
+@linux
+@pytest.mark.timeout(60)
+def test_the_high_water_mark_is_reset_and_read_in_bytes():
+    measure.reset_peak()
+    base = measure.peak_memory()
+    block = _touched(64)
+    high = measure.peak_memory()
+    del block
+    measure.reset_peak()
+    after = measure.peak_memory()
+    assert base > 0
+    assert high - base >= 60 * MB  # the 64 MB just touched, seen in bytes
+    assert after < high - 60 * MB  # reset to what is resident now: the block is gone
+
+
+@linux
+@pytest.mark.timeout(60)
+def test_a_forked_child_measures_itself_not_its_parent():
+    measure.peak_memory()  # the parent's files are open
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            measure.reset_peak()
+            base = measure.peak_memory()
+            block = _touched(64)
+            grew = measure.peak_memory() - base
+            del block
+            os.write(write, str(grew).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        grew = int(pipe.read())
+    os.waitpid(pid, 0)
+    assert grew >= 60 * MB  # read from the files of its parent, it would not have grown
+
+
+@linux
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "task_mode, exec_mode", [("function-calls", "direct"), ("function-calls", "fork"),
+                             ("tasks", "direct")]
+)  # fmt: skip
+def test_every_task_is_measured_by_category(task_mode, exec_mode):
+    dsk: dict = {("hungry", i): (hungry, i) for i in range(2)}
+    dsk.update({("tiny", i): (tiny, i) for i in range(6)})
+    dsk.update({("spin", i): (spin, 300_000) for i in range(2)})
+    dsk["total"] = (total, *[k for k in dsk])
+    with Manager() as manager:
+        manager.start_workers(2, cores=1)
+        got = manager.get(dsk, "total", task_mode=task_mode, exec_mode=exec_mode)
+        categories = manager.last_run.categories
+    assert got == dask.get(dsk, "total")
+
+    assert set(categories) == {"hungry", "tiny", "spin", "total"}
+    counts = {name: category.tasks for name, category in categories.items()}
+    assert counts == {"hungry": 2, "tiny": 6, "spin": 2, "total": 1}
+    hungry_, tiny_, spin_ = categories["hungry"], categories["tiny"], categories["spin"]
+    # A process's peak holds its base (the interpreter, dask): the tiny tasks' peak is
+    # that base, and the hungry ones' is the base and what they allocated.
+    base = tiny_.peak_memory_mb
+    assert 0 < base < hungry_.peak_memory_mb - 150
+    assert HUNGRY_MB - 10 <= hungry_.peak_memory_mb <= base + HUNGRY_MB + 60
+    assert spin_.cpu_s > 0 and hungry_.cpu_s > 0
+    assert all(c.wall_s > 0 for c in categories.values())
+    assert all(c.allocated_memory_mb == 0 and c.exhausted == 0 for c in categories.values())
