@@ -44,7 +44,7 @@ def test_the_modules_that_import_dask_are_the_ones_the_architecture_lists():
         "manager.manager",
         "demo",
         "__main__",
-        "worker.library",
+        "worker.measure",
     }
 
 
