@@ -80,13 +80,17 @@ def _children(pid: int) -> dict[int, str]:
     """The child processes of ``pid`` and their command lines."""
     children = {}
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as file:
-            for child in file.read().split():
-                try:
-                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                        children[int(child)] = cmdline.read().replace(b"\0", b" ").decode()
-                except FileNotFoundError:
-                    pass  # gone meanwhile
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                listed = file.read().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        for child in listed:
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                    children[int(child)] = cmdline.read().replace(b"\0", b" ").decode()
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # gone meanwhile
     return children
 
 
@@ -99,7 +103,7 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(") ")[1].startswith("Z")  # a zombie is gone too
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (reaped between open and read)
         return True
 
 
