@@ -77,10 +77,11 @@ def probe_graph(maps: int, fan_in: int, scale: float = 1.0) -> tuple[dict, Any]:
     return dsk, keys[0]
 
 
-def holder_of_most(manager: Manager) -> int | None:
-    """The pid of the connected worker holding the most result bytes, or None. The
-    manager's records are read from this thread while its I/O thread changes them: read
-    again when a set changes size under the count."""
+def holder_of_most(manager: Manager, empty_too: bool = False) -> int | None:
+    """The pid of the connected worker holding the most result bytes, or None (also when
+    none holds any, unless ``empty_too``). The manager's records are read from this
+    thread while its I/O thread changes them: read again when a set changes size under
+    the count."""
     for _ in range(100):
         try:
             held = {w.name: sum(t.nbytes for t in w.has_what)
@@ -91,7 +92,7 @@ def holder_of_most(manager: Manager) -> int | None:
     else:
         return None
     published = manager.workers
-    held = {name: n for name, n in held.items() if name in published and n}
+    held = {name: n for name, n in held.items() if name in published and (n or empty_too)}
     if not held:
         return None
     return published[max(held, key=held.__getitem__)]["pid"]

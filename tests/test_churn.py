@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 import dask
 import pytest
@@ -24,6 +26,9 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from test_state import SimulatedCluster, expected_value, random_graphs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from churn import holder_of_most  # noqa: E402  (benchmarks/churn.py, not the scheduler's)
 
 W1, W2, W3 = b"w1", b"w2", b"w3"
 
@@ -318,26 +323,6 @@ def probe_shape(n: int, address, fan_in: int = 8) -> tuple[dict, object]:
     return dsk, keys[0]
 
 
-def holder_of_most(manager: Manager) -> int | None:
-    """The pid of the worker holding the most result bytes, by the manager's own records
-    (a busy worker's heartbeat, with its stored bytes, is rare). The I/O thread changes
-    them meanwhile: read again when a set changes under the count."""
-    for _ in range(100):
-        try:
-            held = {w.name: sum(t.nbytes for t in w.has_what)
-                    for w in list(manager._state.workers.values())}  # fmt: skip
-            break
-        except RuntimeError:
-            continue
-    else:
-        return None
-    published = manager.workers
-    held = {name: n for name, n in held.items() if name in published}
-    if not held:
-        return None
-    return published[max(held, key=held.__getitem__)]["pid"]
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_the_worker_holding_the_most_killed_six_times_with_default_retries():
@@ -352,7 +337,7 @@ def test_the_worker_holding_the_most_killed_six_times_with_default_retries():
         killed = []
         while len(killed) < kills and thread.is_alive():
             beacon.wait(every)  # tasks done since the last kill: progress, not time
-            pid = holder_of_most(manager)
+            pid = holder_of_most(manager, empty_too=True)  # (benchmarks/churn.py)
             if pid is None:
                 continue
             os.kill(pid, signal.SIGKILL)
