@@ -99,15 +99,9 @@ def _double(x):
     return 2 * x
 
 
-@pytest.fixture(scope="module")
-def manager():
-    with Manager() as m:
-        m.start_workers(2, cores=1)
-        yield m
-
-
 @pytest.mark.timeout(120)
-def test_a_verified_run_computes_what_dask_computes(manager):
+def test_a_verified_run_computes_what_dask_computes(shared_manager):
+    manager = shared_manager
     x = da.arange(2000, chunks=50)
     total = ((x + 1) * 3).sum()
     expected = dask.compute(total, scheduler="sync")[0]
