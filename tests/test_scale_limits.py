@@ -163,29 +163,37 @@ with Manager(host="127.0.0.1", port=0) as manager:
 """
 
 
+#: The open files a limited manager may have: its own, its reserve, and a few workers.
+FEW_FILES = 94
+
+
+def _run_with_few_files(tmp_path, script_text: str, timeout: float) -> subprocess.CompletedProcess:
+    """``script_text`` run as a manager's script whose soft and hard limits of open files
+    are both ``FEW_FILES``."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FEW_FILES, FEW_FILES))
+
+    script = tmp_path / "manager.py"
+    script.write_text(script_text)
+    return subprocess.run(
+        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
 @pytest.mark.timeout(300)
 def test_a_manager_out_of_open_files_refuses_the_extra_workers_saying_why(tmp_path):
     """The manager's soft and hard limits are both low, so it cannot raise them: the
     workers past what they allow are refused with the limit named, the others compute."""
-    import resource
-
-    limit = 94  # the manager's own files, its reserve, and a few workers
-
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
-    script = tmp_path / "manager.py"
-    script.write_text(_LIMITED_MANAGER)
-    done = subprocess.run(
-        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+    done = _run_with_few_files(tmp_path, _LIMITED_MANAGER, timeout=280)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["right"] and report["workers"] == report["capacity"], report
     exits = report["exits"]  # two refused (EXIT_REJECTED), the others still running
     assert exits.count(2) == 2 and exits.count(None) == report["capacity"], report
-    said = f"its limit of open files (RLIMIT_NOFILE {limit}, hard limit {limit})"
+    said = f"its limit of open files (RLIMIT_NOFILE {FEW_FILES}, hard limit {FEW_FILES})"
     log = done.stderr
     assert log.count("refused worker") == 1 and said in log, log  # one warning
     assert log.count("the manager rejected it: the manager cannot take more workers") == 2
@@ -225,17 +233,7 @@ with Manager(host="127.0.0.1", port=0, security=False) as manager:
 def test_a_manager_whose_files_ran_out_otherwise_says_so_once(tmp_path):
     """Files opened behind the registry's back use up the limit: a connection that
     libzmq cannot accept is said once, with the limit, never as a bare error."""
-    import resource
-
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (94, 94))
-
-    script = tmp_path / "manager.py"
-    script.write_text(_EXHAUSTED_MANAGER)
-    done = subprocess.run(
-        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
+    done = _run_with_few_files(tmp_path, _EXHAUSTED_MANAGER, timeout=100)
     assert done.returncode == 0 and done.stdout.startswith("held"), done.stderr
     log = done.stderr
     said = "the manager cannot accept more connections: it is out of open files"
