@@ -70,7 +70,7 @@ class WorkerRecord:
 class RunRecord:
     __slots__ = (
         "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "run_seconds", "serialization_seconds", "settings", "arriving", "verify",
+        "watched", "serialization_seconds", "settings", "arriving", "verify",
         "verified", "fast_abort", "categories",
     )  # fmt: skip
 
@@ -113,12 +113,15 @@ class RunRecord:
         #: outputs whose value has not reached the manager yet
         self.undelivered = len(self.outputs)
         self.retries = retries
-        #: sums of ``TaskDone.duration`` and ``TaskDone.serialization`` of its tasks, for
-        #: ``RunDone``/``RunFailed`` (every run: two additions per task)
-        self.run_seconds = 0.0
+        #: the sum of ``TaskDone.serialization`` of its tasks, for ``RunDone``/``RunFailed``
         self.serialization_seconds = 0.0
         #: what its tasks took, by their keys' prefix (every run: one lookup per task)
         self.categories = Categories()
+
+    @property
+    def run_seconds(self) -> float:
+        """The sum of ``TaskDone.duration`` of its tasks (kept by category)."""
+        return sum(category.wall_s for category in self.categories.values())
 
     @classmethod
     def of(cls, ev: SubmitRun) -> RunRecord:

@@ -341,7 +341,6 @@ class SchedulerState:
         run = task.run
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
-        run.run_seconds += msg.duration
         run.serialization_seconds += msg.serialization
         run.categories.done(task.prefix, msg.duration, msg.cpu, msg.peak_memory)
         task.nbytes = msg.nbytes
