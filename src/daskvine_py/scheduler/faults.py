@@ -171,8 +171,6 @@ class Faults:
         self.patience = 10.0
         self.now = 0.0
         self.categories: dict[str, Category] = {}
-        #: tasks known running (``Started``): when, and where
-        self.started: dict[TaskRecord, tuple[float, WorkerRecord]] = {}
         #: started tasks that may be aborted, per category, oldest first
         self.watch: dict[str, dict[TaskRecord, float]] = {}
         #: fast aborts per task; where each last ran and for how long
@@ -204,10 +202,8 @@ class Faults:
             task = self.held(task_id, worker)
             if task is None:
                 continue
-            known = self.started.get(task)
-            if known is not None and known[1] is worker:
-                continue  # said twice: its clock runs from the first
-            self.started[task] = (now, worker)
+            if task.started_at != now:
+                continue  # said twice: its clock runs from the first (``Churn`` stamps it)
             if self.aborts.get(task, 0) >= MAX_ABORTS or not self.factor_of(task.run):
                 continue
             watch = self.watch.get(task.prefix)
@@ -221,7 +217,7 @@ class Faults:
         prefix = task.prefix
         self.durations.observe(prefix, duration)
         self.progress[worker] = self.now
-        if self.started.pop(task, None) is not None:
+        if task.started_at is not None:
             watch = self.watch.get(prefix)
             if watch is not None:
                 watch.pop(task, None)
@@ -300,7 +296,7 @@ class Faults:
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self.progress[worker] = self.now
-        if self.started.pop(task, None) is not None and task.prefix in self.watch:
+        if task.started_at is not None and task.prefix in self.watch:
             self.watch[task.prefix].pop(task, None)
 
     def factor_of(self, run: RunRecord) -> float:
@@ -364,9 +360,8 @@ class Faults:
 
     def abort(self, task: TaskRecord, worker: WorkerRecord, reason: str, counted: bool) -> None:
         """Stop ``task`` on ``worker`` (even running) and run it elsewhere."""
-        entry = self.started.pop(task, None)
-        if entry is not None:
-            self.aborted[task] = (worker, self.now - entry[0])
+        if task.started_at is not None:
+            self.aborted[task] = (worker, self.now - task.started_at)
         self.send(worker, p.Abort((task.id,), reason))
         self.move(task, self.elsewhere(worker))
         if counted:
@@ -401,9 +396,9 @@ class Faults:
             category = self.categories.get(prefix)
             gone = []
             for task, start in watch.items():
-                entry = self.started.get(task)
-                if entry is None or entry[0] != start or task.worker is not entry[1]:
-                    gone.append(task)  # done, moved or forgotten since
+                worker = task.worker
+                if task.started_at != start or worker is None or task.state != "processing":
+                    gone.append(task)  # done, moved or forgotten since (restamped elsewhere)
                     continue
                 if category is None:
                     break
@@ -411,7 +406,6 @@ class Faults:
                 ran = now - start
                 if ran <= limit:
                     break
-                worker = entry[1]
                 if worker in pace and pace[worker] < SLOW_PACE and ran <= GOOD_PACE * limit:
                     continue  # a long task rather than a slow worker: let it run longer
                 gone.append(task)
@@ -437,8 +431,7 @@ class Faults:
             expected = self.durations.get(oldest.prefix)  # (a kind not seen: any kind's)
             if expected is None or quiet <= STALL_FACTOR * expected:
                 continue  # (None: no task has finished yet, no telling how long they take)
-            started = self.started
-            if any(started.get(task, (0, None))[1] is worker for task in processing):
+            if any(task.started_at is not None for task in processing):
                 continue  # running something: fast abort's to judge
             self.eject(worker, f"it holds {len(processing)} tasks and reported no progress "
                        f"for {quiet:.0f} s (such tasks take {expected:.2g} s)")  # fmt: skip
@@ -452,7 +445,7 @@ class Faults:
             worker = task.worker
             if task not in self.withdrawing or worker is None:
                 del asked[task]
-            elif now - since > self.patience and self.started.get(task, (0, None))[1] is not worker:
+            elif now - since > self.patience and task.started_at is None:
                 ignored[worker] = ignored.get(worker, 0) + 1
         for worker, count in ignored.items():
             self.eject(worker, f"it left Withdraw of {count} unstarted tasks unanswered for "
@@ -478,9 +471,3 @@ class Faults:
         for tasks in (self.aborts, self.aborted, self.erred_on):
             for task in [t for t in tasks if t.state == "forgotten"]:
                 del tasks[task]
-        running = sum(len(w.processing) for w in workers.values())
-        if len(self.started) > 2 * running + 1000:  # tasks lost or forgotten while running
-            self.started = {
-                t: e for t, e in self.started.items()
-                if t.state == "processing" and t.worker is e[1]
-            }  # fmt: skip
