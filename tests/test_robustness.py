@@ -648,10 +648,11 @@ _DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_si
 
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
-    p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID),
+    p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID, _SIZE),
     p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
+    p.TaskExhausted: (_ID, st.just("memory"), _SIZE, _SIZE),
     p.FetchFailed: (_ID, _ID, st.lists(_ADDRESS, max_size=2).map(tuple)),
     p.Replicas: (_IDS,),
     p.Lost: (_IDS,),
@@ -672,7 +673,7 @@ VALID = {
                   st.sampled_from(["direct", "fork"]), _TEXTS,
                   st.lists(st.tuples(_TEXT, _TEXT), max_size=2).map(tuple), st.booleans()),
     p.Execute: (_ID, _KEY, st.binary(max_size=8), st.lists(_DEP, max_size=3).map(tuple),
-                st.booleans(), _ID, st.booleans()),
+                st.booleans(), _ID, st.booleans(), st.integers(1, 64), _SIZE, _SIZE),
     p.Release: (_IDS,),
     p.Cancel: (_IDS,),
     p.Withdraw: (_IDS,),

@@ -55,6 +55,7 @@ from daskvine_py.wire.records import (
     TaskCrashed,
     TaskDone,
     TaskErred,
+    TaskExhausted,
     Transfers,
     Uploaded,
     Withdrawn,
@@ -69,7 +70,7 @@ PLAIN_MAGIC = b"dvm"
 KINDS: dict[int, type] = {
     1: Register, 2: TaskDone, 3: TaskErred, 4: TaskCrashed, 5: FetchFailed, 6: Replicas,
     7: Lost, 8: Withdrawn, 9: Started, 10: Transfers, 11: DiskFull, 12: Status,
-    13: Goodbye, 14: Relay, 15: Uploaded,
+    13: Goodbye, 14: Relay, 15: Uploaded, 22: TaskExhausted,
     16: StatusRequest, 17: RetireWorker, 18: StatusReply, 19: Rejected,
     20: GetData, 21: Data,
 }  # fmt: skip

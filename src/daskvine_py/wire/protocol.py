@@ -79,6 +79,7 @@ from daskvine_py.wire.records import (
     TaskCrashed,
     TaskDone,
     TaskErred,
+    TaskExhausted,
     TaskId,
     ToManager,
     Transfers,
@@ -104,7 +105,8 @@ __all__ = [
     "FROM_CLIENT", "FROM_PEER", "Function", "GetData", "Goodbye", "Heartbeat", "inlinable",
     "INLINE_BYTES", "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
     "Replicas", "Replicate", "RetireWorker", "RunConfig", "Shutdown", "Started", "Status",
-    "StatusReply", "StatusRequest", "TaskCrashed", "TaskDone", "TaskErred", "TaskId",
+    "StatusReply", "StatusRequest", "TaskCrashed", "TaskDone", "TaskErred", "TaskExhausted",
+    "TaskId",
     "TO_CLIENT", "TO_MANAGER", "TO_PEER", "TO_WORKER",
     "ToManager", "Transfers", "Upload", "Uploaded",
     "Welcome", "Withdraw", "Withdrawn", "Serialized", "MAX_KEY_DEPTH",
@@ -114,7 +116,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

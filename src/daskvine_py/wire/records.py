@@ -49,6 +49,7 @@ class Register(NamedTuple):
     hostname: str
     peer_address: str  #: where peers fetch this worker's results
     pid: int
+    gpus: int = 0  #: GPUs it offers to tasks (``--gpus``)
 
 
 class TaskDone(NamedTuple):
@@ -63,8 +64,8 @@ class TaskDone(NamedTuple):
     #: seconds its library spent unpickling its inputs and pickling its result (not in
     #: ``duration``); 0 for inputs and a result that stayed live
     serialization: float = 0.0
-    #: CPU seconds of the call, and the peak resident bytes of the process that ran it
-    #: while it ran (its base included); 0: not measured
+    #: CPU seconds of the call, and the task's own peak resident bytes: the process's
+    #: high-water mark while it ran, less its resident size when it began; 0: not measured
     cpu: float = 0.0
     peak_memory: int = 0
 
@@ -86,6 +87,17 @@ class TaskCrashed(NamedTuple):
 
     task_id: TaskId
     reason: str
+
+
+class TaskExhausted(NamedTuple):
+    """The task went past its allocation of ``resource`` ("memory"): its library was
+    stopped (its live results are lost with it). ``peak`` is what it was seen to use, in
+    bytes, and ``limit`` what it was allowed. The manager may retry it with more."""
+
+    task_id: TaskId
+    resource: str
+    peak: int
+    limit: int
 
 
 class FetchFailed(NamedTuple):
@@ -191,6 +203,12 @@ class Execute(NamedTuple):
     #: keeps: kept only when too large to travel inline (``inlinable``), else the
     #: manager holds the value it received
     keep: bool | None = True
+    #: its allocation: cores (thread pools are sized to them), memory in bytes (its
+    #: library is stopped past it; 0: whatever of the worker's budget other tasks' do not
+    #: take) and GPUs (its library sees only devices of its own)
+    cores: int = 1
+    memory: int = 0
+    gpus: int = 0
 
 
 class RunConfig(NamedTuple):
@@ -317,12 +335,12 @@ class Data(NamedTuple):
 
 TO_MANAGER: frozenset[type] = frozenset(
     {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
-     Started, Transfers, DiskFull, Status, Goodbye, Relay, Uploaded}
+     Started, Transfers, DiskFull, Status, Goodbye, Relay, Uploaded, TaskExhausted}
 )  # fmt: skip
 #: Any record a worker sends its manager (the members of ``TO_MANAGER``).
 ToManager: TypeAlias = (
     Register | TaskDone | TaskErred | TaskCrashed | FetchFailed | Replicas | Lost | Withdrawn
-    | Started | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded
+    | Started | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded | TaskExhausted
 )  # fmt: skip
 TO_WORKER: frozenset[type] = frozenset(
     {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Abort,

@@ -46,6 +46,7 @@ from daskvine_py.wire.records import (
     TaskCrashed,
     TaskDone,
     TaskErred,
+    TaskExhausted,
     Transfers,
     Upload,
     Uploaded,
@@ -240,10 +241,13 @@ _KEY = _Field((*_KEY_ATOMS, tuple), _key)
 
 _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
-    Register: (_ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID),
+    Register: (
+        _ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID, _SIZE
+    ),
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
+    TaskExhausted: (_ID, _Field(str, _one_of(("memory",))), _SIZE, _SIZE),
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),
     Lost: (_IDS,),
@@ -267,7 +271,10 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _Field(tuple, _text_pairs),
         _FLAG,
     ),
-    Execute: (_ID, _KEY, _Field(bytes), _Field(tuple, _deps), _FLAG, _ID, _FLAG),
+    Execute: (
+        _ID, _KEY, _Field(bytes), _Field(tuple, _deps), _FLAG, _ID, _FLAG,
+        _Field(int, _positive), _SIZE, _SIZE,
+    ),
     Release: (_IDS,),
     Cancel: (_IDS,),
     Withdraw: (_IDS,),
@@ -322,11 +329,17 @@ def _task_done_ok(m: Any) -> bool:
 
 
 def _execute_ok(m: Any) -> bool:
-    if len(m) != 7:
+    if len(m) != 10:
         return False
-    task_id, key, payload, deps, want_result, run_id, keep = m
+    task_id, key, payload, deps, want_result, run_id, keep, cores, memory, gpus = m
     if not (
         type(task_id) is int
+        and type(cores) is int
+        and cores > 0
+        and type(memory) is int
+        and memory >= 0
+        and type(gpus) is int
+        and gpus >= 0
         and type(payload) is bytes
         and type(deps) is tuple
         and type(want_result) is bool
