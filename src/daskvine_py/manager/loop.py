@@ -428,7 +428,7 @@ class IOLoop:
         self.watching.names_by_peer[info.peer_address] = info.name
         self.events.append(
             s.WorkerJoined(ident, info.name, info.cores, info.peer_address, info.memory,
-                           info.hostname)
+                           info.hostname, info.gpus)
         )  # fmt: skip
         self.watching.worker_joined(now, info.name, info.cores, info.hostname)
 

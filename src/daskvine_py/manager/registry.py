@@ -43,14 +43,15 @@ def printable(text: str) -> str:
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
-    __slots__ = ("name", "hostname", "cores", "memory", "pid", "peer_address", "status",
-                 "quarantined")  # fmt: skip
+    __slots__ = ("name", "hostname", "cores", "memory", "gpus", "pid", "peer_address",
+                 "status", "quarantined")  # fmt: skip
 
     def __init__(self, reg: p.Register) -> None:
         self.name = reg.name
         self.hostname = reg.hostname
         self.cores = reg.cores
         self.memory = reg.memory
+        self.gpus = reg.gpus
         self.pid = reg.pid
         self.peer_address = reg.peer_address
         self.status = p.Status(0, 0, 0)
@@ -63,6 +64,7 @@ class WorkerInfo:
             "hostname": self.hostname,
             "cores": self.cores,
             "memory": self.memory,
+            "gpus": self.gpus,
             "pid": self.pid,
             "peer_address": self.peer_address,
             **self.status._asdict(),

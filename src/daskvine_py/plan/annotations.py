@@ -31,8 +31,8 @@ HONOURED = ("priority", "retries", "resources", "workers", "allow_other_workers"
 #: What ``read`` keeps: those, and ``cache`` (``dask.annotate(cache=False)``: tasks the
 #: result cache leaves alone), so that the graph's layers are read once for both.
 READ = (*HONOURED, "cache")
-#: What a task may ask for in ``resources``: task slots, and MB of the worker's memory.
-RESOURCES = ("cores", "memory")
+#: What a task may ask for in ``resources``: task slots, MB of the worker's memory, GPUs.
+RESOURCES = ("cores", "memory", "gpus")
 MB = 2**20
 
 
@@ -49,6 +49,8 @@ class Placement:
     cores: int = 1
     #: bytes of the worker's ``--memory`` it reserves (annotated in MB)
     memory: int = 0
+    #: GPUs it takes, its own while it runs (a worker's ``--gpus``)
+    gpus: int = 0
     #: names or host names of the workers it may run on; None: any
     workers: frozenset[str] | None = None
     #: ``allow_other_workers``: any worker will do while none of ``workers`` is connected
@@ -59,6 +61,8 @@ class Placement:
         parts = [f"{self.cores} core{'s' if self.cores != 1 else ''}"]
         if self.memory:
             parts.append(f"{self.memory / MB:g} MB of memory")
+        if self.gpus:
+            parts.append(f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}")
         if self.workers is not None:
             parts.append(f"workers {sorted(self.workers)}")
             if self.loose:
@@ -161,13 +165,13 @@ def _placements(annotations: Mapping[str, Mapping[Key, Any]], wanted: Any) -> di
     for key in {*resources, *workers}:
         if key not in wanted:
             continue
-        cores, memory = _resources(key, resources.get(key))
+        cores, memory, gpus = _resources(key, resources.get(key))
         names = _workers(key, workers.get(key))
         allow = loose.get(key, False)
         if not isinstance(allow, bool):
             raise ValueError(f"task {key!r}: allow_other_workers must be True or False, "
                              f"not {allow!r}")  # fmt: skip
-        placement = Placement(cores, memory, names, allow and names is not None)
+        placement = Placement(cores, memory, gpus, names, allow and names is not None)
         if placement != _ANYWHERE:
             placements[key] = interned.setdefault(placement, placement)
     return placements
@@ -176,16 +180,16 @@ def _placements(annotations: Mapping[str, Mapping[Key, Any]], wanted: Any) -> di
 _ANYWHERE = Placement()
 
 
-def _resources(key: Key, value: Any) -> tuple[int, int]:
+def _resources(key: Key, value: Any) -> tuple[int, int, int]:
     if value is None:
-        return 1, 0
+        return 1, 0, 0
     if not isinstance(value, Mapping):
         raise ValueError(f"task {key!r}: resources must be a dict, not {value!r}")
     unknown = sorted(set(value) - set(RESOURCES), key=str)
     if unknown:
         raise ValueError(
             f"task {key!r} asks for resources {dict(value)!r}: daskvine_py workers offer "
-            f"only {' and '.join(RESOURCES)} (MB), not {', '.join(map(repr, unknown))}"
+            f"only cores, memory (MB) and gpus, not {', '.join(map(repr, unknown))}"
         )
     cores = value.get("cores", 1)
     if isinstance(cores, float) and cores.is_integer():
@@ -196,7 +200,13 @@ def _resources(key: Key, value: Any) -> tuple[int, int]:
     memory = _number(key, "resources['memory']", value.get("memory", 0))
     if memory < 0:
         raise ValueError(f"task {key!r}: resources['memory'] must be >= 0 MB, not {memory!r}")
-    return cores, int(memory * MB)
+    gpus = value.get("gpus", 0)
+    if isinstance(gpus, float) and gpus.is_integer():
+        gpus = int(gpus)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise ValueError(f"task {key!r}: resources['gpus'] must be a whole number >= 0, "
+                         f"not {gpus!r}")  # fmt: skip
+    return cores, int(memory * MB), gpus
 
 
 def _workers(key: Key, value: Any) -> frozenset[str] | None:

@@ -139,6 +139,7 @@ class WorkerJoined(NamedTuple):
     peer_address: str
     memory: int = 0  #: bytes it offers for results (``--memory``)
     hostname: str = ""
+    gpus: int = 0  #: GPUs it offers (``--gpus``)
 
 
 class WorkerLost(NamedTuple):

@@ -23,7 +23,7 @@ class WorkerRecord:
     __slots__ = (
         "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
         "functions", "full", "configs", "memory", "hostname", "holding", "quarantined",
-        "errors",
+        "errors", "gpus",
     )  # fmt: skip
 
     def __init__(
@@ -34,6 +34,7 @@ class WorkerRecord:
         peer_address: str,
         memory: int = 0,
         hostname: str = "",
+        gpus: int = 0,
     ) -> None:
         self.id = id
         self.name = name
@@ -43,6 +44,8 @@ class WorkerRecord:
         #: what annotated tasks are placed by (``constraints``)
         self.memory = memory
         self.hostname = hostname
+        #: GPUs it offers (``--gpus``): annotated tasks asking for some go only here
+        self.gpus = gpus
         #: annotated tasks placed or waiting for room here (``constraints``)
         self.holding: dict[TaskRecord, None] = {}
         #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
