@@ -125,11 +125,11 @@ def test_the_categories_record_is_last_runs_figures_and_the_report_tabulates_the
     assert rows["category"] == ["category", "tasks", "wall s", "CPU s", "CPU/wall",
                                 "peak memory MB", "allocated MB", "exhausted", "input MB",
                                 "output MB", "failed"]  # fmt: skip
-    assert rows["load"] == ["load", "2", "2.000", "2.000", "1.00", "300.0", "0.0", "0", "0.000",
-                            "10.000", "1"]  # fmt: skip
-    assert rows["sum"] == ["sum", "1", "0.250", "0.500", "2.00", "10.0", "0.0", "0", "10.000",
-                           "0.000", "0"]  # fmt: skip
-    assert rows["all categories"][1:6] == ["3", "2.250", "2.500", "1.11", "300.0"]
+    assert rows["load"] == ["load", "2", "2.00", "2.00", "1.00", "300", "0", "0", "0", "10.00",
+                            "1"]  # fmt: skip
+    assert rows["sum"] == ["sum", "1", "0.25", "0.5", "2.00", "10.00", "0", "0", "10.00",
+                           "7.63e-06", "0"]  # fmt: skip
+    assert rows["all categories"][1:6] == ["3", "2.25", "2.50", "1.11", "300"]
     assert list(rows)[1:] == ["load", "sum", "all categories"]  # the heaviest first
 
 
@@ -137,7 +137,7 @@ def test_a_run_without_a_log_still_reports_its_categories():
     info = RunInfo(4, {}, 3, 100.0, 101.0, "done")
     info.categories = dict(_categories())
     rows = _rows(render(summary_records(info)), "categories")
-    assert rows["load"][1] == "2" and rows["sum"][8] == "10.000"
+    assert rows["load"][1] == "2" and rows["sum"][8] == "10.00"
     assert "No task finished." in render(summary_records(RunInfo(6, {}, 0, 0.0, 1.0, "done")))
 
 

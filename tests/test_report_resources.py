@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from daskvine_py.manager.events import read_events
+from daskvine_py.manager.report_resources import amount
 
 MB = 2**20
 #: What each "hold" task keeps resident while it sleeps: its workers' heartbeats see it.
@@ -130,18 +131,17 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
 
     # The "categories" record is last_run's, and so is the report's table.
     (summary,) = [r["categories"] for r in records if r["event"] == "categories"]
-    for name, category in categories.items():
-        assert summary[name] == pytest.approx(category.fields(), abs=1e-6)
+    assert summary == {name: category.fields() for name, category in categories.items()}
     parser = _Rows()
     page = report.read_text()
     parser.feed(_section(page, "categories"))
     rows = {row[0]: row for row in parser.rows}
     for name, category in categories.items():
         assert rows[name][1] == str(category.tasks)
-        assert rows[name][2] == f"{category.wall_s:.3f}"
-        assert rows[name][5] == f"{category.peak_memory_mb:,.1f}"
-        assert rows[name][8:10] == [f"{category.input_bytes / MB:,.3f}",
-                                    f"{category.output_bytes / MB:,.3f}"]  # fmt: skip
+        assert rows[name][2:4] == [amount(category.wall_s), amount(category.cpu_s)]
+        assert rows[name][5] == amount(category.peak_memory_mb)
+        assert rows[name][8:10] == [amount(category.input_bytes / MB),
+                                    amount(category.output_bytes / MB)]  # fmt: skip
 
     # A memory chart per worker, from heartbeats sent while the "hold" tasks slept.
     beats = [r for r in records if r["event"] == "memory"]

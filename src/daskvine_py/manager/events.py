@@ -198,16 +198,13 @@ class MemoryEntry:
 @dataclass(slots=True)
 class CategoriesEntry:
     """What the run's tasks took, by category ("categories", once, as the run ended):
-    each ``Category``'s fields (``RunInfo.categories``)."""
+    each ``Category``'s fields (``RunInfo.categories``), unrounded (JSON keeps a float
+    exactly), so the report shows what ``last_run`` holds."""
 
     categories: dict[str, dict[str, float | int]]
 
     def record(self) -> dict[str, Any]:
-        return {"event": "categories", "categories": {
-            name: {field: round(value, 6) if type(value) is float else value
-                   for field, value in fields.items()}
-            for name, fields in self.categories.items()
-        }}  # fmt: skip
+        return {"event": "categories", "categories": self.categories}
 
 
 @dataclass(slots=True)

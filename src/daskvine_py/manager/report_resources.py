@@ -68,15 +68,25 @@ def categories(summary: Summary) -> str:
 def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any, ...]:
     wall, cpu = _number(fields, "wall_s"), _number(fields, "cpu_s")
     return (
-        name, f"{int(_number(fields, 'tasks')):,}", f"{wall:.3f}", f"{cpu:.3f}",
+        name, f"{int(_number(fields, 'tasks')):,}", amount(wall), amount(cpu),
         f"{cpu / wall:.2f}" if wall > 0 else "",
-        f"{_number(fields, 'peak_memory_mb'):,.1f}",
-        f"{_number(fields, 'allocated_memory_mb'):,.1f}" if allocated else "",
+        amount(_number(fields, "peak_memory_mb")),
+        amount(_number(fields, "allocated_memory_mb")) if allocated else "",
         f"{int(_number(fields, 'exhausted')):,}",
-        f"{_number(fields, 'input_bytes') / MB:,.3f}",
-        f"{_number(fields, 'output_bytes') / MB:,.3f}",
+        amount(_number(fields, "input_bytes") / MB),
+        amount(_number(fields, "output_bytes") / MB),
         f"{int(_number(fields, 'failed')):,}",
     )  # fmt: skip
+
+
+def amount(value: float) -> str:
+    """Seconds or MB in a cell: whole above 100, two decimals above 1, else three
+    significant digits (a category of quick tasks is not all zeros)."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
 
 
 def _number(fields: dict[str, Any], name: str) -> float:
@@ -105,7 +115,9 @@ def memory(summary: Summary) -> str:
     legend = "".join(
         f"<span class='swatch' style='background:{colour}'></span>{draw.escape(label)} "
         for _, label, colour in MEMORY_SERIES
-    ) + "<span class='swatch' style='background:#59a14f'></span>its --memory "
+    )
+    if any("class='budget'" in part for part in parts):
+        legend += "<span class='swatch' style='background:#59a14f'></span>its --memory "
     tail = ""
     if rest:
         names = ", ".join(draw.escape(n) for n in sorted((n for n, _ in rest), key=draw.natural))
