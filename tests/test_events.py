@@ -37,6 +37,8 @@ def _log() -> EventLog:
     log.dispatch(50.1, 2, ("inc", 1), "inc", "w2")
     log.dispatch(50.1, 3, "total", "total", "w1")
     log.sample(50.2, 1, 0, 3, 3, 0)
+    log.memory(50.3, "w1", p.Status(8, 60 * 2**20, 90 * 2**20))
+    log.memory(50.35, "w1", p.Status(8, 60 * 2**20, 90 * 2**20))  # the same: not recorded
     log.done(50.4, 1, "w1", duration=0.2, finished=1000.35, nbytes=8)
     log.done(50.5, 2, "w2", duration=0.3, finished=1000.45, nbytes=8)
     log.erred(50.6, 3, "w1", "ZeroDivisionError('division by zero')")
@@ -57,7 +59,8 @@ def test_records_carry_every_event_in_order():
     done = next(r for r in records if r["event"] == "done")
     # The worker's clock, on the run's scale: ended at 0.35 s, ran 0.2 s.
     assert done == {"event": "done", "t": 0.4, "id": 1, "worker": "w1", "start": 0.15,
-                    "end": 0.35, "nbytes": 8, "serialization": 0.0}  # fmt: skip
+                    "end": 0.35, "nbytes": 8, "serialization": 0.0, "cpu": 0.0,
+                    "peak_memory": 0, "category": "inc"}  # fmt: skip
     dispatch = next(r for r in records if r["event"] == "dispatch")
     assert dispatch["key"] == ["inc", 0] and dispatch["prefix"] == "inc"
     assert records[-1]["outcome"] == "failed" and records[-1]["duration"] == pytest.approx(0.8)
@@ -100,28 +103,34 @@ _OLD_LOG = """\
 """
 
 
-#: Fields of the records added since ``_OLD_LOG`` was written (issue 15).
-_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds", "cache"}
+#: Fields of the records added since ``_OLD_LOG`` was written (issues 15 and 30), and
+#: records (issue 30).
+_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds", "cache", "memory",
+                 "cpu", "peak_memory", "category"}  # fmt: skip
+_NEWER_EVENTS = {"memory", "categories"}
 
 
 def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
     path = tmp_path / "old.jsonl"
     path.write_text(_OLD_LOG)
-    today = [{k: v for k, v in r.items() if k not in _NEWER_FIELDS} for r in _log().records()]
+    today = [{k: v for k, v in r.items() if k not in _NEWER_FIELDS} for r in _log().records()
+             if r["event"] not in _NEWER_EVENTS]  # fmt: skip
     assert read_events(path) == today
     # Without the fields, tasks read as never (de)serialized.
     old = summarize(read_events(path))
     assert [t.duration for t in old.tasks] == pytest.approx([0.2, 0.3])
     assert [t.serialization for t in old.tasks] == [0.0, 0.0]
     assert old.seconds() == pytest.approx((0.5, 0.0))
-    assert "(de)serialization" in render(read_events(path))
+    page = render(read_events(path))
+    assert "(de)serialization" in page
+    assert "Not recorded: the log was written before categories were." in page
 
 
 def test_entries_are_named_records_and_each_type_has_its_record():
     log = _log()
     entries = log.entries
     assert type(entries[3]) is DispatchEntry and entries[3].key == ("inc", 0)
-    done = entries[7]
+    done = entries[8]
     assert type(done) is DoneEntry and (done.task_id, done.worker, done.nbytes) == (1, "w1", 8)
     assert (done.end, done.duration) == pytest.approx((0.35, 0.2))
     kinds = typing.get_args(Entry)
@@ -136,6 +145,7 @@ def test_entries_are_named_records_and_each_type_has_its_record():
     for kind in kinds:  # slotted, and named after the event its record writes
         assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")
     for entry, record in zip(entries, list(log.records())[1:-1], strict=True):  # run...end
+        record.pop("category", None)  # joined from the task's dispatch as the log is written
         assert record == entry.record()
         assert type(entry).__name__ == record["event"].title().replace("_", "") + "Entry"
 

@@ -114,3 +114,8 @@ def test_every_task_is_measured_by_category(task_mode, exec_mode):
     assert spin_.cpu_s > 0 and hungry_.cpu_s > 0
     assert all(c.wall_s > 0 for c in categories.values())
     assert all(c.allocated_memory_mb == 0 and c.exhausted == 0 for c in categories.values())
+    # Bytes out are the results' sizes; "total" read every other result, once.
+    assert all(c.output_bytes > 0 and c.failed == 0 for c in categories.values())
+    made = sum(c.output_bytes for name, c in categories.items() if name != "total")
+    assert categories["total"].input_bytes == made
+    assert all(c.input_bytes == 0 for name, c in categories.items() if name != "total")

@@ -170,7 +170,10 @@ def test_task_error_fails_the_run_and_cancels_the_rest():
     exc = dumps(ValueError("boom"))
     out = st_.handle([s.FromWorker(W1, p.TaskErred(1, exc, "tb", "ValueError: boom"))])
     failed = [i for i in out if type(i) is s.RunFailed]
-    assert failed == [s.RunFailed(7, "a", "w1", exc, "tb", "ValueError: boom", False)]
+    (categories,) = [f.categories for f in failed]  # the task that raised counts there
+    assert {name: c.failed for name, c in categories.items()} == {"": 1}  # (no prefix)
+    assert failed == [s.RunFailed(7, "a", "w1", exc, "tb", "ValueError: boom", False,
+                                  categories=categories)]  # fmt: skip
     assert sends(out, p.Cancel) == [p.Cancel((2, 3, 4))]
     assert not st_.tasks and not st_.workers[W1].processing
 

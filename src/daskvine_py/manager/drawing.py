@@ -310,6 +310,7 @@ svg text.worker { font-size: 11px; }
 .bar { display: block; height: 10px; min-width: 1px; }
 td { white-space: nowrap; } td.wrap { white-space: normal; }
 code { background: #f2f2f2; padding: 0 3px; }
+figure.memory { margin: 6px 0; } figcaption { font-weight: 600; font-size: 13px; }
 """
 
 PAGE = """<!DOCTYPE html>

@@ -6,12 +6,15 @@ thread appends a typed, slotted record per event (``DispatchEntry``, ``DoneEntry
 log becomes JSON records, one object per line, each entry writing its own (``record()``)::
 
     {"event": "run", "format": 1, "run": 3, "started": 1769000000.1, "tasks": 10000, ...}
-    {"event": "worker", "t": 0.0, "worker": "local-0", "cores": 1, "host": "node7"}
+    {"event": "worker", "t": 0.0, "worker": "local-0", "cores": 1, "host": "node7", ...}
     {"event": "dispatch", "t": 0.0031, "id": 17, "key": ["noop", 3], "prefix": "noop", ...}
     {"event": "done", "t": 0.0052, "id": 17, "worker": "local-0", "start": 0.0041,
-     "end": 0.0049, "nbytes": 28, "serialization": 0.0001}
+     "end": 0.0049, "nbytes": 28, "serialization": 0.0001, "cpu": 0.0007,
+     "peak_memory": 0, "category": "noop"}
     {"event": "sample", "t": 0.1, "waiting": 0, "ready": 5210, "processing": 36, ...}
+    {"event": "memory", "t": 1.0, "worker": "local-0", "stored_bytes": 2048, ...}
     {"event": "transfer", "source": "local-0", "destination": "manager", "bytes": 80}
+    {"event": "categories", "categories": {"noop": {"tasks": 10000, "wall_s": 0.2, ...}}}
     {"event": "end", "t": 1.93, "outcome": "done", ...}
 
 JSON lines because a log is written once and read rarely: it appends, greps, and loads
@@ -22,7 +25,10 @@ worker's own clock, on the same scale (remote workers need synchronised clocks f
 line up; a worker clock ahead of the manager's is clamped to when the result arrived).
 A task's ``start`` is when its library began on it: ``end - start`` is its run time plus its
 ``serialization`` (unpickling inputs, pickling the result); logs written before
-``serialization`` was recorded lack the field, and read as 0.
+``serialization`` was recorded lack the field, and read as 0. Its ``category`` is written
+with the log, from its dispatch (nothing more is kept per task while the run goes on).
+"memory" records are the workers' heartbeats (``p.Status``), each kept only when it
+differs from that worker's last; "categories" is ``RunInfo.categories`` as the run ended.
 
 The performance report (``report.py``) is built from these records alone, so
 ``python -m daskvine_py report run.jsonl -o run.html`` rebuilds it later.
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.wire import protocol as p
 
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.
 FORMAT = 1
@@ -52,10 +59,11 @@ class WorkerEntry:
     worker: str
     cores: int
     host: str
+    memory: int = 0  #: its ``--memory`` in bytes (0: not known)
 
     def record(self) -> dict[str, Any]:
         return {"event": "worker", "t": round(self.t, 6), "worker": self.worker,
-                "cores": self.cores, "host": self.host}  # fmt: skip
+                "cores": self.cores, "host": self.host, "memory": self.memory}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -105,7 +113,8 @@ class DispatchEntry:
 class DoneEntry:
     """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale,
     ``duration`` the call's seconds and ``serialization`` its library's seconds unpickling
-    its inputs and pickling its result besides."""
+    its inputs and pickling its result besides; ``cpu`` the call's CPU seconds and
+    ``peak_memory`` its peak resident bytes (``TaskDone``'s)."""
 
     t: float
     task_id: int
@@ -114,13 +123,15 @@ class DoneEntry:
     duration: float
     nbytes: int
     serialization: float = 0.0
+    cpu: float = 0.0
+    peak_memory: int = 0
 
     def record(self) -> dict[str, Any]:
         start = self.end - self.duration - self.serialization  # when its library began on it
         return {"event": "done", "t": round(self.t, 6), "id": self.task_id,
                 "worker": self.worker, "start": round(start, 6), "end": round(self.end, 6),
-                "nbytes": self.nbytes,
-                "serialization": round(self.serialization, 6)}  # fmt: skip
+                "nbytes": self.nbytes, "serialization": round(self.serialization, 6),
+                "cpu": round(self.cpu, 6), "peak_memory": self.peak_memory}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -169,6 +180,34 @@ class SampleEntry:
 
 
 @dataclass(slots=True)
+class MemoryEntry:
+    """A worker's heartbeat ("memory"): bytes of results it holds (``stored_bytes``, live
+    ones included; ``spilled_bytes`` of them on disk), the peak resident bytes of its own
+    process (``peak_memory``) and the largest of its libraries' (``peak_library_memory``:
+    since their current task began, where the worker measures tasks)."""
+
+    t: float
+    worker: str
+    status: p.Status
+
+    def record(self) -> dict[str, Any]:
+        return {"event": "memory", "t": round(self.t, 6), "worker": self.worker,
+                **self.status._asdict()}  # fmt: skip
+
+
+@dataclass(slots=True)
+class CategoriesEntry:
+    """What the run's tasks took, by category ("categories", once, as the run ended):
+    each ``Category``'s fields (``RunInfo.categories``), unrounded (JSON keeps a float
+    exactly), so the report shows what ``last_run`` holds."""
+
+    categories: dict[str, dict[str, float | int]]
+
+    def record(self) -> dict[str, Any]:
+        return {"event": "categories", "categories": self.categories}
+
+
+@dataclass(slots=True)
 class TransferEntry:
     """Bytes moved from ``source`` to ``destination`` over the whole run ("transfer")."""
 
@@ -185,7 +224,7 @@ class TransferEntry:
 #: type is named after the ``event`` its ``record()`` writes.
 Entry = (
     WorkerEntry | WorkerLostEntry | DispatchEntry | DoneEntry | ErredEntry | CrashedEntry
-    | SampleEntry | TransferEntry | QuarantinedEntry
+    | SampleEntry | TransferEntry | QuarantinedEntry | MemoryEntry | CategoriesEntry
 )  # fmt: skip
 
 
@@ -196,7 +235,8 @@ class EventLog:
     (the ``now`` of every call) and on the wall clock (what workers' ``finished`` uses).
     """
 
-    __slots__ = ("run_id", "wall_start", "mono_start", "tasks", "options", "entries", "info")
+    __slots__ = ("run_id", "wall_start", "mono_start", "tasks", "options", "entries", "info",
+                 "statuses")  # fmt: skip
 
     def __init__(
         self, run_id: int, wall_start: float, mono_start: float, tasks: int, options: dict
@@ -210,9 +250,11 @@ class EventLog:
         self.entries: list[Entry] = []
         #: the "end" record's extra fields, set by ``end``
         self.info: dict[str, Any] | None = None
+        #: each worker's last heartbeat recorded: an unchanged one is not recorded again
+        self.statuses: dict[str, p.Status] = {}
 
-    def worker(self, now: float, name: str, cores: int, host: str) -> None:
-        self.entries.append(WorkerEntry(now - self.mono_start, name, cores, host))
+    def worker(self, now: float, name: str, cores: int, host: str, memory: int = 0) -> None:
+        self.entries.append(WorkerEntry(now - self.mono_start, name, cores, host, memory))
 
     def worker_lost(self, now: float, name: str, reason: str) -> None:
         self.entries.append(WorkerLostEntry(now - self.mono_start, name, reason))
@@ -225,12 +267,13 @@ class EventLog:
 
     def done(
         self, now: float, task_id: int, worker: str, duration: float, finished: float,
-        nbytes: int, serialization: float = 0.0,
+        nbytes: int, serialization: float = 0.0, cpu: float = 0.0, peak_memory: int = 0,
     ) -> None:  # fmt: skip
         t = now - self.mono_start
         end = finished - self.wall_start if finished else t
         self.entries.append(
-            DoneEntry(t, task_id, worker, min(end, t), duration, nbytes, serialization)
+            DoneEntry(t, task_id, worker, min(end, t), duration, nbytes, serialization, cpu,
+                      peak_memory)  # fmt: skip
         )
 
     def erred(self, now: float, task_id: int, worker: str, message: str) -> None:
@@ -246,11 +289,22 @@ class EventLog:
             SampleEntry(now - self.mono_start, waiting, ready, processing, running, done)
         )
 
+    def memory(self, now: float, worker: str, status: p.Status) -> None:
+        """A worker's heartbeat, when it says something new of that worker."""
+        if self.statuses.get(worker) != status:
+            self.statuses[worker] = status
+            self.entries.append(MemoryEntry(now - self.mono_start, worker, status))
+
     def end(self, now: float, outcome: str, info: RunInfo) -> None:
-        """Close the log with the run's outcome and what ``RunInfo`` knows (transfers...)."""
+        """Close the log with the run's outcome and what ``RunInfo`` knows (transfers,
+        categories...)."""
         self.info = {"t": now - self.mono_start, "outcome": outcome, **_info_fields(info)}
         for (source, destination), nbytes in sorted(getattr(info, "transfers", {}).items()):
             self.entries.append(TransferEntry(source, destination, nbytes))
+        categories = getattr(info, "categories", None) or {}
+        self.entries.append(
+            CategoriesEntry({name: c.fields() for name, c in sorted(categories.items())})
+        )
 
     # -- records ------------------------------------------------------------------------
 
@@ -264,14 +318,21 @@ class EventLog:
             "tasks": self.tasks,
             "options": _jsonable(self.options),
         }
+        prefixes: dict[int, str] = {}  # each task's category, from its dispatch
         for entry in list(self.entries):  # a snapshot: a cancelled run may still grow
-            yield entry.record()
+            record = entry.record()
+            if isinstance(entry, DispatchEntry):
+                prefixes[entry.task_id] = entry.prefix
+            elif isinstance(entry, DoneEntry | ErredEntry | CrashedEntry):
+                record["category"] = prefixes.get(entry.task_id, "")
+            yield record
         if self.info is not None:
             yield {"event": "end", **_jsonable(self.info)}
 
 
 def summary_records(info: RunInfo) -> list[dict[str, Any]]:
-    """Records of a run that kept no event log: its options, outcome and transfers only."""
+    """Records of a run that kept no event log: its options, outcome, transfers and
+    categories only."""
     log = EventLog(info.run_id, info.started, 0.0, info.tasks, info.options)
     log.end(info.duration, info.outcome, info)
     return list(log.records())
@@ -320,7 +381,7 @@ def _info_fields(info: Any) -> dict[str, Any]:
     duration = getattr(info, "duration", 0.0)  # read before the check narrows its type
     if not dataclasses.is_dataclass(info):
         return {}
-    # (``categories``: not in the log yet)
+    # (``categories``: a record of their own, ``CategoriesEntry``)
     skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events",
             "categories"}  # fmt: skip
     out = {name: value for name, value in vars(info).items() if name not in skip}

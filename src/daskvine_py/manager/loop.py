@@ -405,6 +405,7 @@ class IOLoop:
                 elif kind is p.Status:
                     info.status = message
                     self.registry.publish(ident, info)
+                    self.watching.status(now, info.name, message)
                     continue
                 if kind is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")
@@ -430,7 +431,7 @@ class IOLoop:
             s.WorkerJoined(ident, info.name, info.cores, info.peer_address, info.memory,
                            info.hostname, info.gpus)
         )  # fmt: skip
-        self.watching.worker_joined(now, info.name, info.cores, info.hostname)
+        self.watching.worker_joined(now, info.name, info.cores, info.hostname, info.memory)
 
     def _lose_worker(self, ident: bytes, reason: str) -> None:
         info = self.registry.remove(ident, reason)

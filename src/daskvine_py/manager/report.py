@@ -10,8 +10,10 @@ no scripts, no network fetches, charts drawn as inline SVG (``drawing``). Sectio
 - one timeline per worker core of the tasks it ran, coloured by function (figure 13), the
   part of each bar its library spent (de)serializing hatched; adjacent tasks of one
   function closer than a pixel merge, so the page stays small for 10^5 tasks;
+- each worker's memory over time, from its heartbeats (``report_resources``);
 - the bytes moved between each (source, destination) pair (figure 7);
-- run and serialization time per function, the slowest tasks, and what failed.
+- run and serialization time per function; wall and CPU time, memory and bytes in and
+  out per category (``report_resources``); the slowest tasks, and what failed.
 
 Pure functions of the records: tested without workers, rebuilt from a saved log by
 ``python -m daskvine_py report run.jsonl -o run.html``. The records are gathered first
@@ -27,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from daskvine_py.manager import drawing as draw
+from daskvine_py.manager import report_resources as resources
 from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.summary import Summary, summarize
 
@@ -36,8 +39,8 @@ SLOWEST = 20
 MAX_FAILURES = 50
 #: The ids of the report's sections, in order (``<section id=...>``).
 SECTIONS = (
-    "summary", "options", "tasks-over-time", "worker-timeline", "transfers", "durations",
-    "slowest", "failures",
+    "summary", "options", "tasks-over-time", "worker-timeline", "memory", "transfers",
+    "durations", "categories", "slowest", "failures",
 )  # fmt: skip
 #: Fields of the "end" record the summary shows in rows of their own, or elsewhere.
 _SHOWN_ELSEWHERE = frozenset(
@@ -57,8 +60,10 @@ def render(records: Iterable[dict[str, Any]]) -> str:
         draw.section("Options", "options", _options(summary)),
         draw.section("Tasks over time", "tasks-over-time", _tasks_over_time(summary)),
         draw.section("Worker timeline", "worker-timeline", _timeline(summary, colours)),
+        draw.section("Memory per worker", "memory", resources.memory(summary)),
         draw.section("Transfers", "transfers", _transfers(summary)),
         draw.section("Durations per function", "durations", _durations(summary, colours)),
+        draw.section("Categories", "categories", resources.categories(summary)),
         draw.section("Slowest tasks", "slowest", _slowest(summary)),
         draw.section("Failures", "failures", _failures(summary)),
     ]

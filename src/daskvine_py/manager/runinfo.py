@@ -44,9 +44,10 @@ class RunInfo:
     serialization_seconds: float = 0.0
     #: what the tasks that finished took, by category (their keys' prefix, dask's
     #: ``key_split``): ``tasks``, ``wall_s``, ``cpu_s``, ``peak_memory_mb`` (the largest
-    #: peak resident memory of a process running one, its base included),
-    #: ``allocated_memory_mb`` and ``exhausted`` (0: no allocations yet); empty like
-    #: ``run_seconds``
+    #: peak resident memory of one), ``allocated_memory_mb`` and ``exhausted`` (0: no
+    #: allocations yet), ``input_bytes`` and ``output_bytes`` (results read and made), and
+    #: ``failed`` (tasks that raised or crashed); empty like ``run_seconds``. The event
+    #: log's "categories" record and the report's table are these figures
     categories: dict[str, Category] = field(default_factory=dict)
     #: tasks whose result matched, byte for byte, a re-run's on another worker
     #: (``get(..., verify=f)``)

@@ -26,6 +26,9 @@ class TaskRun:
     end: float
     nbytes: int
     serialization: float = 0.0
+    #: CPU seconds of its call and its peak resident bytes (0: not recorded)
+    cpu: float = 0.0
+    peak_memory: int = 0
 
     @property
     def duration(self) -> float:
@@ -43,6 +46,20 @@ class RunWorker:
     lost: float | None = None
     #: when it joined the run (seconds since its start; 0: there at the start)
     joined: float = 0.0
+    #: its ``--memory`` in bytes (0: not recorded)
+    memory: int = 0
+
+
+@dataclass(slots=True)
+class MemorySample:
+    """A worker's heartbeat ("memory"), in bytes: results held (stored and live), those of
+    them spilled to disk, the worker process's peak and its largest library's."""
+
+    t: float
+    stored: int
+    spilled: int
+    peak: int
+    library_peak: int
 
 
 @dataclass(slots=True)
@@ -96,6 +113,11 @@ class Summary:
     transfers: dict[tuple[str, str], int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     dispatched: int = 0
+    #: each worker's heartbeats, in time order
+    memory: dict[str, list[MemorySample]] = field(default_factory=dict)
+    #: the "categories" record's: each category's fields by name (``Category``); None:
+    #: the log has none (written before categories were)
+    categories: dict[str, dict[str, Any]] | None = None
 
     @property
     def has_events(self) -> bool:
@@ -147,6 +169,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
                     record["end"],
                     record["nbytes"],
                     record.get("serialization", 0.0),  # not in logs of older versions
+                    record.get("cpu", 0.0),
+                    record.get("peak_memory", 0),
                 )  # fmt: skip
             )
         elif kind == "sample":
@@ -160,7 +184,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             if name not in workers:  # the first record of a worker tells its cores
                 workers[name] = RunWorker(name, int(record.get("cores") or 0),
                                           str(record.get("host", "")),
-                                          joined=float(record.get("t", 0.0)))  # fmt: skip
+                                          joined=float(record.get("t", 0.0)),
+                                          memory=int(record.get("memory") or 0))  # fmt: skip
         elif kind == "worker_lost":
             name = record["worker"]
             workers.setdefault(name, RunWorker(name)).lost = record["t"]
@@ -177,6 +202,14 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             summary.failures.append(
                 Failure(record["t"], kind, key, record["worker"], record["message"])
             )
+        elif kind == "memory":
+            summary.memory.setdefault(record["worker"], []).append(
+                MemorySample(record["t"], record.get("stored_bytes", 0),
+                             record.get("spilled_bytes", 0), record.get("peak_memory", 0),
+                             record.get("peak_library_memory", 0))  # fmt: skip
+            )
+        elif kind == "categories":
+            summary.categories = dict(record.get("categories") or {})
         elif kind == "transfer":
             pair = (record["source"], record["destination"])
             summary.transfers[pair] = summary.transfers.get(pair, 0) + record["bytes"]
@@ -185,4 +218,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
     for task in summary.tasks:
         if task.worker not in workers:
             workers[task.worker] = RunWorker(task.worker)
+    for name in summary.memory:
+        if name not in workers:
+            workers[name] = RunWorker(name)
     return summary

@@ -3,12 +3,12 @@
 ``Watching`` holds the runs callers wait on (``Run``), counts bytes moved per (source,
 destination) name, and feeds the watched runs (a progress bar, a report or an event log)
 from the instructions the scheduler state emits for them: ``state.TaskFinished``,
-``state.Dispatched``, plus the workers joining and leaving and the state's ``load()``
-for samples. It never reads the state's records. Unwatched runs cost nothing here: the
-state emits nothing for them, and the loop skips sampling when none is watched. Every
-run's ``RunInfo`` gets its bytes moved and the seconds its tasks ran and (de)serialized
-(summed by the state, two additions per task, and handed over with ``RunDone`` or
-``RunFailed``) when it ends (``settle``).
+``state.Dispatched``, plus the workers joining, leaving and beating (their memory), and
+the state's ``load()`` for samples. It never reads the state's records. Unwatched runs
+cost nothing here: the state emits nothing for them, and the loop skips sampling when
+none is watched. Every run's ``RunInfo`` gets its bytes moved and what its tasks took
+(summed by the state, by category, and handed over with ``RunDone`` or ``RunFailed``)
+when it ends (``settle``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,9 @@ class Watching:
         self.watched[run.id] = run
         if run.log is not None:
             for info in workers:
-                run.log.worker(now, info.name, info.cores, info.hostname)
+                run.log.worker(now, info.name, info.cores, info.hostname, info.memory)
+                if info.status.peak_memory:  # (0: no heartbeat yet)
+                    run.log.memory(now, info.name, info.status)
             self._sample(now, [run])
 
     def pop(self, run_id: int, now: float) -> Run | None:
@@ -222,7 +224,7 @@ class Watching:
         if kind is p.TaskDone:
             run.log.done(
                 now, message.task_id, worker, message.duration, message.finished, message.nbytes,
-                message.serialization,
+                message.serialization, message.cpu, message.peak_memory,
             )  # fmt: skip
         elif kind is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
@@ -238,10 +240,18 @@ class Watching:
         if run.log is not None:
             run.log.dispatch(now, sent.task_id, sent.key, sent.prefix, sent.worker)
 
-    def worker_joined(self, now: float, name: str, cores: int, hostname: str) -> None:
+    def worker_joined(
+        self, now: float, name: str, cores: int, hostname: str, memory: int = 0
+    ) -> None:
         for run in self.watched.values():
             if run.log is not None:
-                run.log.worker(now, name, cores, hostname)
+                run.log.worker(now, name, cores, hostname, memory)
+
+    def status(self, now: float, name: str, status: p.Status) -> None:
+        """A worker's heartbeat: its memory over time, in the logs of watched runs."""
+        for run in self.watched.values():
+            if run.log is not None:
+                run.log.memory(now, name, status)
 
     def worker_lost(self, now: float, name: str, reason: str) -> None:
         for run in self.watched.values():

@@ -1,14 +1,22 @@
 """What a run's tasks took, by category: the prefix of their keys (dask's ``key_split``,
 ``TaskRecord.prefix``), summed as their ``TaskDone`` reports arrive. The manager hands
-them to the caller as ``Manager.last_run.categories``.
+them to the caller as ``Manager.last_run.categories``, and its event log and report show
+them (``manager.events``, ``manager.report``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Protocol
 
 _MB = float(2**20)
+
+
+class _Sized(Protocol):
+    """An input of a task: its result's bytes as its ``TaskDone`` said (``TaskRecord``)."""
+
+    nbytes: int
 
 
 class Category:
@@ -16,24 +24,35 @@ class Category:
     counts twice)."""
 
     __slots__ = ("tasks", "wall_s", "cpu_s", "peak_memory_mb", "allocated_memory_mb",
-                 "exhausted")  # fmt: skip
+                 "exhausted", "input_bytes", "output_bytes", "failed")  # fmt: skip
 
     def __init__(self) -> None:
         self.tasks = 0
         #: seconds its tasks' calls took, and the CPU seconds of their processes then
         self.wall_s = 0.0
         self.cpu_s = 0.0
-        #: the largest peak resident memory (MiB) of a process while one of its tasks
-        #: ran, that process's base included (0: not measured there)
+        #: the largest peak resident memory (MiB) of one of its tasks, as its worker
+        #: measured it (``TaskDone.peak_memory``; 0: not measured there)
         self.peak_memory_mb = 0.0
         #: memory allotted to each of its tasks (MiB; 0: none yet), and how many of its
         #: tasks went past their allotment
         self.allocated_memory_mb = 0.0
         self.exhausted = 0
+        #: bytes its tasks read (the sizes of their inputs' results, as the inputs'
+        #: ``TaskDone`` said) and bytes of the results they made
+        self.input_bytes = 0
+        self.output_bytes = 0
+        #: its tasks that raised or whose process died (``TaskErred``, ``TaskCrashed``)
+        self.failed = 0
 
     def __repr__(self) -> str:
         return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
-                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f})")  # fmt: skip
+                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
+                f"input_bytes={self.input_bytes}, output_bytes={self.output_bytes})")  # fmt: skip
+
+    def fields(self) -> dict[str, float | int]:
+        """Every field by name: what the event log writes (``events.CategoriesEntry``)."""
+        return {name: getattr(self, name) for name in Category.__slots__}
 
 
 #: A run's categories before any of its tasks finished.
@@ -45,8 +64,12 @@ class Categories(dict[str, Category]):
 
     __slots__ = ()
 
-    def done(self, prefix: str, duration: float, cpu: float, peak_memory: int) -> None:
-        """A task of category ``prefix`` finished: one lookup and a few additions."""
+    def done(
+        self, prefix: str, duration: float, cpu: float, peak_memory: int, nbytes: int = 0,
+        inputs: Sequence[_Sized] = (),
+    ) -> None:  # fmt: skip
+        """A task of category ``prefix`` finished, its result ``nbytes`` long, having read
+        ``inputs``: one lookup, a few additions, and one per input."""
         category = self.get(prefix)
         if category is None:
             category = self[prefix] = Category()
@@ -56,3 +79,16 @@ class Categories(dict[str, Category]):
         peak = peak_memory / _MB
         if peak > category.peak_memory_mb:
             category.peak_memory_mb = peak
+        category.output_bytes += nbytes
+        if inputs:
+            read = 0
+            for dep in inputs:
+                read += dep.nbytes
+            category.input_bytes += read
+
+    def fail(self, prefix: str) -> None:
+        """A task of category ``prefix`` raised, or its process died."""
+        category = self.get(prefix)
+        if category is None:
+            category = self[prefix] = Category()
+        category.failed += 1

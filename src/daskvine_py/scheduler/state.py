@@ -342,7 +342,8 @@ class SchedulerState:
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
         run.serialization_seconds += msg.serialization
-        run.categories.done(task.prefix, msg.duration, msg.cpu, msg.peak_memory)
+        run.categories.done(task.prefix, msg.duration, msg.cpu, msg.peak_memory, msg.nbytes,
+                            task.deps)  # fmt: skip
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
@@ -377,6 +378,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
+        task.run.categories.fail(task.prefix)
         self.faults.erred(task, worker, msg)  # retried once elsewhere, or the run fails
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
@@ -387,6 +389,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
+        task.run.categories.fail(task.prefix)
         self.faults.crashed(task, worker)
         if self._out_of_retries(task):
             attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
