@@ -5,16 +5,18 @@ runs: the library's limit is its resident size when the task began (``measure.ba
 which the library writes next to the task's id in its shared slots) plus the task's
 allocation, summed over the tasks it runs at once (``--lib-slots`` > 1). A task of no
 allocation of its own (0) may take the worker's budget (``--memory``) less what the
-other running tasks are allocated. The worker's budget holds the running tasks'
-allocations and its results together: the store spills to leave the allocations room
-(``Store.allocate``).
+other running tasks are allocated: limited only while tasks with allocations run beside
+it (alone, it runs unwatched, as before allocations existed). The worker's budget holds
+the running tasks' allocations and its results together: the store spills to leave the
+allocations room (``Store.allocate``).
 
-While the worker has tasks, it looks every ``INTERVAL`` at the libraries running one:
-the slots in shared memory, and one ``pread`` of ``/proc/PID/statm`` (kept open) per busy
-library. A library past its limit is killed at once (SIGKILL); the shell then has the task
-reported exhausted (``TaskExhausted``: the growth seen, and its allocation), the other
-tasks it ran as after a crash, and a fresh library takes its place. With several tasks
-in one library the most recent is blamed. A forked child (``exec_mode="fork"``) and a
+While the worker has tasks, it looks every ``INTERVAL`` at its libraries' slots in shared
+memory; while some running task has an allocation, it reads each busy library's resident
+size too, one ``pread`` of ``/proc/PID/statm`` (kept open) each. A library past its
+limit is killed at once (SIGKILL); the shell then has the task reported exhausted
+(``TaskExhausted``: the growth seen, and its allocation), the other tasks it ran as
+after a crash, and a fresh library takes its place. With several tasks in one library
+the most recent is blamed. A forked child (``exec_mode="fork"``) and a
 task process (``task_mode="tasks"``) are processes of their own, not watched here.
 """
 
@@ -99,6 +101,8 @@ class MemoryWatch:
             if running is not None:
                 busy.append((lib, running))
         self.store.allocate(allocated)
+        if not allocated:
+            return _NOTHING  # no task has an allocation: none is limited
         if len(self._files) > len(libraries):
             self._close_gone(libraries)
         exhausted: list[Exhausted] = []
