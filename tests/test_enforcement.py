@@ -70,7 +70,10 @@ class FakeManager:
         self.send(*functions, execute)
 
     def wait_for(self, predicate, timeout: float = 60.0):
-        """Read the worker's records until ``predicate(record)`` holds for one: it."""
+        """The first record heard, or read from now on, for which ``predicate`` holds."""
+        for record in self.heard:
+            if predicate(record):
+                return record
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -134,8 +137,7 @@ def test_a_task_past_its_allocation_is_stopped_and_reported_exhausted():
         assert report.resource == "memory" and report.limit == 50 * MB
         assert report.peak >= report.limit
         # its library's live results went with it, as after a crash
-        if not any(type(r) is p.Lost for r in manager.heard):
-            manager.wait_for(lambda r: type(r) is p.Lost)
+        manager.wait_for(lambda r: type(r) is p.Lost)
         assert [r for r in manager.heard if type(r) is p.Lost] == [p.Lost((1,))]
         _the_next_task_runs_right(manager, 3)  # on a fresh library
         assert not [r for r in manager.heard if type(r) is p.TaskCrashed]
@@ -170,6 +172,20 @@ def test_a_task_of_no_allocation_beside_one_of_an_allocation_has_what_it_leaves(
         assert report.limit == 100 * MB and report.peak >= report.limit
         assert type(manager.report(2)) is p.TaskDone  # its library went on
         _the_next_task_runs_right(manager, 4)
+
+
+@pytest.mark.timeout(120)
+def test_a_library_of_two_slots_is_limited_by_the_sum_of_its_tasks_allocations():
+    with worker("--lib-slots", "2", "--memory", "2000") as (manager, proc):
+        manager.execute(1, Task("sleepy", time.sleep, 3), memory=100 * MB)
+        manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
+        # 150 MB for the two: 200 MB is past it, and the most recent task is blamed
+        manager.execute(2, Task("hungry", hungry, 200), memory=50 * MB)
+        report = manager.report(2)
+        assert type(report) is p.TaskExhausted, manager.heard
+        assert report.limit == 50 * MB and report.peak >= 150 * MB
+        assert type(manager.report(1)) is p.TaskCrashed  # retried by the manager, as today
+        _the_next_task_runs_right(manager, 3)
 
 
 @pytest.mark.timeout(120)
