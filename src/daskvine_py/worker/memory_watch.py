@@ -78,7 +78,11 @@ class MemoryWatch:
 
     def look(self, libraries: dict[int, Library], now: float) -> Sequence[Exhausted]:
         """The libraries past their limits, when a look is due (most calls: none)."""
-        if now < self.due or not self.tasks:
+        if now < self.due:
+            return _NOTHING
+        if not self.tasks:  # idle: no allocation holds room in the store any more
+            if self.store.allocated:
+                self.store.allocate(0)
             return _NOTHING
         self.due = now + INTERVAL
         tasks = self.tasks
@@ -132,6 +136,9 @@ class MemoryWatch:
         pid = lib.process.pid
         entry = self._files.get(lib_id)
         if entry is None or entry[0] != pid:
+            if entry is not None:
+                os.close(entry[1])
+                del self._files[lib_id]
             try:
                 fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
