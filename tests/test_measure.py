@@ -62,6 +62,20 @@ def test_the_high_water_mark_is_reset_and_read_in_bytes():
 
 @linux
 @pytest.mark.timeout(60)
+def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
+    start = measure.reset_peak()
+    assert start > 0  # the process's size, read when the files opened or by the last task
+    block = _touched(64)
+    assert 60 * MB <= measure.task_peak(start) <= 70 * MB
+    # the block stays: the next task starts from a process 64 MB larger, and its own
+    # peak holds none of it
+    start = measure.reset_peak()
+    assert measure.base() == start and measure.task_peak(start) < 8 * MB
+    del block
+
+
+@linux
+@pytest.mark.timeout(60)
 def test_a_forked_child_measures_itself_not_its_parent():
     measure.peak_memory()  # the parent's files are open
     read, write = os.pipe()
