@@ -10,7 +10,9 @@ import dask
 import pytest
 
 from daskvine_py import Manager
-from daskvine_py.worker import measure
+from daskvine_py.plan.graph import LegacyCall
+from daskvine_py.wire.serialize import TaskEncoder
+from daskvine_py.worker import library, measure, pipe
 
 MB = 2**20
 HUNGRY_MB = 200
@@ -72,6 +74,33 @@ def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
     start = measure.reset_peak()
     assert measure.base() == start and measure.task_peak(start) < 8 * MB
     del block
+
+
+@linux
+@pytest.mark.timeout(60)
+def test_a_large_result_sent_away_leaves_the_next_tasks_base():
+    """A library's task returns 64 MB that it sends and does not keep: the next task's
+    base is read afresh (not the size the last read saw, with the result still there),
+    and a live result the worker has it forget leaves it too."""
+    encoder = TaskEncoder()
+    runner = library.Runner("w", "/tmp")
+
+    def call(task_id: int, keep: bool, *task: object) -> pipe.Call:
+        payload, _ = encoder.encode(LegacyCall(task, frozenset()))
+        runner.decoder.add_functions(encoder.functions)
+        return pipe.Call(task_id, f"k{task_id}", payload, [], keep, not keep)
+
+    measure.freed(measure.STALE_BYTES)  # what earlier tests here freed: read afresh
+    for forget in (False, True):
+        before = measure.base()
+        done = runner.execute(call(1, forget, _touched, 64), None)
+        assert type(done) is pipe.Done and 60 * MB <= done.peak_memory <= 70 * MB
+        done = None  # (the last read saw the result, still here as the task ended)
+        if forget:
+            runner.forget(1)
+        assert measure.base() < before + 8 * MB  # gone: read again, not the last read's
+        done = runner.execute(call(2, False, tiny, 1), None)
+        assert done.peak_memory < 8 * MB
 
 
 @linux

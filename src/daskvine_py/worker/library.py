@@ -59,7 +59,7 @@ from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe, threads
-from daskvine_py.worker.measure import base, reset_peak, sizeof, task_peak
+from daskvine_py.worker.measure import base, dropped, freed, reset_peak, sizeof, task_peak
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -82,9 +82,8 @@ _prctl: Any = None  # libc's prctl, through ctypes: untyped
 
 
 class SlotTable(Protocol):
-    """Per slot, two integers: 1 + the id of the task it runs (0: none), and the resident
-    bytes it began from (``measure.base``): shared memory (``RawArray``) the worker reads
-    to blame a death and to watch memory, or a list in tests."""
+    """Per slot, 1 + the id of the task it runs (0: none) and the bytes it began from
+    (``measure.base``): shared memory the worker reads (or a list in tests)."""
 
     def __setitem__(self, slot: int, value: int, /) -> None: ...
 
@@ -381,7 +380,7 @@ class Runner:
                         self._readers[dep_id] = left
                     elif dep_id in self._doomed:
                         self._doomed.discard(dep_id)
-                        self.live.pop(dep_id, None)
+                        dropped(self.live.pop(dep_id, None))
 
     def forget(self, task_id: int) -> None:
         """Drop a live result now, or once the queued calls that read it have run."""
@@ -389,7 +388,7 @@ class Runner:
             if task_id in self._readers:
                 self._doomed.add(task_id)
             else:
-                self.live.pop(task_id, None)
+                dropped(self.live.pop(task_id, None))  # (large: the next base is read afresh)
 
     def export(self, task_id: int, drop: bool) -> Exported:
         """A live result, serialized; with ``drop`` it is no longer kept here."""
@@ -567,6 +566,8 @@ def run(
         return _erred(task_id, error, exc)
     seconds = unpickling + time.perf_counter() - ended
     nbytes = serialized.nbytes
+    if not keep_live:
+        freed(nbytes)  # sent, then gone: not in the next task's base
     return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak)
 
 

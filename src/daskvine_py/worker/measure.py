@@ -6,7 +6,9 @@ Linux keeps a process's high-water mark of resident memory (``VmHWM`` in
 writing "5" to ``/proc/self/clear_refs``: reset before a task, read after, and the mark
 less the process's resident size when the task began is the task's own peak. That size
 (``VmRSS``) comes from the same read at the end of the previous task (or from the files'
-opening), so a task pays one ``write`` and one ``pread`` (a few microseconds), no more.
+opening), so a task pays one ``write`` and one ``pread`` (a few microseconds), no more;
+only after a large result left the process (``freed``) is it read again as the task
+begins, lest the base count memory that is gone.
 The worker's memory watch limits a library by the same base (``base``). Where the reset
 is refused the mark is the process's peak so far; without ``/proc`` it is
 ``getrusage``'s ``ru_maxrss``. With several tasks at once in one process (``slots`` > 1)
@@ -31,8 +33,12 @@ _RESIDENT = b"VmRSS:"
 _pid = 0
 _clear_fd = -1
 _status_fd = -1
-#: resident bytes at the last read: the base of the next task
+#: resident bytes at the last read: the base of the next task; ``_stale``: memory was
+#: freed since (``freed``), so the next task's base is read afresh
 _rss = 0
+_stale = False
+#: Freeing less than this leaves the base as it was read: it errs by that much at most.
+STALE_BYTES = 1 << 20
 
 
 def _open() -> None:
@@ -70,6 +76,8 @@ def reset_peak() -> int:
     the task's base: the resident bytes of the last read (no read here)."""
     if _pid != os.getpid():
         _open()
+    elif _stale:
+        _refresh()
     if _clear_fd >= 0:
         try:
             os.write(_clear_fd, _RESET_HIGH_WATER)
@@ -82,7 +90,32 @@ def base() -> int:
     """The resident bytes a task starting now is measured from (``reset_peak``'s)."""
     if _pid != os.getpid():
         _open()
+    elif _stale:
+        _refresh()
     return _rss
+
+
+def freed(nbytes: int) -> None:
+    """``nbytes`` leave the process (a result sent and not kept, a live one forgotten):
+    a large amount has the next task's base read afresh, not taken from the last read."""
+    global _stale
+    if nbytes >= STALE_BYTES:
+        _stale = True
+
+
+def dropped(value: Any) -> None:
+    """``freed`` for a value dropped here, sized cheaply: its ``nbytes`` (arrays), else
+    ``sys.getsizeof`` (``sizeof`` would cost more than the read it may save)."""
+    nbytes = getattr(value, "nbytes", None)
+    freed(nbytes if type(nbytes) is int else sys.getsizeof(value))
+
+
+def _refresh() -> None:
+    global _rss, _stale
+    _stale = False
+    resident = _read()[1]
+    if resident:
+        _rss = resident
 
 
 def peak_memory() -> int:
