@@ -257,7 +257,7 @@ class Dispatch:
                 inputs.append((dep.key, dep_id, store.get(dep_id)))
         keep = task.keep and lib is not None
         send = task.want_result or not keep
-        return pipe.Call(task.id, task.key, task.payload, inputs, keep, send)
+        return pipe.Call(task.id, task.key, task.payload, inputs, keep, send, task.cores)
 
     def _available(self, dep: p.DepLocation, lib: int | None) -> bool:
         """Whether a call to ``lib`` (None: a task process) can have this input now."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
-from daskvine_py.worker import library, pipe, task_process, threads
+from daskvine_py.worker import library, library_process, pipe, task_process, threads
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
@@ -53,9 +53,10 @@ class Library:
     ) -> None:
         self.process = process
         self.conn = conn
-        #: shared memory: per slot, 1 + the id of the task it runs (0: none), written by
-        #: the library before each call; after a death it names the task that killed it
-        #: (replies of tiny tasks are held, so the order of ``record.sent`` cannot)
+        #: shared memory: per slot, 1 + the id of the task it runs (0: none) and the
+        #: resident bytes it began from, written by the library before each call; after a
+        #: death it names the task that killed it (replies of tiny tasks are held, so the
+        #: order of ``record.sent`` cannot); ``memory_watch`` reads both
         self.running = running
         #: asks whether another reply is waiting: ``Connection.poll`` would build a
         #: selector on every call, about once per task
@@ -69,9 +70,9 @@ def start_library(record: LibraryRecord, worker_name: str, tasks_dir: str, cores
     (``threads``); it says ``Ready`` when it can run."""
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=True)
-    running = ctx.RawArray("q", record.slots)
+    running = ctx.RawArray("q", 2 * record.slots)
     process = ctx.Process(
-        target=threads.library_main,
+        target=library_process.main,
         args=(cores, child_conn, worker_name, (), tasks_dir, record.slots, running),
         name=f"daskvine-library-{worker_name}",
         daemon=True,
@@ -83,7 +84,7 @@ def start_library(record: LibraryRecord, worker_name: str, tasks_dir: str, cores
 
 def running_tasks(lib: Library) -> set[int]:
     """The tasks a (dead) library was running, by its shared slots."""
-    return {value - 1 for value in lib.running if value}
+    return {value - 1 for value in lib.running[::2] if value}
 
 
 def reap_library(lib: Library, tasks_dir: str) -> str:
@@ -133,8 +134,8 @@ def start_task_process(
     cores: int,
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file,
-    its thread pools fitting ``cores``; ``OSError`` (with nothing left behind) when it
-    cannot be started."""
+    its thread pools fitting its cores (``cores`` at least: its slot's); ``OSError`` (with
+    nothing left behind) when it cannot be started."""
     config = task.config
     assert config is not None
     directory = os.path.join(tasks_dir, f"task-{task.id}")
@@ -142,7 +143,7 @@ def start_task_process(
     with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
         pickle.dump((call, functions_dir, worker_name, config.import_modules), file, protocol=5)
     env = dict(os.environ)
-    threads.set_thread_env(cores, env)  # its pools fit its slot, as a library's do
+    threads.set_thread_env(max(cores, task.cores), env)  # its pools fit it, as a library's
     env.update(config.env_vars)
     env["TMPDIR"] = directory
     read_fd, write_fd = os.pipe()

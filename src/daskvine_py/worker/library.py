@@ -58,8 +58,8 @@ from daskvine_py.errors import ImportHoistingError, SerializationError, WorkerIm
 from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
-from daskvine_py.worker import pipe
-from daskvine_py.worker.measure import peak_memory, reset_peak, sizeof
+from daskvine_py.worker import pipe, threads
+from daskvine_py.worker.measure import base, dropped, freed, reset_peak, sizeof, task_peak
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -82,8 +82,8 @@ _prctl: Any = None  # libc's prctl, through ctypes: untyped
 
 
 class SlotTable(Protocol):
-    """Per slot, 1 + the id of the task it runs (0: none): shared memory (``RawArray``)
-    the worker reads after a death, or a list in tests."""
+    """Per slot, 1 + the id of the task it runs (0: none) and the bytes it began from
+    (``measure.base``): shared memory the worker reads (or a list in tests)."""
 
     def __setitem__(self, slot: int, value: int, /) -> None: ...
 
@@ -153,7 +153,7 @@ def main(
         send(conn, Ready())  # the worker registers once every library has said this
     except OSError:
         return
-    serve(conn, runner, slots, running if running is not None else [0] * slots)
+    serve(conn, runner, slots, running if running is not None else [0] * 2 * slots)
 
 
 def serve(conn: Connection, runner: Runner, slots: int, running: SlotTable) -> None:
@@ -318,9 +318,12 @@ def _run_calls(
     last = len(calls) - 1
     for index, call in enumerate(calls):
         start = time.perf_counter()
-        running[slot] = call[0] + 1
+        if call[6] != threads.asked:  # (a task's own cores; most ask what the last did)
+            threads.fit(call[6])
+        running[2 * slot + 1] = base()  # before its id: the worker reads id, then base
+        running[2 * slot] = call[0] + 1
         reply = runner.execute(call, config)
-        running[slot] = 0
+        running[2 * slot] = 0
         runner.has_read(call)
         now = time.perf_counter()
         if not held:
@@ -377,7 +380,7 @@ class Runner:
                         self._readers[dep_id] = left
                     elif dep_id in self._doomed:
                         self._doomed.discard(dep_id)
-                        self.live.pop(dep_id, None)
+                        dropped(self.live.pop(dep_id, None))
 
     def forget(self, task_id: int) -> None:
         """Drop a live result now, or once the queued calls that read it have run."""
@@ -385,7 +388,7 @@ class Runner:
             if task_id in self._readers:
                 self._doomed.add(task_id)
             else:
-                self.live.pop(task_id, None)
+                dropped(self.live.pop(task_id, None))  # (large: the next base is read afresh)
 
     def export(self, task_id: int, drop: bool) -> Exported:
         """A live result, serialized; with ``drop`` it is no longer kept here."""
@@ -511,7 +514,7 @@ def run(
     """Run one task; every outcome is a reply, never an exception. ``live``: this
     library's live results, where the call's live inputs are and its result is kept
     (None: a process that keeps nothing, whose results are always sent)."""
-    task_id, key, payload, inputs, keep, send_result = call
+    task_id, key, payload, inputs, keep, send_result, _ = call
     try:
         node = decoder.decode(payload)
     except Exception as exc:
@@ -532,7 +535,7 @@ def run(
             values[dep_key] = found
     except Exception as exc:
         return _erred(task_id, _unpickling_error(key, "an input", exc, worker_name), exc)
-    reset_peak()  # the task's peak resident memory, and its CPU time (``measure``)
+    start_rss = reset_peak()  # the task's own peak resident memory, its CPU time (``measure``)
     cpu = time.process_time()
     began = time.perf_counter()
     try:
@@ -540,7 +543,7 @@ def run(
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
         return _erred(task_id, exc, None)
     ended = time.perf_counter()
-    cpu, peak = time.process_time() - cpu, peak_memory()
+    cpu, peak = time.process_time() - cpu, task_peak(start_rss)
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
     keep_live = keep is True and live is not None  # (None: as False)
@@ -563,6 +566,8 @@ def run(
         return _erred(task_id, error, exc)
     seconds = unpickling + time.perf_counter() - ended
     nbytes = serialized.nbytes
+    if not keep_live:
+        freed(nbytes)  # sent, then gone: not in the next task's base
     return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak)
 
 

@@ -2,7 +2,7 @@
 sends, and how they travel (``send``, ``receive``)::
 
     worker ──Run(functions=[(function_id, bytes), ...], config=RunConfig | None,
-                 calls=[Call(task_id, key, payload, inputs, keep, send), ...])──► library
+                 calls=[Call(task_id, key, payload, inputs, keep, send, cores), ...])──► library
     worker ──Export(task_ids, drop)── / ──Forget(task_ids)──────────────────────► library
     worker ◄──Done(task_id, Serialized | None, seconds, nbytes, live, serialization, ...)
     worker ◄──Exported(task_id, Serialized | None, seconds, error)──────────────────
@@ -48,6 +48,8 @@ class Call(NamedTuple):
     keep: bool | None = False
     #: serialize the result and send it with ``Done`` (an output, or no ``keep``)
     send: bool = True
+    #: its cores: the library's thread pools fit them (``threads.fit``)
+    cores: int = 1
 
 
 class Run(NamedTuple):
@@ -88,8 +90,8 @@ class Done(NamedTuple):
     live: bool = False
     #: seconds spent unpickling the inputs and pickling the result
     serialization: float = 0.0
-    #: CPU seconds of the call (its process's: ``time.process_time``) and the process's
-    #: peak resident bytes while it ran (``measure``)
+    #: CPU seconds of the call (its process's: ``time.process_time``) and its own peak
+    #: resident bytes: the process's peak while it ran less its size when it began
     cpu: float = 0.0
     peak_memory: int = 0
 

@@ -17,7 +17,7 @@ class WorkerTask:
 
     __slots__ = (
         "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config",
-        "home", "lib",
+        "home", "lib", "cores", "memory",
     )  # fmt: skip
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
@@ -27,6 +27,10 @@ class WorkerTask:
         self.deps = msg.deps
         self.want_result = msg.want_result
         self.keep = msg.keep
+        #: its allocation: cores its thread pools fit, bytes of memory its library may
+        #: grow by while it runs (0: the worker's budget less the others'; ``memory_watch``)
+        self.cores = msg.cores
+        self.memory = msg.memory
         #: inputs not yet in the local store
         self.missing: set[int] = set()
         self.state: TaskStateName = "new"

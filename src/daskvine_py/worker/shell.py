@@ -80,6 +80,7 @@ from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
 from daskvine_py.worker import pipe
 from daskvine_py.worker.args import parse_args
+from daskvine_py.worker.memory_watch import MemoryWatch
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.state import REGISTRATION_PATIENCE, WorkerState
@@ -185,6 +186,7 @@ class Worker:
             self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
             time.monotonic(),
         )  # fmt: skip
+        self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name)
         self.library_by_fd: dict[int, h.Library] = {}
         #: the same libraries by id (``LibraryRecord.id``), for the state's requests
         self.library_by_id: dict[int, h.Library] = {}
@@ -218,11 +220,8 @@ class Worker:
                 self._loop_once()
         finally:
             self._close()
-        logger.log(
-            self.leave_level,
-            "worker %s left %s: %s (exit status %d)",
-            self.name, self.address, self.leave_reason, self.exit_code,
-        )  # fmt: skip
+        logger.log(self.leave_level, "worker %s left %s: %s (exit status %d)", self.name,
+                   self.address, self.leave_reason, self.exit_code)  # fmt: skip
         return self.exit_code
 
     def _register(self) -> None:
@@ -268,6 +267,7 @@ class Worker:
         self.manager.close(linger=0 if self.manager_gone else None)
         self.context.term()
         self.store.close()
+        self.watch.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- the loop ---------------------------------------------------------------------
@@ -292,6 +292,9 @@ class Worker:
         if self.state.aborted:
             self._kill_aborted()
         now = time.monotonic()
+        for lib, task, peak, limit in self.watch.look(self.library_by_id, now):  # (killed)
+            self.state.on_exhausted(lib.record, task.id, peak, limit)
+            self._on_library_death(lib)
         self._check_timers(now)
         state = self.state
         for record, request in state.start_runnable():
@@ -313,7 +316,8 @@ class Worker:
     def _poll_timeout_ms(self) -> int:
         if not self.running:
             return 0
-        timeout = self.state.poll_timeout(time.monotonic())
+        now = time.monotonic()
+        timeout = min(self.state.poll_timeout(now), self.watch.timeout(now))
         busy = self.state.outbox or self.peers.requests  # (peers: answers left for next turn)
         return 0 if busy else int(timeout * 1000) + 1
 
@@ -333,8 +337,7 @@ class Worker:
             if state.registered:
                 logger.warning(
                     "worker %s lost the manager at %s: nothing heard from it for %.0f s "
-                    "(--manager-timeout %g)",
-                    self.name, self.address, silent, timeout,
+                    "(--manager-timeout %g)", self.name, self.address, silent, timeout,
                 )  # fmt: skip
                 self._leave("the manager was lost", 0)
             elif state.manager_connected:

@@ -57,7 +57,7 @@ from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
 from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
 from daskvine_py.worker.store import Store
 from daskvine_py.worker.transitions import TRANSITIONS as _TRANSITIONS
-from daskvine_py.worker.transitions import Edge, Step
+from daskvine_py.worker.transitions import bind
 from daskvine_py.worker.transitions import illegal as _illegal
 
 logger = logging.getLogger("daskvine_py.worker")
@@ -116,8 +116,13 @@ class WorkerState:
             self.tasks, self.local_waiters, self.live_tasks, store, self._transition,
             self._input_lost,
         )  # fmt: skip
-        #: legal edges -> what each does besides setting the state (``_TRANSITIONS``)
-        self._steps = _bind_steps(self)
+        #: legal edges -> what each does besides setting the state (``transitions``); the
+        #: dispatch's queues called directly, with no call of ours in between
+        self._steps = bind(_TRANSITIONS, {
+            "enqueue": self.dispatch.enqueue, "start": self.started.append,  # (``Started``)
+            "requeue": self._requeue, "forget": self._forget,
+            "forget_running": self._running_to_forgotten,
+        })  # fmt: skip
         #: the manager welcomed us; when we last heard from it and last sent to it
         self.registered = False
         self.last_contact = now
@@ -220,10 +225,11 @@ class WorkerState:
             self.outbox.append(p.DiskFull(self.disk_full))
         if fetcher.received_from:
             fetcher.report_received()
-        limit = self.store.memory_limit
+        store = self.store
         live = self.live
-        if limit is not None and live.nbytes:
-            excess = live.nbytes - live.leaving_bytes + self.store.memory_bytes - limit
+        if store.memory_limit is not None and live.nbytes:  # (running tasks' room counts too)
+            excess = live.nbytes - live.leaving_bytes + store.memory_bytes + store.allocated
+            excess -= store.memory_limit
             if excess > 0:
                 self.live_tasks.evict(excess)
 
@@ -492,6 +498,14 @@ class WorkerState:
             )
             self.outbox.append(p.Lost(tuple(lost)))
 
+    def on_exhausted(self, lib: LibraryRecord, task_id: int, peak: int, limit: int) -> None:
+        """A task went past its memory allocation: reported so (its library's death follows)."""
+        task = self.tasks.get(task_id)
+        if task is not None and task.state == "running" and task_id in lib.sent:
+            lib.sent.remove(task_id)
+            self._transition(task, "forgotten")
+            self.outbox.append(p.TaskExhausted(task_id, "memory", peak, limit))
+
     def on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
         """A task's outcome, from a library (``lib``) or a task process."""
         task = self.tasks.get(reply.task_id)
@@ -584,16 +598,3 @@ class WorkerState:
         yield from self.fetcher.leaks()
         yield from self.live_tasks.leaks()
         yield from self.dispatch.leaks()
-
-
-def _bind_steps(state: WorkerState) -> dict[Edge, Step | None]:
-    """``_TRANSITIONS`` with each step bound: the dispatch's queues are called directly,
-    with no call of the state's in between (twice per task)."""
-    steps: dict[str, Step] = {
-        "enqueue": state.dispatch.enqueue,
-        "start": state.started.append,  # reported in one ``Started`` per pass
-        "requeue": state._requeue,
-        "forget": state._forget,
-        "forget_running": state._running_to_forgotten,
-    }
-    return {edge: None if name is None else steps[name] for edge, name in _TRANSITIONS.items()}

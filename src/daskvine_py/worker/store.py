@@ -45,7 +45,7 @@ class Store:
 
     __slots__ = (
         "_memory", "_disk", "memory_limit", "disk_limit", "spill_dir", "nbytes",
-        "memory_bytes", "disk_bytes", "full", "spilled", "unspilled", "reserved",
+        "memory_bytes", "disk_bytes", "full", "spilled", "unspilled", "reserved", "allocated",
     )  # fmt: skip
 
     def __init__(
@@ -70,6 +70,9 @@ class Store:
         #: bytes held in memory elsewhere that count against the limit too (results the
         #: libraries keep live): the store spills to leave them room
         self.reserved = 0
+        #: bytes of memory the tasks running now are allocated (``allocate``): the store
+        #: spills to leave them room too
+        self.allocated = 0
         self.disk_bytes = 0
         #: over the memory limit with no disk left to spill to
         self.full = False
@@ -92,7 +95,7 @@ class Store:
         self._memory[task_id] = value
         self.nbytes += value.nbytes
         self.memory_bytes += value.nbytes
-        if self.memory_limit is not None and self.memory_bytes + self.reserved > self.memory_limit:
+        if self.memory_limit is not None and self._held() > self.memory_limit:
             self._spill()
 
     def size(self, task_id: int) -> int:
@@ -121,7 +124,7 @@ class Store:
             self.unspilled += 1
             memory[task_id] = value
             self.memory_bytes += value.nbytes
-            if self.memory_bytes + self.reserved > self.memory_limit:  # type: ignore[operator]
+            if self._held() > self.memory_limit:  # type: ignore[operator]
                 self._spill(keep=task_id)
         return value
 
@@ -139,6 +142,18 @@ class Store:
         if self.full:  # room may have been made: retry the spill
             self._spill()
 
+    def allocate(self, nbytes: int) -> None:
+        """The tasks running now are allocated ``nbytes`` of memory: results spill to
+        leave them room (the worker's ``--memory`` is its whole budget)."""
+        grew = nbytes > self.allocated
+        self.allocated = nbytes
+        if grew and self.memory_limit is not None and self._held() > self.memory_limit:
+            self._spill()
+
+    def _held(self) -> int:
+        """Bytes counted against the memory limit: in memory, live, allocated."""
+        return self.memory_bytes + self.reserved + self.allocated
+
     def close(self) -> None:
         """Forget everything and remove the spill directory."""
         self._memory.clear()
@@ -154,7 +169,7 @@ class Store:
         assert limit is not None
         full = False
         for task_id in list(memory):
-            if self.memory_bytes + self.reserved <= limit:
+            if self._held() <= limit:
                 break
             if task_id == keep:
                 continue
@@ -168,7 +183,7 @@ class Store:
                 self.spilled += 1
             del memory[task_id]
             self.memory_bytes -= value.nbytes
-        self.full = full and self.memory_bytes + self.reserved > limit
+        self.full = full and self._held() > limit
 
     def _path(self, task_id: int) -> str:
         assert self.spill_dir is not None

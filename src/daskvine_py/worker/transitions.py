@@ -32,3 +32,8 @@ TRANSITIONS: dict[Edge, str | None] = {
     ("running", "queued"): "requeue",  # its library died before it started, or was killed
     ("running", "forgotten"): "forget_running",
 }
+
+
+def bind(edges: dict[Edge, str | None], steps: dict[str, Step]) -> dict[Edge, Step | None]:
+    """``edges`` (``TRANSITIONS``) with each step's name bound to ``steps[name]``."""
+    return {edge: None if name is None else steps[name] for edge, name in edges.items()}

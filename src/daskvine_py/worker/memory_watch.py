@@ -1,0 +1,158 @@
+"""Each running task's memory allocation, enforced from the worker process.
+
+A task's allocation (``Execute.memory``, bytes) is what its library may grow by while it
+runs: the library's limit is its resident size when the task began (``measure.base``,
+which the library writes next to the task's id in its shared slots) plus the task's
+allocation, summed over the tasks it runs at once (``--lib-slots`` > 1). A task of no
+allocation of its own (0) may take the worker's budget (``--memory``) less what the
+other running tasks are allocated: limited only while tasks with allocations run beside
+it (alone, it runs unwatched, as before allocations existed). The worker's budget holds
+the running tasks' allocations and its results together: the store spills to leave the
+allocations room (``Store.allocate``).
+
+While the worker has tasks, it looks every ``INTERVAL`` at its libraries' slots in shared
+memory; while some running task has an allocation, it reads each busy library's resident
+size too, one ``pread`` of ``/proc/PID/statm`` (kept open) each. A library past its
+limit is killed at once (SIGKILL); the shell then has the task reported exhausted
+(``TaskExhausted``: the growth seen, and its allocation), the other tasks it ran as
+after a crash, and a fresh library takes its place. With several tasks in one library
+the most recent is blamed. A forked child (``exec_mode="fork"``) and a
+task process (``task_mode="tasks"``) are processes of their own, not watched here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from daskvine_py.wire.protocol import DropLog
+from daskvine_py.worker.records import WorkerTask
+from daskvine_py.worker.store import Store
+
+if TYPE_CHECKING:
+    from daskvine_py.worker.host import Library
+
+logger = logging.getLogger("daskvine_py.worker")
+
+#: Seconds between looks: a task allocating 1 GB/s grows 20 MB past its limit at most.
+INTERVAL = 0.02
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MB = 2**20
+_NOTHING: Sequence[Exhausted] = ()
+
+
+class Exhausted(NamedTuple):
+    """A library to kill: the task blamed, the growth seen since it began, its allocation."""
+
+    lib: Library
+    task: WorkerTask
+    peak: int
+    limit: int
+
+
+class MemoryWatch:
+    """Looks at the libraries running tasks and kills those past their limits (``look``);
+    see the module docstring.
+    ``budget``: the worker's memory in bytes (0: unknown, only allocations are limits);
+    ``tasks``: the state's table; ``store``: told the running tasks' allocations."""
+
+    __slots__ = ("budget", "tasks", "store", "due", "_files", "_drops", "name")
+
+    def __init__(self, budget: int, tasks: dict[int, WorkerTask], store: Store, name: str) -> None:
+        self.budget = budget
+        self.tasks = tasks
+        self.store = store
+        self.name = name
+        #: when the next look is due
+        self.due = 0.0
+        #: library id -> (pid, open ``statm``)
+        self._files: dict[int, tuple[int, int]] = {}
+        self._drops = DropLog(logger)
+
+    def timeout(self, now: float) -> float:
+        """Seconds until the next look (infinite while the worker has no task)."""
+        return max(0.0, self.due - now) if self.tasks else math.inf
+
+    def look(self, libraries: dict[int, Library], now: float) -> Sequence[Exhausted]:
+        """The libraries past their limits, when a look is due (most calls: none)."""
+        if now < self.due:
+            return _NOTHING
+        if not self.tasks:  # idle: no allocation holds room in the store any more
+            if self.store.allocated:
+                self.store.allocate(0)
+            return _NOTHING
+        self.due = now + INTERVAL
+        tasks = self.tasks
+        busy: list[tuple[Library, list[tuple[WorkerTask, int]]]] = []
+        allocated = 0
+        for lib_id, lib in libraries.items():
+            slots = lib.running
+            running = None
+            for at in range(0, len(slots), 2):
+                value = slots[at]  # the task's id, then its base: the library wrote both
+                if not value:
+                    continue
+                task = tasks.get(value - 1)
+                if task is None or task.lib != lib_id or task.state != "running":
+                    continue  # aborted, or its reply is read already
+                if running is None:
+                    running = []
+                running.append((task, slots[at + 1]))
+                allocated += task.memory
+            if running is not None:
+                busy.append((lib, running))
+        self.store.allocate(allocated)
+        if not allocated:
+            return _NOTHING  # no task has an allocation: none is limited
+        if len(self._files) > len(libraries):
+            self._close_gone(libraries)
+        exhausted: list[Exhausted] = []
+        for lib, running in busy:
+            own = sum(task.memory for task, _ in running)
+            if any(task.memory == 0 for task, _ in running):
+                if not self.budget:
+                    continue  # no budget known: nothing limits it
+                own += max(0, self.budget - allocated)  # what the others leave
+            start = min(base for _, base in running)
+            growth = self._resident(lib) - start
+            if growth > own:
+                task = max(running, key=lambda pair: pair[0].id)[0]  # the most recent
+                limit = task.memory or max(0, self.budget - allocated)
+                lib.process.kill()  # at once: before the node runs out
+                exhausted.append(Exhausted(lib, task, growth, limit))
+                self._drops.warn(
+                    "exhausted", now, "worker %s: task %r went past its memory allocation "
+                    "(%.0f MB used, %.0f MB allowed): its library process was killed",
+                    self.name, task.key, growth / _MB, limit / _MB,
+                )  # fmt: skip
+        return exhausted
+
+    def _resident(self, lib: Library) -> int:
+        """The library's resident bytes now (0: unknown)."""
+        lib_id = lib.record.id
+        pid = lib.process.pid
+        entry = self._files.get(lib_id)
+        if entry is None or entry[0] != pid:
+            if entry is not None:
+                os.close(entry[1])
+                del self._files[lib_id]
+            try:
+                fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return 0
+            entry = self._files[lib_id] = (pid or 0, fd)
+        try:
+            return int(os.pread(entry[1], 128, 0).split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _close_gone(self, libraries: Iterable[int]) -> None:
+        alive = set(libraries)
+        for lib_id in [lib_id for lib_id in self._files if lib_id not in alive]:
+            os.close(self._files.pop(lib_id)[1])
+
+    def close(self) -> None:
+        self._close_gone(())

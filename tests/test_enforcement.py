@@ -1,0 +1,237 @@
+"""A task's allocation enforced on its worker (``worker/memory_watch.py``), end to end: a
+real worker, driven by a manager the test speaks for, kills a library whose task goes
+past its memory allocation and reports ``TaskExhausted`` (not a crash), goes on with a
+fresh library, measures a task within its allocation by its own peak, spills stored
+results to leave a running task's allocation room, and sizes a library's thread pools to
+a task's cores. Computed results are compared with Dask's synchronous scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import sys
+import time
+from collections.abc import Iterator
+
+import dask
+import pytest
+import zmq
+from dask._task_spec import Task
+
+from daskvine_py.manager.launch import spawn
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized, TaskEncoder, loads
+from daskvine_py.worker import threads
+from daskvine_py.worker.store import Store
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+]
+
+MB = 2**20
+REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.TaskExhausted)
+
+
+def hungry(megabytes: int) -> int:
+    """``megabytes`` resident (every page written), held a moment: the watch sees it."""
+    block = bytearray(megabytes * MB)
+    block[::4096] = b"\1" * len(range(0, len(block), 4096))
+    time.sleep(0.5)
+    return len(block) // MB
+
+
+def blas_threads(_: int) -> list[int]:
+    """In a library: the threads of each BLAS pool loaded (numpy's)."""
+    import numpy  # noqa: F401  (loads its BLAS here)
+    from threadpoolctl import threadpool_info
+
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+class FakeManager:
+    """A bare ROUTER on 127.0.0.1 the test speaks for, with one real worker joined."""
+
+    def __init__(self, router: zmq.Socket, ident: bytes) -> None:
+        self.router = router
+        self.ident = ident
+        self.encoder = TaskEncoder()
+        self.heard: list = []  #: every record the worker sent
+
+    def send(self, *records) -> None:
+        self.router.send_multipart([self.ident, *p.encode(list(records))])
+
+    def execute(self, task_id: int, node: Task, want: bool = True, **allocation) -> None:
+        """Send a task (``want``: its value back; else kept live), with ``allocation``
+        (``cores``, ``memory`` in bytes)."""
+        payload, function_ids = self.encoder.encode(node)
+        functions = [p.Function(fid, self.encoder.functions[fid]) for fid in function_ids]
+        execute = p.Execute(task_id, node.key, payload, (), want, 0, True)._replace(**allocation)
+        self.send(*functions, execute)
+
+    def wait_for(self, predicate, timeout: float = 60.0):
+        """The first record heard, or read from now on, for which ``predicate`` holds."""
+        for record in self.heard:
+            if predicate(record):
+                return record
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.router.poll(max(1, int(left * 1000))), self.heard
+            _, *frames = self.router.recv_multipart()
+            records = p.decode(frames, p.TO_MANAGER)
+            self.heard += records
+            for record in records:
+                if predicate(record):
+                    return record
+
+    def report(self, task_id: int):
+        """The report of a task (done, erred, crashed, exhausted)."""
+        return self.wait_for(lambda r: type(r) in REPORTS and r.task_id == task_id)
+
+
+@pytest.fixture(autouse=True)
+def _unset(monkeypatch):
+    """Workers inherit this process's environment: start from no pool variables set."""
+    for name in threads.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@contextlib.contextmanager
+def worker(*args: str) -> Iterator[tuple[FakeManager, object]]:
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name="enforced",
+                 extra_args=["--manager-timeout", "120", *args])  # fmt: skip
+    try:
+        assert router.poll(60_000)
+        ident, *frames = router.recv_multipart()
+        (register,) = p.decode(frames, p.TO_MANAGER)
+        assert type(register) is p.Register
+        manager = FakeManager(router, ident)
+        manager.send(p.Welcome("enforced", 0.2))
+        yield manager, proc
+    finally:
+        proc.kill()
+        proc.wait()
+        context.destroy(linger=0)
+
+
+def _the_next_task_runs_right(manager: FakeManager, task_id: int) -> None:
+    manager.execute(task_id, Task("answer", operator.add, 20, 22))
+    report = manager.report(task_id)
+    assert type(report) is p.TaskDone
+    assert loads(report.value) == dask.get({"answer": (operator.add, 20, 22)}, "answer")
+
+
+@pytest.mark.timeout(120)
+def test_a_task_past_its_allocation_is_stopped_and_reported_exhausted():
+    with worker("--memory", "2000") as (manager, proc):
+        manager.execute(1, Task("kept", bytes, 1_000_000), want=False)  # live in the library
+        assert type(manager.report(1)) is p.TaskDone
+        manager.execute(2, Task("hungry", hungry, 200), memory=50 * MB)
+        report = manager.report(2)
+        assert type(report) is p.TaskExhausted, manager.heard
+        assert report.resource == "memory" and report.limit == 50 * MB
+        assert report.peak >= report.limit
+        # its library's live results went with it, as after a crash
+        manager.wait_for(lambda r: type(r) is p.Lost)
+        assert [r for r in manager.heard if type(r) is p.Lost] == [p.Lost((1,))]
+        _the_next_task_runs_right(manager, 3)  # on a fresh library
+        assert not [r for r in manager.heard if type(r) is p.TaskCrashed]
+        assert proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_task_within_its_allocation_finishes_measured_by_its_own_peak():
+    with worker("--memory", "2000") as (manager, proc):
+        manager.execute(1, Task("hungry", hungry, 200), memory=400 * MB)
+        report = manager.report(1)
+        assert type(report) is p.TaskDone, manager.heard
+        assert loads(report.value) == dask.get({"h": (hungry, 200)}, "h")
+        assert 0.8 * 200 * MB <= report.peak_memory <= 1.2 * 200 * MB
+        # a task of no allocation of its own may take what the others leave of --memory
+        manager.execute(2, Task("hungry", hungry, 200))
+        assert type(manager.report(2)) is p.TaskDone
+        assert proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_task_of_no_allocation_beside_one_of_an_allocation_has_what_it_leaves():
+    with worker("--cores", "2", "--memory", "300") as (manager, proc):
+        # alone, a task of no allocation is not limited (as before allocations existed)
+        manager.execute(1, Task("alone", hungry, 200))
+        assert type(manager.report(1)) is p.TaskDone, manager.heard
+        manager.execute(2, Task("sleepy", time.sleep, 3), memory=200 * MB)
+        manager.wait_for(lambda r: type(r) is p.Started and 2 in r.task_ids)
+        manager.execute(3, Task("beside", hungry, 200))  # in the other library
+        report = manager.report(3)
+        assert type(report) is p.TaskExhausted, manager.heard
+        assert report.limit == 100 * MB and report.peak >= report.limit
+        assert type(manager.report(2)) is p.TaskDone  # its library went on
+        _the_next_task_runs_right(manager, 4)
+
+
+@pytest.mark.timeout(120)
+def test_a_library_of_two_slots_is_limited_by_the_sum_of_its_tasks_allocations():
+    with worker("--lib-slots", "2", "--memory", "2000") as (manager, proc):
+        manager.execute(1, Task("sleepy", time.sleep, 3), memory=100 * MB)
+        manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
+        # 150 MB for the two: 200 MB is past it, and the most recent task is blamed
+        manager.execute(2, Task("hungry", hungry, 200), memory=50 * MB)
+        report = manager.report(2)
+        assert type(report) is p.TaskExhausted, manager.heard
+        assert report.limit == 50 * MB and report.peak >= 150 * MB
+        assert type(manager.report(1)) is p.TaskCrashed  # retried by the manager, as today
+        _the_next_task_runs_right(manager, 3)
+
+
+@pytest.mark.timeout(120)
+def test_stored_results_spill_to_leave_a_running_task_its_allocation():
+    with worker("--memory", "200") as (manager, proc):
+        manager.execute(1, Task("kept", bytes, 60 * MB), want=False)  # live in the library
+        assert type(manager.report(1)) is p.TaskDone
+        status = manager.wait_for(lambda r: type(r) is p.Status)
+        assert status.spilled_bytes == 0  # 60 MB of 200: room enough
+        # 180 MB allocated to a running task: the 60 MB result leaves for the spill
+        manager.execute(2, Task("sleepy", time.sleep, 2), memory=180 * MB)
+        status = manager.wait_for(lambda r: type(r) is p.Status and r.spilled_bytes > 0)
+        assert status.spilled_bytes >= 60 * MB
+        assert type(manager.report(2)) is p.TaskDone
+        manager.send(p.Upload((1,)))
+        uploaded = manager.wait_for(lambda r: type(r) is p.Uploaded)
+        assert loads(uploaded.value) == dask.get({"k": (bytes, 60 * MB)}, "k")
+
+
+@pytest.mark.timeout(120)
+def test_a_librarys_thread_pools_follow_its_tasks_cores():
+    pytest.importorskip("threadpoolctl")
+    pytest.importorskip("numpy")
+    with worker() as (manager, proc):
+        for task_id, cores in enumerate((1, 2, 1, 3), start=1):
+            manager.execute(task_id, Task(f"pools-{task_id}", blas_threads, 0), cores=cores)
+            report = manager.report(task_id)
+            assert type(report) is p.TaskDone, manager.heard
+            blas = loads(report.value)
+            assert blas and set(blas) == {cores}, (cores, blas)
+
+
+def test_the_store_spills_to_leave_allocations_room(tmp_path):
+    def value() -> Serialized:
+        return Serialized(b"x" * 20, [])
+
+    store = Store(100, str(tmp_path))
+    for task_id in range(4):
+        store.put(task_id, value())
+    assert store.memory_bytes == 80 and store.disk_bytes == 0
+    store.allocate(50)  # a task allocated 50 bytes runs: 30 bytes of results go to disk
+    assert store.memory_bytes <= 50 and store.disk_bytes >= 40
+    assert [bytes(store.get(t).header) for t in range(4)] == [b"x" * 20] * 4
+    assert store.memory_bytes + store.allocated <= 100
+    store.allocate(0)  # it is done: room again, nothing more spills
+    spilled = store.spilled
+    store.put(9, value())
+    assert store.spilled == spilled and store.memory_bytes <= 100
+    store.close()
