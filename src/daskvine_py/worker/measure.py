@@ -13,6 +13,10 @@ The worker's memory watch limits a library by the same base (``base``). Where th
 is refused the mark is the process's peak so far; without ``/proc`` it is
 ``getrusage``'s ``ru_maxrss``. With several tasks at once in one process (``slots`` > 1)
 they share one mark: each reads the process's growth while it ran.
+
+``DASKVINE_PY_MEASURE=0`` in a worker's environment turns the reads off (peaks are then 0,
+and categories are not sized from them): only to measure what measuring costs
+(``benchmarks/bench_measure.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ _status_fd = -1
 #: freed since (``freed``), so the next task's base is read afresh
 _rss = 0
 _stale = False
+#: Off only to measure what measuring costs (the module docstring).
+MEASURING = os.environ.get("DASKVINE_PY_MEASURE", "1") != "0"
 #: Freeing less than this leaves the base as it was read: it errs by that much at most.
 STALE_BYTES = 1 << 20
 
@@ -45,6 +51,9 @@ def _open() -> None:
     global _pid, _clear_fd, _status_fd, _rss
     _pid = os.getpid()
     _clear_fd = _status_fd = -1
+    if not MEASURING:
+        _rss = 0
+        return
     try:
         _clear_fd = os.open(_CLEAR_REFS, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -137,6 +146,8 @@ def task_peak(start: int) -> int:
 
 def _read() -> tuple[int, int]:
     """The high-water mark and the resident size, in bytes, from one read (0: unknown)."""
+    if not MEASURING:
+        return 0, 0
     if _status_fd >= 0:
         try:
             status = os.pread(_status_fd, 8192, 0)
