@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
-from daskvine_py.worker import library, pipe, task_process, threads
+from daskvine_py.worker import gpus, library, pipe, task_process, threads
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
@@ -64,15 +64,20 @@ class Library:
         self.record = record
 
 
-def start_library(record: LibraryRecord, worker_name: str, tasks_dir: str, cores: int) -> Library:
+def start_library(
+    record: LibraryRecord, worker_name: str, tasks_dir: str, cores: int,
+    visible: str | None = None,
+) -> Library:  # fmt: skip
     """Spawn a library process of ``record.slots`` slots, whose thread pools fit ``cores``
-    (``threads``); it says ``Ready`` when it can run."""
+    (``threads``) and which sees the GPUs ``visible`` names (``CUDA_VISIBLE_DEVICES``;
+    None: the worker's); it says ``Ready`` when it can run."""
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=True)
     running = ctx.RawArray("q", record.slots)
+    args = (cores, child_conn, worker_name, (), tasks_dir, record.slots, running)
     process = ctx.Process(
-        target=threads.library_main,
-        args=(cores, child_conn, worker_name, (), tasks_dir, record.slots, running),
+        target=threads.library_main if visible is None else gpus.library_main,
+        args=args if visible is None else (visible, *args),
         name=f"daskvine-library-{worker_name}",
         daemon=True,
     )

@@ -128,6 +128,7 @@ class Worker:
         keys: security.Keys | None = None,
         peer_port: int = 0,
         contact_address: str | None = None,
+        gpus: Sequence[str] = (),
     ) -> None:
         split_address(address)  # ValueError for a malformed address, before anything starts
         if cores < 1:
@@ -185,6 +186,7 @@ class Worker:
             self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
             time.monotonic(),
         )  # fmt: skip
+        self.gpus = self.state.dispatch.gpus.declare(gpus)  #: device ids (``--gpus``)
         self.library_by_fd: dict[int, h.Library] = {}
         #: the same libraries by id (``LibraryRecord.id``), for the state's requests
         self.library_by_id: dict[int, h.Library] = {}
@@ -230,14 +232,9 @@ class Worker:
         self.register_sent = True
         self.state.outbox.append(
             p.Register(
-                p.PROTOCOL_VERSION,
-                self.name,
-                self.task_slots,
-                self.memory,
-                socket.gethostname(),
-                self.peer_address,
-                os.getpid(),
-            )
+                p.PROTOCOL_VERSION, self.name, self.task_slots, self.memory,
+                socket.gethostname(), self.peer_address, os.getpid(), len(self.gpus.devices),
+            )  # fmt: skip
         )
 
     def stop(self, reason: str) -> None:
@@ -298,6 +295,8 @@ class Worker:
             lib = self.library_by_id.get(record.id)
             if lib is not None:  # not died since, on an earlier request
                 self._send_to_library(lib, request)
+        for idle in filter(None, map(self.library_by_id.get, self.gpus.take_restarts())):
+            idle.process.kill()  # its replacement gets other GPUs (the death is read as EOF)
         if state.process_runnable:
             self._start_processes()
         state.end_pass(now)  # (after every start: one ``Started`` for the pass)
@@ -462,7 +461,9 @@ class Worker:
     def _start_library(self) -> None:
         self.next_library_id += 1
         record = self.state.add_library(self.next_library_id, self.lib_slots)
-        lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores)
+        lib = h.start_library(
+            record, self.name, self.tasks_dir, self.task_cores, self.gpus.env(record.id)
+        )
         self.library_by_fd[lib.conn.fileno()] = lib
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
@@ -589,6 +590,7 @@ def _make_worker(args: argparse.Namespace) -> Worker:
         keys=args.keys,
         peer_port=args.peer_port,
         contact_address=args.contact_address,
+        gpus=args.gpus,
     )
 
 
