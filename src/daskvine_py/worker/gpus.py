@@ -247,8 +247,10 @@ class GpuPool:
         ]
         if not idle:
             return
-        # GPU libraries first: their devices serve no waiting task (else it would be there)
-        idle.sort(key=lambda lib: lib.id not in self.libraries)
+        # GPU libraries first (their devices serve no waiting task, else it would be
+        # there), then those keeping no live result, which start again at once
+        holding = {entry.lib for entry in dispatch.live.entries.values()}
+        idle.sort(key=lambda lib: (lib.id not in self.libraries, lib.id in holding))
         if not gpu_tasks:
             for lib in idle:
                 if lib.id in self.libraries:
