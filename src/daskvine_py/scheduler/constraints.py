@@ -273,9 +273,7 @@ class Constraints:
         if self.runs.get(run.id) is not run:
             return
         offers = ", ".join(
-            f"{w.name} ({w.cores} core{'' if w.cores == 1 else 's'}, {w.memory / 2**20:.0f} MB"
-            f"{f', {w.gpus} GPU' + ('' if w.gpus == 1 else 's') if w.gpus else ''})"
-            for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
+            _offer(w) for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
         )
         more = len(self.workers) - 8
         if more > 0:
@@ -292,3 +290,10 @@ class Constraints:
             self.drop_run(run)
         except Exception as exc:
             self.out.append(EventDropped(f"dropping run {run.id}", exc))
+
+
+def _offer(worker: WorkerRecord) -> str:
+    """``w1 (2 cores, 3000 MB, 1 GPU)``: what a worker offers, for errors."""
+    gpus = f", {worker.gpus} GPU{'' if worker.gpus == 1 else 's'}" if worker.gpus else ""
+    cores = f"{worker.cores} core{'' if worker.cores == 1 else 's'}"
+    return f"{worker.name} ({cores}, {worker.memory / 2**20:.0f} MB{gpus})"

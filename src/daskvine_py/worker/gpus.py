@@ -25,15 +25,15 @@ import os
 import shutil
 import subprocess
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from daskvine_py.worker import pipe, threads
 
 if TYPE_CHECKING:
-    from daskvine_py.worker.dispatch import Dispatch
     from daskvine_py.worker.live_results import LiveResults
-    from daskvine_py.worker.records import LibraryRecord, WorkerTask
+    from daskvine_py.worker.live_tasks import LiveTasks
+    from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
     from daskvine_py.worker.store import Store
 
 #: The variable that names the devices a process may use.
@@ -94,6 +94,27 @@ def library_main(visible: str, cores: int, *args: Any) -> None:
     ``visible`` names (set before anything can initialize CUDA)."""
     os.environ[VISIBLE] = visible
     threads.library_main(cores, *args)
+
+
+class Dispatch(Protocol):
+    """What the pool reads of its ``dispatch.Dispatch`` (named here: the dispatch imports
+    this module)."""
+
+    libraries: dict[int, LibraryRecord]
+    functions: dict[bytes, bytes]
+    runnable: deque[int]
+    homed: dict[int, deque[int]]
+    tasks: dict[int, WorkerTask]
+    live_tasks: LiveTasks
+    live: LiveResults
+    store: Store
+    transition: Callable[[WorkerTask, TaskStateName], None]
+
+    def call(
+        self, task: WorkerTask, lib: int | None = None, upcoming: Collection[int] = frozenset()
+    ) -> pipe.Call: ...
+
+    def _next_runnable(self, queue: deque[int], lib: int | None = None) -> WorkerTask | None: ...
 
 
 class GpuPool:
