@@ -18,6 +18,10 @@ from hypothesis import strategies as st
 from beacon import Beacon, ping
 from daskvine_py import Manager
 from daskvine_py.errors import TaskFailed
+from daskvine_py.plan.annotations import Placement, RunSettings
+from daskvine_py.scheduler.constraints import Constraints
+from daskvine_py.scheduler.messages import NewTask, RunFailed
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.serialize import dumps, loads
@@ -76,6 +80,67 @@ def test_the_command_line_reads_gpus_and_the_environment(monkeypatch, capsys):
             parse_args([ADDRESS, *bad])
         assert info.value.code == 2
         assert words in capsys.readouterr().err
+
+
+# -- which worker a GPU task goes to (the scheduler's constraints) --------------------------
+
+
+def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
+    """``Constraints`` over workers of 4 cores and these GPUs, and a run of these tasks
+    (all ready): what it moved where, and what it said."""
+    workers = {}
+    for name, n in gpus_by_worker.items():
+        worker = WorkerRecord(name.encode(), name, 4, f"tcp://{name}:1", memory=2**30, gpus=n)
+        workers[worker.id] = worker
+    runs: dict[int, RunRecord] = {}
+    out: list = []
+    moves: list = []
+
+    def transition(task, finish, worker=None):
+        moves.append((task.key, worker and worker.name))
+        task.state, task.worker = finish, worker
+        worker.processing[task] = None
+
+    constraints = Constraints(workers, runs, set(), out, transition, lambda run: None,
+                              lambda *a: None)  # fmt: skip
+    settings = RunSettings({}, placements, {p: k for k, p in placements.items()})
+    run = runs[1] = RunRecord(1, 3, (), settings=settings)
+    added = []
+    for i, key in enumerate(placements):
+        task = run.tasks[key] = TaskRecord(i + 1, key, run, b"", (), i, key)
+        added.append((NewTask(key, b"", (), (), i), task))
+    constraints.mark(run, added)
+    for _, task in added:
+        task.state = "ready"
+        constraints.push(task, placements[task.key])
+    return constraints, workers, run, moves, out
+
+
+def test_gpu_tasks_go_where_gpus_are_free_and_hold_them_while_there():
+    one = Placement(gpus=1)
+    constraints, workers, run, moves, out = placing(
+        {"cpu": 0, "gpu": 2}, {"a": one, "b": one, "c": one, "plain": Placement(cores=2)}
+    )
+    constraints.dispatch()
+    assert sorted(moves) == [("a", "gpu"), ("b", "gpu"), ("plain", "cpu")] and not out
+    assert constraints.reserved == {run.tasks["c"]: workers[b"gpu"]}  # both GPUs are held
+    a = run.tasks["a"]
+    a.state, a.worker = "memory", None  # done: its GPU is free again
+    del workers[b"gpu"].processing[a]
+    moves.clear()
+    constraints.dispatch()
+    assert moves == [("c", "gpu")]
+
+
+def test_a_run_asking_for_more_gpus_than_any_worker_has_fails_as_it_starts():
+    constraints, workers, run, moves, out = placing(
+        {"cpu": 0, "gpu": 2}, {"fine": Placement(gpus=2), "huge": Placement(gpus=3)}
+    )
+    constraints.dispatch()
+    (failed,) = out
+    assert type(failed) is RunFailed and failed.key == "huge"
+    assert "1 core, 3 GPUs, which no connected worker can hold" in failed.message
+    assert "cpu (4 cores, 1024 MB), gpu (4 cores, 1024 MB, 2 GPUs)" in failed.message
 
 
 # -- which library a task runs in (the worker's state, Execute records built here) -------------
