@@ -10,6 +10,8 @@ it, no I/O.
   or behind it when it arrives while that one runs (``follow``): the library runs it on
   the live result, with no round trip through the worker's loop.
 - Stealing: an idle library takes a task homed in a busy one, once its inputs are exported.
+- GPUs: tasks that ask for some queue in ``gpus.GpuPool``, which sends each alone to a
+  library started with devices of its own; other tasks never go to such a library.
 
 The task table and its transitions are the state's: a dispatch reads ``tasks``, moves a
 task with ``transition``, and hands a task whose input is held nowhere to ``cannot_run``.
@@ -327,9 +329,10 @@ class Dispatch:
         """A task that waits only for one running in a one-slot library: sent there at
         once, behind it (calls of a library run in order), so the library runs it on the
         live result without a round trip through this loop (``chained``)."""
-        if len(task.missing) != 1 or task.gpus:
-            if task.gpus:
-                self.gpus.check(task)
+        if task.gpus:  # it runs alone, in a library of its own devices
+            self.gpus.check(task)
+            return
+        if len(task.missing) != 1:
             return
         (producer_id,) = task.missing
         producer = self.tasks.get(producer_id)
@@ -425,7 +428,7 @@ class Dispatch:
 
     def leaks(self) -> Iterator[str]:
         """What still holds something: names, for tests of a quiet worker."""
-        queued = [*self.runnable, *self.process_runnable]
+        queued = [*self.runnable, *self.process_runnable, *self.gpus.queue]
         queued += [task_id for queue in self.homed.values() for task_id in queue]
         if any(self.tasks.get(t) for t in queued):
             yield "runnable"
