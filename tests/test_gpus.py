@@ -425,6 +425,17 @@ def test_each_gpu_task_sees_only_devices_of_its_own(gpu_manager):
 
 
 @pytest.mark.timeout(120)
+def test_in_task_mode_tasks_a_gpu_task_sees_its_devices_and_a_task_process_none(gpu_manager):
+    with dask.annotate(resources={"gpus": 1}):
+        gpu = dask.delayed(visible)(None, dask_key_name="gpu")
+    plain = dask.delayed(visible)(None, gpu, dask_key_name="plain")
+    numbers = dask.delayed(add)(gpu is not None, 2, dask_key_name="numbers")
+    seen = dask.compute(gpu, plain, numbers, scheduler=gpu_manager.get, task_mode="tasks")
+    assert seen[0] in ("0", "1") and seen[1] == ""
+    assert seen[2] == dask.compute(numbers, scheduler=dask.get)[0]
+
+
+@pytest.mark.timeout(120)
 def test_a_task_asking_for_more_gpus_than_any_worker_has_fails_the_run_naming_it(gpu_manager):
     with dask.annotate(resources={"gpus": 3}):
         x = dask.delayed(visible)(None, dask_key_name="greedy-gpu")

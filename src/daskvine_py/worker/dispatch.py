@@ -129,10 +129,10 @@ class Dispatch:
 
     def enqueue(self, task: WorkerTask) -> None:
         """A task now ``queued``: at the back of its queue."""
-        if task.config is not None and task.config.task_mode == "tasks":
-            self.process_runnable.append(task.id)
-        elif task.gpus:
+        if task.gpus:  # (task_mode="tasks" too: forked from a library of its devices)
             self.gpus.queue.append(task.id)
+        elif task.config is not None and task.config.task_mode == "tasks":
+            self.process_runnable.append(task.id)
         elif task.home is None:
             self.runnable.append(task.id)
         else:

@@ -17,6 +17,8 @@
   tasks ever share a device.
 - A GPU task has no home library, joins no chain, and keeps no result live in its
   library (it goes to the store): what a GPU library holds never pins it to its devices.
+  In ``task_mode="tasks"`` it runs forked from such a library (``exec_mode="fork"``),
+  isolated as in a process of its own; task processes see no device.
 """
 
 from __future__ import annotations
@@ -146,11 +148,14 @@ class GpuPool:
 
     # -- libraries ----------------------------------------------------------------------
 
-    def env(self, library_id: int) -> str | None:
-        """``CUDA_VISIBLE_DEVICES`` for a library (None: leave the worker's alone, on a
-        worker without GPUs)."""
+    def env(self, library_id: int | None) -> str | None:
+        """``CUDA_VISIBLE_DEVICES`` for a library, or a task process (``library_id``
+        None: it runs no GPU task); None: leave the worker's alone, on a worker without
+        GPUs."""
         if not self.devices:
             return None
+        if library_id is None:
+            return ""
         return ",".join(self.libraries.get(library_id, ()))
 
     def on_added(self, library_id: int) -> None:
@@ -249,7 +254,10 @@ class GpuPool:
             call = call._replace(keep=False, send=True)
         functions = [(fid, dispatch.functions[fid]) for fid in lib.unsent]
         lib.unsent = []
-        requests.append((lib, pipe.Run(functions, task.config, [call])))
+        config = task.config
+        if config is not None and config.task_mode == "tasks":  # isolated all the same
+            config = config._replace(exec_mode="fork")
+        requests.append((lib, pipe.Run(functions, config, [call])))
 
     # -- restarts -----------------------------------------------------------------------
 

@@ -136,10 +136,11 @@ def start_task_process(
     functions_dir: str,
     worker_name: str,
     cores: int,
+    visible: str | None = None,
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file,
-    its thread pools fitting ``cores``; ``OSError`` (with nothing left behind) when it
-    cannot be started."""
+    its thread pools fitting ``cores``, seeing the GPUs ``visible`` names (None: the
+    worker's); ``OSError`` (with nothing left behind) when it cannot be started."""
     config = task.config
     assert config is not None
     directory = os.path.join(tasks_dir, f"task-{task.id}")
@@ -148,6 +149,8 @@ def start_task_process(
         pickle.dump((call, functions_dir, worker_name, config.import_modules), file, protocol=5)
     env = dict(os.environ)
     threads.set_thread_env(cores, env)  # its pools fit its slot, as a library's do
+    if visible is not None:
+        env[gpus.VISIBLE] = visible
     env.update(config.env_vars)
     env["TMPDIR"] = directory
     read_fd, write_fd = os.pipe()

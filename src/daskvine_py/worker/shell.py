@@ -541,7 +541,8 @@ class Worker:
         call = self.state.call(task)
         try:
             proc = h.start_task_process(
-                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores
+                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores,
+                self.gpus.env(None),
             )
         except OSError as exc:
             self.state.on_process_failed(task, str(exc))
