@@ -473,9 +473,9 @@ def _values(small: int = 2):
     return st.one_of(_GARBAGE, _numbers(small))
 
 
-_WORKER_OPTIONS = ["--cores", "--memory", "--disk", "--lib-cores", "--lib-slots", "--peer-port",
-                   "--manager-timeout", "--fetch-timeout", "--host", "--workdir", "--log-level",
-                   "--connection-file", "--key-file", "--name"]  # fmt: skip
+_WORKER_OPTIONS = ["--cores", "--memory", "--disk", "--lib-cores", "--lib-slots", "--gpus",
+                   "--peer-port", "--manager-timeout", "--fetch-timeout", "--host", "--workdir",
+                   "--log-level", "--connection-file", "--key-file", "--name"]  # fmt: skip
 _FACTORY_OPTIONS = ["--min-workers", "--max-workers", "--cores", "--memory", "--disk",
                     "--idle-timeout", "--poll-interval", "--walltime", "--script-dir",
                     "--log-level", "--connection-file"]  # fmt: skip

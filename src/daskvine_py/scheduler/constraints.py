@@ -5,9 +5,10 @@ wait in the state's ``queue`` and take one slot wherever they go. A task with on
 in ``placing``, one lane per distinct placement, and is placed only on a worker it may
 run on (``workers``, ``allow_other_workers``) with room for it:
 
-- room is slots (``cores``) and reserved memory. A worker's free slots are its cores,
-  less the tasks it holds, less what annotated tasks there take beyond one slot each; its
-  free memory is its ``--memory``, less what annotated tasks there reserve;
+- room is slots (``cores``), reserved memory and GPUs. A worker's free slots are its
+  cores, less the tasks it holds, less what annotated tasks there take beyond one slot
+  each; its free memory is its ``--memory``, less what annotated tasks there reserve; its
+  free GPUs its ``--gpus``, less those of the annotated tasks it runs;
 - while an annotated task takes more than one slot on a worker, nothing else goes there
   beyond its slots (no saturation extras; only the links of a chain, which each wait for
   the one before), so whatever the worker can run at once fits;
@@ -15,10 +16,11 @@ run on (``workers``, ``allow_other_workers``) with room for it:
   work (a reservation, renewed each dispatch round), so a stream of small tasks cannot
   starve it;
 - a run with a task no connected worker could ever hold (too many cores, too much
-  memory, nobody of that name) fails as it starts, with an error naming the key and what
-  it asked for. Without any worker connected it waits, as every run does, and is judged
-  by the first workers to join. A task whose every capable worker leaves later (a
-  preemption) waits for one to join, like any task on a manager without workers.
+  memory, too many GPUs, nobody of that name) fails as it starts, with an error naming
+  the key and what it asked for. Without any worker connected it waits, as every run
+  does, and is judged by the first workers to join. A task whose every capable worker
+  leaves later (a preemption) waits for one to join, like any task on a manager without
+  workers.
 
 Annotated tasks are dispatched before the others in each round, best priority first.
 A worker's ``holding`` lists the annotated tasks placed or reserved there and is pruned
@@ -206,7 +208,8 @@ class Constraints:
             w
             for w in self._allowed(placement)
             if w.cores >= placement.cores and w.memory >= placement.memory
-        ]
+            and w.gpus >= placement.gpus
+        ]  # fmt: skip
 
     def _fitting_worker(self, task: TaskRecord) -> WorkerRecord | None:
         """A worker with room for ``task`` now: where most of its inputs are, else the
@@ -216,7 +219,8 @@ class Constraints:
         best: WorkerRecord | None = None
         best_room = 0
         for worker in self._allowed(placement):
-            if worker.memory - self._reserved_memory(worker) < placement.memory:
+            memory, gpus = self._reserved(worker)
+            if worker.memory - memory < placement.memory or worker.gpus - gpus < placement.gpus:
                 continue
             room = self.room(worker)
             if room < placement.cores:
@@ -227,15 +231,18 @@ class Constraints:
                 best, best_room = worker, room
         return best
 
-    def _reserved_memory(self, worker: WorkerRecord) -> int:
+    def _reserved(self, worker: WorkerRecord) -> tuple[int, int]:
+        """Memory and GPUs the annotated tasks ``worker`` runs take."""
         if not worker.holding:
-            return 0
+            return 0, 0
         self.held_back(worker)  # prune
-        return sum(
-            _placement(task).memory
-            for task in worker.holding
-            if task.worker is worker and task.state == "processing"
-        )
+        memory = gpus = 0
+        for task in worker.holding:
+            if task.worker is worker and task.state == "processing":
+                placement = _placement(task)
+                memory += placement.memory
+                gpus += placement.gpus
+        return memory, gpus
 
     def _reserve(self, task: TaskRecord) -> None:
         """Hold back, from new work, the worker that will soonest have room for ``task``."""
@@ -266,8 +273,7 @@ class Constraints:
         if self.runs.get(run.id) is not run:
             return
         offers = ", ".join(
-            f"{w.name} ({w.cores} core{'' if w.cores == 1 else 's'}, {w.memory / 2**20:.0f} MB)"
-            for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
+            _offer(w) for w in sorted(self.workers.values(), key=lambda w: w.name)[:8]
         )
         more = len(self.workers) - 8
         if more > 0:
@@ -284,3 +290,10 @@ class Constraints:
             self.drop_run(run)
         except Exception as exc:
             self.out.append(EventDropped(f"dropping run {run.id}", exc))
+
+
+def _offer(worker: WorkerRecord) -> str:
+    """``w1 (2 cores, 3000 MB, 1 GPU)``: what a worker offers, for errors."""
+    gpus = f", {worker.gpus} GPU{'' if worker.gpus == 1 else 's'}" if worker.gpus else ""
+    cores = f"{worker.cores} core{'' if worker.cores == 1 else 's'}"
+    return f"{worker.name} ({cores}, {worker.memory / 2**20:.0f} MB{gpus})"

@@ -204,6 +204,7 @@ class Dispatch:
             p.Execute(
                 task.id, task.key, task.payload, deps, task.is_output or task.echo, config_id,
                 None if task.unread is None else not task.unread,
+                gpus=task.placement.gpus if task.placement else 0,
             ),
         )  # fmt: skip
         if run.watched:

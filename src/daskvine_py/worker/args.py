@@ -19,9 +19,12 @@ from collections.abc import Sequence
 from daskvine_py.command_line import LOG_LEVELS, MAX_CORES, MAX_MB, integer, seconds
 from daskvine_py.wire import security
 from daskvine_py.wire.protocol import split_address
+from daskvine_py.worker import gpus
 
 #: Tasks one library process runs at once, each in a thread of its own.
 MAX_LIB_SLOTS = 1024
+#: GPUs one worker may offer.
+MAX_GPUS = 1024
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -97,6 +100,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"tasks each library process runs at once, in threads, 1 to {MAX_LIB_SLOTS} "
         "(default 1)",
     )
+    parser.add_argument(
+        "--gpus",
+        type=integer(0, MAX_GPUS),
+        default=None,
+        metavar="N",
+        help="GPUs for tasks that ask for some, each a task's own while it runs: the "
+        "first N devices CUDA_VISIBLE_DEVICES names if set, else 0 to N-1 (default: "
+        "those CUDA_VISIBLE_DEVICES names if set, else those nvidia-smi -L lists, else 0)",
+    )
     parser.add_argument("--name", default=None, help="a name for logs and errors")
     parser.add_argument(
         "--host",
@@ -146,6 +158,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     _check_threads(parser, args)
+    try:
+        args.gpus = gpus.detect(args.gpus)  # device ids
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.workdir is not None and not args.workdir.strip():
         parser.error("--workdir: an empty path names no directory")
     if args.workdir is not None and os.path.exists(args.workdir):
@@ -232,3 +248,8 @@ def _connection(args: argparse.Namespace) -> tuple[str, security.Keys | None]:
     if args.key_file is not None:
         return args.address, security.read_key_file(args.key_file)
     return args.address, None
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``1 core``, ``2 cores``: what the worker's lifecycle lines say."""
+    return f"{n} {one if n == 1 else many or one + 's'}"

@@ -10,6 +10,8 @@ it, no I/O.
   or behind it when it arrives while that one runs (``follow``): the library runs it on
   the live result, with no round trip through the worker's loop.
 - Stealing: an idle library takes a task homed in a busy one, once its inputs are exported.
+- GPUs: tasks that ask for some queue in ``gpus.GpuPool``, which sends each alone to a
+  library started with devices of its own; other tasks never go to such a library.
 
 The task table and its transitions are the state's: a dispatch reads ``tasks``, moves a
 task with ``transition``, and hands a task whose input is held nowhere to ``cannot_run``.
@@ -23,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from daskvine_py.ema import Ema
 from daskvine_py.wire import protocol as p
 from daskvine_py.worker import pipe
+from daskvine_py.worker.gpus import GpuPool, live_only
 from daskvine_py.worker.live_tasks import LiveTasks
 from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
 from daskvine_py.worker.store import Store
@@ -54,7 +57,7 @@ class Dispatch:
     __slots__ = (
         "libraries", "functions", "runnable", "homed", "process_runnable", "chained",
         "recent_duration", "tasks", "local_waiters", "live_tasks", "live", "store",
-        "transition", "cannot_run",
+        "transition", "cannot_run", "gpus",
     )  # fmt: skip
 
     def __init__(
@@ -87,12 +90,15 @@ class Dispatch:
         self.store = store
         self.transition = transition
         self.cannot_run = cannot_run
+        #: the devices and GPU libraries (``gpus``): GPU tasks queue and start there
+        self.gpus = GpuPool()
 
     # -- libraries and functions ------------------------------------------------------
 
     def add_library(self, library_id: int, slots: int) -> LibraryRecord:
         """A library process started: it will be sent every function known so far."""
         lib = self.libraries[library_id] = LibraryRecord(library_id, list(self.functions), slots)
+        self.gpus.on_added(library_id)
         return lib
 
     def on_ready(self, lib: LibraryRecord) -> bool:
@@ -110,6 +116,7 @@ class Dispatch:
         """A library died: no more requests for it (its chained calls are in ``sent``)."""
         del self.libraries[library_id]
         self.chained.pop(library_id, None)
+        self.gpus.on_dropped(library_id)
 
     def unhome(self, library_id: int) -> None:
         """The tasks homed in a dead library go first in line (they find their inputs
@@ -122,7 +129,9 @@ class Dispatch:
 
     def enqueue(self, task: WorkerTask) -> None:
         """A task now ``queued``: at the back of its queue."""
-        if task.config is not None and task.config.task_mode == "tasks":
+        if task.gpus:  # (task_mode="tasks" too: forked from a library of its devices)
+            self.gpus.queue.append(task.id)
+        elif task.config is not None and task.config.task_mode == "tasks":
             self.process_runnable.append(task.id)
         elif task.home is None:
             self.runnable.append(task.id)
@@ -138,10 +147,14 @@ class Dispatch:
         """A task whose inputs are all here: queued for the library that holds its live
         inputs (the one with most of their bytes), after exporting those live in others;
         for any library when none are live only."""
+        if task.gpus:
+            self.gpus.check(task)
         if not task.deps:  # most tasks of wide graphs: no placement to decide
             self.transition(task, "queued")
             return
         home, foreign = self.live_tasks.place(task)
+        if home is not None and not self.gpus.fits(task, home):  # its inputs come out
+            home, foreign = None, live_only(task, self.live, self.store)
         if foreign:
             self.await_exports(task, foreign)
             return
@@ -169,7 +182,7 @@ class Dispatch:
         and answers each at once; sending tiny tasks in batches saves pipe round trips,
         and their replies then come back, and go to the manager, in batches too.
         """
-        if not self.runnable and not self.homed and not self.chained:
+        if not self.runnable and not self.homed and not self.chained and not self.gpus.queue:
             return _NO_REQUESTS
         requests: list[tuple[LibraryRecord, pipe.Run]] = []
         for lib_id, calls in self.chained.items():
@@ -186,6 +199,7 @@ class Dispatch:
         # keeps reading while its slots write)...
         for lib in [lib for lib in self.libraries.values() if len(lib.sent) < lib.slots]:
             self._fill_library(lib, lib.slots * depth - len(lib.sent), None, requests)
+        self.gpus.start(self, requests)
         self._steal()
         # ...then, for short tasks, one small task queued behind the running one: it fits
         # in the pipe's buffer, so writing it cannot block, and the library starts it
@@ -207,6 +221,8 @@ class Dispatch:
         """Send ``lib`` up to ``room`` runnable tasks of one run configuration, of at most
         ``max_bytes`` (payloads and inputs) when given: its own (their inputs are live
         there) first, then any; with the tasks that wait here only for them (chains)."""
+        if lib.id in self.gpus.bound:  # a GPU library: its tasks are the pool's
+            return
         batch: list[WorkerTask] = []
         for queue in (self.homed.get(lib.id), self.runnable):
             while queue and len(batch) < room:
@@ -313,6 +329,9 @@ class Dispatch:
         """A task that waits only for one running in a one-slot library: sent there at
         once, behind it (calls of a library run in order), so the library runs it on the
         live result without a round trip through this loop (``chained``)."""
+        if task.gpus:  # it runs alone, in a library of its own devices
+            self.gpus.check(task)
+            return
         if len(task.missing) != 1:
             return
         (producer_id,) = task.missing
@@ -324,6 +343,7 @@ class Dispatch:
         if (
             lib is None
             or lib.slots != 1
+            or lib.id in self.gpus.bound
             or producer.config is not config
             or not (config is None or config.exec_mode == "direct")
             or not producer.keep
@@ -358,7 +378,10 @@ class Dispatch:
                 continue
             for task_id in sorted(waiters):
                 task = self.tasks.get(task_id)
-                if task is None or task.missing != {producer} or task.config is not config:
+                if (
+                    task is None or task.missing != {producer} or task.config is not config
+                    or task.gpus
+                ):  # fmt: skip
                     continue
                 if not all(
                     dep.task_id in upcoming or self._available(dep, lib.id) for dep in task.deps
@@ -405,7 +428,7 @@ class Dispatch:
 
     def leaks(self) -> Iterator[str]:
         """What still holds something: names, for tests of a quiet worker."""
-        queued = [*self.runnable, *self.process_runnable]
+        queued = [*self.runnable, *self.process_runnable, *self.gpus.queue]
         queued += [task_id for queue in self.homed.values() for task_id in queue]
         if any(self.tasks.get(t) for t in queued):
             yield "runnable"

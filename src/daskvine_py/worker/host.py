@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
-from daskvine_py.worker import library, library_process, pipe, task_process, threads
+from daskvine_py.worker import gpus, library, library_process, pipe, task_process, threads
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
@@ -65,15 +65,20 @@ class Library:
         self.record = record
 
 
-def start_library(record: LibraryRecord, worker_name: str, tasks_dir: str, cores: int) -> Library:
+def start_library(
+    record: LibraryRecord, worker_name: str, tasks_dir: str, cores: int,
+    visible: str | None = None,
+) -> Library:  # fmt: skip
     """Spawn a library process of ``record.slots`` slots, whose thread pools fit ``cores``
-    (``threads``); it says ``Ready`` when it can run."""
+    (``threads``) and which sees the GPUs ``visible`` names (``CUDA_VISIBLE_DEVICES``;
+    None: the worker's); it says ``Ready`` when it can run."""
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=True)
     running = ctx.RawArray("q", 2 * record.slots)
+    args = (cores, child_conn, worker_name, (), tasks_dir, record.slots, running)
     process = ctx.Process(
-        target=library_process.main,
-        args=(cores, child_conn, worker_name, (), tasks_dir, record.slots, running),
+        target=library_process.main if visible is None else library_process.main_seeing,
+        args=args if visible is None else (visible, *args),
         name=f"daskvine-library-{worker_name}",
         daemon=True,
     )
@@ -132,10 +137,12 @@ def start_task_process(
     functions_dir: str,
     worker_name: str,
     cores: int,
+    visible: str | None = None,
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file,
-    its thread pools fitting its cores (``cores`` at least: its slot's); ``OSError`` (with
-    nothing left behind) when it cannot be started."""
+    its thread pools fitting its cores (``cores`` at least: its slot's), seeing the GPUs
+    ``visible`` names (None: the worker's); ``OSError`` (with nothing left behind) when it
+    cannot be started."""
     config = task.config
     assert config is not None
     directory = os.path.join(tasks_dir, f"task-{task.id}")
@@ -144,6 +151,8 @@ def start_task_process(
         pickle.dump((call, functions_dir, worker_name, config.import_modules), file, protocol=5)
     env = dict(os.environ)
     threads.set_thread_env(max(cores, task.cores), env)  # its pools fit it, as a library's
+    if visible is not None:
+        env[gpus.VISIBLE] = visible
     env.update(config.env_vars)
     env["TMPDIR"] = directory
     read_fd, write_fd = os.pipe()

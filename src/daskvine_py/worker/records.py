@@ -17,7 +17,7 @@ class WorkerTask:
 
     __slots__ = (
         "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config",
-        "home", "lib", "cores", "memory",
+        "home", "lib", "cores", "memory", "gpus",
     )  # fmt: skip
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
@@ -40,6 +40,8 @@ class WorkerTask:
         self.home: int | None = None
         #: the library it was sent to, while running there
         self.lib: int | None = None
+        #: GPUs it runs with, its own while it runs (``gpus``)
+        self.gpus = msg.gpus
 
 
 class LibraryRecord:

@@ -79,7 +79,7 @@ from daskvine_py.wire.protocol import split_address
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
 from daskvine_py.worker import pipe
-from daskvine_py.worker.args import parse_args
+from daskvine_py.worker.args import counted, parse_args
 from daskvine_py.worker.memory_watch import MemoryWatch
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
 from daskvine_py.worker.records import WorkerTask
@@ -129,6 +129,7 @@ class Worker:
         keys: security.Keys | None = None,
         peer_port: int = 0,
         contact_address: str | None = None,
+        gpus: Sequence[str] = (),
     ) -> None:
         split_address(address)  # ValueError for a malformed address, before anything starts
         if cores < 1:
@@ -187,6 +188,7 @@ class Worker:
             time.monotonic(),
         )  # fmt: skip
         self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name)
+        self.gpus = self.state.dispatch.gpus.declare(gpus)  #: device ids (``--gpus``)
         self.library_by_fd: dict[int, h.Library] = {}
         #: the same libraries by id (``LibraryRecord.id``), for the state's requests
         self.library_by_id: dict[int, h.Library] = {}
@@ -229,14 +231,9 @@ class Worker:
         self.register_sent = True
         self.state.outbox.append(
             p.Register(
-                p.PROTOCOL_VERSION,
-                self.name,
-                self.task_slots,
-                self.memory,
-                socket.gethostname(),
-                self.peer_address,
-                os.getpid(),
-            )
+                p.PROTOCOL_VERSION, self.name, self.task_slots, self.memory,
+                socket.gethostname(), self.peer_address, os.getpid(), len(self.gpus.devices),
+            )  # fmt: skip
         )
 
     def stop(self, reason: str) -> None:
@@ -301,6 +298,8 @@ class Worker:
             lib = self.library_by_id.get(record.id)
             if lib is not None:  # not died since, on an earlier request
                 self._send_to_library(lib, request)
+        for idle in filter(None, map(self.library_by_id.get, self.gpus.take_restarts())):
+            idle.process.kill()  # its replacement gets other GPUs (the death is read as EOF)
         if state.process_runnable:
             self._start_processes()
         state.end_pass(now)  # (after every start: one ``Started`` for the pass)
@@ -449,8 +448,8 @@ class Worker:
         if isinstance(msg, p.Welcome):
             logger.info(
                 "worker joined %s as %s with %s (%s, %s at once)", self.address, msg.name,
-                _count(self.cores, "core"), _count(self.library_count, "library", "libraries"),
-                _count(self.task_slots, "task"),
+                counted(self.cores, "core"), counted(self.library_count, "library", "libraries"),
+                counted(self.task_slots, "task"),
             )  # fmt: skip
         elif isinstance(msg, p.Rejected):
             self.leave_reason = f"the manager rejected it: {msg.reason}"
@@ -465,7 +464,9 @@ class Worker:
     def _start_library(self) -> None:
         self.next_library_id += 1
         record = self.state.add_library(self.next_library_id, self.lib_slots)
-        lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores)
+        lib = h.start_library(
+            record, self.name, self.tasks_dir, self.task_cores, self.gpus.env(record.id)
+        )
         self.library_by_fd[lib.conn.fileno()] = lib
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
@@ -543,7 +544,8 @@ class Worker:
         call = self.state.call(task)
         try:
             proc = h.start_task_process(
-                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores
+                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores,
+                self.gpus.env(None),
             )
         except OSError as exc:
             self.state.on_process_failed(task, str(exc))
@@ -592,9 +594,5 @@ def _make_worker(args: argparse.Namespace) -> Worker:
         keys=args.keys,
         peer_port=args.peer_port,
         contact_address=args.contact_address,
+        gpus=args.gpus,
     )
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """``1 core``, ``2 cores``: what the lifecycle lines say."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
