@@ -148,7 +148,7 @@ def test_heartbeats_are_kept_when_they_change_and_drawn_per_worker():
                                                        ("w1", 1.9)]  # fmt: skip
     assert memory[-1] == {"event": "memory", "t": 1.9, "worker": "w1", "stored_bytes": 10 * MB,
                           "peak_memory": 50 * MB, "peak_library_memory": 60 * MB,
-                          "spilled_bytes": 6 * MB}  # fmt: skip
+                          "spilled_bytes": 6 * MB, "resident": 0}  # fmt: skip
     workers = summarize(records).workers
     assert (workers["w1"].memory, workers["w2"].memory) == (512 * MB, 2**40)
 

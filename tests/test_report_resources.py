@@ -151,6 +151,9 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     assert memory.count("data-series='library_peak'") == len(manager.workers)
     if sys.platform.startswith("linux"):  # a library's peak while a "hold" task ran in it
         assert max(r["peak_library_memory"] for r in beats) >= HOLD_MB * MB
+        # and the worker's resident memory (its process and libraries) held it meanwhile
+        assert max(r["resident"] for r in beats) >= HOLD_MB * MB
+        assert memory.count("data-series='resident'") == len(manager.workers)
 
 
 @pytest.mark.integration

@@ -664,7 +664,7 @@ VALID = {
     p.Started: (_IDS,),
     p.Transfers: (st.lists(st.tuples(_ADDRESS, _SIZE), max_size=2).map(tuple),),
     p.DiskFull: (st.booleans(),),
-    p.Status: (_SIZE, _SIZE, _SIZE, _SIZE),
+    p.Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE),
     p.Goodbye: (_TEXT,),
     p.Welcome: (_TEXT, st.floats(0.001, 100)),
     p.Rejected: (_TEXT,),

@@ -184,7 +184,8 @@ class MemoryEntry:
     """A worker's heartbeat ("memory"): bytes of results it holds (``stored_bytes``, live
     ones included; ``spilled_bytes`` of them on disk), the peak resident bytes of its own
     process (``peak_memory``) and the largest of its libraries' (``peak_library_memory``:
-    since their current task began, where the worker measures tasks)."""
+    since their current task began, where the worker measures tasks), and the resident
+    bytes of the worker and its libraries together (``resident``)."""
 
     t: float
     worker: str

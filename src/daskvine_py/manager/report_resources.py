@@ -21,6 +21,7 @@ MAX_MEMORY_CHARTS = 32
 MB = 2**20
 #: What the memory charts draw of each heartbeat: (field, label, colour).
 MEMORY_SERIES = (
+    ("resident", "worker and libraries, resident", "#76b7b2"),
     ("library_peak", "largest library's peak (since its current task began)", "#4e79a7"),
     ("stored", "results held (live and stored)", "#f28e2b"),
     ("spilled", "of them spilled to disk", "#e15759"),
@@ -123,15 +124,14 @@ def memory(summary: Summary) -> str:
         names = ", ".join(draw.escape(n) for n in sorted((n for n, _ in rest), key=draw.natural))
         tail = f"<p class='note'>Not drawn ({len(rest)} held less): {names}</p>"
     return "".join(parts) + f"<p class='legend'>{legend}</p>" + tail + (
-        "<p class='note'>From the workers' heartbeats, each held until the next; a worker "
-        "beats when it has sent nothing for the manager's <code>heartbeat_interval</code>, "
-        "so a busy worker beats less. A library's peak is reset as each of its tasks "
+        "<p class='note'>From the workers' heartbeats, one per <code>heartbeat_interval</code>"
+        ", each held until the next. A library's peak is reset as each of its tasks "
         "begins.</p>"
     )
 
 
 def _highest(samples: list[MemorySample]) -> int:
-    return max(max(s.library_peak, s.stored, s.peak) for s in samples)
+    return max(max(s.resident, s.library_peak, s.stored, s.peak) for s in samples)
 
 
 def _budget_text(worker: RunWorker) -> str:

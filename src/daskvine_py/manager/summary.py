@@ -53,13 +53,15 @@ class RunWorker:
 @dataclass(slots=True)
 class MemorySample:
     """A worker's heartbeat ("memory"), in bytes: results held (stored and live), those of
-    them spilled to disk, the worker process's peak and its largest library's."""
+    them spilled to disk, the worker process's peak and its largest library's, and the
+    resident bytes of the worker and its libraries together."""
 
     t: float
     stored: int
     spilled: int
     peak: int
     library_peak: int
+    resident: int = 0
 
 
 @dataclass(slots=True)
@@ -206,7 +208,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             summary.memory.setdefault(record["worker"], []).append(
                 MemorySample(record["t"], record.get("stored_bytes", 0),
                              record.get("spilled_bytes", 0), record.get("peak_memory", 0),
-                             record.get("peak_library_memory", 0))  # fmt: skip
+                             record.get("peak_library_memory", 0),
+                             record.get("resident", 0))  # fmt: skip
             )
         elif kind == "categories":
             summary.categories = dict(record.get("categories") or {})

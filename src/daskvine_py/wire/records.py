@@ -167,12 +167,15 @@ class Heartbeat(NamedTuple):
 
 
 class Status(NamedTuple):
-    """A worker's heartbeat: what it holds and the most memory its processes have used."""
+    """A worker's heartbeat, once per heartbeat interval, busy or not: what it holds and
+    the memory its processes use."""
 
     stored_bytes: int
     peak_memory: int  #: peak resident set of the worker process, bytes
     peak_library_memory: int  #: the largest peak resident set among its library processes
     spilled_bytes: int = 0  #: of ``stored_bytes``, in spill files on disk
+    #: resident bytes of the worker process and its libraries now (their sum)
+    resident: int = 0
 
 
 class Goodbye(NamedTuple):

@@ -257,7 +257,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Started: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),
-    Status: (_SIZE, _SIZE, _SIZE, _SIZE),
+    Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE),
     Goodbye: (_TEXT,),
     # manager -> worker
     Welcome: (_TEXT, _Field(_NUMBER, _interval)),

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.worker import gpus, library, library_process, pipe, task_process, threads
+from daskvine_py.worker.memory_watch import PAGE
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
@@ -245,13 +246,23 @@ def peak_rss(pid: int | None) -> int:
 
 def status(state: WorkerState, libraries: Iterable[Library]) -> p.Status:
     """The heartbeat: bytes held (stored and live), peak memory of the worker and of its
-    largest library, bytes spilled."""
-    peaks = [peak_rss(lib.process.pid) for lib in libraries]
+    largest library, bytes spilled, and the resident bytes of all of them now."""
+    pids = [lib.process.pid for lib in libraries]
     store = state.store
     return p.Status(
-        store.nbytes + state.live.nbytes, peak_rss(os.getpid()), max(peaks, default=0),
-        store.disk_bytes,
+        store.nbytes + state.live.nbytes, peak_rss(os.getpid()),
+        max(map(peak_rss, pids), default=0), store.disk_bytes,
+        sum(map(resident, pids), resident(os.getpid())),
     )  # fmt: skip
+
+
+def resident(pid: int | None) -> int:
+    """Resident bytes of a process now (0 where unknown)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def total_memory() -> int:

@@ -39,7 +39,7 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: Seconds between looks: a task allocating 1 GB/s grows 20 MB past its limit at most.
 INTERVAL = 0.02
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MB = 2**20
 _NOTHING: Sequence[Exhausted] = ()
 
@@ -145,7 +145,7 @@ class MemoryWatch:
                 return 0
             entry = self._files[lib_id] = (pid or 0, fd)
         try:
-            return int(os.pread(entry[1], 128, 0).split()[1]) * _PAGE
+            return int(os.pread(entry[1], 128, 0).split()[1]) * PAGE
         except (OSError, ValueError, IndexError):
             return 0
 

@@ -358,6 +358,7 @@ class Worker:
                 )
             return
         if state.heartbeat_due(now):
+            state.last_sent = now  # busy or not: the manager draws memory over time
             state.outbox.append(h.status(state, self.library_by_fd.values()))
         for address in state.on_timers(now):
             self.peers.reset(address)
@@ -372,9 +373,8 @@ class Worker:
             except zmq.Again:  # no connection took it in time: kept for the next pass
                 state.outbox[:0] = messages
             else:
-                state.last_sent = time.monotonic()
                 if self.register_sent:  # the first batch holds it: the deadline starts
-                    state.on_registration_sent(state.last_sent)
+                    state.on_registration_sent(time.monotonic())
         self.peers.flush(state)
 
     # -- the manager ------------------------------------------------------------------

@@ -123,7 +123,7 @@ class WorkerState:
             "requeue": self._requeue, "forget": self._forget,
             "forget_running": self._running_to_forgotten,
         })  # fmt: skip
-        #: the manager welcomed us; when we last heard from it and last sent to it
+        #: the manager welcomed us; when we last heard from it and sent it a heartbeat
         self.registered = False
         self.last_contact = now
         self.last_sent = 0.0
