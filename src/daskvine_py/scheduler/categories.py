@@ -1,6 +1,7 @@
 """What a run's tasks took, by category: the prefix of their keys (dask's ``key_split``,
-``TaskRecord.prefix``), summed as their ``TaskDone`` reports arrive. The manager hands
-them to the caller as ``Manager.last_run.categories``.
+``TaskRecord.prefix``) unless annotated ``category=``, summed as their ``TaskDone`` reports
+arrive (and their ``TaskExhausted`` ones: ``sizing``). The manager hands them to the
+caller as ``Manager.last_run.categories``.
 """
 
 from __future__ import annotations
@@ -23,17 +24,24 @@ class Category:
         #: seconds its tasks' calls took, and the CPU seconds of their processes then
         self.wall_s = 0.0
         self.cpu_s = 0.0
-        #: the largest peak resident memory (MiB) of a process while one of its tasks
-        #: ran, that process's base included (0: not measured there)
+        #: the largest peak resident memory (MiB) of one of its tasks, above what its
+        #: process held when it began (0: not measured there)
         self.peak_memory_mb = 0.0
-        #: memory allotted to each of its tasks (MiB; 0: none yet), and how many of its
-        #: tasks went past their allotment
+        #: the largest memory allotment its tasks ran with (MiB; 0: none), and how many
+        #: of its tasks went past theirs
         self.allocated_memory_mb = 0.0
         self.exhausted = 0
 
+    def allot(self, allocated: int) -> None:
+        mb = allocated / _MB
+        if mb > self.allocated_memory_mb:
+            self.allocated_memory_mb = mb
+
     def __repr__(self) -> str:
         return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
-                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f})")  # fmt: skip
+                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
+                f"allocated_memory_mb={self.allocated_memory_mb:.1f}, "
+                f"exhausted={self.exhausted})")  # fmt: skip
 
 
 #: A run's categories before any of its tasks finished.
@@ -45,14 +53,28 @@ class Categories(dict[str, Category]):
 
     __slots__ = ()
 
-    def done(self, prefix: str, duration: float, cpu: float, peak_memory: int) -> None:
-        """A task of category ``prefix`` finished: one lookup and a few additions."""
-        category = self.get(prefix)
+    def done(self, name: str, duration: float, cpu: float, peak_memory: int,
+             allocated: int = 0) -> None:  # fmt: skip
+        """A task of category ``name`` finished: one lookup and a few additions."""
+        category = self.get(name)
         if category is None:
-            category = self[prefix] = Category()
+            category = self[name] = Category()
         category.tasks += 1
         category.wall_s += duration
         category.cpu_s += cpu
+        peak = peak_memory / _MB
+        if peak > category.peak_memory_mb:
+            category.peak_memory_mb = peak
+        if allocated:
+            category.allot(allocated)
+
+    def exhausted(self, name: str, peak_memory: int, allocated: int) -> None:
+        """A task of category ``name`` went past its allotment (stopped, not finished)."""
+        category = self.get(name)
+        if category is None:
+            category = self[name] = Category()
+        category.exhausted += 1
+        category.allot(allocated)
         peak = peak_memory / _MB
         if peak > category.peak_memory_mb:
             category.peak_memory_mb = peak

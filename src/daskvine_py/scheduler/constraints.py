@@ -228,14 +228,8 @@ class Constraints:
         return best
 
     def _reserved_memory(self, worker: WorkerRecord) -> int:
-        if not worker.holding:
-            return 0
-        self.held_back(worker)  # prune
-        return sum(
-            _placement(task).memory
-            for task in worker.holding
-            if task.worker is worker and task.state == "processing"
-        )
+        """The memory allotted to the tasks processing there, annotated or sized."""
+        return sum(task.memory for task in worker.processing)
 
     def _reserve(self, task: TaskRecord) -> None:
         """Hold back, from new work, the worker that will soonest have room for ``task``."""
