@@ -113,4 +113,6 @@ def test_every_task_is_measured_by_category(task_mode, exec_mode):
     assert HUNGRY_MB - 10 <= hungry_.peak_memory_mb <= base + HUNGRY_MB + 60
     assert spin_.cpu_s > 0 and hungry_.cpu_s > 0
     assert all(c.wall_s > 0 for c in categories.values())
-    assert all(c.allocated_memory_mb == 0 and c.exhausted == 0 for c in categories.values())
+    assert all(c.exhausted == 0 for c in categories.values())
+    # Sized from their first measured task on (one of them ran unmeasured per worker).
+    assert tiny_.allocated_memory_mb > 0

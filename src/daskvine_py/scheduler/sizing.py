@@ -231,8 +231,10 @@ class Sizing:
                     self.largest = size.allocation
                 size.slow = False
         need = task.asks or size.allocation
-        if need > memory and min(need, self.top()) > memory:
-            return False  # a larger worker will take it
+        if need > memory:
+            need = min(need, self.top())  # (what no worker has is capped to the largest)
+            if need > memory:
+                return False  # a larger worker will take it
         largest = self.largest
         if need > largest:
             self.largest = largest = need
