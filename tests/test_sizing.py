@@ -120,6 +120,19 @@ def test_a_task_that_ran_out_is_retried_with_more_and_the_categories_count_it():
     assert st_.sizing.sizes["load"].exhausted == 1
 
 
+def test_a_retry_gets_at_least_the_largest_its_category_was_seen_to_need():
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="min-waste")
+    out = st_.handle([joined(W1, cores=1, memory_mb=4000), run_of([f"t{i}" for i in range(5)])])
+    for peak in (10, 500):
+        ((_, e),) = executes(out)
+        out = st_.handle([done(W1, e.task_id, peak)])
+    ((_, small),) = executes(out)  # one in two fit in ~10 MB: min-waste allots that
+    assert 10 * MB <= small.memory < 12 * MB
+    out = st_.handle([exhausted(W1, small.task_id, 11, small.memory)])
+    ((_, again),) = executes(out)
+    assert again.task_id == small.task_id and again.memory == int(500 * MB * MARGIN)
+
+
 def test_a_task_that_ran_out_of_the_largest_worker_fails_its_run_naming_it():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
     out = st_.handle([joined(W1, memory_mb=500), run_of(["a"])])

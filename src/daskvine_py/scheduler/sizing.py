@@ -18,13 +18,14 @@ A component of ``state.SchedulerState``. Every task has a category: the prefix o
 - **Placement.** A worker holds tasks only while their allocations fit its ``--memory``.
   Dispatch asks ``fits`` only when it could matter: a category still unmeasured, or the
   largest allocation any task may hold (``largest``) times the tasks the worker may hold
-  beyond its budget; else one multiplication and a comparison. A worker that gave no
-  memory figure (0) is not sized. An allocation larger than every worker's memory is
-  capped to the largest.
+  above its memory; else the check is a multiplication and a comparison. A worker that
+  gave no memory figure (0) is not sized. An allocation larger than every worker's memory
+  is capped to the largest.
 - **Exhaustion** (``TaskExhausted``). The task is retried, using one of its retries as a
-  crash does, with ``GROWTH`` x what it was seen to use (capped to the largest worker),
-  not straight to a whole worker. When it had the most any worker offers already, or
-  has no retries left, its run fails with ``ResourceExhausted``.
+  crash does, with ``GROWTH`` x what it was seen to use (at least its category's "max"
+  allocation), capped to the largest worker: not straight to a whole worker. When it had
+  the most any worker offers already, or has no retries left, its run fails with
+  ``ResourceExhausted``.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Size:
             self.peak = peak
         if mode == "max":
             if first or larger:
-                self.allocation = max(FLOOR, int(self.peak * MARGIN))
+                self.allocation = self.top()
             return
         bound = _bucket(peak)
         seconds = max(seconds, MIN_SECONDS)
@@ -111,10 +112,14 @@ class Size:
         if first or larger or entry is None or self.tasks % RESIZE_EVERY == 0:
             self.allocation = self._first_allocation()
 
+    def top(self) -> int:
+        """The "max" allocation: the largest peak seen and a margin (0: none seen)."""
+        return max(FLOOR, int(self.peak * MARGIN)) if self.measured else 0
+
     def _first_allocation(self) -> int:
         """The candidate (a bucket's bound, or the "max" allocation) that wastes least or
         finishes most, a task above it paying its try and a retry at the "max" one."""
-        top = max(FLOOR, int(self.peak * MARGIN))
+        top = self.top()
         buckets = sorted(self.buckets.items())
         tasks = sum(entry[0] for _, entry in buckets)
         seconds = sum(entry[1] for _, entry in buckets)
@@ -299,7 +304,10 @@ class Sizing:
         top = self.top()
         had = limit or worker.memory  # (0: it could use its whole worker)
         if had < top:
-            grown = min(int(max(peak, had) * GROWTH), top)
+            # More than it was seen to use, and at least its category's "max" allocation:
+            # what the modes that allot less count a retry at.
+            grown = max(int(max(peak, had) * GROWTH), size.top())
+            grown = min(grown, top)
             task.asks = grown
             if grown > self.largest:
                 self.largest = grown
