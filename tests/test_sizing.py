@@ -9,8 +9,8 @@ import threading
 import dask
 import pytest
 
-from daskvine_py import Manager, ResourceExhausted
-from daskvine_py.plan.annotations import MB, Placement, RunSettings
+from daskvine_py import Manager, ResourceExhausted, config
+from daskvine_py.plan.annotations import MB, Placement, RunSettings, settle
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.sizing import FLOOR, GROWTH, MARGIN, Size
 from daskvine_py.wire import protocol as p
@@ -98,6 +98,21 @@ def test_modes_are_set_per_category_and_a_category_annotation_names_it():
     # "hungry" is fixed: both go at once; "load" (z's prefix) is unmeasured: one.
     assert sorted(e.key for _, e in executes(out)) == ["x", "y", "z"]
     assert st_.sizing.sizes["hungry"].mode == "fixed" and st_.sizing.sizes["load"].mode == "max"
+
+
+def test_a_category_annotation_is_read_per_task_and_checked():
+    _, settings = settle({"category": {"a": "hungry", "b": None, "c": "hungry"}}, {"a", "b"})
+    assert settings is not None and dict(settings.categories) == {"a": "hungry"}
+    with pytest.raises(ValueError, match="'a': category must be a non-empty string"):
+        settle({"category": {"a": 3}}, {"a"})
+    with pytest.raises(ValueError, match="sizing must be one of"):
+        Manager(sizing="largest")
+    with pytest.raises(ValueError, match="sizing_categories"):
+        Manager(sizing_categories={"load": "most"})
+    with dask.config.set({"daskvine_py.manager.sizing": "min-waste",
+                          "daskvine_py.manager.sizing_categories": {"load": "fixed"}}):
+        options = config.manager_options(None, None, {})
+    assert options.sizing == "min-waste" and options.sizing_categories == {"load": "fixed"}
 
 
 def test_a_task_that_ran_out_is_retried_with_more_and_the_categories_count_it():
