@@ -12,7 +12,8 @@ import pytest
 from daskvine_py import Manager, ResourceExhausted, config
 from daskvine_py.plan.annotations import MB, Placement, RunSettings, settle
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.sizing import FLOOR, GROWTH, MARGIN, Size
+from daskvine_py.scheduler.category_size import FLOOR, MARGIN, Size
+from daskvine_py.scheduler.sizing import GROWTH
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from keyed import KeyedWorker

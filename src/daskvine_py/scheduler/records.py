@@ -17,7 +17,7 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
 if TYPE_CHECKING:
-    from daskvine_py.scheduler.sizing import Size
+    from daskvine_py.scheduler.category_size import Size
 
 TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", "forgotten"]
 

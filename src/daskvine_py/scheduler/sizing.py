@@ -4,7 +4,8 @@ categories").
 
 A component of ``state.SchedulerState``. Every task has a category: the prefix of its key
 (``TaskRecord.prefix``) unless annotated ``dask.annotate(category=...)``. A category's
-``Size`` lives as long as the manager: what one run measured sizes the next.
+``Size`` (``category_size``) lives as long as the manager: what one run measured sizes
+the next.
 
 - **Allocation** (``Execute.memory``, bytes). Annotated ``resources={"memory": MB}`` is
   the task's own. Otherwise, while its category has no finished task, a task gets 0: the
@@ -30,129 +31,19 @@ A component of ``state.SchedulerState``. Every task has a category: the prefix o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 from daskvine_py.errors import ResourceExhausted
 from daskvine_py.options import SIZING_MODES
+from daskvine_py.scheduler.category_size import Size
 from daskvine_py.scheduler.messages import Instruction, TaskFinished, WorkerId
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 
 MB = 2**20
-#: "max": the largest peak seen times this: room for the next task's being a little larger.
-MARGIN = 1.25
-#: The least a measured category is allotted: a task's own peak is measured as a
-#: difference of resident sizes, a few MB of which are the allocator's, not the task's.
-FLOOR = 8 * MB
 #: A task that ran out is retried with this times what it was seen to use.
 GROWTH = 1.5
-#: "min-waste"/"max-throughput": peaks are kept in buckets growing by this ratio from
-#: ``FLOOR`` (some 9% apart: a hundred-odd buckets up to a terabyte), each bucket's upper
-#: bound a candidate allocation.
-STEP = 2**0.125
-#: Seconds a task counts for at least, so that instant tasks weigh something.
-MIN_SECONDS = 1e-3
-#: "min-waste"/"max-throughput": past this many finished tasks, the allocation is
-#: computed again every this many (and at each new largest peak).
-RESIZE_EVERY = 16
-
-
-class Size:
-    """One category's measurements, and the memory each of its tasks gets now."""
-
-    __slots__ = ("name", "mode", "allocation", "measured", "slow", "peak", "tasks",
-                 "exhausted", "buckets")  # fmt: skip
-
-    def __init__(self, name: str, mode: str) -> None:
-        self.name = name
-        self.mode = mode
-        #: bytes each of its tasks gets now (0: none: what the worker's budget has left)
-        self.allocation = 0
-        #: one of its tasks finished (the mode sizes it from then on)
-        self.measured = False
-        #: dispatch looks at its tasks one by one (``Sizing.fits``): unmeasured, or its
-        #: allocation not yet counted in ``Sizing.largest``
-        self.slow = mode != "fixed"
-        #: the largest peak seen (bytes), tasks finished, tasks that ran out
-        self.peak = 0
-        self.tasks = 0
-        self.exhausted = 0
-        #: "min-waste"/"max-throughput": bucket's upper bound -> [tasks, seconds]
-        self.buckets: dict[int, list[float]] = {}
-
-    def __repr__(self) -> str:
-        return (f"Size({self.name!r}, {self.mode}, allocation={self.allocation / MB:.1f} MB, "
-                f"tasks={self.tasks}, exhausted={self.exhausted})")  # fmt: skip
-
-    def measure(self, peak: int, seconds: float) -> None:
-        """One of its tasks finished having used ``peak`` bytes for ``seconds``."""
-        self.tasks += 1
-        mode = self.mode
-        if mode == "fixed":
-            return
-        first = not self.measured
-        self.measured = True
-        larger = peak > self.peak
-        if larger:
-            self.peak = peak
-        if mode == "max":
-            if first or larger:
-                self.allocation = self.top()
-            return
-        bound = _bucket(peak)
-        seconds = max(seconds, MIN_SECONDS)
-        entry = self.buckets.get(bound)
-        if entry is None:
-            self.buckets[bound] = [1.0, seconds]
-        else:
-            entry[0] += 1
-            entry[1] += seconds
-        if first or larger or entry is None or self.tasks % RESIZE_EVERY == 0:
-            self.allocation = self._first_allocation()
-
-    def top(self) -> int:
-        """The "max" allocation: the largest peak seen and a margin (0: none seen)."""
-        return max(FLOOR, int(self.peak * MARGIN)) if self.measured else 0
-
-    def _first_allocation(self) -> int:
-        """The candidate (a bucket's bound, or the "max" allocation) that wastes least or
-        finishes most, a task above it paying its try and a retry at the "max" one."""
-        top = self.top()
-        buckets = sorted(self.buckets.items())
-        tasks = sum(entry[0] for _, entry in buckets)
-        seconds = sum(entry[1] for _, entry in buckets)
-        waste = self.mode == "min-waste"
-
-        def score(allotted: int, fit: float, again: float) -> float:
-            """Higher is better; ``fit`` tasks fit in ``allotted``, the others ran for
-            ``again`` seconds that a retry at ``top`` repeats."""
-            if waste:  # memory x seconds held (less is better)
-                return -(allotted * seconds + top * again)
-            # tasks per second in ``top`` bytes: top / allotted at once of those that
-            # fit, one at a time of those that run again
-            return (top / allotted * fit + (tasks - fit)) / (seconds + again)
-
-        best, best_score = top, score(top, tasks, 0.0)
-        fit = spent = 0.0
-        for bound, (count, seconds_in) in buckets:
-            fit += count
-            spent += seconds_in
-            allotted = max(bound, FLOOR)
-            if allotted >= top:
-                break
-            candidate = score(allotted, fit, seconds - spent)
-            if candidate > best_score:
-                best, best_score = allotted, candidate
-        return best
-
-
-def _bucket(peak: int) -> int:
-    """The upper bound of the bucket that holds a peak of ``peak`` bytes."""
-    if peak <= FLOOR:
-        return FLOOR
-    return int(FLOOR * STEP ** math.ceil(math.log(peak / FLOOR, STEP) - 1e-9))
 
 
 class Sizing:
