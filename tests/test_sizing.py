@@ -8,6 +8,8 @@ import threading
 
 import dask
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from daskvine_py import Manager, ResourceExhausted, config
 from daskvine_py.plan.annotations import MB, Placement, RunSettings, settle
@@ -17,6 +19,7 @@ from daskvine_py.scheduler.sizing import GROWTH
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from keyed import KeyedWorker
+from test_state import SimulatedCluster, expected_value, random_graphs
 
 W1, W2 = b"w1", b"w2"
 
@@ -70,6 +73,24 @@ def test_a_worker_holds_tasks_only_while_their_allocations_fit_its_memory():
     some = next(iter(st_.workers[W1].processing))
     out = st_.handle([done(W1, some.id, 300)])
     assert len(executes(out)) == 1 and len(st_.workers[W1].processing) == 2
+
+
+def test_small_tasks_fill_the_cores_that_large_ones_leave_idle():
+    tasks = [s.NewTask(f"big{i}", b"", (), (), i, prefix="big") for i in range(6)]
+    tasks += [s.NewTask(f"small{i}", b"", (), (), 6 + i, prefix="small") for i in range(6)]
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
+    out = st_.handle([joined(W1, cores=4, memory_mb=1000),
+                      s.SubmitRun(1, tasks, [t.key for t in tasks], 3)])  # fmt: skip
+    # Unmeasured: one of each category, the second found past the other big ones.
+    assert sorted(e.key for _, e in executes(out)) == ["big0", "small0"]
+    out = st_.handle([done(W1, st_.runs[1].tasks["big0"].id, 300),
+                      done(W1, st_.runs[1].tasks["small0"].id, 1)])  # fmt: skip
+    sent = {e.key: e.memory for _, e in executes(out)}
+    # Two big ones (375 MB each) fit, a third would not; small ones take the other cores.
+    assert sent == {"big1": 375 * MB, "big2": 375 * MB, "small1": FLOOR, "small2": FLOOR}
+    assert st_.runs[1].tasks["big3"].state == "ready"  # passed over: queued again
+    out = st_.handle([done(W1, st_.runs[1].tasks["big1"].id, 300)])
+    assert [e.key for _, e in executes(out)] == ["big3"]  # first in line again
 
 
 def test_an_allocation_above_every_worker_is_capped_to_the_largest():
@@ -213,6 +234,77 @@ def test_a_worker_without_a_memory_figure_is_not_sized():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
     out = st_.handle([joined(W1, memory_mb=0), run_of([f"t{i}" for i in range(4)])])
     assert [e.memory for _, e in executes(out)] == [0, 0, 0, 0]
+
+
+class SizedCluster(SimulatedCluster):
+    """The simulated cluster on workers of 100 MB, with tasks whose peaks depend on their
+    kind (``t3`` and ``t13`` alike: 27 MB), some stopped past their allocation now and then."""
+
+    def __init__(self, seed: int, mode: str) -> None:
+        super().__init__(seed)
+        self.state = s.SchedulerState(sizing=mode)
+        self.allotted: dict[int, int] = {}
+        self.stopped = 0
+
+    def join(self, name: bytes) -> None:
+        self.stores[name] = {}
+        self.queued[name] = []
+        self.apply([s.WorkerJoined(name, name.decode(), 2, name.decode(), 100 * MB)])
+
+    def deliver(self, worker, message):
+        if type(message) is p.Execute:
+            self.allotted[message.task_id] = message.memory
+        super().deliver(worker, message)
+
+    def apply(self, events):
+        changed = []
+        for event in events:
+            if type(event) is s.FromWorker and type(event.message) is p.TaskDone:
+                msg = event.message
+                task = self.state.tasks.get(msg.task_id)
+                peak = int(task.prefix[-1]) * 9 * MB if task is not None else 0
+                limit = self.allotted.get(msg.task_id, 0)
+                if limit and (peak > limit or self.rng.random() < 0.05):
+                    self.stores[event.worker].pop(msg.task_id, None)  # stopped: nothing kept
+                    self.stopped += 1
+                    over = max(peak, limit + MB)
+                    event = s.FromWorker(event.worker, p.TaskExhausted(msg.task_id, "memory",
+                                                                       over, limit))  # fmt: skip
+                else:
+                    event = s.FromWorker(event.worker, msg._replace(peak_memory=peak))
+            changed.append(event)
+        super().apply(changed)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
+       mode=st.sampled_from(["max", "min-waste", "max-throughput", "fixed"]))  # fmt: skip
+def test_random_graphs_with_sizing_and_stopped_tasks_end_right(graphs, seed, mode):
+    cluster = SizedCluster(seed, mode)
+    cluster.join(b"w0")
+    cluster.join(b"w1")
+    runs = {}
+    for run_id, (deps, outputs) in enumerate(graphs, start=1):
+        tasks = [s.NewTask(k, b"", (), deps[k], i, prefix=f"t{k[-1]}") for i, k in enumerate(deps)]
+        cluster.apply([s.SubmitRun(run_id, tasks, outputs, 100)])
+        runs[run_id] = (deps, outputs)
+
+    def idle():
+        return not any(cluster.queued.values()) and not cluster.pending
+
+    cluster.run_until(idle, 0, iter(()))
+    stopped = sum(size.exhausted for size in cluster.state.sizing.sizes.values())
+    assert stopped <= cluster.stopped  # (a report about a task no longer held counts nowhere)
+    for run_id, (deps, outputs) in runs.items():
+        ended = cluster.done.get(run_id)
+        assert ended is not None, cluster.done
+        if ended == "done":
+            assert cluster.outputs.get(run_id, {}) == {k: expected_value(k, deps) for k in outputs}
+        else:
+            assert "ran out of memory" in ended, ended
+    assert not cluster.state.tasks and not cluster.state.runs
+    assert all(not w.processing for w in cluster.state.workers.values())
+    assert cluster.state.sizing.largest == 0  # (no run left: the bound starts again)
 
 
 # -- with workers --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import pickle
 from collections.abc import Callable, Mapping
 
 from daskvine_py.scheduler.constraints import Constraints
+from daskvine_py.scheduler.locality import target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     BytesInlined,
@@ -49,6 +50,10 @@ FULL_ROUND_WORKERS = 64
 #: Past it, every this many rounds visit them all; the others visit only the workers that
 #: may have room. Stealing, which looks at every worker, runs on those rounds only.
 FULL_ROUND_EVERY = 32
+#: Tasks a worker looks past, when the best one for it does not fit its memory now, for
+#: one that does (those passed over are queued again): smaller tasks fill the cores that
+#: larger ones leave idle, at a bounded cost per round.
+LOOK_PAST = 8
 
 
 class Dispatch:
@@ -173,9 +178,13 @@ class Dispatch:
                     if (size.slow or sizing.largest * limit > worker.memory) and not fits(
                         worker, task, size, limit
                     ):
-                        saturated.add(worker)  # (until it reports: a task of it ended)
-                        continue
-                    queue.pop_for(worker.id, steal)
+                        found = self._look_past(worker, steal)
+                        if found is None:
+                            saturated.add(worker)  # (until it reports: a task of it ended)
+                            continue
+                        task = found
+                    else:
+                        queue.pop_for(worker.id, steal)
                     try:
                         transition(task, "processing", worker)
                         self.send_ahead(task, worker)
@@ -191,6 +200,30 @@ class Dispatch:
                 self.steal()
             except Exception as exc:  # stealing is an optimisation: runs go on without it
                 self.out.append(EventDropped("taking queued tasks back for idle workers", exc))
+
+    def _look_past(self, worker: WorkerRecord, steal: bool) -> TaskRecord | None:
+        """The best task ``worker`` can take is too large for its memory now (or of a
+        category it already runs one unmeasured task of): the first of the next
+        ``LOOK_PAST`` that fits, taken from the queue; those passed over go back."""
+        queue, sizing, extra = self.queue, self.sizing, self.extra
+        held = len(worker.processing)
+        passed = [queue.pop_for(worker.id, steal)]
+        found = None
+        for _ in range(LOOK_PAST):
+            task = queue.pop_for(worker.id, steal)
+            if task is None:
+                break
+            limit = worker.cores + extra(worker, task)
+            size = task.size or sizing.size_of(task)
+            if held < limit and sizing.fits(worker, task, size, limit):
+                found = task
+                break
+            passed.append(task)
+        full = self.full
+        for task in passed:
+            if task is not None:
+                queue.push(task, task.priority, target(task, full))
+        return found
 
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Record ``task`` as processing on ``worker`` and send it there."""
