@@ -9,8 +9,9 @@ worker goes as an ``Execute`` (``assign``), preceded, once per worker, by its ru
 ``RunConfig`` and the functions it references; small inputs held at the manager travel
 inside it, and their bytes are counted per worker (``BytesInlined``). A worker whose store
 is full (``DiskFull``) gets no new work while another has room. A worker takes a task only
-while the memory allotted to the tasks it holds fits its own (``Sizing``); the ``Execute``
-carries the task's allocation: cores and GPUs (its placement) and memory.
+while the memory allotted to the tasks it holds fits its own (``Sizing``), looking past a
+few tasks that do not for one that does (``LOOK_PAST``); the ``Execute`` carries the
+task's allocation: cores and GPUs (its placement) and memory.
 
 A round visits the workers that may have room, not all of them: a worker found at its
 saturation bound is set aside until it reports something (``touch``: only its own reports
