@@ -155,7 +155,9 @@ def test_every_task_is_measured_by_category(task_mode, exec_mode):
     assert 0.8 * HUNGRY_MB <= hungry_.peak_memory_mb <= 1.2 * HUNGRY_MB
     assert spin_.cpu_s > 0 and hungry_.cpu_s > 0
     assert all(c.wall_s > 0 for c in categories.values())
-    assert all(c.allocated_memory_mb == 0 and c.exhausted == 0 for c in categories.values())
+    assert all(c.exhausted == 0 for c in categories.values())
+    # Sized from their first measured task on (one of them ran unmeasured per worker).
+    assert tiny_.allocated_memory_mb > 0
     # Bytes out are the results' sizes; "total" read every other result, once.
     assert all(c.output_bytes > 0 and c.failed == 0 for c in categories.values())
     made = sum(c.output_bytes for name, c in categories.items() if name != "total")

@@ -790,7 +790,7 @@ def test_fuzz_frames_decode_valid_or_raise_protocol_error(direction, frames):
 # -- fuzzing: the scheduler state under inconsistent reports ---------------------------------
 
 _REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-            p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded)  # fmt: skip
+            p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded, p.TaskExhausted)  # fmt: skip
 
 
 #: The raw material of a false report, drawn before the run: which values it takes is
@@ -822,6 +822,8 @@ def bogus_report(spec, state):
         message = p.TaskErred(task_id, None, "tb", "bogus error")
     elif kind is p.TaskCrashed:
         message = p.TaskCrashed(task_id, "bogus crash")
+    elif kind is p.TaskExhausted:
+        message = p.TaskExhausted(task_id, "memory", other * 2**20, (other % 3) * 2**20)
     elif kind is p.FetchFailed:
         peers = [(), ("w0",), ("w1", "w2")][other % 3]
         message = p.FetchFailed(task_id, 1 + other % max_id, peers)

@@ -8,6 +8,7 @@ from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import BytesInlined, Dispatched, Send
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from daskvine_py.scheduler.sizing import Sizing
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 
@@ -32,6 +33,7 @@ def make(extra: int = 0, cache_runs: dict | None = None):
         workers, queue, full, out, transition, send, lambda *a: calls.append(("abort", a)),
         constraints, lambda w, t: extra, lambda t, w: calls.append(("ahead", t.id)),
         lambda: calls.append(("steal",)), lambda t, deps: deps, cache_runs or {},
+        Sizing(workers, out, *[lambda *a: calls.append(("sizing", a))] * 5, mode="fixed"),
     )  # fmt: skip
     return dispatch, workers[b"w"], queue, out, calls
 

@@ -150,7 +150,7 @@ def test_reports_are_routed_by_the_table_and_an_unknown_one_is_dropped():
     st_.handle([joined(W1)])
     assert set(st_._reports) == {
         p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-        p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded, p.Transfers,
+        p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded, p.Transfers, p.TaskExhausted,
     }  # fmt: skip
     (dropped,) = st_.handle([s.FromWorker(W1, p.Heartbeat())])
     assert type(dropped) is s.EventDropped and isinstance(dropped.error, TypeError)

@@ -98,6 +98,32 @@ class TaskFailed(DaskVineError):
         self.worker = worker
 
 
+class ResourceExhausted(TaskFailed):
+    """A task went past its memory allocation on every try it was allowed: with the
+    most a worker offers, or with no retries left (``docs/resources.md``).
+
+    ``function`` names what it ran (its kind: the prefix of its key, when nothing
+    better is known); ``peak`` and ``limit`` are bytes: what it was seen to use when it
+    was stopped, and what its last try was allowed (0: no allocation of its own, the
+    worker's whole budget).
+    """
+
+    def __init__(self, key: Any, function: str, peak: int, limit: int, worker: str,
+                 attempts: int) -> None:  # fmt: skip
+        allowed = f"its limit of {limit / 2**20:.1f} MB" if limit else "its worker's budget"
+        tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+        reason = (
+            f"{function} ran out of memory: it used {peak / 2**20:.1f} MB, past {allowed} "
+            f"({tries})"
+        )
+        super().__init__(key, reason, worker)
+        self._init_args = (key, function, peak, limit, worker, attempts)
+        self.function = function
+        self.peak = peak
+        self.limit = limit
+        self.attempts = attempts
+
+
 class RemoteTaskError(DaskVineError):
     """A task's own code raised, and its exception was not unpickled on this side
     (``Manager(unpickle_remote_exceptions=False)``): it stands for that exception.

@@ -19,6 +19,9 @@ IGNORED_DASK_OPTIONS = frozenset({"num_workers", "chunksize", "pool"})
 
 TASK_MODES = ("function-calls", "tasks")
 EXEC_MODES = ("direct", "fork")
+#: How a category's memory allocation is chosen from its measured tasks
+#: (``scheduler.sizing``, docs/resources.md "Sizing categories").
+SIZING_MODES = ("fixed", "max", "min-waste", "max-throughput")
 
 #: Options that belong to workers, not to a run: ``get`` names where they go instead.
 WORKER_SETTINGS = {
@@ -256,9 +259,28 @@ class ManagerOptions:
     #: (docs/faults.md). Lower catches stragglers sooner but kills more tasks that were
     #: merely long; 0 or None turns it off.
     fast_abort: float | None = 3.0
+    #: How each category of tasks (its keys' prefix, or ``dask.annotate(category=...)``)
+    #: is allotted memory once one of its tasks was measured (docs/resources.md):
+    #: "max" (the largest peak seen, plus a margin), "min-waste", "max-throughput"
+    #: (from the spread of peaks seen, counting a retry as the cost of too little), or
+    #: "fixed" (only annotated ``resources={"memory": MB}``; no measuring, no limit).
+    sizing: str = "max"
+    #: Modes of named categories, overriding ``sizing``: ``{"load": "min-waste"}``.
+    sizing_categories: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
+        if self.sizing not in SIZING_MODES:
+            raise ValueError(f"sizing must be one of {SIZING_MODES}, not {self.sizing!r}")
+        named = self.sizing_categories
+        if not isinstance(named, Mapping) or not all(
+            isinstance(k, str) and v in SIZING_MODES for k, v in named.items()
+        ):
+            raise ValueError(
+                f"sizing_categories must map category names to one of {SIZING_MODES}, "
+                f"not {named!r}"
+            )
+        object.__setattr__(self, "sizing_categories", dict(named))
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(
                 f"host must be an address or host name of this machine, not {self.host!r}"

@@ -130,8 +130,8 @@ class Manager:
             self.options.connection_file, connection.reachable(host, bound), self._keys
         )
         self._state = s.SchedulerState(
-            self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core
-        )
+            self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core,
+            sizing=self.options.sizing, sizing_categories=self.options.sizing_categories)
         self._local_processes: list[subprocess.Popen] = []
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []

@@ -44,6 +44,8 @@ def run_error(failure: s.RunFailed | BaseException, unpickle: bool = True) -> Ba
     when ``unpickle`` allows it; else it is named by a ``RemoteTaskError``."""
     if isinstance(failure, BaseException):
         return failure
+    if failure.error is not None:  # made by the scheduler (``ResourceExhausted``)
+        return failure.error
     if not unpickle and (failure.type_name or failure.exception is not None):
         return _not_unpickled(failure)  # a task's own exception (``TaskErred``)
     note = f"daskvine_py: raised by task {failure.key!r} on worker {failure.worker}"

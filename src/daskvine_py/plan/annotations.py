@@ -13,7 +13,8 @@ on the graph form Dask hands it (the table per collection is in ``docs/dask-knob
   ``dask.distributed``.
 
 Honoured: ``priority``, ``retries``, ``resources`` (``cores``, ``memory`` in MB),
-``workers`` and ``allow_other_workers``; any other annotation is ignored. ``read`` and
+``workers``, ``allow_other_workers`` and ``category`` (the name its memory is sized by,
+instead of its key's prefix); any other annotation is ignored. ``read`` and
 ``settle`` are pure, and cost a few attribute lookups per layer when nothing is annotated.
 """
 
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 Key = Hashable
 
 #: The annotations that mean something here; distributed's names and meanings.
-HONOURED = ("priority", "retries", "resources", "workers", "allow_other_workers")
+HONOURED = ("priority", "retries", "resources", "workers", "allow_other_workers", "category")
 #: What ``read`` keeps: those, and ``cache`` (``dask.annotate(cache=False)``: tasks the
 #: result cache leaves alone), so that the graph's layers are read once for both.
 READ = (*HONOURED, "cache")
@@ -81,6 +82,8 @@ class RunSettings:
     placements: Mapping[Key, Placement]
     #: one key per distinct placement, to check each against the workers and name it
     examples: Mapping[Placement, Key]
+    #: the category each task is sized by (``scheduler.sizing``), when not its prefix
+    categories: Mapping[Key, str] = field(default_factory=dict)
 
 
 def read(dsk: Any) -> dict[str, dict[Key, Any]]:
@@ -141,12 +144,17 @@ def settle(
         if key in wanted and value is not None
     }
     placements = _placements(annotations, wanted)
-    if not retries and not placements:
+    categories = {
+        key: _category(key, value)
+        for key, value in annotations.get("category", {}).items()
+        if key in wanted and value is not None
+    }
+    if not retries and not placements and not categories:
         return priorities, None
     examples: dict[Placement, Key] = {}
     for key, placement in placements.items():
         examples.setdefault(placement, key)
-    return priorities, RunSettings(retries, placements, examples)
+    return priorities, RunSettings(retries, placements, examples, categories)
 
 
 def reprioritize(priorities: Mapping[Key, int], user: Mapping[Key, float]) -> dict[Key, int]:
@@ -227,6 +235,12 @@ def _number(key: Key, name: str, value: Any) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise ValueError(f"task {key!r}: the {name} annotation must be a number, not {value!r}")
     return cast(float, value)  # as it is: an int stays one
+
+
+def _category(key: Key, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"task {key!r}: category must be a non-empty string, not {value!r}")
+    return value
 
 
 def _retries(key: Key, value: Any) -> int:

@@ -2,7 +2,7 @@
 records it keeps (``records``), the messages it takes and gives (``messages``), the
 ready-task structure (``matching``) and worker liveness (``liveness``). The state owns its
 components, each with its own state and called through a few named methods: constraints,
-saturation, locality, stealing, dispatch, copies, failures, relays and caching (with
+saturation, locality, stealing, dispatch, sizing, copies, failures, relays and caching (with
 ``cache_budget``; the records it shares with the caller's side: ``cache_placement``). No
 sockets, no threads, no clocks (``now`` is a parameter), no dask.
 

@@ -1,7 +1,8 @@
 """What a run's tasks took, by category: the prefix of their keys (dask's ``key_split``,
-``TaskRecord.prefix``), summed as their ``TaskDone`` reports arrive. The manager hands
-them to the caller as ``Manager.last_run.categories``, and its event log and report show
-them (``manager.events``, ``manager.report``).
+``TaskRecord.prefix``) unless annotated ``category=``, summed as their ``TaskDone`` reports
+arrive (and their ``TaskExhausted`` ones: ``sizing``). The manager hands them to the
+caller as ``Manager.last_run.categories``, and its event log and report show them
+(``manager.events``, ``manager.report``).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ class Category:
         #: seconds its tasks' calls took, and the CPU seconds of their processes then
         self.wall_s = 0.0
         self.cpu_s = 0.0
-        #: the largest peak resident memory (MiB) of one of its tasks, as its worker
-        #: measured it (``TaskDone.peak_memory``; 0: not measured there)
+        #: the largest peak resident memory (MiB) of one of its tasks, above what its
+        #: process held when it began (0: not measured there)
         self.peak_memory_mb = 0.0
-        #: memory allotted to each of its tasks (MiB; 0: none yet), and how many of its
-        #: tasks went past their allotment
+        #: the largest memory allotment its tasks ran with (MiB; 0: none), and how many
+        #: of its tasks went past theirs
         self.allocated_memory_mb = 0.0
         self.exhausted = 0
         #: bytes its tasks read (the sizes of their inputs' results, as the inputs'
@@ -45,10 +46,17 @@ class Category:
         #: its tasks that raised or whose process died (``TaskErred``, ``TaskCrashed``)
         self.failed = 0
 
+    def allot(self, allocated: int) -> None:
+        mb = allocated / _MB
+        if mb > self.allocated_memory_mb:
+            self.allocated_memory_mb = mb
+
     def __repr__(self) -> str:
         return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
                 f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
-                f"input_bytes={self.input_bytes}, output_bytes={self.output_bytes})")  # fmt: skip
+                f"allocated_memory_mb={self.allocated_memory_mb:.1f}, "
+                f"exhausted={self.exhausted}, input_bytes={self.input_bytes}, "
+                f"output_bytes={self.output_bytes})")  # fmt: skip
 
     def fields(self) -> dict[str, float | int]:
         """Every field by name: what the event log writes (``events.CategoriesEntry``)."""
@@ -65,14 +73,15 @@ class Categories(dict[str, Category]):
     __slots__ = ()
 
     def done(
-        self, prefix: str, duration: float, cpu: float, peak_memory: int, nbytes: int = 0,
-        inputs: Sequence[_Sized] = (),
+        self, name: str, duration: float, cpu: float, peak_memory: int, nbytes: int = 0,
+        inputs: Sequence[_Sized] = (), allocated: int = 0,
     ) -> None:  # fmt: skip
-        """A task of category ``prefix`` finished, its result ``nbytes`` long, having read
-        ``inputs``: one lookup, a few additions, and one per input."""
-        category = self.get(prefix)
+        """A task of category ``name`` finished, its result ``nbytes`` long, having read
+        ``inputs`` with ``allocated`` bytes of memory: one lookup, a few additions, and
+        one per input."""
+        category = self.get(name)
         if category is None:
-            category = self[prefix] = Category()
+            category = self[name] = Category()
         category.tasks += 1
         category.wall_s += duration
         category.cpu_s += cpu
@@ -85,10 +94,23 @@ class Categories(dict[str, Category]):
             for dep in inputs:
                 read += dep.nbytes
             category.input_bytes += read
+        if allocated:
+            category.allot(allocated)
 
-    def fail(self, prefix: str) -> None:
-        """A task of category ``prefix`` raised, or its process died."""
-        category = self.get(prefix)
+    def fail(self, name: str) -> None:
+        """A task of category ``name`` raised, or its process died."""
+        category = self.get(name)
         if category is None:
-            category = self[prefix] = Category()
+            category = self[name] = Category()
         category.failed += 1
+
+    def exhausted(self, name: str, peak_memory: int, allocated: int) -> None:
+        """A task of category ``name`` went past its allotment (stopped, not finished)."""
+        category = self.get(name)
+        if category is None:
+            category = self[name] = Category()
+        category.exhausted += 1
+        category.allot(allocated)
+        peak = peak_memory / _MB
+        if peak > category.peak_memory_mb:
+            category.peak_memory_mb = peak

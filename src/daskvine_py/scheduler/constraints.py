@@ -232,16 +232,16 @@ class Constraints:
         return best
 
     def _reserved(self, worker: WorkerRecord) -> tuple[int, int]:
-        """Memory and GPUs the annotated tasks ``worker`` runs take."""
+        """The memory allotted to the tasks processing there (annotated or sized), and
+        the GPUs its annotated ones take."""
+        memory = sum(task.memory for task in worker.processing)
         if not worker.holding:
-            return 0, 0
+            return memory, 0
         self.held_back(worker)  # prune
-        memory = gpus = 0
+        gpus = 0
         for task in worker.holding:
             if task.worker is worker and task.state == "processing":
-                placement = _placement(task)
-                memory += placement.memory
-                gpus += placement.gpus
+                gpus += _placement(task).gpus
         return memory, gpus
 
     def _reserve(self, task: TaskRecord) -> None:

@@ -8,7 +8,10 @@ dry, idle cores ask busy workers for queued tasks back (``Stealing``). A task gi
 worker goes as an ``Execute`` (``assign``), preceded, once per worker, by its run's
 ``RunConfig`` and the functions it references; small inputs held at the manager travel
 inside it, and their bytes are counted per worker (``BytesInlined``). A worker whose store
-is full (``DiskFull``) gets no new work while another has room.
+is full (``DiskFull``) gets no new work while another has room. A worker takes a task only
+while the memory allotted to the tasks it holds fits its own (``Sizing``), looking past a
+few tasks that do not for one that does (``LOOK_PAST``); the ``Execute`` carries the
+task's allocation: cores and GPUs (its placement) and memory.
 
 A round visits the workers that may have room, not all of them: a worker found at its
 saturation bound is set aside until it reports something (``touch``: only its own reports
@@ -24,6 +27,7 @@ import pickle
 from collections.abc import Callable, Mapping
 
 from daskvine_py.scheduler.constraints import Constraints
+from daskvine_py.scheduler.locality import target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     BytesInlined,
@@ -34,6 +38,7 @@ from daskvine_py.scheduler.messages import (
     WorkerId,
 )
 from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.sizing import Sizing
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import OUT_OF_BAND_MIN_BYTES
 
@@ -46,6 +51,10 @@ FULL_ROUND_WORKERS = 64
 #: Past it, every this many rounds visit them all; the others visit only the workers that
 #: may have room. Stealing, which looks at every worker, runs on those rounds only.
 FULL_ROUND_EVERY = 32
+#: Tasks a worker looks past, when the best one for it does not fit its memory now, for
+#: one that does (those passed over are queued again): smaller tasks fill the cores that
+#: larger ones leave idle, at a bounded cost per round.
+LOOK_PAST = 8
 
 
 class Dispatch:
@@ -55,12 +64,13 @@ class Dispatch:
     full) and appends to its ``out``; ``transition``, ``send`` and ``abort`` are the
     state's; ``extra``, ``send_ahead`` and ``steal`` are the other components' steps;
     ``locations`` renames inputs for cache runs, only called while ``cache_runs`` is not
-    empty. ``now`` is set by the state at each ``handle``.
+    empty; ``sizing``: what each task is allotted and where that fits. ``now`` is set by
+    the state at each ``handle``.
     """
 
     __slots__ = ("workers", "queue", "full", "out", "transition", "send", "abort",
                  "constraints", "extra", "send_ahead", "steal", "locations", "cache_runs",
-                 "now", "inlined", "open", "rounds", "everyone")  # fmt: skip
+                 "now", "inlined", "open", "rounds", "everyone", "sizing")  # fmt: skip
 
     def __init__(
         self,
@@ -77,6 +87,7 @@ class Dispatch:
         steal: Callable[[], None],
         locations: Locations,
         cache_runs: Mapping[int, object],
+        sizing: Sizing,
     ) -> None:
         self.workers = workers
         self.queue = queue
@@ -91,6 +102,7 @@ class Dispatch:
         self.steal = steal
         self.locations = locations
         self.cache_runs = cache_runs
+        self.sizing = sizing
         self.now = 0.0
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self.inlined: dict[WorkerRecord, int] = {}
@@ -130,12 +142,14 @@ class Dispatch:
         if self.constraints.pending():
             self.constraints.dispatch()
         self.rounds += 1
+        sizing = self.sizing
         every = (
             self.everyone
+            or sizing.changed
             or len(self.workers) <= FULL_ROUND_WORKERS
             or self.rounds % FULL_ROUND_EVERY == 0
         )
-        self.everyone = False
+        self.everyone = sizing.changed = False
         if every:
             workers = list(self.workers.values())
         else:
@@ -145,6 +159,7 @@ class Dispatch:
             # When every worker is full, waiting for room could wait forever: overflow.
             workers = [w for w in workers if not w.full] or workers
         queue, extra, transition = self.queue, self.extra, self.transition
+        size_of, fits = sizing.size_of, sizing.fits
         saturated = set()
         for steal in (False, True):
             hungry = workers
@@ -154,10 +169,23 @@ class Dispatch:
                     task = queue.peek_for(worker.id, steal)
                     if task is None:
                         continue
-                    if len(worker.processing) >= worker.cores + extra(worker, task):
+                    limit = worker.cores + extra(worker, task)
+                    if len(worker.processing) >= limit:
                         saturated.add(worker)
                         continue
-                    queue.pop_for(worker.id, steal)
+                    size = task.size or size_of(task)
+                    # Allocations can only go past its memory if the largest one times the
+                    # tasks it may hold does (``Sizing``): else nothing to add up.
+                    if (size.slow or sizing.largest * limit > worker.memory) and not fits(
+                        worker, task, size, limit
+                    ):
+                        found = self._look_past(worker, steal)
+                        if found is None:
+                            saturated.add(worker)  # (until it reports: a task of it ended)
+                            continue
+                        task = found
+                    else:
+                        queue.pop_for(worker.id, steal)
                     try:
                         transition(task, "processing", worker)
                         self.send_ahead(task, worker)
@@ -173,6 +201,30 @@ class Dispatch:
                 self.steal()
             except Exception as exc:  # stealing is an optimisation: runs go on without it
                 self.out.append(EventDropped("taking queued tasks back for idle workers", exc))
+
+    def _look_past(self, worker: WorkerRecord, steal: bool) -> TaskRecord | None:
+        """The best task ``worker`` can take is too large for its memory now (or of a
+        category it already runs one unmeasured task of): the first of the next
+        ``LOOK_PAST`` that fits, taken from the queue; those passed over go back."""
+        queue, sizing, extra = self.queue, self.sizing, self.extra
+        held = len(worker.processing)
+        passed = [queue.pop_for(worker.id, steal)]
+        found = None
+        for _ in range(LOOK_PAST):
+            task = queue.pop_for(worker.id, steal)
+            if task is None:
+                break
+            limit = worker.cores + extra(worker, task)
+            size = task.size or sizing.size_of(task)
+            if held < limit and sizing.fits(worker, task, size, limit):
+                found = task
+                break
+            passed.append(task)
+        full = self.full
+        for task in passed:
+            if task is not None:
+                queue.push(task, task.priority, target(task, full))
+        return found
 
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Record ``task`` as processing on ``worker`` and send it there."""
@@ -199,16 +251,24 @@ class Dispatch:
         for dep in deps:
             if dep.value is not None:  # inline: bytes moved from the manager
                 self.inlined[worker] = self.inlined.get(worker, 0) + len(dep.value.header)
+        size = task.size or self.sizing.size_of(task)
+        memory = 0
+        if worker.memory:  # (a worker with no memory figure is not sized)
+            memory = task.asks or size.allocation
+            if memory > worker.memory:  # (sent ahead, or placed: it gets what there is)
+                memory = worker.memory
+        task.memory = memory
+        placement = task.placement
+        cores, gpus = (1, 0) if placement is None else (placement.cores, placement.gpus)
         send(
             worker,
             p.Execute(
                 task.id, task.key, task.payload, deps, task.is_output or task.echo, config_id,
-                None if task.unread is None else not task.unread,
-                gpus=task.placement.gpus if task.placement else 0,
+                None if task.unread is None else not task.unread, cores, memory, gpus,
             ),
         )  # fmt: skip
         if run.watched:
-            self.out.append(Dispatched(run.id, task.id, task.key, task.prefix, worker.name))
+            self.out.append(Dispatched(run.id, task.id, task.key, size.name, worker.name))
 
     def on_disk_full(self, worker: WorkerRecord, msg: p.DiskFull) -> None:
         """A full worker finishes what it holds and serves peers, but gets no new work."""

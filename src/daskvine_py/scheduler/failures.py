@@ -190,13 +190,15 @@ class Failures:
         message: str,
         crashed: bool,
         type_name: str = "",
+        error: BaseException | None = None,
     ) -> None:
-        """``task`` failed on ``worker``, and its run with it."""
+        """``task`` failed on ``worker``, and its run with it (``error``: what ``get``
+        raises, made here)."""
         run = task.run
         self.out.append(
             RunFailed(
                 run.id, task.key, worker.name, exception, traceback, message, crashed,
-                run.run_seconds, run.serialization_seconds, type_name, run.categories,
+                run.run_seconds, run.serialization_seconds, type_name, run.categories, error,
             )
         )  # fmt: skip
         self.drop_run(run, False, task)

@@ -228,6 +228,8 @@ class RunFailed(NamedTuple):
     serialization_seconds: float = 0.0
     type_name: str = ""  #: the qualified type of the task's exception (``TaskErred``)
     categories: Mapping[str, Category] = NO_CATEGORIES  #: as in ``RunDone``
+    #: the error ``get`` raises as it is, when the scheduler made it (``ResourceExhausted``)
+    error: BaseException | None = None
 
 
 class RunAborted(NamedTuple):
@@ -291,7 +293,7 @@ class Dispatched(NamedTuple):
     run_id: int
     task_id: int
     key: Key
-    prefix: str
+    prefix: str  #: its category: its key's prefix unless annotated ``category=``
     worker: str  #: the worker's name
 
 

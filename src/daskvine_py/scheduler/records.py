@@ -7,7 +7,7 @@ one ``TaskRecord`` per task of every run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
@@ -15,6 +15,9 @@ from daskvine_py.scheduler.categories import Categories
 from daskvine_py.scheduler.messages import Key, SubmitRun, WorkerId
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.category_size import Size
 
 TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", "forgotten"]
 
@@ -143,7 +146,7 @@ class TaskRecord:
         "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
         "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
         "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-        "placement", "pulled", "echo", "started_at",
+        "placement", "pulled", "echo", "started_at", "size", "memory", "asks",
     )  # fmt: skip
 
     def __init__(
@@ -200,6 +203,13 @@ class TaskRecord:
         self.pulled = False
         #: its worker sends its value back: to compare with a re-run (``verify``)
         self.echo = False
+        #: its category's sizing (``sizing.Size``, found at its first dispatch); the bytes
+        #: of memory allotted where it is processing (``Execute.memory``: 0, none); and
+        #: what it asks for itself, its category's allocation aside: annotated memory,
+        #: or more after it ran out (0: its category's)
+        self.size: Size | None = None
+        self.memory = 0
+        self.asks = 0
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -8,7 +8,7 @@ accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it wit
 events. Its records are in ``records``, events and instructions in ``messages``. The state
 keeps the records and the transitions; its components, each with its own state, do the
 rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
-``Failures``, ``Relays``, ``Caching``, ``Claims``, ``Churn`` and ``Faults``
+``Failures``, ``Relays``, ``Caching``, ``Claims``, ``Churn``, ``Faults`` and ``Sizing``
 (docs/architecture.md: what each decides).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
@@ -55,7 +55,7 @@ Two counters make completion and release O(edges): ``missing`` = inputs not in m
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from daskvine_py.errors import InvalidTransition
@@ -100,6 +100,7 @@ from daskvine_py.scheduler.messages import (
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, TaskStateName, WorkerRecord, needed
 from daskvine_py.scheduler.relays import Relays
 from daskvine_py.scheduler.saturation import DurationEstimates, Saturation
+from daskvine_py.scheduler.sizing import Sizing
 from daskvine_py.scheduler.stealing import Stealing
 from daskvine_py.scheduler.submission import Submission
 from daskvine_py.scheduler.verify import Verification
@@ -125,7 +126,9 @@ class SchedulerState:
     The records are heavily correlated (a task in ``processing`` is in its worker's
     ``processing`` set, a result in ``memory`` is in each holder's ``has_what``), which is
     why only the transitions touch them. The components share the records by reference
-    and call back the transitions; none is mixed into this class.
+    and call back the transitions; none is mixed into this class. ``sizing`` and
+    ``sizing_categories``: the modes of ``Sizing`` ("fixed", no sizing, unless asked:
+    the manager passes its settings, "max" by default).
     """
 
     def __init__(
@@ -135,6 +138,8 @@ class SchedulerState:
         story_length: int = 10_000,
         chain_ahead: int = CHAIN_AHEAD,
         sibling_inputs: int = SIBLING_INPUTS,
+        sizing: str = "fixed",
+        sizing_categories: Mapping[str, str] | None = None,
     ) -> None:
         self.durations = DurationEstimates()
         self.now = 0.0
@@ -192,10 +197,13 @@ class SchedulerState:
             runs, tasks, transition, self._new_id, self.constraints.mark, self.verification.added,
             self.caching, cache_runs,
         )  # fmt: skip
+        self.sizing = Sizing(workers, out, held, self.claims.stale, self.copies.not_held,
+                             self.churn.out_of_retries, self.failures.fail, sizing,
+                             sizing_categories)  # fmt: skip
         self.dispatch = Dispatch(
             workers, queue, full, out, transition, send, abort, self.constraints, extra,
             self.locality.send_ahead, self.stealing.steal_for_idle_workers,
-            self.caching.locations, cache_runs,
+            self.caching.locations, cache_runs, self.sizing,
         )  # fmt: skip
         #: queries over the workers: tasks ready, processing, running; each one's load
         self.load, self.worker_loads = self.dispatch.load, self.dispatch.worker_loads
@@ -219,6 +227,7 @@ class SchedulerState:
             p.Started: checked(p.Started, self.churn.on_started, self.faults.on_started),
             p.Transfers: self.claims.on_transfers,  # (only those the manager's loop doubts)
             p.DiskFull: self.dispatch.on_disk_full,
+            p.TaskExhausted: self.sizing.on_exhausted,
         }
         self._events: dict[type, Handler] = {
             SubmitRun: self.submission.on_submit,
@@ -265,6 +274,8 @@ class SchedulerState:
                 self.failures.on_handler_error(event, exc, lost)
         if len(self.runs) != runs:  # a run ended or failed: its tasks left their workers
             self.dispatch.everyone = True
+            if not self.runs:
+                self.sizing.idle()
         try:
             self.dispatch.dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
@@ -342,8 +353,7 @@ class SchedulerState:
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
         run.serialization_seconds += msg.serialization
-        run.categories.done(task.prefix, msg.duration, msg.cpu, msg.peak_memory, msg.nbytes,
-                            task.deps)  # fmt: skip
+        self.sizing.done(task, msg)  # (its category's totals in the run, and its size)
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
@@ -378,7 +388,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        task.run.categories.fail(task.prefix)
+        task.run.categories.fail(self.sizing.category(task))
         self.faults.erred(task, worker, msg)  # retried once elsewhere, or the run fails
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
@@ -389,7 +399,7 @@ class SchedulerState:
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        task.run.categories.fail(task.prefix)
+        task.run.categories.fail(self.sizing.category(task))
         self.faults.crashed(task, worker)
         if self._out_of_retries(task):
             attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
