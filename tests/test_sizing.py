@@ -160,12 +160,12 @@ def test_a_task_that_ran_out_is_retried_with_more_and_the_categories_count_it():
 def test_a_retry_gets_at_least_the_largest_its_category_was_seen_to_need():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="min-waste")
     out = st_.handle([joined(W1, cores=1, memory_mb=4000), run_of([f"t{i}" for i in range(5)])])
-    for peak in (10, 500):
+    for peak in (70, 500):
         ((_, e),) = executes(out)
         out = st_.handle([done(W1, e.task_id, peak)])
-    ((_, small),) = executes(out)  # one in two fit in ~10 MB: min-waste allots that
-    assert 10 * MB <= small.memory < 12 * MB
-    out = st_.handle([exhausted(W1, small.task_id, 11, small.memory)])
+    ((_, small),) = executes(out)  # one in two fit in ~70 MB: min-waste allots that
+    assert 70 * MB <= small.memory < 80 * MB
+    out = st_.handle([exhausted(W1, small.task_id, 75, small.memory)])
     ((_, again),) = executes(out)
     assert again.task_id == small.task_id and again.memory == int(500 * MB * MARGIN)
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.worker import gpus, library, library_process, pipe, task_process, threads
-from daskvine_py.worker.memory_watch import PAGE
+from daskvine_py.worker.measure import PAGE
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask

@@ -41,6 +41,8 @@ _status_fd = -1
 #: freed since (``freed``), so the next task's base is read afresh
 _rss = 0
 _stale = False
+#: Bytes of a page of memory (``/proc/PID/statm`` counts pages).
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Off only to measure what measuring costs (the module docstring).
 MEASURING = os.environ.get("DASKVINE_PY_MEASURE", "1") != "0"
 #: Freeing less than this leaves the base as it was read: it errs by that much at most.

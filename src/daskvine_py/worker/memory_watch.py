@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from daskvine_py.wire.protocol import DropLog
+from daskvine_py.worker.measure import PAGE
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.store import Store
 
@@ -39,7 +40,6 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: Seconds between looks: a task allocating 1 GB/s grows 20 MB past its limit at most.
 INTERVAL = 0.02
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MB = 2**20
 _NOTHING: Sequence[Exhausted] = ()
 
