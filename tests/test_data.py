@@ -161,13 +161,14 @@ def test_2gb_of_intermediates_complete_with_200mb_of_memory_by_spilling(tmp_path
 
 
 def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_path):
-    """One worker may hold 20 MB in memory and 40 MB on disk: it fills up, says so, and
-    the other worker takes the rest of the work; the answer is right, no file is left."""
+    """One worker may hold 64 MB in memory (tasks and results together) and 96 MB on disk:
+    it fills up, says so, and the other worker takes the rest of the work; the answer is
+    right, no file is left."""
     n = 40
-    # 8 x 8 MB pinned to the limited worker overflow its 60 MB, however the scheduler
+    # 8 x 24 MB pinned to the limited worker overflow its 160 MB, however the scheduler
     # splits the other 32 (a busy machine once left it only 7 of 40 unpinned blocks).
-    pinned = {f"a{i}": (block, i) for i in range(8)}
-    dsk = {f"a{i}": (block, i) for i in range(8, n)}
+    pinned = {f"a{i}": (block, i, 24) for i in range(8)}
+    dsk = {f"a{i}": (block, i, 24) for i in range(8, n)}
     dsk.update({f"s{i}": (checksum, f"a{i}") for i in range(n)})
     dsk["barrier"] = (total, *[f"s{i}" for i in range(n)])
     dsk.update({f"b{i}": (shifted, f"a{i}", "barrier") for i in range(n)})
@@ -194,7 +195,7 @@ def test_a_worker_past_its_disk_limit_gets_no_new_work_until_it_has_room(tmp_pat
         limited = spawn(
             manager.address,
             name="limited",
-            extra_args=["--memory", "20", "--disk", "40", "--workdir", str(workdir)],
+            extra_args=["--memory", "64", "--disk", "96", "--workdir", str(workdir)],
             connection_file=manager.connection_file,
             stderr=subprocess.PIPE,
             text=True,

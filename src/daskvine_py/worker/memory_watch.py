@@ -5,14 +5,15 @@ runs: the library's limit is its resident size when the task began (``measure.ba
 which the library writes next to the task's id in its shared slots) plus the task's
 allocation, summed over the tasks it runs at once (``--lib-slots`` > 1). A task of no
 allocation of its own (0) may take the worker's budget (``--memory``) less what the
-other running tasks are allocated: limited only while tasks with allocations run beside
-it (alone, it runs unwatched, as before allocations existed). The worker's budget holds
+other running tasks are allocated: alone, the whole budget, so that a task larger than
+its worker is stopped rather than the worker. The worker's budget holds
 the running tasks' allocations and its results together: the store spills to leave the
 allocations room (``Store.allocate``).
 
 While the worker has tasks, it looks every ``INTERVAL`` at its libraries' slots in shared
 memory; while some running task has an allocation, it reads each busy library's resident
-size too, one ``pread`` of ``/proc/PID/statm`` (kept open) each. A library past its
+size too (or, with a budget, whenever a task runs), one ``pread`` of
+``/proc/PID/statm`` (kept open) each. A library past its
 limit is killed at once (SIGKILL); the shell then has the task reported exhausted
 (``TaskExhausted``: the growth seen, and its allocation), the other tasks it ran as
 after a crash, and a fresh library takes its place. With several tasks in one library
@@ -105,8 +106,8 @@ class MemoryWatch:
             if running is not None:
                 busy.append((lib, running))
         self.store.allocate(allocated)
-        if not allocated:
-            return _NOTHING  # no task has an allocation: none is limited
+        if not allocated and not self.budget:
+            return _NOTHING  # no allocation and no budget: nothing is limited
         if len(self._files) > len(libraries):
             self._close_gone(libraries)
         exhausted: list[Exhausted] = []
