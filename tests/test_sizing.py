@@ -75,6 +75,20 @@ def test_a_worker_holds_tasks_only_while_their_allocations_fit_its_memory():
     assert len(executes(out)) == 1 and len(st_.workers[W1].processing) == 2
 
 
+def test_a_task_sent_unmeasured_holds_its_categorys_allocation_once_that_is_known():
+    # Its worker lets it take what the others leave: the others must leave it that much.
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
+    out = st_.handle([joined(W1), joined(W2), run_of([f"t{i}" for i in range(8)])])
+    firsts = dict(executes(out))
+    assert set(firsts) == {W1, W2} and all(e.memory == 0 for e in firsts.values())
+    out = st_.handle([done(W2, firsts[W2].task_id, 300)])  # 375 MB each from now on
+    out += st_.handle([s.FromWorker(W1, p.Started((firsts[W1].task_id,)))])
+    on_w1 = [e for w, e in executes(out) if w == W1]
+    # W1 runs the unmeasured one (375 MB now) and one more: three would pass 1000 MB.
+    assert [e.memory for e in on_w1] == [375 * MB]
+    assert sum(t.allotted() for t in st_.workers[W1].processing) <= 1000 * MB
+
+
 def test_small_tasks_fill_the_cores_that_large_ones_leave_idle():
     tasks = [s.NewTask(f"big{i}", b"", (), (), i, prefix="big") for i in range(6)]
     tasks += [s.NewTask(f"small{i}", b"", (), (), 6 + i, prefix="small") for i in range(6)]
@@ -95,12 +109,11 @@ def test_small_tasks_fill_the_cores_that_large_ones_leave_idle():
 
 def test_an_allocation_above_every_worker_is_capped_to_the_largest():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
-    out = st_.handle([joined(W1, memory_mb=100), joined(W2, memory_mb=400),
-                      run_of([f"t{i}" for i in range(4)])])  # fmt: skip
+    out = st_.handle([joined(W2, memory_mb=400), run_of([f"t{i}" for i in range(4)])])
     first = executes(out)[0]
-    out = st_.handle([done(first[0], first[1].task_id, 1000)])  # 1250 MB: no worker has it
-    sent = executes(out)
-    assert [(w, e.memory) for w, e in sent] == [(W2, 400 * MB)]
+    out = st_.handle([done(W2, first[1].task_id, 1000)])  # 1250 MB: no worker has it
+    assert [(w, e.memory) for w, e in executes(out)] == [(W2, 400 * MB)]
+    assert executes(st_.handle([joined(W1, memory_mb=100)])) == []  # too small for one
 
 
 def test_fixed_mode_allots_only_annotations_and_runs_unmeasured_tasks_freely():

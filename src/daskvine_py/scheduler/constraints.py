@@ -234,7 +234,7 @@ class Constraints:
     def _reserved(self, worker: WorkerRecord) -> tuple[int, int]:
         """The memory allotted to the tasks processing there (annotated or sized), and
         the GPUs its annotated ones take."""
-        memory = sum(task.memory for task in worker.processing)
+        memory = sum(task.allotted() for task in worker.processing)
         if not worker.holding:
             return memory, 0
         self.held_back(worker)  # prune

@@ -214,6 +214,15 @@ class TaskRecord:
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
 
+    def allotted(self) -> int:
+        """The memory it holds where it is processing: its allocation, or, sent with
+        none (its category unmeasured then), its category's once that is measured: its
+        worker lets it take what the others leave, so the others must leave that."""
+        size = self.size
+        if self.memory or size is None or self.worker is None:
+            return self.memory
+        return min(size.allocation, self.worker.memory)
+
 
 def needed(task: TaskRecord) -> bool:
     """Whether a result must be kept: a task still reads it, it is an output owed, or

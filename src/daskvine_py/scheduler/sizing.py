@@ -142,7 +142,7 @@ class Sizing:
             return True
         used = need
         for other in worker.processing:
-            used += other.memory
+            used += other.allotted()
         return used <= memory
 
     def top(self) -> int:
