@@ -65,14 +65,28 @@ def test_the_high_water_mark_is_reset_and_read_in_bytes():
 @linux
 @pytest.mark.timeout(60)
 def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
-    start = measure.reset_peak()
-    assert start > 0  # the process's size, read when the files opened or by the last task
+    begun = measure.begin()
+    assert begun[0] > 0  # the process's size as the task begins
     block = _touched(64)
-    assert 60 * MB <= measure.task_peak(start) <= 70 * MB
+    cpu, peak = measure.end(begun)
+    assert 60 * MB <= peak <= 70 * MB and cpu > 0  # (touching 64 MB takes CPU)
     # the block stays: the next task starts from a process 64 MB larger, and its own
     # peak holds none of it
-    start = measure.reset_peak()
-    assert measure.base() == start and measure.task_peak(start) < 8 * MB
+    base = measure.base()
+    begun = measure.begin()
+    assert begun[0] == base >= peak and measure.end(begun)[1] < 8 * MB
+    del block
+
+
+@linux
+@pytest.mark.timeout(60)
+def test_the_mark_read_from_status_agrees_with_getrusages():
+    # (the path taken when ``ru_maxrss`` kept a figure older than the reset)
+    start, cpu, _ = measure.begin()
+    block = _touched(32)
+    fast = measure.end((start, cpu, False))[1]
+    exact = measure.end((start, cpu, True))[1]
+    assert 30 * MB <= fast and abs(fast - exact) < 2 * MB
     del block
 
 
@@ -90,7 +104,6 @@ def test_a_large_result_sent_away_leaves_the_next_tasks_base():
         runner.decoder.add_functions(encoder.functions)
         return pipe.Call(task_id, f"k{task_id}", payload, [], keep, not keep)
 
-    measure.freed(measure.STALE_BYTES)  # what earlier tests here freed: read afresh
     for forget in (False, True):
         before = measure.base()
         done = runner.execute(call(1, forget, _touched, 64), None)

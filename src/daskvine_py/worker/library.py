@@ -59,7 +59,7 @@ from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe, threads
-from daskvine_py.worker.measure import base, dropped, freed, reset_peak, sizeof, task_peak
+from daskvine_py.worker.measure import base, begin, end, sizeof
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -380,7 +380,7 @@ class Runner:
                         self._readers[dep_id] = left
                     elif dep_id in self._doomed:
                         self._doomed.discard(dep_id)
-                        dropped(self.live.pop(dep_id, None))
+                        self.live.pop(dep_id, None)
 
     def forget(self, task_id: int) -> None:
         """Drop a live result now, or once the queued calls that read it have run."""
@@ -388,7 +388,7 @@ class Runner:
             if task_id in self._readers:
                 self._doomed.add(task_id)
             else:
-                dropped(self.live.pop(task_id, None))  # (large: the next base is read afresh)
+                self.live.pop(task_id, None)
 
     def export(self, task_id: int, drop: bool) -> Exported:
         """A live result, serialized; with ``drop`` it is no longer kept here."""
@@ -535,15 +535,14 @@ def run(
             values[dep_key] = found
     except Exception as exc:
         return _erred(task_id, _unpickling_error(key, "an input", exc, worker_name), exc)
-    start_rss = reset_peak()  # the task's own peak resident memory, its CPU time (``measure``)
-    cpu = time.process_time()
+    begun = begin()  # its CPU seconds and its own peak resident memory (``measure``)
     began = time.perf_counter()
     try:
         result = node(values)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
         return _erred(task_id, exc, None)
     ended = time.perf_counter()
-    cpu, peak = time.process_time() - cpu, task_peak(start_rss)
+    cpu, peak = end(begun)
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
     keep_live = keep is True and live is not None  # (None: as False)
@@ -566,8 +565,6 @@ def run(
         return _erred(task_id, error, exc)
     seconds = unpickling + time.perf_counter() - ended
     nbytes = serialized.nbytes
-    if not keep_live:
-        freed(nbytes)  # sent, then gone: not in the next task's base
     return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak)
 
 

@@ -90,7 +90,7 @@ class Done(NamedTuple):
     live: bool = False
     #: seconds spent unpickling the inputs and pickling the result
     serialization: float = 0.0
-    #: CPU seconds of the call (its process's: ``time.process_time``) and its own peak
+    #: CPU seconds of the call (its process's: ``getrusage``) and its own peak
     #: resident bytes: the process's peak while it ran less its size when it began
     cpu: float = 0.0
     peak_memory: int = 0
