@@ -73,8 +73,9 @@ def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
     # the block stays: the next task starts from a process 64 MB larger, and its own
     # peak holds none of it
     base = measure.base()
-    begun = measure.begin()
-    assert begun[0] == base >= peak and measure.end(begun)[1] < 8 * MB
+    begun = measure.begin()  # (its base: the mark just reset, the resident size)
+    assert abs(begun[0] - base) < 2 * MB and base >= peak
+    assert measure.end(begun)[1] < 8 * MB
     del block
 
 

@@ -59,7 +59,7 @@ from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe, threads
-from daskvine_py.worker.measure import base, begin, end, sizeof
+from daskvine_py.worker.measure import end, sizeof, start_task, task_begun
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -83,7 +83,7 @@ _prctl: Any = None  # libc's prctl, through ctypes: untyped
 
 class SlotTable(Protocol):
     """Per slot, 1 + the id of the task it runs (0: none) and the bytes it began from
-    (``measure.base``): shared memory the worker reads (or a list in tests)."""
+    (``measure.start_task``): shared memory the worker reads (or a list in tests)."""
 
     def __setitem__(self, slot: int, value: int, /) -> None: ...
 
@@ -320,7 +320,7 @@ def _run_calls(
         start = time.perf_counter()
         if call[6] != threads.asked:  # (a task's own cores; most ask what the last did)
             threads.fit(call[6])
-        running[2 * slot + 1] = base()  # before its id: the worker reads id, then base
+        running[2 * slot + 1] = start_task()  # before its id: the watch reads id, then base
         running[2 * slot] = call[0] + 1
         reply = runner.execute(call, config)
         running[2 * slot] = 0
@@ -535,7 +535,7 @@ def run(
             values[dep_key] = found
     except Exception as exc:
         return _erred(task_id, _unpickling_error(key, "an input", exc, worker_name), exc)
-    begun = begin()  # its CPU seconds and its own peak resident memory (``measure``)
+    begun = task_begun()  # its CPU seconds and its own peak resident memory (``measure``)
     began = time.perf_counter()
     try:
         result = node(values)

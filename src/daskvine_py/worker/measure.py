@@ -4,13 +4,14 @@ its CPU seconds and its own peak resident memory.
 Linux keeps a process's high-water mark of resident memory and lets the process reset it
 to the current resident size by writing "5" to ``/proc/self/clear_refs``; ``getrusage``
 reports the mark (``ru_maxrss``) with the CPU seconds in one call. So a task pays one
-``write``, one ``pread`` of ``/proc/self/statm`` (its base: the resident size as it
-begins) and two ``getrusage`` calls, some 3 µs (``/proc/self/status``, which names the
-mark too, costs 6 µs a read). Its own peak is the mark less its base. A process whose
-threads exited after a larger peak keeps that figure in ``ru_maxrss`` beyond any reset:
-then (the mark above the base as the task begins) the mark is read from
-``/proc/self/status`` instead. The worker's memory watch limits a library by the same
-base (``base``). Where the reset is refused the mark is the process's peak so far.
+``write`` and two ``getrusage`` calls, some 2 µs (a read of ``/proc/self/status``, which
+names the mark too, costs 6): the mark just after the reset is its base (the resident
+size as it begins), and its own peak is the mark at its end less that base. Some kernels
+keep a larger figure in ``ru_maxrss`` beyond any reset once a thread exits: every
+``CHECK_EVERY`` tasks the base is compared with ``/proc/self/statm``, and a process found
+so reads ``statm`` and ``status`` from then on. The worker's memory watch limits a
+library by the same base (``start_task``). Where the reset is refused the mark is the
+process's peak so far.
 With several tasks at once in one process (``slots`` > 1) they share one mark: each
 reads the process's growth while it ran.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import threading
 from typing import Any
 
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -40,6 +42,8 @@ _usage = resource.getrusage
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Off only to measure what measuring costs (the module docstring).
 MEASURING = os.environ.get("DASKVINE_PY_MEASURE", "1") != "0"
+#: Tasks between checks that ``ru_maxrss`` still follows the resets.
+CHECK_EVERY = 64
 #: The mark may exceed the base by this much as a task begins (pages touched between the
 #: two reads) before ``ru_maxrss`` is taken for a stale figure.
 STALE_SLACK = 4 << 20
@@ -50,8 +54,12 @@ _pid = 0
 _clear_fd = -1
 _status_fd = -1
 _statm_fd = -1
-#: the base ``base`` read last, for the next ``begin`` to take rather than read again
-_fresh = 0
+#: ``ru_maxrss`` holds a figure older than the resets (``begin`` checks every
+#: ``CHECK_EVERY`` tasks): bases then come from ``statm`` and marks from ``status``
+_stale = False
+_checked = 0
+#: a thread's task begun by ``start_task``, for ``task_begun``
+_pending = threading.local()
 
 #: What ``begin`` hands ``end``: the base, the CPU seconds then, and whether the mark
 #: must come from ``/proc/self/status``.
@@ -60,10 +68,10 @@ _NOT_MEASURED: Begun = (-1, 0.0, False)
 
 
 def _open() -> None:
-    global _pid, _clear_fd, _status_fd, _statm_fd, _fresh
+    global _pid, _clear_fd, _status_fd, _statm_fd, _stale, _checked
     _pid = os.getpid()
     _clear_fd = _status_fd = _statm_fd = -1
-    _fresh = 0
+    _stale, _checked = False, -1  # (a new process: its first task checks)
     if not MEASURING:
         return
     for path, flags in ((_CLEAR_REFS, os.O_WRONLY), (_STATUS, os.O_RDONLY), (_STATM, os.O_RDONLY)):
@@ -94,33 +102,52 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def base() -> int:
-    """The process's resident bytes now: what a task starting now is measured (and
-    limited, by the worker's watch) from; the next ``begin`` takes it."""
-    global _fresh
-    if _pid != os.getpid():
-        _open()
-    _fresh = _resident()
-    return _fresh
-
-
 def begin() -> Begun:
-    """A task begins: reset the mark; its base and the CPU seconds so far."""
-    global _fresh
+    """A task begins: reset the mark; its base (the resident bytes now, which the mark
+    equals once reset) and the CPU seconds so far."""
+    global _checked
     if _pid != os.getpid():
         _open()
     if not MEASURING:
         return _NOT_MEASURED
-    start = _fresh or _resident()
-    _fresh = 0
     if _clear_fd >= 0:
         try:
             os.write(_clear_fd, _RESET_HIGH_WATER)
         except OSError:
             pass
     usage = _usage(_SELF)
-    stale = usage.ru_maxrss * _MAXRSS_UNIT > start + STALE_SLACK
-    return start, usage.ru_utime + usage.ru_stime, stale
+    start = usage.ru_maxrss * _MAXRSS_UNIT
+    _checked += 1
+    if _stale or _checked % CHECK_EVERY == 0:
+        resident = _resident()
+        if resident and start > resident + STALE_SLACK:
+            _stale_now()
+            start = resident
+    return start, usage.ru_utime + usage.ru_stime, _stale
+
+
+def _stale_now() -> None:
+    global _stale
+    _stale = True  # (for the process's life: ``ru_maxrss`` never comes down again)
+
+
+def start_task() -> int:
+    """``begin`` for the task this thread runs next (``task_begun`` takes it); its base, which
+    the worker's watch limits the library from."""
+    begun = begin()
+    _pending.begun = (os.getpid(), begun)
+    return max(0, begun[0])
+
+
+def task_begun() -> Begun:
+    """What ``start_task`` began for this thread's task, else ``begin`` now (a forked
+    child, or a task not started through it)."""
+    pending = getattr(_pending, "begun", None)
+    if pending is not None:
+        _pending.begun = None
+        if pending[0] == os.getpid():
+            return pending[1]
+    return begin()
 
 
 def end(begun: Begun) -> tuple[float, int]:
@@ -136,6 +163,13 @@ def end(begun: Begun) -> tuple[float, int]:
 def reset_peak() -> None:
     """Reset the process's high-water mark of resident memory to its resident size now."""
     begin()
+
+
+def base() -> int:
+    """The process's resident bytes now (0: not known)."""
+    if _pid != os.getpid():
+        _open()
+    return _resident()
 
 
 def peak_memory() -> int:

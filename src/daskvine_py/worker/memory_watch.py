@@ -1,7 +1,7 @@
 """Each running task's memory allocation, enforced from the worker process.
 
 A task's allocation (``Execute.memory``, bytes) is what its library may grow by while it
-runs: the library's limit is its resident size when the task began (``measure.base``,
+runs: the library's limit is its resident size when the task began (``measure.start_task``,
 which the library writes next to the task's id in its shared slots) plus the task's
 allocation, summed over the tasks it runs at once (``--lib-slots`` > 1). A task of no
 allocation of its own (0) may take the worker's budget (``--memory``) less what the
