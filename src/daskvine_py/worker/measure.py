@@ -6,7 +6,9 @@ to the current resident size by writing "5" to ``/proc/self/clear_refs``; ``getr
 reports the mark (``ru_maxrss``) with the CPU seconds in one call. So a task pays one
 ``write`` and two ``getrusage`` calls, some 2 µs (a read of ``/proc/self/status``, which
 names the mark too, costs 6): the mark just after the reset is its base (the resident
-size as it begins), and its own peak is the mark at its end less that base. Some kernels
+size as it begins), and its own peak is the mark at its end less that base. After a task
+that grew nothing, and with no live result dropped since (``freed``), the mark is still
+the resident size: the next task skips the reset. Some kernels
 keep a larger figure in ``ru_maxrss`` beyond any reset once a thread exits: every
 ``CHECK_EVERY`` tasks the base is compared with ``/proc/self/statm``, and a process found
 so reads ``statm`` and ``status`` from then on. The worker's memory watch limits a
@@ -57,7 +59,10 @@ _statm_fd = -1
 #: ``ru_maxrss`` holds a figure older than the resets (``begin`` checks every
 #: ``CHECK_EVERY`` tasks): bases then come from ``statm`` and marks from ``status``
 _stale = False
-_checked = 0
+_countdown = 0
+#: the mark may be above the resident size (the last task grew, or memory was freed):
+#: reset it before the next task; a task that grew nothing leaves it where it was
+_dirty = True
 #: a thread's task begun by ``start_task``, for ``task_begun``
 _pending = threading.local()
 
@@ -68,10 +73,10 @@ _NOT_MEASURED: Begun = (-1, 0.0, False)
 
 
 def _open() -> None:
-    global _pid, _clear_fd, _status_fd, _statm_fd, _stale, _checked
+    global _pid, _clear_fd, _status_fd, _statm_fd, _stale, _countdown, _dirty
     _pid = os.getpid()
     _clear_fd = _status_fd = _statm_fd = -1
-    _stale, _checked = False, -1  # (a new process: its first task checks)
+    _stale, _countdown, _dirty = False, 0, True  # (a new process: its first task checks)
     if not MEASURING:
         return
     for path, flags in ((_CLEAR_REFS, os.O_WRONLY), (_STATUS, os.O_RDONLY), (_STATM, os.O_RDONLY)):
@@ -105,20 +110,21 @@ if hasattr(os, "register_at_fork"):
 def begin() -> Begun:
     """A task begins: reset the mark; its base (the resident bytes now, which the mark
     equals once reset) and the CPU seconds so far."""
-    global _checked
+    global _countdown
     if _pid != os.getpid():
         _open()
     if not MEASURING:
         return _NOT_MEASURED
-    if _clear_fd >= 0:
+    if _dirty and _clear_fd >= 0:
         try:
             os.write(_clear_fd, _RESET_HIGH_WATER)
         except OSError:
             pass
     usage = _usage(_SELF)
     start = usage.ru_maxrss * _MAXRSS_UNIT
-    _checked += 1
-    if _stale or _checked % CHECK_EVERY == 0:
+    _countdown -= 1
+    if _stale or _countdown <= 0:
+        _countdown = CHECK_EVERY
         resident = _resident()
         if resident and start > resident + STALE_SLACK:
             _stale_now()
@@ -131,11 +137,29 @@ def _stale_now() -> None:
     _stale = True  # (for the process's life: ``ru_maxrss`` never comes down again)
 
 
+def end(begun: Begun) -> tuple[float, int]:
+    """A task ended: its CPU seconds and its own peak resident bytes (0: not known)."""
+    global _dirty
+    start, cpu, stale = begun
+    if start < 0:
+        return 0.0, 0
+    usage = _usage(_SELF)
+    mark = peak_memory() if stale else usage.ru_maxrss * _MAXRSS_UNIT
+    _dirty = mark != start  # (grown: the next task's reset brings the mark down)
+    return usage.ru_utime + usage.ru_stime - cpu, max(0, mark - start)
+
+
+def freed(_: object = None) -> None:
+    """Memory left the process (a live result dropped): the next task resets the mark."""
+    global _dirty
+    _dirty = True
+
+
 def start_task() -> int:
-    """``begin`` for the task this thread runs next (``task_begun`` takes it); its base, which
-    the worker's watch limits the library from."""
+    """``begin`` for the task this thread runs next (``task_begun`` takes it); its base,
+    which the worker's watch limits the library from."""
     begun = begin()
-    _pending.begun = (os.getpid(), begun)
+    _pending.begun = (_pid, begun)
     return max(0, begun[0])
 
 
@@ -145,19 +169,9 @@ def task_begun() -> Begun:
     pending = getattr(_pending, "begun", None)
     if pending is not None:
         _pending.begun = None
-        if pending[0] == os.getpid():
+        if pending[0] == _pid:  # (0 in a forked child until it opens its own files)
             return pending[1]
     return begin()
-
-
-def end(begun: Begun) -> tuple[float, int]:
-    """A task ended: its CPU seconds and its own peak resident bytes (0: not known)."""
-    start, cpu, stale = begun
-    if start < 0:
-        return 0.0, 0
-    usage = _usage(_SELF)
-    mark = peak_memory() if stale else usage.ru_maxrss * _MAXRSS_UNIT
-    return usage.ru_utime + usage.ru_stime - cpu, max(0, mark - start)
 
 
 def reset_peak() -> None:

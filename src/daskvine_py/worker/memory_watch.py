@@ -118,6 +118,8 @@ class MemoryWatch:
                     continue  # no budget known: nothing limits it
                 own += max(0, self.budget - allocated)  # what the others leave
             start = min(base for _, base in running)
+            if not start:
+                continue  # its library measures nothing (``DASKVINE_PY_MEASURE=0``)
             growth = self._resident(lib) - start
             if growth > own:
                 task = max(running, key=lambda pair: pair[0].id)[0]  # the most recent
