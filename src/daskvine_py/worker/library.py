@@ -59,7 +59,7 @@ from daskvine_py.plan.fusion import link_key
 from daskvine_py.wire.protocol import RunConfig
 from daskvine_py.wire.serialize import TaskDecoder, dumps, dumps_exception, loads, type_name
 from daskvine_py.worker import pipe, threads
-from daskvine_py.worker.measure import end, freed, sizeof, start_task, task_begun
+from daskvine_py.worker.measure import end, sizeof, start_task, task_begun
 from daskvine_py.worker.pipe import (
     Call,
     Crashed,
@@ -380,7 +380,7 @@ class Runner:
                         self._readers[dep_id] = left
                     elif dep_id in self._doomed:
                         self._doomed.discard(dep_id)
-                        freed(self.live.pop(dep_id, None))
+                        self.live.pop(dep_id, None)
 
     def forget(self, task_id: int) -> None:
         """Drop a live result now, or once the queued calls that read it have run."""
@@ -388,7 +388,7 @@ class Runner:
             if task_id in self._readers:
                 self._doomed.add(task_id)
             else:
-                freed(self.live.pop(task_id, None))
+                self.live.pop(task_id, None)
 
     def export(self, task_id: int, drop: bool) -> Exported:
         """A live result, serialized; with ``drop`` it is no longer kept here."""

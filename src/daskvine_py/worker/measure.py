@@ -6,9 +6,7 @@ to the current resident size by writing "5" to ``/proc/self/clear_refs``; ``getr
 reports the mark (``ru_maxrss``) with the CPU seconds in one call. So a task pays one
 ``write`` and two ``getrusage`` calls, some 2 µs (a read of ``/proc/self/status``, which
 names the mark too, costs 6): the mark just after the reset is its base (the resident
-size as it begins), and its own peak is the mark at its end less that base. After a task
-that grew nothing, and with no live result dropped since (``freed``), the mark is still
-the resident size: the next task skips the reset. Some kernels
+size as it begins), and its own peak is the mark at its end less that base. Some kernels
 keep a larger figure in ``ru_maxrss`` beyond any reset once a thread exits: every
 ``CHECK_EVERY`` tasks the base is compared with ``/proc/self/statm``, and a process found
 so reads ``statm`` and ``status`` from then on. The worker's memory watch limits a
@@ -60,9 +58,6 @@ _statm_fd = -1
 #: ``CHECK_EVERY`` tasks): bases then come from ``statm`` and marks from ``status``
 _stale = False
 _countdown = 0
-#: the mark may be above the resident size (the last task grew, or memory was freed):
-#: reset it before the next task; a task that grew nothing leaves it where it was
-_dirty = True
 #: a thread's task begun by ``start_task``, for ``task_begun``
 _pending = threading.local()
 
@@ -73,10 +68,10 @@ _NOT_MEASURED: Begun = (-1, 0.0, False)
 
 
 def _open() -> None:
-    global _pid, _clear_fd, _status_fd, _statm_fd, _stale, _countdown, _dirty
+    global _pid, _clear_fd, _status_fd, _statm_fd, _stale, _countdown
     _pid = os.getpid()
     _clear_fd = _status_fd = _statm_fd = -1
-    _stale, _countdown, _dirty = False, 0, True  # (a new process: its first task checks)
+    _stale, _countdown = False, 0  # (a new process: its first task checks)
     if not MEASURING:
         return
     for path, flags in ((_CLEAR_REFS, os.O_WRONLY), (_STATUS, os.O_RDONLY), (_STATM, os.O_RDONLY)):
@@ -115,7 +110,7 @@ def begin() -> Begun:
         _open()
     if not MEASURING:
         return _NOT_MEASURED
-    if _dirty and _clear_fd >= 0:
+    if _clear_fd >= 0:
         try:
             os.write(_clear_fd, _RESET_HIGH_WATER)
         except OSError:
@@ -139,20 +134,12 @@ def _stale_now() -> None:
 
 def end(begun: Begun) -> tuple[float, int]:
     """A task ended: its CPU seconds and its own peak resident bytes (0: not known)."""
-    global _dirty
     start, cpu, stale = begun
     if start < 0:
         return 0.0, 0
     usage = _usage(_SELF)
     mark = peak_memory() if stale else usage.ru_maxrss * _MAXRSS_UNIT
-    _dirty = mark != start  # (grown: the next task's reset brings the mark down)
     return usage.ru_utime + usage.ru_stime - cpu, max(0, mark - start)
-
-
-def freed(_: object = None) -> None:
-    """Memory left the process (a live result dropped): the next task resets the mark."""
-    global _dirty
-    _dirty = True
 
 
 def start_task() -> int:
