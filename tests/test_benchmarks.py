@@ -44,7 +44,7 @@ SMOKES = [
      r"ratio\n(.*\n)*tree10k\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
     ("bench_resources", "bench_resources.py", ["--smoke"],
      r"mode max: [\d.]+ s, result right\n(.*\n)*mode fixed: [\d.]+ s, result right"
-     r"(.*\n)*larger than a worker: ResourceExhausted: .*whale", ()),
+     r"(.*\n)*a task larger than a worker: ResourceExhausted: .*whale", ()),
     ("bench_peer_flood", "bench_peer_flood.py", ["--smoke"],
      r"answers per request of 10000 ids: \[4096\]\n(.*\n)*worker RSS MB before", ()),
     ("interleave", "interleave.py", ["{root}", "{root}", "--smoke"],
