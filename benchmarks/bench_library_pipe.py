@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     library_args: tuple = (b, "w", (), "/tmp", 1)
     new = "running" in L.main.__code__.co_varnames
     if new:
-        library_args = library_args + (ctx.RawArray("q", 1),)
+        library_args = library_args + (ctx.RawArray("q", 2),)  # a slot: its task, its base
     proc = ctx.Process(target=L.main, args=library_args, daemon=True)
     proc.start()
     b.close()
