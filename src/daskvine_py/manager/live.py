@@ -6,7 +6,8 @@ loop keeps anyway: the registry's workers and their last heartbeats, the schedul
 ``load()`` and ``worker_loads()``, its runs' categories, and the bytes ``Watching`` counted.
 It is built only when asked (a caller's ``Snapshot`` command, a status client's
 ``LiveRequest``), at most once a second (a run ending makes the next one fresh), and costs
-a walk over workers, runs and categories: nothing per task. The snapshot is plain data
+a walk over workers, runs and categories: nothing per task, no walk while nobody asks (a
+run that ends adds its categories to the totals). The snapshot is plain data
 (dicts, lists, text and numbers) that travels as msgpack and prints as JSON.
 
 The manager-life totals (``tasks_done``, ``tasks_failed``, ``categories``) add the runs that

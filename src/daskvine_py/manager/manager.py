@@ -50,7 +50,6 @@ from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire,
 from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.live import ask
 from daskvine_py.manager.loop import IOLoop
-from daskvine_py.manager.metrics import exposition
 from daskvine_py.manager.progress import default_enabled
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
@@ -536,6 +535,8 @@ class Manager:
 
     def metrics(self) -> str:
         """``live()`` in Prometheus's text format, what ``/metrics`` serves (docs/live.md)."""
+        from daskvine_py.manager.metrics import exposition  # (prometheus-client: only here)
+
         return exposition(self.live())
 
     def retire(self, name: str, reason: str = "retired") -> None:
