@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -121,6 +122,7 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
         assert families["daskvine_py_manager_cpu_seconds"].samples[0].value > 0
         snapshot = manager.live()
         assert snapshot["runs"] == [] and snapshot["totals"]["tasks_done"] == done
+        assert json.loads(json.dumps(snapshot)) == snapshot  # plain data, as documented
 
 
 @pytest.mark.timeout(120)
