@@ -197,3 +197,22 @@ def test_a_live_request_with_wrong_keys_is_refused(manager, tmp_path):
         assert reply.snapshot["totals"]["workers"] == 2
     finally:
         context.destroy(linger=0)
+
+
+def fails(x: int) -> int:
+    raise ValueError(f"no {x}")
+
+
+@pytest.mark.timeout(120)
+def test_failed_tasks_count_in_the_snapshot_and_the_metrics(manager):
+    dsk = {("ok", i): (inc, 0, i) for i in range(5)}
+    dsk["bad"] = (fails, ("ok", 0))
+    with pytest.raises(ValueError, match="no 1"):
+        manager.get(dsk, list(dsk))
+    failed = sum(c.failed for c in manager.last_run.categories.values())
+    assert failed >= 1
+    snapshot = manager.live()
+    assert snapshot["totals"]["tasks_failed"] == failed
+    assert snapshot["categories"]["bad"]["failed"] == failed
+    families = {f.name: f for f in text_string_to_metric_families(manager.metrics())}
+    assert families["daskvine_py_tasks_failed"].samples[0].value == failed
