@@ -74,6 +74,19 @@ def test_status_clients_get_the_demand_and_retire_workers(caplog):
     assert [r.levelno for r in caplog.records if "w1 left" in r.message] == [logging.INFO]
 
 
+def test_a_live_request_is_answered_with_the_snapshot_and_never_registers():
+    reg, posted = registry()
+    reg.live = lambda: {"totals": {"workers": 0}}
+    assert reg.stranger(b"view", [p.LiveRequest(3), p.LiveRequest(4)], now=1.0) is None
+    assert posted.messages == [
+        (b"view", p.LiveReply(3, {"totals": {"workers": 0}})),
+        (b"view", p.LiveReply(4, {"totals": {"workers": 0}})),
+    ]  # fmt: skip
+    posted.messages.clear()
+    reg.stranger(b"view", [tuple.__new__(p.LiveRequest, ("3",))], now=2.0)  # malformed
+    assert posted.messages == [] and reg.workers == {}
+
+
 def test_a_second_worker_under_a_taken_name_joins_under_a_suffix(caplog):
     reg, posted = registry()
     first = reg.stranger(b"id1", [register("w1")], now=0.0)

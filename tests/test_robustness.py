@@ -687,6 +687,8 @@ VALID = {
     p.RetireWorker: (_TEXT, _TEXT),
     p.StatusReply: (_SIZE, st.lists(st.tuples(_TEXT, st.integers(1, 64), _SECONDS),
                                     max_size=3).map(tuple)),
+    p.LiveRequest: (_ID,),
+    p.LiveReply: (_ID, st.dictionaries(_TEXT, st.integers(0, 9), max_size=3)),
 }  # fmt: skip
 DIRECTIONS = {"TO_MANAGER": p.TO_MANAGER, "TO_WORKER": p.TO_WORKER, "TO_PEER": p.TO_PEER,
               "FROM_PEER": p.FROM_PEER, "FROM_CLIENT": p.FROM_CLIENT,

@@ -1,9 +1,11 @@
-"""The command line: ``python -m daskvine_py demo`` and ``python -m daskvine_py report``;
-``--help`` points to the worker's and the factory's commands.
+"""The command line: ``python -m daskvine_py demo``, ``report`` and ``status``; ``--help``
+points to the worker's and the factory's commands.
 
 - ``demo``: an embedded manager, local workers, a real graph.
 - ``report LOG -o run.html``: the performance report of a run rebuilt from its event log
   (``get(..., event_log="run.jsonl")``).
+- ``status --connection-file PATH [--watch [SECONDS]]``: a running manager's workers,
+  tasks and categories, asked over its own port (``batch.live_view``, docs/live.md).
 """
 
 from __future__ import annotations
@@ -48,12 +50,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = commands.add_parser("report", help="build a run's HTML report from its event log")
     report.add_argument("log", help="the event log (JSON lines, .gz accepted)")
     report.add_argument("-o", "--output", default=None, help="the HTML file (default LOG.html)")
+    status = commands.add_parser("status", help="show what a running manager is doing")
+    status.add_argument("--connection-file", required=True, help="the manager's connection file")
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the manager's answer (default 10)",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         _demo_requirements(parser)
         return run_demo(args.workers, args.cores, args.size, args.chunks)
     if args.command == "report":
         return _report(parser, args.log, args.output)
+    if args.command == "status":
+        from daskvine_py.batch.live_view import status as show_status
+
+        if args.watch is not None and not args.watch > 0:
+            parser.error("--watch SECONDS must be above 0")
+        return show_status(args.connection_file, args.watch, args.timeout)
     return 2
 
 

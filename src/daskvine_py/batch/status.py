@@ -11,6 +11,8 @@ carries them to the manager as records of the protocol::
         ◄──────────────────────────────── StatusReply (cores needed; each worker's
                                                        cores and idle seconds)
         RetireWorker ──────────────────────────────► Shutdown to that worker
+        LiveRequest ───────────────────────────────► its live snapshot (manager/live.py)
+        ◄──────────────────────────────── LiveReply (``python -m daskvine_py status``)
 
 The client shows the workers' keys from the connection file, as a worker does: the
 manager's gate refuses any other key during the handshake, so an unauthenticated request
@@ -24,6 +26,7 @@ import math
 import os
 import threading
 import time
+from typing import Any
 
 import zmq
 
@@ -75,6 +78,8 @@ class StatusClient:
         self._lock = threading.Lock()
         self._sock: zmq.Socket | None = None
         self._watch: security.HandshakeWatch | None = None
+        #: the last ``LiveRequest``'s id
+        self._asked = 0
 
     def __enter__(self) -> StatusClient:
         return self
@@ -92,9 +97,25 @@ class StatusClient:
             sock = self._socket()
             self._send(sock, p.StatusRequest(p.PROTOCOL_VERSION, self.name))
             reply = self._receive(sock)
+            while type(reply) is not p.StatusReply:
+                reply = self._receive(sock)  # a live view's late answer
         self.answered_at = time.monotonic()
         workers = {name: (cores, idle) for name, cores, idle in reply.workers}
         return Demand(reply.cores_needed, workers)
+
+    def live(self) -> dict[str, Any]:
+        """The manager's live snapshot (docs/live.md), the same errors as ``demand``."""
+        with self._lock:
+            if self.refused is not None:
+                raise ManagerRefused(self.refused)
+            sock = self._socket()
+            self._asked += 1
+            self._send(sock, p.LiveRequest(self._asked))
+            reply = self._receive(sock)
+            while type(reply) is not p.LiveReply or reply.request_id != self._asked:
+                reply = self._receive(sock)  # an earlier question's late answer
+        self.answered_at = time.monotonic()
+        return reply.snapshot
 
     def retire(self, name: str, reason: str = "retired") -> None:
         """Ask the manager to tell the worker ``name`` to leave (no answer comes back)."""
@@ -137,7 +158,7 @@ class StatusClient:
                 f"cannot send to the manager at {self.address}: its queue is full"
             ) from None
 
-    def _receive(self, sock: zmq.Socket) -> p.StatusReply:
+    def _receive(self, sock: zmq.Socket) -> Any:
         assert self._watch is not None
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

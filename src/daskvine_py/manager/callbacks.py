@@ -40,6 +40,7 @@ from typing import Any
 
 from dask.callbacks import Callback, local_callbacks, normalize_callback
 
+from daskvine_py.manager.progress import wait_with_progress
 from daskvine_py.manager.watching import FeedItem, Run, TaskReported, TaskSent
 from daskvine_py.plan.graph import LegacyCall, Plan, convert
 from daskvine_py.wire import protocol as p
@@ -262,3 +263,13 @@ def _start_state(plan: Plan) -> dict[str, Any]:
         "finished": set(),
         "released": set(),
     }
+
+
+def wait(run: Run, hooks: Hooks | None, progress: bool) -> None:
+    """Wait for the run to end: calling the callbacks as it goes, if any, and showing
+    a progress bar, if asked."""
+    waiter = run.done if hooks is None else hooks.waiter(run)
+    if progress:
+        wait_with_progress(waiter, lambda: run.finished_tasks, run.info.tasks)
+    else:
+        waiter.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
+from daskvine_py.manager.live import Snapshot
 from daskvine_py.manager.watching import Run
 from daskvine_py.scheduler import state as s
 
@@ -54,4 +55,4 @@ class StateEvent(NamedTuple):
 
 
 #: Every command the loop takes.
-Command = Submit | Extend | Cancel | Close | Retire | StateEvent
+Command = Submit | Extend | Cancel | Close | Retire | StateEvent | Snapshot

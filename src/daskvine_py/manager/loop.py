@@ -59,6 +59,7 @@ from daskvine_py.errors import (
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.faults_watch import FaultWatch
 from daskvine_py.manager.handshakes import HandshakeMonitor
+from daskvine_py.manager.live import LiveView, Snapshot
 from daskvine_py.manager.registry import Registry, WorkerInfo, printable
 from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.transfers import credible
@@ -86,8 +87,7 @@ _STATE_REPORTS = frozenset({
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.
 HOSTNAME = socket.gethostname()
-#: What an identity that has not registered may send: a registration, or a status
-#: client's records (``StatusRequest``, ``RetireWorker``).
+#: What an identity that has not registered may send: a registration, or a client's records.
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
 
 
@@ -129,6 +129,7 @@ class IOLoop:
             self._post, self._drops, options.heartbeat_interval, state.load, state.worker_loads,
             local_processes,
         )
+        self.live = LiveView(state, self.registry, self.watching, self.liveness)
         #: the registry's workers by identity (the same dict: read for every batch)
         self.workers: dict[bytes, WorkerInfo] = self.registry.workers
         #: guards ``snapshot``; notified when a worker joins or leaves, or the loop dies
@@ -336,6 +337,7 @@ class IOLoop:
         Cancel: _on_cancel,
         Retire: _on_retire,
         StateEvent: _on_state_event,
+        Snapshot: lambda loop, command: loop.live.answer(command),
     }
 
     def _drain_router(self) -> None:

@@ -46,13 +46,14 @@ from daskvine_py.batch.planner import Demand
 from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
-from daskvine_py.manager.commands import Cancel, Close, Extend, Retire, StateEvent, Submit
+from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.events import EventLog, summary_records, write_events
+from daskvine_py.manager.live import ask
 from daskvine_py.manager.loop import IOLoop
-from daskvine_py.manager.progress import default_enabled, wait_with_progress
+from daskvine_py.manager.progress import default_enabled
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
-from daskvine_py.manager.streaming import Stream, encode_task, opening_of
+from daskvine_py.manager.streaming import Stream, deferred_payload, encode_task, opening_of
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
@@ -338,7 +339,7 @@ class Manager:
             finally:
                 if collecting:
                     gc.enable()
-            _wait(run, hooks, progress)
+            callbacks.wait(run, hooks, progress)
         except BaseException:  # Ctrl-C or a task that cannot be pickled: cancel the rest
             if opened or (stream is not None and stream.opened):
                 self._command(Cancel(run))
@@ -449,7 +450,7 @@ class Manager:
         add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
         deferred = frozenset() if cached is None else cached.info.deferred
         if cached is not None and deferred:  # hits' payloads: made only if lineage needs them
-            cached.info.encode = functools.partial(_deferred_payload, TaskEncoder(), plan)
+            cached.info.encode = functools.partial(deferred_payload, TaskEncoder(), plan)
         watched = watch or run.log is not None
         opening: s.SubmitRun | None = opening_of(
             run.id, plan.outputs, options, watched, plan.settings,
@@ -525,6 +526,19 @@ class Manager:
         self._io.registry.wants_demand = True
         return self._io.registry.demand
 
+    def live(self, timeout: float = 10.0) -> dict[str, Any]:
+        """What the manager is doing now, as plain data (docs/live.md): workers, tasks by
+        state, runs in progress, categories. The I/O thread builds it at most once a
+        second (a sooner call gets the last one); ``TimeoutError`` if it does not answer."""
+        self._raise_if_dead()
+        return ask(self._command, self._raise_if_dead, timeout)
+
+    def metrics(self) -> str:
+        """``live()`` in Prometheus's text format, what ``/metrics`` serves (docs/live.md)."""
+        from daskvine_py.manager.metrics import exposition  # (prometheus-client: only here)
+
+        return exposition(self.live())
+
     def retire(self, name: str, reason: str = "retired") -> None:
         """Tell the worker ``name`` to leave (it finishes nothing more; idle workers only)."""
         self._command(Retire(name, reason))
@@ -563,7 +577,7 @@ class Manager:
 
     # -- caller side of the command queue -----------------------------------------------
 
-    def _command(self, command: Submit | Extend | Cancel | Close | Retire | StateEvent) -> None:
+    def _command(self, command: Command) -> None:
         if self._closed and type(command) is not Close:
             raise RuntimeError("the manager is closed")
         self._io.command(command)
@@ -578,23 +592,3 @@ def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
     if run.cache is not None:
         return run.cache
     return manager.cache or run.cache_dir is not None or manager.cache_dir is not None
-
-
-def _deferred_payload(
-    encoder: TaskEncoder, plan: Plan, key: Any
-) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
-    """A task's payload, function ids and the bytes of those functions, made in the I/O
-    thread (with an encoder of its own) when the lineage of a lost cached result needs
-    a task submitted without its payload."""
-    payload, functions = encode_task(encoder, key, plan.nodes[key])
-    return payload, functions, {fid: encoder.functions[fid] for fid in functions}
-
-
-def _wait(run: Run, hooks: callbacks.Hooks | None, progress: bool) -> None:
-    """Wait for the run to end: calling the callbacks as it goes, if any, and showing
-    a progress bar, if asked."""
-    waiter = run.done if hooks is None else hooks.waiter(run)
-    if progress:
-        wait_with_progress(waiter, lambda: run.finished_tasks, run.info.tasks)
-    else:
-        waiter.wait()

@@ -118,6 +118,8 @@ class Registry:
         #: computed only once someone asked for it (a pool): it walks every worker
         self.demand = Demand(0, {})
         self.wants_demand = False
+        #: the manager's live snapshot (``live.LiveView.snapshot``), for ``LiveRequest``
+        self.live: Callable[[], dict[str, Any]] = dict
         #: when each worker last held a task (the loop's clock)
         self._busy_at: dict[Hashable, float] = {}
         #: workers told to leave by a pool: their leaving is no news
@@ -271,9 +273,9 @@ class Registry:
 
     def client(self, ident: bytes, messages: list[Any], now: float) -> None:
         """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
-        with the work's demand, each ``RetireWorker`` retires an idle worker of a pool
-        (``_retire_for``). The client never registers; a record of another kind in its
-        batch is dropped."""
+        with the work's demand, each ``LiveRequest`` with the live snapshot, each
+        ``RetireWorker`` retires an idle worker of a pool (``_retire_for``). The client
+        never registers; a record of another kind in its batch is dropped."""
         for message in messages:
             kind = type(message)
             if kind is p.StatusRequest and len(message) and type(message[0]) is int:
@@ -298,6 +300,9 @@ class Registry:
                 continue
             if kind is p.RetireWorker:
                 self._retire_for(ident, message, now)
+                continue
+            if kind is p.LiveRequest:
+                self._post(ident, p.LiveReply(message.request_id, self.live()))
                 continue
             logger.debug("status request from %s", message.name)
             if ident not in self._client_names and len(self._client_names) < 1024:

@@ -25,7 +25,7 @@ from daskvine_py.errors import SerializationError
 from daskvine_py.options import RunOptions
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.plan.fusion import Chain
-from daskvine_py.plan.graph import Key, LegacyCall, Node
+from daskvine_py.plan.graph import Key, LegacyCall, Node, Plan
 from daskvine_py.plan.rewrite import may_reduce
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import RunCache
@@ -134,3 +134,13 @@ def encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple
             for link, link_node in node.links:
                 encode_task(encoder, link, link_node)
         raise SerializationError(key, "the function or arguments", repr(exc)) from exc
+
+
+def deferred_payload(
+    encoder: TaskEncoder, plan: Plan, key: Any
+) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
+    """A task's payload, function ids and the bytes of those functions, made in the I/O
+    thread (with an encoder of its own) when the lineage of a lost cached result needs
+    a task submitted without its payload."""
+    payload, functions = encode_task(encoder, key, plan.nodes[key])
+    return payload, functions, {fid: encoder.functions[fid] for fid in functions}

@@ -106,6 +106,10 @@ class Watching:
         self.transfers: dict[tuple[str, str], int] = {}
         #: worker names by peer address, kept after they leave for late reports
         self.names_by_peer: dict[str, str] = {}
+        #: bytes moved since the start, all pairs together (the live view's total)
+        self.moved = 0
+        #: told of each run as it settles (``live.LiveView``); None: nobody
+        self.settled: Callable[[Run], None] | None = None
 
     # -- runs -------------------------------------------------------------------------
 
@@ -149,6 +153,8 @@ class Watching:
             for pair, nbytes in self.transfers.items()
             if nbytes != before.get(pair, 0)
         }
+        if self.settled is not None:
+            self.settled(run)
 
     def output(self, output: s.RunOutput) -> None:
         """An output's value, kept on its run for the caller."""
@@ -191,6 +197,7 @@ class Watching:
     def count(self, source: str, destination: str, nbytes: int) -> None:
         pair = (source, destination)
         self.transfers[pair] = self.transfers.get(pair, 0) + nbytes
+        self.moved += nbytes
 
     def relayed(self, moved: BytesRelayed) -> None:
         """Both legs of a result relayed through the manager, and the run's tally."""

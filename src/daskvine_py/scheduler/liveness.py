@@ -87,6 +87,11 @@ class Liveness:
         if peer is not None:
             peer.last_seen = now
 
+    def last_heard(self, worker: Hashable) -> float | None:
+        """When ``worker`` was last heard from (None: not a worker here)."""
+        peer = self._peers.get(worker)
+        return None if peer is None else peer.last_seen
+
     def sent(self, worker: Hashable, now: float) -> None:
         """A batch went to ``worker``."""
         peer = self._peers.get(worker)

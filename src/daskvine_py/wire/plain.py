@@ -42,6 +42,8 @@ from daskvine_py.wire.records import (
     FetchFailed,
     GetData,
     Goodbye,
+    LiveReply,
+    LiveRequest,
     Lost,
     Register,
     Rejected,
@@ -72,7 +74,7 @@ KINDS: dict[int, type] = {
     7: Lost, 8: Withdrawn, 9: Started, 10: Transfers, 11: DiskFull, 12: Status,
     13: Goodbye, 14: Relay, 15: Uploaded, 22: TaskExhausted,
     16: StatusRequest, 17: RetireWorker, 18: StatusReply, 19: Rejected,
-    20: GetData, 21: Data,
+    20: GetData, 21: Data, 23: LiveRequest, 24: LiveReply,
 }  # fmt: skip
 CODES: dict[type, int] = {kind: code for code, kind in KINDS.items()}
 PLAIN_KINDS: frozenset[type] = frozenset(CODES)

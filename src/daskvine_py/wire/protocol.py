@@ -61,6 +61,8 @@ from daskvine_py.wire.records import (
     GetData,
     Goodbye,
     Heartbeat,
+    LiveReply,
+    LiveRequest,
     Lost,
     Register,
     Rejected,
@@ -103,7 +105,8 @@ from daskvine_py.wire.validation import (
 __all__ = [
     "DropLog", "Abort", "Cancel", "Data", "DepLocation", "DiskFull", "Execute", "FetchFailed",
     "FROM_CLIENT", "FROM_PEER", "Function", "GetData", "Goodbye", "Heartbeat", "inlinable",
-    "INLINE_BYTES", "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
+    "INLINE_BYTES", "LiveReply", "LiveRequest",
+    "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
     "Replicas", "Replicate", "RetireWorker", "RunConfig", "Shutdown", "Started", "Status",
     "StatusReply", "StatusRequest", "TaskCrashed", "TaskDone", "TaskErred", "TaskExhausted",
     "TaskId",
@@ -116,7 +119,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

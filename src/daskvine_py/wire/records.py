@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable
-from typing import NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from daskvine_py.wire.serialize import Serialized
 
@@ -315,6 +315,20 @@ class RetireWorker(NamedTuple):
     reason: str
 
 
+class LiveRequest(NamedTuple):
+    """What is the manager doing now? (answer: ``LiveReply``; ``manager/live.py``)."""
+
+    request_id: int  #: the client's, echoed in the reply
+
+
+class LiveReply(NamedTuple):
+    """The manager's live snapshot (``manager/live.py``) as plain data: maps, lists,
+    text and numbers."""
+
+    request_id: int
+    snapshot: dict[str, Any]
+
+
 class StatusReply(NamedTuple):
     """What ``batch.planner.Demand`` holds, as it was when the request arrived."""
 
@@ -351,8 +365,8 @@ TO_WORKER: frozenset[type] = frozenset(
 )  # fmt: skip
 TO_PEER: frozenset[type] = frozenset({GetData})
 FROM_PEER: frozenset[type] = frozenset({Data})
-FROM_CLIENT: frozenset[type] = frozenset({StatusRequest, RetireWorker})
-TO_CLIENT: frozenset[type] = frozenset({StatusReply, Rejected})
+FROM_CLIENT: frozenset[type] = frozenset({StatusRequest, RetireWorker, LiveRequest})
+TO_CLIENT: frozenset[type] = frozenset({StatusReply, Rejected, LiveReply})
 
 
 def inlinable(value: Serialized) -> bool:

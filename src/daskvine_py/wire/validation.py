@@ -28,6 +28,8 @@ from daskvine_py.wire.records import (
     GetData,
     Goodbye,
     Heartbeat,
+    LiveReply,
+    LiveRequest,
     Lost,
     Register,
     Rejected,
@@ -288,6 +290,8 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     StatusRequest: (_ID, _TEXT),
     RetireWorker: (_TEXT, _TEXT),
     StatusReply: (_SIZE, _Field(tuple, _worker_loads)),
+    LiveRequest: (_ID,),
+    LiveReply: (_ID, _Field(dict)),
     # worker <-> worker
     GetData: (_IDS,),
     Data: (_ID, _VALUE),

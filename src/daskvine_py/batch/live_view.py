@@ -1,0 +1,131 @@
+"""``python -m daskvine_py status``: a running manager's live snapshot in a terminal.
+
+It asks over the manager's own port with the keys of its connection file, as a factory's
+``StatusClient`` does (so it works from a login node), and prints the workers, the tasks
+by state, the runs in progress, each category's figures and the busiest workers; with
+``--watch``, again every few seconds until Ctrl-C (docs/live.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from daskvine_py.batch.status import ManagerRefused, ManagerUnreachable, StatusClient
+from daskvine_py.wire import security
+
+#: Workers shown, the busiest first (by tasks held).
+BUSIEST = 10
+#: Categories shown, the most tasks first.
+CATEGORIES = 20
+#: Clears a terminal and puts the cursor home (``--watch`` on a terminal).
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def status(
+    connection_file: str,
+    watch: float | None = None,
+    timeout: float = 10.0,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Print the manager's snapshot once (``watch`` None) or every ``watch`` seconds until
+    Ctrl-C; the exit status: 0, or 1 with a message on ``err`` when the manager cannot be
+    asked (no answer in ``timeout`` seconds, refused, an unusable connection file)."""
+    try:
+        client = StatusClient(connection_file, name="status", timeout=timeout)
+    except (OSError, ValueError, security.SecurityError) as exc:
+        err.write(f"daskvine_py status: cannot use {connection_file}: {exc}\n")
+        return 1
+    with client:
+        try:
+            while True:
+                try:
+                    snapshot = client.live()
+                except (ManagerUnreachable, ManagerRefused) as exc:
+                    err.write(f"daskvine_py status: {exc}\n")
+                    return 1
+                text = render(snapshot, client.address)
+                if watch is not None and out.isatty():
+                    text = _CLEAR + text
+                out.write(text + "\n")
+                out.flush()
+                if watch is None:
+                    return 0
+                sleep(watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def render(snapshot: dict[str, Any], address: str = "") -> str:
+    """The snapshot as the lines of the view."""
+    totals = snapshot["totals"]
+    manager = snapshot["manager"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot["t"]))
+    runs = snapshot["runs"]
+    waiting = sum(max(0, run["tasks"] - run["done"]) for run in runs)
+    waiting = max(0, waiting - totals["ready"] - totals["processing"])
+    lines = [
+        f"manager {address}  up {_seconds(manager['uptime_s'])}, "
+        f"CPU {_seconds(manager['cpu_s'])}  ({when})",
+        f"workers {totals['workers']}  cores {totals['cores']}  tasks: waiting {waiting}  "
+        f"ready {totals['ready']}  processing {totals['processing']} "
+        f"(running {totals['running']})  done {totals['tasks_done']}  "
+        f"failed {totals['tasks_failed']}",
+        f"moved {_bytes(totals['bytes_moved'])}  stored {_bytes(totals['stored_bytes'])}  "
+        f"spilled {_bytes(totals['spilled_bytes'])}",
+    ]
+    if runs:
+        lines.append("")
+        lines.append("runs in progress:")
+        now = snapshot["t"]
+        for run in runs:
+            lines.append(
+                f"  run {run['id']}: {run['done']} of {run['tasks']} tasks done, "
+                f"{run['failed']} failed, for {_seconds(max(0.0, now - run['started']))}"
+            )
+    categories = sorted(snapshot["categories"].items(), key=lambda item: -item[1]["tasks"])
+    if categories:
+        lines.append("")
+        lines.append(f"{'category':<24} {'done':>8} {'failed':>7} {'wall s':>9} "
+                     f"{'CPU s':>9} {'peak MB':>8}")  # fmt: skip
+        for name, c in categories[:CATEGORIES]:
+            lines.append(f"{name[:24]:<24} {c['tasks']:>8} {c['failed']:>7} {c['wall_s']:>9.1f} "
+                         f"{c['cpu_s']:>9.1f} {c['peak_memory_mb']:>8.1f}")  # fmt: skip
+        if len(categories) > CATEGORIES:
+            lines.append(f"  ({len(categories) - CATEGORIES} more)")
+    workers = sorted(snapshot["workers"], key=lambda w: (-w["tasks"], w["name"]))
+    lines.append("")
+    if not workers:
+        lines.append("no workers connected")
+        return "\n".join(lines)
+    lines.append(f"busiest workers ({min(BUSIEST, len(workers))} of {len(workers)}):")
+    lines.append(f"  {'name':<20} {'host':<16} {'cores':>5} {'tasks':>6} {'resident':>9} "
+                 f"{'stored':>9} {'spilled':>9} {'heard':>6}")  # fmt: skip
+    for w in workers[:BUSIEST]:
+        note = f"  quarantined: {w['quarantined']}" if w["quarantined"] else ""
+        lines.append(
+            f"  {w['name'][:20]:<20} {w['hostname'][:16]:<16} {w['cores']:>5} {w['tasks']:>6} "
+            f"{_bytes(w['resident']):>9} {_bytes(w['stored_bytes']):>9} "
+            f"{_bytes(w['spilled_bytes']):>9} {w['last_heard_s']:>5.1f}s{note}"
+        )
+    return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
