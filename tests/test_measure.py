@@ -3,6 +3,8 @@ growth while it ran), summed by category in ``Manager.last_run.categories``."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import sys
 
@@ -18,6 +20,12 @@ MB = 2**20
 HUNGRY_MB = 200
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+
+
+def _trim() -> None:
+    """Hand the C heap's free pages back to the system: a block allocated next must
+    fault in pages of its own, not reuse ones still resident from an earlier test."""
+    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def _touched(megabytes: int) -> bytearray:
@@ -65,6 +73,7 @@ def test_the_high_water_mark_is_reset_and_read_in_bytes():
 @linux
 @pytest.mark.timeout(60)
 def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
+    _trim()
     begun = measure.begin()
     assert begun[0] > 0  # the process's size as the task begins
     block = _touched(64)
@@ -83,6 +92,7 @@ def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
 @pytest.mark.timeout(60)
 def test_the_mark_read_from_status_agrees_with_getrusages():
     # (the path taken when ``ru_maxrss`` kept a figure older than the reset)
+    _trim()
     start, cpu, _ = measure.begin()
     block = _touched(32)
     fast = measure.end((start, cpu, False))[1]
@@ -106,6 +116,7 @@ def test_a_large_result_sent_away_leaves_the_next_tasks_base():
         return pipe.Call(task_id, f"k{task_id}", payload, [], keep, not keep)
 
     for forget in (False, True):
+        _trim()
         before = measure.base()
         done = runner.execute(call(1, forget, _touched, 64), None)
         assert type(done) is pipe.Done and 60 * MB <= done.peak_memory <= 70 * MB
