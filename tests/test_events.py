@@ -235,16 +235,22 @@ class _Rows(HTMLParser):
             self._cell.append(data)
 
 
-def _section_rows(page: str, section: str) -> list[list[str]]:
-    start = page.index(f"<section id='{section}'>")
+def section(page: str, name: str) -> str:
+    """A report's section, by its id (other report tests read them too)."""
+    start = page.index(f"<section id='{name}'>")
+    return page[start : page.index("</section>", start)]
+
+
+def section_rows(page: str, name: str) -> list[list[str]]:
+    """The text of a report section's table rows, cell by cell."""
     parser = _Rows()
-    parser.feed(page[start : page.index("</section>", start)])
+    parser.feed(section(page, name))
     return parser.rows
 
 
 def test_serialization_per_function_beside_run_time_and_in_total():
     page = render(_serializing_log().records())
-    rows = _section_rows(page, "durations")
+    rows = section_rows(page, "durations")
     assert rows[0] == ["function", "tasks", "run time", "mean", "median", "max", "share",
                        "serialization"]  # fmt: skip
     by_function = {row[0]: row for row in rows[1:]}
@@ -254,11 +260,11 @@ def test_serialization_per_function_beside_run_time_and_in_total():
     assert by_function["total"][-1] == "0 µs (0.0%)"
     assert by_function["all functions"][1:3] == ["4", "2.00 s"]
     assert by_function["all functions"][-1] == "1.50 s (42.9%)"  # 1.5 of 2 + 1.5
-    summary = dict(row for row in _section_rows(page, "summary") if len(row) == 2)
+    summary = dict(row for row in section_rows(page, "summary") if len(row) == 2)
     assert summary["tasks' run time"] == "2.00 s"
     assert summary["(de)serialization"] == "1.50 s (42.9% of run + serialization)"
     assert "run seconds" not in summary  # the totals show once, formatted
-    slowest = _section_rows(page, "slowest")
+    slowest = section_rows(page, "slowest")
     assert slowest[0][3:5] == ["duration", "serialization"]
     assert slowest[1][:5] == ["('load', 1)", "load", "w2", "750 ms", "1.00 s"]
 
@@ -300,7 +306,7 @@ def test_the_totals_reach_last_run_and_the_summary_of_a_run_without_a_log():
     assert (run.info.run_seconds, run.info.serialization_seconds) == (4.0, 1.0)
     assert run.info.serialization_share == pytest.approx(0.2)
     page = render(summary_records(run.info))
-    summary = dict(row for row in _section_rows(page, "summary") if len(row) == 2)
+    summary = dict(row for row in section_rows(page, "summary") if len(row) == 2)
     assert summary["(de)serialization"] == "1.00 s (20.0% of run + serialization)"
     assert "kept no event log" in page
 

@@ -5,7 +5,6 @@ figures of ``last_run.categories``) and the workers' heartbeats as memory over t
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 
 import pytest
 
@@ -18,6 +17,7 @@ from daskvine_py.manager.summary import summarize
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.scheduler.categories import Categories
 from daskvine_py.wire import protocol as p
+from test_events import section, section_rows
 
 MB = 2**20
 
@@ -60,37 +60,8 @@ def _log() -> EventLog:
     return log
 
 
-class _Rows(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[list[str]] = []
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
-            self._cell = None
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def _section(page: str, name: str) -> str:
-    start = page.index(f"<section id='{name}'>")
-    return page[start : page.index("</section>", start)]
-
-
 def _rows(page: str, name: str) -> dict[str, list[str]]:
-    parser = _Rows()
-    parser.feed(_section(page, name))
-    return {row[0]: row for row in parser.rows if row}
+    return {row[0]: row for row in section_rows(page, name) if row}
 
 
 def test_categories_sum_their_tasks_bytes_in_and_out_and_count_failures():
@@ -152,9 +123,9 @@ def test_heartbeats_are_kept_when_they_change_and_drawn_per_worker():
     workers = summarize(records).workers
     assert (workers["w1"].memory, workers["w2"].memory) == (512 * MB, 2**40)
 
-    section = _section(render(records), "memory")
-    assert re.findall(r"data-worker='([^']+)'", section) == ["w1", "w2"]
-    figures = section.split("<figure")[1:]
+    drawn = section(render(records), "memory")
+    assert re.findall(r"data-worker='([^']+)'", drawn) == ["w1", "w2"]
+    figures = drawn.split("<figure")[1:]
     w1, w2 = figures
     for series in ("library_peak", "peak"):
         assert w1.count(f"data-series='{series}'") == 1
@@ -180,16 +151,16 @@ def test_heartbeats_are_kept_when_they_change_and_drawn_per_worker():
 def test_the_memory_section_says_when_no_worker_beat():
     log = EventLog(1, 0.0, 0.0, 0, {})
     log.end(1.0, "done", RunInfo(1, {}, 0, 0.0, 1.0, "done"))
-    assert "No heartbeat recorded" in _section(render(log.records()), "memory")
+    assert "No heartbeat recorded" in section(render(log.records()), "memory")
 
 
 def test_past_the_chart_limit_the_workers_that_held_least_are_named_not_drawn():
     log = EventLog(1, 0.0, 0.0, 0, {})
     for i in range(MAX_MEMORY_CHARTS + 2):
         log.memory(0.5, f"w{i}", p.Status(0, MB, (i + 1) * MB))
-    section = _section(render(log.records()), "memory")
-    assert section.count("<figure") == MAX_MEMORY_CHARTS
-    assert "Not drawn (2 held less): w0, w1" in section
+    drawn = section(render(log.records()), "memory")
+    assert drawn.count("<figure") == MAX_MEMORY_CHARTS
+    assert "Not drawn (2 held less): w0, w1" in drawn
 
 
 def _info(name: str, memory: int) -> WorkerInfo:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import sys
 import time
-from html.parser import HTMLParser
 
 import dask
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from daskvine_py.manager.events import read_events
 from daskvine_py.manager.report_resources import amount
+from test_events import section, section_rows
 
 MB = 2**20
 #: What each "hold" task keeps resident while it sleeps: its workers' heartbeats see it.
@@ -56,33 +56,6 @@ def _category(key) -> str:
 
 def _size(value) -> int:
     return value.nbytes if isinstance(value, np.ndarray) else sys.getsizeof(value)
-
-
-class _Rows(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[list[str]] = []
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
-            self._cell = None
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def _section(page: str, name: str) -> str:
-    start = page.index(f"<section id='{name}'>")
-    return page[start : page.index("</section>", start)]
 
 
 @pytest.mark.integration
@@ -132,10 +105,8 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     # The "categories" record is last_run's, and so is the report's table.
     (summary,) = [r["categories"] for r in records if r["event"] == "categories"]
     assert summary == {name: category.fields() for name, category in categories.items()}
-    parser = _Rows()
     page = report.read_text()
-    parser.feed(_section(page, "categories"))
-    rows = {row[0]: row for row in parser.rows}
+    rows = {row[0]: row for row in section_rows(page, "categories")}
     for name, category in categories.items():
         assert rows[name][1] == str(category.tasks)
         assert rows[name][2:4] == [amount(category.wall_s), amount(category.cpu_s)]
@@ -146,7 +117,7 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     # A memory chart per worker, from heartbeats sent while the "hold" tasks slept.
     beats = [r for r in records if r["event"] == "memory"]
     assert {r["worker"] for r in beats} == set(manager.workers)
-    memory = _section(page, "memory")
+    memory = section(page, "memory")
     assert set(re.findall(r"data-worker='([^']+)'", memory)) == set(manager.workers)
     assert memory.count("data-series='library_peak'") == len(manager.workers)
     if sys.platform.startswith("linux"):  # a library's peak while a "hold" task ran in it
