@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import subprocess
 import time
+from collections.abc import Iterator
 
 import dask
 import pytest
@@ -20,7 +22,7 @@ from daskvine_py.wire.serialize import TaskEncoder, loads
 
 pytestmark = pytest.mark.integration
 
-REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed)
+REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.TaskExhausted)
 
 
 class FakeManager:
@@ -35,14 +37,21 @@ class FakeManager:
     def send(self, *records) -> None:
         self.router.send_multipart([self.ident, *p.encode(list(records))])
 
-    def execute(self, task_id: int, node: Task, run_id: int = 0, want: bool = True) -> None:
-        """Send a task (``want``: its value back, as for an output; else kept here)."""
+    def execute(
+        self, task_id: int, node: Task, run_id: int = 0, want: bool = True, **allocation: int
+    ) -> None:
+        """Send a task (``want``: its value back, as for an output; else kept here), with
+        ``allocation`` (``cores``, ``memory`` in bytes)."""
         payload, function_ids = self.encoder.encode(node)
         functions = [p.Function(fid, self.encoder.functions[fid]) for fid in function_ids]
-        self.send(*functions, p.Execute(task_id, node.key, payload, (), want, run_id))
+        execute = p.Execute(task_id, node.key, payload, (), want, run_id)
+        self.send(*functions, execute._replace(**allocation))
 
-    def wait_for(self, predicate, timeout: float = 60.0) -> None:
-        """Read the worker's records until ``predicate(record)`` holds for one."""
+    def wait_for(self, predicate, timeout: float = 60.0):
+        """The first record heard, or read from now on, for which ``predicate`` holds."""
+        for record in self.heard:
+            if predicate(record):
+                return record
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -50,25 +59,34 @@ class FakeManager:
             _, *frames = self.router.recv_multipart()
             records = p.decode(frames, p.TO_MANAGER)
             self.heard += records
-            if any(predicate(r) for r in records):
-                return
+            for record in records:
+                if predicate(record):
+                    return record
+
+    def report(self, task_id: int):
+        """The report of a task (done, erred, crashed, exhausted), heard or to come."""
+        return self.wait_for(lambda r: type(r) in REPORTS and r.task_id == task_id)
 
 
 @contextlib.contextmanager
-def fake_manager_with_a_worker():
+def fake_manager_with_a_worker(
+    name: str = "aborted", heartbeat: float = 0.5, *args: str
+) -> Iterator[tuple[FakeManager, subprocess.Popen]]:
+    """A ``FakeManager`` with one real one-core worker ``name`` joined (its command line
+    given ``args`` too), told to beat every ``heartbeat`` seconds; both gone on exit."""
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name="aborted",
-                 extra_args=["--manager-timeout", "120"])  # fmt: skip
+    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name=name,
+                 extra_args=["--manager-timeout", "120", *args])  # fmt: skip
     try:
         assert router.poll(60_000)
         ident, *frames = router.recv_multipart()
         (register,) = p.decode(frames, p.TO_MANAGER)
         assert type(register) is p.Register
         manager = FakeManager(router, ident)
-        manager.send(p.Welcome("aborted", 0.5))
+        manager.send(p.Welcome(name, heartbeat))
         yield manager, proc
     finally:
         proc.kill()

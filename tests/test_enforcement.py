@@ -11,18 +11,16 @@ import contextlib
 import operator
 import sys
 import time
-from collections.abc import Iterator
 
 import dask
 import pytest
-import zmq
 from dask._task_spec import Task
 
-from daskvine_py.manager.launch import spawn
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import Serialized, TaskEncoder, loads
+from daskvine_py.wire.serialize import Serialized, loads
 from daskvine_py.worker import threads
 from daskvine_py.worker.store import Store
+from test_abort import FakeManager, fake_manager_with_a_worker
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,7 +28,6 @@ pytestmark = [
 ]
 
 MB = 2**20
-REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.TaskExhausted)
 
 
 def hungry(megabytes: int) -> int:
@@ -49,47 +46,6 @@ def blas_threads(_: int) -> list[int]:
     return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
 
 
-class FakeManager:
-    """A bare ROUTER on 127.0.0.1 the test speaks for, with one real worker joined."""
-
-    def __init__(self, router: zmq.Socket, ident: bytes) -> None:
-        self.router = router
-        self.ident = ident
-        self.encoder = TaskEncoder()
-        self.heard: list = []  #: every record the worker sent
-
-    def send(self, *records) -> None:
-        self.router.send_multipart([self.ident, *p.encode(list(records))])
-
-    def execute(self, task_id: int, node: Task, want: bool = True, **allocation) -> None:
-        """Send a task (``want``: its value back; else kept live), with ``allocation``
-        (``cores``, ``memory`` in bytes)."""
-        payload, function_ids = self.encoder.encode(node)
-        functions = [p.Function(fid, self.encoder.functions[fid]) for fid in function_ids]
-        execute = p.Execute(task_id, node.key, payload, (), want, 0, True)._replace(**allocation)
-        self.send(*functions, execute)
-
-    def wait_for(self, predicate, timeout: float = 60.0):
-        """The first record heard, or read from now on, for which ``predicate`` holds."""
-        for record in self.heard:
-            if predicate(record):
-                return record
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0 and self.router.poll(max(1, int(left * 1000))), self.heard
-            _, *frames = self.router.recv_multipart()
-            records = p.decode(frames, p.TO_MANAGER)
-            self.heard += records
-            for record in records:
-                if predicate(record):
-                    return record
-
-    def report(self, task_id: int):
-        """The report of a task (done, erred, crashed, exhausted)."""
-        return self.wait_for(lambda r: type(r) in REPORTS and r.task_id == task_id)
-
-
 @pytest.fixture(autouse=True)
 def _unset(monkeypatch):
     """Workers inherit this process's environment: start from no pool variables set."""
@@ -97,26 +53,8 @@ def _unset(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@contextlib.contextmanager
-def worker(*args: str) -> Iterator[tuple[FakeManager, object]]:
-    context = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name="enforced",
-                 extra_args=["--manager-timeout", "120", *args])  # fmt: skip
-    try:
-        assert router.poll(60_000)
-        ident, *frames = router.recv_multipart()
-        (register,) = p.decode(frames, p.TO_MANAGER)
-        assert type(register) is p.Register
-        manager = FakeManager(router, ident)
-        manager.send(p.Welcome("enforced", 0.2))
-        yield manager, proc
-    finally:
-        proc.kill()
-        proc.wait()
-        context.destroy(linger=0)
+def worker(*args: str) -> contextlib.AbstractContextManager[tuple[FakeManager, object]]:
+    return fake_manager_with_a_worker("enforced", 0.2, *args)
 
 
 def _the_next_task_runs_right(manager: FakeManager, task_id: int) -> None:

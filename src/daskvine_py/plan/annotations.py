@@ -199,22 +199,21 @@ def _resources(key: Key, value: Any) -> tuple[int, int, int]:
             f"task {key!r} asks for resources {dict(value)!r}: daskvine_py workers offer "
             f"only cores, memory (MB) and gpus, not {', '.join(map(repr, unknown))}"
         )
-    cores = value.get("cores", 1)
-    if isinstance(cores, float) and cores.is_integer():
-        cores = int(cores)
-    if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
-        raise ValueError(f"task {key!r}: resources['cores'] must be a whole number >= 1, "
-                         f"not {cores!r}")  # fmt: skip
+    cores = _whole(key, "cores", value.get("cores", 1), 1)
     memory = _number(key, "resources['memory']", value.get("memory", 0))
     if memory < 0:
         raise ValueError(f"task {key!r}: resources['memory'] must be >= 0 MB, not {memory!r}")
-    gpus = value.get("gpus", 0)
-    if isinstance(gpus, float) and gpus.is_integer():
-        gpus = int(gpus)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise ValueError(f"task {key!r}: resources['gpus'] must be a whole number >= 0, "
-                         f"not {gpus!r}")  # fmt: skip
-    return cores, int(memory * MB), gpus
+    return cores, int(memory * MB), _whole(key, "gpus", value.get("gpus", 0), 0)
+
+
+def _whole(key: Key, resource: str, value: Any, least: int) -> int:
+    """A count of ``resources`` (2.0 is 2), at least ``least``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"task {key!r}: resources[{resource!r}] must be a whole number "
+                         f">= {least}, not {value!r}")  # fmt: skip
+    return value
 
 
 def _workers(key: Key, value: Any) -> frozenset[str] | None:

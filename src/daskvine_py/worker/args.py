@@ -68,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=integer(1, MAX_MB),
         default=None,
         metavar="MB",
-        help="memory for results, in MB; past it results spill to disk "
+        help="memory for running tasks' allocations and results together, in MB; a task "
+        "past its allocation is stopped, results past what is left spill to disk "
         "(default: the node's memory)",
     )
     parser.add_argument(
