@@ -15,7 +15,7 @@ may have dropped it before that call runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from daskvine_py.worker.store import Store
 
@@ -63,6 +63,11 @@ class LiveResults:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def bytes_of(self, task_ids: Iterable[int]) -> int:
+        """The estimated bytes of those of these results that are live."""
+        entries = self.entries
+        return sum(entries[i].nbytes for i in task_ids if i in entries)
 
     def add(self, task_id: int, lib: int, nbytes: int) -> None:
         self.drop(task_id)

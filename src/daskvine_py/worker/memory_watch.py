@@ -17,8 +17,12 @@ size too (or, with a budget, whenever a task runs), one ``pread`` of
 limit is killed at once (SIGKILL); the shell then has the task reported exhausted
 (``TaskExhausted``: the growth seen, and its allocation), the other tasks it ran as
 after a crash, and a fresh library takes its place. With several tasks in one library
-the most recent is blamed. A forked child (``exec_mode="fork"``) and a
-task process (``task_mode="tasks"``) are processes of their own, not watched here.
+the most recent is blamed. An export of a live result (for a peer, a task elsewhere, the
+spill) makes copies in the library that its running tasks did not: each raises the
+library's limit by ``EXPORT_COPIES`` times the result's size until the library is idle
+with no export under way (its next task's base then counts what stays). A forked child
+(``exec_mode="fork"``) and a task process (``task_mode="tasks"``) are processes of their
+own, not watched here.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from daskvine_py.wire.protocol import DropLog
+from daskvine_py.worker.live_results import ExportWait
 from daskvine_py.worker.measure import PAGE
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.store import Store
@@ -42,6 +47,10 @@ logger = logging.getLogger("daskvine_py.worker")
 #: Seconds between looks: a task allocating 1 GB/s grows 20 MB past its limit at most.
 INTERVAL = 0.02
 _MB = 2**20
+#: Copies of a live result an export holds at once in its library: the serialized form,
+#: the record's pickle and its framing (``pipe.send``); measured, 3 × 60 MB for a 60 MB
+#: ``bytes``, which went past a running task's allocation before exports were counted.
+EXPORT_COPIES = 3
 _NOTHING: Sequence[Exhausted] = ()
 
 
@@ -60,18 +69,30 @@ class MemoryWatch:
     ``budget``: the worker's memory in bytes (0: unknown, only allocations are limits);
     ``tasks``: the state's table; ``store``: told the running tasks' allocations."""
 
-    __slots__ = ("budget", "tasks", "store", "due", "_files", "_drops", "name")
+    __slots__ = ("budget", "tasks", "store", "due", "_files", "_drops", "name", "exports",
+                 "_credit")  # fmt: skip
 
-    def __init__(self, budget: int, tasks: dict[int, WorkerTask], store: Store, name: str) -> None:
+    def __init__(
+        self, budget: int, tasks: dict[int, WorkerTask], store: Store, name: str,
+        exports: Mapping[int, ExportWait] | None = None,
+    ) -> None:  # fmt: skip
         self.budget = budget
         self.tasks = tasks
         self.store = store
         self.name = name
+        #: the exports under way (``LiveTasks.exports``), by live result id
+        self.exports: Mapping[int, ExportWait] = exports if exports is not None else {}
+        #: library id -> bytes its exports may hold beyond its tasks' allocations
+        self._credit: dict[int, int] = {}
         #: when the next look is due
         self.due = 0.0
         #: library id -> (pid, open ``statm``)
         self._files: dict[int, tuple[int, int]] = {}
         self._drops = DropLog(logger)
+
+    def exporting(self, lib_id: int, nbytes: int) -> None:
+        """The library is asked to export live results of ``nbytes``: its limit grows."""
+        self._credit[lib_id] = self._credit.get(lib_id, 0) + EXPORT_COPIES * nbytes
 
     def timeout(self, now: float) -> float:
         """Seconds until the next look (infinite while the worker has no task)."""
@@ -84,6 +105,8 @@ class MemoryWatch:
         if not self.tasks:  # idle: no allocation holds room in the store any more
             if self.store.allocated:
                 self.store.allocate(0)
+            if self._credit:
+                self._end_credits(set())
             return _NOTHING
         self.due = now + INTERVAL
         tasks = self.tasks
@@ -106,13 +129,15 @@ class MemoryWatch:
             if running is not None:
                 busy.append((lib, running))
         self.store.allocate(allocated)
+        if self._credit:
+            self._end_credits({lib.record.id for lib, _ in busy})
         if not allocated and not self.budget:
             return _NOTHING  # no allocation and no budget: nothing is limited
         if len(self._files) > len(libraries):
             self._close_gone(libraries)
         exhausted: list[Exhausted] = []
         for lib, running in busy:
-            own = sum(task.memory for task, _ in running)
+            own = sum(task.memory for task, _ in running) + self._credit.get(lib.record.id, 0)
             if any(task.memory == 0 for task, _ in running):
                 if not self.budget:
                     continue  # no budget known: nothing limits it
@@ -132,6 +157,12 @@ class MemoryWatch:
                     self.name, task.key, growth / _MB, limit / _MB,
                 )  # fmt: skip
         return exhausted
+
+    def _end_credits(self, busy: set[int]) -> None:
+        """Credits end for libraries idle with no export under way."""
+        exporting = {wait.lib for wait in self.exports.values()}
+        for lib_id in [i for i in self._credit if i not in busy and i not in exporting]:
+            del self._credit[lib_id]
 
     def _resident(self, lib: Library) -> int:
         """The library's resident bytes now (0: unknown)."""

@@ -28,8 +28,7 @@ Data flow::
 - A run that does not use the defaults (``RunConfig``: exec mode, hoisted imports,
   environment) is announced once, before its first task; its tasks go to libraries with
   it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.worker.task_process``.
-- Task directories and function files live in ``<workdir>/tasks`` and
-  ``<workdir>/functions``, removed with the worker's directory when it exits.
+- Task directories and function files live in ``<workdir>/tasks`` and ``<workdir>/functions``.
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout,
   counted from when its registration went out (its libraries start first, which takes a
   while on many cores). Only records that pass validation count as hearing from it.
@@ -37,8 +36,8 @@ Data flow::
   ``state.REGISTRATION_PATIENCE`` timeouts, with one WARNING once past the first: a
   manager welcoming hundreds of workers at once is busy, not gone. A registration that
   went out on a connection since lost is sent again once it is made again.
-- It logs one INFO line when it joins, one WARNING when it loses the manager, and one
-  line when it leaves, saying why (ERROR when it never could join); nothing per task.
+- It logs one INFO line when it joins, one WARNING when it loses the manager, one line
+  when it leaves, saying why (ERROR when it never could join); nothing per task.
   A task the manager aborts (``Abort``) while it runs has its process killed: its
   library is replaced as after a crash, with no report of the task.
 - Every record from the manager and from peers is validated (``protocol.check_fields``);
@@ -187,7 +186,8 @@ class Worker:
             self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
             time.monotonic(),
         )  # fmt: skip
-        self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name)
+        exports = self.state.live_tasks.exports  # (their copies raise limits)
+        self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name, exports)
         self.gpus = self.state.dispatch.gpus.declare(gpus)  #: device ids (``--gpus``)
         self.library_by_fd: dict[int, h.Library] = {}
         #: the same libraries by id (``LibraryRecord.id``), for the state's requests
@@ -309,6 +309,8 @@ class Worker:
             for library_id, message in outbox:
                 lib = self.library_by_id.get(library_id)
                 if lib is not None:
+                    if type(message) is pipe.Export:  # its copies are not its tasks'
+                        self.watch.exporting(library_id, state.live.bytes_of(message.task_ids))
                     self._send_to_library(lib, message)
         self._flush()
 
