@@ -43,14 +43,17 @@ from daskvine_py.wire import plain
 from daskvine_py.wire.drops import DropLog
 from daskvine_py.wire.plain import PLAIN_KINDS, PLAIN_MAGIC
 from daskvine_py.wire.records import (
+    FETCH_LANE,
     FROM_CLIENT,
     FROM_PEER,
     INLINE_BYTES,
+    SPILL_LANE,
     TO_CLIENT,
     TO_MANAGER,
     TO_PEER,
     TO_WORKER,
     Abort,
+    Bar,
     Cancel,
     Data,
     DepLocation,
@@ -103,7 +106,8 @@ from daskvine_py.wire.validation import (
 
 #: Every name other modules use as ``p.NAME``: the records, their checks, the drop log.
 __all__ = [
-    "DropLog", "Abort", "Cancel", "Data", "DepLocation", "DiskFull", "Execute", "FetchFailed",
+    "DropLog", "Abort", "Bar", "Cancel", "FETCH_LANE", "SPILL_LANE", "Data", "DepLocation",
+    "DiskFull", "Execute", "FetchFailed",
     "FROM_CLIENT", "FROM_PEER", "Function", "GetData", "Goodbye", "Heartbeat", "inlinable",
     "INLINE_BYTES", "LiveReply", "LiveRequest",
     "Lost", "Register", "Rejected", "Relay", "Relayed", "Release",
@@ -119,7 +123,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

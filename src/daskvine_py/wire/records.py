@@ -176,6 +176,18 @@ class Status(NamedTuple):
     spilled_bytes: int = 0  #: of ``stored_bytes``, in spill files on disk
     #: resident bytes of the worker process and its libraries now (their sum)
     resident: int = 0
+    #: what it did since its last heartbeat, for the live task stream (docs/live.md): bars
+    #: (lane, prefix, start, end, serialization seconds, tasks), times its ``time.time()``;
+    #: lane >= 0 a library's, ``FETCH_LANE`` fetching inputs, ``SPILL_LANE`` spilling
+    activity: tuple[Bar, ...] = ()
+
+
+#: A bar of a worker's activity (``Status.activity``): tasks of one key prefix a lane ran
+#: back to back, merged.
+Bar = tuple[int, str, float, float, float, int]
+#: ``Status.activity``'s lanes of inputs fetched from peers and results written to disk.
+FETCH_LANE = -1
+SPILL_LANE = -2
 
 
 class Goodbye(NamedTuple):

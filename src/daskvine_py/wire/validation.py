@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from daskvine_py.errors import ProtocolError
 from daskvine_py.options import EXEC_MODES, TASK_MODES
 from daskvine_py.wire.records import (
+    SPILL_LANE,
     Abort,
     Cancel,
     Data,
@@ -169,6 +170,22 @@ def _worker_loads(values: tuple[object, ...]) -> str | None:
     return None
 
 
+def _activity(values: tuple[object, ...]) -> str | None:
+    for value in values:
+        if (
+            type(value) is not tuple
+            or len(value) != 6
+            or type(value[0]) is not int
+            or value[0] < SPILL_LANE
+            or type(value[1]) is not str
+            or any(type(t) not in _NUMBER_SET or _seconds(t) is not None for t in value[2:5])
+            or type(value[5]) is not int
+            or value[5] < 0
+        ):
+            return f"holds {shown(value)}, not (lane, prefix, start, end, seconds, tasks)"
+    return None
+
+
 def _key(key: Any, depth: int = 0) -> str | None:
     if type(key) is tuple:
         if depth >= MAX_KEY_DEPTH:
@@ -259,7 +276,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Started: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),
-    Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE),
+    Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE, _Field(tuple, _activity)),
     Goodbye: (_TEXT,),
     # manager -> worker
     Welcome: (_TEXT, _Field(_NUMBER, _interval)),
