@@ -38,7 +38,9 @@ def _log() -> EventLog:
     log.dispatch(50.1, 3, "total", "total", "w1")
     log.sample(50.2, 1, 0, 3, 3, 0)
     log.memory(50.3, "w1", p.Status(8, 60 * 2**20, 90 * 2**20))
-    log.memory(50.35, "w1", p.Status(8, 60 * 2**20, 90 * 2**20))  # the same: not recorded
+    # the same figures: not recorded again; its fetches are (its tasks' bar is not)
+    bars = ((0, "inc", 1000.1, 1000.2, 0.0, 2), (p.FETCH_LANE, "fetch", 1000.25, 1000.3, 0.0, 3))
+    log.memory(50.35, "w1", p.Status(8, 60 * 2**20, 90 * 2**20, activity=bars))
     log.done(50.4, 1, "w1", duration=0.2, finished=1000.35, nbytes=8)
     log.done(50.5, 2, "w2", duration=0.3, finished=1000.45, nbytes=8)
     log.erred(50.6, 3, "w1", "ZeroDivisionError('division by zero')")
@@ -56,6 +58,10 @@ def test_records_carry_every_event_in_order():
     assert kinds[0] == "run" and kinds[-1] == "end"
     assert kinds.count("dispatch") == 3 and kinds.count("done") == 2
     assert kinds.count("transfer") == 2 and kinds.count("sample") == 3
+    assert kinds.count("memory") == 1 and "activity" not in records[kinds.index("memory")]
+    assert records[kinds.index("bar")] == {"event": "bar", "worker": "w1", "lane": -1,
+                                           "prefix": "fetch", "start": 0.25, "end": 0.3,
+                                           "serialization": 0.0, "tasks": 3}  # fmt: skip
     done = next(r for r in records if r["event"] == "done")
     # The worker's clock, on the run's scale: ended at 0.35 s, ran 0.2 s.
     assert done == {"event": "done", "t": 0.4, "id": 1, "worker": "w1", "start": 0.15,
@@ -107,7 +113,7 @@ _OLD_LOG = """\
 #: records (issue 30).
 _NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds", "cache", "memory",
                  "cpu", "peak_memory", "category"}  # fmt: skip
-_NEWER_EVENTS = {"memory", "categories"}
+_NEWER_EVENTS = {"memory", "categories", "bar"}
 
 
 def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
@@ -130,7 +136,7 @@ def test_entries_are_named_records_and_each_type_has_its_record():
     log = _log()
     entries = log.entries
     assert type(entries[3]) is DispatchEntry and entries[3].key == ("inc", 0)
-    done = entries[8]
+    done = entries[9]
     assert type(done) is DoneEntry and (done.task_id, done.worker, done.nbytes) == (1, "w1", 8)
     assert (done.end, done.duration) == pytest.approx((0.35, 0.2))
     kinds = typing.get_args(Entry)
@@ -330,7 +336,8 @@ def test_render_has_every_section_and_fetches_nothing():
     assert parser.ids == list(SECTIONS)
     assert "script" not in parser.tags and "link" not in parser.tags
     assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", page)
-    assert page.count("class='task'") == 2  # two finished tasks on the timeline
+    # two finished tasks on the timeline, and a lane of w1's inputs fetched
+    assert page.count("class='task'") == 3 and "(fetching inputs): 3 tasks" in page
     assert "ZeroDivisionError" in page and "silent for 31 s" in page
     assert "800 B" in page  # the w1 -> w2 cell of the transfer matrix
     assert "failed" in page

@@ -138,11 +138,11 @@ def merge_bars(lane: list[TaskRun], chart: Chart) -> list[Bar]:
         x1 = max(chart.x(task.end), x0 + 1.0)  # at least a pixel, or tiny tasks vanish
         if current is not None and task.prefix == current.prefix and x0 - current.x1 < 1.0:
             current.x1 = max(current.x1, x1)
-            current.count += 1
+            current.count += task.tasks
             current.run += task.duration
             current.serialization += task.serialization
             continue
-        current = Bar(x0, x1, task.prefix, 1, key_text(task.key), task.duration,
+        current = Bar(x0, x1, task.prefix, task.tasks, key_text(task.key), task.duration,
                       task.serialization)  # fmt: skip
         out.append(current)
     return out

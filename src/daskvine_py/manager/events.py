@@ -192,8 +192,27 @@ class MemoryEntry:
     status: p.Status
 
     def record(self) -> dict[str, Any]:
-        return {"event": "memory", "t": round(self.t, 6), "worker": self.worker,
-                **self.status._asdict()}  # fmt: skip
+        fields = self.status._asdict()
+        del fields["activity"]  # (its fetches and spills: "bar" records)
+        return {"event": "memory", "t": round(self.t, 6), "worker": self.worker, **fields}
+
+
+@dataclass(slots=True)
+class BarEntry:
+    """A worker's inputs fetched or results spilled ("bar"), merged by the worker
+    (``Status.activity``, its lanes below 0): ``start``/``end`` on the run's clock, as a
+    task's, ``tasks`` the fetches or spills it stands for."""
+
+    worker: str
+    bar: p.Bar
+    wall_start: float
+
+    def record(self) -> dict[str, Any]:
+        lane, prefix, start, end, seconds, tasks = self.bar
+        return {"event": "bar", "worker": self.worker, "lane": lane, "prefix": prefix,
+                "start": round(start - self.wall_start, 6),
+                "end": round(end - self.wall_start, 6), "serialization": seconds,
+                "tasks": tasks}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -225,7 +244,7 @@ class TransferEntry:
 #: type is named after the ``event`` its ``record()`` writes.
 Entry = (
     WorkerEntry | WorkerLostEntry | DispatchEntry | DoneEntry | ErredEntry | CrashedEntry
-    | SampleEntry | TransferEntry | QuarantinedEntry | MemoryEntry | CategoriesEntry
+    | SampleEntry | TransferEntry | QuarantinedEntry | MemoryEntry | BarEntry | CategoriesEntry
 )  # fmt: skip
 
 
@@ -252,7 +271,7 @@ class EventLog:
         #: the "end" record's extra fields, set by ``end``
         self.info: dict[str, Any] | None = None
         #: each worker's last heartbeat recorded: an unchanged one is not recorded again
-        self.statuses: dict[str, p.Status] = {}
+        self.statuses: dict[str, tuple[int, ...]] = {}
 
     def worker(self, now: float, name: str, cores: int, host: str, memory: int = 0) -> None:
         self.entries.append(WorkerEntry(now - self.mono_start, name, cores, host, memory))
@@ -292,8 +311,12 @@ class EventLog:
 
     def memory(self, now: float, worker: str, status: p.Status) -> None:
         """A worker's heartbeat, when it says something new of that worker."""
-        if self.statuses.get(worker) != status:
-            self.statuses[worker] = status
+        for bar in status.activity:
+            if bar[0] < 0:  # fetches and spills: the tasks' own lanes are "done" records
+                self.entries.append(BarEntry(worker, bar, self.wall_start))
+        figures = status[:5]  # (the memory figures: activity differs every time)
+        if self.statuses.get(worker) != figures:
+            self.statuses[worker] = figures
             self.entries.append(MemoryEntry(now - self.mono_start, worker, status))
 
     def end(self, now: float, outcome: str, info: RunInfo) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from daskvine_py.manager import drawing as draw
 from daskvine_py.manager import report_resources as resources
 from daskvine_py.manager.runinfo import MANAGER
-from daskvine_py.manager.summary import Summary, summarize
+from daskvine_py.manager.summary import LANE_NAMES, Summary, TaskRun, summarize
 
 #: Rows in the slowest-tasks table.
 SLOWEST = 20
@@ -52,20 +52,20 @@ _SHOWN_ELSEWHERE = frozenset(
 def render(records: Iterable[dict[str, Any]]) -> str:
     """The report as one HTML document."""
     summary = summarize(records)
-    colours = draw.colours_by_prefix(summary.tasks)
+    colours = draw.colours_by_prefix(summary.tasks + summary.activity)
     title = f"daskvine_py run {summary.run.get('run', '?')}"
     body = [
         f"<h1>{draw.escape(title)}</h1>",
         draw.section("Summary", "summary", _summary_table(summary)),
         draw.section("Options", "options", _options(summary)),
-        draw.section("Tasks over time", "tasks-over-time", _tasks_over_time(summary)),
-        draw.section("Worker timeline", "worker-timeline", _timeline(summary, colours)),
+        draw.section("Tasks over time", "tasks-over-time", tasks_over_time(summary)),
+        draw.section("Worker timeline", "worker-timeline", timeline(summary, colours)),
         draw.section("Memory per worker", "memory", resources.memory(summary)),
-        draw.section("Transfers", "transfers", _transfers(summary)),
+        draw.section("Transfers", "transfers", transfers(summary)),
         draw.section("Durations per function", "durations", _durations(summary, colours)),
         draw.section("Categories", "categories", resources.categories(summary)),
         draw.section("Slowest tasks", "slowest", _slowest(summary)),
-        draw.section("Failures", "failures", _failures(summary)),
+        draw.section("Failures", "failures", failures(summary)),
     ]
     return draw.PAGE.format(title=draw.escape(title), style=draw.STYLE, body="\n".join(body))
 
@@ -150,7 +150,7 @@ def _options(summary: Summary) -> str:
     return out
 
 
-def _tasks_over_time(summary: Summary) -> str:
+def tasks_over_time(summary: Summary) -> str:
     samples = summary.samples
     if not samples:
         return draw.empty("No samples: the run kept no event log.")
@@ -231,17 +231,23 @@ def _cores_over_time(summary: Summary) -> list[tuple[float, int]]:
     return steps
 
 
-def _timeline(summary: Summary, colours: dict[str, str]) -> str:
-    if not summary.tasks:
+def timeline(summary: Summary, colours: dict[str, str], names: list[str] | None = None) -> str:
+    """Each worker's cores (its tasks, or its libraries' merged bars) and, below them, a
+    lane of its inputs fetched and one of its results spilled; ``names``: these workers."""
+    runs = summary.tasks + summary.activity
+    if not runs:
         return draw.empty("No finished tasks recorded.")
-    t_max = max(summary.duration, max(t.end for t in summary.tasks), 1e-6)
-    lanes_by_worker = {
-        name: draw.lay_lanes(
-            [t for t in summary.tasks if t.worker == name],
-            summary.workers[name].cores,
-        )
-        for name in sorted(summary.workers, key=draw.natural)
-    }
+    t_max = max(summary.duration, max(t.end for t in runs), 1e-6)
+    by_worker: dict[str, list[TaskRun]] = {}
+    for run in runs:
+        by_worker.setdefault(run.worker, []).append(run)
+    lanes_by_worker = {}
+    for name in names if names is not None else sorted(summary.workers, key=draw.natural):
+        own = by_worker.get(name, [])
+        extra = [[t for t in own if t.prefix == lane] for lane in LANE_NAMES.values()]
+        cores = [t for t in own if t.prefix not in LANE_NAMES.values()]
+        lanes = draw.lay_lanes(cores, summary.workers[name].cores)
+        lanes_by_worker[name] = lanes + [sorted(lane, key=_start) for lane in extra if lane]
     lane_height, gap = 12, 8
     rows = sum(max(1, len(lanes)) for lanes in lanes_by_worker.values())
     height = rows * lane_height + gap * len(lanes_by_worker)
@@ -278,7 +284,11 @@ def _timeline(summary: Summary, colours: dict[str, str]) -> str:
     return chart.svg("".join(parts)) + draw.legend(colours, serializing)
 
 
-def _transfers(summary: Summary) -> str:
+def _start(task: TaskRun) -> float:
+    return task.start
+
+
+def transfers(summary: Summary) -> str:
     if not summary.transfers:
         return draw.empty("No bytes moved between workers or to the manager were recorded.")
     names = sorted({n for pair in summary.transfers for n in pair} - {MANAGER})
@@ -366,7 +376,7 @@ def _slowest(summary: Summary) -> str:
     return draw.table(head, rows)
 
 
-def _failures(summary: Summary) -> str:
+def failures(summary: Summary) -> str:
     if not summary.failures:
         return draw.empty("None.")
     rows = []
@@ -375,10 +385,19 @@ def _failures(summary: Summary) -> str:
             what, key = failure.kind.replace("_", " "), ""
         else:
             what, key = failure.kind, draw.key_text(failure.key)
-        rows.append((draw.seconds(failure.t), what, key, failure.worker, failure.message))
+        rows.append((draw.seconds(failure.t), what, key, failure.worker, _message(failure.message)))
     more = len(summary.failures) - MAX_FAILURES
     tail = f"<p>and {more} more</p>" if more > 0 else ""
     return draw.table(("at", "what", "key", "worker", "message"), rows) + tail
+
+
+def _message(text: str) -> str:
+    """A failure's message; one with a traceback shows its first line, the rest folded."""
+    first, newline, _ = text.strip().partition("\n")
+    if not newline:
+        return text
+    return draw.Raw(f"<details><summary>{draw.escape(first)}</summary>"
+                    f"<pre>{draw.escape(text)}</pre></details>")  # fmt: skip
 
 
 def _cache_row(cache: dict[str, Any]) -> str:

@@ -29,6 +29,8 @@ class TaskRun:
     #: CPU seconds of its call and its peak resident bytes (0: not recorded)
     cpu: float = 0.0
     peak_memory: int = 0
+    #: tasks it stands for: more than one for a worker's merged bar (``Status.activity``)
+    tasks: int = 1
 
     @property
     def duration(self) -> float:
@@ -94,6 +96,19 @@ class Failure:
     message: str
 
 
+#: What the lanes of a worker's fetches and spills are called (``Status.activity``).
+LANE_NAMES = {-1: "(fetching inputs)", -2: "(spilling results)"}
+
+
+def bar_run(record: dict[str, Any]) -> TaskRun:
+    """A "bar" record (tasks of one prefix a lane ran back to back, or a lane's fetches or
+    spills) as a ``TaskRun`` of ``tasks`` tasks, named by its lane when not a library's."""
+    prefix = LANE_NAMES.get(record["lane"], record["prefix"])
+    tasks = int(record.get("tasks", 1))
+    return TaskRun(-1, f"{tasks} × {prefix}", prefix, record["worker"], record["start"],
+                   record["end"], 0, record.get("serialization", 0.0), tasks=tasks)  # fmt: skip
+
+
 @dataclass(slots=True)
 class _Sent:
     """A task's "dispatch" record, kept until its "done" record names it by id."""
@@ -117,6 +132,9 @@ class Summary:
     dispatched: int = 0
     #: each worker's heartbeats, in time order
     memory: dict[str, list[MemorySample]] = field(default_factory=dict)
+    #: workers' merged bars ("bar"): inputs fetched and results spilled in a report; every
+    #: lane in the dashboard's task stream (``dashboard_view``)
+    activity: list[TaskRun] = field(default_factory=list)
     #: the "categories" record's: each category's fields by name (``Category``); None:
     #: the log has none (written before categories were)
     categories: dict[str, dict[str, Any]] | None = None
@@ -175,6 +193,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
                     record.get("peak_memory", 0),
                 )  # fmt: skip
             )
+        elif kind == "bar":
+            summary.activity.append(bar_run(record))
         elif kind == "sample":
             t, done = record["t"], record.get("done", 0)
             ready, processing, running = record["ready"], record["processing"], record["running"]
@@ -221,7 +241,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
     for task in summary.tasks:
         if task.worker not in workers:
             workers[task.worker] = RunWorker(task.worker)
-    for name in summary.memory:
+    for name in [*summary.memory, *(bar.worker for bar in summary.activity)]:
         if name not in workers:
             workers[name] = RunWorker(name)
     return summary
