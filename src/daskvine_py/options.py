@@ -267,6 +267,10 @@ class ManagerOptions:
     sizing: str = "max"
     #: Modes of named categories, overriding ``sizing``: ``{"load": "min-waste"}``.
     sizing_categories: Mapping[str, str] = field(default_factory=dict)
+    #: Where the live dashboard listens, "host:port" (docs/live.md): this machine only
+    #: and a free port by default; its link (``Manager.dashboard_link``) carries the token
+    #: every request needs. None: no dashboard.
+    dashboard_address: str | None = "127.0.0.1:0"
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
@@ -281,6 +285,16 @@ class ManagerOptions:
                 f"not {named!r}"
             )
         object.__setattr__(self, "sizing_categories", dict(named))
+        address = self.dashboard_address
+        if address is not None and (
+            not isinstance(address, str)
+            or not address.rpartition(":")[2].isdigit()
+            or int(address.rpartition(":")[2]) > 65535
+        ):
+            raise ValueError(
+                "dashboard_address must be 'host:port' (port 0: a free one) or None, "
+                f"not {address!r}"
+            )
         if not isinstance(self.host, str) or not self.host.strip():
             raise ValueError(
                 f"host must be an address or host name of this machine, not {self.host!r}"

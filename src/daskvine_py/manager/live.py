@@ -22,6 +22,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -39,12 +40,18 @@ CATEGORY_FIELDS = ("tasks", "failed", "wall_s", "cpu_s", "peak_memory_mb",
                    "allocated_memory_mb", "exhausted")  # fmt: skip
 
 
+#: Failed runs the dashboard lists, the most recent.
+MAX_FAILURES = 50
+
+
 class Snapshot(NamedTuple):
     """The command a caller's ``Manager.live()`` queues (``commands``): the I/O thread
-    puts the snapshot in ``reply`` and sets ``done``."""
+    puts the snapshot in ``reply`` and sets ``done``. A dashboard's (``dashboard``) gets
+    more: see ``LiveView.dashboard``."""
 
     reply: list[dict[str, Any]]
     done: threading.Event
+    dashboard: bool = False
 
 
 class LiveView:
@@ -67,12 +74,26 @@ class LiveView:
         #: the state's categories of each run the last snapshot saw in progress (the same
         #: objects: a cancelled run's keep what it did)
         self._seen: dict[int, Mapping[str, Category]] = {}
+        #: the failed runs, most recent last (a dashboard's "failures")
+        self._failures: deque[dict[str, Any]] = deque(maxlen=MAX_FAILURES)
         registry.live = self.snapshot
         watching.settled = self._settled
 
     def answer(self, command: Snapshot) -> None:
-        command.reply.append(self.snapshot())
+        command.reply.append(self.dashboard() if command.dashboard else self.snapshot())
         command.done.set()
+
+    def dashboard(self) -> dict[str, Any]:
+        """What a dashboard's page needs besides the snapshot (``live``), all handed over
+        (the I/O thread keeps no reference but to the snapshot, which nobody changes):
+        the heartbeats heard since its last request (``beats``; the first request starts
+        keeping them), the bytes moved per pair since the start (``transfers``) and the
+        failed runs (``failures``). Per heartbeat an append; nothing per task."""
+        beats = self._watching.beats
+        self._watching.beats = []
+        return {"live": self.snapshot(), "beats": beats or [],
+                "transfers": dict(self._watching.transfers),
+                "failures": list(self._failures)}  # fmt: skip
 
     def snapshot(self) -> dict[str, Any]:
         """The snapshot, built now unless the last one is under ``MIN_INTERVAL`` old."""
@@ -86,6 +107,8 @@ class LiveView:
         """A run ended: its figures join the manager-life totals."""
         seen = self._seen.pop(run.id, None)
         self._tally(run.info.categories or seen or {})
+        if run.failure is not None:
+            self._failures.append(_failure(run))
         self._built_at = -math.inf  # the next request sees it ended
 
     def _tally(self, categories: Mapping[str, Category]) -> None:
@@ -183,6 +206,36 @@ def ask(
         if time.monotonic() > deadline:
             raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")
     return copy.deepcopy(reply[0])
+
+
+def _failure(run: Run) -> dict[str, Any]:
+    """A failed run as the dashboard lists it: its key, worker and message with the
+    task's traceback (a ``RunFailed``), or the manager's own error."""
+    failure = run.failure
+    t = time.time()
+    if type(failure) is s.RunFailed:
+        text = f"{failure.type_name or 'error'}: {failure.message}"
+        if failure.traceback:
+            text += "\n" + failure.traceback
+        kind = "crashed" if failure.crashed else "erred"
+        return {"t": t, "run": run.id, "kind": kind, "key": failure.key,
+                "worker": failure.worker, "message": text}  # fmt: skip
+    return {"t": t, "run": run.id, "kind": "erred", "key": None, "worker": "",
+            "message": f"{type(failure).__name__}: {failure}"}  # fmt: skip
+
+
+def ask_dashboard(
+    command: Callable[[Snapshot], None], raise_if_dead: Callable[[], None], timeout: float
+) -> dict[str, Any]:
+    """``LiveView.dashboard``'s answer, asked of the I/O thread with ``command``; not a
+    copy: read it, do not change it."""
+    reply: list[dict[str, Any]] = []
+    done = threading.Event()
+    command(Snapshot(reply, done, dashboard=True))
+    if not done.wait(timeout):
+        raise_if_dead()
+        raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")
+    return reply[0]
 
 
 def _add(into: Category, other: Category) -> None:

@@ -48,12 +48,12 @@ from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.events import EventLog, summary_records, write_events
-from daskvine_py.manager.live import ask
 from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.progress import default_enabled
 from daskvine_py.manager.report import write_report
 from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.streaming import Stream, deferred_payload, encode_task, opening_of
+from daskvine_py.manager.views import ManagerViews
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
@@ -77,7 +77,7 @@ SUBMIT_PART = 4096
 _DEFERRED: tuple[bytes, tuple[bytes, ...]] = (b"", ())
 
 
-class Manager:
+class Manager(ManagerViews):
     """A daskvine_py manager: workers connect to it, ``get`` runs Dask graphs on them.
 
     Parameters
@@ -158,6 +158,11 @@ class Manager:
         weakref.finalize(self, connection.remove_paths, self._cleanup_paths)
         # SIGTERM and SIGHUP (``kill``, ``timeout``, a batch job's end) close it too.
         lifecycle.watch(self)
+        try:
+            self._start_dashboard()
+        except BaseException:
+            self.close()
+            raise
 
     # -- public API -------------------------------------------------------------------
 
@@ -526,19 +531,6 @@ class Manager:
         self._io.registry.wants_demand = True
         return self._io.registry.demand
 
-    def live(self, timeout: float = 10.0) -> dict[str, Any]:
-        """What the manager is doing now, as plain data (docs/live.md): workers, tasks by
-        state, runs in progress, categories. The I/O thread builds it at most once a
-        second (a sooner call gets the last one); ``TimeoutError`` if it does not answer."""
-        self._raise_if_dead()
-        return ask(self._command, self._raise_if_dead, timeout)
-
-    def metrics(self) -> str:
-        """``live()`` in Prometheus's text format, what ``/metrics`` serves (docs/live.md)."""
-        from daskvine_py.manager.metrics import exposition  # (prometheus-client: only here)
-
-        return exposition(self.live())
-
     def retire(self, name: str, reason: str = "retired") -> None:
         """Tell the worker ``name`` to leave (it finishes nothing more; idle workers only)."""
         self._command(Retire(name, reason))
@@ -551,6 +543,7 @@ class Manager:
         for pool in self._pools:
             pool.close()
         self._closed = True
+        self._stop_dashboard()
         self._command(Close())
         self._thread.join(timeout)
         deadline = time.monotonic() + timeout

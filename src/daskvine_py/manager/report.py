@@ -39,7 +39,7 @@ SLOWEST = 20
 MAX_FAILURES = 50
 #: The ids of the report's sections, in order (``<section id=...>``).
 SECTIONS = (
-    "summary", "options", "tasks-over-time", "worker-timeline", "memory", "transfers",
+    "summary", "options", "tasks-over-time", "worker-timeline", "workers", "memory", "transfers",
     "durations", "categories", "slowest", "failures",
 )  # fmt: skip
 #: Fields of the "end" record the summary shows in rows of their own, or elsewhere.
@@ -60,6 +60,7 @@ def render(records: Iterable[dict[str, Any]]) -> str:
         draw.section("Options", "options", _options(summary)),
         draw.section("Tasks over time", "tasks-over-time", tasks_over_time(summary)),
         draw.section("Worker timeline", "worker-timeline", timeline(summary, colours)),
+        draw.section("Workers", "workers", resources.workers(summary)),
         draw.section("Memory per worker", "memory", resources.memory(summary)),
         draw.section("Transfers", "transfers", transfers(summary)),
         draw.section("Durations per function", "durations", _durations(summary, colours)),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from daskvine_py.manager import drawing as draw
-from daskvine_py.manager.summary import MemorySample, RunWorker, Summary
+from daskvine_py.manager.summary import LANE_NAMES, MemorySample, RunWorker, Summary
 
 #: Workers drawn in the memory section, those that held the most first; the rest are named.
 MAX_MEMORY_CHARTS = 32
@@ -169,3 +169,36 @@ def _chart(samples: list[MemorySample], worker: RunWorker, t_max: float) -> str:
             f"stroke='{colour}' stroke-width='1.6'><title>{draw.escape(label)}</title></path>"
         )
     return chart.svg("".join(parts))
+
+
+def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None) -> str:
+    """A row per worker: its cores and budget, its last heartbeat's memory, the tasks it
+    ran (the report's, or the dashboard's window's) and, given ``now`` (the live
+    snapshot's workers by name), what it holds now and when it was last heard from."""
+    if not summary.workers:
+        return draw.empty("No worker recorded.")
+    ran: dict[str, int] = {}
+    for task in summary.tasks + summary.activity:
+        if task.prefix not in LANE_NAMES.values():
+            ran[task.worker] = ran.get(task.worker, 0) + task.tasks
+    head = ["worker", "host", "cores", "--memory", "resident", "results held", "spilled",
+            "tasks run"]  # fmt: skip
+    if now is not None:
+        head += ["tasks held", "last heard", "new tasks"]
+    rows = []
+    for name in sorted(summary.workers, key=draw.natural):
+        worker = summary.workers[name]
+        last = (summary.memory.get(name) or [MemorySample(0.0, 0, 0, 0, 0)])[-1]
+        row: list[Any] = [
+            name, worker.host, worker.cores or "", draw.byte_size(worker.memory),
+            draw.byte_size(last.resident), draw.byte_size(last.stored),
+            draw.byte_size(last.spilled), f"{ran.get(name, 0):,}",
+        ]  # fmt: skip
+        if now is not None:
+            live = now.get(name, {})
+            row += [live.get("tasks", ""), draw.seconds(float(live.get("last_heard_s", 0.0))),
+                    live.get("quarantined") or ("lost" if worker.lost is not None else "yes")]
+        elif worker.lost is not None:
+            row[0] = draw.Raw(f"{draw.escape(name)} <span class='lost'>(lost)</span>")
+        rows.append(row)
+    return draw.table(head, rows)

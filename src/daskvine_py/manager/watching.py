@@ -14,6 +14,7 @@ when it ends (``settle``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
 from queue import SimpleQueue
 from typing import Any
@@ -29,6 +30,9 @@ from daskvine_py.wire import protocol as p
 #: this many per run length (a few thousand for an hour), so short and long runs both
 #: draw a smooth tasks-over-time chart from a small log.
 SAMPLES_PER_RUN = 1000
+#: Heartbeats kept for a dashboard between two of its requests, at most: a minute of 600
+#: workers'. A dashboard that stopped asking (closed) costs no more than that.
+MAX_BEATS = 36_000
 
 
 class TaskSent:
@@ -110,6 +114,9 @@ class Watching:
         self.moved = 0
         #: told of each run as it settles (``live.LiveView``); None: nobody
         self.settled: Callable[[Run], None] | None = None
+        #: the heartbeats heard while a dashboard asks for them (``live.LiveView``), as
+        #: (worker name, ``time.time()``, ``Status``); None: nobody does
+        self.beats: list[tuple[str, float, p.Status]] | None = None
 
     # -- runs -------------------------------------------------------------------------
 
@@ -255,7 +262,13 @@ class Watching:
                 run.log.worker(now, name, cores, hostname, memory)
 
     def status(self, now: float, name: str, status: p.Status) -> None:
-        """A worker's heartbeat: its memory over time, in the logs of watched runs."""
+        """A worker's heartbeat: its memory over time, in the logs of watched runs and
+        for a dashboard, whose list is let go once past ``MAX_BEATS`` (nobody asks)."""
+        beats = self.beats
+        if beats is not None:
+            beats.append((name, time.time(), status))
+            if len(beats) > MAX_BEATS:
+                self.beats = None
         for run in self.watched.values():
             if run.log is not None:
                 run.log.memory(now, name, status)

@@ -1,0 +1,217 @@
+"""The live dashboard's web server: a tornado application in a thread of its own.
+
+``Dashboard(ask, address)`` listens on ``address`` (``127.0.0.1:0``: a free port on this
+machine only) and answers only requests that carry its token, as Jupyter does: in the
+link's ``?token=``, in an ``Authorization: token ...`` (or ``Bearer``) header, or in the
+cookie the first page sets. Anything else gets 403. Pages (``dashboard_view.PAGES``) are
+drawn by ``dashboard_view``, from what ``ask`` hands over (``live.ask_dashboard``: the I/O
+thread's answer, asked at most once a second however many pages are open); each page
+redraws its content every second with a few lines of inline script, and fetches nothing
+else: no CDN, no file. ``/metrics`` is Prometheus's text format (``metrics``) and
+``/live.json`` the snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+
+from daskvine_py.manager import drawing as draw
+from daskvine_py.manager.dashboard_view import PAGES, DashboardView
+from daskvine_py.manager.metrics import exposition
+
+logger = logging.getLogger("daskvine_py.manager")
+
+COOKIE = "daskvine_py_token"
+#: Milliseconds between two redraws of a page's content.
+REFRESH_MS = 1000
+#: Seconds between two requests to the I/O thread, at least.
+ASK_INTERVAL = 0.2
+
+_SCRIPT = """<script>
+(function () {
+  var content = document.getElementById('content');
+  var page = content.getAttribute('data-page');
+  function redraw() {
+    fetch(page + '?fragment=1', {credentials: 'same-origin', cache: 'no-store'})
+      .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.text(); })
+      .then(function (html) {
+        content.innerHTML = html;
+        document.body.setAttribute('data-updates',
+          String(Number(document.body.getAttribute('data-updates') || 0) + 1));
+      })
+      .catch(function (e) { document.body.setAttribute('data-error', String(e)); })
+      .finally(function () { setTimeout(redraw, %(refresh)d); });
+  }
+  setTimeout(redraw, %(refresh)d);
+})();
+</script>"""
+
+_STYLE = draw.STYLE + """
+nav a { margin-right: 14px; } nav a.here { font-weight: 600; color: #222; }
+.progress { display: inline-block; width: 320px; height: 12px; background: #eee;
+            vertical-align: middle; margin-right: 8px; }
+.progress div { height: 12px; background: #59a14f; }
+"""
+
+
+class Dashboard:
+    """The server and its thread; ``link`` is the address to open, token included."""
+
+    def __init__(
+        self, ask: Callable[[], dict[str, Any]], address: str = "127.0.0.1:0",
+        token: str | None = None,
+    ) -> None:  # fmt: skip
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        self.token = token or secrets.token_urlsafe(24)
+        self._source = _Source(ask)
+        app = tornado.web.Application(
+            [
+                (r"/", _Index),
+                (r"/metrics", _Metrics),
+                (r"/live\.json", _Json),
+                (r"/([a-z]+)", _Page),
+            ],
+            dashboard=self,
+            log_function=_quiet,  # (an access log line per request: not ours to print)
+        )
+        sockets = tornado.netutil.bind_sockets(int(port or 0), host, family=socket.AF_INET
+                                               if ":" not in host else socket.AF_INET6)
+        self.port = sockets[0].getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.link = f"http://{shown}:{self.port}/status?token={self.token}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(app, sockets, ready), name="daskvine-dashboard",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        ready.wait(10)
+
+    def _serve(self, app: tornado.web.Application, sockets: list[socket.socket],
+               ready: threading.Event) -> None:  # fmt: skip
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        server = tornado.httpserver.HTTPServer(app)
+        server.add_sockets(sockets)
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.stop()
+            loop.run_until_complete(server.close_all_connections())
+            loop.close()
+
+    def allowed(self, handler: tornado.web.RequestHandler) -> bool:
+        given = handler.get_query_argument("token", None)
+        if given is None:
+            scheme, _, value = handler.request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() in ("token", "bearer"):
+                given = value.strip()
+        if given is None:
+            given = handler.get_cookie(COOKIE)
+        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def data(self) -> DashboardView:
+        return self._source.view()
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(5)
+
+
+def _quiet(handler: tornado.web.RequestHandler) -> None:
+    pass
+
+
+class _Source:
+    """The view, updated from the I/O thread at most every ``ASK_INTERVAL`` s (several
+    pages open ask once; a run's end shows at once: the snapshot is fresh then)."""
+
+    def __init__(self, ask: Callable[[], dict[str, Any]]) -> None:
+        self._ask = ask
+        self._view = DashboardView()
+        self._asked = -float("inf")
+
+    def view(self) -> DashboardView:
+        now = time.monotonic()
+        if now - self._asked >= ASK_INTERVAL:
+            self._asked = now
+            self._view.update(self._ask())
+        return self._view
+
+
+class _Handler(tornado.web.RequestHandler):
+    def prepare(self) -> None:
+        dashboard: Dashboard = self.settings["dashboard"]
+        if not dashboard.allowed(self):
+            raise tornado.web.HTTPError(403, reason="the dashboard's link carries its token")
+        if self.get_query_argument("token", None) is not None:
+            self.set_cookie(COOKIE, dashboard.token, httponly=True, samesite="Strict")
+        self.set_header("Cache-Control", "no-store")
+
+    @property
+    def dashboard(self) -> Dashboard:
+        return self.settings["dashboard"]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(f"{status_code}: {self._reason}\n")
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if not isinstance(value, tornado.web.HTTPError):  # (403 and 404 are not news)
+            logger.warning("dashboard: %s %s failed", self.request.method, self.request.uri,
+                           exc_info=(typ, value, tb))  # fmt: skip
+
+
+class _Index(_Handler):
+    def get(self) -> None:
+        self.redirect("/status")
+
+
+class _Page(_Handler):
+    def get(self, name: str) -> None:
+        titles = dict(PAGES)
+        if name not in titles:
+            raise tornado.web.HTTPError(404, reason=f"no page {name!r}")
+        content = self.dashboard.data().page(name)
+        if self.get_query_argument("fragment", None):
+            self.finish(content)
+            return
+        nav = "".join(
+            f"<a href='/{page}'{' class=here' if page == name else ''}>{title}</a>"
+            for page, title in PAGES
+        )
+        body = (f"<h1>daskvine_py: {draw.escape(titles[name])}</h1><nav>{nav}</nav>"
+                f"<main id='content' data-page='/{name}'>{content}</main>"
+                + _SCRIPT % {"refresh": REFRESH_MS})  # fmt: skip
+        self.finish(draw.PAGE.format(title=f"daskvine_py {titles[name]}", style=_STYLE,
+                                     body=body))  # fmt: skip
+
+
+class _Metrics(_Handler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(exposition(self.dashboard.data().live))
+
+
+class _Json(_Handler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(self.dashboard.data().live, default=str))
