@@ -22,14 +22,15 @@ turn and prints their makespans side by side.
 
 The JSON holds ``workers``, ``workers_registered``, ``join_s`` (first connection to last
 registration), ``tasks``, ``tasks_done``, ``tasks_lost``, ``tasks_rerun`` (simulated
-completions beyond one per task: what preemption cost), ``result_ok``, ``makespan_s`` (the
-call of ``get`` to its return, graph conversion included), ``ideal_s`` (the larger of
-total work / cores and the critical path), ``busy_fraction`` (task-seconds run ÷ (cores ×
-makespan)), ``manager_cpu_us_per_task`` (this process's CPU time during ``get`` ÷ tasks:
-the manager's I/O thread and the caller's graph conversion), ``manager_rss_mb``, and
-``swarm_lag_s`` (the 99th percentile of how late the swarm delivered its simulated
-completions; ``swarm_lag_max_s`` the worst): a lag near the makespan's excess over
-the ideal says the swarm, not the manager, was the limit.
+completions beyond one per task: what preemption cost), ``result_ok``, ``makespan_s``
+(the call of ``get`` to its return, graph conversion included), ``ideal_s`` (the larger
+of total work / cores and the critical path), ``busy_fraction`` (task-seconds run ÷
+(cores × makespan)), ``manager_cpu_us_per_task`` (this process's CPU time during ``get``
+÷ tasks: the manager's I/O thread and the caller's graph conversion),
+``manager_rss_mb``, and ``dashboard`` (with ``--dashboard``: what the page poller
+asked), ``swarm_lag_s`` (the 99th percentile of how late the swarm delivered its
+simulated completions; ``swarm_lag_max_s`` the worst): a lag near the makespan's excess
+over the ideal says the swarm, not the manager, was the limit.
 """
 
 from __future__ import annotations
@@ -260,9 +261,17 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         swarm: list[tuple[subprocess.Popen[bytes], str]] = []
         result: dict[str, Any] = {"system": "daskvine_py", "workload": workload.name}
         quarantined: list[str] = []
+        poller: subprocess.Popen[str] | None = None
+        polled = ""
         try:
             swarm = start_swarm(manager.connection_file, args, directory)
             registered = wait_registered(manager, args.workers, args.join_timeout)
+            if args.dashboard:  # a page left open on the dashboard, as a browser's tab
+                poller = subprocess.Popen(
+                    [sys.executable, os.path.join(HERE, "page_poller.py"),
+                     manager.dashboard_link], stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                time.sleep(1.5)
             cpu0, t0 = _cpu(), time.monotonic()
             io0 = _thread_cpu("daskvine-manager")
             error = None
@@ -283,6 +292,9 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             rss = _rss_mb()
             quarantined = sorted(n for n, info in manager.workers.items() if info["quarantined"])
         finally:
+            if poller is not None:
+                poller.terminate()
+                polled = poller.communicate(timeout=30)[0].strip()
             manager.close()
             stats = stop_swarm(swarm, 60.0)
     tasks = run.tasks if run is not None else workload.tasks
@@ -324,6 +336,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         swarm_processes=len(stats),
         swarm_exits=[process.returncode for process, _ in swarm],
         error=error,
+        dashboard=polled or None,
     )
     return result
 
@@ -439,6 +452,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the garbage collector's thresholds for this run (experiments)",
     )
     parser.add_argument("--report", default=None, help="write the run's HTML report here")
+    parser.add_argument(
+        "--dashboard", action="store_true",
+        help="a dashboard page open during the run (page_poller.py: status and task stream "
+        "asked once a second)",
+    )  # fmt: skip
     parser.add_argument(
         "--profile-manager",
         default=None,

@@ -42,6 +42,9 @@ SMOKES = [
      ("distributed",)),
     ("bench_measure", "bench_measure.py", ["--smoke"],
      r"ratio\n(.*\n)*tree10k\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+", ()),
+    ("bench_dashboard", "bench_dashboard.py", ["--smoke"],
+     r"noop \(300 tasks\)\s+closed( +[\d.]+){4}\n\s+open( +[\d.]+){4}\n\s+ratio( +[\d.]+){3}"
+     r"(.*\n)*results right", ()),
     ("bench_resources", "bench_resources.py", ["--smoke"],
      r"mode max: [\d.]+ s, result right\n(.*\n)*mode fixed: [\d.]+ s, result right"
      r"(.*\n)*a task larger than a worker: ResourceExhausted: .*whale", ()),

@@ -1,0 +1,57 @@
+"""A dashboard page left open, as a process of its own: what a browser's tab asks.
+
+    python benchmarks/page_poller.py LINK [--pages status,stream] [--interval 1.0]
+
+``LINK`` is ``Manager.dashboard_link``. Every ``--interval`` seconds it asks for each page's
+content (``<page>?fragment=1``, what the page's script fetches to redraw), with the token,
+until SIGTERM or SIGINT; then it prints one line, ``polled N pages, E errors``. By default
+the two heaviest pages (the status page and the task stream), where a browser shows one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("link")
+    parser.add_argument("--pages", default="status,stream")
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    parts = urllib.parse.urlsplit(args.link)
+    token = urllib.parse.parse_qs(parts.query)["token"][0]
+    base = f"{parts.scheme}://{parts.netloc}"
+    urls = [f"{base}/{page}?fragment=1&token={token}" for page in args.pages.split(",")]
+    stop = False
+
+    def halt(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, halt)
+    signal.signal(signal.SIGINT, halt)
+    polled = errors = 0
+    while not stop:
+        due = time.monotonic() + args.interval
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=30) as reply:
+                    reply.read()
+                polled += 1
+            except (urllib.error.URLError, OSError):
+                errors += 1
+        while not stop and time.monotonic() < due:
+            time.sleep(min(0.05, max(0.0, due - time.monotonic())))
+    print(f"polled {polled} pages, {errors} errors", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
