@@ -1,0 +1,110 @@
+"""``manager/dashboard_view.py`` without a server: what the I/O thread hands over becomes
+the window's ``Summary``, and each page is drawn by the report's own sections."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from daskvine_py.manager.dashboard_view import PAGES, WINDOW, DashboardView
+from daskvine_py.wire import protocol as p
+
+NOW = 1_000_000.0
+
+
+def _live(t: float, done: int, workers: tuple[str, ...] = ("w1", "w2")) -> dict:
+    return {
+        "t": t,
+        "manager": {"cpu_s": 1.5, "uptime_s": 60.0},
+        "totals": {"workers": len(workers), "cores": 2 * len(workers), "ready": 5,
+                   "processing": 4, "running": 3, "tasks_done": done, "tasks_failed": 1,
+                   "bytes_moved": 4096, "stored_bytes": 2048, "spilled_bytes": 0},
+        "runs": [{"id": 1, "tasks": 100, "done": done, "failed": 0, "started": t - 5}],
+        "categories": {"inc": {"tasks": done, "failed": 0, "wall_s": 0.5, "cpu_s": 0.4,
+                               "peak_memory_mb": 1.0, "allocated_memory_mb": 0.0,
+                               "exhausted": 0}},
+        "workers": [{"name": name, "hostname": "node", "cores": 2, "gpus": 0, "tasks": 4,
+                     "memory": 2**30, "resident": 2**27, "stored_bytes": 1024,
+                     "spilled_bytes": 0, "last_heard_s": 0.4, "quarantined": ""}
+                    for name in workers],
+    }  # fmt: skip
+
+
+def _status(*bars: p.Bar) -> p.Status:
+    return p.Status(1024, 2**26, 2**26, 0, 2**27, activity=bars)
+
+
+def _data(t: float, done: int, beats: list, failures: list | None = None) -> dict:
+    return {"live": _live(t, done), "beats": beats,
+            "transfers": {("w1", "w2"): 800, ("w2", "manager"): 16},
+            "failures": failures or []}  # fmt: skip
+
+
+def test_every_page_draws_what_was_handed_over():
+    view = DashboardView()
+    view.update(_data(NOW - 10, 10, []))  # the page opened 10 s ago
+    view.update(_data(NOW - 1, 10, [
+        ("w1", NOW - 1, _status((0, "inc", NOW - 3, NOW - 2, 0.1, 40),
+                                (1, "sum", NOW - 3, NOW - 1.5, 0.0, 2),
+                                (p.FETCH_LANE, "fetch", NOW - 2.5, NOW - 2.4, 0.0, 3))),
+        ("w2", NOW - 1, _status((0, "inc", NOW - 2, NOW - 1, 0.0, 60))),
+    ]))
+    failure = {"t": NOW, "run": 2, "kind": "erred", "key": ["bad", 0], "worker": "w1",
+               "message": "builtins.ZeroDivisionError: division by zero\nTraceback ...\n"
+                          "  line 1, in bad\nZeroDivisionError: division by zero"}  # fmt: skip
+    view.update(_data(NOW, 30, [("w1", NOW, _status())], [failure]))
+    pages = {name: view.page(name) for name, _ in PAGES}
+
+    status = pages["status"]
+    assert "30 of 100 done" in status and "width:30.0%" in status
+    assert ">inc<" in status  # the categories table, the report's own
+    assert status.count("class='series'") >= 4  # tasks over time: three samples drawn
+
+    stream = pages["stream"]
+    titles = re.findall(r"<title>([^<]*)</title>", stream)
+    assert "inc: 40 tasks; run 900 ms, (de)serialization 100 ms" in titles
+    assert any(t.startswith("(fetching inputs): 3 tasks") for t in titles)
+    assert any(t.startswith("inc: 60 tasks") for t in titles)
+    assert ">w1<" in stream and ">w2<" in stream
+
+    workers = pages["workers"]
+    assert workers.count("<tr>") >= 3 and "node" in workers and "134.2 MB" in workers
+    assert "<th>tasks held</th>" in workers and "<th>last heard</th>" in workers
+    assert "class='memory'" in workers  # the report's memory charts
+    assert "800 B" in pages["transfers"]
+    assert "<details><summary>builtins.ZeroDivisionError: division by zero</summary>" in (
+        pages["failures"]
+    )
+    with pytest.raises(KeyError):
+        view.page("nope")
+
+
+def test_the_window_forgets_what_is_older_and_workers_gone():
+    view = DashboardView()
+    view.update(_data(NOW, 1, [("w1", NOW, _status((0, "inc", NOW - 1, NOW, 0.0, 1))),
+                               ("w9", NOW, _status((0, "old", NOW - 1, NOW, 0.0, 1)))]))
+    assert set(view.bars) == {"w1", "w9"}
+    later = NOW + WINDOW + 10
+    view.update({**_data(later, 2, [("w1", later, _status((0, "inc", later - 1, later, 0, 5)))]),
+                 "live": _live(later, 2, ("w1",))})  # fmt: skip
+    assert set(view.bars) == {"w1"} and [b[5] for b in view.bars["w1"]] == [5]
+    assert list(view.beats) == ["w1"]
+    summary = view.summary()
+    assert [t.tasks for t in summary.activity] == [5]
+    assert summary.end == {"duration": pytest.approx(WINDOW)}
+
+
+def test_heartbeats_are_kept_only_while_a_dashboard_asks(monkeypatch):
+    from daskvine_py.manager import watching as w
+
+    watching = w.Watching(lambda: (0, 0, 0))
+    watching.status(0.0, "w1", _status())
+    assert watching.beats is None  # nobody asked: nothing kept
+    watching.beats = []  # (what ``LiveView.dashboard`` starts with)
+    watching.status(0.0, "w1", _status())
+    assert [(name, status) for name, _, status in watching.beats] == [("w1", _status())]
+    monkeypatch.setattr(w, "MAX_BEATS", 3)
+    for _ in range(3):
+        watching.status(0.0, "w1", _status())
+    assert watching.beats is None  # not asked for since: let go
