@@ -192,8 +192,9 @@ class MemoryEntry:
     status: p.Status
 
     def record(self) -> dict[str, Any]:
-        return {"event": "memory", "t": round(self.t, 6), "worker": self.worker,
-                **self.status._asdict()}  # fmt: skip
+        fields = self.status._asdict()
+        del fields["activity"]  # (empty: the manager keeps the bars apart, ``WorkerInfo``)
+        return {"event": "memory", "t": round(self.t, 6), "worker": self.worker, **fields}
 
 
 @dataclass(slots=True)

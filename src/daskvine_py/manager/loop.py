@@ -405,9 +405,9 @@ class IOLoop:
                         self.watching.received(info.name, message)
                         continue  # (else the state counts it a false claim)
                 elif kind is p.Status:
-                    info.status = message
+                    info.take_status(message)  # (its bars apart: ``WorkerInfo.activity``)
                     self.registry.publish(ident, info)
-                    self.watching.status(now, info.name, message)
+                    self.watching.status(now, info.name, info.status)
                     continue
                 if kind is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")

@@ -17,6 +17,8 @@ import logging
 import socket
 import subprocess
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -32,6 +34,13 @@ _HOSTNAME = socket.gethostname()
 #: Identities that registered as workers, remembered (past it, the oldest are forgotten):
 #: a status client's ``RetireWorker`` is refused from them.
 REMEMBERED_WORKERS = 100_000
+#: A worker's bars of activity kept (``WorkerInfo.activity``), at most, and the seconds
+#: they span at most (before the newest's end, on the worker's clock): the live task
+#: stream's window. 4000 bars: 300 s of one lane, or a dozen lanes' last 20 s, at most.
+ACTIVITY_BARS = 4000
+ACTIVITY_WINDOW = 300.0
+#: A worker's memory samples kept (``WorkerInfo.memory_samples``): one per heartbeat.
+MEMORY_SAMPLES = 600
 
 
 def printable(text: str) -> str:
@@ -41,10 +50,12 @@ def printable(text: str) -> str:
 
 
 class WorkerInfo:
-    """What a worker said of itself when it registered, and in its last ``Status``."""
+    """What a worker said of itself when it registered, in its last ``Status``, and in
+    its recent ones (``activity``, ``memory_samples``: the live view's, kept per heartbeat,
+    nothing per task)."""
 
     __slots__ = ("name", "hostname", "cores", "memory", "gpus", "pid", "peer_address",
-                 "status", "quarantined")  # fmt: skip
+                 "status", "quarantined", "activity", "memory_samples")  # fmt: skip
 
     def __init__(self, reg: p.Register) -> None:
         self.name = reg.name
@@ -54,9 +65,34 @@ class WorkerInfo:
         self.gpus = reg.gpus
         self.pid = reg.pid
         self.peer_address = reg.peer_address
+        #: its last heartbeat, without its bars (those are in ``activity``)
         self.status = p.Status(0, 0, 0)
         #: why the scheduler gives it no new tasks (docs/faults.md); None: it gives them
         self.quarantined: str | None = None
+        #: the bars its heartbeats carried (``p.Bar``, its clock), oldest first, within
+        #: ``ACTIVITY_WINDOW`` of the newest
+        self.activity: deque[p.Bar] = deque(maxlen=ACTIVITY_BARS)
+        #: per heartbeat: (``time.time()`` here when it arrived, stored_bytes,
+        #: spilled_bytes, resident, peak_memory, peak_library_memory)
+        self.memory_samples: deque[tuple[float, int, int, int, int, int]] = deque(
+            maxlen=MEMORY_SAMPLES
+        )
+
+    def take_status(self, status: p.Status) -> None:
+        """A heartbeat (valid): the last status, its bars and a memory sample kept."""
+        bars = status.activity
+        if bars:
+            status = status._replace(activity=())
+            activity = self.activity
+            activity.extend(bars)
+            horizon = max(bar[3] for bar in bars) - ACTIVITY_WINDOW
+            while activity[0][3] < horizon:  # (the newest bar is past it: never empty)
+                activity.popleft()
+        self.status = status
+        self.memory_samples.append((
+            time.time(), status.stored_bytes, status.spilled_bytes, status.resident,
+            status.peak_memory, status.peak_library_memory,
+        ))  # fmt: skip
 
     def public(self) -> dict[str, Any]:
         return {
