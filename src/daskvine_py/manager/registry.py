@@ -95,6 +95,8 @@ class WorkerInfo:
         ))  # fmt: skip
 
     def public(self) -> dict[str, Any]:
+        status = self.status._asdict()
+        del status["activity"]  # (empty here: the bars are in ``activity``)
         return {
             "name": self.name,
             "hostname": self.hostname,
@@ -103,7 +105,7 @@ class WorkerInfo:
             "gpus": self.gpus,
             "pid": self.pid,
             "peer_address": self.peer_address,
-            **self.status._asdict(),
+            **status,
             "quarantined": self.quarantined,
         }
 
