@@ -29,7 +29,9 @@ makespan)), ``manager_cpu_us_per_task`` (this process's CPU time during ``get`` 
 the manager's I/O thread and the caller's graph conversion), ``manager_rss_mb``, and
 ``swarm_lag_s`` (the 99th percentile of how late the swarm delivered its simulated
 completions; ``swarm_lag_max_s`` the worst): a lag near the makespan's excess over
-the ideal says the swarm, not the manager, was the limit.
+the ideal says the swarm, not the manager, was the limit. ``activity_bars`` and
+``activity_tasks``: the bars of the live task stream the manager holds at the end, from the
+swarm's heartbeats (``Status.activity``), and the tasks they count (those of the last 300 s).
 """
 
 from __future__ import annotations
@@ -260,6 +262,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         swarm: list[tuple[subprocess.Popen[bytes], str]] = []
         result: dict[str, Any] = {"system": "daskvine_py", "workload": workload.name}
         quarantined: list[str] = []
+        bars: list[list[Any]] = []
         try:
             swarm = start_swarm(manager.connection_file, args, directory)
             registered = wait_registered(manager, args.workers, args.join_timeout)
@@ -282,6 +285,8 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             run = manager.last_run
             rss = _rss_mb()
             quarantined = sorted(n for n, info in manager.workers.items() if info["quarantined"])
+            # (read from this thread: a copy of a deque is taken at once)
+            bars = [list(info.activity) for info in list(manager._io.registry.workers.values())]
         finally:
             manager.close()
             stats = stop_swarm(swarm, 60.0)
@@ -317,6 +322,8 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         black_holes=sorted(n for s in stats for n in s.get("black_holes", [])),
         stragglers=sorted(n for s in stats for n in s.get("stragglers", [])),
         quarantined=quarantined,
+        activity_bars=sum(map(len, bars)),
+        activity_tasks=sum(bar[5] for lane in bars for bar in lane if bar[0] >= 0),
         tasks_failed=sum(s.get("tasks_failed", 0) for s in stats),
         tasks_killed=sum(s.get("tasks_killed", 0) for s in stats),
         workers_gave_up=sum(s.get("gave_up", 0) for s in stats),

@@ -407,7 +407,8 @@ class SimWorker:
             self.swarm.gave_up += 1
             self.close()
             return False
-        if state.heartbeat_due(now):  # with its bars, as a real worker's (``host.status``)
+        if state.heartbeat_due(now):  # busy or not, with its bars: as a real worker's
+            state.last_sent = now  # (``shell.Worker._check_timers``, ``host.status``)
             bars = state.activity.take(time.time() - time.monotonic())
             state.outbox.append(p.Status(self.store.nbytes, 0, 0, 0, 0, bars))
         for address in state.on_timers(now):
@@ -467,8 +468,7 @@ class SimWorker:
             except zmq.Again:
                 state.outbox[:0] = messages
             else:
-                state.last_sent = time.monotonic()
-                state.on_registration_sent(state.last_sent)
+                state.on_registration_sent(time.monotonic())
         self.peers.flush(state)
 
     def close(self) -> None:
