@@ -22,6 +22,7 @@ where the shell takes them each loop pass (the components write into them):
 - ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
 - ``library_outbox``: (library id, ``Export`` or ``Forget``) to write to library pipes;
 - ``peer_replies``: (peer identity, ``Data``) for peers that waited for an export;
+- ``activity``: bars of what ran, was fetched and spilled, taken by each heartbeat;
 - ``start_runnable`` returns the requests to write to library pipes, and
   ``next_process_task`` the next task to start in a fresh interpreter.
 
