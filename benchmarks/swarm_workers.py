@@ -26,7 +26,10 @@ sockets closed at once, as a killed process's are); a replacement joins
 
 Faulty workers (issue 29): ``--black-holes F`` and ``--stragglers F`` (``swarm_faults``).
 Every simulated worker tells the manager when a task begins on its library slot
-(``Started``) and honours ``Abort``.
+(``Started``) and honours ``Abort``. Its heartbeats carry the bars of what it ran and
+fetched (``Status.activity``, merged by the worker's own ``Activity`` as a real worker's
+are: about one bar per library slot per heartbeat while tasks of one prefix run back to
+back), so that the manager's cost of the live task stream is measured with the rest.
 
 The process measures itself: how late each simulated completion is delivered
 (``lag``: the delivery time less the time it was due), so that a swarm too slow for
@@ -404,8 +407,10 @@ class SimWorker:
             self.swarm.gave_up += 1
             self.close()
             return False
-        if state.heartbeat_due(now):
-            state.outbox.append(p.Status(self.store.nbytes, 0, 0, 0))
+        if state.heartbeat_due(now):  # busy or not, with its bars: as a real worker's
+            state.last_sent = now  # (``shell.Worker._check_timers``, ``host.status``)
+            bars = state.activity.take(time.time() - time.monotonic())
+            state.outbox.append(p.Status(self.store.nbytes, 0, 0, 0, 0, bars))
         for address in state.on_timers(now):
             self.peers.reset(address)
         return bool(state.outbox)
@@ -463,8 +468,7 @@ class SimWorker:
             except zmq.Again:
                 state.outbox[:0] = messages
             else:
-                state.last_sent = time.monotonic()
-                state.on_registration_sent(state.last_sent)
+                state.on_registration_sent(time.monotonic())
         self.peers.flush(state)
 
     def close(self) -> None:

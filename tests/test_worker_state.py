@@ -489,13 +489,14 @@ def test_one_release_of_many_live_results_is_one_forget_per_library():
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
-    assert state.serve_peer(1, b"peer-a") and state.serve_peer(1, b"peer-b")
+    live = state.live_tasks
+    assert live.serve_peer(1, b"peer-a") and live.serve_peer(1, b"peer-b")
     assert state.library_outbox == [(0, pipe.Export([1], False))]  # once for both
     state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
     assert [ident for ident, _ in state.peer_replies] == [b"peer-a", b"peer-b"]
     assert loads(state.peer_replies[0][1].value) == "one"
     assert 1 in state.store and 1 in state.live  # the copy stays for later readers
-    assert not state.serve_peer(2, b"peer-a")  # not live here: the store's answer (None)
+    assert not live.serve_peer(2, b"peer-a")  # not live here: the store's answer (None)
 
 
 def test_an_idle_library_takes_a_task_from_a_busy_one_after_an_export():

@@ -59,6 +59,8 @@ class WorkerInfo:
         self.quarantined: str | None = None
 
     def public(self) -> dict[str, Any]:
+        status = self.status._asdict()
+        del status["activity"]  # (its bars are a dashboard's: ``watching.beats``)
         return {
             "name": self.name,
             "hostname": self.hostname,
@@ -67,7 +69,7 @@ class WorkerInfo:
             "gpus": self.gpus,
             "pid": self.pid,
             "peer_address": self.peer_address,
-            **self.status._asdict(),
+            **status,
             "quarantined": self.quarantined,
         }
 

@@ -44,11 +44,15 @@ class Fetch:
 
     __slots__ = (
         "dep_id", "peers", "untried", "current", "deadline", "waiters", "replicate", "relayed",
-        "unreached",
+        "unreached", "started",
     )  # fmt: skip
 
-    def __init__(self, dep_id: int, peers: Sequence[str], replicate: bool = False) -> None:
+    def __init__(
+        self, dep_id: int, peers: Sequence[str], replicate: bool = False, now: float = 0.0
+    ) -> None:
         self.dep_id = dep_id
+        #: when it was wanted (the loop's clock): its bar on the fetch lane begins there
+        self.started = now
         self.peers = tuple(peers)
         self.untried = list(peers)
         random.shuffle(self.untried)  # spread readers of a popular result over its holders
@@ -207,7 +211,7 @@ class Fetcher:
         """Task ``task_id`` needs input ``dep_id`` from one of ``peers``."""
         fetch = self.fetches.get(dep_id)
         if fetch is None:
-            fetch = self.fetches[dep_id] = Fetch(dep_id, peers)
+            fetch = self.fetches[dep_id] = Fetch(dep_id, peers, now=now)
             self.request_next(fetch, now)
         fetch.waiters.add(task_id)
 
@@ -217,7 +221,7 @@ class Fetcher:
         if fetch is not None:
             fetch.replicate = True
         elif peers:
-            fetch = self.fetches[dep_id] = Fetch(dep_id, peers, replicate=True)
+            fetch = self.fetches[dep_id] = Fetch(dep_id, peers, replicate=True, now=now)
             self.request_next(fetch, now)
 
     def unwait(self, dep_id: int, task_id: int) -> None:

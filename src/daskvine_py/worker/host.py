@@ -246,13 +246,15 @@ def peak_rss(pid: int | None) -> int:
 
 def status(state: WorkerState, libraries: Iterable[Library]) -> p.Status:
     """The heartbeat: bytes held (stored and live), peak memory of the worker and of its
-    largest library, bytes spilled, and the resident bytes of all of them now."""
+    largest library, bytes spilled, the resident bytes of all of them now, and the bars of
+    what it did since the last one (``activity``)."""
     pids = [lib.process.pid for lib in libraries]
     store = state.store
     return p.Status(
         store.nbytes + state.live.nbytes, peak_rss(os.getpid()),
         max(map(peak_rss, pids), default=0), store.disk_bytes,
         sum(map(resident, pids), resident(os.getpid())),
+        state.activity.take(time.time() - time.monotonic()),  # (fetches: the loop's clock)
     )  # fmt: skip
 
 

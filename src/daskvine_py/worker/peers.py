@@ -179,7 +179,7 @@ class PeerLinks:
                     ("data",), now, "worker %s could not take result %d from a peer: %r",
                     self.name, reply.task_id, exc, exc_info=exc,
                 )  # fmt: skip
-                state.on_data_error(reply.task_id)
+                state.fetcher.on_data_error(reply.task_id)
 
     # -- serving peers ----------------------------------------------------------------
 

@@ -107,6 +107,6 @@ def answer(
     except Exception as exc:  # a spill file that cannot be read back
         on_error(task_id, exc)
         value = None  # "not held here": the peer asks the next holder
-    if value is None and state is not None and state.serve_peer(task_id, ident):
+    if value is None and state is not None and state.live_tasks.serve_peer(task_id, ident):
         return None
     return p.Data(task_id, value)

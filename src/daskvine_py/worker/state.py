@@ -22,6 +22,7 @@ where the shell takes them each loop pass (the components write into them):
 - ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
 - ``library_outbox``: (library id, ``Export`` or ``Forget``) to write to library pipes;
 - ``peer_replies``: (peer identity, ``Data``) for peers that waited for an export;
+- ``activity``: bars of what ran, was fetched and spilled, taken by each heartbeat;
 - ``start_runnable`` returns the requests to write to library pipes, and
   ``next_process_task`` the next task to start in a fresh interpreter.
 
@@ -51,6 +52,7 @@ from daskvine_py.errors import InvalidTransition, SerializationError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps_exception, type_name
 from daskvine_py.worker import pipe
+from daskvine_py.worker.activity import PROCESS_LANE, Activity
 from daskvine_py.worker.dispatch import Dispatch
 from daskvine_py.worker.fetching import Fetch, Fetcher
 from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
@@ -108,6 +110,9 @@ class WorkerState:
         #: library: ``task.lib``, or their task process), and the libraries so killed
         self.aborted: list[WorkerTask] = []
         self.aborting: set[int] = set()
+        #: what ran, was fetched and spilled here since the last heartbeat (its bars)
+        self.activity = Activity()
+        store.on_spill = self.activity.add_spills
         self.fetcher = Fetcher(fetch_timeout, self.outbox, self.peer_outbox, self._fetch_failed)
         self.live_tasks = LiveTasks(store, self.outbox, self.library_outbox, self.peer_replies)
         #: the results the libraries keep live (``live_tasks``'s), read here and by the shell
@@ -378,17 +383,9 @@ class WorkerState:
         if fetch is None or value is None:  # (a fetch is done only with a value)
             return
         self.store.put(reply.task_id, value)
+        self.activity.add_interval(p.FETCH_LANE, fetch.started, now)
         self.outbox.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
-
-    def on_data_error(self, task_id: int) -> None:
-        """A peer's answer that could not be stored: the tasks that wait give up on it."""
-        self.fetcher.on_data_error(task_id)
-
-    def serve_peer(self, task_id: int, peer: bytes) -> bool:
-        """A peer asks for a result held live only: export it, and answer the peer when
-        it arrives (``peer_replies``). False when it is not live here."""
-        return self.live_tasks.serve_peer(task_id, peer)
 
     def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
         for task_id in waiters:
@@ -515,6 +512,8 @@ class WorkerState:
         if isinstance(reply, pipe.Done):
             task_id, value, duration, nbytes, live, serialization, cpu, peak = reply
             self.dispatch.recent_duration.observe(duration)
+            start = wall - duration - serialization  # (``wall``: ``TaskDone.finished``)
+            self.activity.add_task(lib or PROCESS_LANE, task.key, start, wall, serialization)
             keep = task.keep
             if keep is None:  # (the cache's outputs) kept when too large to travel inline
                 keep = value is not None and not p.inlinable(value)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from daskvine_py.wire.serialize import Serialized
 
@@ -46,6 +47,7 @@ class Store:
     __slots__ = (
         "_memory", "_disk", "memory_limit", "disk_limit", "spill_dir", "nbytes",
         "memory_bytes", "disk_bytes", "full", "spilled", "unspilled", "reserved", "allocated",
+        "on_spill",
     )  # fmt: skip
 
     def __init__(
@@ -79,6 +81,8 @@ class Store:
         #: results written to disk, and read back, since the start
         self.spilled = 0
         self.unspilled = 0
+        #: told of each spill that wrote files: (start, end, files), ``time.monotonic()``
+        self.on_spill: Callable[[float, float, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._memory) + sum(1 for t in self._disk if t not in self._memory)
@@ -168,6 +172,8 @@ class Store:
         limit = self.memory_limit
         assert limit is not None
         full = False
+        written = self.spilled
+        began = time.monotonic()
         for task_id in list(memory):
             if self._held() <= limit:
                 break
@@ -184,6 +190,8 @@ class Store:
             del memory[task_id]
             self.memory_bytes -= value.nbytes
         self.full = full and self._held() > limit
+        if self.spilled > written and self.on_spill is not None:
+            self.on_spill(began, time.monotonic(), self.spilled - written)
 
     def _path(self, task_id: int) -> str:
         assert self.spill_dir is not None
