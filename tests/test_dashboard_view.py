@@ -4,6 +4,7 @@ the window's ``Summary``, and each page is drawn by the report's own sections.""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -108,3 +109,51 @@ def test_heartbeats_are_kept_only_while_a_dashboard_asks(monkeypatch):
     for _ in range(3):
         watching.status(0.0, "w1", _status())
     assert watching.beats is None  # not asked for since: let go
+
+
+def _section(page: str, anchor: str) -> str:
+    match = re.search(rf"<section id='{anchor}'>.*?</section>", page, re.S)
+    assert match, anchor
+    return match.group(0)
+
+
+def _tasks_run(table: str) -> dict[str, str]:
+    """The workers table's "tasks run" column, by worker."""
+    head = re.findall(r"<th>([^<]*)</th>", table.split("</tr>")[0])
+    column = head.index("tasks run")
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in table.split("</tr>")[1:]]
+    return {cells[0]: cells[column] for cells in rows if cells}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_report_keeps_what_the_dashboard_showed(manager, tmp_path):
+    """The run's report and the dashboard of a fresh manager draw the same categories and
+    the same tasks run per worker: one rendering, from per-task records and from bars."""
+    import dask
+    import dask.array as da
+
+    from daskvine_py.manager.live import ask_dashboard
+
+    def ask() -> dict:
+        return ask_dashboard(manager._command, manager._raise_if_dead, 10.0)
+
+    view = DashboardView()
+    view.update(ask())  # the page opens: heartbeats are kept from now on
+    x = (da.arange(4000, chunks=100) * 2).sum()
+    path = tmp_path / "run.html"
+    (got,) = dask.compute(x, scheduler=manager.get, report=path)
+    assert got == dask.compute(x, scheduler="sync")[0]
+    tasks = manager.last_run.tasks
+    report = path.read_text()
+    expected = _tasks_run(_section(report, "workers"))
+    assert sum(int(n.replace(",", "")) for n in expected.values()) == tasks
+    deadline = time.monotonic() + 60
+    while True:  # until every worker's heartbeat since the run's end has come
+        view.update(ask())
+        shown = _tasks_run(_section(view.page("workers"), "workers"))
+        if shown == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert shown == expected
+    assert _section(view.page("status"), "categories") == _section(report, "categories")

@@ -37,7 +37,7 @@ MIN_INTERVAL = 1.0
 
 #: What each category shows (``Category``'s own fields by these names).
 CATEGORY_FIELDS = ("tasks", "failed", "wall_s", "cpu_s", "peak_memory_mb",
-                   "allocated_memory_mb", "exhausted")  # fmt: skip
+                   "allocated_memory_mb", "exhausted", "input_bytes", "output_bytes")  # fmt: skip
 
 
 #: Failed runs the dashboard lists, the most recent.
@@ -245,6 +245,8 @@ def _add(into: Category, other: Category) -> None:
     into.wall_s += other.wall_s
     into.cpu_s += other.cpu_s
     into.exhausted += other.exhausted
+    into.input_bytes += other.input_bytes
+    into.output_bytes += other.output_bytes
     into.peak_memory_mb = max(into.peak_memory_mb, other.peak_memory_mb)
     into.allocated_memory_mb = max(into.allocated_memory_mb, other.allocated_memory_mb)
 
