@@ -86,13 +86,20 @@ def test_the_window_forgets_what_is_older_and_workers_gone():
     view.update(_data(NOW, 1, [("w1", NOW, _status((0, "inc", NOW - 1, NOW, 0.0, 1))),
                                ("w9", NOW, _status((0, "old", NOW - 1, NOW, 0.0, 1)))]))
     assert set(view.bars) == {"w1", "w9"}
-    later = NOW + WINDOW + 10
+    later = NOW + WINDOW + 10  # (past the stream's window too)
     view.update({**_data(later, 2, [("w1", later, _status((0, "inc", later - 1, later, 0, 5)))]),
                  "live": _live(later, 2, ("w1",))})  # fmt: skip
-    assert set(view.bars) == {"w1"} and [b[5] for b in view.bars["w1"]] == [5]
+    assert set(view.bars) == {"w1"} and [b[5] for b in view.bars["w1"][0]] == [5]
+    assert view.ran == {"w1": 6} and view.busy == {"w1": pytest.approx(1.0)}
     assert list(view.beats) == ["w1"]
     summary = view.summary()
     assert [t.tasks for t in summary.activity] == [5]
+    # alike neighbours on a lane merge as they come; another prefix does not
+    view.update({**_data(later + 1, 3, [("w1", later + 1, _status(
+        (0, "inc", later, later + 0.5, 0.1, 2), (0, "sum", later + 0.5, later + 1, 0, 1)))]),
+        "live": _live(later + 1, 3, ("w1",))})  # fmt: skip
+    assert list(view.bars["w1"][0]) == [(0, "inc", later - 1, later + 0.5, 0.1, 7),
+                                        (0, "sum", later + 0.5, later + 1, 0, 1)]
     assert summary.end == {"duration": pytest.approx(WINDOW)}
 
 

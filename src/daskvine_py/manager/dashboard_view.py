@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from daskvine_py.manager import drawing as draw
@@ -29,15 +30,23 @@ from daskvine_py.manager.summary import (
 )
 from daskvine_py.wire import protocol as p
 
-#: Seconds of the past the pages draw.
+#: Seconds of the past the pages draw, and the task stream (whose bars are many more).
 WINDOW = 300.0
+STREAM_WINDOW = 60.0
 #: Workers drawn in the task stream and the memory charts (the busiest): a swarm of 600
 #: would draw 7,200 lanes nobody can read, and cost the page seconds.
-MAX_STREAM_WORKERS = 32
+MAX_STREAM_WORKERS = 16
+#: Rows of the workers table (those holding the most tasks) and memory charts (those
+#: holding the most memory): 600 rows and charts are megabytes redrawn each second.
+MAX_WORKER_ROWS = 100
+MAX_MEMORY_CHARTS = 8
+#: A lane's bars of one prefix closer than this merge as they arrive: a pixel of the
+#: stream's width (its chart is 880 pixels wide), below which nothing shows anyway.
+MERGE_GAP = STREAM_WINDOW / 880
 #: Names in the transfer matrix (those that moved the most); the rest are summed.
 MAX_TRANSFER_NAMES = 16
 #: Bars and heartbeats kept per worker (a heartbeat a second, a bar per lane in each).
-MAX_BARS = 4096
+MAX_BARS = 1024  # (per lane)
 MAX_BEATS = int(WINDOW) + 10
 #: The pages: (name, title).
 PAGES = (
@@ -54,18 +63,23 @@ class DashboardView:
 
     def __init__(self) -> None:
         self.live: dict[str, Any] = {}
-        self.bars: dict[str, deque[p.Bar]] = {}
+        #: per worker, per lane: its bars in the stream's window, alike neighbours merged
+        self.bars: dict[str, dict[int, deque[p.Bar]]] = {}
         self.beats: dict[str, deque[tuple[float, p.Status]]] = {}
         self.samples: deque[tuple[float, int, int, int, int, int]] = deque(maxlen=MAX_BEATS)
         self.transfers: dict[tuple[str, str], int] = {}
         self.failures: list[dict[str, Any]] = []
+        #: per worker: seconds its libraries' bars kept cover, and the tasks they ran
+        #: since the page opened (kept as bars come and go: no page walks every bar)
+        self.busy: dict[str, float] = {}
+        self.ran: dict[str, int] = {}
 
     def update(self, data: dict[str, Any]) -> None:
         """What the I/O thread handed over (``live.ask_dashboard``)."""
         live = self.live = data["live"]
         for name, t, status in data["beats"]:
             if status.activity:
-                self.bars.setdefault(name, deque(maxlen=MAX_BARS)).extend(status.activity)
+                self._add_bars(name, status.activity)
             self.beats.setdefault(name, deque(maxlen=MAX_BEATS)).append((t, status))
         totals = live["totals"]
         if not self.samples or self.samples[-1][0] < live["t"]:
@@ -75,24 +89,54 @@ class DashboardView:
                                  totals["running"], totals["tasks_done"]))  # fmt: skip
         self.transfers = data["transfers"]
         self.failures = data["failures"]
-        self._forget(live["t"] - WINDOW, {w["name"] for w in live["workers"]})
+        self._forget(live["t"], {w["name"] for w in live["workers"]})
 
-    def _forget(self, before: float, connected: set[str]) -> None:
-        """Bars and heartbeats older than the window; workers gone with nothing left in it."""
-        for bars in self.bars.values():
-            while bars and bars[0][3] < before:
-                bars.popleft()
+    def _add_bars(self, name: str, bars: tuple[p.Bar, ...]) -> None:
+        lanes = self.bars.setdefault(name, {})
+        busy, ran = self.busy.get(name, 0.0), self.ran.get(name, 0)
+        for bar in bars:
+            lane = bar[0]
+            if lane >= 0:
+                busy += bar[3] - bar[2]
+                ran += bar[5]
+            kept = lanes.get(lane)
+            if kept is None:
+                kept = lanes[lane] = deque(maxlen=MAX_BARS)
+            elif kept and kept[-1][1] == bar[1] and bar[2] - kept[-1][3] < MERGE_GAP:
+                last = kept[-1]
+                kept[-1] = (lane, bar[1], last[2], max(last[3], bar[3]), last[4] + bar[4],
+                            last[5] + bar[5])  # fmt: skip
+                continue
+            if len(kept) == MAX_BARS:
+                busy -= _busy(kept.popleft())
+            kept.append(bar)
+        self.busy[name], self.ran[name] = busy, ran
+
+    def _forget(self, now: float, connected: set[str]) -> None:
+        """Bars and heartbeats older than their windows; workers gone with nothing left."""
+        stream, window = now - STREAM_WINDOW, now - WINDOW
+        for name, lanes in self.bars.items():
+            for bars in lanes.values():
+                while bars and bars[0][3] < stream:
+                    self.busy[name] -= _busy(bars.popleft())
         for beats in self.beats.values():
-            while beats and beats[0][0] < before:
+            while beats and beats[0][0] < window:
                 beats.popleft()
-        for table in (self.bars, self.beats):
-            for name in [n for n, kept in table.items() if not kept and n not in connected]:
-                del table[name]
+        for name in [n for n, lanes in self.bars.items()
+                     if not any(lanes.values()) and n not in connected]:  # fmt: skip
+            del self.bars[name], self.busy[name], self.ran[name]
+        for name in [n for n, kept in self.beats.items() if not kept and n not in connected]:
+            del self.beats[name]
 
-    def summary(self, now: float | None = None) -> Summary:
-        """The window as the report's ``Summary``: times in seconds since its start."""
-        now = self.live.get("t", time.time()) if now is None else now
-        origin = now - WINDOW
+    def summary(
+        self, bars_of: Iterable[str] | None = None, memory_of: Iterable[str] | None = None,
+        window: float = WINDOW,
+    ) -> Summary:  # fmt: skip
+        """The last ``window`` seconds as the report's ``Summary``, times in seconds since
+        its start: the bars and heartbeats of the workers named (None: all), and every
+        worker's last heartbeat."""
+        now = self.live.get("t", time.time())
+        origin = now - window
         started = self.samples[0][0] if self.samples else now
         origin = max(origin, started - 1.0)
         summary = Summary({"event": "run", "run": "live", "started": origin})
@@ -101,19 +145,22 @@ class DashboardView:
             summary.workers[worker["name"]] = RunWorker(
                 worker["name"], worker["cores"], worker["hostname"], memory=worker["memory"]
             )
-        for name, bars in self.bars.items():
-            for lane, prefix, start, end, seconds, tasks in bars:
+        for name in self.bars if bars_of is None else bars_of:
+            for lane, prefix, start, end, seconds, tasks in (
+                bar for bars in self.bars.get(name, {}).values() for bar in bars
+            ):
                 if end >= origin:
                     summary.activity.append(bar_run({
                         "lane": lane, "prefix": prefix, "worker": name, "tasks": tasks,
                         "start": max(0.0, start - origin), "end": end - origin,
                         "serialization": seconds,
                     }))  # fmt: skip
+        whole = set(self.beats if memory_of is None else memory_of)
         for name, beats in self.beats.items():
             summary.memory[name] = [
                 MemorySample(t - origin, s.stored_bytes, s.spilled_bytes, s.peak_memory,
                              s.peak_library_memory, s.resident)  # fmt: skip
-                for t, s in beats
+                for t, s in (beats if name in whole else list(beats)[-1:])
             ]
             summary.workers.setdefault(name, RunWorker(name))
         summary.samples = [TaskCounts(t - origin, *counts) for t, *counts in self.samples
@@ -129,12 +176,12 @@ class DashboardView:
     def page(self, name: str) -> str:
         """The page's content (the part that is redrawn each second); ``KeyError`` for a
         page that does not exist."""
-        draw_page = _PAGES[name]
-        return draw_page(self, self.summary())
+        return _PAGES[name](self)
 
     # -- pages --------------------------------------------------------------------------
 
-    def _status(self, summary: Summary) -> str:
+    def _status(self) -> str:
+        summary = self.summary(bars_of=(), memory_of=())
         live = self.live
         totals = live.get("totals", {})
         manager = live.get("manager", {})
@@ -162,30 +209,39 @@ class DashboardView:
             draw.section("Categories", "categories", resources.categories(summary)),
         ))  # fmt: skip
 
-    def _stream(self, summary: Summary) -> str:
-        busy: dict[str, float] = {}
-        for run in summary.activity:
-            busy[run.worker] = busy.get(run.worker, 0.0) + run.end - run.start
-        names = sorted(busy, key=lambda n: -busy[n])[:MAX_STREAM_WORKERS]
+    def _stream(self) -> str:
+        names = sorted(self.busy, key=lambda n: -self.busy[n])[:MAX_STREAM_WORKERS]
+        summary = self.summary(bars_of=names, memory_of=(), window=STREAM_WINDOW)
         colours = draw.colours_by_prefix(summary.activity)
         note = ""
         if len(summary.workers) > len(names):
             note = (f"<p class='note'>The {len(names)} busiest of {len(summary.workers):,} "
                     "workers in the window.</p>")  # fmt: skip
         body = report.timeline(summary, colours, sorted(names, key=draw.natural)) + note
-        return draw.section(f"Task stream, the last {WINDOW:.0f} s", "stream", body)
+        return draw.section(f"Task stream, the last {STREAM_WINDOW:.0f} s", "stream", body)
 
-    def _workers(self, summary: Summary) -> str:
+    def _workers(self) -> str:
         now = {w["name"]: w for w in self.live.get("workers", ())}
-        busiest = sorted(summary.memory, key=lambda n: -max(
-            (s.resident for s in summary.memory[n]), default=0))[:MAX_STREAM_WORKERS]
+        resident = {name: int(w.get("resident", 0)) for name, w in now.items()}
+        busiest = sorted(resident, key=lambda n: -resident[n])[:MAX_MEMORY_CHARTS]
+        summary = self.summary(bars_of=(), memory_of=busiest)
+        everyone = summary.workers
+        if len(everyone) > MAX_WORKER_ROWS:
+            held = sorted(everyone, key=lambda n: -int(now.get(n, {}).get("tasks", 0)))
+            summary.workers = {n: everyone[n] for n in held[:MAX_WORKER_ROWS]}
+        table = resources.workers(summary, now, self.ran)
+        if len(everyone) > MAX_WORKER_ROWS:
+            table += (f"<p class='note'>The {MAX_WORKER_ROWS} of {len(everyone):,} workers "
+                      "holding the most tasks.</p>")  # fmt: skip
+        summary.workers = everyone
         summary.memory = {n: summary.memory[n] for n in busiest}
         return "".join((
-            draw.section("Workers", "workers", resources.workers(summary, now)),
+            draw.section("Workers", "workers", table),
             draw.section("Memory per worker", "memory", resources.memory(summary)),
         ))  # fmt: skip
 
-    def _transfers(self, summary: Summary) -> str:
+    def _transfers(self) -> str:
+        summary = self.summary(bars_of=(), memory_of=())
         moved: dict[str, int] = {}
         for (source, destination), nbytes in summary.transfers.items():
             moved[source] = moved.get(source, 0) + nbytes
@@ -200,7 +256,8 @@ class DashboardView:
         title = "Bytes moved since the manager started"
         return draw.section(title, "transfers", report.transfers(summary))
 
-    def _failures(self, summary: Summary) -> str:
+    def _failures(self) -> str:
+        summary = self.summary(bars_of=(), memory_of=())
         return draw.section("Failed runs", "failures", report.failures(summary))
 
 
@@ -212,6 +269,11 @@ _PAGES = {
     "failures": DashboardView._failures,
 }
 assert set(_PAGES) == {name for name, _ in PAGES}
+
+
+def _busy(bar: p.Bar) -> float:
+    """Seconds a bar of a library's lane covers (0 for fetches and spills)."""
+    return bar[3] - bar[2] if bar[0] >= 0 else 0.0
 
 
 def _progress(done: int, failed: int, tasks: int) -> str:

@@ -171,16 +171,19 @@ def _chart(samples: list[MemorySample], worker: RunWorker, t_max: float) -> str:
     return chart.svg("".join(parts))
 
 
-def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None) -> str:
+def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None,
+            ran: dict[str, int] | None = None) -> str:  # fmt: skip
     """A row per worker: its cores and budget, its last heartbeat's memory, the tasks it
-    ran (the report's, or the dashboard's window's) and, given ``now`` (the live
-    snapshot's workers by name), what it holds now and when it was last heard from."""
+    ran (the report's; ``ran``: counted already, the dashboard's window's) and, given
+    ``now`` (the live snapshot's workers by name), what it holds now and when it was last
+    heard from."""
     if not summary.workers:
         return draw.empty("No worker recorded.")
-    ran: dict[str, int] = {}
-    for task in summary.tasks + summary.activity:
-        if task.prefix not in LANE_NAMES.values():
-            ran[task.worker] = ran.get(task.worker, 0) + task.tasks
+    if ran is None:
+        ran = {}
+        for task in summary.tasks + summary.activity:
+            if task.prefix not in LANE_NAMES.values():
+                ran[task.worker] = ran.get(task.worker, 0) + task.tasks
     head = ["worker", "host", "cores", "--memory", "resident", "results held", "spilled",
             "tasks run"]  # fmt: skip
     if now is not None:
