@@ -83,6 +83,8 @@ SMOKES = [
     ("swarm-faulty", "swarm.py",
      ["--smoke", "--workload", "dv3-large", "--black-holes", "0.25", "--stragglers", "0.25"],
      r'"result_ok": true.*"black_holes": \["sim-\d+"\].*"quarantined": \[[^]]*"sim-', ()),
+    ("swarm-dashboard", "swarm.py", ["--smoke", "--workload", "flat", "--dashboard"],
+     r'"result_ok": true.*"dashboard": "polled [1-9]\d* pages, 0 errors"', ()),
     ("swarm-both", "swarm.py", ["--smoke", "--workload", "flat", "--system", "both"],
      r"makespan: daskvine_py [\d.]+ s, distributed [\d.]+ s", ("distributed",)),
     ("swarm_distributed", "swarm_distributed.py", ["--smoke"],
