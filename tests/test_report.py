@@ -17,12 +17,12 @@ import dask.array as da
 import numpy as np
 import pytest
 
+from browser import CHROMIUM
+from browser import chromium as _chromium
+from browser import probed as _probed
 from daskvine_py.manager.events import read_events
 from daskvine_py.manager.report import SECTIONS
 from daskvine_py.manager.runinfo import MANAGER
-
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium")
-                                        else None)  # fmt: skip
 
 
 def _inc(x):
@@ -266,49 +266,6 @@ def test_progress_is_off_when_stderr_is_not_a_terminal(shared_manager, capsys):
     assert not sys.stderr.isatty()
     assert shared_manager.get(dsk, keys) == tuple(dask.get(dsk, keys))
     assert capsys.readouterr().err == ""
-
-
-#: Put first in a copy of the report: records script errors, console errors and
-#: resources fetched into attributes of <html>, which --dump-dom shows.
-_PROBE = """<script>
-(function () {
-  var root = document.documentElement, errors = [];
-  function note(text) {
-    errors.push(String(text));
-    root.setAttribute('data-errors', errors.join(' | '));
-  }
-  window.addEventListener('error', function (e) {
-    var target = e.target && (e.target.src || e.target.href);
-    note(e.message || ('failed to load ' + target));
-  }, true);
-  var error = console.error;
-  console.error = function () {
-    note(Array.prototype.join.call(arguments, ' '));
-    error.apply(console, arguments);
-  };
-  window.addEventListener('load', function () {
-    root.setAttribute('data-loaded', '1');
-    var fetched = performance.getEntriesByType('resource').length;
-    root.setAttribute('data-resources', String(fetched));
-  });
-})();
-</script>"""
-
-
-def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-         "--v=0", *args],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
-
-
-def _probed(tmp_path, text: str, name: str) -> str:
-    path = tmp_path / name
-    path.write_text(text.replace("<head>", "<head>" + _PROBE, 1))
-    return path.as_uri()
 
 
 @pytest.mark.integration
