@@ -45,6 +45,9 @@ SMOKES = [
     ("bench_dashboard", "bench_dashboard.py", ["--smoke"],
      r"noop \(300 tasks\)\s+closed( +[\d.]+){4}\n\s+open( +[\d.]+){4}\n\s+ratio( +[\d.]+){3}"
      r"(.*\n)*results right", ()),
+    ("dashboard_screenshots", "dashboard_screenshots.py", ["--smoke"],
+     r"(dashboard-failures.png: \d+ kB|no screenshots)(.*\n)*result equals dask's synchronous"
+     r" scheduler: yes", ()),
     ("bench_resources", "bench_resources.py", ["--smoke"],
      r"mode max: [\d.]+ s, result right\n(.*\n)*mode fixed: [\d.]+ s, result right"
      r"(.*\n)*a task larger than a worker: ResourceExhausted: .*whale", ()),
