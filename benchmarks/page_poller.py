@@ -2,10 +2,11 @@
 
     python benchmarks/page_poller.py LINK [--pages status,stream] [--interval 1.0]
 
-``LINK`` is ``Manager.dashboard_link``. Every ``--interval`` seconds it asks for each page's
-content (``<page>?fragment=1``, what the page's script fetches to redraw), with the token,
-until SIGTERM or SIGINT; then it prints one line, ``polled N pages, E errors``. By default
-the two heaviest pages (the status page and the task stream), where a browser shows one.
+``LINK`` is ``Manager.dashboard_link``; ``--smoke`` polls a manager of its own twice.
+Every ``--interval`` seconds it asks for each page's content (``<page>?fragment=1``,
+what the page's script fetches to redraw), with the token, until SIGTERM or SIGINT; then
+it prints one line, ``polled N pages, E errors``. By default the two heaviest pages (the
+status page and the task stream), where a browser shows one.
 """
 
 from __future__ import annotations
@@ -21,14 +22,35 @@ import urllib.request
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("link")
+    parser.add_argument("link", nargs="?")
     parser.add_argument("--pages", default="status,stream")
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="poll a manager of this process's own for two rounds (no link given)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    parts = urllib.parse.urlsplit(args.link)
+    if args.smoke:
+        return _smoke(args.pages)
+    if args.link is None:
+        parser.error("the dashboard's link is needed")
+    return _poll(args.link, args.pages, args.interval, None)
+
+
+def _smoke(pages: str) -> int:
+    from daskvine_py import Manager
+
+    with Manager() as manager:
+        assert manager.dashboard_link is not None
+        return _poll(manager.dashboard_link, pages, 0.1, rounds=2)
+
+
+def _poll(link: str, pages: str, interval: float, rounds: int | None) -> int:
+    """Ask for the pages every ``interval`` s, ``rounds`` times (None: until a signal)."""
+    parts = urllib.parse.urlsplit(link)
     token = urllib.parse.parse_qs(parts.query)["token"][0]
     base = f"{parts.scheme}://{parts.netloc}"
-    urls = [f"{base}/{page}?fragment=1&token={token}" for page in args.pages.split(",")]
+    urls = [f"{base}/{page}?fragment=1&token={token}" for page in pages.split(",")]
     stop = False
 
     def halt(*_: object) -> None:
@@ -38,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, halt)
     signal.signal(signal.SIGINT, halt)
     polled = errors = 0
-    while not stop:
-        due = time.monotonic() + args.interval
+    while not stop and (rounds is None or polled + errors < rounds * len(urls)):
+        due = time.monotonic() + interval
         for url in urls:
             try:
                 with urllib.request.urlopen(url, timeout=30) as reply:

@@ -86,6 +86,7 @@ SMOKES = [
     ("swarm-faulty", "swarm.py",
      ["--smoke", "--workload", "dv3-large", "--black-holes", "0.25", "--stragglers", "0.25"],
      r'"result_ok": true.*"black_holes": \["sim-\d+"\].*"quarantined": \[[^]]*"sim-', ()),
+    ("page_poller", "page_poller.py", ["--smoke"], r"polled 4 pages, 0 errors", ()),
     ("swarm-dashboard", "swarm.py", ["--smoke", "--workload", "flat", "--dashboard"],
      r'"result_ok": true.*"dashboard": "polled [1-9]\d* pages, 0 errors"', ()),
     ("swarm-both", "swarm.py", ["--smoke", "--workload", "flat", "--system", "both"],

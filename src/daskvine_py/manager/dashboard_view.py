@@ -167,7 +167,7 @@ class DashboardView:
                            if t >= origin]  # fmt: skip
         summary.transfers = dict(self.transfers)
         summary.failures = [
-            Failure(f["t"] - origin, f["kind"], f["key"], f["worker"], f["message"])
+            Failure(max(0.0, f["t"] - origin), f["kind"], f["key"], f["worker"], f["message"])
             for f in reversed(self.failures)
         ]
         summary.categories = dict(self.live.get("categories", {}))

@@ -214,7 +214,10 @@ def _failure(run: Run) -> dict[str, Any]:
     failure = run.failure
     t = time.time()
     if type(failure) is s.RunFailed:
-        text = f"{failure.type_name or 'error'}: {failure.message}"
+        short = failure.type_name.rpartition(".")[2]
+        text = failure.message  # (it names the exception's type, mostly)
+        if not short or not text.startswith(short):
+            text = f"{failure.type_name or 'error'}: {text}"
         if failure.traceback:
             text += "\n" + failure.traceback
         kind = "crashed" if failure.crashed else "erred"
