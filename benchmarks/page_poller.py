@@ -5,14 +5,16 @@
 ``LINK`` is ``Manager.dashboard_link``; ``--smoke`` polls a manager of its own twice.
 Every ``--interval`` seconds it asks for each page's content (``<page>?fragment=1``,
 what the page's script fetches to redraw), with the token, until SIGTERM or SIGINT; then
-it prints one line, ``polled N pages, E errors``. By default the two heaviest pages (the
-status page and the task stream), where a browser shows one.
+it prints one line, ``polled N pages, E errors``, and how long the answers took. By
+default the two heaviest pages (the status page and the task stream), where a browser
+shows one.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import statistics
 import sys
 import time
 import urllib.error
@@ -60,18 +62,25 @@ def _poll(link: str, pages: str, interval: float, rounds: int | None) -> int:
     signal.signal(signal.SIGTERM, halt)
     signal.signal(signal.SIGINT, halt)
     polled = errors = 0
+    waits: list[float] = []
     while not stop and (rounds is None or polled + errors < rounds * len(urls)):
         due = time.monotonic() + interval
         for url in urls:
+            asked = time.monotonic()
             try:
                 with urllib.request.urlopen(url, timeout=30) as reply:
                     reply.read()
                 polled += 1
+                waits.append(time.monotonic() - asked)
             except (urllib.error.URLError, OSError):
                 errors += 1
         while not stop and time.monotonic() < due:
             time.sleep(min(0.05, max(0.0, due - time.monotonic())))
-    print(f"polled {polled} pages, {errors} errors", flush=True)
+    waited = ""
+    if waits:
+        median, longest = statistics.median(waits), max(waits)
+        waited = f", answered in {median:.3f} s (median), {longest:.3f} s (max)"
+    print(f"polled {polled} pages, {errors} errors{waited}", flush=True)
     return 0
 
 

@@ -4,8 +4,10 @@
 machine only) and answers only requests that carry its token, as Jupyter does: in the
 link's ``?token=``, in an ``Authorization: token ...`` (or ``Bearer``) header, or in the
 cookie the first page sets. Anything else gets 403. Pages (``dashboard_view.PAGES``) are
-drawn by ``dashboard_view``, from what ``ask`` hands over (``live.ask_dashboard``: the I/O
-thread's answer, asked at most once a second however many pages are open); each page
+drawn by ``dashboard_view``, from what the I/O thread hands over (``live.request_dashboard``,
+asked at most every ``ASK_INTERVAL`` however many pages are open, and not waited for: a
+page is drawn at once from the last answer, so a busy loop delays its data, never the
+page; only the first waits); each page
 redraws its content every second with a few lines of inline script, and fetches nothing
 else: no CDN, no file. ``/metrics`` is Prometheus's text format (``metrics``) and
 ``/live.json`` the snapshot.
@@ -30,6 +32,7 @@ import tornado.web
 
 from daskvine_py.manager import drawing as draw
 from daskvine_py.manager.dashboard_view import PAGES, DashboardView
+from daskvine_py.manager.live import Snapshot
 from daskvine_py.manager.metrics import exposition
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -37,8 +40,10 @@ logger = logging.getLogger("daskvine_py.manager")
 COOKIE = "daskvine_py_token"
 #: Milliseconds between two redraws of a page's content.
 REFRESH_MS = 1000
-#: Seconds between two requests to the I/O thread, at least.
+#: Seconds between two requests to the I/O thread, at least, and the longest wait for the
+#: first answer.
 ASK_INTERVAL = 0.2
+FIRST_ANSWER_TIMEOUT = 10.0
 
 _SCRIPT = """<script>
 (function () {
@@ -71,13 +76,13 @@ class Dashboard:
     """The server and its thread; ``link`` is the address to open, token included."""
 
     def __init__(
-        self, ask: Callable[[], dict[str, Any]], address: str = "127.0.0.1:0",
-        token: str | None = None,
+        self, request: Callable[[], Snapshot], check: Callable[[], None],
+        address: str = "127.0.0.1:0", token: str | None = None,
     ) -> None:  # fmt: skip
         host, _, port = address.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         self.token = token or secrets.token_urlsafe(24)
-        self._source = _Source(ask)
+        self._source = _Source(request, check)
         app = tornado.web.Application(
             [
                 (r"/", _Index),
@@ -126,8 +131,8 @@ class Dashboard:
             given = handler.get_cookie(COOKIE)
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def data(self) -> DashboardView:
-        return self._source.view()
+    def data(self, fresh: bool = False) -> DashboardView:
+        return self._source.view(fresh)
 
     def close(self) -> None:
         loop = self._loop
@@ -141,19 +146,36 @@ def _quiet(handler: tornado.web.RequestHandler) -> None:
 
 
 class _Source:
-    """The view, updated from the I/O thread at most every ``ASK_INTERVAL`` s (several
-    pages open ask once; a run's end shows at once: the snapshot is fresh then)."""
+    """The view, updated with the I/O thread's answers: a new request at most every
+    ``ASK_INTERVAL`` s, while none is under way (several pages open ask once), and only
+    the first waited for. ``check`` raises if the I/O thread died."""
 
-    def __init__(self, ask: Callable[[], dict[str, Any]]) -> None:
-        self._ask = ask
+    def __init__(self, request: Callable[[], Snapshot], check: Callable[[], None]) -> None:
+        self._request = request
+        self._check = check
         self._view = DashboardView()
+        self._pending: Snapshot | None = None
         self._asked = -float("inf")
 
-    def view(self) -> DashboardView:
+    def view(self, fresh: bool = False) -> DashboardView:
+        """The view; ``fresh``: with an answer asked for now, waited for (a scrape)."""
+        if fresh and self._pending is None:
+            self._asked = -float("inf")
         now = time.monotonic()
-        if now - self._asked >= ASK_INTERVAL:
+        pending = self._pending
+        if pending is not None and pending.done.is_set():
+            self._view.update(pending.reply[0])
+            self._pending = pending = None
+        if pending is None and now - self._asked >= ASK_INTERVAL:
+            self._pending = pending = self._request()
             self._asked = now
-            self._view.update(self._ask())
+        if pending is not None and (fresh or not self._view.live):  # (nothing yet: wait)
+            if not pending.done.wait(FIRST_ANSWER_TIMEOUT):
+                self._check()
+                raise TimeoutError("the manager's I/O thread does not answer")
+            return self.view(fresh=False)
+        if pending is not None and now - self._asked > FIRST_ANSWER_TIMEOUT:
+            self._check()  # (a loop that died never answers)
         return self._view
 
 
@@ -208,10 +230,10 @@ class _Page(_Handler):
 class _Metrics(_Handler):
     def get(self) -> None:
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.finish(exposition(self.dashboard.data().live))
+        self.finish(exposition(self.dashboard.data(fresh=True).live))
 
 
 class _Json(_Handler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(self.dashboard.data().live, default=str))
+        self.finish(json.dumps(self.dashboard.data(fresh=True).live, default=str))

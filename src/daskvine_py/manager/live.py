@@ -227,14 +227,20 @@ def _failure(run: Run) -> dict[str, Any]:
             "message": f"{type(failure).__name__}: {failure}"}  # fmt: skip
 
 
+def request_dashboard(command: Callable[[Snapshot], None]) -> Snapshot:
+    """Ask the I/O thread for ``LiveView.dashboard``'s answer with ``command``, without
+    waiting: it is in the request's ``reply`` once its ``done`` is set (not a copy: read
+    it, do not change it)."""
+    request = Snapshot([], threading.Event(), dashboard=True)
+    command(request)
+    return request
+
+
 def ask_dashboard(
     command: Callable[[Snapshot], None], raise_if_dead: Callable[[], None], timeout: float
 ) -> dict[str, Any]:
-    """``LiveView.dashboard``'s answer, asked of the I/O thread with ``command``; not a
-    copy: read it, do not change it."""
-    reply: list[dict[str, Any]] = []
-    done = threading.Event()
-    command(Snapshot(reply, done, dashboard=True))
+    """``request_dashboard``, waited for."""
+    reply, done, _ = request_dashboard(command)
     if not done.wait(timeout):
         raise_if_dead()
         raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from daskvine_py.manager import drawing as draw
-from daskvine_py.manager.live import ask, ask_dashboard
+from daskvine_py.manager.live import Snapshot, ask, request_dashboard
 
 if TYPE_CHECKING:
     from daskvine_py.manager.commands import Command
@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from daskvine_py.options import ManagerOptions
 
 logger = logging.getLogger("daskvine_py.manager")
-
-#: Seconds the dashboard waits for the I/O thread's answer before it shows an error.
-DASHBOARD_TIMEOUT = 10.0
 
 
 class ManagerViews:
@@ -45,10 +42,10 @@ class ManagerViews:
             return
         from daskvine_py.manager.dashboard import Dashboard  # (tornado: only here)
 
-        def answer() -> dict[str, Any]:
-            return ask_dashboard(self._command, self._raise_if_dead, DASHBOARD_TIMEOUT)
+        def request() -> Snapshot:
+            return request_dashboard(self._command)
 
-        self._dashboard = Dashboard(answer, address)
+        self._dashboard = Dashboard(request, self._raise_if_dead, address)
 
     def _stop_dashboard(self) -> None:
         dashboard = getattr(self, "_dashboard", None)  # (none if ``__init__`` failed first)
