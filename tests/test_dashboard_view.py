@@ -21,7 +21,9 @@ def _live(t: float, done: int, workers: tuple[str, ...] = ("w1", "w2")) -> dict:
         "totals": {"workers": len(workers), "cores": 2 * len(workers), "ready": 5,
                    "processing": 4, "running": 3, "tasks_done": done, "tasks_failed": 1,
                    "bytes_moved": 4096, "stored_bytes": 2048, "spilled_bytes": 0},
-        "runs": [{"id": 1, "tasks": 100, "done": done, "failed": 0, "started": t - 5}],
+        "runs": [{"id": 1, "tasks": 100, "done": done, "failed": 0, "started": t - 5,
+                  "categories": {"inc": {"planned": 90, "done": done, "failed": 0},
+                                 "sum": {"planned": 10, "done": 0, "failed": 1}}}],
         "categories": {"inc": {"tasks": done, "failed": 0, "wall_s": 0.5, "cpu_s": 0.4,
                                "peak_memory_mb": 1.0, "allocated_memory_mb": 0.0,
                                "exhausted": 0}},
@@ -59,6 +61,9 @@ def test_every_page_draws_what_was_handed_over():
 
     status = pages["status"]
     assert "30 of 100 done" in status and "width:30.0%" in status
+    progress = _section(status, "progress")  # per category, the most tasks first
+    assert progress.index(">inc<") < progress.index(">sum<")
+    assert "30 of 90 done" in progress and "0 of 10 done, 1 failed" in progress
     assert ">inc<" in status  # the categories table, the report's own
     assert status.count("class='series'") >= 4  # tasks over time: three samples drawn
 

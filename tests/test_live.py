@@ -88,6 +88,11 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
             before = _until(manager, lambda snap: snap["runs"], "with the run in progress")
             assert before["runs"][0]["tasks"] == TASKS + 2
             assert before["runs"][0]["done"] == 0  # the gate holds every task
+            assert before["runs"][0]["categories"] == {  # progress per category
+                "start": {"planned": 1, "done": 0, "failed": 0},
+                "inc": {"planned": TASKS, "done": 0, "failed": 0},
+                "finish": {"planned": 1, "done": 0, "failed": 0},
+            }
             assert before["totals"]["workers"] == 2 and before["totals"]["cores"] == 4
             assert {w["name"] for w in before["workers"]} == {"local-0", "local-1"}
             open(go, "w").close()
@@ -97,6 +102,8 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
             )  # fmt: skip
             assert during["totals"]["tasks_done"] == TASKS + 1 > before["totals"]["tasks_done"]
             assert during["categories"]["inc"]["tasks"] == TASKS
+            assert during["runs"][0]["categories"]["inc"] == {
+                "planned": TASKS, "done": TASKS, "failed": 0}
             assert during["totals"]["running"] >= 1  # the last task, held by its gate
         finally:
             open(go, "a").close()

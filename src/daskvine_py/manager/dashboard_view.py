@@ -48,6 +48,8 @@ MAX_TRANSFER_NAMES = 16
 #: Bars and heartbeats kept per worker (a heartbeat a second, a bar per lane in each).
 MAX_BARS = 1024  # (per lane)
 MAX_BEATS = int(WINDOW) + 10
+#: Categories shown per run in progress (those of the most tasks).
+MAX_CATEGORIES = 20
 #: The pages: (name, title).
 PAGES = (
     ("status", "Status"),
@@ -205,6 +207,7 @@ class DashboardView:
             draw.section("Totals", "totals", draw.table(("", ""), rows, header=False)),
             draw.section("Runs in progress", "runs", draw.table(("run", "progress"), runs)
                          if runs else draw.empty("None.")),
+            draw.section("Progress per category", "progress", _per_category(live)),
             draw.section("Tasks over time", "tasks-over-time", report.tasks_over_time(summary)),
             draw.section("Categories", "categories", resources.categories(summary)),
         ))  # fmt: skip
@@ -269,6 +272,23 @@ _PAGES = {
     "failures": DashboardView._failures,
 }
 assert set(_PAGES) == {name for name, _ in PAGES}
+
+
+def _per_category(live: dict[str, Any]) -> str:
+    """Each run's categories: their tasks done (and failed) of those submitted."""
+    rows = []
+    for run in live.get("runs", ()):
+        categories = run.get("categories", {})
+        for name in sorted(categories, key=lambda n: -categories[n]["planned"])[:MAX_CATEGORIES]:
+            counts = categories[name]
+            bar = _progress(counts["done"], counts["failed"], counts["planned"])
+            rows.append((f"run {run['id']}", name, draw.Raw(bar)))
+    if not rows:
+        return draw.empty("No run in progress.")
+    return draw.table(("run", "category", "progress"), rows) + (
+        "<p class='note'>Of each category's tasks submitted so far (a big graph's arrive "
+        "in parts); a task run twice counts twice.</p>"
+    )
 
 
 def _busy(bar: p.Bar) -> float:

@@ -131,10 +131,14 @@ class LiveView:
                 continue  # submitted, not handled yet
             self._seen[run_id] = record.categories
             run_done = run_failed = 0
+            progress = {name: {"planned": n, "done": 0, "failed": 0}
+                        for name, n in dict(run.planned).items()}  # fmt: skip
             for name, category in record.categories.items():
                 run_done += category.tasks
                 run_failed += category.failed
                 _add(categories.setdefault(name, Category()), category)
+                counts = progress.setdefault(name, {"planned": 0, "done": 0, "failed": 0})
+                counts["done"], counts["failed"] = category.tasks, category.failed
             done += run_done
             failed += run_failed
             runs.append({
@@ -143,6 +147,7 @@ class LiveView:
                 "done": run_done,
                 "failed": run_failed,
                 "started": run.info.started,
+                "categories": progress,
             })  # fmt: skip
         workers = self._workers(now)
         ready, processing, running = self._state.load()

@@ -36,6 +36,7 @@ import subprocess
 import threading
 import time
 import weakref
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -457,6 +458,7 @@ class Manager(ManagerViews):
         if cached is not None and deferred:  # hits' payloads: made only if lineage needs them
             cached.info.encode = functools.partial(deferred_payload, TaskEncoder(), plan)
         watched = watch or run.log is not None
+        run.annotated = plan.settings.categories if plan.settings is not None else {}
         opening: s.SubmitRun | None = opening_of(
             run.id, plan.outputs, options, watched, plan.settings,
             None if cached is None else cached.info,
@@ -502,6 +504,10 @@ class Manager(ManagerViews):
         opens the run, the others extend it (``last``: an arriving run's last part)."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent}
         sent.update(functions)
+        annotated, planned = run.annotated, run.planned  # (the live view's progress)
+        for name, count in Counter(annotated.get(t.key, t.prefix) if annotated else t.prefix
+                                   for t in part).items():  # fmt: skip
+            planned[name] = planned.get(name, 0) + count
         if opening is not None:
             event = opening._replace(tasks=part, functions=functions)
             self._command(Submit(run, event, event.watched))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from queue import SimpleQueue
 from typing import Any
 
@@ -68,7 +68,7 @@ class Run:
 
     __slots__ = (
         "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
-        "transfers_before", "relayed", "feed",
+        "transfers_before", "relayed", "feed", "planned", "annotated",
     )  # fmt: skip
 
     def __init__(self, run_id: int) -> None:
@@ -86,6 +86,10 @@ class Run:
         #: the run's event log, when it keeps one, and when it takes its next sample
         self.log: EventLog | None = None
         self.next_sample = 0.0
+        #: its tasks by category as submitted (the caller's thread counts them, part by
+        #: part; the live view copies it), and the categories annotated apart by key
+        self.planned: dict[str, int] = {}
+        self.annotated: Mapping[Any, str] = {}
         #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
         #: ``TaskSent`` and ``TaskReported`` records, then None
         self.feed: SimpleQueue[FeedItem | None] | None = None
