@@ -86,6 +86,14 @@ def test_every_page_draws_what_was_handed_over():
         view.page("nope")
 
 
+def test_a_worker_not_heard_from_since_the_page_opened_has_a_row_and_no_chart():
+    view = DashboardView()
+    view.update(_data(NOW, 1, [("w1", NOW, _status())]))  # w2: no heartbeat yet
+    workers = view.page("workers")
+    assert ">w2<" in _section(workers, "workers")
+    assert "data-worker='w1'" in workers and "data-worker='w2'" not in workers
+
+
 def test_the_window_forgets_what_is_older_and_workers_gone():
     view = DashboardView()
     view.update(_data(NOW, 1, [("w1", NOW, _status((0, "inc", NOW - 1, NOW, 0.0, 1))),

@@ -237,7 +237,7 @@ class DashboardView:
             table += (f"<p class='note'>The {MAX_WORKER_ROWS} of {len(everyone):,} workers "
                       "holding the most tasks.</p>")  # fmt: skip
         summary.workers = everyone
-        summary.memory = {n: summary.memory[n] for n in busiest}
+        summary.memory = {n: summary.memory[n] for n in busiest if n in summary.memory}
         return "".join((
             draw.section("Workers", "workers", table),
             draw.section("Memory per worker", "memory", resources.memory(summary)),
