@@ -177,3 +177,23 @@ def test_the_report_keeps_what_the_dashboard_showed(manager, tmp_path):
         time.sleep(0.2)
     assert shown == expected
     assert _section(view.page("status"), "categories") == _section(report, "categories")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_dashboard_address_taken_or_malformed_is_named_and_nothing_is_left():
+    import socket
+    import threading
+
+    from daskvine_py import Manager
+
+    before = set(threading.enumerate())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError, match=rf"cannot listen on {address} \(dashboard_address\)"):
+            Manager(dashboard_address=address)
+    with pytest.raises(ValueError, match="dashboard_address must be 'host:port'"):
+        Manager(dashboard_address="localhost:http")
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]

@@ -45,7 +45,11 @@ class ManagerViews:
         def request() -> Snapshot:
             return request_dashboard(self._command)
 
-        self._dashboard = Dashboard(request, self._raise_if_dead, address)
+        try:
+            self._dashboard = Dashboard(request, self._raise_if_dead, address)
+        except OSError as exc:  # (a port taken, an address not this machine's)
+            raise OSError(exc.errno, f"the dashboard cannot listen on {address} "
+                                     f"(dashboard_address): {exc.strerror}") from exc  # fmt: skip
 
     def _stop_dashboard(self) -> None:
         dashboard = getattr(self, "_dashboard", None)  # (none if ``__init__`` failed first)
