@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from daskvine_py.batch.status import ManagerRefused, ManagerUnreachable, StatusClient
+from daskvine_py.sizes import byte_size
 from daskvine_py.wire import security
 
 #: Workers shown, the busiest first (by tasks held).
@@ -75,8 +76,8 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
         f"ready {totals['ready']}  processing {totals['processing']} "
         f"(running {totals['running']})  done {totals['tasks_done']}  "
         f"failed {totals['tasks_failed']}",
-        f"moved {_bytes(totals['bytes_moved'])}  stored {_bytes(totals['stored_bytes'])}  "
-        f"spilled {_bytes(totals['spilled_bytes'])}",
+        f"moved {byte_size(totals['bytes_moved'])}  stored {byte_size(totals['stored_bytes'])}  "
+        f"spilled {byte_size(totals['spilled_bytes'])}",
     ]
     if runs:
         lines.append("")
@@ -109,18 +110,10 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
         note = f"  quarantined: {w['quarantined']}" if w["quarantined"] else ""
         lines.append(
             f"  {w['name'][:20]:<20} {w['hostname'][:16]:<16} {w['cores']:>5} {w['tasks']:>6} "
-            f"{_bytes(w['resident']):>9} {_bytes(w['stored_bytes']):>9} "
-            f"{_bytes(w['spilled_bytes']):>9} {w['last_heard_s']:>5.1f}s{note}"
+            f"{byte_size(w['resident']):>9} {byte_size(w['stored_bytes']):>9} "
+            f"{byte_size(w['spilled_bytes']):>9} {w['last_heard_s']:>5.1f}s{note}"
         )
     return "\n".join(lines)
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _seconds(s: float) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daskvine_py.manager.summary import TaskRun
+from daskvine_py.sizes import byte_size as byte_size  # (the sections' ``draw.byte_size``)
 
 #: Width of the charts' plotting area, pixels.
 PLOT_WIDTH = 880
@@ -277,14 +278,6 @@ def seconds(value: float) -> str:
     if value >= 1e-3:
         return f"{value * 1e3:.3g} ms"
     return f"{value * 1e6:.0f} µs"
-
-
-def byte_size(value: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1000
-    return f"{value} TB"
 
 
 #: White stripes over a bar's colour: the parts of the timeline spent (de)serializing.
