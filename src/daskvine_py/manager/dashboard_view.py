@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from daskvine_py.manager import drawing as draw
@@ -50,7 +50,7 @@ MAX_BARS = 1024  # (per lane)
 MAX_BEATS = int(WINDOW) + 10
 #: Categories shown per run in progress (those of the most tasks).
 MAX_CATEGORIES = 20
-#: The pages: (name, title).
+#: The pages: (name, title); each is drawn by the view's method ``_<name>``.
 PAGES = (
     ("status", "Status"),
     ("stream", "Task stream"),
@@ -58,6 +58,7 @@ PAGES = (
     ("transfers", "Transfers"),
     ("failures", "Failures"),
 )
+_TITLES = dict(PAGES)
 
 
 class DashboardView:
@@ -178,7 +179,10 @@ class DashboardView:
     def page(self, name: str) -> str:
         """The page's content (the part that is redrawn each second); ``KeyError`` for a
         page that does not exist."""
-        return _PAGES[name](self)
+        if name not in _TITLES:
+            raise KeyError(name)
+        draw_page: Callable[[], str] = getattr(self, f"_{name}")  # (``_status``...)
+        return draw_page()
 
     # -- pages --------------------------------------------------------------------------
 
@@ -262,16 +266,6 @@ class DashboardView:
     def _failures(self) -> str:
         summary = self.summary(bars_of=(), memory_of=())
         return draw.section("Failed runs", "failures", report.failures(summary))
-
-
-_PAGES = {
-    "status": DashboardView._status,
-    "stream": DashboardView._stream,
-    "workers": DashboardView._workers,
-    "transfers": DashboardView._transfers,
-    "failures": DashboardView._failures,
-}
-assert set(_PAGES) == {name for name, _ in PAGES}
 
 
 def _per_category(live: dict[str, Any]) -> str:

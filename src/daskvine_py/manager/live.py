@@ -202,15 +202,7 @@ def ask(
 ) -> dict[str, Any]:
     """The snapshot, asked of the I/O thread with ``command`` (``Manager.live``): a copy,
     the caller's to change; ``TimeoutError`` after ``timeout`` seconds without it."""
-    reply: list[dict[str, Any]] = []
-    done = threading.Event()
-    command(Snapshot(reply, done))
-    deadline = time.monotonic() + timeout
-    while not done.wait(0.1):
-        raise_if_dead()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")
-    return copy.deepcopy(reply[0])
+    return copy.deepcopy(_answer(_request(command, False), raise_if_dead, timeout))
 
 
 def _failure(run: Run) -> dict[str, Any]:
@@ -236,20 +228,33 @@ def request_dashboard(command: Callable[[Snapshot], None]) -> Snapshot:
     """Ask the I/O thread for ``LiveView.dashboard``'s answer with ``command``, without
     waiting: it is in the request's ``reply`` once its ``done`` is set (not a copy: read
     it, do not change it)."""
-    request = Snapshot([], threading.Event(), dashboard=True)
-    command(request)
-    return request
+    return _request(command, True)
 
 
 def ask_dashboard(
     command: Callable[[Snapshot], None], raise_if_dead: Callable[[], None], timeout: float
 ) -> dict[str, Any]:
     """``request_dashboard``, waited for."""
-    reply, done, _ = request_dashboard(command)
-    if not done.wait(timeout):
+    return _answer(_request(command, True), raise_if_dead, timeout)
+
+
+def _request(command: Callable[[Snapshot], None], dashboard: bool) -> Snapshot:
+    request = Snapshot([], threading.Event(), dashboard)
+    command(request)
+    return request
+
+
+def _answer(
+    request: Snapshot, raise_if_dead: Callable[[], None], timeout: float
+) -> dict[str, Any]:
+    """The request's answer once the I/O thread gave it; the loop's own error if it died
+    meanwhile, ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not request.done.wait(0.1):
         raise_if_dead()
-        raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")
-    return reply[0]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the manager's I/O thread did not answer in {timeout:g} s")
+    return request.reply[0]
 
 
 def _add(into: Category, other: Category) -> None:
