@@ -276,7 +276,8 @@ class _Proxy:
                     connection.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
                 except OSError as exc:
                     first = f"? ({exc})"
-                self.hosts.append(_host(first))
+                if first:  # (a socket Chromium opened ahead and closed unused asked nothing)
+                    self.hosts.append(_host(first))
 
     def close(self) -> None:
         self._stop.set()

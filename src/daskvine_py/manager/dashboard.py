@@ -159,24 +159,25 @@ class _Source:
 
     def view(self, fresh: bool = False) -> DashboardView:
         """The view; ``fresh``: with an answer asked for now, waited for (a scrape)."""
-        if fresh and self._pending is None:
-            self._asked = -float("inf")
         now = time.monotonic()
+        if self._pending is not None and self._pending.done.is_set():
+            self._take()
+        if self._pending is None and (fresh or now - self._asked >= ASK_INTERVAL):
+            self._pending, self._asked = self._request(), now
         pending = self._pending
-        if pending is not None and pending.done.is_set():
-            self._view.update(pending.reply[0])
-            self._pending = pending = None
-        if pending is None and now - self._asked >= ASK_INTERVAL:
-            self._pending = pending = self._request()
-            self._asked = now
         if pending is not None and (fresh or not self._view.live):  # (nothing yet: wait)
             if not pending.done.wait(FIRST_ANSWER_TIMEOUT):
                 self._check()
                 raise TimeoutError("the manager's I/O thread does not answer")
-            return self.view(fresh=False)
-        if pending is not None and now - self._asked > FIRST_ANSWER_TIMEOUT:
+            self._take()
+        elif pending is not None and now - self._asked > FIRST_ANSWER_TIMEOUT:
             self._check()  # (a loop that died never answers)
         return self._view
+
+    def _take(self) -> None:
+        assert self._pending is not None
+        self._view.update(self._pending.reply[0])
+        self._pending = None
 
 
 class _Handler(tornado.web.RequestHandler):
