@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.protocol import split_address
 from daskvine_py.worker import gpus, library, library_process, pipe, task_process, threads
-from daskvine_py.worker.measure import PAGE
+from daskvine_py.worker.measure import resident_bytes
 
 if TYPE_CHECKING:
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
@@ -262,7 +262,7 @@ def resident(pid: int | None) -> int:
     """Resident bytes of a process now (0 where unknown)."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * PAGE
+            return resident_bytes(statm.fileno())
     except (OSError, ValueError, IndexError):
         return 0
 

@@ -189,10 +189,16 @@ def peak_memory() -> int:
     return _usage(_SELF).ru_maxrss * _MAXRSS_UNIT
 
 
+def resident_bytes(fd: int) -> int:
+    """Resident bytes from an open ``/proc/PID/statm`` (its second field, in pages);
+    ``OSError``, ``ValueError`` or ``IndexError`` where it cannot be read."""
+    return int(os.pread(fd, 128, 0).split()[1]) * PAGE
+
+
 def _resident() -> int:
     if _statm_fd >= 0:
         try:
-            return int(os.pread(_statm_fd, 128, 0).split()[1]) * PAGE
+            return resident_bytes(_statm_fd)
         except (OSError, ValueError, IndexError):
             pass
     return 0

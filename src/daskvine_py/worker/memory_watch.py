@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from daskvine_py.wire.protocol import DropLog
 from daskvine_py.worker.live_results import ExportWait
-from daskvine_py.worker.measure import PAGE
+from daskvine_py.worker.measure import resident_bytes
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.store import Store
 
@@ -179,7 +179,7 @@ class MemoryWatch:
                 return 0
             entry = self._files[lib_id] = (pid or 0, fd)
         try:
-            return int(os.pread(entry[1], 128, 0).split()[1]) * PAGE
+            return resident_bytes(entry[1])
         except (OSError, ValueError, IndexError):
             return 0
 
