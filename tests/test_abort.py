@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 import zmq
 from dask._task_spec import Task
 
+import procfs
 from daskvine_py.manager.launch import spawn
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import TaskEncoder, loads
@@ -94,35 +94,9 @@ def fake_manager_with_a_worker(
         context.destroy(linger=0)
 
 
-def _children(pid: int) -> dict[int, str]:
-    """The child processes of ``pid`` and their command lines."""
-    children = {}
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                listed = file.read().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended meanwhile
-        for child in listed:
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                    children[int(child)] = cmdline.read().replace(b"\0", b" ").decode()
-            except (FileNotFoundError, ProcessLookupError):
-                pass  # gone meanwhile
-    return children
-
-
 def _libraries(pid: int) -> list[int]:
     """The library processes of worker ``pid`` (multiprocessing's spawned children)."""
-    return [child for child, cmd in _children(pid).items() if "spawn_main" in cmd]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1].startswith("Z")  # a zombie is gone too
-    except (FileNotFoundError, ProcessLookupError):  # (reaped between open and read)
-        return True
+    return [child for child, cmd in procfs.children(pid).items() if "spawn_main" in cmd]
 
 
 def _wait_until(predicate, timeout: float = 20.0) -> None:
@@ -150,7 +124,7 @@ def test_an_aborted_task_has_its_library_killed_and_the_worker_goes_on():
         manager.wait_for(lambda r: type(r) is p.Started and 2 in r.task_ids)
         manager.send(p.Abort((2,), "a straggler"))
         # The task sleeps 30 s: its library is gone long before, killed.
-        _wait_until(lambda: _gone(library))
+        _wait_until(lambda: not procfs.alive(library))
         _wait_until(lambda: len(_libraries(proc.pid)) == 1)  # its replacement
         manager.wait_for(lambda r: type(r) is p.Lost)
         assert [r for r in manager.heard if type(r) is p.Lost] == [p.Lost((1,))]
@@ -166,9 +140,11 @@ def test_an_aborted_task_process_is_killed_and_the_worker_goes_on():
         manager.send(p.RunConfig(5, "tasks", "direct", (), (), True))
         manager.execute(1, Task("sleepy", time.sleep, 30), run_id=5)
         manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
-        (process,) = [pid for pid, cmd in _children(proc.pid).items() if "task_process" in cmd]
+        # (Started is sent after the process was started: it is there to be found)
+        (process,) = [pid for pid, cmd in procfs.children(proc.pid).items()
+                      if "task_process" in cmd]  # fmt: skip
         manager.send(p.Abort((1,), "a straggler"))
-        _wait_until(lambda: _gone(process))
+        _wait_until(lambda: not procfs.alive(process))
         _the_next_task_runs_right(manager, 2, run_id=5)
         assert not [r for r in manager.heard if type(r) in REPORTS and r.task_id == 1]
         assert _libraries(proc.pid) == [library]  # the library had nothing to do with it

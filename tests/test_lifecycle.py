@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import procfs
 from daskvine_py import Manager
 from daskvine_py.wire import security
 
@@ -38,29 +39,6 @@ HOLDER = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    """Running, or stopped: a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as file:
-                    parent = int(file.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                continue
-            if parent == pid:
-                found.add(int(entry))
-    return found
-
-
 @pytest.fixture
 def connection_dir(tmp_path, monkeypatch):
     directory = tmp_path / "connections"
@@ -84,15 +62,15 @@ def test_a_signal_closes_the_manager_its_workers_and_its_file(signum, connection
         started = json.loads(line)
         assert os.path.exists(started["file"])
         processes = set(started["workers"])
-        libraries = set().union(*(_children(pid) for pid in processes))
+        libraries = set().union(*(set(procfs.children(pid)) for pid in processes))
         assert libraries, "the workers run library processes"
         processes |= libraries
         time.sleep(0.5)  # inside the second get, waiting on its tasks
         signalled = time.monotonic()
         holder.send_signal(signum)
-        while any(map(_alive, processes)) and time.monotonic() < signalled + 2.0:
+        while any(map(procfs.alive, processes)) and time.monotonic() < signalled + 2.0:
             time.sleep(0.05)
-        assert not [pid for pid in processes if _alive(pid)], "left after 2 s"
+        assert not [pid for pid in processes if procfs.alive(pid)], "left after 2 s"
         assert list(connection_dir.glob("manager-*.json")) == []
         assert holder.wait(10) == -signum  # ended as the signal's default action would
         assert f"{signum.name} received: closing 1 manager(s)" in holder.stderr.read()
@@ -101,7 +79,7 @@ def test_a_signal_closes_the_manager_its_workers_and_its_file(signum, connection
             holder.kill()
             holder.wait()
         for pid in processes:
-            if _alive(pid):
+            if procfs.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -232,7 +210,7 @@ def test_under_timeout_the_run_ends_with_its_status_and_nothing_left(connection_
     )  # fmt: skip
     assert done.returncode == 124, done.stderr  # timeout's own status: it timed out
     workers = json.loads(done.stdout.splitlines()[0])["workers"]
-    left = [pid for pid in workers if _alive(pid)]
+    left = [pid for pid in workers if procfs.alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left
