@@ -26,6 +26,9 @@ def _live(t: float, done: int, workers: tuple[str, ...] = ("w1", "w2")) -> dict:
                                  "sum": {"planned": 10, "done": 0, "failed": 1}}}],
         "categories": {"inc": {"tasks": done, "failed": 0, "wall_s": 0.5, "cpu_s": 0.4,
                                "peak_memory_mb": 1.0, "allocated_memory_mb": 0.0,
+                               "exhausted": 0},
+                       "add": {"tasks": done, "failed": 0, "wall_s": 0.1, "cpu_s": 0.1,
+                               "peak_memory_mb": 0.0, "allocated_memory_mb": 0.0,
                                "exhausted": 0}},
         "workers": [{"name": name, "hostname": "node", "cores": 2, "gpus": 0, "tasks": 4,
                      "memory": 2**30, "resident": 2**27, "stored_bytes": 1024,
@@ -65,6 +68,10 @@ def test_every_page_draws_what_was_handed_over():
     assert progress.index(">inc<") < progress.index(">sum<")
     assert "30 of 90 done" in progress and "0 of 10 done, 1 failed" in progress
     assert ">inc<" in status  # the categories table, the report's own
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in _section(status, "categories")
+            .split("</tr>")[1:]]  # fmt: skip
+    peaks = {cells[0]: cells[5] for cells in rows if cells}
+    assert peaks["inc"] == "1.0 MiB" and peaks["add"] == "&lt; 1 MiB"  # not "0"
     assert status.count("class='series'") >= 4  # tasks over time: three samples drawn
 
     stream = pages["stream"]

@@ -39,6 +39,16 @@ def _categories() -> Categories:
     return categories
 
 
+def _small_categories() -> Categories:
+    """Tasks that grew their process by nothing, by a few pages, and a category whose
+    only task raised (nothing measured)."""
+    categories = Categories()
+    categories.done("inc", 0.001, 0.001, 0)
+    categories.done("add", 0.001, 0.001, 12 * 4096)
+    categories.fail("bad")
+    return categories
+
+
 def _log() -> EventLog:
     log = EventLog(5, wall_start=1000.0, mono_start=0.0, tasks=3, options={})
     log.worker(0.0, "w1", 1, "node1", memory=512 * MB)
@@ -94,14 +104,24 @@ def test_the_categories_record_is_last_runs_figures_and_the_report_tabulates_the
 
     rows = _rows(render(records), "categories")
     assert rows["category"] == ["category", "tasks", "wall s", "CPU s", "CPU/wall",
-                                "peak memory MB", "allocated MB", "exhausted", "input MB",
+                                "peak memory", "allocated MB", "exhausted", "input MB",
                                 "output MB", "failed"]  # fmt: skip
-    assert rows["load"] == ["load", "2", "2.00", "2.00", "1.00", "300", "0", "0", "0", "10.00",
-                            "1"]  # fmt: skip
-    assert rows["sum"] == ["sum", "1", "0.25", "0.5", "2.00", "10.00", "0", "0", "10.00",
+    assert rows["load"] == ["load", "2", "2.00", "2.00", "1.00", "300 MiB", "0", "0", "0",
+                            "10.00", "1"]  # fmt: skip
+    assert rows["sum"] == ["sum", "1", "0.25", "0.5", "2.00", "10.0 MiB", "0", "0", "10.00",
                            "7.63e-06", "0"]  # fmt: skip
-    assert rows["all categories"][1:6] == ["3", "2.25", "2.50", "1.11", "300"]
+    assert rows["all categories"][1:6] == ["3", "2.25", "2.50", "1.11", "300 MiB"]
     assert list(rows)[1:] == ["load", "sum", "all categories"]  # the heaviest first
+
+
+def test_the_report_shows_a_peak_under_one_mib_as_such_not_as_zero():
+    info = RunInfo(7, {}, 3, 100.0, 101.0, "failed")
+    info.categories = dict(_small_categories())
+    rows = _rows(render(summary_records(info)), "categories")
+    assert rows["inc"][5] == "< 1 MiB"  # grew by nothing: under 1 MiB, not "0"
+    assert rows["add"][5] == "< 1 MiB"  # 48 kB
+    assert rows["bad"][5] == ""  # its one task raised: nothing was measured
+    assert rows["all categories"][5] == "< 1 MiB"
 
 
 def test_a_run_without_a_log_still_reports_its_categories():

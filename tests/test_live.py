@@ -223,3 +223,34 @@ def test_failed_tasks_count_in_the_snapshot_and_the_metrics(manager):
     assert snapshot["categories"]["bad"]["failed"] == failed
     families = {f.name: f for f in text_string_to_metric_families(manager.metrics())}
     assert families["daskvine_py_tasks_failed"].samples[0].value == failed
+
+
+def _category(tasks: int, peak_mb: float, failed: int = 0) -> dict:
+    return {"tasks": tasks, "failed": failed, "wall_s": 0.5, "cpu_s": 0.25,
+            "peak_memory_mb": peak_mb, "allocated_memory_mb": 0.0, "exhausted": 0,
+            "input_bytes": 0, "output_bytes": 0}  # fmt: skip
+
+
+def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
+    from daskvine_py.batch.live_view import render
+
+    snapshot = {
+        "t": 1_000_000.0,
+        "manager": {"cpu_s": 1.0, "uptime_s": 60.0},
+        "totals": {"workers": 0, "cores": 0, "ready": 0, "processing": 0, "running": 0,
+                   "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0, "stored_bytes": 0,
+                   "spilled_bytes": 0},
+        "runs": [],
+        "categories": {"inc": _category(10, 0.0), "add": _category(2, 0.004),
+                       "load": _category(1, 300.0), "sum": _category(3, 12.25),
+                       "bad": _category(0, 0.0, failed=2)},
+        "workers": [],
+    }  # fmt: skip
+    lines = render(snapshot, "tcp://127.0.0.1:1").splitlines()
+    head = next(line for line in lines if line.startswith("category"))
+    assert head.split()[-1] == "peak"
+    rows = {line.split()[0]: line for line in lines[lines.index(head) + 1 :] if line}
+    assert rows["inc"].endswith(" < 1 MiB")  # a growth of none: under 1 MiB, not "0.0"
+    assert rows["add"].endswith(" < 1 MiB")
+    assert rows["load"].endswith(" 300 MiB") and rows["sum"].endswith(" 12.2 MiB")
+    assert "MiB" not in rows["bad"]  # no task of it finished: nothing was measured

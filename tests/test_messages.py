@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -14,6 +15,7 @@ import dask
 import pytest
 import zmq
 
+import daskvine_py
 from daskvine_py import Manager, RemoteTraceback
 from daskvine_py.errors import FULL_TRACEBACK_MARK, BindError
 from daskvine_py.options import ManagerOptions
@@ -150,6 +152,43 @@ def test_a_tasks_error_prints_once_with_the_users_frames_only(shared_manager, gr
         shared_manager.get(graph, outputs)
     except ZeroDivisionError:
         pass
+
+
+#: Where this package's frames would come from (``manager.py``'s ``get`` aside: the
+#: caller's own call of it, in the local half of the traceback).
+PACKAGE = os.path.dirname(os.path.abspath(daskvine_py.__file__)) + os.sep
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "graph",
+    [
+        {"a": (abs, "missing")},  # a string that names no key is a literal, as in dask
+        {"b": (abs, "missing"), "c": (abs, "b"), "a": (abs, "c")},  # one chain
+    ],
+    ids=["tuple", "chain"],
+)
+def test_a_builtins_error_shows_no_frame_of_daskvine_py(shared_manager, graph):
+    with pytest.raises(TypeError) as expected:
+        dask.get(graph, "a")
+    with pytest.raises(TypeError) as info:
+        shared_manager.get(graph, "a")
+    error = info.value
+    assert type(error) is type(expected.value) and str(error) == str(expected.value)
+    cause = error.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    # abs has no Python frame: the worker's half is the exception alone, not the machinery
+    assert cause.text.strip() == "TypeError: bad operand type for abs(): 'str'"
+    assert "legacy.py" in cause.full  # every frame kept, for debugging daskvine_py
+    printed = _printed(error)
+    for internal in INTERNAL:
+        assert internal not in printed, (internal, printed)
+    frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', printed, re.M)
+    ours = [(path, name) for path, name in frames if path.startswith(PACKAGE)]
+    assert {name for _, name in ours} <= {"get", "_get"}, printed  # the call of ``get``
+    assert all(path.endswith(os.path.join("manager", "manager.py")) for path, _ in ours)
+    if "b" in graph:  # the link that raised is named, though the chain is one task
+        assert "raised by task 'b', run in one chain with 'a'" in printed
 
 
 #: A script whose task function lives in ``__main__``: cloudpickle sends it by value.

@@ -14,6 +14,7 @@ import pytest
 
 from daskvine_py.manager.events import read_events
 from daskvine_py.manager.report_resources import amount
+from daskvine_py.sizes import peak_memory
 from test_events import section, section_rows
 
 MB = 2**20
@@ -110,7 +111,7 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     for name, category in categories.items():
         assert rows[name][1] == str(category.tasks)
         assert rows[name][2:4] == [amount(category.wall_s), amount(category.cpu_s)]
-        assert rows[name][5] == amount(category.peak_memory_mb)
+        assert rows[name][5] == peak_memory(category.peak_memory_mb)
         assert rows[name][8:10] == [amount(category.input_bytes / MB),
                                     amount(category.output_bytes / MB)]  # fmt: skip
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from daskvine_py.batch.status import ManagerRefused, ManagerUnreachable, StatusClient
-from daskvine_py.sizes import byte_size
+from daskvine_py.sizes import byte_size, peak_memory
 from daskvine_py.wire import security
 
 #: Workers shown, the busiest first (by tasks held).
@@ -92,10 +92,10 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
     if categories:
         lines.append("")
         lines.append(f"{'category':<24} {'done':>8} {'failed':>7} {'wall s':>9} "
-                     f"{'CPU s':>9} {'peak MB':>8}")  # fmt: skip
+                     f"{'CPU s':>9} {'peak':>9}")  # fmt: skip
         for name, c in categories[:CATEGORIES]:
             lines.append(f"{name[:24]:<24} {c['tasks']:>8} {c['failed']:>7} {c['wall_s']:>9.1f} "
-                         f"{c['cpu_s']:>9.1f} {c['peak_memory_mb']:>8.1f}")  # fmt: skip
+                         f"{c['cpu_s']:>9.1f} {_peak(c):>9}")  # fmt: skip
         if len(categories) > CATEGORIES:
             lines.append(f"  ({len(categories) - CATEGORIES} more)")
     workers = sorted(snapshot["workers"], key=lambda w: (-w["tasks"], w["name"]))
@@ -114,6 +114,14 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
             f"{byte_size(w['spilled_bytes']):>9} {w['last_heard_s']:>5.1f}s{note}"
         )
     return "\n".join(lines)
+
+
+def _peak(category: dict[str, Any]) -> str:
+    """Its largest task's own growth; blank where none of its tasks was measured (every
+    one failed)."""
+    if not (category["tasks"] or category.get("exhausted")):
+        return ""
+    return peak_memory(category["peak_memory_mb"])
 
 
 def _seconds(s: float) -> str:

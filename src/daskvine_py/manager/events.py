@@ -114,7 +114,8 @@ class DoneEntry:
     """A task's result arrived ("done"); ``end`` is the worker's finish on the run's scale,
     ``duration`` the call's seconds and ``serialization`` its library's seconds unpickling
     its inputs and pickling its result besides; ``cpu`` the call's CPU seconds and
-    ``peak_memory`` its peak resident bytes (``TaskDone``'s)."""
+    ``peak_memory`` its own peak resident bytes, above its process's size as it began
+    (``TaskDone``'s)."""
 
     t: float
     task_id: int

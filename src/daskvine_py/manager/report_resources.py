@@ -14,6 +14,7 @@ from typing import Any
 
 from daskvine_py.manager import drawing as draw
 from daskvine_py.manager.summary import LANE_NAMES, MemorySample, RunWorker, Summary
+from daskvine_py.sizes import peak_memory
 
 #: Workers drawn in the memory section, those that held the most first; the rest are named.
 MAX_MEMORY_CHARTS = 32
@@ -31,7 +32,7 @@ MEMORY_SERIES = (
 #: default, the node's memory, would flatten the lines).
 BUDGET_IN_VIEW = 4.0
 
-_HEAD = ("category", "tasks", "wall s", "CPU s", "CPU/wall", "peak memory MB", "allocated MB",
+_HEAD = ("category", "tasks", "wall s", "CPU s", "CPU/wall", "peak memory", "allocated MB",
          "exhausted", "input MB", "output MB", "failed")  # fmt: skip
 
 
@@ -59,10 +60,13 @@ def categories(summary: Summary) -> str:
         "<p class='note'>A category is the prefix of its tasks' keys (dask's "
         "<code>key_split</code>); the figures are <code>manager.last_run.categories</code>. "
         "Wall s: the tasks' calls; CPU s: their processes' CPU time then (above wall: "
-        "threads); peak memory: the largest of one task's; allocated: what each task was "
-        "allotted (0: no allotment), exhausted: tasks stopped past it; input: bytes of "
-        "results the tasks read, output: bytes they made. A task run twice counts twice; "
-        "failed: tasks that raised or whose process died. MB: 2<sup>20</sup> bytes.</p>"
+        "threads); peak memory: the most one task grew its process while it ran, above "
+        "the process's size as the task began (its own memory, not the interpreter's "
+        "and its modules' base; &lt; 1 MiB: less, or none); "
+        "allocated: what each task was allotted (0: no allotment), exhausted: tasks "
+        "stopped past it; input: bytes of results the tasks read, output: bytes they "
+        "made. A task run twice counts twice; failed: tasks that raised or whose process "
+        "died. MB and MiB: 2<sup>20</sup> bytes.</p>"
     )
 
 
@@ -71,13 +75,21 @@ def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any
     return (
         name, f"{int(_number(fields, 'tasks')):,}", amount(wall), amount(cpu),
         f"{cpu / wall:.2f}" if wall > 0 else "",
-        amount(_number(fields, "peak_memory_mb")),
+        _peak(fields),
         amount(_number(fields, "allocated_memory_mb")) if allocated else "",
         f"{int(_number(fields, 'exhausted')):,}",
         amount(_number(fields, "input_bytes") / MB),
         amount(_number(fields, "output_bytes") / MB),
         f"{int(_number(fields, 'failed')):,}",
     )  # fmt: skip
+
+
+def _peak(fields: dict[str, Any]) -> str:
+    """The largest growth of one of its tasks; blank where none was measured (every
+    task failed)."""
+    if not (_number(fields, "tasks") or _number(fields, "exhausted")):
+        return ""
+    return peak_memory(_number(fields, "peak_memory_mb"))
 
 
 def amount(value: float) -> str:

@@ -43,8 +43,9 @@ class RunInfo:
     run_seconds: float = 0.0
     serialization_seconds: float = 0.0
     #: what the tasks that finished took, by category (their keys' prefix, dask's
-    #: ``key_split``): ``tasks``, ``wall_s``, ``cpu_s``, ``peak_memory_mb`` (the largest
-    #: peak resident memory of one), ``allocated_memory_mb`` and ``exhausted`` (0: no
+    #: ``key_split``): ``tasks``, ``wall_s``, ``cpu_s``, ``peak_memory_mb`` (MiB, a float:
+    #: the most one task grew its process above its size as the task began; a small task's
+    #: is often 0 or a fraction), ``allocated_memory_mb`` and ``exhausted`` (0: no
     #: allocations yet), ``input_bytes`` and ``output_bytes`` (results read and made), and
     #: ``failed`` (tasks that raised or crashed); empty like ``run_seconds``. The event
     #: log's "categories" record and the report's table are these figures

@@ -26,7 +26,8 @@ class TaskRun:
     end: float
     nbytes: int
     serialization: float = 0.0
-    #: CPU seconds of its call and its peak resident bytes (0: not recorded)
+    #: CPU seconds of its call and its own peak resident bytes, above its process's size
+    #: as it began (0: it grew its process by nothing, or not recorded)
     cpu: float = 0.0
     peak_memory: int = 0
     #: tasks it stands for: more than one for a worker's merged bar (``Status.activity``)

@@ -33,7 +33,8 @@ class Category:
         self.wall_s = 0.0
         self.cpu_s = 0.0
         #: the largest peak resident memory (MiB) of one of its tasks, above what its
-        #: process held when it began (0: not measured there)
+        #: process held when it began: its own growth, often 0 or a fraction for a small
+        #: task (0 also: not measured there)
         self.peak_memory_mb = 0.0
         #: the largest memory allotment its tasks ran with (MiB; 0: none), and how many
         #: of its tasks went past theirs

@@ -107,19 +107,15 @@ def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
 
 
 #: Where the frames of a task's traceback that are not the user's come from: this
-#: package's machinery (a task's library, its chain, its legacy tuple) and dask's own
-#: task objects. They are left out of what the user sees, kept in the full text.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_INTERNAL_DIRS = tuple(
-    os.path.join(_PACKAGE_DIR, name) + os.sep
-    for name in ("worker", "plan", "wire", "scheduler", "cache", "manager")
-)
+#: package (a task's library, its chain, its legacy tuple, coffea's wrappers) and dask's
+#: own task objects. They are left out of what the user sees, kept in the full text.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INTERNAL_FILES = (os.sep + os.path.join("dask", "_task_spec.py"),
                    os.sep + os.path.join("dask", "core.py"))  # fmt: skip
 
 
 def _is_internal(filename: str) -> bool:
-    return filename.startswith(_INTERNAL_DIRS) or filename.endswith(_INTERNAL_FILES)
+    return filename.startswith(_PACKAGE_DIR) or filename.endswith(_INTERNAL_FILES)
 
 
 def _hide_internal_frames(shown: traceback.TracebackException, seen: set[int]) -> None:
@@ -127,10 +123,11 @@ def _hide_internal_frames(shown: traceback.TracebackException, seen: set[int]) -
     if id(shown) in seen:
         return
     seen.add(id(shown))
+    # Every frame may be internal: a function that is not Python (``abs``, a C
+    # extension's) leaves none of its own, and is still the user's error, not the
+    # machinery's. Its text is then the exception alone; the full one keeps every frame.
     frames = [frame for frame in shown.stack if not _is_internal(frame.filename)]
-    if frames or not shown.stack:
-        shown.stack = traceback.StackSummary.from_list(frames)
-    # (an error of the machinery itself, every frame internal, keeps them: they are its story)
+    shown.stack = traceback.StackSummary.from_list(frames)
     grouped = getattr(shown, "exceptions", None) or ()  # an ExceptionGroup's
     for chained in (shown.__cause__, shown.__context__, *grouped):
         if chained is not None:
