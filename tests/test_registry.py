@@ -121,3 +121,13 @@ def test_a_name_or_host_holding_control_characters_is_refused_in_one_line(caplog
     assert len(lines) == 1 and "malformed registration" in lines[0], lines
     assert "\n" not in lines[0] and "\\n" in lines[0]  # shown escaped, never a line of its own
 
+
+def test_a_flood_under_one_taken_name_is_one_line(caplog):
+    reg, _ = registry()
+    with caplog.at_level(logging.WARNING):
+        names = [reg.stranger(f"id{i}".encode(), [register("w")], now=i / 60).name
+                 for i in range(60)]  # fmt: skip
+    assert names == ["w"] + [f"w~{i}" for i in range(2, 61)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker w: a connected worker has that name already; it joins as w~2"
+    ]
