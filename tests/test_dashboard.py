@@ -24,6 +24,7 @@ import pytest
 
 from browser import CHROMIUM, SKIP_REASON, chromium
 from daskvine_py import Manager
+from daskvine_py.manager import dashboard
 from daskvine_py.manager.dashboard import COOKIE
 from daskvine_py.manager.dashboard_view import PAGES
 
@@ -439,3 +440,43 @@ def test_no_dashboard_when_its_address_is_none():
                          timeout=60, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "host, shown",
+    [
+        ("0.0.0.0", socket.gethostname()),
+        ("::", socket.gethostname()),
+        ("0:0:0:0:0:0:0:0", socket.gethostname()),
+        ("", socket.gethostname()),
+        ("127.0.0.1", "127.0.0.1"),
+        ("::1", "[::1]"),
+        ("node17.cluster", "node17.cluster"),
+    ],
+)
+def test_the_link_names_a_host_a_browser_can_open(host, shown):
+    assert dashboard.link(host, 8796, "tok") == f"http://{shown}:8796/status?token=tok"
+
+
+@pytest.mark.timeout(60)
+def test_a_dashboard_on_every_interface_links_to_this_machines_name(monkeypatch):
+    """``dashboard_address="0.0.0.0:0"``: the link names this machine, not 0.0.0.0. (Tests
+    listen on loopback only: the server is bound there, told it was 0.0.0.0.)"""
+    bound = []
+    bind = dashboard.tornado.netutil.bind_sockets
+
+    def loopback_instead(port: int, address: str, **kwargs: Any) -> list[socket.socket]:
+        bound.append(address)
+        return bind(port, "127.0.0.1", family=socket.AF_INET)
+
+    monkeypatch.setattr(dashboard.tornado.netutil, "bind_sockets", loopback_instead)
+    with Manager(dashboard_address="0.0.0.0:0") as manager:
+        link = manager.dashboard_link
+    assert bound == ["0.0.0.0"]
+    assert link is not None and link.startswith(f"http://{socket.gethostname()}:"), link
+    monkeypatch.undo()
+    with Manager(dashboard_address="127.0.0.1:0") as manager:
+        link = manager.dashboard_link
+        assert link is not None and link.startswith("http://127.0.0.1:"), link
+        status, body, _ = _fetch(link)
+    assert status == 200 and "daskvine_py" in body

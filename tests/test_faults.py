@@ -215,6 +215,34 @@ def test_a_flood_of_wrong_version_registrations_logs_a_line_not_one_each(insecur
     assert dask.get({"x": (inc, 1)}, "x") == manager.get({"x": (inc, 1)}, "x")
 
 
+def test_a_flood_of_registrations_under_a_forging_name_logs_a_line_and_no_loss(
+    insecure_manager, caplog
+):
+    """60 workers register under one name holding a newline: each is refused (it would
+    forge log lines), the manager says so once, and logs none of them as lost."""
+    manager = insecure_manager
+    context = zmq.Context()
+    forged = "evil\nWARNING daskvine_py.manager worker local-0 lost: forged"
+    try:
+        with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
+            socks = [dealer(context, manager.address, f"forger-{i}".encode()) for i in range(60)]
+            for sock in socks:
+                register = p.Register(p.PROTOCOL_VERSION, forged, 1, 0, "h", "tcp://x:1", 1)
+                sock.send_multipart(p.encode([register]))
+            for sock in socks:  # every one is answered, none hangs
+                assert sock.poll(10_000)
+                (reply,) = p.decode(sock.recv_multipart(), p.TO_WORKER)
+                assert type(reply) is p.Rejected and "control characters" in reply.reason
+            context.destroy(linger=0)  # all gone at once, as a flood's senders go
+            assert manager.get({"x": (inc, 1)}, "x") == 2  # the loop went on past them
+            assert sorted(manager.workers) == ["local-0", "local-1"]
+    finally:
+        context.destroy(linger=0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "malformed registration" in lines[0], lines
+    assert "\n" not in lines[0]
+
+
 def _fake_manager():
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)

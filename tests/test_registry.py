@@ -101,10 +101,33 @@ def test_a_second_worker_under_a_taken_name_joins_under_a_suffix(caplog):
     assert reg.stranger(b"id4", [register("w1")], now=0.0).name == "w1"
 
 
-def test_names_with_control_characters_are_logged_escaped(caplog):
+def test_a_name_or_host_holding_control_characters_is_refused_in_one_line(caplog):
+    """A newline in a name would forge log lines and rows of ``Manager.workers``: such a
+    registration is refused as malformed, a flood of them in one line, and nothing of
+    a worker that never joined is logged as lost."""
+    reg, posted = registry()
+    forged = "evil\nWARNING worker x lost: forged"
+    with caplog.at_level(logging.INFO):
+        for i in range(60):
+            reg.stranger(f"id{i}".encode(), [register(forged)], now=i / 60)
+        reg.stranger(b"host", [register("w1")._replace(hostname="h\r\n")], now=1.0)
+        for i in range(60):
+            assert reg.remove(f"id{i}".encode(), "gone") is None
+    assert reg.workers == {} and reg.snapshot == {}
+    assert [type(m) for _, m in posted.messages] == [p.Rejected] * 61
+    assert "Register.name" in posted.messages[0][1].reason
+    assert "Register.hostname" in posted.messages[-1][1].reason
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "malformed registration" in lines[0], lines
+    assert "\n" not in lines[0] and "\\n" in lines[0]  # shown escaped, never a line of its own
+
+
+def test_a_flood_under_one_taken_name_is_one_line(caplog):
     reg, _ = registry()
-    with caplog.at_level(logging.INFO, logger="daskvine_py.manager"):
-        reg.stranger(b"id1", [register("evil\nworker x lost: forged")], now=0.0)
-        reg.remove(b"id1", "gone")
-    assert "evil\\nworker x lost: forged" in caplog.text
-    assert not any(r.getMessage().count("\n") for r in caplog.records)
+    with caplog.at_level(logging.WARNING):
+        names = [reg.stranger(f"id{i}".encode(), [register("w")], now=i / 60).name
+                 for i in range(60)]  # fmt: skip
+    assert names == ["w"] + [f"w~{i}" for i in range(2, 61)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker w: a connected worker has that name already; it joins as w~2"
+    ]

@@ -573,6 +573,8 @@ def test_an_address_zeromq_refuses_moves_the_fetch_to_the_next_holder(worker):
         (p.Transfers((("tcp://x:1", "many"),)), "Transfers.received"),
         (p.Register(4, "w", 0, 0, "h", "tcp://x:1", 1), "Register.cores"),
         (p.Register(4, "w", 1, 0, "h", "nowhere", 1), "Register.peer_address"),
+        (p.Register(4, "w\nx", 1, 0, "h", "tcp://x:1", 1), "Register.name: 'w\\\\nx' holds"),
+        (p.Register(4, "w", 1, 0, "h\x1b[2J", "tcp://x:1", 1), "Register.hostname"),
         (p.Welcome("w", math.inf), "Welcome.heartbeat_interval"),
         (p.Execute(1, ["k"], b"", (), False), "Execute.key"),
         (p.Execute(1, "k", b"", (p.DepLocation("1", "x", ()),), False), "Execute.deps"),

@@ -494,6 +494,32 @@ def test_progress_in_a_terminal_redraws_one_bar(monkeypatch):
     assert text.count("\n") == 1, repr(text)  # redrawn in place, finished once
 
 
+@pytest.mark.timeout(30)
+def test_progress_in_a_terminal_that_reports_no_size_draws_the_bar_80_wide(monkeypatch):
+    """A pty nobody sized (no TIOCSWINSZ) reports 0 columns and 0 rows: the bar is still
+    drawn, for a terminal of 80 columns, not as an empty line."""
+    master, slave = os.openpty()
+    try:
+        assert os.get_terminal_size(slave) == (0, 0)
+        err = open(slave, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+        monkeypatch.setattr(sys, "stderr", err)
+        done = threading.Event()
+        counted = _count_to(20, done)
+        progress.wait_with_progress(done, lambda: counted[0], 20)
+        err.close()
+        drawn = b""
+        while select.select([master], [], [], 0)[0]:
+            drawn += os.read(master, 1 << 16)
+    finally:
+        os.close(master)
+        os.close(slave)
+    text = drawn.decode()
+    redraws = [line for line in text.split("\r") if line.strip()]
+    assert redraws and "20/20" in redraws[-1] and "100%|" in redraws[-1], repr(text)
+    assert all(line.startswith("daskvine_py:") for line in redraws), repr(text)
+    assert max(len(line.rstrip("\n")) for line in redraws) == 79, repr(text)  # 80 columns
+
+
 # -- python -m daskvine_py -----------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
@@ -72,6 +73,24 @@ nav a { margin-right: 14px; } nav a.here { font-weight: 600; color: #222; }
 """
 
 
+def link(host: str, port: int, token: str) -> str:
+    """The dashboard's address to open, for a server bound to ``host``: where that is a
+    wildcard (every interface: ``0.0.0.0``, ``::``, empty), this machine's name
+    (``socket.gethostname``), which other machines can reach; a browser takes 0.0.0.0
+    for its own machine, or refuses it."""
+    if _wildcard(host):
+        host = socket.gethostname()
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/status?token={token}"
+
+
+def _wildcard(host: str) -> bool:
+    try:
+        return not host or ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return False
+
+
 class Dashboard:
     """The server and its thread; ``link`` is the address to open, token included."""
 
@@ -96,8 +115,7 @@ class Dashboard:
         sockets = tornado.netutil.bind_sockets(int(port or 0), host, family=socket.AF_INET
                                                if ":" not in host else socket.AF_INET6)
         self.port = sockets[0].getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        self.link = f"http://{shown}:{self.port}/status?token={self.token}"
+        self.link = link(host, self.port, self.token)
         self._loop: asyncio.AbstractEventLoop | None = None
         ready = threading.Event()
         self._thread = threading.Thread(

@@ -25,7 +25,7 @@ class OpenFiles:
     """The workers this process's open files allow, measured once, when it starts
     (``capacity``: None when there is no limit to speak of)."""
 
-    __slots__ = ("limit", "hard", "capacity", "warned")
+    __slots__ = ("limit", "hard", "capacity")
 
     def __init__(self) -> None:
         self.limit, self.hard = raise_open_files()
@@ -33,8 +33,6 @@ class OpenFiles:
         if self.limit is not None:
             spare = self.limit - open_count() - RESERVE
             self.capacity = max(0, spare // FDS_PER_WORKER)
-        #: the one warning that workers are refused has been logged
-        self.warned = False
 
     def full(self, registered: int) -> bool:
         return self.capacity is not None and registered >= self.capacity

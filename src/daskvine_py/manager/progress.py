@@ -6,6 +6,10 @@ finished task; nothing is called per task. tqdm draws it (on stderr): a small pu
 package with no dependencies of its own, which computes the rate and the time left.
 (rich draws prettier bars but brings markdown and syntax highlighting along, for one bar.)
 
+A terminal that reports no size (a pty nobody sized: some containers' ``-t``, a
+program driving a shell) gives tqdm a width and a height of 0, and it would draw nothing
+but an empty line: there the bar is drawn for a terminal of ``FALLBACK_SIZE``.
+
 Where stderr is no terminal (``progress=True`` into a pipe, a log, CI), a redraw would be
 one more ``\\r`` on a single endless line: there the same counts are written as plain
 lines instead, at the start, every ``LINE_PERIOD`` seconds and at the end.
@@ -14,6 +18,7 @@ lines instead, at the start, every ``LINE_PERIOD`` seconds and at the end.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +29,9 @@ UPDATE_PERIOD = 0.1
 #: Seconds between plain lines where stderr is no terminal: each is kept for good there,
 #: so a few a minute tell a log's reader the run moves without flooding the log.
 LINE_PERIOD = 10.0
+#: Columns and rows assumed of a terminal that reports no size (the VT100's, which
+#: terminal emulators still open with).
+FALLBACK_SIZE = (80, 24)
 #: A plain line: no bar, which only a redrawn terminal line makes sense of.
 LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} tasks ({percentage:.0f}%) in {elapsed}, {rate_fmt}"
 
@@ -41,6 +49,14 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
+def _columns(stream: Any) -> int | None:
+    """The width of the terminal ``stream`` writes to; None where it reports none (0)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or not a tty's
+        return None
+
+
 def default_enabled() -> bool:
     """On when stderr is a terminal (a person is watching), off in logs and pipes."""
     return _is_terminal(sys.stderr)
@@ -56,6 +72,9 @@ def wait_with_progress(done: Waitable, count: Callable[[], int], total: int) -> 
 
     stream = sys.stderr
     terminal = _is_terminal(stream)
+    # Where the terminal reports its width, tqdm follows it (a resized window too); else
+    # it is fixed, one column short as tqdm draws a measured width (no wrap at the edge).
+    sized = terminal and _columns(stream) is not None
     bar = tqdm(
         total=total,
         unit="task",
@@ -63,7 +82,9 @@ def wait_with_progress(done: Waitable, count: Callable[[], int], total: int) -> 
         # No terminal: tqdm only counts (into nothing); the lines are ours.
         file=stream if terminal else io.StringIO(),
         mininterval=UPDATE_PERIOD,
-        dynamic_ncols=terminal,
+        ncols=None if sized or not terminal else FALLBACK_SIZE[0] - 1,
+        nrows=None if sized or not terminal else FALLBACK_SIZE[1],
+        dynamic_ncols=sized,
         smoothing=0.1,
         bar_format=None if terminal else LINE_FORMAT,
     )

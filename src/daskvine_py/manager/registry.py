@@ -1,7 +1,8 @@
 """The manager's registered workers and the status clients it answers; no sockets.
 
 ``Registry`` admits a worker from its ``Register`` or rejects it (another protocol
-version, a malformed registration, no open file left for it: ``openfiles``), keeps what
+version, a malformed registration, no open file left for it: ``openfiles``), each
+refusal logged through the loop's ``DropLog`` (a flood is a line a minute), keeps what
 each worker said of itself (``WorkerInfo``), publishes a snapshot of them to caller
 threads under ``changed``, computes the work's ``Demand`` for worker pools and answers
 status clients. What it sends goes through ``post`` into the I/O loop's outboxes; the
@@ -201,13 +202,13 @@ class Registry:
             self._post(ident, p.Rejected(f"malformed registration: {exc}"))
             return None
         if self.open_files.full(len(self.workers)):
-            self._refuse_past_open_files(ident, reg.name)
+            self._refuse_past_open_files(ident, reg.name, now)
             return None
         name = self._unique(reg.name)
         if name != reg.name:
-            logger.warning(
-                "worker %s: a connected worker has that name already; it joins as %s",
-                printable(reg.name), printable(name),
+            self._drops.warn(  # a pool started under one name would give a line each
+                ("name taken",), now, "worker %s: a connected worker has that name already; "
+                "it joins as %s", reg.name, name,
             )  # fmt: skip
             reg = reg._replace(name=name)
         info = WorkerInfo(reg)
@@ -235,15 +236,13 @@ class Registry:
             number += 1
         return f"{name}~{number}"
 
-    def _refuse_past_open_files(self, ident: bytes, name: str) -> None:
-        """Refuse a worker the open files cannot hold: said to it, logged once."""
+    def _refuse_past_open_files(self, ident: bytes, name: str, now: float) -> None:
+        """Refuse a worker the open files cannot hold: said to it, logged rate-limited."""
         reason = self.open_files.reason()
-        if not self.open_files.warned:
-            self.open_files.warned = True
-            logger.warning(
-                "refused worker %s, and will refuse every further one while %d are "
-                "connected: %s", name, len(self.workers), reason,
-            )  # fmt: skip
+        self._drops.warn(
+            ("open files",), now, "refused worker %s, and will refuse every further one "
+            "while %d are connected: %s", name, len(self.workers), reason,
+        )  # fmt: skip
         self._post(ident, p.Rejected(reason))
 
     def retire(self, name: str, reason: str) -> None:

@@ -237,6 +237,12 @@ def _interval(value: float) -> str | None:
     return None if 0.0 < value < _INF else f"{value!r} is not a finite number > 0"
 
 
+def _printable(value: str) -> str | None:
+    # A worker's name and host go into log lines, tables and ``Manager.workers``: a
+    # newline in one would forge a line of its own.
+    return None if value.isprintable() else f"{value!r:.60} holds control characters"
+
+
 def _address(value: str) -> str | None:
     return None if connectable(value) else f"{value!r:.60} is not tcp://HOST:PORT"
 
@@ -251,6 +257,7 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
 _ID = _Field(int)
 _IDS = _Field(tuple, _ids)
 _TEXT = _Field(str)
+_PRINTABLE = _Field(str, _printable)
 _TEXTS = _Field(tuple, _texts)
 _FLAG = _Field(bool)
 _SIZE = _Field(int, _size)
@@ -261,7 +268,8 @@ _KEY = _Field((*_KEY_ATOMS, tuple), _key)
 _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (
-        _ID, _TEXT, _Field(int, _positive), _SIZE, _TEXT, _Field(str, _address), _ID, _SIZE
+        _ID, _PRINTABLE, _Field(int, _positive), _SIZE, _PRINTABLE, _Field(str, _address), _ID,
+        _SIZE,
     ),
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
