@@ -94,6 +94,7 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
                 "finish": {"planned": 1, "done": 0, "failed": 0},
             }
             assert before["totals"]["workers"] == 2 and before["totals"]["cores"] == 4
+            assert before["totals"]["waiting"] == TASKS + 1  # behind the gate: all but it
             assert {w["name"] for w in before["workers"]} == {"local-0", "local-1"}
             open(go, "w").close()
             during = _until(
@@ -124,12 +125,39 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
         assert families["daskvine_py_workers"].samples[0].value == 2
         assert families["daskvine_py_cores"].samples[0].value == 4
         states = {s.labels["state"]: s.value for s in families["daskvine_py_tasks"].samples}
-        assert states == {"ready": 0, "processing": 0, "running": 0}
+        assert states == {"waiting": 0, "ready": 0, "processing": 0, "running": 0}
         assert families["daskvine_py_bytes_moved"].samples[0].value > 0
         assert families["daskvine_py_manager_cpu_seconds"].samples[0].value > 0
         snapshot = manager.live()
         assert snapshot["runs"] == [] and snapshot["totals"]["tasks_done"] == done
         assert json.loads(json.dumps(snapshot)) == snapshot  # plain data, as documented
+
+
+def test_readers_of_results_recomputed_after_a_loss_show_as_waiting():
+    """Issue 36: a worker lost, another joined, the reduction waits for inputs computed
+    again; the run's remainder (tasks less reports done, less ready and processing) said
+    "waiting 0", since the recomputed inputs reported done twice. The snapshot takes the
+    count from the scheduler state instead, without a network."""
+    from types import SimpleNamespace
+
+    from daskvine_py.batch.live_view import render
+    from daskvine_py.manager.live import LiveView
+    from daskvine_py.manager.runinfo import RunInfo
+    from daskvine_py.manager.watching import Run, Watching
+    from daskvine_py.scheduler.liveness import Liveness
+    from daskvine_py.scheduler.state import SchedulerState
+    from test_state import reduction_after_a_loss
+
+    state = SchedulerState(sibling_inputs=0)
+    watching = Watching(state.load)
+    run = watching.runs[1] = Run(1)
+    run.info = RunInfo(1, tasks=5)
+    view = LiveView(state, SimpleNamespace(workers={}), watching, Liveness(10.0, 1.0))
+    reduction_after_a_loss(state)
+    snapshot = view.snapshot()
+    assert snapshot["runs"][0]["done"] == 4 and snapshot["totals"]["tasks_done"] == 4
+    assert snapshot["totals"]["waiting"] == 1
+    assert "tasks: waiting 1  ready" in render(snapshot), render(snapshot)
 
 
 @pytest.mark.timeout(120)

@@ -67,15 +67,13 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
     manager = snapshot["manager"]
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot["t"]))
     runs = snapshot["runs"]
-    waiting = sum(max(0, run["tasks"] - run["done"]) for run in runs)
-    waiting = max(0, waiting - totals["ready"] - totals["processing"])
     lines = [
         f"manager {address}  up {_seconds(manager['uptime_s'])}, "
         f"CPU {_seconds(manager['cpu_s'])}  ({when})",
-        f"workers {totals['workers']}  cores {totals['cores']}  tasks: waiting {waiting}  "
-        f"ready {totals['ready']}  processing {totals['processing']} "
-        f"(running {totals['running']})  done {totals['tasks_done']}  "
-        f"failed {totals['tasks_failed']}",
+        f"workers {totals['workers']}  cores {totals['cores']}  "
+        f"tasks: waiting {totals['waiting']}  ready {totals['ready']}  "
+        f"processing {totals['processing']} (running {totals['running']})  "
+        f"done {totals['tasks_done']}  failed {totals['tasks_failed']}",
         f"moved {byte_size(totals['bytes_moved'])}  stored {byte_size(totals['stored_bytes'])}  "
         f"spilled {byte_size(totals['spilled_bytes'])}",
     ]
