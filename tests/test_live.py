@@ -94,7 +94,11 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
                 "finish": {"planned": 1, "done": 0, "failed": 0},
             }
             assert before["totals"]["workers"] == 2 and before["totals"]["cores"] == 4
-            assert before["totals"]["waiting"] == TASKS + 1  # behind the gate: all but it
+            # every task waits behind the gate, or is on a worker: the gate, and readers
+            # sent ahead to wait for it there
+            totals = before["totals"]
+            assert totals["waiting"] + totals["processing"] == TASKS + 2, totals
+            assert totals["ready"] == 0, totals
             assert {w["name"] for w in before["workers"]} == {"local-0", "local-1"}
             open(go, "w").close()
             during = _until(
