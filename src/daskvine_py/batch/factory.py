@@ -210,15 +210,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"${security.CONNECTION_FILE_ENV}"
         )
     try:
-        connection = security.read_connection_file(path)
+        security.read_live_connection_file(path)
     except security.SecurityError as exc:
         parser.error(str(exc))
-    if connection.manager_gone():
-        parser.error(
-            f"connection file {path} is stale: the manager that wrote it (process "
-            f"{connection.pid} on this host) has exited. Start the manager again and give "
-            "the connection file it writes (manager.connection_file)"
-        )
     args.connection_file = path
     return args
 

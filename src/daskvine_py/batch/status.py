@@ -18,6 +18,12 @@ The client shows the workers' keys from the connection file, as a worker does: t
 manager's gate refuses any other key during the handshake, so an unauthenticated request
 is never read, let alone answered. It never registers: the manager keeps no record of it,
 and it never counts as a worker.
+
+A manager that has certainly exited is known without the network, as a worker knows it:
+its connection file was removed (a manager removes the one it made when it closes), or
+names a process of this host that is gone (``security.read_live_connection_file``). The
+client refuses such a file when it is made, and every request raises ``ManagerGone`` at
+once rather than wait ``timeout`` seconds for an answer that never comes.
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ from daskvine_py.wire import security
 
 class ManagerUnreachable(ConnectionError):
     """The manager did not answer in time: not running (yet), not reachable, or stuck."""
+
+
+class ManagerGone(ManagerUnreachable):
+    """The manager has certainly exited: its connection file was removed (a manager
+    removes the one it made when it closes), or names a process of this host that is
+    gone. Nothing will answer: asking again will not help."""
 
 
 class ManagerRefused(ConnectionError):
@@ -61,7 +73,7 @@ class StatusClient:
     """
 
     def __init__(self, connection_file: str, name: str = "factory", timeout: float = 10.0) -> None:
-        connection = security.read_connection_file(connection_file)
+        connection = security.read_live_connection_file(connection_file)
         #: what the pool's workers join with (the jobs must see this path)
         self.connection_file = os.path.abspath(connection_file)
         self.address = connection.address
@@ -90,10 +102,10 @@ class StatusClient:
     def demand(self) -> Demand:
         """The cores the manager's work could use now, and each worker's cores and idle
         seconds (``ManagerUnreachable`` after ``timeout`` seconds without an answer,
+        ``ManagerGone`` at once if the manager has exited;
         ``ManagerRefused`` if the manager will never answer this client)."""
         with self._lock:
-            if self.refused is not None:
-                raise ManagerRefused(self.refused)
+            self._check()
             sock = self._socket()
             self._send(sock, p.StatusRequest(p.PROTOCOL_VERSION, self.name))
             reply = self._receive(sock)
@@ -106,8 +118,7 @@ class StatusClient:
     def live(self) -> dict[str, Any]:
         """The manager's live snapshot (docs/live.md), the same errors as ``demand``."""
         with self._lock:
-            if self.refused is not None:
-                raise ManagerRefused(self.refused)
+            self._check()
             sock = self._socket()
             self._asked += 1
             self._send(sock, p.LiveRequest(self._asked))
@@ -122,12 +133,38 @@ class StatusClient:
         with self._lock:
             self._send(self._socket(), p.RetireWorker(name, reason))
 
+    def manager_gone(self) -> str | None:
+        """Why the manager has certainly exited, or None while it may be running: its
+        connection file was removed, or names a process of this host that is gone (read
+        again: a manager started again that wrote the same file is running). Cheap: a
+        file read, no network."""
+        try:
+            security.read_live_connection_file(self.connection_file)
+        except security.StaleConnectionFile as exc:
+            return str(exc)
+        except security.SecurityError:
+            if not os.path.lexists(self.connection_file):
+                return (
+                    f"the manager at {self.address} is gone: its connection file "
+                    f"{self.connection_file} was removed (as a manager does when it closes)"
+                )
+        return None  # (unreadable for a moment, or another host's: its silence tells)
+
     def close(self) -> None:
         with self._lock:
             self._reset()
             self._context.term()
 
     # -- the socket -------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Raise at once what waiting for an answer would end in."""
+        if self.refused is not None:
+            raise ManagerRefused(self.refused)
+        gone = self.manager_gone()
+        if gone is not None:
+            self._reset()
+            raise ManagerGone(gone)
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
