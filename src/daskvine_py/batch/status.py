@@ -59,7 +59,9 @@ class ManagerRefused(ConnectionError):
 
 class StatusClient:
     """Asks the manager of a connection file how much work is waiting; see the module
-    docstring. Thread-safe; one request at a time.
+    docstring. Thread-safe; one request at a time. ``close`` from another thread wakes a
+    request waiting for its answer (``ManagerUnreachable`` at once), as a factory told to
+    stop needs.
 
     Parameters
     ----------
@@ -88,6 +90,11 @@ class StatusClient:
         self.dropped = 0
         self._context = zmq.Context()
         self._lock = threading.Lock()
+        #: set by ``close``, which wakes a request waiting for its answer through this
+        #: pipe: the request holds the lock, and would otherwise hold ``close`` for as
+        #: long as ``timeout``
+        self._closing = False
+        self._wake_read, self._wake_write = os.pipe()
         self._sock: zmq.Socket | None = None
         self._watch: security.HandshakeWatch | None = None
         #: the last ``LiveRequest``'s id
@@ -101,8 +108,8 @@ class StatusClient:
 
     def demand(self) -> Demand:
         """The cores the manager's work could use now, and each worker's cores and idle
-        seconds (``ManagerUnreachable`` after ``timeout`` seconds without an answer,
-        ``ManagerGone`` at once if the manager has exited;
+        seconds (``ManagerUnreachable`` after ``timeout`` seconds without an answer, at
+        once if the client is closed; ``ManagerGone`` at once if the manager has exited;
         ``ManagerRefused`` if the manager will never answer this client)."""
         with self._lock:
             self._check()
@@ -151,14 +158,24 @@ class StatusClient:
         return None  # (unreadable for a moment, or another host's: its silence tells)
 
     def close(self) -> None:
+        """Close the socket; a request waiting for its answer in another thread gives up
+        at once (``ManagerUnreachable``), and so does any later one."""
+        if self._closing:
+            return
+        self._closing = True
+        os.write(self._wake_write, b"x")
         with self._lock:
             self._reset()
             self._context.term()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     # -- the socket -------------------------------------------------------------------
 
     def _check(self) -> None:
         """Raise at once what waiting for an answer would end in."""
+        if self._closing:
+            raise ManagerUnreachable("the status client was closed")
         if self.refused is not None:
             raise ManagerRefused(self.refused)
         gone = self.manager_gone()
@@ -200,6 +217,7 @@ class StatusClient:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._watch.events, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         deadline = time.monotonic() + self.timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -209,6 +227,8 @@ class StatusClient:
                     f"no answer from the manager at {self.address} within {self.timeout:g} s"
                 )
             ready = dict(poller.poll(math.ceil(remaining * 1000)))
+            if self._wake_read in ready:
+                raise ManagerUnreachable("the status client was closed")
             if self._watch.events in ready:
                 refusal = self._watch.refusal()
                 if refusal is not None:
