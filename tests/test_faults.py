@@ -16,6 +16,7 @@ import dask
 import pytest
 import zmq
 
+import procfs
 from beacon import Beacon, ping
 from daskvine_py import Manager, TaskFailed
 from daskvine_py.manager.launch import spawn
@@ -366,6 +367,39 @@ def test_start_workers_after_a_local_worker_died():
         wait_until(lambda: not manager.workers)
         (second,) = manager.start_workers(1)
         assert second.poll() is None and len(manager.workers) == 1
+        assert manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
+
+
+@pytest.mark.timeout(90)
+def test_start_workers_waits_for_its_own_workers_not_a_count_with_one_leaving_beside_them():
+    """Issue 38: a worker counted as start_workers began, and lost before the new one
+    registered, left a count it waited for that was never reached ("2 of 3 workers
+    connected after 15 s"). Here that order is made certain: the new worker is stopped
+    as soon as it exists, until the leaving one is gone."""
+    with Manager() as manager:
+        first, leaving = manager.start_workers(2)
+        known = set(procfs.children(os.getpid()))
+        stopped: list[int] = []
+
+        def leave_while_the_new_one_is_held() -> None:
+            deadline = time.monotonic() + 30
+            while not stopped and time.monotonic() < deadline:
+                for pid, command in procfs.children(os.getpid()).items():
+                    if pid not in known and "daskvine_py.worker" in command:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
+                time.sleep(0.002)  # (it takes a second to register: found long before)
+            leaving.terminate()
+            wait_until(lambda: len(manager.workers) == 1)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+        helper = threading.Thread(target=leave_while_the_new_one_is_held, daemon=True)
+        helper.start()
+        (third,) = manager.start_workers(1, timeout=20)
+        helper.join(timeout=30)
+        assert stopped == [third.pid]
+        assert {info["pid"] for info in manager.workers.values()} == {first.pid, third.pid}
         assert manager.get({"x": 1, "y": (inc, "x")}, "y") == 2
 
 
