@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import sys
 import time
 
@@ -96,8 +97,27 @@ def test_a_task_within_its_allocation_finishes_measured_by_its_own_peak():
         assert proc.poll() is None
 
 
+def holding(megabytes: int, marker: str, seconds: float) -> int:
+    """``megabytes`` resident, then ``marker`` written, then held ``seconds``."""
+    block = bytearray(megabytes * MB)
+    block[::4096] = b"\1" * len(range(0, len(block), 4096))
+    with open(marker, "w"):
+        pass
+    time.sleep(seconds)
+    return len(block) // MB
+
+
+def hungry_after(megabytes: int, marker: str) -> int:
+    """``hungry``, once ``marker`` exists."""
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+    return hungry(megabytes)
+
+
 @pytest.mark.timeout(120)
-def test_a_task_of_no_allocation_beside_one_of_an_allocation_has_what_it_leaves():
+def test_a_task_of_no_allocation_may_use_what_the_others_leave_unused():
+    """Issue 38: what an allocated task only reserved is no reason to stop a task of no
+    allocation; it used to be stopped here (past "300 - 200 MB"), though nothing was."""
     with worker("--cores", "2", "--memory", "300") as (manager, proc):
         # alone, a task of no allocation is not limited (as before allocations existed)
         manager.execute(1, Task("alone", hungry, 200))
@@ -105,11 +125,26 @@ def test_a_task_of_no_allocation_beside_one_of_an_allocation_has_what_it_leaves(
         manager.execute(2, Task("sleepy", time.sleep, 3), memory=200 * MB)
         manager.wait_for(lambda r: type(r) is p.Started and 2 in r.task_ids)
         manager.execute(3, Task("beside", hungry, 200))  # in the other library
-        report = manager.report(3)
+        assert type(manager.report(3)) is p.TaskDone, manager.heard
+        assert type(manager.report(2)) is p.TaskDone
+
+
+@pytest.mark.timeout(120)
+def test_past_the_budget_the_task_of_no_allocation_makes_room_for_the_budget(tmp_path):
+    """The allocated task grows to its allocation first; the one of no allocation then
+    takes the libraries past the budget: it is stopped for the budget ("budget", with
+    what the other's use left it), not for its own use, and the other runs on."""
+    marker = str(tmp_path / "held")
+    with worker("--cores", "2", "--memory", "300") as (manager, proc):
+        manager.execute(1, Task("holding", holding, 200, marker, 3), memory=220 * MB)
+        manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
+        manager.execute(2, Task("beside", hungry_after, 200, marker))  # the other library
+        report = manager.report(2)
         assert type(report) is p.TaskExhausted, manager.heard
-        assert report.limit == 100 * MB and report.peak >= report.limit
-        assert type(manager.report(2)) is p.TaskDone  # its library went on
-        _the_next_task_runs_right(manager, 4)
+        assert report.resource == "budget" and report.peak > report.limit
+        assert report.limit <= 100 * MB  # what the other's 200 MB left of 300
+        assert type(manager.report(1)) is p.TaskDone  # its library went on
+        _the_next_task_runs_right(manager, 3)
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ import pytest
 
 from daskvine_py.worker.live_results import ExportWait
 from daskvine_py.worker.measure import PAGE
-from daskvine_py.worker.memory_watch import EXPORT_COPIES, MemoryWatch
+from daskvine_py.worker.memory_watch import BUDGET, EXPORT_COPIES, OWN, MemoryWatch
 from daskvine_py.worker.store import Store
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -96,3 +96,60 @@ def test_an_export_counts_its_copies():
     watch.exporting(4, 5 * MB)
     assert watch._credit == {4: EXPORT_COPIES * 15 * MB}
     watch.close()
+
+
+def _libraries(grown_mb: dict[int, int], memory_mb: dict[int, int]):
+    """Libraries 0, 1, ... each running one task (id 10 + library) of ``memory_mb[i]``
+    MB (0: none of its own), each seen grown by ``grown_mb[i]`` MB since it began."""
+    libs, tasks = {}, {}
+    now = _resident()
+    for i, grown in grown_mb.items():
+        task = SimpleNamespace(id=10 + i, key=f"task-{i}", memory=memory_mb[i] * MB,
+                               state="running", lib=i)  # fmt: skip
+        tasks[task.id] = task
+        libs[i] = SimpleNamespace(record=SimpleNamespace(id=i), process=_Process(),
+                                  running=[task.id + 1, now - grown * MB])  # fmt: skip
+    return libs, tasks
+
+
+def test_a_task_of_no_allocation_is_not_stopped_for_what_the_others_only_reserved():
+    """Issue 38: three tasks of 750 MB reserved all of a 1,500 MB budget and used 10 MB
+    each; a task of no allocation beside them that used 3 MB was stopped, blamed, and its
+    run failed. Nothing went past anything: nothing is stopped."""
+    libs, tasks = _libraries({0: 10, 1: 10, 2: 10, 3: 3}, {0: 750, 1: 750, 2: 750, 3: 0})
+    watch = MemoryWatch(1500 * MB, tasks, Store(), "w")
+    try:
+        assert not watch.look(libs, 1.0)
+        assert not any(lib.process.kills for lib in libs.values())
+    finally:
+        watch.close()
+
+
+def test_past_the_budget_together_the_task_of_no_allocation_that_grew_most_makes_room():
+    """Allocated tasks within their allocations keep their room; of the tasks of no
+    allocation, the one that grew most is stopped, for the budget (``BUDGET``), not
+    blamed for its own use; a task past its own allocation is stopped for that (``OWN``)."""
+    libs, tasks = _libraries({0: 700, 1: 500, 2: 200, 3: 90}, {0: 750, 1: 0, 2: 0, 3: 60})
+    watch = MemoryWatch(1200 * MB, tasks, Store(), "w")
+    try:
+        found = {e.task.key: e for e in watch.look(libs, 1.0)}
+        assert set(found) == {"task-1", "task-3"}
+        assert found["task-3"].kind == OWN and found["task-3"].limit == 60 * MB
+        budget = found["task-1"]
+        assert budget.kind == BUDGET and budget.peak >= 500 * MB
+        # 700 + 500 + 200 = 1,400 MB (task 3's library, killed, counts no more): task 1
+        # went 200 MB past what the others' use left it
+        assert 290 * MB <= budget.limit <= 300 * MB
+        assert [lib.process.kills for lib in libs.values()] == [0, 1, 0, 1]
+    finally:
+        watch.close()
+
+
+def test_a_task_of_no_allocation_past_the_whole_budget_alone_is_stopped_for_its_own_use():
+    libs, tasks = _libraries({0: 1300}, {0: 0})
+    watch = MemoryWatch(1200 * MB, tasks, Store(), "w")
+    try:
+        (alone,) = watch.look(libs, 1.0)
+        assert alone.kind == OWN and alone.limit == 1200 * MB and alone.peak >= 1300 * MB
+    finally:
+        watch.close()

@@ -636,6 +636,11 @@ _ID = st.integers(0, 2**40)
 _IDS = st.lists(_ID, max_size=4).map(tuple)
 _TEXT = st.text(max_size=8)
 _TEXTS = st.lists(_TEXT, max_size=3).map(tuple)
+#: a worker's name or host: printable, as ``str.isprintable`` says (else it is refused)
+_PRINTABLE = st.text(
+    st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")),
+    max_size=8,
+)
 _ADDRESS = st.builds("tcp://{}:{}".format, st.sampled_from(["127.0.0.1", "node7", "[::1]"]),
                      st.integers(1, 65535))  # fmt: skip
 _SECONDS = st.floats(0, 1e9)
@@ -650,7 +655,7 @@ _DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_si
 
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
-    p.Register: (_ID, _TEXT, st.integers(1, 64), _SIZE, _TEXT, _ADDRESS, _ID, _SIZE),
+    p.Register: (_ID, _PRINTABLE, st.integers(1, 64), _SIZE, _PRINTABLE, _ADDRESS, _ID, _SIZE),
     p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),

@@ -44,8 +44,10 @@ def done(worker: bytes, task_id: int, peak_mb: float) -> s.FromWorker:
                                            int(peak_mb * MB)))  # fmt: skip
 
 
-def exhausted(worker: bytes, task_id: int, peak_mb: float, limit: int) -> s.FromWorker:
-    return s.FromWorker(worker, p.TaskExhausted(task_id, "memory", int(peak_mb * MB), limit))
+def exhausted(
+    worker: bytes, task_id: int, peak_mb: float, limit: int, resource: str = "memory"
+) -> s.FromWorker:
+    return s.FromWorker(worker, p.TaskExhausted(task_id, resource, int(peak_mb * MB), limit))
 
 
 def test_a_category_runs_one_unmeasured_task_per_worker_then_is_sized_from_its_first():
@@ -209,6 +211,25 @@ def test_a_task_out_of_retries_fails_with_resource_exhausted():
     (failed,) = [i for i in out if type(i) is s.RunFailed]
     assert isinstance(failed.error, ResourceExhausted) and failed.error.attempts == 2
     assert f"{e.memory / MB:.1f} MB" in str(failed.error)
+
+
+def test_a_task_stopped_for_its_workers_budget_runs_again_with_an_allocation_never_failing():
+    """Issue 38: a task of no allocation stopped because the libraries together went past
+    the budget (3 MB of its own) failed its run with ``ResourceExhausted`` at once. Such a
+    stop uses no retry; the task runs again with an allocation of its own."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
+    out = st_.handle([joined(W1, memory_mb=1500), run_of(["small"], retries=0)])
+    ((_, first),) = executes(out)
+    assert first.memory == 0  # unmeasured: of no allocation
+    for _ in range(3):  # never fatal, however often (each try is one of no fault)
+        out = st_.handle([exhausted(W1, first.task_id, 3, 0, resource="budget")])
+        assert not [i for i in out if type(i) in (s.RunFailed, s.RunAborted)]
+        ((_, again),) = executes(out)
+        assert again.task_id == first.task_id and again.memory == FLOOR
+        assert st_.tasks[first.task_id].attempts == 0
+    out = st_.handle([done(W1, again.task_id, 3)])
+    (finished,) = [i for i in out if type(i) is s.RunDone]
+    assert finished.categories["load"].exhausted == 0  # its own use never ran out
 
 
 def test_a_stale_exhausted_report_changes_nothing():

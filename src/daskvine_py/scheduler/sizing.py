@@ -22,11 +22,14 @@ the next.
   above its memory; else the check is a multiplication and a comparison. A worker that
   gave no memory figure (0) is not sized. An allocation larger than every worker's memory
   is capped to the largest.
-- **Exhaustion** (``TaskExhausted``). The task is retried, using one of its retries as a
-  crash does, with ``GROWTH`` x what it was seen to use (at least its category's "max"
-  allocation), capped to the largest worker: not straight to a whole worker. When it had
-  the most any worker offers already, or has no retries left, its run fails with
-  ``ResourceExhausted``.
+- **Exhaustion** (``TaskExhausted``, "memory": its own use). The task is retried, using
+  one of its retries as a crash does, with ``GROWTH`` x what it was seen to use (at least
+  its category's "max" allocation), capped to the largest worker: not straight to a whole
+  worker. When it had the most any worker offers already, or has no retries left, its
+  run fails with ``ResourceExhausted``. A task stopped for its worker's budget
+  ("budget": the libraries together went past it, the allocated ones within their
+  allocations) did nothing wrong: it runs again with an allocation of its own, using no
+  retry, and never fails its run.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Callable, Mapping
 
 from daskvine_py.errors import ResourceExhausted
 from daskvine_py.options import SIZING_MODES
-from daskvine_py.scheduler.category_size import Size
+from daskvine_py.scheduler.category_size import FLOOR, Size
 from daskvine_py.scheduler.messages import Instruction, TaskFinished, WorkerId
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
@@ -177,9 +180,29 @@ class Sizing:
         if size.measured and not measured:
             self.changed = True  # its tasks waiting one per worker may go now
 
+    def _made_room(self, task: TaskRecord, worker: WorkerRecord, size: Size, peak: int) -> None:
+        """``task``, of no allocation, was stopped because the worker's libraries together
+        went past its budget: no fault of its own, so it uses no retry and never fails its
+        run. It runs again with an allocation of its own (what it was seen to use, grown,
+        at least its category's "max"), which placement keeps room for and which only its
+        own use can exhaust: the same stop cannot come back to it."""
+        run = task.run
+        if run.watched:
+            reason = (f"stopped at {peak / MB:.1f} MB to keep worker {worker.name} within its "
+                      "memory budget: run again with an allocation of its own")  # fmt: skip
+            self.out.append(TaskFinished(run.id, task.key, worker.name,
+                                         p.TaskCrashed(task.id, reason)))  # fmt: skip
+        grown = min(max(int(peak * GROWTH), size.top(), FLOOR), self.top())
+        task.asks = max(task.asks, grown)
+        if task.asks > self.largest:
+            self.largest = task.asks
+        task.attempts -= 1  # (``retry`` counts one: this stop costs none)
+        self.retry(task)
+
     def on_exhausted(self, worker: WorkerRecord, msg: p.TaskExhausted) -> None:
         """``task`` went past its allocation and was stopped: retried with more, or its
-        run fails with ``ResourceExhausted``."""
+        run fails with ``ResourceExhausted``; one stopped for its worker's budget is
+        retried (``_made_room``)."""
         task = self.held(msg.task_id, worker)
         if task is None:
             if self.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
@@ -189,6 +212,8 @@ class Sizing:
         if size is None:
             size = self.size_of(task)
         peak, limit = msg.peak, msg.limit
+        if msg.resource == "budget":
+            return self._made_room(task, worker, size, peak)
         size.exhausted += 1
         run = task.run
         run.categories.exhausted(size.name, peak, limit or task.memory)

@@ -123,7 +123,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

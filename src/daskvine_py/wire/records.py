@@ -90,9 +90,11 @@ class TaskCrashed(NamedTuple):
 
 
 class TaskExhausted(NamedTuple):
-    """The task went past its allocation of ``resource`` ("memory"): its library was
-    stopped (its live results are lost with it). ``peak`` is what it was seen to use, in
-    bytes, and ``limit`` what it was allowed. The manager may retry it with more."""
+    """The task's library was stopped for memory (its live results are lost with it):
+    ``resource`` "memory", the task went past its allocation (its own use); "budget", the
+    worker's libraries together went past its budget and this task, of no allocation,
+    made room (no fault of its own). ``peak`` is what it was seen to use, in bytes, and
+    ``limit`` what it was allowed. The manager may retry it with more."""
 
     task_id: TaskId
     resource: str

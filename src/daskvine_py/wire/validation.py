@@ -274,7 +274,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
-    TaskExhausted: (_ID, _Field(str, _one_of(("memory",))), _SIZE, _SIZE),
+    TaskExhausted: (_ID, _Field(str, _one_of(("memory", "budget"))), _SIZE, _SIZE),
     FetchFailed: (_ID, _ID, _TEXTS),
     Replicas: (_IDS,),
     Lost: (_IDS,),

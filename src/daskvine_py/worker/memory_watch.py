@@ -13,16 +13,27 @@ allocations room (``Store.allocate``).
 While the worker has tasks, it looks every ``INTERVAL`` at its libraries' slots in shared
 memory; while some running task has an allocation, it reads each busy library's resident
 size too (or, with a budget, whenever a task runs), one ``pread`` of
-``/proc/PID/statm`` (kept open) each. A library past its
-limit is killed at once (SIGKILL); the shell then has the task reported exhausted
-(``TaskExhausted``: the growth seen, and its allocation), the other tasks it ran as
-after a crash, and a fresh library takes its place. With several tasks in one library
-the most recent is blamed. An export of a live result (for a peer, a task elsewhere, the
-spill) makes copies in the library that its running tasks did not: each raises the
-library's limit by ``EXPORT_COPIES`` times the result's size until the library is idle
-with no export under way (its next task's base then counts what stays). A forked child
-(``exec_mode="fork"``) and a task process (``task_mode="tasks"``) are processes of their
-own, not watched here.
+``/proc/PID/statm`` (kept open) each. A library is killed at once (SIGKILL) for one of
+two reasons, and the shell has its task reported as ``TaskExhausted`` with the growth
+seen and the limit, the other tasks it ran as after a crash, and a fresh library takes
+its place:
+
+- ``OWN``: its own use, past what it may use whatever the others do: its tasks'
+  allocations, or for a task of no allocation the whole budget;
+- ``BUDGET``: the worker's, when the libraries together grew past the budget. Allocated
+  tasks within their allocations have the room they were promised; the library blamed
+  is the one of no allocation that grew most. That task did nothing wrong: the manager
+  retries it with an allocation of its own, and never fails a run for it. (What the
+  others *reserved* is no reason: a task of no allocation that used 3 MB beside three
+  allocated tasks that had reserved the budget but not used it was once stopped, and
+  its run failed.)
+
+With several tasks in one library the most recent is blamed. An export of a live result
+(for a peer, a task elsewhere, the spill) makes copies in the library that its running
+tasks did not: each raises the library's limit by ``EXPORT_COPIES`` times the result's
+size until the library is idle with no export under way (its next task's base then
+counts what stays). A forked child (``exec_mode="fork"``) and a task process
+(``task_mode="tasks"``) are processes of their own, not watched here.
 """
 
 from __future__ import annotations
@@ -54,13 +65,21 @@ EXPORT_COPIES = 3
 _NOTHING: Sequence[Exhausted] = ()
 
 
+#: Why a library was stopped (``TaskExhausted.resource``): its task's own use, or the
+#: worker's budget, which the libraries together went past.
+OWN = "memory"
+BUDGET = "budget"
+
+
 class Exhausted(NamedTuple):
-    """A library to kill: the task blamed, the growth seen since it began, its allocation."""
+    """A library to kill: the task blamed, the growth seen since it began, the limit it
+    went past, and why (``OWN`` or ``BUDGET``)."""
 
     lib: Library
     task: WorkerTask
     peak: int
     limit: int
+    kind: str = OWN
 
 
 class MemoryWatch:
@@ -136,27 +155,47 @@ class MemoryWatch:
         if len(self._files) > len(libraries):
             self._close_gone(libraries)
         exhausted: list[Exhausted] = []
+        grown = 0  # the growth of the busy libraries not killed, together
+        #: libraries running a task of no allocation: (growth, library, its tasks)
+        shared: list[tuple[int, Library, list[tuple[WorkerTask, int]]]] = []
         for lib, running in busy:
             own = sum(task.memory for task, _ in running) + self._credit.get(lib.record.id, 0)
-            if any(task.memory == 0 for task, _ in running):
-                if not self.budget:
-                    continue  # no budget known: nothing limits it
-                own += max(0, self.budget - allocated)  # what the others leave
+            unallocated = any(task.memory == 0 for task, _ in running)
+            if unallocated and not self.budget:
+                continue  # no budget known: nothing limits it
             start = min(base for _, base in running)
             if not start:
                 continue  # its library measures nothing (``DASKVINE_PY_MEASURE=0``)
             growth = self._resident(lib) - start
+            if unallocated:
+                own += self.budget  # alone, it may take the whole budget
             if growth > own:
-                task = max(running, key=lambda pair: pair[0].id)[0]  # the most recent
-                limit = task.memory or max(0, self.budget - allocated)
-                lib.process.kill()  # at once: before the node runs out
-                exhausted.append(Exhausted(lib, task, growth, limit))
-                self._drops.warn(
-                    "exhausted", now, "worker %s: task %r went past its memory allocation "
-                    "(%.0f MB used, %.0f MB allowed): its library process was killed",
-                    self.name, task.key, growth / _MB, limit / _MB,
-                )  # fmt: skip
+                task = _blamed(running)
+                limit = task.memory or self.budget
+                exhausted.append(self._kill(lib, task, growth, limit, OWN, now))
+                continue
+            grown += max(0, growth)
+            if unallocated:
+                shared.append((growth, lib, running))
+        over = grown - self.budget - sum(self._credit.values())
+        if self.budget and over > 0 and shared:
+            # Past the worker's budget, the allocated tasks within their allocations: the
+            # library of no allocation that grew most makes room, for the budget's sake.
+            growth, lib, running = max(shared, key=lambda entry: entry[0])
+            left = max(0, growth - over)  # what the others' use left it
+            exhausted.append(self._kill(lib, _blamed(running), growth, left, BUDGET, now))
         return exhausted
+
+    def _kill(self, lib: Library, task: WorkerTask, growth: int, limit: int, kind: str,
+              now: float) -> Exhausted:  # fmt: skip
+        lib.process.kill()  # at once: before the node runs out
+        self._drops.warn(
+            kind, now, "worker %s: task %r went past %s (%.0f MB used, %.0f MB allowed): "
+            "its library process was killed", self.name, task.key,
+            "its memory allocation" if kind == OWN else "what the worker's memory budget "
+            "left it", growth / _MB, limit / _MB,
+        )  # fmt: skip
+        return Exhausted(lib, task, growth, limit, kind)
 
     def _end_credits(self, busy: set[int]) -> None:
         """Credits end for libraries idle with no export under way."""
@@ -190,3 +229,8 @@ class MemoryWatch:
 
     def close(self) -> None:
         self._close_gone(())
+
+
+def _blamed(running: list[tuple[WorkerTask, int]]) -> WorkerTask:
+    """Of the tasks a library runs at once, the most recent."""
+    return max(running, key=lambda pair: pair[0].id)[0]

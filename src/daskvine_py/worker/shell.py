@@ -289,8 +289,8 @@ class Worker:
         if self.state.aborted:
             self._kill_aborted()
         now = time.monotonic()
-        for lib, task, peak, limit in self.watch.look(self.library_by_id, now):  # (killed)
-            self.state.on_exhausted(lib.record, task.id, peak, limit)
+        for lib, task, peak, limit, kind in self.watch.look(self.library_by_id, now):  # killed
+            self.state.on_exhausted(lib.record, task.id, peak, limit, kind)
             self._on_library_death(lib)
         self._check_timers(now)
         state = self.state

@@ -495,13 +495,16 @@ class WorkerState:
             )
             self.outbox.append(p.Lost(tuple(lost)))
 
-    def on_exhausted(self, lib: LibraryRecord, task_id: int, peak: int, limit: int) -> None:
-        """A task went past its memory allocation: reported so (its library's death follows)."""
+    def on_exhausted(
+        self, lib: LibraryRecord, task_id: int, peak: int, limit: int, kind: str = "memory"
+    ) -> None:
+        """A task's library was stopped for memory (``kind``: its own use, "memory", or
+        the worker's budget, "budget"): reported so (its library's death follows)."""
         task = self.tasks.get(task_id)
         if task is not None and task.state == "running" and task_id in lib.sent:
             lib.sent.remove(task_id)
             self._transition(task, "forgotten")
-            self.outbox.append(p.TaskExhausted(task_id, "memory", peak, limit))
+            self.outbox.append(p.TaskExhausted(task_id, kind, peak, limit))
 
     def on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
         """A task's outcome, from a library (``lib``) or a task process."""
