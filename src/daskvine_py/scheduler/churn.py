@@ -10,7 +10,8 @@ A component of ``state.SchedulerState``.
   worker. A task queued or fetching inputs there, sent ahead, or a result held there uses
   none: the task is queued again, the result recomputed from its lineage. A worker that
   left on its own (``Goodbye``: a preemption's SIGTERM, a pool retiring it) or that the
-  manager ejected costs no task a retry.
+  manager ejected costs no task a retry. A task whose process crashed uses one too
+  (``task_crashed``, a subscriber to the task's report): past its last, its run fails.
 - **Temporary replicas.** Each worker lost adds one to a count of recent losses that
   halves every ``LOSS_HALF_LIFE`` seconds. While it is at least ``CHURN_LEVEL``, results
   whose loss would cost much get a second copy on another worker (the one holding fewest

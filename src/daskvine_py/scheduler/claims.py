@@ -104,7 +104,7 @@ class Claims:
     # -- what the manager tells workers ---------------------------------------------------
 
     def send(self, worker: WorkerRecord, message: ToWorker) -> None:
-        """The state's ``send``, remembering what takes a task back or asks for a result
+        """The context's ``send``, remembering what takes a task back or asks for a result
         (``Cancel``, ``Abort``, ``Upload``, ``Replicate``): the components' sends go here
         (never ``Execute``'s: the per-task path)."""
         if isinstance(message, (p.Cancel, p.Upload, p.Abort)):

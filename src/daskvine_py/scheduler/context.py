@@ -3,7 +3,8 @@
 ``SchedulerState`` makes one ``Context`` and builds every component with it, in the order
 ``SchedulerState.__init__`` lists them; each finds the others by name here
 (``ctx.stealing``, ``ctx.failures``), typed by the face it shows them (``StealingPart``,
-``FailuresPart``: the few methods the others call). The records are shared by reference and never
+``FailuresPart``: the few methods the others call; protocols, so that this module imports
+none of the components' modules). The records are shared by reference and never
 replaced: ``workers``, ``runs``, ``tasks``, the ready ``queue``, the ``full`` workers,
 the ``cache_runs``, the ``durations`` and ``out``, the instructions of the ``handle``
 call under way. ``now`` is the clock, set once per ``handle``. ``transition`` is the
@@ -51,7 +52,8 @@ from daskvine_py.wire.serialize import Serialized
 
 # -- what each part offers the others (the methods they reach it by) --------------------
 # Protocols, not the classes: every part's module imports this one, so this one imports
-# none of theirs. The state checks each part against its face as it builds it.
+# none of theirs (no import circle, not even for type checkers). Type checking holds each
+# part to its face where the state builds it.
 
 
 class ConstraintsPart(Protocol):
