@@ -135,7 +135,7 @@ def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
     worker = st_.workers[W1]
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
         for task_id in range(1, EJECT_AFTER + 1):
-            st_.claims.send(worker, p.Abort((task_id,), "a straggler"))
+            st_.ctx.claims.send(worker, p.Abort((task_id,), "a straggler"))
         out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)))
         assert sends(out) == [p.Release((1,))] and not ejects(out)  # harmless, answered
         reports = [p.TaskErred(i, None, "tb", "x") for i in range(2, EJECT_AFTER + 1)]
@@ -150,13 +150,13 @@ def test_a_task_given_back_unasked_stays_where_it_is():
     st_.handle([joined(W1), s.SubmitRun(1, tasks, list("abc"), 3)])
     c = st_.tasks[3]
     st_.handle(report(W1, p.Withdrawn((c.id,))))  # never asked: it may be running there
-    assert c.worker is st_.workers[W1] and st_.claims.told[st_.workers[W1]].false == 1
+    assert c.worker is st_.workers[W1] and st_.ctx.claims.told[st_.workers[W1]].false == 1
     # Asked back for an idle worker, it moves.
     out = st_.handle([joined(W2)])
     (asked,) = sends(out, p.Withdraw, W1)
     out = st_.handle(report(W1, p.Withdrawn(asked.task_ids)))
     moved = [m.task_id for m in sends(out, p.Execute, W2)]
-    assert moved == list(asked.task_ids) and st_.claims.told[st_.workers[W1]].false == 1
+    assert moved == list(asked.task_ids) and st_.ctx.claims.told[st_.workers[W1]].false == 1
 
 
 def test_only_the_worker_asked_to_upload_a_result_has_it_forwarded():
@@ -171,7 +171,7 @@ def test_only_the_worker_asked_to_upload_a_result_has_it_forwarded():
     assert sends(out, p.Relayed, W2) == [p.Relayed(a.id, value)]
     # A relay asked for an input of no task of its own is a false claim, as a copy is.
     st_.handle(report(LIAR, p.Relay((a.id,))))
-    assert st_.claims.told[st_.workers[LIAR]].false == 2
+    assert st_.ctx.claims.told[st_.workers[LIAR]].false == 2
 
 
 def test_a_result_reported_lost_by_a_worker_that_never_held_it_stays():
@@ -179,7 +179,7 @@ def test_a_result_reported_lost_by_a_worker_that_never_held_it_stays():
     st_.handle([joined(LIAR)])
     st_.handle(report(LIAR, p.Lost((a.id,))))
     assert a.state == "memory" and a.who_has == {st_.workers[W1]}
-    assert st_.claims.told[st_.workers[LIAR]].false == 1
+    assert st_.ctx.claims.told[st_.workers[LIAR]].false == 1
     st_.handle(report(W1, p.Lost((a.id,))))  # its holder: computed again
     assert a.state != "memory" and not a.who_has
 
@@ -199,8 +199,8 @@ def test_what_is_remembered_of_a_worker_is_bounded():
     st_.handle([joined(W1)])
     worker = st_.workers[W1]
     for task_id in range(100_000):
-        st_.claims.remember(worker, task_id)
-    told = st_.claims.told[worker]
+        st_.ctx.claims.remember(worker, task_id)
+    told = st_.ctx.claims.told[worker]
     assert len(told.ids) == told.cap and 99_999 in told.ids and 0 not in told.ids
 
 
@@ -219,7 +219,7 @@ def test_a_transfers_report_is_counted_only_from_peers_that_joined():
     st_ = s.SchedulerState()
     st_.handle([joined(LIAR)])
     st_.handle(report(LIAR, p.Transfers((("tcp://x:1", 2**62),))))
-    assert st_.claims.told[st_.workers[LIAR]].false == 1
+    assert st_.ctx.claims.told[st_.workers[LIAR]].false == 1
 
 
 # -- the state: a simulated cluster with a liar in it -----------------------------------------
@@ -258,7 +258,7 @@ class ClusterWithALiar(SimulatedCluster):
 
     def lie(self) -> None:
         ids = [i for i in self.state.tasks if i not in self.told]
-        ids.append(self.state._next_task_id + self.rng.randrange(100))
+        ids.append(self.state.ctx.next_id + self.rng.randrange(100))
         task_id = self.rng.choice(ids)
         kind = self.rng.choice(_LIES)
         self.lies[kind] += 1

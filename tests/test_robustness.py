@@ -821,7 +821,7 @@ _BOGUS = st.tuples(
 def bogus_report(spec, state):
     """A report no worker should send now: stale, unknown or simply false."""
     aimed, pick, worker, offset, kind, other, malformed = spec
-    max_id = state._next_task_id + 3
+    max_id = state.ctx.next_id + 3
     processing = sorted((t.id, t.worker.id) for t in state.tasks.values() if t.worker)
     if aimed and processing:
         task_id, worker = processing[pick % len(processing)]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from daskvine_py.ema import Ema
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.saturation import DurationEstimates, extra_tasks
+from daskvine_py.scheduler.records import DurationEstimates
+from daskvine_py.scheduler.saturation import extra_tasks
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 

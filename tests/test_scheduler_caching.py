@@ -1,5 +1,5 @@
 """The ``Caching`` component alone: hits, results read from disk, providers kept after
-their run, with literal records and the state's operations as recording functions."""
+their run, with literal records and the other parts' operations as recording functions."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from daskvine_py.scheduler.messages import (
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
+from parts import context
 
 
 class Host:
@@ -22,18 +23,18 @@ class Host:
 
     def __init__(self) -> None:
         self.worker = WorkerRecord(b"w", "w", 1, "tcp://w:1")
-        self.workers = {b"w": self.worker}
-        self.runs: dict[int, RunRecord] = {}
-        self.tasks: dict[int, TaskRecord] = {}
-        self.out: list = []
         self.moves: list = []
         self.dropped: list = []
         self.dismissed: list = []
-        self.caching = Caching(
-            self.workers, self.runs, self.tasks, self.out, self.transition,
-            lambda w, m: self.out.append((w.name, m)), self.moves.append, self.moves.append,
-            self.dropped.append, lambda t, drop: self.dismissed.append(t.key),
+        ctx = context(
+            self.transition, (self.worker,),
+            claims={"send": lambda w, m: self.out.append((w.name, m))},
+            failures={"drop_run": self.dropped.append,
+                      "dismiss": lambda t, drop: self.dismissed.append(t.key)},
+            copies={"lose": self.moves.append, "recompute": self.moves.append},
         )  # fmt: skip
+        self.workers, self.runs, self.tasks, self.out = ctx.workers, ctx.runs, ctx.tasks, ctx.out
+        self.caching = ctx.caching = Caching(ctx)
 
     def transition(self, task, finish, worker=None):
         self.moves.append((task.key, finish))

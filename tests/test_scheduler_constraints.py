@@ -6,6 +6,7 @@ from daskvine_py.plan.annotations import Placement, RunSettings
 from daskvine_py.scheduler.constraints import Constraints, retries_of
 from daskvine_py.scheduler.messages import NewTask, RunFailed
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from parts import context
 
 BIG = Placement(cores=2)
 
@@ -15,8 +16,6 @@ def make(*cores: int):
     for i, n in enumerate(cores):
         w = WorkerRecord(f"w{i}".encode(), f"w{i}", n, f"tcp://w{i}:1", memory=2**30)
         workers[w.id] = w
-    runs: dict[int, RunRecord] = {}
-    out: list = []
     moves: list = []
     dropped: list = []
 
@@ -25,10 +24,12 @@ def make(*cores: int):
         task.state, task.worker = finish, worker
         worker.processing[task] = None
 
-    constraints = Constraints(
-        workers, runs, set(), out, transition, dropped.append, lambda *a: None
-    )
-    return constraints, workers, runs, out, moves, dropped
+    ctx = context(
+        transition, tuple(workers.values()),
+        failures={"drop_run": dropped.append, "abort": lambda *a: None},
+    )  # fmt: skip
+    constraints = Constraints(ctx)
+    return constraints, ctx.workers, ctx.runs, ctx.out, moves, dropped
 
 
 def annotated_run(runs, placements, retries=None):

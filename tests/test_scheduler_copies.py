@@ -5,12 +5,11 @@ from __future__ import annotations
 from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
+from parts import context
 
 
 def make(cache_runs: dict | None = None):
     names = (b"a", b"b", b"c")
-    workers = {n: WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names}
-    tasks: dict[int, TaskRecord] = {}
     sent: list = []
     moves: list = []
     payloads: list = []
@@ -22,11 +21,14 @@ def make(cache_runs: dict | None = None):
     def cache_lost(lost):
         return [t for t in lost if t.key != "cached"]
 
-    copies = Copies(
-        tasks, workers, transition, lambda w, m: sent.append((w.name, m)),
-        lambda i, w: None, cache_lost, payloads.append, cache_runs or {},
+    ctx = context(
+        transition, tuple(WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names),
+        claims={"send": lambda w, m: sent.append((w.name, m))},
+        caching={"lost": cache_lost, "payload": payloads.append},
     )  # fmt: skip
-    return copies, workers, tasks, sent, moves, payloads
+    ctx.cache_runs.update(cache_runs or {})
+    copies = Copies(ctx)
+    return copies, ctx.workers, ctx.tasks, sent, moves, payloads
 
 
 def chain(tasks, run, *states):

@@ -1,41 +1,39 @@
 """The ``Dispatch`` component alone: the dispatch round and the ``Execute`` of a task,
-with literal records, the other components' steps as plain functions."""
+with literal records, the other components' steps as plain functions (``parts``)."""
 
 from __future__ import annotations
 
 from daskvine_py.scheduler.constraints import Constraints
 from daskvine_py.scheduler.dispatch import Dispatch
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import BytesInlined, Dispatched, Send
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.scheduler.sizing import Sizing
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
+from parts import context
 
 
 def make(extra: int = 0, cache_runs: dict | None = None):
-    workers = {w.id: w for w in (WorkerRecord(b"w", "w", 1, "tcp://w:1"),)}
-    queue: ReadyQueue[TaskRecord] = ReadyQueue()
-    out: list = []
     calls: list = []
-    full: set[WorkerRecord] = set()
-
-    def send(worker, message):
-        out.append(Send(worker.id, message))
 
     def transition(task, finish, worker=None):
         calls.append(("transition", task.id, finish))
         task.state = finish
         dispatch.assign(task, worker)
 
-    constraints = Constraints(workers, {}, full, out, transition, calls.append, calls.append)
-    dispatch = Dispatch(
-        workers, queue, full, out, transition, send, lambda *a: calls.append(("abort", a)),
-        constraints, lambda w, t: extra, lambda t, w: calls.append(("ahead", t.id)),
-        lambda: calls.append(("steal",)), lambda t, deps: deps, cache_runs or {},
-        Sizing(workers, out, *[lambda *a: calls.append(("sizing", a))] * 5, mode="fixed"),
+    ctx = context(
+        transition, (WorkerRecord(b"w", "w", 1, "tcp://w:1"),),
+        saturation={"extra": lambda w, t: extra},
+        locality={"send_ahead": lambda t, w: calls.append(("ahead", t.id))},
+        stealing={"steal_for_idle_workers": lambda: calls.append(("steal",))},
+        caching={"locations": lambda t, deps: deps},
+        failures={"abort": lambda *a: calls.append(("abort", a))},
     )  # fmt: skip
-    return dispatch, workers[b"w"], queue, out, calls
+    ctx.cache_runs.update(cache_runs or {})
+    ctx.constraints = Constraints(ctx)
+    ctx.sizing = Sizing(ctx, mode="fixed")
+    dispatch = Dispatch(ctx)
+    return dispatch, ctx.workers[b"w"], ctx.queue, ctx.out, calls
 
 
 def test_a_round_fills_each_worker_to_its_saturation_then_steals():
@@ -67,7 +65,7 @@ def test_an_execute_carries_the_config_and_functions_once_and_small_inputs_inlin
     b = TaskRecord(2, "b", run, b"payload", (b"f",), 1, "b")
     b.deps.append(a)
     b.is_output = True
-    dispatch.now = 12.5
+    dispatch.ctx.now = 12.5
     dispatch.assign(b, w)
     sent = [i.message for i in out if type(i) is Send]
     assert sent[0] == config and sent[1] == p.Function(b"f", b"code")

@@ -3,6 +3,8 @@ tasks' workers must hear."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from daskvine_py.scheduler.failures import Failures
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
@@ -15,15 +17,11 @@ from daskvine_py.scheduler.messages import (
 )
 from daskvine_py.scheduler.records import Drop, RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
+from parts import context
 
 
 def make():
-    workers = {n: WorkerRecord(n, n.decode(), 2, f"tcp://{n.decode()}:1") for n in (b"a", b"b")}
     run = RunRecord(1, 0, ("y",))
-    tasks: dict[int, TaskRecord] = {}
-    queue: ReadyQueue[TaskRecord] = ReadyQueue()
-    placing: ReadyQueue[TaskRecord] = ReadyQueue()
-    out: list = []
     settled: list = []
     story: list = []
 
@@ -31,17 +29,15 @@ def make():
         story.append((task.id, task.state, finish))
         task.state = finish
 
-    def send(worker, message):
-        out.append(Send(worker.id, message))
-
-    def held(task_id, worker):
-        task = tasks.get(task_id)
-        return task if task is not None and task.worker is worker else None
-
-    failures = Failures(
-        workers, {1: run}, tasks, out, queue, placing, transition, send, held,
-        lambda r, sweep, failed: failures.forget_run(r, sweep, failed), settled.append,
+    ctx = context(
+        transition,
+        tuple(WorkerRecord(n, n.decode(), 2, f"tcp://{n.decode()}:1") for n in (b"a", b"b")),
+        constraints={"placing": ReadyQueue()}, stealing={"settled": settled.append},
     )  # fmt: skip
+    ctx.claims = SimpleNamespace(send=ctx.send)  # (what takes tasks back: none here)
+    ctx.runs[1] = run
+    failures = Failures(ctx)
+    workers, tasks, out, queue = ctx.workers, ctx.tasks, ctx.out, ctx.queue
     a, b = workers[b"a"], workers[b"b"]
     x = TaskRecord(1, "x", run, b"", (), 0, "x")  # in memory on b
     x.state = "memory"

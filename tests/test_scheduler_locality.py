@@ -6,6 +6,7 @@ from __future__ import annotations
 from daskvine_py.scheduler.locality import Locality, target
 from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+from parts import context
 
 
 def worker(name: str, cores: int = 1) -> WorkerRecord:
@@ -19,6 +20,14 @@ def task(run: RunRecord, id: int, *deps: TaskRecord, state: str = "waiting") -> 
         record.deps.append(dep)
         dep.dependents.append(record)
     return record
+
+
+def make(moves: Moves, queue: ReadyQueue[TaskRecord] | None = None, **settings) -> Locality:
+    """A ``Locality`` whose workers hold no extras (saturation)."""
+    ctx = context(moves, saturation={"extra": lambda w, t: 0})
+    if queue is not None:
+        ctx.queue = queue
+    return Locality(ctx, **settings)
 
 
 class Moves(list):
@@ -51,12 +60,12 @@ def test_input_less_siblings_are_queued_for_the_worker_that_took_one():
     x, y = task(run, 1, state="processing"), task(run, 2, state="ready")
     task(run, 3, x, y)  # x + y: one reader of both; x was just given to w
     queue.push(y, y.priority)
-    locality = Locality(queue, lambda w, t: 0, Moves())
+    locality = make(Moves(), queue)
     w = worker("w")
     locality.pull_siblings(x, w)
     assert y.pulled and queue.peek_for(b"w", False) is y
     assert queue.peek_for(b"other", False) is None  # targeted at w now (others may steal)
-    off = Locality(ReadyQueue(), lambda w, t: 0, Moves(), sibling_inputs=0)
+    off = make(Moves(), sibling_inputs=0)
     z, v = task(run, 4, state="processing"), task(run, 5, state="ready")
     task(run, 6, z, v)
     off.pull_siblings(z, w)
@@ -75,11 +84,11 @@ def test_a_chain_is_sent_ahead_to_the_worker_computing_its_head_up_to_the_bound(
     w.processing[head] = None
     head.worker = w
     moves = Moves()
-    Locality(ReadyQueue(), lambda w, t: 0, moves, chain_ahead=2).send_ahead(head, w)
+    make(moves, chain_ahead=2).send_ahead(head, w)
     # One core, no extras: the bound is 1 + chain_ahead 2 tasks held, head included.
     assert moves == [(2, "processing", "w"), (3, "processing", "w")]
     # A full worker, or a task whose follower waits for another worker too, gets none.
     moves.clear()
     w.full = True
-    Locality(ReadyQueue(), lambda w, t: 0, moves).send_ahead(links[3], w)
+    make(moves).send_ahead(links[3], w)
     assert moves == []

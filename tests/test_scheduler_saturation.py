@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
-from daskvine_py.scheduler.saturation import DurationEstimates, Saturation
+from daskvine_py.scheduler.saturation import Saturation
+from parts import context
 
 
 def test_extras_follow_the_estimates_a_fixed_setting_or_the_slots_held_back():
     held: dict[str, int] = {}
-    durations = DurationEstimates()
-    sizing = Saturation(durations, lambda w: held.get(w.name, 0), max_extra_tasks_per_core=8)
+    ctx = context(constraints={"held_back": lambda w: held.get(w.name, 0)})
+    durations = ctx.durations
+    sizing = Saturation(ctx, max_extra_tasks_per_core=8)
     w = WorkerRecord(b"w", "w", 4, "tcp://w:1")
     t = TaskRecord(1, "x", RunRecord(1, 0, ()), b"", (), 0, "inc")
     assert sizing.extra(w, t) == 4  # unknown duration: one extra per core

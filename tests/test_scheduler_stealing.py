@@ -3,17 +3,18 @@ the busy worker gives back."""
 
 from __future__ import annotations
 
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.scheduler.stealing import Stealing
 from daskvine_py.wire import protocol as p
+from parts import context
 
 
 def setup(busy_tasks: int = 4):
     busy = WorkerRecord(b"busy", "busy", 1, "tcp://busy:1")
     idle = WorkerRecord(b"idle", "idle", 2, "tcp://idle:1")
     run = RunRecord(1, 0, ())
-    tasks = {}
+    ctx = context(constraints={"room": lambda w: w.cores - len(w.processing)})
+    tasks = ctx.tasks
     for i in range(1, busy_tasks + 1):
         t = TaskRecord(i, f"t{i}", run, b"", (), i, "t")
         t.state, t.worker = "processing", busy
@@ -30,17 +31,10 @@ def setup(busy_tasks: int = 4):
         if worker is not None:
             worker.processing[task] = None
 
-    def held(task_id, worker):
-        task = tasks.get(task_id)
-        return task if task is not None and task.worker is worker else None
-
-    def room(w):
-        return w.cores - len(w.processing)
-
-    stealing = Stealing(
-        {w.id: w for w in (busy, idle)}, ReadyQueue(), room,
-        lambda w, m: sent.append((w.name, m)), held, transition,
-    )  # fmt: skip
+    ctx.transition = transition
+    ctx.send = lambda w, m: sent.append((w.name, m))
+    ctx.workers.update({w.id: w for w in (busy, idle)})
+    stealing = Stealing(ctx)
     return stealing, busy, idle, tasks, sent, moves
 
 

@@ -60,7 +60,7 @@ def test_a_category_runs_one_unmeasured_task_per_worker_then_is_sized_from_its_f
     allocation = int(100 * MB * MARGIN)
     # 1000 MB hold 7 tasks of 125 MB; 4 cores take 4 of the 5 left.
     assert [e.memory for _, e in sent] == [allocation] * 4
-    assert st_.sizing.sizes["load"].allocation == allocation
+    assert st_.ctx.sizing.sizes["load"].allocation == allocation
 
 
 def test_a_worker_holds_tasks_only_while_their_allocations_fit_its_memory():
@@ -134,7 +134,8 @@ def test_modes_are_set_per_category_and_a_category_annotation_names_it():
     out = st_.handle([joined(W1), run_of(["x", "y", "z"], settings=settings)])
     # "hungry" is fixed: both go at once; "load" (z's prefix) is unmeasured: one.
     assert sorted(e.key for _, e in executes(out)) == ["x", "y", "z"]
-    assert st_.sizing.sizes["hungry"].mode == "fixed" and st_.sizing.sizes["load"].mode == "max"
+    sizes = st_.ctx.sizing.sizes
+    assert sizes["hungry"].mode == "fixed" and sizes["load"].mode == "max"
 
 
 def test_a_category_annotation_is_read_per_task_and_checked():
@@ -169,7 +170,7 @@ def test_a_task_that_ran_out_is_retried_with_more_and_the_categories_count_it():
     category = finished.categories["load"]
     assert category.exhausted == 1 and category.tasks == 2
     assert category.allocated_memory_mb == pytest.approx(again.memory / MB)
-    assert st_.sizing.sizes["load"].exhausted == 1
+    assert st_.ctx.sizing.sizes["load"].exhausted == 1
 
 
 def test_a_retry_gets_at_least_the_largest_its_category_was_seen_to_need():
@@ -327,7 +328,7 @@ def test_random_graphs_with_sizing_and_stopped_tasks_end_right(graphs, seed, mod
         return not any(cluster.queued.values()) and not cluster.pending
 
     cluster.run_until(idle, 0, iter(()))
-    stopped = sum(size.exhausted for size in cluster.state.sizing.sizes.values())
+    stopped = sum(size.exhausted for size in cluster.state.ctx.sizing.sizes.values())
     assert stopped <= cluster.stopped  # (a report about a task no longer held counts nowhere)
     for run_id, (deps, outputs) in runs.items():
         ended = cluster.done.get(run_id)
@@ -338,7 +339,7 @@ def test_random_graphs_with_sizing_and_stopped_tasks_end_right(graphs, seed, mod
             assert "ran out of memory" in ended, ended
     assert not cluster.state.tasks and not cluster.state.runs
     assert all(not w.processing for w in cluster.state.workers.values())
-    assert cluster.state.sizing.largest == 0  # (no run left: the bound starts again)
+    assert cluster.state.ctx.sizing.largest == 0  # (no run left: the bound starts again)
 
 
 # -- with workers --------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def test_eviction_keeps_each_worker_under_its_budget():
 
 def test_eviction_keeps_the_outputs_the_manager_holds_under_its_budget():
     st_ = s.SchedulerState(chain_ahead=0)
-    st_.caching.budget.manager_bytes = 150  # each result is 100 bytes
+    st_.ctx.caching.budget.manager_bytes = 150  # each result is 100 bytes
     st_.handle([joined(W1)])
     run_chain(st_, 1)
     run_chain(st_, 2, keys={"a": b"a", "b": b"b", "c": b"c2"})

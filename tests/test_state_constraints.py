@@ -96,7 +96,7 @@ def test_a_task_no_worker_can_hold_fails_its_run_naming_the_key_and_the_ask():
     (failed,) = [i for i in out if type(i) is s.RunFailed]
     assert failed.key == "huge" and failed.run_id == 1
     assert "4 cores" in failed.message and "w1 (1 core," in failed.message
-    assert not st_.runs and not st_.tasks and not st_.constraints.placing
+    assert not st_.runs and not st_.tasks and not st_.ctx.constraints.placing
 
 
 def test_an_impossible_task_deep_in_the_graph_fails_the_run_at_submission():
@@ -243,7 +243,7 @@ def test_random_placements_never_overfill_a_worker_and_every_run_ends(graph, see
         cluster.step()
     assert cluster.done.get(1) == "done", cluster.done
     state = cluster.state
-    assert not state.tasks and not state.runs and not state.constraints.placing
+    assert not state.tasks and not state.runs and not state.ctx.constraints.placing
 
 
 def test_an_annotated_task_of_a_lost_worker_is_placed_again_by_the_same_rules():
@@ -254,7 +254,7 @@ def test_an_annotated_task_of_a_lost_worker_is_placed_again_by_the_same_rules():
     other = W2 if holder == W1 else W1
     out = st_.handle([s.WorkerLost(holder, "preempted")])
     assert executed(out) == {"big": other}
-    assert st_.constraints.room(st_.workers[other]) == 0  # its two slots are taken
+    assert st_.ctx.constraints.room(st_.workers[other]) == 0  # its two slots are taken
 
 
 def test_a_task_whose_capable_workers_left_waits_for_one_to_join():

@@ -59,8 +59,8 @@ def test_a_round_visits_the_workers_that_reported_not_the_whole_cluster():
     cluster = cluster_of(WORKERS)
     state = cluster.state
     calls = []
-    extra = state.dispatch.extra
-    state.dispatch.extra = lambda w, t: calls.append(w) or extra(w, t)
+    extra = state.ctx.dispatch.extra
+    state.ctx.dispatch.extra = lambda w, t: calls.append(w) or extra(w, t)
     cluster.apply([wide_run(1, 20 * WORKERS)])  # every worker saturated, many left here
     assert len(state.queue) > 0 and executes(cluster) >= 2 * WORKERS
     for _ in range(3):  # (past the round that follows the submission, which visits all)

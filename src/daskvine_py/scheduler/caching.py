@@ -9,7 +9,8 @@ testing ``cache_runs`` for emptiness on its per-task paths.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.cache_budget import CacheBudget
 from daskvine_py.scheduler.cache_placement import (
@@ -24,24 +25,23 @@ from daskvine_py.scheduler.messages import (
     CacheClear,
     CacheStatus,
     CacheWrite,
-    Instruction,
     NewTask,
     RunCache,
     RunDone,
     RunOutput,
-    ToWorker,
-    WorkerId,
 )
 from daskvine_py.scheduler.records import (
     Drop,
     RunRecord,
     TaskRecord,
-    Transition,
     WorkerRecord,
     needed,
 )
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -51,48 +51,35 @@ _DISK = CacheStatus.DISK
 class Caching:
     """Results kept across runs; see ``cache_placement``'s docstring.
 
-    It shares the state's ``workers``, ``runs`` and ``tasks`` and appends to its ``out``;
-    ``transition``, ``send`` and ``drop_run`` are the state's; ``lose(results)``: their
-    last copies went (``Copies.lose``); ``recompute(task)``: bring a released result
-    back from its lineage (``Copies.recompute``); ``dismiss``: ``Failures.dismiss``.
+    It shares the context's ``workers``, ``runs``, ``tasks`` and ``cache_runs`` (the
+    runs with a cache plan, by id) and appends to its ``out``; its messages go through
+    ``Claims.send``; ``drop_run`` and ``dismiss`` are ``Failures``'; results whose last
+    copies went are lost (``Copies.lose``) or recomputed (``Copies.recompute``). While a
+    cache run lasts it hears of every result stored.
     """
 
     __slots__ = (
-        "workers", "runs", "tasks", "out", "transition", "send", "lose", "recompute",
-        "drop_run", "dismiss", "index", "budget", "cache_runs", "owner", "key_of", "awaiting",
-        "persist", "uploads", "held_for_disk",
+        "ctx", "workers", "runs", "tasks", "out", "transition", "send", "drop_run", "dismiss",
+        "index", "budget", "cache_runs", "owner", "key_of", "awaiting", "persist", "uploads",
+        "held_for_disk",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        runs: dict[int, RunRecord],
-        tasks: dict[int, TaskRecord],
-        out: list[Instruction],
-        transition: Transition,
-        send: Callable[[WorkerRecord, ToWorker], None],
-        lose: Callable[[list[TaskRecord]], None],
-        recompute: Callable[[TaskRecord], None],
-        drop_run: Callable[[RunRecord], None],
-        dismiss: Callable[[TaskRecord, Drop], None],
-        budget: CacheBudget | None = None,
-    ) -> None:
-        self.workers = workers
-        self.runs = runs
-        self.tasks = tasks
-        self.out = out
-        self.transition = transition
-        self.send = send
-        self.lose = lose
-        self.recompute = recompute
-        self.drop_run = drop_run
-        self.dismiss = dismiss
+    def __init__(self, ctx: Context, budget: CacheBudget | None = None) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.runs = ctx.runs
+        self.tasks = ctx.tasks
+        self.out = ctx.out
+        self.transition = ctx.transition
+        self.send = ctx.claims.send
+        self.drop_run = ctx.failures.drop_run
+        self.dismiss = ctx.failures.dismiss
         #: what other threads may read (see ``CacheIndex``)
         self.index = CacheIndex()
         #: the bytes kept, per worker and at the manager
         self.budget = budget if budget is not None else CacheBudget()
         #: the runs with a cache plan, by id
-        self.cache_runs: dict[int, CacheRun] = {}
+        self.cache_runs: dict[int, CacheRun] = ctx.cache_runs
         #: the run record that owns the results that outlived their runs
         self.owner = RunRecord(CACHE_RUN_ID, 0, ())
         #: provider -> its cache key
@@ -110,6 +97,7 @@ class Caching:
 
     def open(self, run: RunRecord, info: RunCache) -> None:
         self.cache_runs[run.id] = CacheRun(info)
+        self.ctx.listen("caching")  # (hears of results stored while a cache run lasts)
 
     def added(self, run: RunRecord, added: Sequence[tuple[NewTask, TaskRecord]]) -> None:
         """Decide, as a run's tasks arrive (inputs first), which run, which read a
@@ -158,6 +146,13 @@ class Caching:
             hit.dependents = [d for d in hit.dependents if d not in relinked]
         for record in revive:
             self._revive(record)
+
+    def result_stored(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskDone) -> bool:
+        """A result is in memory: kept, uploaded or written if a cache run's plan says so
+        (nothing to do while no run has a cache plan)."""
+        if self.cache_runs:
+            self.done(task, msg, worker)
+        return True
 
     def done(self, task: TaskRecord, msg: p.TaskDone, worker: WorkerRecord) -> None:
         """A task of a cache run finished (its result is in memory)."""
@@ -241,7 +236,7 @@ class Caching:
         if provider.who_has:
             self._upload(provider)
         else:
-            self.lose([provider])
+            self.ctx.copies.lose([provider])
 
     def worker_lost(self, worker: WorkerRecord) -> None:
         """Uploads asked of a worker that is gone: asked of another holder (a result held
@@ -274,6 +269,8 @@ class Caching:
         crun = self.cache_runs.pop(run.id, None)
         if crun is None:
             return
+        if not self.cache_runs:
+            self.ctx.listen("caching", False)
         crun.info.stats = crun.stats(len(run.tasks), self.index.seconds)
         if crun.read:  # only a provider read can be another run's record
             unlink_readers(run)
@@ -490,7 +487,7 @@ class Caching:
                 self._provide(crun, record, ck)
             if crun.link:  # inputs that hit: read their providers, not their lineage
                 self._relink_lineage(crun, record)
-        self.recompute(record)
+        self.ctx.copies.recompute(record)
 
     def _relink_lineage(self, crun: CacheRun, root: TaskRecord) -> None:
         """Before ``recompute(root)``: the released records it will walk read the

@@ -10,7 +10,8 @@ A component of ``state.SchedulerState``.
   worker. A task queued or fetching inputs there, sent ahead, or a result held there uses
   none: the task is queued again, the result recomputed from its lineage. A worker that
   left on its own (``Goodbye``: a preemption's SIGTERM, a pool retiring it) or that the
-  manager ejected costs no task a retry.
+  manager ejected costs no task a retry. A task whose process crashed uses one too
+  (``task_crashed``, a subscriber to the task's report): past its last, its run fails.
 - **Temporary replicas.** Each worker lost adds one to a count of recent losses that
   halves every ``LOSS_HALF_LIFE`` seconds. While it is at least ``CHURN_LEVEL``, results
   whose loss would cost much get a second copy on another worker (the one holding fewest
@@ -26,14 +27,15 @@ A component of ``state.SchedulerState``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.constraints import retries_of
-from daskvine_py.scheduler.matching import ReadyQueue
-from daskvine_py.scheduler.messages import WorkerId, WorkerLost
-from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.messages import WorkerLost
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: How a loss's reason begins when it is no task's doing: the worker said goodbye (the
 #: manager's ``_lose_worker``: "it left: ..."), or the manager told it to go.
@@ -65,41 +67,28 @@ PRUNE_PERIOD = 1.0
 class Churn:
     """Lost workers, started tasks and temporary replicas; see the module docstring.
 
-    It shares the state's ``workers``, ``tasks``, ``full`` and ``queue``; ``transition``
-    and ``held`` are the state's; ``fail(task, worker, exception, traceback, message,
-    crashed)``: ``Failures.fail``; ``lose(results)``: ``Copies.lose``; ``replicate(task,
-    worker, copies)``: ``Copies.replicate``; ``cache_worker_lost(worker)``: the result
-    cache forgets what it kept there. ``now`` is set by the state at each ``handle``.
+    It shares the context's ``workers``, ``tasks``, ``full`` and ``queue``, and its
+    clock; ``fail``: ``Failures.fail``; ``lose(results)``: ``Copies.lose``;
+    ``replicate(task, worker, copies)``: ``Copies.replicate``; a worker lost, the result
+    cache forgets what it kept there (``Caching.worker_lost``). It hears of every
+    crash: a crash uses one of the task's retries.
     """
 
-    __slots__ = ("workers", "tasks", "full", "queue", "transition", "held", "fail", "lose",
-                 "replicate", "cache_worker_lost", "now", "level", "last_loss", "extra",
-                 "extra_bytes", "max_extra", "max_bytes", "pruned_at", "replicas")  # fmt: skip
+    __slots__ = ("ctx", "workers", "tasks", "full", "queue", "transition", "held", "fail",
+                 "lose", "replicate", "level", "last_loss", "extra", "extra_bytes",
+                 "max_extra", "max_bytes", "pruned_at", "replicas")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        tasks: dict[int, TaskRecord],
-        full: set[WorkerRecord],
-        queue: ReadyQueue[TaskRecord],
-        transition: Transition,
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        fail: Callable[[TaskRecord, WorkerRecord, Serialized | None, str, str, bool], None],
-        lose: Callable[[list[TaskRecord]], None],
-        replicate: Callable[[TaskRecord, WorkerRecord, int], list[WorkerRecord]],
-        cache_worker_lost: Callable[[WorkerRecord], None],
-    ) -> None:
-        self.workers = workers
-        self.tasks = tasks
-        self.full = full
-        self.queue = queue
-        self.transition = transition
-        self.held = held
-        self.fail = fail
-        self.lose = lose
-        self.replicate = replicate
-        self.cache_worker_lost = cache_worker_lost
-        self.now = 0.0
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.tasks = ctx.tasks
+        self.full = ctx.full
+        self.queue = ctx.queue
+        self.transition = ctx.transition
+        self.held = ctx.held
+        self.fail = ctx.failures.fail
+        self.lose = ctx.copies.lose
+        self.replicate = ctx.copies.replicate
         #: recent losses, halving every ``LOSS_HALF_LIFE`` s from ``last_loss``; 0.0: calm
         #: (the state tests it as each result is made)
         self.level = 0.0
@@ -120,7 +109,7 @@ class Churn:
     def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
         """Tasks ``worker`` began running: a loss of it now costs them a retry, and the
         fault watch times them from ``started_at``."""
-        now = self.now
+        now = self.ctx.now
         held = self.held
         for task_id in msg.task_ids:
             task = held(task_id, worker)
@@ -134,6 +123,13 @@ class Churn:
             return True
         self.transition(task, "ready" if task.missing == 0 else "waiting")
         return False
+
+    def task_crashed(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
+        """A crash uses one of ``task``'s retries; with none left, its run fails."""
+        if self.out_of_retries(task):
+            attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
+            reason = f"{msg.reason} ({attempts})"
+            self.fail(task, worker, None, "", reason, crashed=True)
 
     # -- a worker lost ------------------------------------------------------------------
 
@@ -166,7 +162,7 @@ class Churn:
                 self.fail(task, worker, None, "", reason, True)
         self.lose([task for task in lost if task.id in self.tasks])
         self.queue.forget_target(worker.id)
-        self.cache_worker_lost(worker)
+        self.ctx.caching.worker_lost(worker)
         self._count_loss()
 
     # -- temporary replicas -------------------------------------------------------------
@@ -186,7 +182,7 @@ class Churn:
         """One more loss: the bounds from the workers left, and a second copy for the
         results worth one that now have a single copy."""
         self.level = min(MAX_LEVEL, self._decayed() + 1.0)
-        self.last_loss = self.now
+        self.last_loss = self.ctx.now
         workers = self.workers
         memory = sum(w.memory for w in workers.values())
         self.max_bytes = int(memory * REPLICA_MEMORY_SHARE) if memory else REPLICA_BYTES
@@ -204,7 +200,7 @@ class Churn:
                         self._copy(task, holder)
 
     def _decayed(self) -> float:
-        return self.level * math.pow(0.5, (self.now - self.last_loss) / LOSS_HALF_LIFE)
+        return self.level * math.pow(0.5, (self.ctx.now - self.last_loss) / LOSS_HALF_LIFE)
 
     def _churning(self) -> bool:
         return self._decayed() >= CHURN_LEVEL
@@ -230,7 +226,7 @@ class Churn:
         """Whether one more temporary replica of ``task`` fits the bounds."""
         if len(self.extra) < self.max_extra and self.extra_bytes + task.nbytes <= self.max_bytes:
             return True
-        if self.now - self.pruned_at < PRUNE_PERIOD:
+        if self.ctx.now - self.pruned_at < PRUNE_PERIOD:
             return False
         self._prune()
         return len(self.extra) < self.max_extra and self.extra_bytes + task.nbytes <= self.max_bytes
@@ -255,4 +251,4 @@ class Churn:
         for task in gone:
             del extra[task]
         self.extra_bytes = sum(task.nbytes for task in extra)
-        self.pruned_at = self.now
+        self.pruned_at = self.ctx.now

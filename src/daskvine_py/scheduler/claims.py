@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from daskvine_py.scheduler.messages import Eject, Instruction, ToWorker, WorkerId
+from daskvine_py.scheduler.messages import Eject, ToWorker
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -77,42 +80,31 @@ class Claims:
     """Per worker, what it may still report on, and its false claims; see the module
     docstring.
 
-    It reads the state's ``workers`` and ``tasks`` and appends to its ``out``; ``send``
-    and ``held`` are the state's; ``withdrawing`` is ``Stealing``'s (tasks asked back);
-    ``next_id()``: the id the next task will get (no task had a larger one). The state
-    sets ``now`` for every ``handle``.
+    It reads the context's ``workers``, ``tasks``, ``next_id`` (the id the next task will
+    get: no task had a larger one) and clock, and appends to its ``out``; ``withdrawing``
+    is ``Stealing``'s (tasks asked back).
     """
 
-    __slots__ = ("workers", "tasks", "out", "_send", "held", "withdrawing", "next_id",
-                 "told", "drops", "now")  # fmt: skip
+    __slots__ = ("ctx", "workers", "tasks", "out", "_send", "held", "withdrawing", "told",
+                 "drops")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        tasks: dict[int, TaskRecord],
-        out: list[Instruction],
-        send: Callable[[WorkerRecord, ToWorker], None],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        withdrawing: set[TaskRecord],
-        next_id: Callable[[], int],
-    ) -> None:
-        self.workers = workers
-        self.tasks = tasks
-        self.out = out
-        self._send = send
-        self.held = held
-        self.withdrawing = withdrawing
-        self.next_id = next_id
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.tasks = ctx.tasks
+        self.out = ctx.out
+        self._send = ctx.send
+        self.held = ctx.held
+        self.withdrawing = ctx.stealing.withdrawing
         #: by worker record (a worker that rejoins is a new record, with a clean slate)
         self.told: dict[WorkerRecord, Told] = {}
         #: the warnings about false claims: one a minute per worker at most
         self.drops = p.DropLog(logger)
-        self.now = 0.0
 
     # -- what the manager tells workers ---------------------------------------------------
 
     def send(self, worker: WorkerRecord, message: ToWorker) -> None:
-        """The state's ``send``, remembering what takes a task back or asks for a result
+        """The context's ``send``, remembering what takes a task back or asks for a result
         (``Cancel``, ``Abort``, ``Upload``, ``Replicate``): the components' sends go here
         (never ``Execute``'s: the per-task path)."""
         if isinstance(message, (p.Cancel, p.Upload, p.Abort)):
@@ -182,7 +174,7 @@ class Claims:
         told = self._told(worker)
         if told.ejected:
             return  # told to leave: the rest of its messages are dropped quietly
-        now = self.now
+        now = self.ctx.now
         if now - told.last > FORGIVE_AFTER:
             told.false = 0
         told.false += 1
@@ -272,7 +264,7 @@ class Claims:
         for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is None:
-                if 0 < task_id < self.next_id():  # a race, or a lie: harmless either way
+                if 0 < task_id < self.ctx.next_id:  # a race, or a lie: harmless either way
                     (gone if type(msg) is p.Replicas else kept).append(task_id)
                     continue
             elif worker in task.who_has or self._fetching(worker, task):
@@ -307,7 +299,7 @@ class Claims:
         for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is None:
-                if 0 < task_id < self.next_id():
+                if 0 < task_id < self.ctx.next_id:
                     continue  # its run ended: nothing to do, nothing to count
             elif worker in task.who_has:
                 kept.append(task_id)

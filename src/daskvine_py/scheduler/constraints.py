@@ -1,7 +1,7 @@
 """Placement of annotated tasks: resources, worker restrictions, per-task retries.
 
 A component of ``state.SchedulerState``. Tasks without a ``Placement`` never come here: they
-wait in the state's ``queue`` and take one slot wherever they go. A task with one waits
+wait in the context's ``queue`` and take one slot wherever they go. A task with one waits
 in ``placing``, one lane per distinct placement, and is placed only on a worker it may
 run on (``workers``, ``allow_other_workers``) with room for it:
 
@@ -29,13 +29,17 @@ as it is read, so no path that takes a task off a worker needs to know about it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from daskvine_py.plan.annotations import Placement
 from daskvine_py.scheduler.locality import target
 from daskvine_py.scheduler.matching import ReadyQueue
-from daskvine_py.scheduler.messages import EventDropped, Instruction, NewTask, RunFailed, WorkerId
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.messages import EventDropped, NewTask, RunFailed
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 
 def retries_of(task: TaskRecord) -> int:
@@ -56,30 +60,21 @@ def _placement(task: TaskRecord) -> Placement:
 class Constraints:
     """The annotated tasks of every run, and where they may go; see the module docstring.
 
-    It reads the state's ``workers``, ``runs`` and ``full`` (workers whose store is full)
-    and appends to its ``out``; ``transition``, ``drop_run`` and ``abort``: the state's.
+    It reads the context's ``workers``, ``runs`` and ``full`` (workers whose store is
+    full) and appends to its ``out``; a run that cannot be placed is dropped or aborted
+    by ``ctx.failures``.
     """
 
-    __slots__ = ("workers", "runs", "full", "out", "transition", "drop_run", "abort",
-                 "placing", "placements", "unchecked", "reserved")  # fmt: skip
+    __slots__ = ("ctx", "workers", "runs", "full", "out", "transition", "placing",
+                 "placements", "unchecked", "reserved")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        runs: dict[int, RunRecord],
-        full: set[WorkerRecord],
-        out: list[Instruction],
-        transition: Transition,
-        drop_run: Callable[[RunRecord], None],
-        abort: Callable[[int, BaseException, str], None],
-    ) -> None:
-        self.workers = workers
-        self.runs = runs
-        self.full = full
-        self.out = out
-        self.transition = transition
-        self.drop_run = drop_run
-        self.abort = abort
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.runs = ctx.runs
+        self.full = ctx.full
+        self.out = ctx.out
+        self.transition = ctx.transition
         #: ready annotated tasks, one lane per distinct placement
         self.placing: ReadyQueue[TaskRecord] = ReadyQueue()
         #: the placements with tasks in ``placing``
@@ -175,8 +170,8 @@ class Constraints:
             try:
                 self.transition(task, "processing", worker)
             except Exception as exc:
-                self.abort(task.run.id, exc, f"sending task {task.key!r} (id {task.id}) to "
-                            f"worker {worker.name}")  # fmt: skip
+                what = f"sending task {task.key!r} (id {task.id}) to worker {worker.name}"
+                self.ctx.failures.abort(task.run.id, exc, what)
         for task in waiting.values():
             if task.state == "ready":
                 self._reserve(task)
@@ -287,7 +282,7 @@ class Constraints:
                       run.serialization_seconds, categories=run.categories)
         )  # fmt: skip
         try:
-            self.drop_run(run)
+            self.ctx.failures.drop_run(run)
         except Exception as exc:
             self.out.append(EventDropped(f"dropping run {run.id}", exc))
 

@@ -11,18 +11,20 @@ computed again from its lineage: released inputs first (``recompute``).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.messages import ToWorker, WorkerId
-from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord, needed
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord, needed
 from daskvine_py.wire import protocol as p
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 
 class Copies:
     """Where results' copies are, and what happens when they go; see the module docstring.
 
-    It reads the state's ``tasks`` and ``workers``; ``transition``, ``send`` and ``held``
-    are the state's. For the result cache: ``cache_lost(lost)`` takes the cached results
+    It reads the context's ``tasks`` and ``workers``; its messages go through
+    ``Claims.send``. For the result cache: ``cache_lost(lost)`` takes the cached results
     out of ``lost`` (their readers switch to their own lineage); ``cache_payload(task)``
     makes the payload of a task submitted without one; ``cache_runs`` is only tested for
     emptiness (no cache run: no payload to make).
@@ -31,25 +33,15 @@ class Copies:
     __slots__ = ("tasks", "workers", "transition", "send", "held", "cache_lost",
                  "cache_payload", "cache_runs", "recomputed")  # fmt: skip
 
-    def __init__(
-        self,
-        tasks: dict[int, TaskRecord],
-        workers: dict[WorkerId, WorkerRecord],
-        transition: Transition,
-        send: Callable[[WorkerRecord, ToWorker], None],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        cache_lost: Callable[[list[TaskRecord]], list[TaskRecord]],
-        cache_payload: Callable[[TaskRecord], None],
-        cache_runs: Mapping[int, object],
-    ) -> None:
-        self.tasks = tasks
-        self.workers = workers
-        self.transition = transition
-        self.send = send
-        self.held = held
-        self.cache_lost = cache_lost
-        self.cache_payload = cache_payload
-        self.cache_runs = cache_runs
+    def __init__(self, ctx: Context) -> None:
+        self.tasks = ctx.tasks
+        self.workers = ctx.workers
+        self.transition = ctx.transition
+        self.send = ctx.claims.send
+        self.held = ctx.held
+        self.cache_lost = ctx.caching.lost
+        self.cache_payload = ctx.caching.payload
+        self.cache_runs = ctx.cache_runs
         #: results brought back after every copy was lost (lineage), since the start
         self.recomputed = 0
 

@@ -24,23 +24,22 @@ hundreds of workers the round's cost follows the workers that changed, not the c
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.constraints import Constraints
 from daskvine_py.scheduler.locality import target
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     BytesInlined,
     Dispatched,
     EventDropped,
-    Instruction,
-    ToWorker,
     WorkerId,
 )
-from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
-from daskvine_py.scheduler.sizing import Sizing
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import OUT_OF_BAND_MIN_BYTES
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: ``locations(task, deps)``: a task's inputs as its payload names them (``Caching``).
 Locations = Callable[[TaskRecord, tuple[p.DepLocation, ...]], tuple[p.DepLocation, ...]]
@@ -60,50 +59,34 @@ LOOK_PAST = 8
 class Dispatch:
     """The dispatch round and the ``Execute`` of each task sent; see the module docstring.
 
-    It shares the state's ``workers``, ``queue`` and ``full`` (workers whose store is
-    full) and appends to its ``out``; ``transition``, ``send`` and ``abort`` are the
-    state's; ``extra``, ``send_ahead`` and ``steal`` are the other components' steps;
-    ``locations`` renames inputs for cache runs, only called while ``cache_runs`` is not
-    empty; ``sizing``: what each task is allotted and where that fits. ``now`` is set by
-    the state at each ``handle``.
+    It shares the context's ``workers``, ``queue`` and ``full`` (workers whose store is
+    full) and its clock, and appends to its ``out``; ``extra`` (``Saturation``),
+    ``send_ahead`` (``Locality``) and ``steal`` (``Stealing``) are the other components'
+    steps; ``locations`` renames inputs for cache runs (``Caching``), only called while
+    ``cache_runs`` is not empty; ``sizing``: what each task is allotted and where that
+    fits; a task that cannot be sent aborts its run (``Failures.abort``).
     """
 
-    __slots__ = ("workers", "queue", "full", "out", "transition", "send", "abort",
+    __slots__ = ("ctx", "workers", "queue", "full", "out", "transition", "send", "abort",
                  "constraints", "extra", "send_ahead", "steal", "locations", "cache_runs",
-                 "now", "inlined", "open", "rounds", "everyone", "sizing")  # fmt: skip
+                 "inlined", "open", "rounds", "everyone", "sizing")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        queue: ReadyQueue[TaskRecord],
-        full: set[WorkerRecord],
-        out: list[Instruction],
-        transition: Transition,
-        send: Callable[[WorkerRecord, ToWorker], None],
-        abort: Callable[[int, BaseException, str], None],
-        constraints: Constraints,
-        extra: Callable[[WorkerRecord, TaskRecord], int],
-        send_ahead: Callable[[TaskRecord, WorkerRecord], None],
-        steal: Callable[[], None],
-        locations: Locations,
-        cache_runs: Mapping[int, object],
-        sizing: Sizing,
-    ) -> None:
-        self.workers = workers
-        self.queue = queue
-        self.full = full
-        self.out = out
-        self.transition = transition
-        self.send = send
-        self.abort = abort
-        self.constraints = constraints
-        self.extra = extra
-        self.send_ahead = send_ahead
-        self.steal = steal
-        self.locations = locations
-        self.cache_runs = cache_runs
-        self.sizing = sizing
-        self.now = 0.0
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.queue = ctx.queue
+        self.full = ctx.full
+        self.out = ctx.out
+        self.transition = ctx.transition
+        self.send = ctx.send
+        self.abort = ctx.failures.abort
+        self.constraints = ctx.constraints
+        self.extra = ctx.saturation.extra
+        self.send_ahead = ctx.locality.send_ahead
+        self.steal = ctx.stealing.steal_for_idle_workers
+        self.locations = ctx.caching.locations
+        self.cache_runs = ctx.cache_runs
+        self.sizing = ctx.sizing
         #: bytes of inputs sent inside ``Execute`` per worker in this ``handle`` call
         self.inlined: dict[WorkerRecord, int] = {}
         #: workers that may have room (an ordered set): the next round visits these
@@ -229,7 +212,7 @@ class Dispatch:
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Record ``task`` as processing on ``worker`` and send it there."""
         task.worker = worker
-        task.sent_at = self.now
+        task.sent_at = self.ctx.now
         # Only tasks that can start at once measure the round trip.
         task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
         worker.processing[task] = None

@@ -8,9 +8,9 @@ the transition table (``dismiss``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     AbortRun,
     BadReport,
@@ -18,59 +18,46 @@ from daskvine_py.scheduler.messages import (
     EventDropped,
     ExtendRun,
     FromWorker,
-    Instruction,
     RunAborted,
     RunFailed,
     SubmitRun,
-    ToWorker,
     WorkerId,
     WorkerJoined,
     WorkerLost,
 )
-from daskvine_py.scheduler.records import Drop, RunRecord, TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.records import Drop, RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 
 class Failures:
     """Aborted, failed and finished runs, and the tasks they leave; see the module
     docstring.
 
-    It shares the state's ``workers``, ``runs``, ``tasks``, ``queue`` and ``placing``
-    (``Constraints``) and appends to its ``out``; ``transition``, ``send`` and ``held``
-    are the state's; ``drop_run(run, sweep, failed)``: the state's drop of a run, which
-    lets the cache keep its results before ``forget_run``; ``settled(task)``: a task left
-    its worker (``Stealing.settled``).
+    It shares the context's ``workers``, ``runs``, ``tasks``, ``queue`` and ``placing``
+    (``Constraints``) and appends to its ``out``; its messages go through
+    ``Claims.send``; ``settled(task)``: a task left its worker (``Stealing.settled``).
     """
 
-    __slots__ = ("workers", "runs", "tasks", "out", "queue", "placing", "transition", "send",
-                 "held", "drop_run", "settled")  # fmt: skip
+    __slots__ = ("ctx", "workers", "runs", "tasks", "out", "queue", "placing", "transition",
+                 "send", "held", "cache_runs", "settled")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        runs: dict[int, RunRecord],
-        tasks: dict[int, TaskRecord],
-        out: list[Instruction],
-        queue: ReadyQueue[TaskRecord],
-        placing: ReadyQueue[TaskRecord],
-        transition: Transition,
-        send: Callable[[WorkerRecord, ToWorker], None],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        drop_run: Callable[[RunRecord, bool, TaskRecord | None], None],
-        settled: Callable[[TaskRecord], None],
-    ) -> None:
-        self.workers = workers
-        self.runs = runs
-        self.tasks = tasks
-        self.out = out
-        self.queue = queue
-        self.placing = placing
-        self.transition = transition
-        self.send = send
-        self.held = held
-        self.drop_run = drop_run
-        self.settled = settled
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.runs = ctx.runs
+        self.tasks = ctx.tasks
+        self.out = ctx.out
+        self.queue = ctx.queue
+        self.placing = ctx.constraints.placing
+        self.transition = ctx.transition
+        self.send = ctx.claims.send
+        self.held = ctx.held
+        self.cache_runs = ctx.cache_runs
+        self.settled = ctx.stealing.settled
 
     # -- failures of the handlers themselves --------------------------------------------
 
@@ -202,6 +189,15 @@ class Failures:
             )
         )  # fmt: skip
         self.drop_run(run, False, task)
+
+    def drop_run(
+        self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None
+    ) -> None:
+        """Drop a run that ended (done, failed, cancelled, aborted): the cache keeps its
+        cacheable results first (``Caching.drop``), then ``forget_run``."""
+        if self.cache_runs:
+            self.ctx.caching.drop(run)
+        self.forget_run(run, sweep, failed)
 
     def forget_run(
         self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None

@@ -39,20 +39,19 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     Eject,
-    Instruction,
     Quarantined,
     Tick,
-    ToWorker,
     WorkerId,
 )
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord
-from daskvine_py.scheduler.saturation import DurationEstimates
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: The default multiplier: TaskVine's when fast abort is on. Stragglers that run 10x
 #: slower are caught well before they end; with ``SPREAD`` a category's legitimately long
@@ -136,40 +135,30 @@ class Category:
 class Faults:
     """Fast aborts, ejections and quarantines; see the module docstring.
 
-    It shares the state's ``workers``, ``queue`` and ``durations`` and appends to its
-    ``out``; ``transition``, ``send`` and ``held`` are the state's; ``fail`` is
-    ``Failures.fail``; ``withdrawing`` the tasks ``Stealing`` asked back. The manager sets
-    ``factor``, ``stall`` and ``patience`` from its options; the state sets ``now``.
+    It shares the context's ``workers``, ``queue`` and ``durations`` and appends to its
+    ``out``; its messages go through ``Claims.send``; ``fail`` is ``Failures.fail``;
+    ``withdrawing`` the tasks ``Stealing`` asked back. It hears of every task's result
+    (the duration estimates, and what it watches). The manager sets ``factor``, ``stall``
+    and ``patience`` from its options.
     """
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        out: list[Instruction],
-        queue: ReadyQueue[TaskRecord],
-        durations: DurationEstimates,
-        transition: Transition,
-        send: Callable[[WorkerRecord, ToWorker], None],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        fail: Callable[..., None],  # (``Failures.fail``)
-        withdrawing: set[TaskRecord],
-    ) -> None:
-        self.workers = workers
-        self.out = out
-        self.queue = queue
-        self.durations = durations
-        self.transition = transition
-        self.send = send
-        self.held = held
-        self.fail = fail
-        self.withdrawing = withdrawing
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.out = ctx.out
+        self.queue = ctx.queue
+        self.durations = ctx.durations
+        self.transition = ctx.transition
+        self.send = ctx.claims.send
+        self.held = ctx.held
+        self.fail = ctx.failures.fail
+        self.withdrawing = ctx.stealing.withdrawing
         #: the manager's ``fast_abort`` (0: off unless a run turns it on)
         self.factor = DEFAULT_FAST_ABORT
         #: seconds without progress before a worker may be ejected (``worker_timeout``)
         self.stall = 30.0
         #: seconds a ``Withdraw`` may go unanswered (heartbeat intervals)
         self.patience = 10.0
-        self.now = 0.0
         self.categories: dict[str, Category] = {}
         #: started tasks that may be aborted, per category, oldest first
         self.watch: dict[str, dict[TaskRecord, float]] = {}
@@ -196,7 +185,7 @@ class Faults:
     # -- reports (per task: a few dict operations) ----------------------------------------
 
     def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
-        now = self.now
+        now = self.ctx.now
         self.progress[worker] = now
         for task_id in msg.task_ids:
             task = self.held(task_id, worker)
@@ -212,11 +201,12 @@ class Faults:
             watch.pop(task, None)  # (to the end: its order is the start time)
             watch[task] = now
 
-    def done(self, task: TaskRecord, worker: WorkerRecord, duration: float) -> None:
-        """``task`` succeeded on ``worker`` in ``duration`` seconds (it was held there)."""
+    def task_done(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskDone) -> None:
+        """``task`` succeeded on ``worker`` (it was held there) in ``msg.duration``."""
+        duration = msg.duration
         prefix = task.prefix
         self.durations.observe(prefix, duration)
-        self.progress[worker] = self.now
+        self.progress[worker] = self.ctx.now
         if task.started_at is not None:
             watch = self.watch.get(prefix)
             if watch is not None:
@@ -249,7 +239,7 @@ class Faults:
                     self.quarantine(slow, f"slow: {shown} of its tasks were aborted after "
                                     "running longer there than they then took elsewhere")
 
-    def erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
+    def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
         """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
         self._ended(task, worker)
         worker.errors += 1
@@ -272,8 +262,8 @@ class Faults:
         self.erred_on.pop(task, None)
         self.fail(task, worker, msg.exception, msg.traceback, msg.message, False, msg.type_name)
 
-    def crashed(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """``task``'s process died on ``worker`` (its retries are the state's to count)."""
+    def task_crashed(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
+        """``task``'s process died on ``worker`` (its retries are ``Churn``'s to count)."""
         self._ended(task, worker)
         worker.errors += 1
         category = self.categories.get(task.prefix)
@@ -295,7 +285,7 @@ class Faults:
         return True
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        self.progress[worker] = self.now
+        self.progress[worker] = self.ctx.now
         if task.started_at is not None and task.prefix in self.watch:
             self.watch[task.prefix].pop(task, None)
 
@@ -361,7 +351,7 @@ class Faults:
     def abort(self, task: TaskRecord, worker: WorkerRecord, reason: str, counted: bool) -> None:
         """Stop ``task`` on ``worker`` (even running) and run it elsewhere."""
         if task.started_at is not None:
-            self.aborted[task] = (worker, self.now - task.started_at)
+            self.aborted[task] = (worker, self.ctx.now - task.started_at)
         self.send(worker, p.Abort((task.id,), reason))
         self.move(task, self.elsewhere(worker))
         if counted:
@@ -380,7 +370,7 @@ class Faults:
     # -- the tick ---------------------------------------------------------------------
 
     def on_tick(self, ev: Tick) -> None:
-        now = self.now
+        now = self.ctx.now
         self._prune()  # (first: a lost worker is no longer quarantined, nor stuck)
         self._stragglers(now)
         self._stuck(now)

@@ -10,11 +10,13 @@ one reader meet instead of one of them crossing between workers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import WorkerId
-from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
 #: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
@@ -46,23 +48,19 @@ def target(task: TaskRecord, full: set[WorkerRecord]) -> WorkerId | None:
 class Locality:
     """Sending ahead and sibling pulls; see the module docstring (``target`` is a function).
 
-    ``extra(worker, task)``: the tasks ``worker`` holds beyond its cores for one like
-    ``task`` (saturation); ``transition(task, "processing", worker)``: send a task.
+    It reads the context's ``queue``; ``extra(worker, task)``: the tasks ``worker`` holds
+    beyond its cores for one like ``task`` (``Saturation``); ``transition(task,
+    "processing", worker)``: send a task.
     """
 
     __slots__ = ("queue", "extra", "transition", "chain_ahead", "sibling_inputs")
 
     def __init__(
-        self,
-        queue: ReadyQueue[TaskRecord],
-        extra: Callable[[WorkerRecord, TaskRecord], int],
-        transition: Transition,
-        chain_ahead: int = CHAIN_AHEAD,
-        sibling_inputs: int = SIBLING_INPUTS,
+        self, ctx: Context, chain_ahead: int = CHAIN_AHEAD, sibling_inputs: int = SIBLING_INPUTS
     ) -> None:
-        self.queue = queue
-        self.extra = extra
-        self.transition = transition
+        self.queue = ctx.queue
+        self.extra = ctx.saturation.extra
+        self.transition = ctx.transition
         #: links of a linear chain sent ahead beyond saturation (``send_ahead``)
         self.chain_ahead = chain_ahead
         #: input-less tasks are queued for the worker of a sibling when their reader has

@@ -182,6 +182,14 @@ class Tick(NamedTuple):
     stragglers, stuck workers and unanswered ``Withdraw`` (``faults.Faults``)."""
 
 
+#: Everything ``state.SchedulerState.handle`` takes (anything else is dropped:
+#: ``EventDropped``).
+Event = (
+    SubmitRun | ExtendRun | CancelRun | WorkerJoined | WorkerLost | FromWorker | BadReport
+    | AbortRun | CacheClear | Tick
+)  # fmt: skip
+
+
 # -- instructions ---------------------------------------------------------------------
 
 #: What the state sends a worker.

@@ -1,12 +1,13 @@
-"""The scheduler state's records of workers, runs and tasks.
+"""The scheduler state's records of workers, runs and tasks, and of task durations.
 
 Mutated only by ``state.SchedulerState``'s transitions; ``__slots__`` because there is
-one ``TaskRecord`` per task of every run.
+one ``TaskRecord`` per task of every run. ``DurationEstimates`` (per task prefix) is fed
+by ``Faults`` and read by ``Saturation``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from daskvine_py.ema import Ema
@@ -252,3 +253,30 @@ class Transition(Protocol):
     def __call__(
         self, task: TaskRecord, finish: TaskStateName, worker: WorkerRecord | None = None
     ) -> None: ...
+
+
+class DurationEstimates:
+    """EMA of task run times per task prefix, and of all tasks as the prior for new ones.
+
+    A prefix seen for the first time (graphs whose keys are all distinct, like ``x1``,
+    ``x2``, ...) borrows the estimate of recent tasks of any kind rather than none.
+    """
+
+    __slots__ = ("_by_prefix", "_all")
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[Hashable, Ema] = {}
+        self._all = Ema()
+
+    def observe(self, prefix: Hashable, duration: float) -> None:
+        ema = self._by_prefix.get(prefix)
+        if ema is None:
+            ema = self._by_prefix[prefix] = Ema()
+        ema.observe(duration)
+        self._all.observe(duration)
+
+    def get(self, prefix: Hashable) -> float | None:
+        ema = self._by_prefix.get(prefix)
+        if ema is not None:
+            return ema.value
+        return self._all.value if self._all.count else None

@@ -10,11 +10,14 @@ fail the task. Each pair of workers that cannot reach each other is logged once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.messages import BytesRelayed, Instruction, ToWorker, WorkerId
-from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
+from daskvine_py.scheduler.messages import BytesRelayed
+from daskvine_py.scheduler.records import WorkerRecord
 from daskvine_py.wire import protocol as p
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -22,23 +25,17 @@ logger = logging.getLogger("daskvine_py.manager")
 class Relays:
     """Inputs waiting to go through the manager; see the module docstring.
 
-    It reads the state's ``tasks`` and ``workers``, appends to its ``out`` and sends with
-    its ``send``.
+    It reads the context's ``tasks`` and ``workers``, appends to its ``out``; its
+    messages go through ``Claims.send``.
     """
 
     __slots__ = ("tasks", "workers", "out", "send", "waiting", "unreachable_pairs")
 
-    def __init__(
-        self,
-        tasks: dict[int, TaskRecord],
-        workers: dict[WorkerId, WorkerRecord],
-        out: list[Instruction],
-        send: Callable[[WorkerRecord, ToWorker], None],
-    ) -> None:
-        self.tasks = tasks
-        self.workers = workers
-        self.out = out
-        self.send = send
+    def __init__(self, ctx: Context) -> None:
+        self.tasks = ctx.tasks
+        self.workers = ctx.workers
+        self.out = ctx.out
+        self.send = ctx.claims.send
         #: input id -> workers waiting for it through the manager
         self.waiting: dict[int, set[WorkerRecord]] = {}
         #: the (holder, reader) names already reported unable to reach each other

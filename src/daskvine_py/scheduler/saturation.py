@@ -8,7 +8,8 @@ holds ``cores + extra`` tasks where ``extra`` covers the round trip::
 Durations are estimated per task prefix (the kind of function) with an exponential moving
 average; an estimate is forgotten when a task runs far longer than predicted, so the queue
 shrinks at once when the workload turns slow. The round trip is estimated per worker from
-tasks that found a free core: their turnaround minus their run time is pure overhead.
+tasks that found a free core: their turnaround minus their run time is pure overhead
+(the estimates are a record the parts share: ``records.DurationEstimates``).
 ``extra`` is bounded: too much prefetch leaves work queued on one worker while another
 idles (the manager also takes unstarted work back for idle workers).
 
@@ -19,42 +20,17 @@ the state's component that applies it to each worker.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
-from daskvine_py.ema import Ema
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: Assumed round trip before a worker has been measured, in seconds.
 DEFAULT_ROUND_TRIP = 0.001
 #: Shortest duration used to size queues, so a flood of empty tasks has a finite target.
 MIN_DURATION = 20e-6
-
-
-class DurationEstimates:
-    """EMA of task run times per task prefix, and of all tasks as the prior for new ones.
-
-    A prefix seen for the first time (graphs whose keys are all distinct, like ``x1``,
-    ``x2``, ...) borrows the estimate of recent tasks of any kind rather than none.
-    """
-
-    __slots__ = ("_by_prefix", "_all")
-
-    def __init__(self) -> None:
-        self._by_prefix: dict[Hashable, Ema] = {}
-        self._all = Ema()
-
-    def observe(self, prefix: Hashable, duration: float) -> None:
-        ema = self._by_prefix.get(prefix)
-        if ema is None:
-            ema = self._by_prefix[prefix] = Ema()
-        ema.observe(duration)
-        self._all.observe(duration)
-
-    def get(self, prefix: Hashable) -> float | None:
-        ema = self._by_prefix.get(prefix)
-        if ema is not None:
-            return ema.value
-        return self._all.value if self._all.count else None
 
 
 def extra_tasks(
@@ -75,8 +51,8 @@ def extra_tasks(
 class Saturation:
     """How many tasks each worker holds beyond its cores: ``extra(worker, task)``.
 
-    ``held_back(worker)``: the slots annotated tasks take there beyond one each
-    (``Constraints.held_back``), which leave no room for extras at all.
+    It reads the context's ``durations``; annotated tasks take slots on a worker beyond
+    one each (``Constraints.held_back``), which leave no room for extras at all.
     """
 
     __slots__ = ("durations", "held_back", "max_extra_tasks_per_core",
@@ -84,13 +60,12 @@ class Saturation:
 
     def __init__(
         self,
-        durations: DurationEstimates,
-        held_back: Callable[[WorkerRecord], int],
+        ctx: Context,
         max_extra_tasks_per_core: int = 16,
         fixed_extra_tasks_per_core: int | None = None,
     ) -> None:
-        self.durations = durations
-        self.held_back = held_back
+        self.durations = ctx.durations
+        self.held_back = ctx.constraints.held_back
         #: bound on the tasks a worker holds beyond one per core
         self.max_extra_tasks_per_core = max_extra_tasks_per_core
         #: when set, every worker holds exactly this many extra per core (no EMA sizing)

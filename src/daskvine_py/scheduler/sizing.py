@@ -35,14 +35,18 @@ the next.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from daskvine_py.errors import ResourceExhausted
 from daskvine_py.options import SIZING_MODES
 from daskvine_py.scheduler.category_size import FLOOR, Size
-from daskvine_py.scheduler.messages import Instruction, TaskFinished, WorkerId
+from daskvine_py.scheduler.messages import TaskFinished
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 MB = 2**20
 #: A task that ran out is retried with this times what it was seen to use.
@@ -53,37 +57,25 @@ class Sizing:
     """Categories' sizes, the fit of tasks on workers, and tasks that ran out; see the
     module docstring.
 
-    It reads the state's ``workers`` and appends to its ``out``; ``held``: the state's;
-    ``stale(worker, task_id, report)``: ``Claims.stale``; ``not_held(task_id, worker)``:
-    ``Copies.not_held``; ``retry(task)``: ``Churn.out_of_retries``; ``fail``:
-    ``Failures.fail``. ``mode`` is every category's mode but those in ``modes``.
+    It reads the context's ``workers`` and appends to its ``out``; a task that ran out
+    is retried (``Churn.out_of_retries``) or fails its run (``Failures.fail``). ``mode``
+    is every category's mode but those in ``modes``. It hears of every task's result:
+    its category's totals in the run, and its size.
     """
 
-    __slots__ = ("workers", "out", "held", "stale", "not_held", "retry", "fail", "mode",
-                 "modes", "sizes", "largest", "changed")  # fmt: skip
+    __slots__ = ("ctx", "workers", "out", "held", "mode", "modes", "sizes", "largest",
+                 "changed")  # fmt: skip
 
     def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        out: list[Instruction],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        stale: Callable[[WorkerRecord, int, object], bool],
-        not_held: Callable[[int, WorkerRecord], None],
-        retry: Callable[[TaskRecord], bool],
-        fail: Callable[..., None],
-        mode: str = "max",
-        modes: Mapping[str, str] | None = None,
+        self, ctx: Context, mode: str = "max", modes: Mapping[str, str] | None = None
     ) -> None:
         for given in (mode, *(modes or {}).values()):
             if given not in SIZING_MODES:
                 raise ValueError(f"a sizing mode is one of {SIZING_MODES}, not {given!r}")
-        self.workers = workers
-        self.out = out
-        self.held = held
-        self.stale = stale
-        self.not_held = not_held
-        self.retry = retry
-        self.fail = fail
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.out = ctx.out
+        self.held = ctx.held
         self.mode = mode
         self.modes = dict(modes or {})
         #: every category seen since the start, by name
@@ -162,7 +154,7 @@ class Sizing:
 
     # -- reports -----------------------------------------------------------------------------
 
-    def done(self, task: TaskRecord, msg: p.TaskDone) -> None:
+    def task_done(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskDone) -> None:
         """``task`` finished: its run's category totals, and its category's size."""
         size = task.size
         if size is None:
@@ -180,6 +172,14 @@ class Sizing:
         if size.measured and not measured:
             self.changed = True  # its tasks waiting one per worker may go now
 
+    def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
+        """``task`` raised: a failure of its category in its run."""
+        task.run.categories.fail(self.category(task))
+
+    def task_crashed(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
+        """``task``'s process died: a failure of its category in its run."""
+        task.run.categories.fail(self.category(task))
+
     def _made_room(self, task: TaskRecord, worker: WorkerRecord, size: Size, peak: int) -> None:
         """``task``, of no allocation, was stopped because the worker's libraries together
         went past its budget: no fault of its own, so it uses no retry and never fails its
@@ -196,8 +196,7 @@ class Sizing:
         task.asks = max(task.asks, grown)
         if task.asks > self.largest:
             self.largest = task.asks
-        task.attempts -= 1  # (``retry`` counts one: this stop costs none)
-        self.retry(task)
+        self.ctx.transition(task, "ready" if task.missing == 0 else "waiting")  # no retry
 
     def on_exhausted(self, worker: WorkerRecord, msg: p.TaskExhausted) -> None:
         """``task`` went past its allocation and was stopped: retried with more, or its
@@ -205,8 +204,8 @@ class Sizing:
         retried (``_made_room``)."""
         task = self.held(msg.task_id, worker)
         if task is None:
-            if self.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
-                self.not_held(msg.task_id, worker)
+            if self.ctx.claims.stale(worker, msg.task_id, msg):  # (else a false claim)
+                self.ctx.copies.not_held(msg.task_id, worker)
             return
         size = task.size
         if size is None:
@@ -232,11 +231,11 @@ class Sizing:
             task.asks = grown
             if grown > self.largest:
                 self.largest = grown
-            if not self.retry(task):
+            if not self.ctx.churn.out_of_retries(task):
                 return
         else:
             task.attempts += 1  # (this try: there is no more to give it)
         error = ResourceExhausted(task.key, task.prefix, peak, limit, worker.name, task.attempts)
         fail: Callable[[TaskRecord, WorkerRecord, Serialized | None, str, str, bool, str,
-                        BaseException | None], None] = self.fail  # fmt: skip
+                        BaseException | None], None] = self.ctx.failures.fail  # fmt: skip
         fail(task, worker, None, "", error.reason, True, "", error)

@@ -6,10 +6,12 @@ instructions returned are messages to workers (``Send``) and news for the caller
 ``get`` (``RunOutput``, ``RunDone``, ``RunFailed``, ``RunAborted``) and for the manager's
 accounting (``BytesInlined``). No sockets, threads or clocks: tests drive it with literal
 events. Its records are in ``records``, events and instructions in ``messages``. The state
-keeps the records and the transitions; its components, each with its own state, do the
-rest: ``Dispatch``, ``Saturation``, ``Constraints``, ``Locality``, ``Stealing``, ``Copies``,
-``Failures``, ``Relays``, ``Caching``, ``Claims``, ``Churn``, ``Faults`` and ``Sizing``
-(docs/architecture.md: what each decides).
+keeps the transitions; the records and the components, each with its own state, share one
+``context.Context``: ``Constraints``, ``Saturation``, ``Locality``, ``Stealing``,
+``Claims``, ``Failures``, ``Sizing``, ``Faults``, ``Verification``, ``Caching``,
+``Copies``, ``Relays``, ``Churn``, ``Submission`` and ``Dispatch`` (docs/architecture.md:
+what each decides). A task's report is one event the components subscribe to
+(``Context``: ``task_done``, ``result_stored``, ``task_erred``, ``task_crashed``).
 
 A run submitted with ``watched=True`` (a progress bar, a report or an event log) also
 yields ``Dispatched`` for each task sent and ``TaskFinished`` for each report taken about
@@ -44,8 +46,8 @@ in to "forgotten" (``Failures.dismiss``), which leaves it in no record::
 
 The result cache (``caching``) adds waiting -> released (a task its run does not compute:
 a hit, or an input only hits read) and waiting -> memory (read from disk). A report from a
-worker counts only if its task is processing there (``_held``); any other is stale, or a
-false claim if the manager never gave it that task (``claims``: dropped, counted).
+worker counts only if its task is processing there (``Context.held``); any other is
+stale, or a false claim if the manager never gave it that task (``claims``: dropped, counted).
 
 Two counters make completion and release O(edges): ``missing`` = inputs not in memory;
 ``waiters`` = dependents still waiting, ready or processing. A result is released once
@@ -59,7 +61,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.scheduler.cache_placement import CacheIndex
@@ -67,12 +69,12 @@ from daskvine_py.scheduler.caching import Caching
 from daskvine_py.scheduler.churn import Churn
 from daskvine_py.scheduler.claims import Claims
 from daskvine_py.scheduler.constraints import Constraints
+from daskvine_py.scheduler.context import Context
 from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.failures import Failures
 from daskvine_py.scheduler.faults import Faults
 from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality, target
-from daskvine_py.scheduler.matching import ReadyQueue
 from daskvine_py.scheduler.messages import (
     RUN_PRIORITY_BITS,
     AbortRun,
@@ -81,6 +83,7 @@ from daskvine_py.scheduler.messages import (
     CacheClear,
     CancelRun,
     Dispatched,
+    Event,
     EventDropped,
     ExtendRun,
     FromWorker,
@@ -95,14 +98,13 @@ from daskvine_py.scheduler.messages import (
     SubmitRun,
     TaskFinished,
     Tick,
-    ToWorker,
     WorkerId,
     WorkerJoined,
     WorkerLost,
 )
 from daskvine_py.scheduler.records import RunRecord, TaskRecord, TaskStateName, WorkerRecord, needed
 from daskvine_py.scheduler.relays import Relays
-from daskvine_py.scheduler.saturation import DurationEstimates, Saturation
+from daskvine_py.scheduler.saturation import Saturation
 from daskvine_py.scheduler.sizing import Sizing
 from daskvine_py.scheduler.stealing import Stealing
 from daskvine_py.scheduler.submission import Submission
@@ -111,8 +113,8 @@ from daskvine_py.wire import protocol as p
 
 __all__ = [
     "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
-    "EventDropped", "ExtendRun", "FromWorker", "Key", "NewTask", "RunAborted", "RunDone",
-    "RunFailed", "RunOutput", "RunRecord", "SchedulerState", "Send", "SubmitRun",
+    "Event", "EventDropped", "ExtendRun", "FromWorker", "Key", "NewTask", "RunAborted", "RunDone",
+    "Instruction", "RunFailed", "RunOutput", "RunRecord", "SchedulerState", "Send", "SubmitRun",
     "TaskFinished", "TaskRecord", "TaskStateName", "WorkerId", "WorkerJoined", "WorkerLost",
     "WorkerRecord",
 ]  # fmt: skip
@@ -128,10 +130,11 @@ class SchedulerState:
 
     The records are heavily correlated (a task in ``processing`` is in its worker's
     ``processing`` set, a result in ``memory`` is in each holder's ``has_what``), which is
-    why only the transitions touch them. The components share the records by reference
-    and call back the transitions; none is mixed into this class. ``sizing`` and
-    ``sizing_categories``: the modes of ``Sizing`` ("fixed", no sizing, unless asked:
-    the manager passes its settings, "max" by default).
+    why only the transitions touch them. The records live in one ``Context`` (``ctx``)
+    with the components, which share them by reference and call back the transitions;
+    none is mixed into this class. ``sizing`` and ``sizing_categories``: the modes of
+    ``Sizing`` ("fixed", no sizing, unless asked: the manager passes its settings, "max"
+    by default).
     """
 
     def __init__(
@@ -144,128 +147,105 @@ class SchedulerState:
         sizing: str = "fixed",
         sizing_categories: Mapping[str, str] | None = None,
     ) -> None:
-        self.durations = DurationEstimates()
-        self.now = 0.0
-        self.workers: dict[WorkerId, WorkerRecord] = {}
-        self.runs: dict[int, RunRecord] = {}
-        self.tasks: dict[int, TaskRecord] = {}
-        self.queue: ReadyQueue[TaskRecord] = ReadyQueue()
         #: recent transitions (task id, start, finish), for ``InvalidTransition`` messages
         self.story: deque[tuple[int, str, str]] = deque(maxlen=story_length)
-        self._next_task_id = 1
-        #: the instructions of the ``handle`` call under way (the components append too)
-        self._out: list[Instruction] = []
-        #: workers whose store is full (``DiskFull``): dispatch skips them
-        self.full: set[WorkerRecord] = set()
         #: tasks of ``tasks`` past "waiting" and not forgotten, kept by ``_transition``
         #: (every task is made waiting, with no transition): ``waiting`` is the rest
         self._past_waiting = 0
-        transition, send, held, out = self._transition, self._send, self._held, self._out
-        workers, runs, tasks = self.workers, self.runs, self.tasks
-        queue, full = self.queue, self.full
-        drop_run, abort = self._drop_run, self._abort
-        self.constraints = Constraints(workers, runs, full, out, transition, drop_run, abort)
-        self.saturation = Saturation(
-            self.durations, self.constraints.held_back, max_extra_tasks_per_core,
-            fixed_extra_tasks_per_core,
-        )  # fmt: skip
-        extra = self.saturation.extra
-        self.locality = Locality(queue, extra, transition, chain_ahead, sibling_inputs)
-        self.stealing = Stealing(workers, queue, self.constraints.room, send, held, transition)
-        withdrawing, next_id = self.stealing.withdrawing, lambda: self._next_task_id
-        self.claims = Claims(workers, tasks, out, send, held, withdrawing, next_id)
-        tell = self.claims.send  # (remembers what takes tasks back: their reports are stale)
-        self.failures = Failures(
-            workers, runs, tasks, out, queue, self.constraints.placing, transition, tell, held,
-            drop_run, self.stealing.settled,
-        )  # fmt: skip
-        self.caching = Caching(
-            workers, runs, tasks, out, transition, tell, self._lose, self._recompute, drop_run,
-            self.failures.dismiss,
-        )  # fmt: skip
-        cache_runs = self.caching.cache_runs
-        self.faults = Faults(workers, out, queue, self.durations, transition, tell, held,
-                             self.failures.fail, self.stealing.withdrawing)  # fmt: skip
-        self.copies = Copies(
-            tasks, workers, transition, tell, held, self.caching.lost, self.caching.payload,
-            cache_runs,
-        )  # fmt: skip
-        self.relays = Relays(tasks, workers, out, tell)
-        self.churn = Churn(
-            workers, tasks, full, queue, transition, held, self.failures.fail, self._lose,
-            self.copies.replicate, self.caching.worker_lost,
-        )  # fmt: skip
-        self._out_of_retries = self.churn.out_of_retries
-        self.verification = Verification(
-            workers, tasks, transition, self._new_id, self.failures.fail
-        )
-        self.submission = Submission(
-            runs, tasks, transition, self._new_id, self.constraints.mark, self.verification.added,
-            self.caching, cache_runs,
-        )  # fmt: skip
-        self.sizing = Sizing(workers, out, held, self.claims.stale, self.copies.not_held,
-                             self.churn.out_of_retries, self.failures.fail, sizing,
-                             sizing_categories)  # fmt: skip
-        self.dispatch = Dispatch(
-            workers, queue, full, out, transition, send, abort, self.constraints, extra,
-            self.locality.send_ahead, self.stealing.steal_for_idle_workers,
-            self.caching.locations, cache_runs, self.sizing,
-        )  # fmt: skip
+        ctx = self.ctx = Context(self._transition)
+        # The parts, in the order of ``Context.PARTS``: each may bind, as it is built,
+        # what the parts above it offer; the order is also the order in which they hear
+        # of a task's result (``Context``: sizing and faults before it is stored,
+        # verification before the cache after). The state keeps them by their classes.
+        ctx.constraints = constraints = Constraints(ctx)
+        ctx.saturation = Saturation(ctx, max_extra_tasks_per_core, fixed_extra_tasks_per_core)
+        ctx.locality = locality = Locality(ctx, chain_ahead, sibling_inputs)
+        ctx.stealing = stealing = Stealing(ctx)
+        ctx.claims = claims = Claims(ctx)
+        ctx.failures = self._failures = Failures(ctx)
+        ctx.sizing = self._sizing = Sizing(ctx, sizing, sizing_categories)
+        ctx.faults = self._faults = Faults(ctx)
+        ctx.verification = Verification(ctx)
+        ctx.caching = self._caching = Caching(ctx)
+        ctx.copies = self._copies = Copies(ctx)
+        ctx.relays = relays = Relays(ctx)
+        ctx.churn = self._churn = Churn(ctx)
+        ctx.submission = submission = Submission(ctx)
+        ctx.dispatch = self._dispatch = Dispatch(ctx)
+        ctx.subscribe()
+        failures, copies, caching = self._failures, self._copies, self._caching
+        faults, churn, dispatch = self._faults, self._churn, self._dispatch
+        # The records, by their usual names (the same objects as the context's).
+        self.workers, self.runs, self.tasks = ctx.workers, ctx.runs, ctx.tasks
+        self.queue, self.full, self.durations = ctx.queue, ctx.full, ctx.durations
+        self._out = ctx.out
         #: queries over the workers: tasks ready, processing, running; each one's load
-        self.load, self.worker_loads = self.dispatch.load, self.dispatch.worker_loads
+        self.load, self.worker_loads = dispatch.load, dispatch.worker_loads
         # What the per-task paths call, bound once.
-        self._assign = self.dispatch.assign
-        self._send_ahead = self.locality.send_ahead
-        self._pull_siblings = self.locality.pull_siblings
-        self._settled = self.stealing.settled
-        self._cache_runs = cache_runs  # (tested for emptiness: any run with a cache plan?)
-        checked = self.claims.checked  # what only claims reach: checked first (``claims``)
+        self._held = ctx.held
+        self._send = ctx.send
+        self._assign = dispatch.assign
+        self._send_ahead = locality.send_ahead
+        self._pull_siblings = locality.pull_siblings
+        self._settled = stealing.settled
+        self._remember = claims.remember
+        self._tell = claims.send
+        self._stale_done = claims.stale_done
+        self._stale = claims.stale
+        self._push_placed = constraints.push
+        self._unqueue_placed = constraints.remove
+        self._replicate = copies.replicate
+        self._done_hooks = ctx.done_hooks
+        self._erred_hooks = ctx.erred_hooks
+        self._crashed_hooks = ctx.crashed_hooks
+        checked = claims.checked  # what only claims reach: checked first (``claims``)
         self._reports: dict[type, Handler] = {
             p.TaskDone: self._on_task_done,
             p.TaskErred: self._on_task_erred,
             p.TaskCrashed: self._on_task_crashed,
-            p.FetchFailed: checked(p.FetchFailed, self.copies.on_fetch_failed),
-            p.Replicas: checked(p.Replicas, self.copies.on_replicas),
-            p.Lost: checked(p.Lost, self.copies.on_lost),
-            p.Relay: checked(p.Relay, self.relays.on_relay),
-            p.Uploaded: checked(p.Uploaded, self.relays.on_uploaded, self.caching.uploaded),
-            p.Withdrawn: checked(p.Withdrawn, self.stealing.on_withdrawn),
-            p.Started: checked(p.Started, self.churn.on_started, self.faults.on_started),
-            p.Transfers: self.claims.on_transfers,  # (only those the manager's loop doubts)
-            p.DiskFull: self.dispatch.on_disk_full,
-            p.TaskExhausted: self.sizing.on_exhausted,
+            p.FetchFailed: checked(p.FetchFailed, copies.on_fetch_failed),
+            p.Replicas: checked(p.Replicas, copies.on_replicas),
+            p.Lost: checked(p.Lost, copies.on_lost),
+            p.Relay: checked(p.Relay, relays.on_relay),
+            p.Uploaded: checked(p.Uploaded, relays.on_uploaded, caching.uploaded),
+            p.Withdrawn: checked(p.Withdrawn, stealing.on_withdrawn),
+            p.Started: checked(p.Started, churn.on_started, faults.on_started),
+            p.Transfers: claims.on_transfers,  # (only those the manager's loop doubts)
+            p.DiskFull: dispatch.on_disk_full,
+            p.TaskExhausted: self._sizing.on_exhausted,
         }
         self._events: dict[type, Handler] = {
-            SubmitRun: self.submission.on_submit,
-            ExtendRun: self.submission.on_extend,
+            SubmitRun: submission.on_submit,
+            ExtendRun: submission.on_extend,
             CancelRun: self._on_cancel,
             WorkerJoined: self._on_worker_joined,
-            WorkerLost: self.churn.on_worker_lost,
+            WorkerLost: churn.on_worker_lost,
             FromWorker: self._on_from_worker,
-            BadReport: self.failures.on_bad_report,
-            AbortRun: self.failures.on_abort,
-            CacheClear: self.caching.on_clear,
-            Tick: self.faults.on_tick,
+            BadReport: failures.on_bad_report,
+            AbortRun: failures.on_abort,
+            CacheClear: caching.on_clear,
+            Tick: faults.on_tick,
         }
 
     # -- entry point ------------------------------------------------------------------
 
-    def handle(self, events: Iterable[object], now: float = 0.0) -> list[Any]:
+    def handle(self, events: Iterable[Event], now: float = 0.0) -> list[Instruction]:
         """Apply ``events`` in order, then dispatch ready work; return the instructions.
 
         Never raises: an event whose handling raises fails the runs it concerns
-        (``RunAborted``) or, concerning none, is dropped (``EventDropped``). Each
-        instruction is an ``Instruction``; the list is typed loosely because its reader
-        dispatches on ``type(instruction)``, which type checkers do not narrow.
+        (``RunAborted``) or, concerning none, is dropped (``EventDropped``); so does an
+        object that is no ``Event``.
         """
+        ctx = self.ctx
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
-        self.now = self.dispatch.now = self.claims.now = self.churn.now = self.faults.now = now
+        ctx.now = now
+        dispatch, failures = self._dispatch, self._failures
         handlers = self._events
         runs = len(self.runs)
         for event in events:
             if type(event) is not FromWorker:  # may free or need any worker: visit all
-                self.dispatch.everyone = True
+                dispatch.everyone = True
             handler = handlers.get(type(event))
             if handler is None:
                 out.append(
@@ -273,30 +253,47 @@ class SchedulerState:
                 )
                 continue
             # What a worker being lost concerns must be read before its records go.
-            lost = self.failures.runs_on(event.worker) if isinstance(event, WorkerLost) else ()
+            lost = failures.runs_on(event.worker) if isinstance(event, WorkerLost) else ()
             try:
                 handler(event)
             except Exception as exc:
-                self.failures.on_handler_error(event, exc, lost)
+                failures.on_handler_error(event, exc, lost)
         if len(self.runs) != runs:  # a run ended or failed: its tasks left their workers
-            self.dispatch.everyone = True
+            dispatch.everyone = True
             if not self.runs:
-                self.sizing.idle()
+                self._sizing.idle()
         try:
-            self.dispatch.dispatch()
+            dispatch.dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
             for run_id in list(self.runs):
-                self._abort(run_id, exc, "dispatching ready tasks")
-        self.dispatch.count_inlined()
+                failures.abort(run_id, exc, "dispatching ready tasks")
+        dispatch.count_inlined()
         instructions = out.copy()
         out.clear()
         return instructions
+
+    # -- the parts the manager and tools reach ---------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """The clock: the ``now`` of the last ``handle`` call."""
+        return self.ctx.now
+
+    @property
+    def faults(self) -> Faults:
+        """Fast aborts, ejections, quarantines (the manager sets their options)."""
+        return self._faults
+
+    @property
+    def churn(self) -> Churn:
+        """Lost workers and temporary replicas (the churn benchmark reads its counts)."""
+        return self._churn
 
     # -- queries ----------------------------------------------------------------------
 
     def runs_of(self, task_ids: Iterable[int]) -> list[int]:
         """The runs of these tasks (those still known), each once."""
-        return self.failures.runs_of(task_ids)
+        return self._failures.runs_of(task_ids)
 
     def waiting(self) -> int:
         """Tasks waiting for inputs, over every run: a new run's, and readers whose
@@ -306,28 +303,28 @@ class SchedulerState:
     @property
     def recomputed(self) -> int:
         """Results brought back after every copy was lost (lineage), since the start."""
-        return self.copies.recomputed
+        return self._copies.recomputed
 
     @property
     def cache(self) -> CacheIndex:
         """What the result cache publishes to other threads (``Caching.index``)."""
-        return self.caching.index
+        return self._caching.index
 
     @property
     def cache_worker_bytes(self) -> int:
         """Cached bytes each worker keeps (``CacheBudget.worker_bytes``)."""
-        return self.caching.budget.worker_bytes
+        return self._caching.budget.worker_bytes
 
     @cache_worker_bytes.setter
     def cache_worker_bytes(self, nbytes: int) -> None:
-        self.caching.budget.worker_bytes = nbytes
+        self._caching.budget.worker_bytes = nbytes
 
     # -- event handlers ---------------------------------------------------------------
 
     def _on_cancel(self, ev: CancelRun) -> None:
         run = self.runs.get(ev.run_id)
         if run is not None:
-            self._drop_run(run)
+            self._failures.drop_run(run)
 
     def _on_worker_joined(self, ev: WorkerJoined) -> None:
         if ev.worker in self.workers:
@@ -341,38 +338,29 @@ class SchedulerState:
         handler = self._reports.get(type(ev.message))
         if handler is None:
             raise TypeError(f"not a worker report: {ev.message!r}")
-        self.dispatch.touch(worker)
+        self._dispatch.touch(worker)
         handler(worker, ev.message)
 
-    def _new_id(self) -> int:
-        self._next_task_id += 1
-        return self._next_task_id - 1
-
-    def _held(self, task_id: int, worker: WorkerRecord) -> TaskRecord | None:
-        """The task a report from ``worker`` is about; None: stale (not processing there)."""
-        task = self.tasks.get(task_id)
-        if task is None or task.state != "processing" or task.worker is not worker:
-            return None
-        return task
+    # -- a task's result: the state's records, then the parts that subscribe ------------
 
     def _on_task_done(self, worker: WorkerRecord, msg: p.TaskDone) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            self.claims.stale_done(worker, msg.task_id)  # stale (released), or a false claim
+            self._stale_done(worker, msg.task_id)  # stale (released), or a false claim
             return
         run = task.run
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
         run.serialization_seconds += msg.serialization
-        self.sizing.done(task, msg)  # (its category's totals in the run, and its size)
+        for hook in self._done_hooks:  # (sizing, faults: the task is still processing)
+            hook(task, worker, msg)
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value
         if task.unread is None:  # (the cache's) its worker kept it only if too large
             task.unread = task.value is not None
-        self.faults.done(task, worker, msg.duration)  # (and the duration estimates)
         if task.sent_idle:
-            worker.round_trip.observe(max(0.0, self.now - task.sent_at - msg.duration))
+            worker.round_trip.observe(max(0.0, self.ctx.now - task.sent_at - msg.duration))
         if task.is_output and not task.delivered:
             if msg.value is None:
                 raise ValueError(f"worker {worker.name} sent no value for output {task.key!r}")
@@ -380,64 +368,41 @@ class SchedulerState:
             self._out.append(RunOutput(run.id, task.key, msg.value))
             run.undelivered -= 1
         self._transition(task, "memory", worker)
-        if task.echo and not self.verification.done(task, worker, msg.value):
-            return  # a re-run's result differed: the run failed
-        if self._cache_runs:
-            self.caching.done(task, msg, worker)
+        for stored in self.ctx.stored_hooks:  # (verification, then the cache: ``listen``)
+            if not stored(task, worker, msg):
+                return  # a re-run's result differed: the run failed
         if not run.undelivered:
             self._out.append(
                 RunDone(run.id, run.run_seconds, run.serialization_seconds, run.verified,
                         run.categories)
-            )
-            self._drop_run(run)
+            )  # fmt: skip
+            self._failures.drop_run(run)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            if self.claims.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
-                self.copies.not_held(msg.task_id, worker)
+            self._stale_report(worker, msg.task_id, msg)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        task.run.categories.fail(self.sizing.category(task))
-        self.faults.erred(task, worker, msg)  # retried once elsewhere, or the run fails
+        for hook in self._erred_hooks:  # (sizing; faults: retried elsewhere, or it fails)
+            hook(task, worker, msg)
 
     def _on_task_crashed(self, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         task = self._held(msg.task_id, worker)
         if task is None:
-            if self.claims.stale(worker, msg.task_id, msg):  # (else a false claim: dropped)
-                self.copies.not_held(msg.task_id, worker)
+            self._stale_report(worker, msg.task_id, msg)
             return
         if task.run.watched:
             self._out.append(TaskFinished(task.run.id, task.key, worker.name, msg))
-        task.run.categories.fail(self.sizing.category(task))
-        self.faults.crashed(task, worker)
-        if self._out_of_retries(task):
-            attempts = f"{task.attempts} attempt{'' if task.attempts == 1 else 's'}"
-            reason = f"{msg.reason} ({attempts})"
-            self.failures.fail(task, worker, None, "", reason, crashed=True)
+        for hook in self._crashed_hooks:  # (sizing, faults; churn: retried, or it fails)
+            hook(task, worker, msg)
 
-
-    # -- what the components call back ----------------------------------------------------
-
-    def _send(self, worker: WorkerRecord, message: ToWorker) -> None:
-        self._out.append(Send(worker.id, message))
-
-    def _drop_run(
-        self, run: RunRecord, sweep: bool = False, failed: TaskRecord | None = None
-    ) -> None:
-        if self._cache_runs:
-            self.caching.drop(run)  # its cacheable results outlive it
-        self.failures.forget_run(run, sweep, failed)
-
-    def _abort(self, run_id: int, error: BaseException, what: str) -> None:
-        self.failures.abort(run_id, error, what)
-
-    def _lose(self, lost: list[TaskRecord]) -> None:
-        self.copies.lose(lost)
-
-    def _recompute(self, task: TaskRecord) -> None:
-        self.copies.recompute(task)
+    def _stale_report(self, worker: WorkerRecord, task_id: int, msg: object) -> None:
+        """A failure reported about a task not processing there (else a false claim:
+        dropped)."""
+        if self._stale(worker, task_id, msg):
+            self._copies.not_held(task_id, worker)
 
     # -- transitions ------------------------------------------------------------------
 
@@ -460,13 +425,13 @@ class SchedulerState:
     def _waiting_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         placement = task.placement
         if placement is not None:
-            return self.constraints.push(task, placement)
+            return self._push_placed(task, placement)
         task.pulled = False
         self.queue.push(task, task.priority, target(task, self.full))
 
     def _ready_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         self.queue.remove(task)
-        self.constraints.remove(task)
+        self._unqueue_placed(task)
 
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         assert worker is not None
@@ -480,14 +445,14 @@ class SchedulerState:
         self._assign(task, worker)
 
     def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
-        self.claims.remember(self._unassign(task), task.id)  # its reports there are stale
+        self._remember(self._unassign(task), task.id)  # its reports there are stale
         self._recall_sent_ahead(task)
         self._waiting_to_ready(task, None)
 
     def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         held = self._unassign(task)
         if held is not None and held.id in self.workers:
-            self.claims.send(held, p.Cancel((task.id,)))
+            self._tell(held, p.Cancel((task.id,)))
         self._recall_sent_ahead(task)
 
     def _recall_sent_ahead(self, task: TaskRecord) -> None:
@@ -525,9 +490,9 @@ class SchedulerState:
         if not needed(task):
             self._transition(task, "released")
         elif task.run.replicas > 1:
-            self.copies.replicate(task, worker)
-        elif self.churn.level:  # workers are being lost: a second copy if worth it
-            self.churn.made(task, worker)
+            self._replicate(task, worker)
+        elif self._churn.level:  # workers are being lost: a second copy if worth it
+            self._churn.made(task, worker)
 
     def _memory_to_released(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         """Drop every copy; dependents that counted on it must wait for it again."""

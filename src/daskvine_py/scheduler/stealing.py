@@ -9,38 +9,32 @@ confirms it dropped it unstarted (``Withdrawn``), so none ever runs twice becaus
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.matching import ReadyQueue
-from daskvine_py.scheduler.messages import ToWorker, WorkerId
-from daskvine_py.scheduler.records import TaskRecord, Transition, WorkerRecord
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 
 class Stealing:
     """Withdrawals asked of busy workers and their answers; see the module docstring.
 
-    It reads the state's ``workers`` and ``queue``; ``room(worker)``: tasks ``worker``
-    could start now; ``send``, ``held`` and ``transition``: the state's.
+    It reads the context's ``workers`` and ``queue``; ``room(worker)``: tasks ``worker``
+    could start now (``Constraints.room``).
     """
 
     __slots__ = ("workers", "queue", "room", "send", "held", "transition", "withdrawing",
                  "settled")  # fmt: skip
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        queue: ReadyQueue[TaskRecord],
-        room: Callable[[WorkerRecord], int],
-        send: Callable[[WorkerRecord, ToWorker], None],
-        held: Callable[[int, WorkerRecord], TaskRecord | None],
-        transition: Transition,
-    ) -> None:
-        self.workers = workers
-        self.queue = queue
-        self.room = room
-        self.send = send
-        self.held = held
-        self.transition = transition
+    def __init__(self, ctx: Context) -> None:
+        self.workers = ctx.workers
+        self.queue = ctx.queue
+        self.room = ctx.constraints.room
+        self.send = ctx.send
+        self.held = ctx.held
+        self.transition = ctx.transition
         #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
         self.withdrawing: set[TaskRecord] = set()
         #: ``settled(task)``: it left its worker otherwise (done, moved, forgotten); the

@@ -10,43 +10,36 @@ can run goes to "ready".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.messages import RUN_PRIORITY_BITS, ExtendRun, NewTask, SubmitRun
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition
+from daskvine_py.scheduler.records import RunRecord, TaskRecord
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 
 class Submission:
     """Adds the tasks of runs submitted and extended; see the module docstring.
 
-    It shares the state's ``runs`` and ``tasks``; ``transition`` and ``new_id`` are the
-    state's; ``mark`` (``Constraints.mark``), ``sample`` (``Verification.added``) and
-    ``caching`` the other components'; ``cache_runs`` is tested for emptiness.
+    It shares the context's ``runs``, ``tasks`` and ``cache_runs`` (tested for
+    emptiness); ``new_id`` gives task ids; ``mark`` (``Constraints.mark``), ``sample``
+    (``Verification.added``) and ``caching`` the other components'.
     """
 
     __slots__ = ("runs", "tasks", "transition", "new_id", "mark", "sample", "caching",
                  "cache_runs")  # fmt: skip
 
-    def __init__(
-        self,
-        runs: dict[int, RunRecord],
-        tasks: dict[int, TaskRecord],
-        transition: Transition,
-        new_id: Callable[[], int],
-        mark: Callable[[RunRecord, list[tuple[NewTask, TaskRecord]]], None],
-        sample: Callable[[RunRecord, list[TaskRecord]], None],
-        caching: Any,
-        cache_runs: Mapping[int, object],
-    ) -> None:
-        self.runs = runs
-        self.tasks = tasks
-        self.transition = transition
-        self.new_id = new_id
-        self.mark = mark
-        self.sample = sample
-        self.caching = caching
-        self.cache_runs = cache_runs
+    def __init__(self, ctx: Context) -> None:
+        self.runs = ctx.runs
+        self.tasks = ctx.tasks
+        self.transition = ctx.transition
+        self.new_id = ctx.new_id
+        self.mark = ctx.constraints.mark
+        self.sample = ctx.verification.added
+        self.caching = ctx.caching
+        self.cache_runs = ctx.cache_runs
 
     def on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:

@@ -25,14 +25,17 @@ serialized form, as most numeric results have (docs/faults.md).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from daskvine_py.plan.annotations import Placement
-from daskvine_py.scheduler.messages import Key, WorkerId
-from daskvine_py.scheduler.records import RunRecord, TaskRecord, Transition, WorkerRecord, needed
+from daskvine_py.scheduler.messages import Key
+from daskvine_py.scheduler.records import RunRecord, TaskRecord, WorkerRecord, needed
+from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
+
+if TYPE_CHECKING:
+    from daskvine_py.scheduler.context import Context
 
 #: Spreads task ids over [0, 2^32) for the sample (Knuth's multiplicative hash).
 _SPREAD = 2654435761
@@ -61,36 +64,41 @@ def chosen(task_id: int, fraction: float) -> bool:
 class Verification:
     """Shadows of the chosen tasks and what their first runs produced.
 
-    ``new_id()`` gives a task id; ``transition`` is the state's; ``fail`` is
-    ``Failures.fail`` (a task's run fails).
+    It reads the context's ``workers`` and ``tasks``; ``new_id()`` gives a task id;
+    ``fail`` is ``Failures.fail`` (a task's run fails). Once a task was chosen it hears
+    of every result stored, and compares those of the chosen tasks and their shadows.
     """
 
-    __slots__ = ("workers", "tasks", "transition", "new_id", "fail", "first")
+    __slots__ = ("ctx", "workers", "tasks", "transition", "new_id", "fail", "first")
 
-    def __init__(
-        self,
-        workers: dict[WorkerId, WorkerRecord],
-        tasks: dict[int, TaskRecord],
-        transition: Transition,
-        new_id: Callable[[], int],
-        fail: Callable[[TaskRecord, WorkerRecord, Serialized | None, str, str, bool], None],
-    ) -> None:
-        self.workers = workers
-        self.tasks = tasks
-        self.transition = transition
-        self.new_id = new_id
-        self.fail = fail
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.workers = ctx.workers
+        self.tasks = ctx.tasks
+        self.transition = ctx.transition
+        self.new_id = ctx.new_id
+        self.fail = ctx.failures.fail
         #: shadow id -> (the first run's digest, its worker's name and record)
         self.first: dict[int, tuple[bytes, str, WorkerRecord]] = {}
 
     def added(self, run: RunRecord, added: list[TaskRecord]) -> None:
-        """Choose the run's sample among tasks just added (their inputs are linked)."""
+        """Choose the run's sample among tasks just added (their inputs are linked); from
+        the first one chosen, hear of every result stored (for good: cheap to test)."""
         fraction = run.verify
         for task in added:
             if chosen(task.id, fraction):
+                if "verification" not in self.ctx.listening:
+                    self.ctx.listen("verification")
                 task.echo = True
                 for dep in task.deps:  # kept until the shadow has read them
                     dep.waiters += 1
+
+    def result_stored(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskDone) -> bool:
+        """A result is in memory: compared if it is a chosen task's or a shadow's
+        (``echo``); False: the run failed."""
+        if not task.echo:
+            return True
+        return self.done(task, worker, msg.value)
 
     def done(self, task: TaskRecord, worker: WorkerRecord, value: Serialized | None) -> bool:
         """A chosen task or a shadow reported done with ``value``; False: the run failed."""
