@@ -44,7 +44,6 @@ from dask.utils import key_split
 
 from daskvine_py import config
 from daskvine_py.batch.planner import Demand
-from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
@@ -360,21 +359,21 @@ class Manager(ManagerViews):
 
     def _plan(self, dsk: Any, keys: Any, options: RunOptions, stream: Stream | None) -> Plan:
         """``dsk`` read once into a plan (``stream`` submitting the first tasks of a big
-        graph meanwhile), then the plan's passes in their order (see ``plan.graph``): each
-        takes the plan and returns one."""
-        plan = graph.read(dsk, keys, None if stream is None else stream.early)
-        if not plan.outputs:
-            return plan
-        caching = _uses_cache(options, self.options)
-        fuse = not caching if options.fuse is None else options.fuse
-        plan = graph.rewritten(plan, options.reduction_arity, options.reduction_threshold)
-        if fuse:  # a cached run's ``cache=False`` tasks run on their own, never in a chain
-            keep = uncached_keys(plan.annotations) if caching else set()
-            plan = graph.fused(plan, stream.keys if stream is not None and stream.keys else keep)
-        plan = graph.annotated(plan)
-        if caching:
-            plan = self.cache.prepare(plan, options.cache_dir)
-        return graph.ordered(plan)
+        graph meanwhile), then the plan's passes in their order: ``graph.build_plan``, as
+        tests and tools call it, with this run's options and the manager's cache."""
+        cache = None
+        if _uses_cache(options, self.options):
+            cache = functools.partial(self.cache.prepare, cache_dir=options.cache_dir)
+        return graph.build_plan(
+            dsk,
+            keys,
+            early=None if stream is None else stream.early,
+            reduction_arity=options.reduction_arity,
+            reduction_threshold=options.reduction_threshold,
+            fuse=options.fuse,
+            unfusable=frozenset() if stream is None else stream.keys,  # filled by ``early``
+            cache=cache,
+        )
 
     def _stream(self, keys: Any, options: RunOptions, hooks: callbacks.Hooks | None, watch: bool,
                 started: tuple[float, float]) -> tuple[Stream | None, Run]:  # fmt: skip
