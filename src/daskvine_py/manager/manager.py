@@ -240,7 +240,7 @@ class Manager(ManagerViews):
         check_seconds("start_workers(timeout=...)", timeout, zero=True)
         if fetch_timeout is not None:
             check_seconds("start_workers(fetch_timeout=...)", fetch_timeout)
-        extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
+        command = launch.worker_command(memory, disk, workdir, fetch_timeout, lib_resources or {})
         before = self._worker_count()
         start = len(self._local_processes)
         procs = [
@@ -248,8 +248,8 @@ class Manager(ManagerViews):
                 self.address,
                 cores=cores,
                 name=f"local-{start + i}",
-                extra_args=extra,
                 connection_file=self.connection_file,
+                command=command,
             )
             for i in range(n)
         ]
