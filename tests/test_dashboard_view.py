@@ -18,7 +18,7 @@ def _live(t: float, done: int, workers: tuple[str, ...] = ("w1", "w2")) -> dict:
     return {
         "t": t,
         "manager": {"cpu_s": 1.5, "uptime_s": 60.0},
-        "totals": {"workers": len(workers), "cores": 2 * len(workers), "ready": 5,
+        "totals": {"workers": len(workers), "cores": 2 * len(workers), "waiting": 86, "ready": 5,
                    "processing": 4, "running": 3, "tasks_done": done, "tasks_failed": 1,
                    "bytes_moved": 4096, "stored_bytes": 2048, "spilled_bytes": 0},
         "runs": [{"id": 1, "tasks": 100, "done": done, "failed": 0, "started": t - 5,

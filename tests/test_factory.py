@@ -486,3 +486,139 @@ def test_a_pool_sized_by_a_source_that_does_not_answer_submits_nothing(tmp_path,
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("no answer from the manager" in w for w in warnings) == 1, warnings  # once
     assert any("answers again" in w for w in warnings), warnings
+
+
+# -- a factory whose manager is gone, or that is told to stop (issue 36) ----------------------
+
+_MANAGER_SCRIPT = """
+import sys, threading, time
+from daskvine_py import Manager
+# "-": the default connection file, under $HOME, removed when the manager closes
+path = None if sys.argv[1] == "-" else sys.argv[1]
+manager = Manager(connection_file=path, heartbeat_interval=0.2, dashboard_address=None)
+dsk = {f"x{i}": (time.sleep, 600) for i in range(2)}  # work enough for two workers
+threading.Thread(target=manager.get, args=(dsk, list(dsk)), daemon=True).start()
+print(manager.connection_file, flush=True)
+time.sleep(600)
+"""
+
+
+def _workers_of(path: str) -> list[int]:
+    """Worker processes joined with the connection file ``path`` (not the factory, which
+    names it too, nor the manager)."""
+    return _processes_with(f"daskvine_py.worker --connection-file {path}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ending", ["killed", "closed"])
+def test_a_factory_whose_manager_is_gone_says_so_and_cancels_its_jobs(ending, tmp_path):
+    """Killed: its file stays, stale (the process is gone), as a worker checks. Closed:
+    the manager removes the file it made. Either way the factory used to go on with "no
+    answer ... submitting nothing until it answers" and its jobs' workers connected."""
+    import re
+
+    env = dict(_env(), HOME=str(tmp_path))
+    env.pop(security.CONNECTION_DIR_ENV, None)
+    chosen = str(tmp_path / "run.json") if ending == "killed" else "-"
+    manager = subprocess.Popen([sys.executable, "-c", _MANAGER_SCRIPT, chosen], env=env,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    factory, path = None, None
+    try:
+        assert manager.stdout is not None
+        path = manager.stdout.readline().strip()
+        factory = Factory(tmp_path, "--batch", "local", "--connection-file", path,
+                          "--max-workers", "2", "--poll-interval", "0.2", env=env)  # fmt: skip
+        _wait(lambda: _workers_of(path), 60, f"no worker job started: {factory.log}")
+        if ending == "killed":
+            manager.kill()
+        else:
+            manager.send_signal(signal.SIGTERM)  # closes it, as close() does
+        manager.wait(60)
+        assert os.path.exists(path) == (ending == "killed")
+        assert factory.proc.wait(60) == 5, factory.log
+        log = factory.log
+        gone = "is stale: the manager that wrote it" if ending == "killed" else "was removed"
+        assert gone in log and path in log, log
+        assert "factory stopped (its manager is gone)" in log and "Traceback" not in log, log
+        # its jobs were cancelled (killed: their workers would wait 60 s for the manager)
+        (cancelled,) = re.findall(r"(\d+) cancelled now", log)
+        assert ending == "closed" or int(cancelled) >= 1, log
+        _wait(lambda: not _workers_of(path), 60, f"left behind: {_workers_of(path)}")
+    finally:
+        manager.kill()
+        manager.wait()
+        if factory is not None:
+            factory.kill()
+        if path:
+            for pid in _workers_of(path):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_a_factory_waiting_for_its_managers_answer_at_once(tmp_path):
+    """Its pool's thread waits for an answer that does not come (a manager of this host
+    still running, its port not answering); Ctrl-C used to wait for that request's timeout,
+    which the pool then reported ("no answer from the manager ...") as it stopped."""
+    with Manager(dashboard_address=None) as manager:
+        address, keys = manager.address, _keys(manager)
+    silent = tmp_path / "silent.json"  # this process wrote it, and still runs
+    security.write_connection_file(str(silent), address, keys)
+    factory = Factory(tmp_path, "--batch", "local", "--connection-file", str(silent),
+                      "--poll-interval", "0.2")  # fmt: skip
+    try:
+        _wait(lambda: "factory started" in factory.log, 60, factory.log)
+        factory.proc.send_signal(signal.SIGINT)  # the first request waits 10 s for nothing
+        assert factory.proc.wait(60) == 0
+    finally:
+        factory.kill()
+    log = factory.log
+    assert "factory stopped (SIGINT)" in log and "Traceback" not in log, log
+    assert "no answer" not in log, log  # the request was woken, not waited out
+    assert not factory.script_dir.exists() or not list(factory.script_dir.glob("*.ec"))
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_status_client_wakes_the_request_waiting_in_a_pool(tmp_path):
+    """What SIGINT does in the factory: the pool stops, its client closes and the pool's
+    thread, waiting up to ten minutes for an answer, gives up at once."""
+    from daskvine_py.batch.pool import WorkerPool
+
+    with Manager(dashboard_address=None) as manager:
+        address, keys = manager.address, _keys(manager)
+    silent = tmp_path / "silent.json"
+    security.write_connection_file(str(silent), address, keys)
+    client = StatusClient(str(silent), timeout=600)
+
+    class Asked:
+        """The client, saying when the pool asks it."""
+
+        connection_file = client.connection_file
+
+        def __init__(self):
+            self.asked = threading.Event()
+            self.raised: list[BaseException] = []
+
+        def demand(self):
+            self.asked.set()
+            try:
+                return client.demand()
+            except BaseException as exc:
+                self.raised.append(exc)
+                raise
+
+        def retire(self, name, reason):
+            client.retire(name, reason)
+
+    source, provider = Asked(), FakeProvider()
+    provider.script_dir = str(tmp_path)
+    pool = WorkerPool(source, provider, max_workers=2, poll_interval=0.05)
+    assert source.asked.wait(30)
+    pool.stop()
+    client.close()
+    pool.close()
+    assert not pool._thread.is_alive()
+    assert [type(e) for e in source.raised] == [ManagerUnreachable], source.raised
+    assert "closed" in str(source.raised[0])
+    with pytest.raises(ManagerUnreachable, match="closed"):
+        client.demand()  # and any later request, at once
+    assert provider.submitted == []

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -94,6 +96,11 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
                 "finish": {"planned": 1, "done": 0, "failed": 0},
             }
             assert before["totals"]["workers"] == 2 and before["totals"]["cores"] == 4
+            # every task waits behind the gate, or is on a worker: the gate, and readers
+            # sent ahead to wait for it there
+            totals = before["totals"]
+            assert totals["waiting"] + totals["processing"] == TASKS + 2, totals
+            assert totals["ready"] == 0, totals
             assert {w["name"] for w in before["workers"]} == {"local-0", "local-1"}
             open(go, "w").close()
             during = _until(
@@ -124,12 +131,39 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
         assert families["daskvine_py_workers"].samples[0].value == 2
         assert families["daskvine_py_cores"].samples[0].value == 4
         states = {s.labels["state"]: s.value for s in families["daskvine_py_tasks"].samples}
-        assert states == {"ready": 0, "processing": 0, "running": 0}
+        assert states == {"waiting": 0, "ready": 0, "processing": 0, "running": 0}
         assert families["daskvine_py_bytes_moved"].samples[0].value > 0
         assert families["daskvine_py_manager_cpu_seconds"].samples[0].value > 0
         snapshot = manager.live()
         assert snapshot["runs"] == [] and snapshot["totals"]["tasks_done"] == done
         assert json.loads(json.dumps(snapshot)) == snapshot  # plain data, as documented
+
+
+def test_readers_of_results_recomputed_after_a_loss_show_as_waiting():
+    """Issue 36: a worker lost, another joined, the reduction waits for inputs computed
+    again; the run's remainder (tasks less reports done, less ready and processing) said
+    "waiting 0", since the recomputed inputs reported done twice. The snapshot takes the
+    count from the scheduler state instead, without a network."""
+    from types import SimpleNamespace
+
+    from daskvine_py.batch.live_view import render
+    from daskvine_py.manager.live import LiveView
+    from daskvine_py.manager.runinfo import RunInfo
+    from daskvine_py.manager.watching import Run, Watching
+    from daskvine_py.scheduler.liveness import Liveness
+    from daskvine_py.scheduler.state import SchedulerState
+    from test_state import reduction_after_a_loss
+
+    state = SchedulerState(sibling_inputs=0)
+    watching = Watching(state.load)
+    run = watching.runs[1] = Run(1)
+    run.info = RunInfo(1, tasks=5)
+    view = LiveView(state, SimpleNamespace(workers={}), watching, Liveness(10.0, 1.0))
+    reduction_after_a_loss(state)
+    snapshot = view.snapshot()
+    assert snapshot["runs"][0]["done"] == 4 and snapshot["totals"]["tasks_done"] == 4
+    assert snapshot["totals"]["waiting"] == 1
+    assert "tasks: waiting 1  ready" in render(snapshot), render(snapshot)
 
 
 @pytest.mark.timeout(120)
@@ -177,6 +211,72 @@ def test_status_against_a_manager_that_is_gone_fails_within_its_timeout(tmp_path
     assert "no answer from the manager" in shown.stderr and "within 2 s" in shown.stderr
     missing = _status("--connection-file", str(tmp_path / "missing.json"), "--timeout", "2")
     assert missing.returncode == 1 and "cannot use" in missing.stderr
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.timeout(120)
+def test_status_refuses_a_stale_connection_file_at_once_naming_it(tmp_path):
+    """Issue 36: the file of a manager whose process is gone got "no answer from the
+    manager within 10 s" after ten seconds; the worker's check says so at once."""
+    stale = tmp_path / "stale.json"
+    with Manager(dashboard_address=None) as manager:
+        address = manager.address
+        keys = security.read_connection_file(manager.connection_file).keys
+    security.write_connection_file(str(stale), address, keys, pid=_dead_pid())
+    shown = _status("--connection-file", str(stale))  # the default --timeout, 10 s
+    assert shown.returncode == 1, shown.stderr
+    assert f"connection file {stale} is stale: the manager that wrote it" in shown.stderr
+    assert "Start the manager again" in shown.stderr
+    assert "no answer" not in shown.stderr and "Traceback" not in shown.stderr
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A home directory of the test's own: where managers write their connection files."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(security.CONNECTION_DIR_ENV, raising=False)
+    return tmp_path / ".daskvine_py" / "connections"
+
+
+def _status_here(*args: str) -> tuple[int, str, str]:
+    """``python -m daskvine_py status`` in this process (its environment: ``home``)."""
+    from daskvine_py.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["status", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_status_without_a_file_asks_the_only_running_manager_of_the_default_directory(home):
+    code, _, err = _status_here()
+    assert code == 1 and "no manager of this user is running" in err, err
+    assert str(home) in err and "--connection-file" in err
+    with Manager(dashboard_address=None) as manager:
+        assert os.path.dirname(manager.connection_file) == str(home)
+        # a file of a manager that has exited is passed over
+        security.write_connection_file(str(home / "old.json"), "tcp://127.0.0.1:1", None,
+                                       pid=_dead_pid())  # fmt: skip
+        code, out, err = _status_here()
+        assert code == 0, err
+        assert f"manager {manager.address}" in out and "workers 0" in out
+        with Manager(dashboard_address=None) as other:
+            code, out, err = _status_here()
+            assert code == 2 and out == ""
+            assert "2 managers may be running" in err and "--connection-file PATH" in err
+            for running in (manager, other):
+                assert f"{running.connection_file}  {running.address}" in err, err
+            assert "old.json" not in err
+            code, out, _ = _status_here("--connection-file", other.connection_file)
+            assert code == 0 and f"manager {other.address}" in out
+    code, _, err = _status_here()  # both closed: their files went with them
+    assert code == 1 and "no manager of this user is running" in err, err
 
 
 @pytest.mark.timeout(120)

@@ -201,6 +201,33 @@ def test_lost_worker_recomputes_exactly_the_lost_results():
     assert st_.tasks[1].state == "processing" and st_.tasks[3].state == "waiting"
 
 
+def reduction_after_a_loss(st_: s.SchedulerState) -> None:
+    """x0..x3 done on two workers, then y = f(x0..x3) dispatched; the worker that holds
+    half the inputs and not y is lost and another joins (issue 36: "waiting 0")."""
+    tasks = [s.NewTask(f"x{i}", b"", (), (), i, "x") for i in range(4)]
+    tasks.append(s.NewTask("y", b"", (), tuple(f"x{i}" for i in range(4)), 4, "y"))
+    out = st_.handle([joined(W1, 2), joined(W2, 2), s.SubmitRun(1, tasks, ["y"], 3)])
+    holder = {m.task_id: w for w in (W1, W2) for m in sends(out, p.Execute, worker=w)}
+    assert sorted(holder) == [1, 2, 3, 4] and set(holder.values()) == {W1, W2}
+    assert st_.waiting() == 1  # y, for its inputs
+    out = st_.handle([s.FromWorker(w, p.TaskDone(i, 8, 0.1, None)) for i, w in holder.items()])
+    (execute,) = sends(out, p.Execute)
+    assert execute.key == "y" and st_.waiting() == 0
+    y_on = next(w for w in (W1, W2) if sends(out, p.Execute, worker=w))
+    lost = W2 if y_on == W1 else W1
+    st_.handle([s.WorkerLost(lost, "killed"), joined(b"w3", 2)])
+
+
+def test_readers_of_results_recomputed_after_a_loss_count_as_waiting():
+    st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
+    reduction_after_a_loss(st_)
+    # The lost inputs are computed again; y waits for them, though four tasks reported
+    # done (its run's remainder, tasks less reports, says nothing waits).
+    assert st_.tasks[5].state == "waiting" and st_.recomputed == 2
+    assert st_.waiting() == 1
+    assert sum(c.tasks for c in st_.runs[1].categories.values()) == 4
+
+
 def test_small_inputs_travel_inside_execute_large_ones_from_peers():
     st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
     tasks = [s.NewTask("small", b"", (), (), 0, "small", 1),
@@ -311,7 +338,10 @@ class SimulatedCluster:
         self.runs_of: dict = {}
 
     def apply(self, events):
-        for instruction in self.state.handle(events):
+        instructions = self.state.handle(events)
+        waiting = sum(1 for task in self.state.tasks.values() if task.state == "waiting")
+        assert self.state.waiting() == waiting  # kept by the transitions, never walked
+        for instruction in instructions:
             kind = type(instruction)
             if kind is s.Send:
                 self.deliver(instruction.worker, instruction.message)

@@ -4,8 +4,9 @@ points to the worker's and the factory's commands.
 - ``demo``: an embedded manager, local workers, a real graph.
 - ``report LOG -o run.html``: the performance report of a run rebuilt from its event log
   (``get(..., event_log="run.jsonl")``).
-- ``status --connection-file PATH [--watch [SECONDS]]``: a running manager's workers,
-  tasks and categories, asked over its own port (``batch.live_view``, docs/live.md).
+- ``status [--connection-file PATH] [--watch [SECONDS]]``: a running manager's workers,
+  tasks and categories, asked over its own port (``batch.live_view``, docs/live.md);
+  without a file, the only manager of this user running in the default directory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from daskvine_py import __version__
 from daskvine_py.demo import run_demo
+from daskvine_py.wire import security
 
 DESCRIPTION = """\
 daskvine_py runs Dask graphs on worker processes: a manager in your Python process
@@ -51,7 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("log", help="the event log (JSON lines, .gz accepted)")
     report.add_argument("-o", "--output", default=None, help="the HTML file (default LOG.html)")
     status = commands.add_parser("status", help="show what a running manager is doing")
-    status.add_argument("--connection-file", required=True, help="the manager's connection file")
+    status.add_argument(
+        "--connection-file",
+        default=None,
+        metavar="PATH",
+        help="the manager's connection file (default: the only running manager's in "
+        f"${security.CONNECTION_DIR_ENV} or ~/.daskvine_py/connections)",
+    )
     status.add_argument(
         "--watch",
         type=float,

@@ -27,9 +27,15 @@ connected), and one when it stops; nothing per task or per job.
 
 SIGINT or SIGTERM cancels every job the factory started, removes the directory it made
 for their scripts (kept when jobs failed: their output is there), then it exits (status
-0). Exit statuses otherwise: 2 for bad arguments or a connection file that cannot be used,
-3 when the batch system's commands or Parsl are missing, 4 when the manager refuses it
-(keys of another run, another protocol version).
+0), at once: a request waiting for the manager's answer is woken rather than waited for.
+A factory whose manager is gone (its connection file removed, as a manager does when it
+closes, or stale: the manager's process on this host has exited, as a worker checks)
+says so and does the same, with status 5: its jobs' workers have nobody to work for. A
+manager on another host that stops answering, its file still there, may come back: the
+factory waits for it, submitting nothing meanwhile. Exit statuses otherwise: 2 for bad
+arguments or a connection file that cannot be used, 3 when the batch system's commands or
+Parsl are missing, 4 when the manager refuses it (keys of another run, another protocol
+version).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ PROVIDERS = {
 EXIT_USAGE = 2
 EXIT_NO_BATCH_SYSTEM = 3
 EXIT_REFUSED = 4
+EXIT_MANAGER_GONE = 5
 #: Workers a pool may hold (the other bounds are the worker's, in ``command_line``).
 MAX_WORKERS = 100_000
 #: Seconds between two log lines about the jobs' numbers, however often they change.
@@ -210,15 +217,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"${security.CONNECTION_FILE_ENV}"
         )
     try:
-        connection = security.read_connection_file(path)
+        security.read_live_connection_file(path)
     except security.SecurityError as exc:
         parser.error(str(exc))
-    if connection.manager_gone():
-        parser.error(
-            f"connection file {path} is stale: the manager that wrote it (process "
-            f"{connection.pid} on this host) has exited. Start the manager again and give "
-            "the connection file it writes (manager.connection_file)"
-        )
     args.connection_file = path
     return args
 
@@ -322,11 +323,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 why[0] = "the manager refused it"
                 code = EXIT_REFUSED
                 break
+            gone = client.manager_gone()
+            if gone is not None:
+                logger.error("the factory stops and cancels its jobs: %s", gone)
+                why[0] = "its manager is gone"
+                code = EXIT_MANAGER_GONE
+                break
             report.update(pool.status(), time.monotonic())
     finally:
         live = sum(pool.status()["jobs"].get(state, 0) for state in ("pending", "running"))
-        pool.close()
+        # The pool's thread may be waiting for the manager's answer (up to the client's
+        # timeout, 10 s): closing the client wakes it, and the pool stops at once.
+        pool.stop()
         client.close()
+        pool.close()
         status = pool.status()
         failed = bool(status["failures"])
         if made_dir and not failed:

@@ -4,10 +4,17 @@ It asks over the manager's own port with the keys of its connection file, as a f
 ``StatusClient`` does (so it works from a login node), and prints the workers, the tasks
 by state, the runs in progress, each category's figures and the busiest workers; with
 ``--watch``, again every few seconds until Ctrl-C (docs/live.md).
+
+Without ``--connection-file`` it asks the only manager of this user whose connection file
+is in the default directory (``security.default_connection_dir``: where managers write
+theirs) and may be running; when several may, it lists them and asks for one. A file
+whose manager has exited (on this host) is refused at once, as a worker refuses it,
+rather than waited on for ``--timeout`` seconds.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,24 +30,44 @@ BUSIEST = 10
 CATEGORIES = 20
 #: Clears a terminal and puts the cursor home (``--watch`` on a terminal).
 _CLEAR = "\x1b[H\x1b[2J"
+#: Exit statuses: the manager could not be asked (or none runs); several run and none
+#: was named.
+EXIT_FAILED = 1
+EXIT_CHOOSE = 2
 
 
 def status(
-    connection_file: str,
+    connection_file: str | None,
     watch: float | None = None,
     timeout: float = 10.0,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Print the manager's snapshot once (``watch`` None) or every ``watch`` seconds until
-    Ctrl-C; the exit status: 0, or 1 with a message on ``err`` when the manager cannot be
-    asked (no answer in ``timeout`` seconds, refused, an unusable connection file)."""
+    Ctrl-C; the exit status: 0, or ``EXIT_FAILED`` with a message on ``err`` when the
+    manager cannot be asked (its file stale, no answer in ``timeout`` seconds, refused, an
+    unusable connection file). ``connection_file`` None: the only manager that may be
+    running in the default directory (``EXIT_CHOOSE``, listing them, if several may;
+    ``EXIT_FAILED`` if none). ``out``, ``err``: ``sys.stdout``, ``sys.stderr`` as they are
+    when it is called."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    if connection_file is None:
+        directory = security.default_connection_dir()
+        running = running_managers(directory)
+        if len(running) != 1:
+            err.write(_not_one(directory, running))
+            return EXIT_CHOOSE if running else EXIT_FAILED
+        connection_file = running[0][0]
     try:
         client = StatusClient(connection_file, name="status", timeout=timeout)
+    except security.StaleConnectionFile as exc:
+        err.write(f"daskvine_py status: {exc}\n")
+        return EXIT_FAILED
     except (OSError, ValueError, security.SecurityError) as exc:
         err.write(f"daskvine_py status: cannot use {connection_file}: {exc}\n")
-        return 1
+        return EXIT_FAILED
     with client:
         try:
             while True:
@@ -48,7 +75,7 @@ def status(
                     snapshot = client.live()
                 except (ManagerUnreachable, ManagerRefused) as exc:
                     err.write(f"daskvine_py status: {exc}\n")
-                    return 1
+                    return EXIT_FAILED
                 text = render(snapshot, client.address)
                 if watch is not None and out.isatty():
                     text = _CLEAR + text
@@ -61,21 +88,48 @@ def status(
             return 0
 
 
+def running_managers(directory: str) -> list[tuple[str, security.Connection]]:
+    """The connection files in ``directory`` whose manager may be running: all but the
+    stale ones (one of another host, which shares the home directory, cannot be judged
+    from here: only asking it would tell)."""
+    return [(path, c) for path, c in security.connection_files(directory) if not c.manager_gone()]
+
+
+def _not_one(directory: str, running: list[tuple[str, security.Connection]]) -> str:
+    """What to say when no connection file, or several, could be the one meant."""
+    if not running:
+        return (
+            f"daskvine_py status: no manager of this user is running: no connection file "
+            f"of a running manager in {directory}. A manager whose file is elsewhere "
+            "(Manager(connection_file=...)) needs --connection-file PATH\n"
+        )
+    lines = [
+        f"daskvine_py status: {len(running)} managers may be running (connection files in "
+        f"{directory}); name one with --connection-file PATH:"
+    ]
+    for path, connection in running:
+        try:
+            written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(path).st_mtime))
+        except OSError:
+            written = "?"
+        where = f"host {connection.host or '?'}, process {connection.pid or '?'}"
+        lines.append(f"  {path}  {connection.address}  ({where}, started {written})")
+    return "\n".join(lines) + "\n"
+
+
 def render(snapshot: dict[str, Any], address: str = "") -> str:
     """The snapshot as the lines of the view."""
     totals = snapshot["totals"]
     manager = snapshot["manager"]
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot["t"]))
     runs = snapshot["runs"]
-    waiting = sum(max(0, run["tasks"] - run["done"]) for run in runs)
-    waiting = max(0, waiting - totals["ready"] - totals["processing"])
     lines = [
         f"manager {address}  up {_seconds(manager['uptime_s'])}, "
         f"CPU {_seconds(manager['cpu_s'])}  ({when})",
-        f"workers {totals['workers']}  cores {totals['cores']}  tasks: waiting {waiting}  "
-        f"ready {totals['ready']}  processing {totals['processing']} "
-        f"(running {totals['running']})  done {totals['tasks_done']}  "
-        f"failed {totals['tasks_failed']}",
+        f"workers {totals['workers']}  cores {totals['cores']}  "
+        f"tasks: waiting {totals['waiting']}  ready {totals['ready']}  "
+        f"processing {totals['processing']} (running {totals['running']})  "
+        f"done {totals['tasks_done']}  failed {totals['tasks_failed']}",
         f"moved {byte_size(totals['bytes_moved'])}  stored {byte_size(totals['stored_bytes'])}  "
         f"spilled {byte_size(totals['spilled_bytes'])}",
     ]

@@ -200,9 +200,14 @@ class WorkerPool:
                 "failures": list(self.failures),
             }
 
+    def stop(self) -> None:
+        """Stop sizing, without waiting: what the pool's thread is doing (asking its
+        source, submitting) is its last step; a source that fails now is not reported."""
+        self._stop.set()
+
     def close(self, timeout: float = 30.0) -> None:
         """Stop sizing, and cancel every job the pool started that has not ended."""
-        self._stop.set()
+        self.stop()
         self._thread.join(timeout)
         with self._lock:
             live = [job.job_id for job in self.jobs.values() if job.state in LIVE_STATES]
@@ -230,6 +235,8 @@ class WorkerPool:
         try:
             demand = self.source.demand()
         except ConnectionError as exc:  # a manager elsewhere that does not answer (yet)
+            if self._stop.is_set():
+                return  # (its source closed as the pool stops)
             if self._unreachable is None:
                 logger.warning("pool %s: %s; submitting nothing until it answers",
                                self.name, exc)  # fmt: skip

@@ -18,6 +18,12 @@ The client shows the workers' keys from the connection file, as a worker does: t
 manager's gate refuses any other key during the handshake, so an unauthenticated request
 is never read, let alone answered. It never registers: the manager keeps no record of it,
 and it never counts as a worker.
+
+A manager that has certainly exited is known without the network, as a worker knows it:
+its connection file was removed (a manager removes the one it made when it closes), or
+names a process of this host that is gone (``security.read_live_connection_file``). The
+client refuses such a file when it is made, and every request raises ``ManagerGone`` at
+once rather than wait ``timeout`` seconds for an answer that never comes.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ class ManagerUnreachable(ConnectionError):
     """The manager did not answer in time: not running (yet), not reachable, or stuck."""
 
 
+class ManagerGone(ManagerUnreachable):
+    """The manager has certainly exited: its connection file was removed (a manager
+    removes the one it made when it closes), or names a process of this host that is
+    gone. Nothing will answer: asking again will not help."""
+
+
 class ManagerRefused(ConnectionError):
     """The manager refused this client (wrong keys, another protocol version): asking
     again will not help."""
@@ -47,7 +59,9 @@ class ManagerRefused(ConnectionError):
 
 class StatusClient:
     """Asks the manager of a connection file how much work is waiting; see the module
-    docstring. Thread-safe; one request at a time.
+    docstring. Thread-safe; one request at a time. ``close`` from another thread wakes a
+    request waiting for its answer (``ManagerUnreachable`` at once), as a factory told to
+    stop needs.
 
     Parameters
     ----------
@@ -61,7 +75,7 @@ class StatusClient:
     """
 
     def __init__(self, connection_file: str, name: str = "factory", timeout: float = 10.0) -> None:
-        connection = security.read_connection_file(connection_file)
+        connection = security.read_live_connection_file(connection_file)
         #: what the pool's workers join with (the jobs must see this path)
         self.connection_file = os.path.abspath(connection_file)
         self.address = connection.address
@@ -76,6 +90,11 @@ class StatusClient:
         self.dropped = 0
         self._context = zmq.Context()
         self._lock = threading.Lock()
+        #: set by ``close``, which wakes a request waiting for its answer through this
+        #: pipe: the request holds the lock, and would otherwise hold ``close`` for as
+        #: long as ``timeout``
+        self._closing = False
+        self._wake_read, self._wake_write = os.pipe()
         self._sock: zmq.Socket | None = None
         self._watch: security.HandshakeWatch | None = None
         #: the last ``LiveRequest``'s id
@@ -89,11 +108,11 @@ class StatusClient:
 
     def demand(self) -> Demand:
         """The cores the manager's work could use now, and each worker's cores and idle
-        seconds (``ManagerUnreachable`` after ``timeout`` seconds without an answer,
+        seconds (``ManagerUnreachable`` after ``timeout`` seconds without an answer, at
+        once if the client is closed; ``ManagerGone`` at once if the manager has exited;
         ``ManagerRefused`` if the manager will never answer this client)."""
         with self._lock:
-            if self.refused is not None:
-                raise ManagerRefused(self.refused)
+            self._check()
             sock = self._socket()
             self._send(sock, p.StatusRequest(p.PROTOCOL_VERSION, self.name))
             reply = self._receive(sock)
@@ -106,8 +125,7 @@ class StatusClient:
     def live(self) -> dict[str, Any]:
         """The manager's live snapshot (docs/live.md), the same errors as ``demand``."""
         with self._lock:
-            if self.refused is not None:
-                raise ManagerRefused(self.refused)
+            self._check()
             sock = self._socket()
             self._asked += 1
             self._send(sock, p.LiveRequest(self._asked))
@@ -122,12 +140,48 @@ class StatusClient:
         with self._lock:
             self._send(self._socket(), p.RetireWorker(name, reason))
 
+    def manager_gone(self) -> str | None:
+        """Why the manager has certainly exited, or None while it may be running: its
+        connection file was removed, or names a process of this host that is gone (read
+        again: a manager started again that wrote the same file is running). Cheap: a
+        file read, no network."""
+        try:
+            security.read_live_connection_file(self.connection_file)
+        except security.StaleConnectionFile as exc:
+            return str(exc)
+        except security.SecurityError:
+            if not os.path.lexists(self.connection_file):
+                return (
+                    f"the manager at {self.address} is gone: its connection file "
+                    f"{self.connection_file} was removed (as a manager does when it closes)"
+                )
+        return None  # (unreadable for a moment, or another host's: its silence tells)
+
     def close(self) -> None:
+        """Close the socket; a request waiting for its answer in another thread gives up
+        at once (``ManagerUnreachable``), and so does any later one."""
+        if self._closing:
+            return
+        self._closing = True
+        os.write(self._wake_write, b"x")
         with self._lock:
             self._reset()
             self._context.term()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     # -- the socket -------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Raise at once what waiting for an answer would end in."""
+        if self._closing:
+            raise ManagerUnreachable("the status client was closed")
+        if self.refused is not None:
+            raise ManagerRefused(self.refused)
+        gone = self.manager_gone()
+        if gone is not None:
+            self._reset()
+            raise ManagerGone(gone)
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
@@ -163,6 +217,7 @@ class StatusClient:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._watch.events, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         deadline = time.monotonic() + self.timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -172,6 +227,8 @@ class StatusClient:
                     f"no answer from the manager at {self.address} within {self.timeout:g} s"
                 )
             ready = dict(poller.poll(math.ceil(remaining * 1000)))
+            if self._wake_read in ready:
+                raise ManagerUnreachable("the status client was closed")
             if self._watch.events in ready:
                 refusal = self._watch.refusal()
                 if refusal is not None:

@@ -120,17 +120,8 @@ def remove_stale(directory: str) -> list[str]:
     directory shared by a cluster) and of live processes stay. The paths removed."""
     removed: list[str] = []
     prefix = f"manager-{HOSTNAME}-"
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".json")]
-    except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(directory, name)
-        try:
-            stale = security.read_connection_file(path).manager_gone()
-        except Exception:  # unreadable, or not ours to judge: leave it
-            continue
-        if stale:
+    for path, connection in security.connection_files(directory):  # (unreadable: left)
+        if os.path.basename(path).startswith(prefix) and connection.manager_gone():
             with contextlib.suppress(OSError):
                 os.unlink(path)
                 removed.append(path)

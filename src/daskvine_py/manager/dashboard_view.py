@@ -86,10 +86,9 @@ class DashboardView:
             self.beats.setdefault(name, deque(maxlen=MAX_BEATS)).append((t, status))
         totals = live["totals"]
         if not self.samples or self.samples[-1][0] < live["t"]:
-            left = sum(run["tasks"] - run["done"] - run["failed"] for run in live["runs"])
-            waiting = max(0, left - totals["ready"] - totals["processing"])
-            self.samples.append((live["t"], waiting, totals["ready"], totals["processing"],
-                                 totals["running"], totals["tasks_done"]))  # fmt: skip
+            self.samples.append((live["t"], totals["waiting"], totals["ready"],
+                                 totals["processing"], totals["running"],
+                                 totals["tasks_done"]))  # fmt: skip
         self.transfers = data["transfers"]
         self.failures = data["failures"]
         self._forget(live["t"], {w["name"] for w in live["workers"]})

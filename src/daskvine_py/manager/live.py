@@ -3,11 +3,11 @@
 
 ``LiveView`` lives in the manager's I/O thread and builds the snapshot there, from what the
 loop keeps anyway: the registry's workers and their last heartbeats, the scheduler state's
-``load()`` and ``worker_loads()``, its runs' categories, and the bytes ``Watching`` counted.
-It is built only when asked (a caller's ``Snapshot`` command, a status client's
-``LiveRequest``), at most once a second (a run ending makes the next one fresh), and costs
-a walk over workers, runs and categories: nothing per task, no walk while nobody asks (a
-run that ends adds its categories to the totals). The snapshot is plain data
+``waiting()``, ``load()`` and ``worker_loads()``, its runs' categories, and the bytes
+``Watching`` counted. It is built only when asked (a caller's ``Snapshot`` command, a
+status client's ``LiveRequest``), at most once a second (a run ending makes the next one
+fresh), and costs a walk over workers, runs and categories: nothing per task, no walk
+while nobody asks (a run that ends adds its categories to the totals). The snapshot is plain data
 (dicts, lists, text and numbers) that travels as msgpack and prints as JSON.
 
 The manager-life totals (``tasks_done``, ``tasks_failed``, ``categories``) add the runs that
@@ -158,6 +158,7 @@ class LiveView:
             "totals": {
                 "workers": len(workers),
                 "cores": sum(w["cores"] for w in workers),
+                "waiting": self._state.waiting(),
                 "ready": ready,
                 "processing": processing,
                 "running": running,

@@ -32,11 +32,13 @@ import itertools
 import logging
 import numbers
 import os
+import socket
 import subprocess
 import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -241,7 +243,6 @@ class Manager(ManagerViews):
         if fetch_timeout is not None:
             check_seconds("start_workers(fetch_timeout=...)", fetch_timeout)
         command = launch.worker_command(memory, disk, workdir, fetch_timeout, lib_resources or {})
-        before = self._worker_count()
         start = len(self._local_processes)
         procs = [
             launch.spawn(
@@ -255,7 +256,7 @@ class Manager(ManagerViews):
         ]
         self._local_processes.extend(procs)
         if wait:
-            self.wait_for_workers(before + n, timeout=timeout, processes=procs)
+            self._wait_for_processes(procs, timeout)
         return procs
 
     def wait_for_workers(
@@ -267,33 +268,56 @@ class Manager(ManagerViews):
         the wait at once (``start_workers`` passes the ones it started).
         """
         check_seconds("wait_for_workers(timeout=...)", timeout, zero=True)
+        self._wait_until(lambda: len(self._io.snapshot), n, timeout, processes or ())
+
+    def _wait_for_processes(self, procs: list[subprocess.Popen], timeout: float) -> None:
+        """Block until each of ``procs`` (local workers) has registered, found by its
+        pid on this host: not by a count of workers, which still holds one killed
+        beside them until the manager notices (``TimeoutError``, or ``RuntimeError`` as
+        soon as one of them exits)."""
+        host, pids = socket.gethostname(), {proc.pid for proc in procs}
+
+        def registered() -> int:
+            return sum(1 for info in self._io.snapshot.values()
+                       if info["pid"] in pids and info["hostname"] == host)  # fmt: skip
+
+        self._wait_until(registered, len(procs), timeout, procs, "of the workers started")
+
+    def _wait_until(
+        self,
+        count: Callable[[], int],
+        n: int,
+        timeout: float,
+        processes: Sequence[subprocess.Popen],
+        which: str = "",
+    ) -> None:
+        """Block until ``count()`` (read under the loop's lock) reaches ``n``: woken when
+        a worker joins or the loop dies; local ``processes`` are polled every 0.1 s
+        meanwhile, since nothing wakes us when one exits (one that did fails the wait)."""
         deadline = time.monotonic() + timeout
         changed = self._io.changed
         while True:
             with changed:
-                # Woken when a worker joins or the loop dies; local processes are
-                # polled every 0.1 s meanwhile, since nothing wakes us when one exits.
                 changed.wait_for(
-                    lambda: len(self._io.snapshot) >= n or self._io.error is not None,
+                    lambda: count() >= n or self._io.error is not None,
                     timeout=max(0.0, min(0.1, deadline - time.monotonic())),
                 )
-                connected = len(self._io.snapshot)
+                connected = count()
             self._raise_if_dead()
             if connected >= n:
                 return
             if time.monotonic() > deadline:
                 workers = "worker" if n == 1 else "workers"
-                raise TimeoutError(f"{connected} of {n} {workers} connected after {timeout} s")
-            dead = [proc for proc in processes or () if proc.poll() is not None]
+                raise TimeoutError(
+                    f"{connected} of {n} {workers}{' ' + which if which else ''} connected "
+                    f"after {timeout} s"
+                )
+            dead = [proc for proc in processes if proc.poll() is not None]
             if dead:
                 raise RuntimeError(
                     f"local worker process {dead[0].pid} exited with code {dead[0].returncode}"
                     f"{launch.exit_meaning(dead[0].returncode)}"
                 )
-
-    def _worker_count(self) -> int:
-        with self._io.changed:
-            return len(self._io.snapshot)
 
     def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
         """Compute ``keys`` of the Dask graph ``dsk`` on the workers (Dask's get protocol).

@@ -43,10 +43,10 @@ class SnapshotCollector(Collector):
         for name, field, text in _GAUGES:
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=totals[field])
         tasks = GaugeMetricFamily(
-            f"{PREFIX}_tasks", "Tasks by state: ready at the manager, processing on a "
-            "worker, running on a core", labels=["state"],
+            f"{PREFIX}_tasks", "Tasks by state: waiting for inputs, ready at the manager, "
+            "processing on a worker, running on a core", labels=["state"],
         )  # fmt: skip
-        for state in ("ready", "processing", "running"):
+        for state in ("waiting", "ready", "processing", "running"):
             tasks.add_metric([state], totals[state])
         yield tasks
         for name, field, text in _COUNTERS:

@@ -50,6 +50,9 @@ false claim if the manager never gave it that task (``claims``: dropped, counted
 Two counters make completion and release O(edges): ``missing`` = inputs not in memory;
 ``waiters`` = dependents still waiting, ready or processing. A result is released once
 ``waiters`` is zero, unless it is an output owed to the caller or its run still arrives.
+The transitions also count the tasks past "waiting", so that ``waiting()`` (the live
+view's) costs nothing per task to ask: a reader of results recomputed after a loss waits
+again, whatever its run's reports of tasks done add up to.
 """
 
 from __future__ import annotations
@@ -154,6 +157,9 @@ class SchedulerState:
         self._out: list[Instruction] = []
         #: workers whose store is full (``DiskFull``): dispatch skips them
         self.full: set[WorkerRecord] = set()
+        #: tasks of ``tasks`` past "waiting" and not forgotten, kept by ``_transition``
+        #: (every task is made waiting, with no transition): ``waiting`` is the rest
+        self._past_waiting = 0
         transition, send, held, out = self._transition, self._send, self._held, self._out
         workers, runs, tasks = self.workers, self.runs, self.tasks
         queue, full = self.queue, self.full
@@ -291,6 +297,11 @@ class SchedulerState:
     def runs_of(self, task_ids: Iterable[int]) -> list[int]:
         """The runs of these tasks (those still known), each once."""
         return self.failures.runs_of(task_ids)
+
+    def waiting(self) -> int:
+        """Tasks waiting for inputs, over every run: a new run's, and readers whose
+        inputs are recomputed after a loss alike (the live view's "waiting")."""
+        return len(self.tasks) - self._past_waiting
 
     @property
     def recomputed(self) -> int:
@@ -439,6 +450,10 @@ class SchedulerState:
             story = [f"{s} -> {f}" for i, s, f in self.story if i == task.id]
             raise InvalidTransition(task.key, start, finish, story)
         self.story.append((task.id, start, finish))
+        if start != "waiting":
+            self._past_waiting -= 1
+        if finish != "waiting" and finish != "forgotten":
+            self._past_waiting += 1
         task.state = finish  # before the step: nested transitions see the new state
         step(self, task, worker)
 

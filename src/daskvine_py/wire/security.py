@@ -16,10 +16,12 @@ every message after the handshake. The crypto is libzmq's (libsodium); nothing h
 
 A connection file (JSON, mode 0600 in a 0700 directory) carries what a worker needs:
 the manager's address, its public key, and the workers' key pair, and names the host and
-the process that wrote it, so that a worker on that host given the file of a manager
-that has exited says so at once (``Connection.manager_gone``). It is handed to
-workers by path (``--connection-file``, or ``DASKVINE_PY_CONNECTION_FILE`` in their
-environment), never on a command line: ``ps`` shows every user's arguments.
+the process that wrote it, so that a worker, a factory or ``status`` on that host given
+the file of a manager that has exited says so at once (``read_live_connection_file``).
+It is handed to workers by path (``--connection-file``, or ``DASKVINE_PY_CONNECTION_FILE``
+in their environment), never on a command line: ``ps`` shows every user's arguments.
+Managers write theirs in ``default_connection_dir()`` unless told otherwise, which is
+where ``status`` looks for them (``connection_files``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ MAX_LOGGED_REFUSALS = 100
 
 class SecurityError(ValueError):
     """A key or connection file that cannot be used; the message names the file."""
+
+
+class StaleConnectionFile(SecurityError):
+    """A connection file whose manager has certainly exited (it ran on this host and its
+    process is gone): nothing will ever answer at its address."""
 
 
 class Keys(NamedTuple):
@@ -234,6 +241,37 @@ def read_connection_file(path: str) -> Connection:
     if data.get("security") is False:
         return Connection(address, None, host, pid)
     return Connection(address, _keys_from(data, path, need_secret=False), host, pid)
+
+
+def read_live_connection_file(path: str) -> Connection:
+    """``read_connection_file``, refusing at once a file whose manager has exited
+    (``StaleConnectionFile``, naming the file and what to do) rather than leave its reader
+    to wait for an answer that never comes. What workers, factories and ``status`` read."""
+    connection = read_connection_file(path)
+    if connection.manager_gone():
+        raise StaleConnectionFile(
+            f"connection file {path} is stale: the manager that wrote it (process "
+            f"{connection.pid} on this host) has exited. Start the manager again and use "
+            "the connection file it writes (manager.connection_file)"
+        )
+    return connection
+
+
+def connection_files(directory: str) -> list[tuple[str, Connection]]:
+    """The connection files in ``directory`` (``*.json``) that can be read, with what
+    they hold, by name; anything else there (key files, another user's) is passed over."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            found.append((path, read_connection_file(path)))
+        except SecurityError:
+            continue
+    return found
 
 
 def read_key_file(path: str, need_manager_secret: bool = False) -> Keys:

@@ -231,13 +231,7 @@ def _connection(args: argparse.Namespace) -> tuple[str, security.Keys | None]:
     if path is None and args.key_file is None:
         path = os.environ.get(security.CONNECTION_FILE_ENV) or None
     if path is not None:
-        connection = security.read_connection_file(path)
-        if connection.manager_gone():
-            raise ValueError(
-                f"connection file {path} is stale: the manager that wrote it (process "
-                f"{connection.pid} on this host) has exited. Start the manager again and "
-                "join with the connection file it writes (manager.connection_file)"
-            )
+        connection = security.read_live_connection_file(path)
         try:
             address = args.address or _manager_address(connection.address)
         except argparse.ArgumentTypeError as exc:
