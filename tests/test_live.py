@@ -146,10 +146,10 @@ def test_readers_of_results_recomputed_after_a_loss_show_as_waiting():
     count from the scheduler state instead, without a network."""
     from types import SimpleNamespace
 
-    from daskvine_py.batch.live_view import render
+    from daskvine_py.live.terminal import render
     from daskvine_py.manager.live import LiveView
-    from daskvine_py.manager.runinfo import RunInfo
     from daskvine_py.manager.watching import Run, Watching
+    from daskvine_py.report.runinfo import RunInfo
     from daskvine_py.scheduler.liveness import Liveness
     from daskvine_py.scheduler.state import SchedulerState
     from test_state import reduction_after_a_loss
@@ -332,7 +332,7 @@ def _category(tasks: int, peak_mb: float, failed: int = 0) -> dict:
 
 
 def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
-    from daskvine_py.batch.live_view import render
+    from daskvine_py.live.terminal import render
 
     snapshot = {
         "t": 1_000_000.0,

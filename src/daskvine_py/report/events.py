@@ -30,7 +30,7 @@ with the log, from its dispatch (nothing more is kept per task while the run goe
 "memory" records are the workers' heartbeats (``p.Status``), each kept only when it
 differs from that worker's last; "categories" is ``RunInfo.categories`` as the run ended.
 
-The performance report (``report.py``) is built from these records alone, so
+The performance report (``page.py``) is built from these records alone, so
 ``python -m daskvine_py report run.jsonl -o run.html`` rebuilds it later.
 """
 
@@ -44,7 +44,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from daskvine_py.manager.runinfo import RunInfo
+from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.wire import protocol as p
 
 #: Version of the record layout, in the "run" record; bumped on incompatible changes.

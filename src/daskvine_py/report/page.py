@@ -10,10 +10,10 @@ no scripts, no network fetches, charts drawn as inline SVG (``drawing``). Sectio
 - one timeline per worker core of the tasks it ran, coloured by function (figure 13), the
   part of each bar its library spent (de)serializing hatched; adjacent tasks of one
   function closer than a pixel merge, so the page stays small for 10^5 tasks;
-- each worker's memory over time, from its heartbeats (``report_resources``);
+- each worker's memory over time, from its heartbeats (``resources``);
 - the bytes moved between each (source, destination) pair (figure 7);
 - run and serialization time per function; wall and CPU time, memory and bytes in and
-  out per category (``report_resources``); the slowest tasks, and what failed.
+  out per category (``resources``); the slowest tasks, and what failed.
 
 Pure functions of the records: tested without workers, rebuilt from a saved log by
 ``python -m daskvine_py report run.jsonl -o run.html``. The records are gathered first
@@ -28,10 +28,10 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from daskvine_py.manager import drawing as draw
-from daskvine_py.manager import report_resources as resources
-from daskvine_py.manager.runinfo import MANAGER
-from daskvine_py.manager.summary import LANE_NAMES, Summary, TaskRun, summarize
+from daskvine_py.report import drawing as draw
+from daskvine_py.report import resources
+from daskvine_py.report.runinfo import MANAGER
+from daskvine_py.report.summary import LANE_NAMES, Summary, TaskRun, summarize
 
 #: Rows in the slowest-tasks table.
 SLOWEST = 20
