@@ -337,9 +337,9 @@ def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
     snapshot = {
         "t": 1_000_000.0,
         "manager": {"cpu_s": 1.0, "uptime_s": 60.0},
-        "totals": {"workers": 0, "cores": 0, "ready": 0, "processing": 0, "running": 0,
-                   "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0, "stored_bytes": 0,
-                   "spilled_bytes": 0},
+        "totals": {"workers": 0, "cores": 0, "waiting": 0, "ready": 0, "processing": 0,
+                   "running": 0, "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0,
+                   "stored_bytes": 0, "spilled_bytes": 0},
         "runs": [],
         "categories": {"inc": _category(10, 0.0), "add": _category(2, 0.004),
                        "load": _category(1, 300.0), "sum": _category(3, 12.25),
