@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 import workloads as w
-from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys
+from daskvine_py.plan.annotations import annotated_off
 from daskvine_py.plan.graph import build_plan
 from daskvine_py.wire.serialize import TaskEncoder
 

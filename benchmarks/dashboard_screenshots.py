@@ -6,7 +6,7 @@ while a run goes on.
 A manager with local workers of one core runs a graph that fails (a separate ``get``, so
 that the failures page lists it with its traceback), then a graph of a few categories of
 small tasks that move arrays between workers; while that one runs, each page
-(``dashboard_view.PAGES``) is drawn into ``OUT/dashboard-<page>.png``. The result is
+(``live.pages.PAGES``) is drawn into ``OUT/dashboard-<page>.png``. The result is
 checked against dask's synchronous scheduler. A status page stays open (its fragment
 fetched every second) from the start, as a user's tab would: the pages keep the past only
 from the first request on. The task stream's bars come from the
@@ -30,7 +30,7 @@ import dask
 import numpy as np
 
 from daskvine_py import Manager
-from daskvine_py.manager.dashboard_view import PAGES
+from daskvine_py.live.pages import PAGES
 
 #: Seconds the graph's tasks sleep (a load twice this): what makes the run last; none
 #: when dask's own scheduler checks the result here.

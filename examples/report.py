@@ -20,8 +20,7 @@ import dask
 import dask.array as da
 
 from daskvine_py import Manager
-from daskvine_py.manager.events import read_events
-from daskvine_py.manager.report import write_report
+from daskvine_py.report import read_events, write_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

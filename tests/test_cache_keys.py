@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskvine_py import uncached
-from daskvine_py.cache.keys import KeyMaker, annotated_off, code_digests, task_keys
+from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys
+from daskvine_py.plan.annotations import annotated_off
 from daskvine_py.plan.graph import build_plan
 from daskvine_py.wire.serialize import TaskEncoder
 

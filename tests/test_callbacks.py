@@ -14,9 +14,9 @@ from dask.callbacks import Callback
 from dask.diagnostics import CacheProfiler, Profiler, ProgressBar, ResourceProfiler
 
 from daskvine_py.manager import callbacks
-from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run, TaskReported, TaskSent, Watching
 from daskvine_py.plan.graph import build_plan
+from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps

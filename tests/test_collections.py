@@ -162,7 +162,7 @@ def test_large_reductions_are_rewritten_as_trees(shared_manager):
     import daskvine_py
     from daskvine_py.options import RunOptions
     from daskvine_py.plan.graph import build_plan
-    from daskvine_py.plan.rewrite import DEFAULT_ARITY, DEFAULT_THRESHOLD, rewrite_reductions
+    from daskvine_py.plan.rewrite import DEFAULT_ARITY, DEFAULT_THRESHOLD
 
     assert (RunOptions().reduction_arity, RunOptions().reduction_threshold) == (
         DEFAULT_ARITY,
@@ -183,7 +183,7 @@ def test_large_reductions_are_rewritten_as_trees(shared_manager):
     assert off == want
     # What ran: the 200-input sum became a tree of at most 8 inputs per task.
     dsk = dict(total.__dask_graph__())
-    plan = build_plan(dsk, total.key, rewrite_reductions)
+    plan = build_plan(dsk, total.key, reduction_arity=DEFAULT_ARITY)
     assert max(len(deps) for deps in plan.dependencies.values()) <= DEFAULT_ARITY
     with pytest.raises(ValueError, match="reduction_arity"):
         shared_manager.get(dsk, total.key, reduction_arity=1)

@@ -310,6 +310,31 @@ def test_each_bad_worker_argument_is_a_usage_error_naming_it(capsys):
         assert message in err, (flag, value, err)
 
 
+def test_the_command_launchers_write_is_the_one_the_worker_parses(tmp_path, monkeypatch):
+    """``WorkerCommand`` (the local launcher's and the pools' argv, below both) names
+    each option as ``worker/args.py`` reads it."""
+    import dataclasses
+
+    from daskvine_py.command_line import WorkerCommand
+    from daskvine_py.worker.args import parse_args
+
+    monkeypatch.delenv(security.CONNECTION_FILE_ENV, raising=False)
+    command = WorkerCommand(
+        address="tcp://127.0.0.1:5", cores=4, memory=100, disk=200, workdir=str(tmp_path),
+        lib_cores=2, lib_slots=3, fetch_timeout=1.5, manager_timeout=2.5, log_level="DEBUG",
+        name="w1",
+    )  # fmt: skip
+    argv = command.argv()
+    assert argv[:3] == [sys.executable, "-m", "daskvine_py.worker"]
+    parsed = parse_args(argv[3:])
+    for field in dataclasses.fields(command):
+        if field.name not in ("python", "connection_file"):  # a file: read, not kept
+            assert getattr(parsed, field.name) == getattr(command, field.name), field.name
+    assert WorkerCommand("py").argv() == ["py", "-m", "daskvine_py.worker"]  # the defaults
+    path = str(tmp_path / "file")
+    assert WorkerCommand("py", connection_file=path).argv()[3:] == ["--connection-file", path]
+
+
 def test_a_bad_worker_argument_is_a_usage_error_from_the_real_command():
     done = _run("daskvine_py.worker", "tcp://127.0.0.1:5", "--manager-timeout", "nan")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

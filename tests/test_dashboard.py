@@ -24,9 +24,9 @@ import pytest
 
 from browser import CHROMIUM, SKIP_REASON, chromium
 from daskvine_py import Manager
-from daskvine_py.manager import dashboard
-from daskvine_py.manager.dashboard import COOKIE
-from daskvine_py.manager.dashboard_view import PAGES
+from daskvine_py.live import dashboard
+from daskvine_py.live.dashboard import COOKIE
+from daskvine_py.live.pages import PAGES
 
 #: Every route the dashboard answers, and one it does not.
 ROUTES = ("/", "/metrics", "/live.json", "/nosuchpage", *(f"/{name}" for name, _ in PAGES))

@@ -18,7 +18,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from beacon import Beacon, ping
 from daskvine_py import Manager
 from daskvine_py.manager.launch import spawn
-from daskvine_py.manager.runinfo import MANAGER
+from daskvine_py.report.runinfo import MANAGER
 
 pytestmark = pytest.mark.integration
 

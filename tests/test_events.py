@@ -9,8 +9,9 @@ from html.parser import HTMLParser
 import pytest
 
 from daskvine_py import ProtocolError, RunOptions
-from daskvine_py.manager.drawing import Chart, lay_lanes, merge_bars, ticks
-from daskvine_py.manager.events import (
+from daskvine_py.manager.watching import Run, Watching
+from daskvine_py.report.drawing import Chart, lay_lanes, merge_bars, ticks
+from daskvine_py.report.events import (
     DispatchEntry,
     DoneEntry,
     Entry,
@@ -19,10 +20,9 @@ from daskvine_py.manager.events import (
     summary_records,
     write_events,
 )
-from daskvine_py.manager.report import SECTIONS, render
-from daskvine_py.manager.runinfo import MANAGER, RunInfo
-from daskvine_py.manager.summary import TaskRun, summarize
-from daskvine_py.manager.watching import Run, Watching
+from daskvine_py.report.page import SECTIONS, render
+from daskvine_py.report.runinfo import MANAGER, RunInfo
+from daskvine_py.report.summary import TaskRun, summarize
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 

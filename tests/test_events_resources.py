@@ -8,13 +8,13 @@ import re
 
 import pytest
 
-from daskvine_py.manager.events import EventLog, read_events, summary_records, write_events
 from daskvine_py.manager.registry import WorkerInfo
-from daskvine_py.manager.report import render
-from daskvine_py.manager.report_resources import MAX_MEMORY_CHARTS
-from daskvine_py.manager.runinfo import RunInfo
-from daskvine_py.manager.summary import summarize
 from daskvine_py.manager.watching import Run, Watching
+from daskvine_py.report.events import EventLog, read_events, summary_records, write_events
+from daskvine_py.report.page import render
+from daskvine_py.report.resources import MAX_MEMORY_CHARTS
+from daskvine_py.report.runinfo import RunInfo
+from daskvine_py.report.summary import summarize
 from daskvine_py.scheduler.categories import Categories
 from daskvine_py.wire import protocol as p
 from test_events import section, section_rows

@@ -211,13 +211,9 @@ def _pack(*args):
 
 
 def test_a_rewritten_graph_is_ordered_and_counted_anew():
-    from functools import partial
-
-    from daskvine_py.plan.rewrite import rewrite_reductions
-
     dsk = {("part", i): (inc, i) for i in range(40)}
     dsk["total"] = (sum, [("part", i) for i in range(40)])
-    plan = build_plan(dsk, "total", partial(rewrite_reductions, arity=4, threshold=8))
+    plan = build_plan(dsk, "total", reduction_arity=4, reduction_threshold=8)
     assert len(plan.nodes) > 41  # the sum became a tree
     assert sorted(plan.order, key=repr) == sorted(plan.nodes, key=repr)
     position = {key: i for i, key in enumerate(plan.order)}

@@ -146,10 +146,10 @@ def test_readers_of_results_recomputed_after_a_loss_show_as_waiting():
     count from the scheduler state instead, without a network."""
     from types import SimpleNamespace
 
-    from daskvine_py.batch.live_view import render
+    from daskvine_py.live.terminal import render
     from daskvine_py.manager.live import LiveView
-    from daskvine_py.manager.runinfo import RunInfo
     from daskvine_py.manager.watching import Run, Watching
+    from daskvine_py.report.runinfo import RunInfo
     from daskvine_py.scheduler.liveness import Liveness
     from daskvine_py.scheduler.state import SchedulerState
     from test_state import reduction_after_a_loss
@@ -332,14 +332,14 @@ def _category(tasks: int, peak_mb: float, failed: int = 0) -> dict:
 
 
 def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
-    from daskvine_py.batch.live_view import render
+    from daskvine_py.live.terminal import render
 
     snapshot = {
         "t": 1_000_000.0,
         "manager": {"cpu_s": 1.0, "uptime_s": 60.0},
-        "totals": {"workers": 0, "cores": 0, "ready": 0, "processing": 0, "running": 0,
-                   "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0, "stored_bytes": 0,
-                   "spilled_bytes": 0},
+        "totals": {"workers": 0, "cores": 0, "waiting": 0, "ready": 0, "processing": 0,
+                   "running": 0, "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0,
+                   "stored_bytes": 0, "spilled_bytes": 0},
         "runs": [],
         "categories": {"inc": _category(10, 0.0), "add": _category(2, 0.004),
                        "load": _category(1, 300.0), "sum": _category(3, 12.25),

@@ -10,9 +10,9 @@ import zmq
 from daskvine_py.errors import ManagerDied, SchedulerError
 from daskvine_py.manager.commands import Cancel, Close, Extend, Submit
 from daskvine_py.manager.loop import IOLoop
-from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions
+from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 

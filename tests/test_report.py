@@ -20,9 +20,9 @@ import pytest
 from browser import CHROMIUM
 from browser import chromium as _chromium
 from browser import probed as _probed
-from daskvine_py.manager.events import read_events
-from daskvine_py.manager.report import SECTIONS
-from daskvine_py.manager.runinfo import MANAGER
+from daskvine_py.report.events import read_events
+from daskvine_py.report.page import SECTIONS
+from daskvine_py.report.runinfo import MANAGER
 
 
 def _inc(x):
@@ -350,9 +350,9 @@ def test_progress_bar_closes_on_ctrl_c(shared_manager, capsys, monkeypatch):
 
 def test_a_cached_runs_numbers_are_a_row_of_the_summary():
     """Issue 17: hits, misses, tasks run, bytes reused and time saved, in words."""
-    from daskvine_py.manager.events import summary_records
-    from daskvine_py.manager.report import render
-    from daskvine_py.manager.runinfo import RunInfo
+    from daskvine_py.report.events import summary_records
+    from daskvine_py.report.page import render
+    from daskvine_py.report.runinfo import RunInfo
 
     info = RunInfo(7, {"cache": True}, 19, 1.0e9, 1.0e9 + 2.0, "done")
     info.cache = {"hits": 12, "misses": 7, "uncached": 0, "tasks_run": 7,
@@ -364,7 +364,7 @@ def test_a_cached_runs_numbers_are_a_row_of_the_summary():
 
 
 def test_tasks_over_time_draws_the_cores_connected_and_marks_each_worker_lost():
-    from daskvine_py.manager.report import render
+    from daskvine_py.report.page import render
 
     records = [
         {"event": "run", "t": 0.0, "run_id": 1, "tasks": 4},

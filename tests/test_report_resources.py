@@ -12,8 +12,8 @@ import dask
 import numpy as np
 import pytest
 
-from daskvine_py.manager.events import read_events
-from daskvine_py.manager.report_resources import amount
+from daskvine_py.report.events import read_events
+from daskvine_py.report.resources import amount
 from daskvine_py.sizes import peak_memory
 from test_events import section, section_rows
 

@@ -25,9 +25,9 @@ from daskvine_py.errors import NoWorkersLeft
 from daskvine_py.manager import loop, progress, vacancy
 from daskvine_py.manager.commands import Submit
 from daskvine_py.manager.launch import spawn
-from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions
+from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import security
 from daskvine_py.wire.exits import EXIT_AUTH_FAILED

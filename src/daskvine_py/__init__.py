@@ -8,10 +8,11 @@
 One package per role (docs/architecture.md draws them; import-linter holds the arrows):
 ``wire`` (bytes on sockets and pipes), ``plan`` (any Dask graph into one plan; pure),
 ``scheduler`` (the sans-I/O scheduler), ``cache`` (the result cache, the caller's side),
-``worker`` (``python -m daskvine_py.worker``), ``batch`` (workers from batch systems) and
-``manager`` (the public ``Manager`` and its I/O thread). ``errors``, ``options``,
-``config`` and ``ema`` sit below them all; ``coffea``, ``demo`` and the command lines
-above.
+``worker`` (``python -m daskvine_py.worker``), ``batch`` (workers from batch systems),
+``report`` (a run's record, event log and HTML report), ``live`` (the dashboard, metrics
+and the status command's view) and ``manager`` (the public ``Manager`` and its I/O
+thread). ``errors``, ``options``, ``config`` and ``ema`` sit below them all; ``coffea``,
+``demo`` and the command lines above.
 """
 
 import importlib

@@ -5,7 +5,7 @@ points to the worker's and the factory's commands.
 - ``report LOG -o run.html``: the performance report of a run rebuilt from its event log
   (``get(..., event_log="run.jsonl")``).
 - ``status [--connection-file PATH] [--watch [SECONDS]]``: a running manager's workers,
-  tasks and categories, asked over its own port (``batch.live_view``, docs/live.md);
+  tasks and categories, asked over its own port (``live.terminal``, docs/live.md);
   without a file, the only manager of this user running in the default directory.
 """
 
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         return _report(parser, args.log, args.output)
     if args.command == "status":
-        from daskvine_py.batch.live_view import status as show_status
+        from daskvine_py.live.terminal import status as show_status
 
         if args.watch is not None and not args.watch > 0:
             parser.error("--watch SECONDS must be above 0")
@@ -106,8 +106,7 @@ def _demo_requirements(parser: argparse.ArgumentParser) -> None:
 
 
 def _report(parser: argparse.ArgumentParser, log: str, output: str | None) -> int:
-    from daskvine_py.manager.events import read_events
-    from daskvine_py.manager.report import write_report
+    from daskvine_py.report import read_events, write_report
 
     try:
         records = read_events(log)

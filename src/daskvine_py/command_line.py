@@ -1,15 +1,21 @@
 """What the worker's and the factory's command lines share: the bounds and argparse types
-of their numeric options, and the logging they set up.
+of their numeric options, the logging they set up, and the worker's command line as its
+launchers write it (``WorkerCommand``).
 
 Below every package (it imports nothing of ours), so ``worker/`` and ``batch/``, which
-never import each other, check the same values the same way.
+never import each other, check the same values the same way, and the manager's local
+launcher and the batch pools, which may not import the worker, start it with the same
+argv. ``worker/args.py`` parses what ``WorkerCommand`` writes (``tests/test_command_lines.py``
+holds the two together).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 #: Upper bound of every duration option, in seconds (about 11 days): past it a wait is
 #: "forever" in all but name, and poll timeouts in milliseconds must stay sane.
@@ -57,3 +63,54 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     logging.getLogger("daskvine_py").setLevel(level)
+
+
+def libraries(cores: int, lib_cores: int) -> int:
+    """Library processes a worker of ``cores`` cores runs: one per ``lib_cores``, at least one."""
+    return max(1, cores // lib_cores)
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """``python -m daskvine_py.worker`` as a launcher starts it: the local one
+    (``Manager.start_workers``) and the batch pools'. Each field is the worker's option of
+    the same name (``worker/args.py``); None leaves it to the worker's default.
+    """
+
+    #: the Python that runs the worker
+    python: str = sys.executable
+    #: the manager's ``tcp://HOST:PORT`` (None: the connection file's)
+    address: str | None = None
+    connection_file: str | None = None
+    cores: int | None = None
+    memory: int | None = None
+    disk: int | None = None
+    workdir: str | None = None
+    lib_cores: int | None = None
+    lib_slots: int | None = None
+    fetch_timeout: float | None = None
+    manager_timeout: float | None = None
+    log_level: str | None = None
+    name: str | None = None
+
+    def argv(self) -> list[str]:
+        """The command line, ready for ``subprocess`` (or ``shlex.join`` for a job script)."""
+        argv = [self.python, "-m", "daskvine_py.worker"]
+        if self.address is not None:
+            argv.append(self.address)
+        for flag, value in (
+            ("--connection-file", self.connection_file),
+            ("--cores", self.cores),
+            ("--memory", self.memory),
+            ("--disk", self.disk),
+            ("--workdir", self.workdir),
+            ("--lib-cores", self.lib_cores),
+            ("--lib-slots", self.lib_slots),
+            ("--fetch-timeout", self.fetch_timeout),
+            ("--manager-timeout", self.manager_timeout),
+            ("--log-level", self.log_level),
+            ("--name", self.name),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        return argv

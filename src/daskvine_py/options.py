@@ -79,7 +79,7 @@ class RunOptions:
     #: Show a progress bar (tasks done / total, rate) on stderr. None: only when stderr is
     #: a terminal. Costs a redraw ten times a second in the waiting thread, nothing per task.
     progress: bool | None = None
-    #: Write a self-contained HTML performance report of this run here (see ``report.py``).
+    #: Write a self-contained HTML performance report of this run here (see ``report.page``).
     #: Records every task's dispatch and completion: a few hundred bytes of memory per task.
     report: str | os.PathLike[str] | None = None
     #: Write the run's event log here as JSON lines (gzip when the name ends in ``.gz``),

@@ -23,6 +23,7 @@ it is made (``BatchSystemMissing``): every submission would fail, again and agai
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -42,6 +43,7 @@ from daskvine_py.batch.planner import (
     WorkerView,
     job_state,
 )
+from daskvine_py.command_line import WorkerCommand
 
 logger = logging.getLogger("daskvine_py.batch.pool")
 
@@ -153,15 +155,14 @@ class WorkerPool:
         self.planner = PoolPlanner(cores, min_workers, max_workers, idle_timeout)
         self.poll_interval = poll_interval
         self.name = f"pool{next(_POOL_IDS)}-{os.getpid()}"
-        self._worker_args = [
-            python, "-m", "daskvine_py.worker",
-            "--connection-file", source.connection_file,
-            "--cores", str(cores),
-            "--manager-timeout", str(manager_timeout),
-        ]  # fmt: skip
-        for flag, value in (("--memory", memory), ("--disk", disk)):
-            if value is not None:
-                self._worker_args += [flag, str(value)]
+        self._worker = WorkerCommand(
+            python,
+            connection_file=source.connection_file,
+            cores=cores,
+            memory=memory,
+            disk=disk,
+            manager_timeout=manager_timeout,
+        )
         if getattr(provider, "script_dir", None) is None:
             # Where the provider writes job scripts and their output: visible to the
             # user, kept after the pool closes for the logs of failed jobs.
@@ -284,7 +285,7 @@ class WorkerPool:
 
     def _submit(self, now: float) -> bool:
         worker = f"{self.name}-{next(self._numbers)}"
-        command = shlex.join([*self._worker_args, "--name", worker])
+        command = shlex.join(dataclasses.replace(self._worker, name=worker).argv())
         try:
             job_id = str(self.provider.submit(command, 1, job_name=f"daskvine-{worker}"))
         except Exception as exc:

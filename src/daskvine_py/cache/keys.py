@@ -35,7 +35,7 @@ import pickle
 import stat
 import sys
 import types
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -51,7 +51,6 @@ from daskvine_py.cache.walk import (
     _Hasher,
     is_uncached,
 )
-from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain
 from daskvine_py.plan.graph import LegacyCall, Plan, convert
 from daskvine_py.wire.serialize import TaskEncoder
@@ -85,24 +84,6 @@ def uncached(func: _F) -> _F:
             "mark a plain function that calls it instead"
         ) from exc
     return func
-
-
-def uncached_keys(annotations: Mapping[str, Mapping[Key, Any]]) -> set[Key]:
-    """Keys that ``dask.annotate(cache=False)`` covers, of the annotations a graph carried
-    (``Plan.annotations``): an expression's ``__dask_annotations__`` (blockwise fusion
-    drops those of fused layers, as it does for distributed) or a ``HighLevelGraph``'s
-    layers, read once with the graph (``plan.annotations.read``)."""
-    return {key for key, value in annotations.get("cache", {}).items() if value is False}
-
-
-def annotated_off(dsk: Any) -> set[Key]:
-    """``uncached_keys`` of the graph ``dsk`` itself (for tools: ``get`` reads a graph
-    once, into its plan)."""
-    try:
-        found = read_annotations(dsk)
-    except Exception:  # an expression that cannot say: as if it had none
-        return set()
-    return uncached_keys(found)
 
 
 # Stand-ins the key pickler writes in place of what it replaces; only hashed, never loaded.

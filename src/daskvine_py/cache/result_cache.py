@@ -29,7 +29,8 @@ from queue import SimpleQueue
 from typing import Any
 
 from daskvine_py.cache.directory import DiskStore
-from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys, uncached_keys
+from daskvine_py.cache.keys import KeyMaker, code_digests, task_keys
+from daskvine_py.plan.annotations import uncached_keys
 from daskvine_py.plan.graph import Plan
 from daskvine_py.scheduler.cache_placement import CacheIndex
 from daskvine_py.scheduler.messages import CacheClear, CacheStatus, CacheWrite, RunCache

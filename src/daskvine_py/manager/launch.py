@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from daskvine_py.command_line import WorkerCommand
 from daskvine_py.wire.exits import EXIT_MEANINGS
 from daskvine_py.wire.security import CONNECTION_FILE_ENV
 
@@ -22,6 +24,7 @@ def spawn(
     name: str | None = None,
     extra_args: Sequence[str] = (),
     connection_file: str | None = None,
+    command: WorkerCommand | None = None,
     **popen_options: Any,
 ) -> subprocess.Popen:
     """Start ``python -m daskvine_py.worker`` as a child process that sees our ``sys.path``.
@@ -30,6 +33,8 @@ def spawn(
     then import on the worker, as they would under multiprocessing's spawn. The
     connection file travels in the environment (``security.CONNECTION_FILE_ENV``), not
     on the command line; ``address``, when given, overrides the one inside it.
+    ``command`` holds the worker's other options (``worker_command``), ``extra_args``
+    any more (the last one given wins).
 
     The worker starts in a session of its own: a terminal's Ctrl-C (SIGINT to the whole
     foreground process group) then reaches only the caller, whose ``get`` cancels its run,
@@ -42,17 +47,18 @@ def spawn(
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if connection_file is not None:
         env[CONNECTION_FILE_ENV] = os.fspath(connection_file)
-    args = [sys.executable, "-m", "daskvine_py.worker"]
-    if address is not None:
-        args.append(address)
-    # Quiet beside the caller's own output (the command line's default is INFO);
-    # ``extra_args`` may say otherwise, the last one given wins.
-    args += ["--cores", str(cores), "--log-level", "WARNING"]
-    if name:
-        args += ["--name", name]
+    command = dataclasses.replace(
+        command or WorkerCommand(),
+        python=sys.executable,
+        address=address,
+        cores=cores,
+        name=name or None,
+        # Quiet beside the caller's own output (the command line's default is INFO).
+        log_level=command.log_level if command and command.log_level else "WARNING",
+    )
     popen_options.setdefault("start_new_session", True)
     return subprocess.Popen(
-        [*args, *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
+        [*command.argv(), *extra_args], env=env, stdin=subprocess.DEVNULL, **popen_options
     )
 
 
@@ -70,37 +76,29 @@ def kill_all(processes: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def worker_args(
+def worker_command(
     memory: int | None,
     disk: int | None,
     workdir: str | None,
     fetch_timeout: float | None,
     lib_resources: dict[str, int],
-) -> list[str]:
-    """The worker's options for those given (``Manager.start_workers``'s)."""
-    args = _lib_resources_args(lib_resources)
-    for flag, value in (
-        ("--memory", memory),
-        ("--disk", disk),
-        ("--workdir", workdir),
-        ("--fetch-timeout", fetch_timeout),
-    ):
-        if value is not None:
-            args += [flag, str(value)]
-    return args
-
-
-def _lib_resources_args(lib_resources: dict[str, int]) -> list[str]:
-    """The worker's ``--lib-cores``/``--lib-slots`` arguments for ``lib_resources``."""
+) -> WorkerCommand:
+    """The worker's options for those given (``Manager.start_workers``'s);
+    ``lib_resources`` are its ``--lib-cores``/``--lib-slots``."""
     unknown = set(lib_resources) - {"cores", "slots"}
     if unknown:
         raise ValueError(f"lib_resources takes 'cores' and 'slots', not {sorted(unknown)}")
-    args = []
     for name, value in lib_resources.items():
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"lib_resources[{name!r}] must be an integer >= 1, not {value!r}")
-        args += [f"--lib-{name}", str(value)]
-    return args
+    return WorkerCommand(
+        memory=memory,
+        disk=disk,
+        workdir=workdir,
+        fetch_timeout=fetch_timeout,
+        lib_cores=lib_resources.get("cores"),
+        lib_slots=lib_resources.get("slots"),
+    )
 
 
 def how_ended(proc: subprocess.Popen) -> str:

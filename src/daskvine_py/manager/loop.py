@@ -61,11 +61,11 @@ from daskvine_py.manager.faults_watch import FaultWatch
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.live import LiveView, Snapshot
 from daskvine_py.manager.registry import Registry, WorkerInfo, printable
-from daskvine_py.manager.runinfo import MANAGER
 from daskvine_py.manager.transfers import credible
 from daskvine_py.manager.vacancy import Vacancy
 from daskvine_py.manager.watching import Run, Watching
 from daskvine_py.options import ManagerOptions
+from daskvine_py.report.runinfo import MANAGER
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
 from daskvine_py.scheduler.messages import BytesRelayed, Eject

@@ -46,21 +46,20 @@ from dask.utils import key_split
 
 from daskvine_py import config
 from daskvine_py.batch.planner import Demand
-from daskvine_py.cache.keys import uncached_keys
 from daskvine_py.cache.result_cache import Cache, CachedRun
 from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycle, results
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
-from daskvine_py.manager.events import EventLog, summary_records, write_events
 from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.progress import default_enabled
-from daskvine_py.manager.report import write_report
-from daskvine_py.manager.runinfo import RunInfo
 from daskvine_py.manager.streaming import Stream, deferred_payload, encode_task, opening_of
-from daskvine_py.manager.views import ManagerViews
+from daskvine_py.manager.views import LiveViews
 from daskvine_py.manager.watching import Run
 from daskvine_py.options import ManagerOptions, RunOptions, check_seconds
 from daskvine_py.plan import graph
 from daskvine_py.plan.graph import Plan, pack_results
+from daskvine_py.report.events import EventLog, summary_records, write_events
+from daskvine_py.report.page import write_report
+from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
 from daskvine_py.wire import security
@@ -80,7 +79,7 @@ SUBMIT_PART = 4096
 _DEFERRED: tuple[bytes, tuple[bytes, ...]] = (b"", ())
 
 
-class Manager(ManagerViews):
+class Manager:
     """A daskvine_py manager: workers connect to it, ``get`` runs Dask graphs on them.
 
     Parameters
@@ -149,6 +148,8 @@ class Manager(ManagerViews):
             self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
         )  # fmt: skip
         self._io.handlers[CacheWrite] = self.cache.write
+        #: the live snapshot, metrics, dashboard and notebook view (``views``)
+        self._views = LiveViews(self._command, self._raise_if_dead, self.address)
         self._run_ids = itertools.count(1)
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
@@ -162,7 +163,7 @@ class Manager(ManagerViews):
         # SIGTERM and SIGHUP (``kill``, ``timeout``, a batch job's end) close it too.
         lifecycle.watch(self)
         try:
-            self._start_dashboard()
+            self._views.start_dashboard(self.options.dashboard_address)
         except BaseException:
             self.close()
             raise
@@ -177,6 +178,26 @@ class Manager(ManagerViews):
 
     def __repr__(self) -> str:
         return f"<Manager {self.address} workers={len(self.workers)}>"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the address, the dashboard's link, the workers and the runs
+        in progress."""
+        return self._views.html()
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The live dashboard's address, its token included (None: no dashboard)."""
+        return self._views.dashboard_link
+
+    def live(self, timeout: float = 10.0) -> dict[str, Any]:
+        """What the manager is doing now, as plain data (docs/live.md): workers, tasks by
+        state, runs in progress, categories. The I/O thread builds it at most once a
+        second (a sooner call gets the last one); ``TimeoutError`` if it does not answer."""
+        return self._views.live(timeout)
+
+    def metrics(self) -> str:
+        """``live()`` in Prometheus's text format, what ``/metrics`` serves (docs/live.md)."""
+        return self._views.metrics()
 
     @property
     def workers(self) -> dict[str, dict[str, Any]]:
@@ -243,15 +264,15 @@ class Manager(ManagerViews):
         check_seconds("start_workers(timeout=...)", timeout, zero=True)
         if fetch_timeout is not None:
             check_seconds("start_workers(fetch_timeout=...)", fetch_timeout)
-        extra = launch.worker_args(memory, disk, workdir, fetch_timeout, lib_resources or {})
+        command = launch.worker_command(memory, disk, workdir, fetch_timeout, lib_resources or {})
         start = len(self._local_processes)
         procs = [
             launch.spawn(
                 self.address,
                 cores=cores,
                 name=f"local-{start + i}",
-                extra_args=extra,
                 connection_file=self.connection_file,
+                command=command,
             )
             for i in range(n)
         ]
@@ -384,21 +405,21 @@ class Manager(ManagerViews):
 
     def _plan(self, dsk: Any, keys: Any, options: RunOptions, stream: Stream | None) -> Plan:
         """``dsk`` read once into a plan (``stream`` submitting the first tasks of a big
-        graph meanwhile), then the plan's passes in their order (see ``plan.graph``): each
-        takes the plan and returns one."""
-        plan = graph.read(dsk, keys, None if stream is None else stream.early)
-        if not plan.outputs:
-            return plan
-        caching = _uses_cache(options, self.options)
-        fuse = not caching if options.fuse is None else options.fuse
-        plan = graph.rewritten(plan, options.reduction_arity, options.reduction_threshold)
-        if fuse:  # a cached run's ``cache=False`` tasks run on their own, never in a chain
-            keep = uncached_keys(plan.annotations) if caching else set()
-            plan = graph.fused(plan, stream.keys if stream is not None and stream.keys else keep)
-        plan = graph.annotated(plan)
-        if caching:
-            plan = self.cache.prepare(plan, options.cache_dir)
-        return graph.ordered(plan)
+        graph meanwhile), then the plan's passes in their order: ``graph.build_plan``, as
+        tests and tools call it, with this run's options and the manager's cache."""
+        cache = None
+        if _uses_cache(options, self.options):
+            cache = functools.partial(self.cache.prepare, cache_dir=options.cache_dir)
+        return graph.build_plan(
+            dsk,
+            keys,
+            early=None if stream is None else stream.early,
+            reduction_arity=options.reduction_arity,
+            reduction_threshold=options.reduction_threshold,
+            fuse=options.fuse,
+            unfusable=frozenset() if stream is None else stream.keys,  # filled by ``early``
+            cache=cache,
+        )
 
     def _stream(self, keys: Any, options: RunOptions, hooks: callbacks.Hooks | None, watch: bool,
                 started: tuple[float, float]) -> tuple[Stream | None, Run]:  # fmt: skip
@@ -573,7 +594,7 @@ class Manager(ManagerViews):
         for pool in self._pools:
             pool.close()
         self._closed = True
-        self._stop_dashboard()
+        self._views.close()
         self._command(Close())
         self._thread.join(timeout)
         deadline = time.monotonic() + timeout

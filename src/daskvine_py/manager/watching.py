@@ -19,9 +19,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from queue import SimpleQueue
 from typing import Any
 
-from daskvine_py.manager.events import EventLog
 from daskvine_py.manager.registry import WorkerInfo
-from daskvine_py.manager.runinfo import MANAGER, RunInfo
+from daskvine_py.report.events import EventLog
+from daskvine_py.report.runinfo import MANAGER, RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import BytesRelayed
 from daskvine_py.wire import protocol as p

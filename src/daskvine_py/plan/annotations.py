@@ -14,8 +14,10 @@ on the graph form Dask hands it (the table per collection is in ``docs/dask-knob
 
 Honoured: ``priority``, ``retries``, ``resources`` (``cores``, ``memory`` in MB),
 ``workers``, ``allow_other_workers`` and ``category`` (the name its memory is sized by,
-instead of its key's prefix); any other annotation is ignored. ``read`` and
-``settle`` are pure, and cost a few attribute lookups per layer when nothing is annotated.
+instead of its key's prefix) for the scheduler, and ``cache`` (``uncached_keys``) for the
+result cache, whose pass this package's pipeline runs; any other annotation is ignored.
+Every reader here is pure, and costs a few attribute lookups per layer when nothing is
+annotated.
 """
 
 from __future__ import annotations
@@ -120,6 +122,24 @@ def annotated_keys(annotations: Mapping[str, Mapping[Key, Any]]) -> set[Key]:
         if name in HONOURED:
             keys.update(per_key)
     return keys
+
+
+def uncached_keys(annotations: Mapping[str, Mapping[Key, Any]]) -> set[Key]:
+    """Keys that ``dask.annotate(cache=False)`` covers, of the annotations a graph carried
+    (``Plan.annotations``): an expression's ``__dask_annotations__`` (blockwise fusion
+    drops those of fused layers, as it does for distributed) or a ``HighLevelGraph``'s
+    layers, read once with the graph (``read``)."""
+    return {key for key, value in annotations.get("cache", {}).items() if value is False}
+
+
+def annotated_off(dsk: Any) -> set[Key]:
+    """``uncached_keys`` of the graph ``dsk`` itself (for tools: ``get`` reads a graph
+    once, into its plan)."""
+    try:
+        found = read(dsk)
+    except Exception:  # an expression that cannot say: as if it had none
+        return set()
+    return uncached_keys(found)
 
 
 def settle(

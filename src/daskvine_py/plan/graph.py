@@ -6,16 +6,16 @@ and, since dask 2025.4, the expression object itself. ``read`` is the one look a
 Dask handed over: it normalises every shape to ``GraphNode`` objects (light legacy tasks
 stay ``legacy.LegacyCall``), culls to the requested keys, rejects cycles and missing keys
 with errors that name them, and keeps the annotations the graph form carries. Then each
-pass takes the plan and returns one, in this order (``Manager.get`` runs them):
+pass takes the plan and returns one, in this order (``build_plan`` runs them, for
+``Manager.get`` as for tests and tools):
 
 1. ``rewritten``: large reductions as balanced trees (``rewrite``);
 2. ``fused``: linear chains as one task each (``fusion``); annotated tasks stay apart;
 3. ``annotated``: the annotations settled into per-task settings and user priorities;
-4. the cache's pass (``cache.result_cache.Cache.prepare``, above this package): what a
-   cached run need not run, and the readers of what it runs;
+4. the cache's pass (``cache.result_cache.Cache.prepare``, above this package, handed to
+   ``build_plan``): what a cached run need not run, and the readers of what it runs;
 5. ``ordered``: priorities and the submission order, decided here and nowhere else.
 
-``build_plan`` runs the plan's own passes but the annotations' (for tests and tools).
 Everything here is pure: no sockets, no processes, no serialization.
 """
 
@@ -33,14 +33,20 @@ from dask.order import order
 from dask.typing import Key as DaskKey
 
 from daskvine_py.errors import GraphCycleError
-from daskvine_py.plan.annotations import RunSettings, annotated_keys, reprioritize, settle
+from daskvine_py.plan.annotations import (
+    RunSettings,
+    annotated_keys,
+    reprioritize,
+    settle,
+    uncached_keys,
+)
 from daskvine_py.plan.annotations import read as read_annotations
 from daskvine_py.plan.fusion import Chain, fuse_chains
 from daskvine_py.plan.legacy import Key, LegacyCall, light_dependencies
 from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, may_reduce, rewrite_reductions
 
 __all__ = [
-    "DASK_ORDER_LIMIT", "EARLY_EVERY", "Early", "Key", "LegacyCall", "Node", "Plan", "Seen",
+    "DASK_ORDER_LIMIT", "EARLY_EVERY", "Early", "Key", "LegacyCall", "Node", "Pass", "Plan", "Seen",
     "annotated", "as_mapping", "build_plan", "convert", "cull", "depth_first", "flatten_keys",
     "fused", "light_dependencies", "ordered", "pack_results", "read", "rewritten",
 ]  # fmt: skip
@@ -273,29 +279,46 @@ def ordered(plan: Plan) -> Plan:
     return dataclasses.replace(plan, priorities=priorities, order=keys)
 
 
-Rewrite = Callable[
-    [dict[Key, Node], dict[Key, frozenset[Key]], list[Key]],
-    tuple[dict[Key, Node], dict[Key, frozenset[Key]]],
-]
+#: A pass of a layer above this package (the cache's, ``Cache.prepare``): takes the plan
+#: and returns one.
+Pass = Callable[[Plan], Plan]
 
 
 def build_plan(
     dsk: Any,
     keys: Any,
-    rewrite: Rewrite | None = None,
-    fuse: bool = True,
+    *,
+    early: Early | None = None,
+    reduction_arity: int | None = None,
+    reduction_threshold: int = DEFAULT_THRESHOLD,
+    fuse: bool | None = None,
     unfusable: AbstractSet[Key] = frozenset(),
+    cache: Pass | None = None,
     order: bool = True,
 ) -> Plan:
-    """``read``, then optionally ``rewrite`` (``rewrite(nodes, dependencies, outputs)``
-    returns a new graph computing the same outputs), ``fuse`` (``unfusable`` keys stay
-    tasks of their own) and ``order`` (else the priorities are the depth-first order).
-    What ``get`` does but for settling annotations and the cache: for tests and tools."""
-    plan = read(dsk, keys)
-    if rewrite is not None:
-        plan = _regraphed(plan, *rewrite(plan.nodes, plan.dependencies, plan.outputs))
-    if fuse:
-        plan = fused(plan, unfusable)
+    """The plan of ``keys`` in ``dsk``: ``read``, then the passes in their order, the one
+    pipeline ``Manager.get`` runs and tests and tools call.
+
+    ``early`` sees the keys as the read finds them (``Early``); ``reduction_arity`` and
+    ``reduction_threshold`` rewrite large reductions (``rewritten``; None: no rewrite);
+    ``fuse`` fuses linear chains (None: unless the cache's pass runs, whose tasks are
+    cached one by one), leaving alone ``unfusable`` keys (read after the read, so a set
+    ``early`` fills counts) and, in a cached run, the tasks marked ``cache=False``;
+    annotations are then settled (``annotated``); ``cache`` is the cache's pass; and
+    ``order`` decides the priorities (``ordered``; False: the depth-first order, for tests).
+    """
+    plan = read(dsk, keys, early)
+    if not plan.outputs:
+        return plan
+    plan = rewritten(plan, reduction_arity, reduction_threshold)
+    if fuse if fuse is not None else cache is None:
+        keep = unfusable
+        if cache is not None and plan.annotations:  # cached one by one, never in a chain
+            keep = keep | uncached_keys(plan.annotations)
+        plan = fused(plan, keep)
+    plan = annotated(plan)
+    if cache is not None:
+        plan = cache(plan)
     if order:
         return ordered(plan)
     return dataclasses.replace(plan, priorities={key: i for i, key in enumerate(plan.order)})

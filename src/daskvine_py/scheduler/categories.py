@@ -2,7 +2,7 @@
 ``TaskRecord.prefix``) unless annotated ``category=``, summed as their ``TaskDone`` reports
 arrive (and their ``TaskExhausted`` ones: ``sizing``). The manager hands them to the
 caller as ``Manager.last_run.categories``, and its event log and report show them
-(``manager.events``, ``manager.report``).
+(``report.events``, ``report.page``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from daskvine_py import command_line
 from daskvine_py.command_line import LOG_LEVELS, MAX_CORES, MAX_MB, integer, seconds
 from daskvine_py.wire import security
 from daskvine_py.wire.protocol import split_address
@@ -180,7 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _check_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The libraries and their threads must fit in what this user may run (``ulimit -u``
     counts threads as processes)."""
-    libraries = max(1, args.cores // args.lib_cores)
+    libraries = command_line.libraries(args.cores, args.lib_cores)
     needed = libraries * (args.lib_slots + 1)
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft != resource.RLIM_INFINITY and needed > soft:

@@ -63,7 +63,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from daskvine_py.command_line import configure_logging
+from daskvine_py.command_line import configure_logging, libraries
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security, sharedbuf
@@ -144,7 +144,7 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.identity = uuid.uuid4().hex.encode()
         #: libraries of ``lib_slots`` concurrent tasks each: the tasks this worker runs at once
-        self.library_count = max(1, cores // lib_cores)
+        self.library_count = libraries(cores, lib_cores)
         self.lib_slots = lib_slots
         self.task_cores = task_cores(lib_cores, lib_slots)  # what each task's threads fit
         self.task_slots = self.library_count * lib_slots

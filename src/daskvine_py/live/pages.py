@@ -1,11 +1,11 @@
 """What the live dashboard shows, kept and drawn in its server's thread; no sockets.
 
-``DashboardView.update`` takes what the I/O thread hands over once a second
-(``live.LiveView.dashboard``: the snapshot, the heartbeats heard since, bytes moved per
-pair, failed runs) and keeps the last ``WINDOW`` seconds of it: each worker's merged bars
+``DashboardView.update`` takes what the manager's I/O thread hands over once a second
+(``manager.live.LiveView.dashboard``: the snapshot, the heartbeats heard since, bytes
+moved per pair, failed runs) and keeps the last ``WINDOW`` seconds of it: each worker's merged bars
 (``Status.activity``) and heartbeats, and the task counts of each snapshot. ``page``
-draws a page from them with the performance report's own sections (``report``,
-``report_resources``), fed a ``summary.Summary`` of the window: the dashboard and the
+draws a page from them with the performance report's own sections (``report.page``,
+``report.resources``), fed a ``summary.Summary`` of the window: the dashboard and the
 report are one rendering, so they never disagree. Its cost is here, in the dashboard's
 thread, per request: none of it is in the manager's loop.
 """
@@ -17,10 +17,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from daskvine_py.manager import drawing as draw
-from daskvine_py.manager import report
-from daskvine_py.manager import report_resources as resources
-from daskvine_py.manager.summary import (
+from daskvine_py.report import drawing as draw
+from daskvine_py.report import page, resources
+from daskvine_py.report.summary import (
     Failure,
     MemorySample,
     RunWorker,
@@ -211,7 +210,7 @@ class DashboardView:
             draw.section("Runs in progress", "runs", draw.table(("run", "progress"), runs)
                          if runs else draw.empty("None.")),
             draw.section("Progress per category", "progress", _per_category(live)),
-            draw.section("Tasks over time", "tasks-over-time", report.tasks_over_time(summary)),
+            draw.section("Tasks over time", "tasks-over-time", page.tasks_over_time(summary)),
             draw.section("Categories", "categories", resources.categories(summary)),
         ))  # fmt: skip
 
@@ -223,7 +222,7 @@ class DashboardView:
         if len(summary.workers) > len(names):
             note = (f"<p class='note'>The {len(names)} busiest of {len(summary.workers):,} "
                     "workers in the window.</p>")  # fmt: skip
-        body = report.timeline(summary, colours, sorted(names, key=draw.natural)) + note
+        body = page.timeline(summary, colours, sorted(names, key=draw.natural)) + note
         return draw.section(f"Task stream, the last {STREAM_WINDOW:.0f} s", "stream", body)
 
     def _workers(self) -> str:
@@ -260,11 +259,11 @@ class DashboardView:
             shown[pair] = shown.get(pair, 0) + nbytes
         summary.transfers = shown
         title = "Bytes moved since the manager started"
-        return draw.section(title, "transfers", report.transfers(summary))
+        return draw.section(title, "transfers", page.transfers(summary))
 
     def _failures(self) -> str:
         summary = self.summary(bars_of=(), memory_of=())
-        return draw.section("Failed runs", "failures", report.failures(summary))
+        return draw.section("Failed runs", "failures", page.failures(summary))
 
 
 def _per_category(live: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 ``summarize(records)`` reads the JSON records of ``events.py`` (an ``EventLog``'s, or a
 saved log's from ``read_events``) once, joining each task's dispatch to its completion,
-into a ``Summary`` of typed records the report's sections read (``report.py``). No HTML.
+into a ``Summary`` of typed records the report's sections read (``page.py``). No HTML.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class Summary:
     #: each worker's heartbeats, in time order
     memory: dict[str, list[MemorySample]] = field(default_factory=dict)
     #: workers' merged bars ("bar"): inputs fetched and results spilled in a report; every
-    #: lane in the dashboard's task stream (``dashboard_view``)
+    #: lane in the dashboard's task stream (``live.pages``)
     activity: list[TaskRun] = field(default_factory=list)
     #: the "categories" record's: each category's fields by name (``Category``); None:
     #: the log has none (written before categories were)

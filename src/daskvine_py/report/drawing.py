@@ -1,7 +1,7 @@
 """The report's building blocks: SVG charts, worker lanes and HTML formatting.
 
 Everything here turns numbers and ``summary.TaskRun`` records into markup, escaped, and
-knows nothing of a run's sections (``report.py``): scales and axes (``Chart``), tasks laid
+knows nothing of a run's sections (``page.py``): scales and axes (``Chart``), tasks laid
 on a worker's cores (``lay_lanes``) and merged below a pixel (``merge_bars``), tables,
 numbers in words, the page's style.
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from daskvine_py.manager.summary import TaskRun
+from daskvine_py.report.summary import TaskRun
 from daskvine_py.sizes import byte_size as byte_size  # (the sections' ``draw.byte_size``)
 
 #: Width of the charts' plotting area, pixels.

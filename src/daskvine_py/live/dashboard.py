@@ -1,16 +1,16 @@
 """The live dashboard's web server: a tornado application in a thread of its own.
 
-``Dashboard(ask, address)`` listens on ``address`` (``127.0.0.1:0``: a free port on this
+``Dashboard(request, check, address)`` listens on ``address`` (``127.0.0.1:0``: a free port on this
 machine only) and answers only requests that carry its token, as Jupyter does: in the
 link's ``?token=``, in an ``Authorization: token ...`` (or ``Bearer``) header, or in the
-cookie the first page sets. Anything else gets 403. Pages (``dashboard_view.PAGES``) are
-drawn by ``dashboard_view``, from what the I/O thread hands over (``live.request_dashboard``,
-asked at most every ``ASK_INTERVAL`` however many pages are open, and not waited for: a
-page is drawn at once from the last answer, so a busy loop delays its data, never the
-page; only the first waits); each page
-redraws its content every second with a few lines of inline script, and fetches nothing
-else: no CDN, no file. ``/metrics`` is Prometheus's text format (``metrics``) and
-``/live.json`` the snapshot.
+cookie the first page sets. Anything else gets 403. Pages (``pages.PAGES``) are drawn by
+``pages`` from what the manager's I/O thread hands over: ``request`` (the manager's
+``live.request_dashboard``) returns a ``Pending`` answer, asked at most every
+``ASK_INTERVAL`` however many pages are open, and not waited for: a page is drawn at once
+from the last answer, so a busy loop delays its data, never the page; only the first
+waits. Each page redraws its content every second with a few lines of inline script, and
+fetches nothing else: no CDN, no file. ``/metrics`` is Prometheus's text format
+(``metrics``) and ``/live.json`` the snapshot.
 """
 
 from __future__ import annotations
@@ -25,16 +25,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
-from daskvine_py.manager import drawing as draw
-from daskvine_py.manager.dashboard_view import PAGES, DashboardView
-from daskvine_py.manager.live import Snapshot
-from daskvine_py.manager.metrics import exposition
+from daskvine_py.live.metrics import exposition
+from daskvine_py.live.pages import PAGES, DashboardView
+from daskvine_py.report import drawing as draw
 
 logger = logging.getLogger("daskvine_py.manager")
 
@@ -45,6 +44,17 @@ REFRESH_MS = 1000
 #: first answer.
 ASK_INTERVAL = 0.2
 FIRST_ANSWER_TIMEOUT = 10.0
+
+
+class Pending(Protocol):
+    """An answer of the I/O thread under way (the manager's ``live.Snapshot``): the
+    dashboard's data in ``reply[0]`` once ``done`` is set."""
+
+    @property
+    def reply(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def done(self) -> threading.Event: ...
 
 _SCRIPT = """<script>
 (function () {
@@ -95,7 +105,7 @@ class Dashboard:
     """The server and its thread; ``link`` is the address to open, token included."""
 
     def __init__(
-        self, request: Callable[[], Snapshot], check: Callable[[], None],
+        self, request: Callable[[], Pending], check: Callable[[], None],
         address: str = "127.0.0.1:0", token: str | None = None,
     ) -> None:  # fmt: skip
         host, _, port = address.rpartition(":")
@@ -168,11 +178,11 @@ class _Source:
     ``ASK_INTERVAL`` s, while none is under way (several pages open ask once), and only
     the first waited for. ``check`` raises if the I/O thread died."""
 
-    def __init__(self, request: Callable[[], Snapshot], check: Callable[[], None]) -> None:
+    def __init__(self, request: Callable[[], Pending], check: Callable[[], None]) -> None:
         self._request = request
         self._check = check
         self._view = DashboardView()
-        self._pending: Snapshot | None = None
+        self._pending: Pending | None = None
         self._asked = -float("inf")
 
     def view(self, fresh: bool = False) -> DashboardView:

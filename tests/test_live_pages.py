@@ -1,4 +1,4 @@
-"""``manager/dashboard_view.py`` without a server: what the I/O thread hands over becomes
+"""``live/pages.py`` without a server: what the I/O thread hands over becomes
 the window's ``Summary``, and each page is drawn by the report's own sections."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from daskvine_py.manager.dashboard_view import PAGES, WINDOW, DashboardView
+from daskvine_py.live.pages import PAGES, WINDOW, DashboardView
 from daskvine_py.wire import protocol as p
 
 NOW = 1_000_000.0

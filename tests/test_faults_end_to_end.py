@@ -1,4 +1,5 @@
-"""Faults: killed workers, late workers, garbage on the port, a manager that goes away."""
+"""Faults end to end, on real workers: killed workers, late workers, garbage on the port,
+a manager that goes away. The scheduler's fault component alone has tests of its own."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ worker's memory over time.
 ``categories(summary)`` is a table of the run's "categories" record, the very figures of
 ``Manager.last_run.categories``, so the page and the run's record never disagree.
 ``memory(summary)`` draws one chart per worker from its heartbeats ("memory" records),
-held as steps from one heartbeat to the next. Laid out by ``report.py``, drawn with
+held as steps from one heartbeat to the next. Laid out by ``page.py``, drawn with
 ``drawing``.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from daskvine_py.manager import drawing as draw
-from daskvine_py.manager.summary import LANE_NAMES, MemorySample, RunWorker, Summary
+from daskvine_py.report import drawing as draw
+from daskvine_py.report.summary import LANE_NAMES, MemorySample, RunWorker, Summary
 from daskvine_py.sizes import peak_memory
 
 #: Workers drawn in the memory section, those that held the most first; the rest are named.

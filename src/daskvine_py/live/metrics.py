@@ -1,4 +1,4 @@
-"""The live snapshot (``live.LiveView``) in Prometheus's text exposition format:
+"""The live snapshot (the manager's ``live.LiveView``) in Prometheus's text exposition format:
 ``Manager.metrics()``, what a ``/metrics`` endpoint serves (docs/live.md).
 
 A collector of its own in a registry of its own (never ``prometheus_client``'s global
