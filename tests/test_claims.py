@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from daskvine_py.manager.transfers import MAX_REPORTED_BYTES, credible
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.claims import EJECT_AFTER, FORGIVE_AFTER
+from daskvine_py.scheduler.claims import ABORT_GRACE, EJECT_AFTER, FORGIVE_AFTER
 from daskvine_py.scheduler.messages import Eject
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
@@ -128,18 +128,23 @@ def test_reports_about_tasks_taken_back_are_stale_harmless_and_never_counted(cap
 
 
 def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
-    """One report in flight as an ``Abort`` went out is harmless; a worker that keeps
-    reporting aborted tasks ignores ``Abort`` (its tasks ran elsewhere meanwhile)."""
+    """Reports in flight as their ``Abort`` went out are harmless and not counted; a
+    worker that reports aborted tasks long after ignores ``Abort`` (its tasks ran
+    elsewhere meanwhile)."""
     st_ = s.SchedulerState()
     st_.handle([joined(W1, cores=4)])
     worker = st_.workers[W1]
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
-        for task_id in range(1, EJECT_AFTER + 1):
+        for task_id in range(1, EJECT_AFTER + 2):
             st_.claims.send(worker, p.Abort((task_id,), "a straggler"))
-        out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)))
+        crossed = [p.TaskDone(EJECT_AFTER + 1, 8, 0.1, None)]
+        out = st_.handle(report(W1, *crossed), now=ABORT_GRACE / 2)
+        assert sends(out) == [p.Release((EJECT_AFTER + 1,))] and not ejects(out)
+        assert not st_.claims.told[worker].false  # it crossed the Abort: not counted
+        out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)), now=ABORT_GRACE + 1)
         assert sends(out) == [p.Release((1,))] and not ejects(out)  # harmless, answered
         reports = [p.TaskErred(i, None, "tb", "x") for i in range(2, EJECT_AFTER + 1)]
-        (eject,) = ejects(st_.handle(report(W1, *reports)))
+        (eject,) = ejects(st_.handle(report(W1, *reports), now=ABORT_GRACE + 1))
     assert eject.worker == W1 and "after it was told to abort it" in eject.reason
     assert "after it was told to abort it" in caplog.text
 

@@ -10,7 +10,10 @@ look the task up anyway (``held``), and only a report that misses comes here.
 
 Such a report is *stale* when the manager took the task back from that worker meanwhile
 (cancelled, aborted, withdrawn, asked to upload or copy it) and the worker could not know
-yet: it stays harmless (the handler's usual answer) and is not counted. What was taken
+yet: it stays harmless (the handler's usual answer) and is not counted. A task told to
+abort (``Abort``) may still be reported by a worker that sent its report before the
+``Abort`` reached it: such reports arrive within ``ABORT_GRACE`` seconds of the
+``Abort``; later ones come from a worker that ignores ``Abort`` and are false claims. What was taken
 back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
@@ -40,6 +43,11 @@ EJECT_AFTER = 20
 #: Seconds without a false claim after which a worker's count starts again: only a worker
 #: that keeps lying is ejected, not one that met a rare race twenty times in a day.
 FORGIVE_AFTER = 600.0
+#: Seconds after an ``Abort`` within which a report of its task crossed it on the way
+#: (sent before the ``Abort`` arrived): a round trip, with room for a busy manager's
+#: queue and a worker's loop pass. A worker that ignores ``Abort`` reports its tasks as
+#: they end, and tasks are aborted for running long: most of its reports come later.
+ABORT_GRACE = 10.0
 #: Task ids taken back remembered per worker, and more per core (tasks running there).
 REMEMBERED = 256
 REMEMBERED_PER_CORE = 32
@@ -62,9 +70,10 @@ class Told:
     __slots__ = ("ids", "cap", "false", "last", "ejected")
 
     def __init__(self, cores: int) -> None:
-        #: task ids taken back from it or asked of it, oldest first: whether it was told
-        #: to abort the task (then it must report nothing more of it)
-        self.ids: dict[int, bool] = {}
+        #: task ids taken back from it or asked of it, oldest first: when it was told to
+        #: abort the task (then it must report nothing more of it once the ``Abort``
+        #: reached it), None if it was not
+        self.ids: dict[int, float | None] = {}
         self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
         #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
         #: the last was (the state's clock)
@@ -130,7 +139,8 @@ class Claims:
             return  # (gone: nothing more comes from it)
         told = self._told(worker)
         ids = told.ids
-        ids[task_id] = aborted or ids.get(task_id, False)
+        earlier = ids.get(task_id)
+        ids[task_id] = earlier if earlier is not None or not aborted else self.now
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
@@ -152,9 +162,14 @@ class Claims:
         follows; False: a false claim, counted, to be dropped."""
         told = self.told.get(worker)
         if told is not None and task_id in told.ids:
-            if told.ids[task_id] and (report == _DONE or type(report) is p.TaskErred):
-                # A report in flight as the Abort went out, once; again and again, a
-                # worker that ignores Abort (its tasks ran elsewhere meanwhile).
+            aborted = told.ids[task_id]
+            if (
+                aborted is not None
+                and self.now - aborted > ABORT_GRACE
+                and (report == _DONE or type(report) is p.TaskErred)
+            ):
+                # Not one in flight as the Abort went out: a worker that ignores Abort
+                # (its tasks ran elsewhere meanwhile).
                 self.false_claim(worker, report, task_id, "after it was told to abort it")
             return True
         task = self.tasks.get(task_id)
@@ -288,7 +303,7 @@ class Claims:
         taken back) a task that reads it. The shorter of its readers and the worker's
         tasks is searched."""
         told = self.told.get(worker)
-        ids: Mapping[int, bool] = told.ids if told is not None else {}
+        ids: Mapping[int, float | None] = told.ids if told is not None else {}
         if task.id in ids:
             return True
         readers = task.dependents
