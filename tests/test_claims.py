@@ -149,6 +149,22 @@ def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
     assert "after it was told to abort it" in caplog.text
 
 
+def test_the_latest_word_about_a_task_counts():
+    """A task aborted on a worker, sent there again and cancelled (found by the simulator,
+    seed 2023 of its many-faults range): its report after the Cancel is a stale one,
+    however long after the first Abort; a second Abort starts the grace again."""
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1)])
+    worker = st_.workers[W1]
+    st_.claims.send(worker, p.Abort((1, 2), "a straggler"))
+    st_.claims.now = 3 * ABORT_GRACE
+    st_.claims.send(worker, p.Cancel((1,)))
+    st_.claims.send(worker, p.Abort((2,), "a straggler again"))
+    late = [p.TaskErred(1, None, "tb", "x"), p.TaskErred(2, None, "tb", "x")]
+    assert not ejects(st_.handle(report(W1, *late), now=3 * ABORT_GRACE + 1))
+    assert not st_.claims.told[worker].false
+
+
 def test_a_task_given_back_unasked_stays_where_it_is():
     tasks = [s.NewTask(k, b"", (), (), i) for i, k in enumerate("abc")]
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)

@@ -70,9 +70,9 @@ class Told:
     __slots__ = ("ids", "cap", "false", "last", "ejected")
 
     def __init__(self, cores: int) -> None:
-        #: task ids taken back from it or asked of it, oldest first: when it was told to
-        #: abort the task (then it must report nothing more of it once the ``Abort``
-        #: reached it), None if it was not
+        #: task ids taken back from it or asked of it, oldest first: when it was last told
+        #: to abort the task (then it must report nothing more of it once the ``Abort``
+        #: reached it), None if the last word was another
         self.ids: dict[int, float | None] = {}
         self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
         #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
@@ -139,8 +139,10 @@ class Claims:
             return  # (gone: nothing more comes from it)
         told = self._told(worker)
         ids = told.ids
-        earlier = ids.get(task_id)
-        ids[task_id] = earlier if earlier is not None or not aborted else self.now
+        # The latest word counts: a task aborted there, sent there again and then
+        # cancelled may be reported once more (its run was not aborted).
+        ids.pop(task_id, None)
+        ids[task_id] = self.now if aborted else None
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
