@@ -152,7 +152,9 @@ class Checker:
         manager = self.sim.manager
         if len(manager.ejected) > self._ejected:
             for ident, reason in manager.ejected[self._ejected :]:
-                self.violation("no honest worker is ejected", f"{ident.decode()}: {reason}")
+                node = self.sim.workers.get(ident.decode())
+                if node is not None and node.alive:  # (a worker gone silent is no liar)
+                    self.violation("no honest worker is ejected", f"{node.name}: {reason}")
             self._ejected = len(manager.ejected)
         if len(manager.quarantined) > self._quarantined:
             for q in manager.quarantined[self._quarantined :]:
@@ -164,8 +166,11 @@ class Checker:
         for worker, count in manager.false_claims().items():
             if worker not in self._claims:
                 self._claims.add(worker)
-                self.violation("no honest report is judged a false claim",
-                               f"{worker}: {count} false claims counted")  # fmt: skip
+                said = self.sim.said.get(worker, "")
+                self.violation(
+                    "no honest report is judged a false claim",
+                    f"{worker}: {count} false claims counted ({said})",
+                )
         for worker, strikes in manager.strikes().items():
             node = self.sim.workers.get(worker)
             if worker not in self._struck and (node is None or not node.exhausted):

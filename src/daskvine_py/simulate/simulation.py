@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,9 +76,17 @@ class Outcome:
 class Simulation:
     """See the module docstring. ``run()`` once."""
 
-    def __init__(self, seed: int, config: Config | None = None, trace: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        config: Config | None = None,
+        trace: bool = False,
+        workloads: list[wl.Workload] | None = None,
+    ) -> None:
         self.seed = seed
         self.config = config or Config()
+        #: the runs' graphs (e.g. hypothesis's); None: drawn from the seed
+        self.workloads = workloads
         self.rng = random.Random(seed)
         self.time = 0.0
         self.sequence = 0
@@ -99,7 +108,8 @@ class Simulation:
         #: injected faults that may legitimately fail a task's attempts
         self.crash_faults = 0
         self.oom_faults = 0
-        self.quiet_since: float | None = None
+        #: per worker name: the last false claim the scheduler logged about it
+        self.said: dict[str, str] = {}
 
     # -- the Host of the nodes ----------------------------------------------------------
 
@@ -301,6 +311,14 @@ class Simulation:
             self.manager.cancel(run_id)
             self._pass("manager")
 
+    def _quiet(self) -> bool:
+        """No library runs a call, no worker keeps a task or a fetch, and the manager
+        knows only live workers."""
+        for node in self.workers.values():
+            if node.alive and (node.busy() or node.leaks()):
+                return False
+        return all(self.workers[name].alive for name in self.manager.known_workers())
+
     def finished(self) -> bool:
         if len(self.runs) < self.planned:
             return False
@@ -309,23 +327,43 @@ class Simulation:
     # -- the whole simulation ------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Run the seed to its end; what broke. The warnings the scheduler logs about
+        false claims are kept (``said``), to name the report each violation is about."""
+        handler = _Said(self.said)
+        logger = logging.getLogger("daskvine_py.manager")
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # (the violations say what matters, with their seed)
+        try:
+            return self._run()
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+    def _run(self) -> Outcome:
         rng, config = self.rng, self.config
         for _ in range(config.workers):
             self.add_worker()
         self.after(0.0, self._manager_timer)
-        runs = self.planned = rng.randint(*config.runs)
+        given = self.workloads
+        runs = self.planned = rng.randint(*config.runs) if given is None else len(given)
         for run_id in range(1, runs + 1):
-            shape = rng.choice(config.shapes)
-            fail = config.fail if rng.random() < 1 / 3 else 0.0
-            size = rng.randint(max(1, config.tasks // 4), config.tasks)
-            workload = wl.make(shape, random.Random(rng.random()), size, fail)
+            if given is not None:
+                workload = given[run_id - 1]
+            else:
+                shape = rng.choice(config.shapes)
+                fail = config.fail if rng.random() < 1 / 3 else 0.0
+                size = rng.randint(max(1, config.tasks // 4), config.tasks)
+                workload = wl.make(shape, random.Random(rng.random()), size, fail)
             submit_at = 0.0 if run_id == 1 else rng.uniform(0.0, 10.0)
             self.after(submit_at, functools.partial(self.submit, run_id, workload))
             if rng.random() < config.cancel:
                 cancel = functools.partial(self.cancel, run_id)
                 self.after(submit_at + rng.uniform(0.0, 5.0), cancel)
-        settle: float | None = None
-        patience = 0.0
+        finished: float | None = None  # when the last run ended
+        quiet: float | None = None  # since when nothing runs and every worker is known
         while self.heap:
             at, _, action = heapq.heappop(self.heap)
             if at > config.horizon:
@@ -334,15 +372,20 @@ class Simulation:
             action()
             if self.checker.fatal:
                 break
-            if settle is None and self.finished():
-                settle = self.time + 3.0  # heartbeats pass, releases arrive: then quiet
-                # a worker gone without a word is lost once silent long enough
-                patience = self.time + self.manager.liveness.timeout + 3.0
-            if settle is not None and self.time >= settle:
-                known = self.manager.known_workers()
-                if all(self.workers[n].alive for n in known) or self.time > patience:
+            if finished is None and self.finished():
+                finished = self.time
+            if finished is not None:
+                if not self._quiet():
+                    quiet = None
+                elif quiet is None:
+                    quiet = self.time
+                # heartbeats pass, releases arrive; a worker gone without a word is lost
+                # once silent long enough: then the views must agree
+                if quiet is not None and self.time >= quiet + 3.0:
                     break
-        self.checker.at_end(settled=settle is not None)
+                if self.time > finished + 2 * self.manager.liveness.timeout + 30.0:
+                    break
+        self.checker.at_end(settled=finished is not None)
         return Outcome(self.seed, self.steps, self.time, self.checker.violations,
                        self.trace or [])  # fmt: skip
 
@@ -353,3 +396,15 @@ def _seconds(key: Any, node: Any, workload: wl.Workload) -> float:
     if links is not None:
         return sum(workload.durations.get(link, 0.01) for link, _ in links)
     return workload.durations.get(key, 0.01)
+
+
+class _Said(logging.Handler):
+    """Keeps the scheduler's last warning about each worker's false claims."""
+
+    def __init__(self, said: dict[str, str]) -> None:
+        super().__init__(logging.WARNING)
+        self.said = said
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reported" in str(record.msg) and isinstance(record.args, tuple) and record.args:
+            self.said[str(record.args[0])] = record.getMessage()

@@ -422,8 +422,9 @@ class WorkerNode:
         """What its state still holds once quiet (``WorkerState.leaks``)."""
         return list(self.state.leaks())
 
-    def stored(self) -> int:
-        return len(self.store)
+    def busy(self) -> bool:
+        """Whether a library runs or has queued a call."""
+        return any(lib.running is not None or lib.queue for lib in self.libraries.values())
 
 
 _ABSENT = object()
