@@ -13,4 +13,8 @@ process or a clock. Nothing imports it but its ``__main__`` and the tests.
   around it), and the simulated libraries;
 - ``invariants``: what must hold at every step;
 - ``workloads``: the graphs, their simulated costs and their reference results.
+
+May import: ``scheduler`` (its state and records), ``worker`` (its state, store, pipe
+records, peer serving and library ``run``), ``plan`` (to read a graph), ``wire``, the
+bottom modules. Never ``manager``, a socket, a thread or a clock.
 """

@@ -25,7 +25,7 @@ Checked after every step (``Checker.after_step``) and as they happen:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from daskvine_py.errors import ResourceExhausted
 from daskvine_py.scheduler.messages import RunDone, RunFailed, RunOutput
@@ -33,7 +33,7 @@ from daskvine_py.simulate import workloads as wl
 from daskvine_py.wire.serialize import loads, type_name
 
 if TYPE_CHECKING:
-    from daskvine_py.simulate.simulation import Simulation
+    from daskvine_py.simulate.manager_node import ManagerNode
     from daskvine_py.simulate.worker_node import WorkerNode
 
 #: Violations recorded per seed before the simulation stops (the first ones matter).
@@ -72,10 +72,40 @@ class RunRecord:
     cancelled: bool = False
 
 
+class _Settings(Protocol):
+    @property
+    def retries(self) -> int: ...
+
+
+class Observed(Protocol):
+    """What the checks read of a simulation (``simulation.Simulation``)."""
+
+    seed: int
+    steps: int
+    time: float
+    crash_faults: int
+    oom_faults: int
+
+    @property
+    def config(self) -> _Settings: ...
+
+    @property
+    def runs(self) -> dict[int, RunRecord]: ...
+
+    @property
+    def workers(self) -> dict[str, WorkerNode]: ...
+
+    @property
+    def manager(self) -> ManagerNode: ...
+
+    @property
+    def said(self) -> dict[str, str]: ...
+
+
 class Checker:
     """The invariants of one simulation; see the module docstring."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Observed) -> None:
         self.sim = sim
         self.violations: list[Violation] = []
         self.fatal = False

@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask.utils import key_split
-
 from daskvine_py.plan.graph import build_plan
 from daskvine_py.scheduler.messages import NewTask, RunDone, RunFailed, RunOutput, SubmitRun
 from daskvine_py.simulate import workloads as wl
@@ -297,7 +295,7 @@ class Simulation:
             payload, functions = encoder.encode(plan.nodes[key])
             deps = tuple(plan.dependencies[key])
             tasks.append(NewTask(key, payload, functions, deps, plan.priorities[key],
-                                 key_split(key), plan.dependents.get(key, 0)))  # fmt: skip
+                                 _prefix(key), plan.dependents.get(key, 0)))  # fmt: skip
             self.durations.setdefault(key, _seconds(key, plan.nodes[key], workload))
         event = SubmitRun(run_id, tasks, plan.outputs, self.config.retries, encoder.functions)
         self.runs[run_id] = RunRecord(run_id, workload, wl.reference(workload), self.time)
@@ -408,3 +406,14 @@ class _Said(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if "reported" in str(record.msg) and isinstance(record.args, tuple) and record.args:
             self.said[str(record.args[0])] = record.getMessage()
+
+
+def _prefix(key: Any) -> str:
+    """A task's kind, as ``dask.utils.key_split`` names the simulator's keys: the words
+    before the first number ("fill-3-1" -> "fill", "chain4-2" -> "chain4")."""
+    words = []
+    for word in str(key).split("-"):
+        if word.isdigit():
+            break
+        words.append(word)
+    return "-".join(words) or str(key)
