@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
 from daskvine_py.scheduler.messages import (
+    CacheClear,
     CancelRun,
     Eject,
     EventDropped,
@@ -135,6 +136,9 @@ class ManagerNode:
 
     def cancel(self, run_id: int) -> None:
         self.events.append(CancelRun(run_id))
+
+    def clear_cache(self) -> None:
+        self.events.append(CacheClear())
 
     def disconnected(self, ident: bytes) -> None:
         """The worker's connection closed (its process died): the next send fails."""

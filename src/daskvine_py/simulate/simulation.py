@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskvine_py.plan.graph import build_plan
-from daskvine_py.scheduler.messages import NewTask, RunDone, RunFailed, RunOutput, SubmitRun
+from daskvine_py.scheduler.messages import (
+    NewTask,
+    RunCache,
+    RunDone,
+    RunFailed,
+    RunOutput,
+    SubmitRun,
+)
 from daskvine_py.simulate import workloads as wl
 from daskvine_py.simulate.invariants import Checker, RunRecord, Violation
 from daskvine_py.simulate.manager_node import TIMER_PERIOD, ManagerNode
@@ -55,6 +62,8 @@ class Config:
     leave: float = 0.1  #: probability that a worker leaves cleanly
     oom: float = 0.05  #: probability a worker's libraries run out of memory now and then
     cancel: float = 0.15  #: probability a run is cancelled
+    #: probability that a seed's runs use the result cache: the same graph, again
+    cache: float = 0.25
     #: one-way network delay: (minimum, typical) seconds, plus rare long stalls
     delay: tuple[float, float] = (0.0001, 0.003)
     #: simulated seconds after which an unfinished run is a violation
@@ -103,9 +112,12 @@ class Simulation:
         self.pending: dict[str, bool] = {}
         self.next_worker = 0
         self.durations: dict[Any, float] = {}
+        self.sizes: dict[Any, int] = {}
         #: injected faults that may legitimately fail a task's attempts
         self.crash_faults = 0
         self.oom_faults = 0
+        #: the runs use the result cache (``Config.cache``)
+        self.cached = False
         #: per worker name: the last false claim the scheduler logged about it
         self.said: dict[str, str] = {}
 
@@ -243,7 +255,7 @@ class Simulation:
         clock = (rng.uniform(0, 1000), rng.uniform(0.98, 1.02))
         node = WorkerNode(
             self, name, rng.choice(self.config.cores), random.Random(rng.random()),
-            self._duration, Faults(speed, oom), clock,
+            self._duration, self._size, Faults(speed, oom), clock,
         )  # fmt: skip
         self.workers[name] = node
         self.by_ident[node.identity] = node
@@ -259,6 +271,9 @@ class Simulation:
 
     def _duration(self, key: Any) -> float:
         return self.durations.get(key, 0.01)
+
+    def _size(self, key: Any) -> int:
+        return self.sizes.get(key, 8)
 
     def preempt(self, node: WorkerNode) -> None:
         """Gone without a goodbye; the manager learns when its connection closes (soon,
@@ -297,7 +312,16 @@ class Simulation:
             tasks.append(NewTask(key, payload, functions, deps, plan.priorities[key],
                                  _prefix(key), plan.dependents.get(key, 0)))  # fmt: skip
             self.durations.setdefault(key, _seconds(key, plan.nodes[key], workload))
-        event = SubmitRun(run_id, tasks, plan.outputs, self.config.retries, encoder.functions)
+            self.sizes.setdefault(key, workload.nbytes.get(key, 8))
+        cache = None
+        if self.cached:  # cache keys name the graph and the key: the same graph hits
+            keys: dict[Any, bytes | None] = {
+                key: f"{workload.name}/{id(workload)}/{key!r}".encode() for key in plan.order
+            }
+            cache = RunCache(keys)
+        event = SubmitRun(
+            run_id, tasks, plan.outputs, self.config.retries, encoder.functions, cache=cache
+        )
         self.runs[run_id] = RunRecord(run_id, workload, wl.reference(workload), self.time)
         self.manager.submit(event)
         self._pass("manager")
@@ -346,7 +370,11 @@ class Simulation:
             self.add_worker()
         self.after(0.0, self._manager_timer)
         given = self.workloads
+        first: wl.Workload | None = None
         runs = self.planned = rng.randint(*config.runs) if given is None else len(given)
+        self.cached = given is None and rng.random() < config.cache
+        if self.cached:
+            runs = self.planned = max(2, runs)
         for run_id in range(1, runs + 1):
             if given is not None:
                 workload = given[run_id - 1]
@@ -355,6 +383,8 @@ class Simulation:
                 fail = config.fail if rng.random() < 1 / 3 else 0.0
                 size = rng.randint(max(1, config.tasks // 4), config.tasks)
                 workload = wl.make(shape, random.Random(rng.random()), size, fail)
+                if self.cached:  # the same graph again
+                    workload = first = workload if first is None else first
             submit_at = 0.0 if run_id == 1 else rng.uniform(0.0, 10.0)
             self.after(submit_at, functools.partial(self.submit, run_id, workload))
             if rng.random() < config.cancel:
@@ -372,6 +402,9 @@ class Simulation:
                 break
             if finished is None and self.finished():
                 finished = self.time
+                if self.cached:  # what the cache keeps goes, so that the views can agree
+                    self.manager.clear_cache()
+                    self._pass("manager")
             if finished is not None:
                 if not self._quiet():
                     quiet = None
