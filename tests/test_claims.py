@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from daskvine_py.manager.transfers import MAX_REPORTED_BYTES, credible
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.claims import ABORT_GRACE, EJECT_AFTER, FORGIVE_AFTER
-from daskvine_py.scheduler.messages import Eject
+from daskvine_py.scheduler.messages import Eject, RunCache
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from keyed import KeyedWorker
@@ -163,6 +163,32 @@ def test_the_latest_word_about_a_task_counts():
     late = [p.TaskErred(1, None, "tb", "x"), p.TaskErred(2, None, "tb", "x")]
     assert not ejects(st_.handle(report(W1, *late), now=3 * ABORT_GRACE + 1))
     assert not st_.claims.told[worker].false
+
+
+def test_a_copy_fetched_for_a_task_taken_back_is_released_not_counted():
+    """Found by the simulator (seed 101 of ``--workers 10 --tasks 200``, the result
+    cache): a worker fetched an input for a task whose run then ended; the input stayed,
+    cached, its reader's record went, and the worker's ``Replicas`` was judged false
+    (and the copy stayed there for ever). Within ``ABORT_GRACE`` of the manager taking
+    work back from that worker it is a race: released there, not counted."""
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1)]
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), joined(W2)])
+    cache = RunCache({k: k.encode() for k in "ab"})
+    st_.handle([s.SubmitRun(1, tasks, ["b"], 3, cache=cache)], now=1.0)
+    a = next(t for t in st_.tasks.values() if t.key == "a")
+    holder = a.worker.id
+    other = W2 if holder == W1 else W1
+    st_.handle(report(holder, p.TaskDone(a.id, 2000, 0.1, None)), now=2.0)
+    st_.handle([s.CancelRun(1)], now=3.0)  # (its tasks on ``other``, if any, cancelled)
+    assert st_.tasks.get(a.id) is a and a.state == "memory"  # kept by the cache
+    st_.claims.send(st_.workers[other], p.Cancel((a.id + 1,)))  # work taken back there
+    out = st_.handle(report(other, p.Replicas((a.id,))), now=4.0)
+    assert sends(out, p.Release, other) == [p.Release((a.id,))] and not ejects(out)
+    assert not st_.claims.told[st_.workers[other]].false
+    assert st_.workers[other] not in a.who_has
+    out = st_.handle(report(other, p.Replicas((a.id,))), now=4.0 + ABORT_GRACE + 1)
+    assert st_.claims.told[st_.workers[other]].false == 1 and not sends(out)
 
 
 def test_a_task_given_back_unasked_stays_where_it_is():

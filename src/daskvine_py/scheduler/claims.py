@@ -21,12 +21,16 @@ per worker, and at ``EJECT_AFTER`` (none forgiven: ``FORGIVE_AFTER``) the worker
 ejected (``Eject``). A copy
 reported lost or fetched just as its result was released is a race the manager cannot
 tell from a lie (releases are not remembered: that would cost every task): it is applied,
-harmlessly, and not counted.
+harmlessly, and not counted. So is a copy reported within ``ABORT_GRACE`` of the last
+time the manager took work back from that worker (or asked it for a result): it may
+have fetched it for a task taken back meanwhile, whose record is gone (its run ended
+while the result stays, cached). It is released there, never counted as a copy.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -44,7 +48,8 @@ EJECT_AFTER = 20
 #: that keeps lying is ejected, not one that met a rare race twenty times in a day.
 FORGIVE_AFTER = 600.0
 #: Seconds after an ``Abort`` within which a report of its task crossed it on the way
-#: (sent before the ``Abort`` arrived): a round trip, with room for a busy manager's
+#: (sent before the ``Abort`` arrived), and after any word taking work back within which
+#: a copy fetched for it is reported: a round trip, with room for a busy manager's
 #: queue and a worker's loop pass. A worker that ignores ``Abort`` reports its tasks as
 #: they end, and tasks are aborted for running long: most of its reports come later.
 ABORT_GRACE = 10.0
@@ -67,7 +72,7 @@ _NEVER = "which the manager never sent or asked it for"
 class Told:
     """What one worker was told that outlives a task's stay there, and its false claims."""
 
-    __slots__ = ("ids", "cap", "false", "last", "ejected")
+    __slots__ = ("ids", "cap", "false", "last", "ejected", "word")
 
     def __init__(self, cores: int) -> None:
         #: task ids taken back from it or asked of it, oldest first: when it was last told
@@ -80,6 +85,8 @@ class Told:
         self.false = 0
         self.last = 0.0
         self.ejected = False
+        #: when the manager last took a task back from it or asked it for a result
+        self.word = -math.inf
 
 
 class Claims:
@@ -143,6 +150,7 @@ class Claims:
         # cancelled may be reported once more (its run was not aborted).
         ids.pop(task_id, None)
         ids[task_id] = self.now if aborted else None
+        told.word = self.now
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
@@ -294,6 +302,12 @@ class Claims:
                     continue
             elif worker in task.who_has or self._fetching(worker, task):
                 kept.append(task_id)
+                continue
+            told = self.told.get(worker)
+            if told is not None and self.now - told.word <= ABORT_GRACE:
+                # Fetched, perhaps, for a task taken back since and gone: a race.
+                if type(msg) is p.Replicas:
+                    gone.append(task_id)  # (the worker need not keep it)
                 continue
             self.false_claim(worker, msg, task_id)
         if gone:
