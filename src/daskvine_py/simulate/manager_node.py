@@ -16,7 +16,8 @@ handled once per pass, as the loop does per iteration; one batch per worker goes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from daskvine_py.scheduler import state as s
@@ -35,6 +36,7 @@ from daskvine_py.scheduler.messages import (
     SubmitRun,
     Tick,
 )
+from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 
 #: Seconds between the loop's timer checks (``manager.loop.TIMER_PERIOD``).
@@ -43,6 +45,34 @@ TIMER_PERIOD = 0.1
 TICK_PERIOD = 1.0
 #: Bytes from one peer in one ``Transfers`` past which it is not believed (``transfers``).
 MAX_REPORTED_BYTES = 1 << 44
+
+
+@contextlib.contextmanager
+def hashed_by_id() -> Iterator[None]:
+    """While a simulation runs, the scheduler's records hash by their ids, not by where
+    they sit in memory.
+
+    The state iterates sets of records (a result's holders become the peers an input is
+    fetched from, in that order), and a set iterates in the order of its members'
+    hashes: by default their addresses, which differ from one process to the next and
+    after every earlier seed. Hashing by id makes a seed one run wherever it runs. (The
+    records could hash so themselves; until then this is the one place that does it.)
+    """
+    saved = WorkerRecord.__hash__, TaskRecord.__hash__
+    WorkerRecord.__hash__ = _worker_hash  # type: ignore[method-assign,assignment]
+    TaskRecord.__hash__ = _task_hash  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        WorkerRecord.__hash__, TaskRecord.__hash__ = saved  # type: ignore[method-assign]
+
+
+def _worker_hash(worker: WorkerRecord) -> int:
+    return hash(worker.id)
+
+
+def _task_hash(task: TaskRecord) -> int:
+    return task.id
 
 
 class Listener(Protocol):

@@ -1,7 +1,8 @@
 """One seeded simulation: a manager, workers, a network, a clock, runs and faults.
 
-Everything random comes from one ``random.Random(seed)``; nothing reads a wall clock, no
-thread or socket is used, so a seed replays exactly (``Outcome.trace`` is the same).
+Everything random comes from one ``random.Random(seed)`` (which also seeds the ``random``
+module for the run: the worker's fetches shuffle holders with it); nothing reads a wall
+clock, no thread or socket is used, so a seed replays exactly (``Outcome.trace``).
 
 Time is a float of simulated seconds and advances from one event to the next (a heap of
 (time, sequence, action)). The network keeps ZeroMQ's promise and no more: messages on
@@ -39,7 +40,7 @@ from daskvine_py.scheduler.messages import (
 )
 from daskvine_py.simulate import workloads as wl
 from daskvine_py.simulate.invariants import Checker, RunRecord, Violation
-from daskvine_py.simulate.manager_node import TIMER_PERIOD, ManagerNode
+from daskvine_py.simulate.manager_node import TIMER_PERIOD, ManagerNode, hashed_by_id
 from daskvine_py.simulate.worker_node import Faults, WorkerNode
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import TaskEncoder
@@ -316,7 +317,7 @@ class Simulation:
         cache = None
         if self.cached:  # cache keys name the graph and the key: the same graph hits
             keys: dict[Any, bytes | None] = {
-                key: f"{workload.name}/{id(workload)}/{key!r}".encode() for key in plan.order
+                key: f"{self.seed}/{workload.name}/{key!r}".encode() for key in plan.order
             }
             cache = RunCache(keys)
         event = SubmitRun(
@@ -357,9 +358,15 @@ class Simulation:
         logger.addHandler(handler)
         logger.setLevel(logging.WARNING)
         logger.propagate = False  # (the violations say what matters, with their seed)
+        # The worker's fetches shuffle a result's holders with the module's generator:
+        # seeded too, and given back as it was.
+        outside = random.getstate()
+        random.seed(self.rng.random())
         try:
-            return self._run()
+            with hashed_by_id():
+                return self._run()
         finally:
+            random.setstate(outside)
             logger.removeHandler(handler)
             logger.setLevel(level)
             logger.propagate = propagate
