@@ -19,7 +19,8 @@ Checked after every step (``Checker.after_step``) and as they happen:
 - **nothing is lost**: every run submitted ends (or is cancelled) before the horizon;
 - **views agree once quiet**: after the last run ended and the network went quiet, the
   manager has no task, no worker holds or runs anything, every worker's state is empty
-  (``WorkerState.leaks``), and the manager's workers are the live ones that joined.
+  (``WorkerState.leaks``), and the manager's workers are the live ones that believe
+  they joined.
 """
 
 from __future__ import annotations
@@ -232,6 +233,10 @@ class Checker:
         if not known <= alive:
             self.violation("views agree once quiet", f"the manager counts workers that are "
                            f"gone: {sorted(known - alive)}")  # fmt: skip
+        joined = {n.name for n in sim.workers.values() if n.alive and n.state_registered()}
+        if not joined <= known:
+            self.violation("views agree once quiet", f"workers that think they joined are "
+                           f"unknown to the manager: {sorted(joined - known)}")  # fmt: skip
         for name, held in manager.held_by().items():
             if held:
                 self.violation("views agree once quiet", f"the manager thinks {name} holds "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
@@ -180,10 +180,13 @@ class ManagerNode:
         """The loop's timer check: silent workers lost, idle ones sent a heartbeat."""
         now = self.now()
         verdict = self.liveness.check(now)
-        for gone in verdict.lost:
-            self._lose(gone.worker, gone.reason)  # type: ignore[arg-type]
-        for ident in verdict.heartbeat:
-            self.outboxes.setdefault(ident, [p.Heartbeat()])  # type: ignore[arg-type]
+        for gone in verdict.lost:  # (the watch keeps the identities it was given)
+            lost = cast(bytes, gone.worker)
+            self._lose(lost, gone.reason)
+            if gone.silent:  # (it may still be there: told to leave, as the loop does)
+                self.listener.send(lost, [p.Shutdown("declared lost after silence")])
+        for due in verdict.heartbeat:
+            self.outboxes.setdefault(cast(bytes, due), [p.Heartbeat()])
         if now >= self.next_tick:
             self.next_tick = now + TICK_PERIOD
             self.events.append(Tick())

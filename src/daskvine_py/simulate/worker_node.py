@@ -430,6 +430,10 @@ class WorkerNode:
         """What its state still holds once quiet (``WorkerState.leaks``)."""
         return list(self.state.leaks())
 
+    def state_registered(self) -> bool:
+        """Whether it believes it joined its manager (it was welcomed)."""
+        return self.state.registered
+
     def busy(self) -> bool:
         """Whether a library runs or has queued a call."""
         return any(lib.running is not None or lib.queue for lib in self.libraries.values())
