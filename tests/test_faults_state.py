@@ -123,6 +123,22 @@ def test_a_kind_whose_durations_spread_is_not_cut_at_its_tail():
     assert task_id in executes(st_.handle([Tick()], now + 22.0), W1)  # past mean + 4 deviations
 
 
+def test_a_worker_of_ordinary_speed_beside_a_faster_one_is_not_quarantined():
+    """Found by the simulator (seeds 49 and 230): tasks aborted on a worker that then ran
+    a little faster on a faster worker do not make it a straggler."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(5):
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 6.0, VALUE))], now)
+        quarantined += of(out, Quarantined)
+    assert quarantined == [] and st_.workers[W1].quarantined is None
+
+
 def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slow():
     st_, now = warmed((W1, W2, W3))
     quarantined = []

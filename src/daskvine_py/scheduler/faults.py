@@ -26,7 +26,8 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   other workers or fails on none (one failure alone may be the task's own bug); each task
   done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
   one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
-  worker whose aborted tasks ran faster elsewhere ``SLOW_CONFIRMED`` times, or that had
+  worker whose aborted tasks ran over ``SLOW_RATIO`` times faster elsewhere
+  ``SLOW_CONFIRMED`` times, or that had
   that many aborted and finished none, is quarantined as slow, and what it holds is taken
   back. A task's error is retried once on another worker (one not erring lately) before
   it fails the run: a black hole's errors are so absorbed, and a deterministic error
@@ -70,6 +71,11 @@ WINDOW = 1000
 MAX_ABORTS = 2
 #: Aborted tasks that then ran faster elsewhere before their worker is quarantined as slow.
 SLOW_CONFIRMED = 3
+#: An aborted task shows its worker slow when it then took less than this share of the
+#: time it had already run there: a worker of ordinary speed beside one twice as fast is
+#: no straggler (the simulator's seeds 49 and 230 quarantined such workers when kinds
+#: whose durations spread wide were aborted there and rerun on the fast one).
+SLOW_RATIO = 2.0
 #: Strikes (failures that other workers do not share) before a worker is quarantined.
 STRIKES = 3.0
 #: What one task done forgives of a worker's strikes.
@@ -242,7 +248,11 @@ class Faults:
                 self.strike(erred[0], why)
         if self.aborted:
             aborted = self.aborted.pop(task, None)
-            if aborted is not None and aborted[0] is not worker and duration < aborted[1]:
+            if (
+                aborted is not None
+                and aborted[0] is not worker
+                and duration * SLOW_RATIO < aborted[1]
+            ):
                 slow = aborted[0]
                 shown = self.slow[slow] = self.slow.get(slow, 0) + 1
                 if shown >= SLOW_CONFIRMED:
