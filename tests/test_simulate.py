@@ -32,9 +32,9 @@ KNOWN_OPEN = {
     # and finds the new record of a task aborted and sent again in the same batch
     # (test_a_task_aborted_and_sent_again_survives_its_library_killed below)
     ("the worker's state never raises", "InvalidTransition(\"invalid transition 'queued'"),
-    # scheduler/faults.py: a worker of ordinary speed beside one twice as fast is
-    # quarantined "slow" when tasks of a kind whose durations spread wide were aborted
-    # there and then ran faster on the fast worker (or it had finished none yet)
+    # worker/dispatch.py and scheduler/faults.py: a task handed to a library behind the
+    # running one is reported Started at once; fast abort counts its run from then,
+    # aborts it, it takes milliseconds elsewhere, and its worker is quarantined as slow
     ("no honest worker is quarantined", ": slow: "),
     # worker/state.py: a Release and an Execute of the same task in one batch send the
     # library the new Run, then the Forget of the old result, which takes the new one
