@@ -83,6 +83,10 @@ def test_a_worker_claiming_copies_it_was_never_asked_for_holds_none_and_is_eject
         assert a.who_has == {st_.workers[W1]} and not st_.workers[LIAR].has_what
         assert out == []  # dropped with no answer (no Release: it was never given one)
         out = st_.handle(report(LIAR, p.Replicas(tuple(range(2, 2 + EJECT_AFTER)))))
+        assert not ejects(out)  # a burst in one batch: one strike
+        assert st_.claims.told[st_.workers[LIAR]].false == 2
+        for task_id in range(2, EJECT_AFTER):  # batch after batch: a liar
+            out = st_.handle(report(LIAR, p.Replicas((task_id,))))
     (eject,) = ejects(out)
     assert eject.worker == LIAR and "never given" in eject.reason
     assert [r.levelname for r in caplog.records] == ["WARNING"]  # one line for them all
@@ -143,8 +147,10 @@ def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
         assert not st_.claims.told[worker].false  # it crossed the Abort: not counted
         out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)), now=ABORT_GRACE + 1)
         assert sends(out) == [p.Release((1,))] and not ejects(out)  # harmless, answered
-        reports = [p.TaskErred(i, None, "tb", "x") for i in range(2, EJECT_AFTER + 1)]
-        (eject,) = ejects(st_.handle(report(W1, *reports), now=ABORT_GRACE + 1))
+        out = []
+        for i in range(2, EJECT_AFTER + 1):  # batch after batch
+            out = st_.handle(report(W1, p.TaskErred(i, None, "tb", "x")), now=ABORT_GRACE + 1)
+        (eject,) = ejects(out)
     assert eject.worker == W1 and "after it was told to abort it" in eject.reason
     assert "after it was told to abort it" in caplog.text
 
@@ -235,10 +241,24 @@ def test_false_claims_are_forgiven_after_a_quiet_while():
     st_ = s.SchedulerState()
     st_.handle([joined(LIAR)])
     never = [p.TaskDone(10_000 + i, 8, 0.1, None) for i in range(EJECT_AFTER - 1)]
-    assert not ejects(st_.handle(report(LIAR, *never), now=1.0))
+    for lie in never:
+        assert not ejects(st_.handle(report(LIAR, lie), now=1.0))
     later = 2.0 + FORGIVE_AFTER
-    assert not ejects(st_.handle(report(LIAR, *never), now=later))  # counted from 1 again
+    for lie in never:  # counted from 1 again
+        assert not ejects(st_.handle(report(LIAR, lie), now=later))
     assert ejects(st_.handle(report(LIAR, never[0]), now=later))
+
+
+def test_a_burst_of_false_claims_in_one_batch_is_one_strike():
+    """Issue 38: twenty reports judged false in one batch ejected an honest worker at
+    once. A race makes a burst; a liar lies batch after batch."""
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1)])
+    burst = [p.TaskDone(10_000 + i, 8, 0.1, None) for i in range(5 * EJECT_AFTER)]
+    for _ in range(EJECT_AFTER - 1):
+        assert not ejects(st_.handle(report(W1, *burst)))
+    assert st_.claims.told[st_.workers[W1]].false == EJECT_AFTER - 1
+    assert ejects(st_.handle(report(W1, *burst)))
 
 
 def test_what_is_remembered_of_a_worker_is_bounded():

@@ -18,7 +18,10 @@ back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
 per worker, and at ``EJECT_AFTER`` (none forgiven: ``FORGIVE_AFTER``) the worker is
-ejected (``Eject``). A copy
+ejected (``Eject``). The false claims of one batch of events (one ``handle``) count once:
+a race the manager did not foresee makes a burst of reports at once, and a burst alone
+must not eject an honest worker (issue 38 saw twenty in one batch); a liar lies batch
+after batch. A copy
 reported lost or fetched just as its result was released is a race the manager cannot
 tell from a lie (releases are not remembered: that would cost every task): it is applied,
 harmlessly, and not counted. So is a copy reported within ``ABORT_GRACE`` of the last
@@ -40,9 +43,10 @@ from daskvine_py.wire import protocol as p
 
 logger = logging.getLogger("daskvine_py.manager")
 
-#: False claims that eject a worker. An honest worker makes none, short of a race the
-#: memory below forgot (one at a time, rare); a liar makes hundreds a second. Twenty is
-#: well clear of the first and stops the second within one message.
+#: Batches with false claims that eject a worker. An honest worker makes none, short of
+#: a race the memory below forgot (rare, and a burst at once); a liar lies in every
+#: batch it sends. Twenty is well clear of the first and stops the second within a
+#: second or two.
 EJECT_AFTER = 20
 #: Seconds without a false claim after which a worker's count starts again: only a worker
 #: that keeps lying is ejected, not one that met a rare race twenty times in a day.
@@ -72,7 +76,7 @@ _NEVER = "which the manager never sent or asked it for"
 class Told:
     """What one worker was told that outlives a task's stay there, and its false claims."""
 
-    __slots__ = ("ids", "cap", "false", "last", "ejected", "word")
+    __slots__ = ("ids", "cap", "false", "last", "ejected", "word", "batch")
 
     def __init__(self, cores: int) -> None:
         #: task ids taken back from it or asked of it, oldest first: when it was last told
@@ -80,13 +84,15 @@ class Told:
         #: reached it), None if the last word was another
         self.ids: dict[int, float | None] = {}
         self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
-        #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
-        #: the last was (the state's clock)
+        #: batches with false claims since it last went ``FORGIVE_AFTER`` seconds without
+        #: one, and when the last was (the state's clock)
         self.false = 0
         self.last = 0.0
         self.ejected = False
         #: when the manager last took a task back from it or asked it for a result
         self.word = -math.inf
+        #: the batch of events (``Claims.batch``) of its last counted false claim
+        self.batch = -1
 
 
 class Claims:
@@ -100,7 +106,7 @@ class Claims:
     """
 
     __slots__ = ("workers", "tasks", "out", "_send", "held", "withdrawing", "next_id",
-                 "told", "drops", "now")  # fmt: skip
+                 "told", "drops", "_now", "batch")  # fmt: skip
 
     def __init__(
         self,
@@ -123,7 +129,19 @@ class Claims:
         self.told: dict[WorkerRecord, Told] = {}
         #: the warnings about false claims: one a minute per worker at most
         self.drops = p.DropLog(logger)
-        self.now = 0.0
+        #: batches of events seen: the state sets ``now`` once per ``handle``
+        self.batch = 0
+        self._now = 0.0
+
+    @property
+    def now(self) -> float:
+        """The state's clock, set for every ``handle``: each setting starts a batch."""
+        return self._now
+
+    @now.setter
+    def now(self, now: float) -> None:
+        self._now = now
+        self.batch += 1
 
     # -- what the manager tells workers ---------------------------------------------------
 
@@ -207,6 +225,9 @@ class Claims:
         told = self._told(worker)
         if told.ejected:
             return  # told to leave: the rest of its messages are dropped quietly
+        if told.batch == self.batch:
+            return  # one of a burst in one batch: counted once (the first is logged)
+        told.batch = self.batch
         now = self.now
         if now - told.last > FORGIVE_AFTER:
             told.false = 0
@@ -217,13 +238,16 @@ class Claims:
             what = f"{what} about task {task_id}"
         name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
         self.drops.warn(
-            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d such so "
-            "far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
+            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d batches "
+            "with such so far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
         )  # fmt: skip
         if told.false >= EJECT_AFTER:
             told.ejected = True
             last = what if why == _NEVER else f"{what}, {why}"
-            reason = f"{told.false} reports about work it was never given (the last: {last})"
+            reason = (
+                f"{told.false} batches of reports about work it was never given "
+                f"(the last: {last})"
+            )
             self.out.append(Eject(worker.id, reason))
 
     # -- the reports only claims reach, checked before their handlers -------------------------
