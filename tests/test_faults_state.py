@@ -200,6 +200,40 @@ def test_errors_that_fail_on_every_worker_strike_none():
     assert st_.faults.strikes == {} and st_.faults.quarantined == {}
 
 
+def test_a_run_of_errors_that_fail_on_every_worker_strikes_none():
+    """Found by the simulator (seed 6033 of two workers and runs that keep failing): each
+    run fails on a task's own error before anything else succeeds there, and errors in
+    a row piled up on one worker until it was struck and quarantined as a black hole.
+    An error its second worker confirms is the task's own: no worker's count."""
+    st_, now = warmed((W1, W2))
+    for _ in range(3 * 8):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: 5")
+        st_.handle([s.FromWorker(W1, bad)], now)
+        out = st_.handle([s.FromWorker(W2, bad)], now)
+        assert [f.worker for f in of(out, s.RunFailed)] == ["w2"]
+        st_.handle([flat(40, run_id=max(st_.runs, default=1) + 1)], now)
+        now += 1.0
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
+    assert st_.workers[W1].errors == 0 and st_.workers[W2].errors == 0
+
+
+def test_a_graph_whose_tasks_all_raise_strikes_no_worker():
+    """Found by the simulator's hypothesis graphs: eleven of thirteen tasks raise; one
+    worker fails ten in a row of a kind nothing ran elsewhere yet, and was quarantined
+    as a black hole. Failures of one run alone are no sign of a broken worker."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    tasks = [s.NewTask(("x", i), b"", (), (), i, "x") for i in range(40)]
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, [t.key for t in tasks], 3)])
+    for now in range(1, 13):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: x")
+        out = st_.handle([s.FromWorker(W1, bad)], float(now))
+        assert of(out, Quarantined) == []
+    assert st_.workers[W1].errors == 12
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
+
+
 def test_a_deterministic_error_fails_the_run_on_its_second_worker():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), flat(2)], 0.0)

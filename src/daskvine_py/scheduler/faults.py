@@ -23,7 +23,9 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   elsewhere.
 - **Quarantine**. A worker gets a strike when a task that failed there then succeeds
   elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
-  other workers or fails on none (one failure alone may be the task's own bug); each task
+  other workers, or fails on none in failures of more than one run (one failure alone
+  may be the task's own bug, and a graph whose tasks all raise is no broken worker; an
+  error its second worker confirms counts for neither); each task
   done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
   one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
   worker whose aborted tasks ran over ``SLOW_RATIO`` times faster elsewhere
@@ -198,6 +200,8 @@ class Faults:
         self.asked: dict[TaskRecord, float] = {}
         self.ejected: set[WorkerId] = set()
         self.quarantined: dict[WorkerRecord, str] = {}
+        #: per worker: the runs of its errors in a row (``WorkerRecord.errors``)
+        self.error_runs: dict[WorkerRecord, set[int]] = {}
 
     # -- reports (per task: a few dict operations) ----------------------------------------
 
@@ -239,6 +243,7 @@ class Faults:
             self.productive.add(worker)
         if worker.errors:
             worker.errors = 0
+            self.error_runs.pop(worker, None)
         if self.strikes and worker in self.strikes:
             self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
         if self.erred_on:
@@ -262,12 +267,22 @@ class Faults:
     def erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
         """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
         self._ended(task, worker)
-        worker.errors += 1
-        category = self.categories.get(task.prefix)
-        if category is None:
-            category = self.categories[task.prefix] = Category()
-        struck = self._burst(task, worker, category, "failed")
         previous = self.erred_on.get(task)
+        if previous is not None and previous[0] is not worker:
+            # Its second worker failed it too: the task's own error, no worker's. The
+            # first is forgiven it (else a run of such errors, their runs failing before
+            # anything succeeds there, looks like a black hole), and this one is not
+            # charged with it.
+            first = previous[0]
+            first.errors = max(0, first.errors - 1)
+            struck = False
+        else:
+            worker.errors += 1
+            self.error_runs.setdefault(worker, set()).add(task.run.id)
+            category = self.categories.get(task.prefix)
+            if category is None:
+                category = self.categories[task.prefix] = Category()
+            struck = self._burst(task, worker, category, "failed")
         tries = 0 if previous is None else previous[1]
         # Not the second worker to fail it: a quarantined one, or its first one again
         # (stealing may hand a task back to a worker with room: a black hole has room).
@@ -286,6 +301,7 @@ class Faults:
         """``task``'s process died on ``worker`` (its retries are the state's to count)."""
         self._ended(task, worker)
         worker.errors += 1
+        self.error_runs.setdefault(worker, set()).add(task.run.id)
         category = self.categories.get(task.prefix)
         if category is None:
             category = self.categories[task.prefix] = Category()
@@ -297,8 +313,11 @@ class Faults:
         other workers or fails on none (a failure alone may be the task's own bug: a
         data-dependent error fails wherever it runs)."""
         alone = not category.failed(worker)
-        if worker.errors < BURST or not (alone or category.succeeded_elsewhere(worker)):
+        elsewhere = category.succeeded_elsewhere(worker)
+        if worker.errors < BURST or not (alone or elsewhere):
             return False
+        if not elsewhere and len(self.error_runs.get(worker, ())) < 2:
+            return False  # one run's tasks fail, and nowhere else yet: a broken graph?
         where = "fail on no other worker" if alone else "succeed on other workers"
         self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
                     f"{task.prefix!r:.40} {where}")  # fmt: skip
@@ -473,7 +492,9 @@ class Faults:
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""
         workers = self.workers
-        for table in (self.progress, self.strikes, self.slow, self.pace, self.quarantined):
+        tables = (self.progress, self.strikes, self.slow, self.pace, self.quarantined,
+                  self.error_runs)  # fmt: skip
+        for table in tables:
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}
