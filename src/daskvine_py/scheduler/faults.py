@@ -23,9 +23,9 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   elsewhere.
 - **Quarantine**. A worker gets a strike when a task that failed there then succeeds
   elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
-  other workers, or fails on none in failures of more than one run (one failure alone
-  may be the task's own bug, and a graph whose tasks all raise is no broken worker; an
-  error its second worker confirms counts for neither); each task
+  other workers (one failure alone may be the task's own bug; a kind that fails
+  wherever it runs, a graph whose tasks all raise, is no broken worker; an error its
+  second worker confirms counts for neither); each task
   done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
   one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
   worker whose aborted tasks ran over ``SLOW_RATIO`` times faster elsewhere
@@ -84,8 +84,9 @@ STRIKES = 3.0
 FORGIVEN = 0.5
 #: Retries of a task's error on other workers: one, more only after quarantined workers.
 MAX_ERROR_RETRIES = 3
-#: Errors in a row on one worker, of kinds that fail nowhere else, past which each error
-#: is a strike: a black hole that is the first to run a kind fails many tasks quickly.
+#: Errors in a row on one worker, of kinds that succeed on other workers, past which each
+#: error is a strike: a black hole fails many tasks quickly. (One that is the first to
+#: run a kind is struck as its failed tasks then succeed elsewhere.)
 BURST = 8
 #: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
 #: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
@@ -102,7 +103,7 @@ STALL_FACTOR = 10.0
 class Category:
     """What the tasks of one kind (``TaskRecord.prefix``) took, and where they succeeded."""
 
-    __slots__ = ("count", "mean", "var", "winners", "losers")
+    __slots__ = ("count", "mean", "var", "winners")
 
     def __init__(self) -> None:
         self.count = 0
@@ -110,8 +111,6 @@ class Category:
         self.var = 0.0
         #: up to two workers a task of this kind succeeded on
         self.winners: tuple[WorkerRecord, ...] = ()
-        #: up to two workers a task of this kind failed on
-        self.losers: tuple[WorkerRecord, ...] = ()
 
     def observe(self, duration: float, worker: WorkerRecord) -> None:
         self.count += 1
@@ -131,14 +130,6 @@ class Category:
 
     def succeeded_elsewhere(self, worker: WorkerRecord) -> bool:
         return any(winner is not worker for winner in self.winners)
-
-    def failed(self, worker: WorkerRecord) -> bool:
-        """Note a failure on ``worker``; whether this kind failed on another worker that
-        fails few tasks in a row (two black holes do not vouch for each other)."""
-        losers = self.losers
-        if len(losers) < 2 and worker not in losers:
-            self.losers = losers = (*losers, worker)
-        return any(loser is not worker and loser.errors < BURST for loser in losers)
 
 
 class Faults:
@@ -200,8 +191,7 @@ class Faults:
         self.asked: dict[TaskRecord, float] = {}
         self.ejected: set[WorkerId] = set()
         self.quarantined: dict[WorkerRecord, str] = {}
-        #: per worker: the runs of its errors in a row (``WorkerRecord.errors``)
-        self.error_runs: dict[WorkerRecord, set[int]] = {}
+
 
     # -- reports (per task: a few dict operations) ----------------------------------------
 
@@ -243,7 +233,6 @@ class Faults:
             self.productive.add(worker)
         if worker.errors:
             worker.errors = 0
-            self.error_runs.pop(worker, None)
         if self.strikes and worker in self.strikes:
             self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
         if self.erred_on:
@@ -278,7 +267,6 @@ class Faults:
             struck = False
         else:
             worker.errors += 1
-            self.error_runs.setdefault(worker, set()).add(task.run.id)
             category = self.categories.get(task.prefix)
             if category is None:
                 category = self.categories[task.prefix] = Category()
@@ -301,7 +289,6 @@ class Faults:
         """``task``'s process died on ``worker`` (its retries are the state's to count)."""
         self._ended(task, worker)
         worker.errors += 1
-        self.error_runs.setdefault(worker, set()).add(task.run.id)
         category = self.categories.get(task.prefix)
         if category is None:
             category = self.categories[task.prefix] = Category()
@@ -310,17 +297,13 @@ class Faults:
     def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category,
                how: str) -> bool:  # fmt: skip
         """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
-        other workers or fails on none (a failure alone may be the task's own bug: a
-        data-dependent error fails wherever it runs)."""
-        alone = not category.failed(worker)
-        elsewhere = category.succeeded_elsewhere(worker)
-        if worker.errors < BURST or not (alone or elsewhere):
-            return False
-        if not elsewhere and len(self.error_runs.get(worker, ())) < 2:
-            return False  # one run's tasks fail, and nowhere else yet: a broken graph?
-        where = "fail on no other worker" if alone else "succeed on other workers"
+        other workers (a failure alone may be the task's own bug: a data-dependent error
+        fails wherever it runs; a kind that failed wherever it ran is no sign of a broken
+        worker, whose failed tasks then succeed elsewhere: a strike each)."""
+        if worker.errors < BURST or not category.succeeded_elsewhere(worker):
+            return False  # (a kind that failed wherever it ran: its own bug, or its graph's)
         self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
-                    f"{task.prefix!r:.40} {where}")  # fmt: skip
+                    f"{task.prefix!r:.40} succeed on other workers")  # fmt: skip
         return True
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
@@ -492,9 +475,7 @@ class Faults:
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""
         workers = self.workers
-        tables = (self.progress, self.strikes, self.slow, self.pace, self.quarantined,
-                  self.error_runs)  # fmt: skip
-        for table in tables:
+        for table in (self.progress, self.strikes, self.slow, self.pace, self.quarantined):
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}

@@ -310,8 +310,11 @@ class Simulation:
         for key in plan.order:
             payload, functions = encoder.encode(plan.nodes[key])
             deps = tuple(plan.dependencies[key])
+            # A kind is one function, as in Dask's graphs: the tasks that raise are theirs.
+            raises = workload.graph.get(key, (None,))[0] is wl.boom
+            prefix = "boom" if raises else _prefix(key)
             tasks.append(NewTask(key, payload, functions, deps, plan.priorities[key],
-                                 _prefix(key), plan.dependents.get(key, 0)))  # fmt: skip
+                                 prefix, plan.dependents.get(key, 0)))  # fmt: skip
             self.durations.setdefault(key, _seconds(key, plan.nodes[key], workload))
             self.sizes.setdefault(key, workload.nbytes.get(key, 8))
         cache = None
