@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.faults import MAX_ABORTS
+from daskvine_py.scheduler.faults import FETCH_ALLOWANCE, MAX_ABORTS
 from daskvine_py.scheduler.messages import Eject, Quarantined, Tick
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
@@ -275,6 +275,29 @@ def test_a_worker_holding_tasks_with_no_progress_is_ejected():
     (eject,) = of(st_.handle([Tick()], 10.0), Eject)
     assert eject.worker == W1 and "no progress" in eject.reason
     assert of(st_.handle([Tick()], 11.0), Eject) == []  # once
+
+
+def test_a_worker_fetching_an_input_from_silent_holders_is_not_ejected_as_stuck():
+    """Found by the simulator (30 workers, DV3, seed 4015): an input's holders were
+    preempted without a word; the worker tried each for its fetch timeout and was ejected
+    as stuck just as it asked the manager to relay the input. It is given the time its
+    fetches may take (``FETCH_ALLOWANCE`` a holder, and one through the manager)."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, chain_ahead=0)
+    st_.faults.stall = 5.0
+    tasks = [
+        s.NewTask("a", b"", (), (), 0, "t"),
+        s.NewTask("b", b"", (), ("a",), 1, "t"),
+        s.NewTask("c", b"", (), ("b",), 2, "t"),
+    ]
+    st_.handle([joined(W2), s.SubmitRun(1, tasks, ["c"], 3)], 0.0)
+    a, b = st_.tasks[1], st_.tasks[2]
+    st_.handle([s.FromWorker(W2, p.TaskDone(a.id, 8, 0.1, None)),
+                s.FromWorker(W2, p.DiskFull(True)), joined(W1)], 1.0)  # fmt: skip
+    assert b.worker is st_.workers[W1] and a.who_has == {st_.workers[W2]}
+    allowance = 2 * FETCH_ALLOWANCE  # its one holder, then the manager
+    assert of(st_.handle([Tick()], 1.0 + 5.0 + allowance - 1.0), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 1.0 + 5.0 + allowance + 1.0), Eject)
+    assert eject.worker == W1
 
 
 def test_a_worker_running_a_started_task_is_not_ejected_for_silence():
