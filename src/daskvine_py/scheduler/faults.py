@@ -197,7 +197,6 @@ class Faults:
         self.ejected: set[WorkerId] = set()
         self.quarantined: dict[WorkerRecord, str] = {}
 
-
     # -- reports (per task: a few dict operations) ----------------------------------------
 
     def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
