@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from daskvine_py.manager.transfers import MAX_REPORTED_BYTES, credible
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.claims import EJECT_AFTER, FORGIVE_AFTER
-from daskvine_py.scheduler.messages import Eject
+from daskvine_py.scheduler.claims import ABORT_GRACE, EJECT_AFTER, FORGIVE_AFTER
+from daskvine_py.scheduler.messages import Eject, RunCache
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from keyed import KeyedWorker
@@ -83,6 +83,10 @@ def test_a_worker_claiming_copies_it_was_never_asked_for_holds_none_and_is_eject
         assert a.who_has == {st_.workers[W1]} and not st_.workers[LIAR].has_what
         assert out == []  # dropped with no answer (no Release: it was never given one)
         out = st_.handle(report(LIAR, p.Replicas(tuple(range(2, 2 + EJECT_AFTER)))))
+        assert not ejects(out)  # a burst in one batch: one strike
+        assert st_.ctx.claims.told[st_.workers[LIAR]].false == 2
+        for task_id in range(2, EJECT_AFTER):  # batch after batch: a liar
+            out = st_.handle(report(LIAR, p.Replicas((task_id,))))
     (eject,) = ejects(out)
     assert eject.worker == LIAR and "never given" in eject.reason
     assert [r.levelname for r in caplog.records] == ["WARNING"]  # one line for them all
@@ -128,20 +132,69 @@ def test_reports_about_tasks_taken_back_are_stale_harmless_and_never_counted(cap
 
 
 def test_a_worker_reporting_tasks_it_was_told_to_abort_is_ejected(caplog):
-    """One report in flight as an ``Abort`` went out is harmless; a worker that keeps
-    reporting aborted tasks ignores ``Abort`` (its tasks ran elsewhere meanwhile)."""
+    """Reports in flight as their ``Abort`` went out are harmless and not counted; a
+    worker that reports aborted tasks long after ignores ``Abort`` (its tasks ran
+    elsewhere meanwhile)."""
     st_ = s.SchedulerState()
     st_.handle([joined(W1, cores=4)])
     worker = st_.workers[W1]
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
-        for task_id in range(1, EJECT_AFTER + 1):
+        for task_id in range(1, EJECT_AFTER + 2):
             st_.ctx.claims.send(worker, p.Abort((task_id,), "a straggler"))
-        out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)))
+        crossed = [p.TaskDone(EJECT_AFTER + 1, 8, 0.1, None)]
+        out = st_.handle(report(W1, *crossed), now=ABORT_GRACE / 2)
+        assert sends(out) == [p.Release((EJECT_AFTER + 1,))] and not ejects(out)
+        assert not st_.ctx.claims.told[worker].false  # it crossed the Abort: not counted
+        out = st_.handle(report(W1, p.TaskDone(1, 8, 0.1, None)), now=ABORT_GRACE + 1)
         assert sends(out) == [p.Release((1,))] and not ejects(out)  # harmless, answered
-        reports = [p.TaskErred(i, None, "tb", "x") for i in range(2, EJECT_AFTER + 1)]
-        (eject,) = ejects(st_.handle(report(W1, *reports)))
+        out = []
+        for i in range(2, EJECT_AFTER + 1):  # batch after batch
+            out = st_.handle(report(W1, p.TaskErred(i, None, "tb", "x")), now=ABORT_GRACE + 1)
+        (eject,) = ejects(out)
     assert eject.worker == W1 and "after it was told to abort it" in eject.reason
     assert "after it was told to abort it" in caplog.text
+
+
+def test_the_latest_word_about_a_task_counts():
+    """A task aborted on a worker, sent there again and cancelled (found by the simulator,
+    seed 2023 of its many-faults range): its report after the Cancel is a stale one,
+    however long after the first Abort; a second Abort starts the grace again."""
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1)])
+    worker = st_.workers[W1]
+    st_.ctx.claims.send(worker, p.Abort((1, 2), "a straggler"))
+    st_.ctx.now = 3 * ABORT_GRACE
+    st_.ctx.claims.send(worker, p.Cancel((1,)))
+    st_.ctx.claims.send(worker, p.Abort((2,), "a straggler again"))
+    late = [p.TaskErred(1, None, "tb", "x"), p.TaskErred(2, None, "tb", "x")]
+    assert not ejects(st_.handle(report(W1, *late), now=3 * ABORT_GRACE + 1))
+    assert not st_.ctx.claims.told[worker].false
+
+
+def test_a_copy_fetched_for_a_task_taken_back_is_released_not_counted():
+    """Found by the simulator (seed 101 of ``--workers 10 --tasks 200``, the result
+    cache): a worker fetched an input for a task whose run then ended; the input stayed,
+    cached, its reader's record went, and the worker's ``Replicas`` was judged false
+    (and the copy stayed there for ever). Within ``ABORT_GRACE`` of the manager taking
+    work back from that worker it is a race: released there, not counted."""
+    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1)]
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1), joined(W2)])
+    cache = RunCache({k: k.encode() for k in "ab"})
+    st_.handle([s.SubmitRun(1, tasks, ["b"], 3, cache=cache)], now=1.0)
+    a = next(t for t in st_.tasks.values() if t.key == "a")
+    holder = a.worker.id
+    other = W2 if holder == W1 else W1
+    st_.handle(report(holder, p.TaskDone(a.id, 2000, 0.1, None)), now=2.0)
+    st_.handle([s.CancelRun(1)], now=3.0)  # (its tasks on ``other``, if any, cancelled)
+    assert st_.tasks.get(a.id) is a and a.state == "memory"  # kept by the cache
+    st_.ctx.claims.send(st_.workers[other], p.Cancel((a.id + 1,)))  # work taken back there
+    out = st_.handle(report(other, p.Replicas((a.id,))), now=4.0)
+    assert sends(out, p.Release, other) == [p.Release((a.id,))] and not ejects(out)
+    assert not st_.ctx.claims.told[st_.workers[other]].false
+    assert st_.workers[other] not in a.who_has
+    out = st_.handle(report(other, p.Replicas((a.id,))), now=4.0 + ABORT_GRACE + 1)
+    assert st_.ctx.claims.told[st_.workers[other]].false == 1 and not sends(out)
 
 
 def test_a_task_given_back_unasked_stays_where_it_is():
@@ -188,10 +241,24 @@ def test_false_claims_are_forgiven_after_a_quiet_while():
     st_ = s.SchedulerState()
     st_.handle([joined(LIAR)])
     never = [p.TaskDone(10_000 + i, 8, 0.1, None) for i in range(EJECT_AFTER - 1)]
-    assert not ejects(st_.handle(report(LIAR, *never), now=1.0))
+    for lie in never:
+        assert not ejects(st_.handle(report(LIAR, lie), now=1.0))
     later = 2.0 + FORGIVE_AFTER
-    assert not ejects(st_.handle(report(LIAR, *never), now=later))  # counted from 1 again
+    for lie in never:  # counted from 1 again
+        assert not ejects(st_.handle(report(LIAR, lie), now=later))
     assert ejects(st_.handle(report(LIAR, never[0]), now=later))
+
+
+def test_a_burst_of_false_claims_in_one_batch_is_one_strike():
+    """Issue 38: twenty reports judged false in one batch ejected an honest worker at
+    once. A race makes a burst; a liar lies batch after batch."""
+    st_ = s.SchedulerState()
+    st_.handle([joined(W1)])
+    burst = [p.TaskDone(10_000 + i, 8, 0.1, None) for i in range(5 * EJECT_AFTER)]
+    for _ in range(EJECT_AFTER - 1):
+        assert not ejects(st_.handle(report(W1, *burst)))
+    assert st_.ctx.claims.told[st_.workers[W1]].false == EJECT_AFTER - 1
+    assert ejects(st_.handle(report(W1, *burst)))
 
 
 def test_what_is_remembered_of_a_worker_is_bounded():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from daskvine_py.scheduler import state as s
-from daskvine_py.scheduler.faults import MAX_ABORTS
+from daskvine_py.scheduler.faults import FETCH_ALLOWANCE, MAX_ABORTS
 from daskvine_py.scheduler.messages import Eject, Quarantined, Tick
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
@@ -123,6 +123,22 @@ def test_a_kind_whose_durations_spread_is_not_cut_at_its_tail():
     assert task_id in executes(st_.handle([Tick()], now + 22.0), W1)  # past mean + 4 deviations
 
 
+def test_a_worker_of_ordinary_speed_beside_a_faster_one_is_not_quarantined():
+    """Found by the simulator (seeds 49 and 230): tasks aborted on a worker that then ran
+    a little faster on a faster worker do not make it a straggler."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(5):
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 6.0, VALUE))], now)
+        quarantined += of(out, Quarantined)
+    assert quarantined == [] and st_.workers[W1].quarantined is None
+
+
 def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slow():
     st_, now = warmed((W1, W2, W3))
     quarantined = []
@@ -184,6 +200,40 @@ def test_errors_that_fail_on_every_worker_strike_none():
     assert st_.faults.strikes == {} and st_.faults.quarantined == {}
 
 
+def test_a_run_of_errors_that_fail_on_every_worker_strikes_none():
+    """Found by the simulator (seed 6033 of two workers and runs that keep failing): each
+    run fails on a task's own error before anything else succeeds there, and errors in
+    a row piled up on one worker until it was struck and quarantined as a black hole.
+    An error its second worker confirms is the task's own: no worker's count."""
+    st_, now = warmed((W1, W2))
+    for _ in range(3 * 8):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: 5")
+        st_.handle([s.FromWorker(W1, bad)], now)
+        out = st_.handle([s.FromWorker(W2, bad)], now)
+        assert [f.worker for f in of(out, s.RunFailed)] == ["w2"]
+        st_.handle([flat(40, run_id=max(st_.runs, default=1) + 1)], now)
+        now += 1.0
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
+    assert st_.workers[W1].errors == 0 and st_.workers[W2].errors == 0
+
+
+def test_a_graph_whose_tasks_all_raise_strikes_no_worker():
+    """Found by the simulator's hypothesis graphs: eleven of thirteen tasks raise; one
+    worker fails ten in a row of a kind nothing ran elsewhere yet, and was quarantined
+    as a black hole. Failures of one run alone are no sign of a broken worker."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    tasks = [s.NewTask(("x", i), b"", (), (), i, "x") for i in range(40)]
+    st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, [t.key for t in tasks], 3)])
+    for now in range(1, 13):
+        (task_id,) = holding(st_, W1)
+        bad = p.TaskErred(task_id, None, "tb", "ValueError: x")
+        out = st_.handle([s.FromWorker(W1, bad)], float(now))
+        assert of(out, Quarantined) == []
+    assert st_.workers[W1].errors == 12
+    assert st_.faults.strikes == {} and st_.faults.quarantined == {}
+
+
 def test_a_deterministic_error_fails_the_run_on_its_second_worker():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), flat(2)], 0.0)
@@ -225,6 +275,29 @@ def test_a_worker_holding_tasks_with_no_progress_is_ejected():
     (eject,) = of(st_.handle([Tick()], 10.0), Eject)
     assert eject.worker == W1 and "no progress" in eject.reason
     assert of(st_.handle([Tick()], 11.0), Eject) == []  # once
+
+
+def test_a_worker_fetching_an_input_from_silent_holders_is_not_ejected_as_stuck():
+    """Found by the simulator (30 workers, DV3, seed 4015): an input's holders were
+    preempted without a word; the worker tried each for its fetch timeout and was ejected
+    as stuck just as it asked the manager to relay the input. It is given the time its
+    fetches may take (``FETCH_ALLOWANCE`` a holder, and one through the manager)."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, chain_ahead=0)
+    st_.faults.stall = 5.0
+    tasks = [
+        s.NewTask("a", b"", (), (), 0, "t"),
+        s.NewTask("b", b"", (), ("a",), 1, "t"),
+        s.NewTask("c", b"", (), ("b",), 2, "t"),
+    ]
+    st_.handle([joined(W2), s.SubmitRun(1, tasks, ["c"], 3)], 0.0)
+    a, b = st_.tasks[1], st_.tasks[2]
+    st_.handle([s.FromWorker(W2, p.TaskDone(a.id, 8, 0.1, None)),
+                s.FromWorker(W2, p.DiskFull(True)), joined(W1)], 1.0)  # fmt: skip
+    assert b.worker is st_.workers[W1] and a.who_has == {st_.workers[W2]}
+    allowance = 2 * FETCH_ALLOWANCE  # its one holder, then the manager
+    assert of(st_.handle([Tick()], 1.0 + 5.0 + allowance - 1.0), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 1.0 + 5.0 + allowance + 1.0), Eject)
+    assert eject.worker == W1
 
 
 def test_a_worker_running_a_started_task_is_not_ejected_for_silence():

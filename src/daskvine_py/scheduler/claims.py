@@ -10,20 +10,30 @@ look the task up anyway (``held``), and only a report that misses comes here.
 
 Such a report is *stale* when the manager took the task back from that worker meanwhile
 (cancelled, aborted, withdrawn, asked to upload or copy it) and the worker could not know
-yet: it stays harmless (the handler's usual answer) and is not counted. What was taken
+yet: it stays harmless (the handler's usual answer) and is not counted. A task told to
+abort (``Abort``) may still be reported by a worker that sent its report before the
+``Abort`` reached it: such reports arrive within ``ABORT_GRACE`` seconds of the
+``Abort``; later ones come from a worker that ignores ``Abort`` and are false claims. What was taken
 back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
 per worker, and at ``EJECT_AFTER`` (none forgiven: ``FORGIVE_AFTER``) the worker is
-ejected (``Eject``). A copy
+ejected (``Eject``). The false claims of one batch of events (one ``handle``) count once:
+a race the manager did not foresee makes a burst of reports at once, and a burst alone
+must not eject an honest worker (issue 38 saw twenty in one batch); a liar lies batch
+after batch. A copy
 reported lost or fetched just as its result was released is a race the manager cannot
 tell from a lie (releases are not remembered: that would cost every task): it is applied,
-harmlessly, and not counted.
+harmlessly, and not counted. So is a copy reported within ``ABORT_GRACE`` of the last
+time the manager took work back from that worker (or asked it for a result): it may
+have fetched it for a task taken back meanwhile, whose record is gone (its run ended
+while the result stays, cached). It is released there, never counted as a copy.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,13 +46,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("daskvine_py.manager")
 
-#: False claims that eject a worker. An honest worker makes none, short of a race the
-#: memory below forgot (one at a time, rare); a liar makes hundreds a second. Twenty is
-#: well clear of the first and stops the second within one message.
+#: Batches with false claims that eject a worker. An honest worker makes none, short of
+#: a race the memory below forgot (rare, and a burst at once); a liar lies in every
+#: batch it sends. Twenty is well clear of the first and stops the second within a
+#: second or two.
 EJECT_AFTER = 20
 #: Seconds without a false claim after which a worker's count starts again: only a worker
 #: that keeps lying is ejected, not one that met a rare race twenty times in a day.
 FORGIVE_AFTER = 600.0
+#: Seconds after an ``Abort`` within which a report of its task crossed it on the way
+#: (sent before the ``Abort`` arrived), and after any word taking work back within which
+#: a copy fetched for it is reported: a round trip, with room for a busy manager's
+#: queue and a worker's loop pass. A worker that ignores ``Abort`` reports its tasks as
+#: they end, and tasks are aborted for running long: most of its reports come later.
+ABORT_GRACE = 10.0
 #: Task ids taken back remembered per worker, and more per core (tasks running there).
 REMEMBERED = 256
 REMEMBERED_PER_CORE = 32
@@ -62,18 +79,23 @@ _NEVER = "which the manager never sent or asked it for"
 class Told:
     """What one worker was told that outlives a task's stay there, and its false claims."""
 
-    __slots__ = ("ids", "cap", "false", "last", "ejected")
+    __slots__ = ("ids", "cap", "false", "last", "ejected", "word", "batch")
 
     def __init__(self, cores: int) -> None:
-        #: task ids taken back from it or asked of it, oldest first: whether it was told
-        #: to abort the task (then it must report nothing more of it)
-        self.ids: dict[int, bool] = {}
+        #: task ids taken back from it or asked of it, oldest first: when it was last told
+        #: to abort the task (then it must report nothing more of it once the ``Abort``
+        #: reached it), None if the last word was another
+        self.ids: dict[int, float | None] = {}
         self.cap = REMEMBERED + REMEMBERED_PER_CORE * max(1, cores)
-        #: false claims since it last went ``FORGIVE_AFTER`` seconds without one, and when
-        #: the last was (the state's clock)
+        #: batches with false claims since it last went ``FORGIVE_AFTER`` seconds without
+        #: one, and when the last was (the state's clock)
         self.false = 0
         self.last = 0.0
         self.ejected = False
+        #: when the manager last took a task back from it or asked it for a result
+        self.word = -math.inf
+        #: the batch of events (``Context.batch``) of its last counted false claim
+        self.batch = -1
 
 
 class Claims:
@@ -122,7 +144,11 @@ class Claims:
             return  # (gone: nothing more comes from it)
         told = self._told(worker)
         ids = told.ids
-        ids[task_id] = aborted or ids.get(task_id, False)
+        # The latest word counts: a task aborted there, sent there again and then
+        # cancelled may be reported once more (its run was not aborted).
+        ids.pop(task_id, None)
+        ids[task_id] = self.ctx.now if aborted else None
+        told.word = self.ctx.now
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
@@ -144,9 +170,14 @@ class Claims:
         follows; False: a false claim, counted, to be dropped."""
         told = self.told.get(worker)
         if told is not None and task_id in told.ids:
-            if told.ids[task_id] and (report == _DONE or type(report) is p.TaskErred):
-                # A report in flight as the Abort went out, once; again and again, a
-                # worker that ignores Abort (its tasks ran elsewhere meanwhile).
+            aborted = told.ids[task_id]
+            if (
+                aborted is not None
+                and self.ctx.now - aborted > ABORT_GRACE
+                and (report == _DONE or type(report) is p.TaskErred)
+            ):
+                # Not one in flight as the Abort went out: a worker that ignores Abort
+                # (its tasks ran elsewhere meanwhile).
                 self.false_claim(worker, report, task_id, "after it was told to abort it")
             return True
         task = self.tasks.get(task_id)
@@ -174,6 +205,9 @@ class Claims:
         told = self._told(worker)
         if told.ejected:
             return  # told to leave: the rest of its messages are dropped quietly
+        if told.batch == self.ctx.batch:
+            return  # one of a burst in one batch: counted once (the first is logged)
+        told.batch = self.ctx.batch
         now = self.ctx.now
         if now - told.last > FORGIVE_AFTER:
             told.false = 0
@@ -184,13 +218,16 @@ class Claims:
             what = f"{what} about task {task_id}"
         name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
         self.drops.warn(
-            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d such so "
-            "far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
+            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d batches "
+            "with such so far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
         )  # fmt: skip
         if told.false >= EJECT_AFTER:
             told.ejected = True
             last = what if why == _NEVER else f"{what}, {why}"
-            reason = f"{told.false} reports about work it was never given (the last: {last})"
+            reason = (
+                f"{told.false} batches of reports about work it was never given "
+                f"(the last: {last})"
+            )
             self.out.append(Eject(worker.id, reason))
 
     # -- the reports only claims reach, checked before their handlers -------------------------
@@ -270,6 +307,12 @@ class Claims:
             elif worker in task.who_has or self._fetching(worker, task):
                 kept.append(task_id)
                 continue
+            told = self.told.get(worker)
+            if told is not None and self.ctx.now - told.word <= ABORT_GRACE:
+                # Fetched, perhaps, for a task taken back since and gone: a race.
+                if type(msg) is p.Replicas:
+                    gone.append(task_id)  # (the worker need not keep it)
+                continue
             self.false_claim(worker, msg, task_id)
         if gone:
             self._send(worker, p.Release(tuple(gone)))
@@ -280,7 +323,7 @@ class Claims:
         taken back) a task that reads it. The shorter of its readers and the worker's
         tasks is searched."""
         told = self.told.get(worker)
-        ids: Mapping[int, bool] = told.ids if told is not None else {}
+        ids: Mapping[int, float | None] = told.ids if told is not None else {}
         if task.id in ids:
             return True
         readers = task.dependents

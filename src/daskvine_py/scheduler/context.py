@@ -165,7 +165,7 @@ class Context:
 
     __slots__ = (
         "workers", "runs", "tasks", "queue", "full", "out", "cache_runs", "durations",
-        "now", "transition", "send", "next_id",
+        "now", "batch", "transition", "send", "next_id",
         # the parts, in the order the state lists them
         "constraints", "saturation", "locality", "stealing", "claims", "failures", "sizing",
         "faults", "verification", "caching", "copies", "relays", "churn", "submission",
@@ -214,6 +214,9 @@ class Context:
         self.durations = DurationEstimates()
         #: the clock: the ``now`` of the ``handle`` call under way
         self.now = 0.0
+        #: ``handle`` calls so far: what one worker says in one batch of events is one
+        #: burst (``Claims`` counts a burst of false claims once)
+        self.batch = 0
         self.transition: Transition = transition if transition is not None else _no_transition
         #: ``send(worker, message)``: to ``out`` as a ``Send``; replaceable in tests
         self.send: Callable[[WorkerRecord, ToWorker], None] = self._send

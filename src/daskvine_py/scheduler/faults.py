@@ -23,10 +23,13 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   elsewhere.
 - **Quarantine**. A worker gets a strike when a task that failed there then succeeds
   elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
-  other workers or fails on none (one failure alone may be the task's own bug); each task
+  other workers (one failure alone may be the task's own bug; a kind that fails
+  wherever it runs, a graph whose tasks all raise, is no broken worker; an error its
+  second worker confirms counts for neither); each task
   done there forgives half a strike. At ``STRIKES`` it gets no new tasks (``Quarantined``:
   one WARNING, ``manager.workers``, the report) but keeps serving the results it holds. A
-  worker whose aborted tasks ran faster elsewhere ``SLOW_CONFIRMED`` times, or that had
+  worker whose aborted tasks ran over ``SLOW_RATIO`` times faster elsewhere
+  ``SLOW_CONFIRMED`` times, or that had
   that many aborted and finished none, is quarantined as slow, and what it holds is taken
   back. A task's error is retried once on another worker (one not erring lately) before
   it fails the run: a black hole's errors are so absorbed, and a deterministic error
@@ -69,14 +72,20 @@ WINDOW = 1000
 MAX_ABORTS = 2
 #: Aborted tasks that then ran faster elsewhere before their worker is quarantined as slow.
 SLOW_CONFIRMED = 3
+#: An aborted task shows its worker slow when it then took less than this share of the
+#: time it had already run there: a worker of ordinary speed beside one twice as fast is
+#: no straggler (the simulator's seeds 49 and 230 quarantined such workers when kinds
+#: whose durations spread wide were aborted there and rerun on the fast one).
+SLOW_RATIO = 2.0
 #: Strikes (failures that other workers do not share) before a worker is quarantined.
 STRIKES = 3.0
 #: What one task done forgives of a worker's strikes.
 FORGIVEN = 0.5
 #: Retries of a task's error on other workers: one, more only after quarantined workers.
 MAX_ERROR_RETRIES = 3
-#: Errors in a row on one worker, of kinds that fail nowhere else, past which each error
-#: is a strike: a black hole that is the first to run a kind fails many tasks quickly.
+#: Errors in a row on one worker, of kinds that succeed on other workers, past which each
+#: error is a strike: a black hole fails many tasks quickly. (One that is the first to
+#: run a kind is struck as its failed tasks then succeed elsewhere.)
 BURST = 8
 #: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
 #: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
@@ -88,12 +97,17 @@ SLOW_PACE = math.log(2.0)
 GOOD_PACE = 3.0
 #: A worker making no progress is ejected past this many times its tasks' usual duration.
 STALL_FACTOR = 10.0
+#: Seconds a worker may take to fetch an input from one holder (a worker's
+#: ``fetch_timeout``, 10 s by default): it asks each holder in turn, then the manager
+#: (``Relay``), before it gives up (``FetchFailed``). Holders preempted without a word
+#: answer nothing, and the manager may not know them gone yet.
+FETCH_ALLOWANCE = 10.0
 
 
 class Category:
     """What the tasks of one kind (``TaskRecord.prefix``) took, and where they succeeded."""
 
-    __slots__ = ("count", "mean", "var", "winners", "losers")
+    __slots__ = ("count", "mean", "var", "winners")
 
     def __init__(self) -> None:
         self.count = 0
@@ -101,8 +115,6 @@ class Category:
         self.var = 0.0
         #: up to two workers a task of this kind succeeded on
         self.winners: tuple[WorkerRecord, ...] = ()
-        #: up to two workers a task of this kind failed on
-        self.losers: tuple[WorkerRecord, ...] = ()
 
     def observe(self, duration: float, worker: WorkerRecord) -> None:
         self.count += 1
@@ -122,14 +134,6 @@ class Category:
 
     def succeeded_elsewhere(self, worker: WorkerRecord) -> bool:
         return any(winner is not worker for winner in self.winners)
-
-    def failed(self, worker: WorkerRecord) -> bool:
-        """Note a failure on ``worker``; whether this kind failed on another worker that
-        fails few tasks in a row (two black holes do not vouch for each other)."""
-        losers = self.losers
-        if len(losers) < 2 and worker not in losers:
-            self.losers = losers = (*losers, worker)
-        return any(loser is not worker and loser.errors < BURST for loser in losers)
 
 
 class Faults:
@@ -232,7 +236,11 @@ class Faults:
                 self.strike(erred[0], why)
         if self.aborted:
             aborted = self.aborted.pop(task, None)
-            if aborted is not None and aborted[0] is not worker and duration < aborted[1]:
+            if (
+                aborted is not None
+                and aborted[0] is not worker
+                and duration * SLOW_RATIO < aborted[1]
+            ):
                 slow = aborted[0]
                 shown = self.slow[slow] = self.slow.get(slow, 0) + 1
                 if shown >= SLOW_CONFIRMED:
@@ -242,12 +250,21 @@ class Faults:
     def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
         """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
         self._ended(task, worker)
-        worker.errors += 1
-        category = self.categories.get(task.prefix)
-        if category is None:
-            category = self.categories[task.prefix] = Category()
-        struck = self._burst(task, worker, category, "failed")
         previous = self.erred_on.get(task)
+        if previous is not None and previous[0] is not worker:
+            # Its second worker failed it too: the task's own error, no worker's. The
+            # first is forgiven it (else a run of such errors, their runs failing before
+            # anything succeeds there, looks like a black hole), and this one is not
+            # charged with it.
+            first = previous[0]
+            first.errors = max(0, first.errors - 1)
+            struck = False
+        else:
+            worker.errors += 1
+            category = self.categories.get(task.prefix)
+            if category is None:
+                category = self.categories[task.prefix] = Category()
+            struck = self._burst(task, worker, category, "failed")
         tries = 0 if previous is None else previous[1]
         # Not the second worker to fail it: a quarantined one, or its first one again
         # (stealing may hand a task back to a worker with room: a black hole has room).
@@ -274,14 +291,13 @@ class Faults:
     def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category,
                how: str) -> bool:  # fmt: skip
         """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
-        other workers or fails on none (a failure alone may be the task's own bug: a
-        data-dependent error fails wherever it runs)."""
-        alone = not category.failed(worker)
-        if worker.errors < BURST or not (alone or category.succeeded_elsewhere(worker)):
-            return False
-        where = "fail on no other worker" if alone else "succeed on other workers"
+        other workers (a failure alone may be the task's own bug: a data-dependent error
+        fails wherever it runs; a kind that failed wherever it ran is no sign of a broken
+        worker, whose failed tasks then succeed elsewhere: a strike each)."""
+        if worker.errors < BURST or not category.succeeded_elsewhere(worker):
+            return False  # (a kind that failed wherever it ran: its own bug, or its graph's)
         self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
-                    f"{task.prefix!r:.40} {where}")  # fmt: skip
+                    f"{task.prefix!r:.40} succeed on other workers")  # fmt: skip
         return True
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
@@ -423,6 +439,8 @@ class Faults:
                 continue  # (None: no task has finished yet, no telling how long they take)
             if any(task.started_at is not None for task in processing):
                 continue  # running something: fast abort's to judge
+            if quiet <= stall + _fetching(worker, processing):
+                continue  # its inputs may still be on their way (holders gone silent)
             self.eject(worker, f"it holds {len(processing)} tasks and reported no progress "
                        f"for {quiet:.0f} s (such tasks take {expected:.2g} s)")  # fmt: skip
 
@@ -461,3 +479,17 @@ class Faults:
         for tasks in (self.aborts, self.aborted, self.erred_on):
             for task in [t for t in tasks if t.state == "forgotten"]:
                 del tasks[task]
+
+
+def _fetching(worker: WorkerRecord, processing: dict[TaskRecord, None]) -> float:
+    """Seconds ``worker`` may still spend fetching the inputs of the tasks it holds: per
+    input held elsewhere, a try of each holder and one through the manager (inputs are
+    fetched at once, their holders in turn). Found by the simulator (30 workers, DV3,
+    seed 4015): a worker whose input's three holders were preempted silently tried each
+    for 10 s and was ejected as stuck just as it asked the manager to relay it."""
+    longest = 0
+    for task in processing:
+        for dep in task.deps:
+            if dep.value is None and worker not in dep.who_has:
+                longest = max(longest, len(dep.who_has) + 1)
+    return FETCH_ALLOWANCE * longest

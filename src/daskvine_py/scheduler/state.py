@@ -240,6 +240,7 @@ class SchedulerState:
         out = self._out
         out.clear()  # (the list is shared with the components: emptied, never replaced)
         ctx.now = now
+        ctx.batch += 1
         dispatch, failures = self._dispatch, self._failures
         handlers = self._events
         runs = len(self.runs)
