@@ -189,11 +189,12 @@ class GpuWorker:
         sent: dict[int, tuple[str | None, list[pipe.Call]]] = {}
         self.restarted = []
         self.moved = False
-        while self.pending:
+        while True:  # at least one pass, as the shell's loop makes
             events, self.pending = self.pending, []
             for instruction in self.state.handle(events, 0.0):
                 self._carry(instruction, sent)
-        return sent
+            if not self.pending:
+                return sent
 
     def _carry(self, instruction: object, sent: dict) -> None:
         kind = type(instruction)
