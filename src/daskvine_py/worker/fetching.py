@@ -90,7 +90,8 @@ class TransferSlots:
         self.from_peer: dict[str, int] = {}
         #: peers asked whose sockets may be open, least recently asked first
         self.linked: OrderedDict[str, None] = OrderedDict()
-        #: peers unlinked to make room: the shell closes their sockets before it sends
+        #: peers unlinked to make room: their sockets are closed (``Fetcher.flush``'s
+        #: ``ClosePeer``) before any request goes out
         self.evicted: list[str] = []
         #: fetches waiting for a slot, in the order they asked
         self.queue: deque[Fetch] = deque()
