@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from daskvine_py.wire import protocol as p
+from daskvine_py.worker.messages import FromLibrary
 
 #: How much slower a straggler runs every task.
 SLOWDOWN = 10.0
@@ -45,7 +46,7 @@ def abort(worker: Any, task_ids: Sequence[int], now: float) -> None:
     a running one killed."""
     queued = tuple(t for t in task_ids if t not in worker.running)
     if queued:
-        worker.state.on_manager_message(p.Cancel(queued), now)
+        worker.events.append(p.Cancel(queued))
     for task_id in task_ids:
         if task_id in worker.running and task_id not in worker.killed:
             _kill(worker, task_id, now)
@@ -59,8 +60,8 @@ def _kill(worker: Any, task_id: int, now: float) -> None:
     for index, (due, sequence, owner, lib, reply) in enumerate(completions):
         if owner is worker and reply.task_id == task_id:
             completions[index] = (now, sequence, owner, lib, reply)
-            if worker.free_at[lib.id] == due:
-                worker.free_at[lib.id] = now
+            if worker.free_at[lib] == due:
+                worker.free_at[lib] = now
             heapq.heapify(completions)
             worker.killed.add(task_id)
             swarm.tasks_killed += 1
@@ -72,8 +73,10 @@ def swallow(worker: Any, lib: Any, reply: Any, wall: float) -> None:
     result not kept."""
     task_id = reply.task_id
     worker.killed.discard(task_id)
-    outbox = worker.state.outbox
-    mark = len(outbox)
-    worker.state.on_library_reply(lib, reply, wall)
-    outbox[mark:] = [r for r in outbox[mark:] if p.task_ids_named(r) != (task_id,)]
-    worker.state.on_manager_message(p.Release((task_id,)), time.monotonic())
+    now = time.monotonic()
+    worker.handle(worker.events, now)  # what came before it, first
+    out = worker.state.handle([FromLibrary(lib, reply, wall), p.Release((task_id,))], now)
+    kept = [i for i in out if type(i) not in p.TO_MANAGER or p.task_ids_named(i) != (task_id,)]
+    events: list[object] = []
+    worker.carry(kept, events, now)
+    worker.handle(events, now)

@@ -66,8 +66,21 @@ from daskvine_py.wire import security
 from daskvine_py.wire.serialize import Serialized, TaskDecoder, loads
 from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import pipe
+from daskvine_py.worker.messages import (
+    AnswerPeer,
+    AskPeer,
+    Boot,
+    ClosePeer,
+    EventFailed,
+    FromLibrary,
+    Leave,
+    RegistrationSent,
+    SendStatus,
+    StartLibrary,
+    Tick,
+    ToLibrary,
+)
 from daskvine_py.worker.peers import PeerLinks
-from daskvine_py.worker.records import LibraryRecord
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
@@ -130,8 +143,8 @@ class Swarm:
         #: socket -> (its worker, what it is: "manager", "server" or "client")
         self.owners: dict[Any, tuple[SimWorker, str]] = {}
         self.decoder = TaskDecoder()
-        #: (due, sequence, worker, library, reply) of the simulated calls in flight
-        self.completions: list[tuple[float, int, SimWorker, LibraryRecord, Any]] = []
+        #: (due, sequence, worker, library id, reply) of the simulated calls in flight
+        self.completions: list[tuple[float, int, SimWorker, int, Any]] = []
         #: (due, sequence, worker, task id): when a simulated call begins (``Started``)
         self.starts: list[tuple[float, int, SimWorker, int]] = []
         self.sequence = 0
@@ -182,7 +195,7 @@ class Swarm:
     def own(self, sock: Any, worker: SimWorker, kind: str) -> None:
         self.owners[sock] = (worker, kind)
 
-    def schedule(self, worker: SimWorker, lib: LibraryRecord, due: float, reply: Any,
+    def schedule(self, worker: SimWorker, lib: int, due: float, reply: Any,
                  started: float) -> None:  # fmt: skip
         self.sequence += 1
         heapq.heappush(self.completions, (due, self.sequence, worker, lib, reply))
@@ -213,9 +226,9 @@ class Swarm:
                 if kind == "manager":
                     worker.drain_manager()
                 elif kind == "server":
-                    worker.peers.serve(worker.state)
+                    worker.peers.serve(worker.state.live, worker.events)
                 else:
-                    worker.peers.drain(sock, worker.state)
+                    worker.peers.drain(sock, worker.events)
             now = time.monotonic()
             wall = time.time()
             completions = self.completions
@@ -223,7 +236,7 @@ class Swarm:
             while starts and starts[0][0] <= now:
                 _, _, worker, task_id = heapq.heappop(starts)
                 if worker.alive and task_id in worker.running and task_id not in worker.killed:
-                    worker.state.outbox.append(p.Started((task_id,)))
+                    worker.outbox.append(p.Started((task_id,)))
                     dirty.add(worker)
             while completions and completions[0][0] <= now:
                 due, _, worker, lib, done = heapq.heappop(completions)
@@ -243,7 +256,7 @@ class Swarm:
                     self.tasks_done += 1
                 else:
                     self.tasks_failed += 1
-                worker.state.on_library_reply(lib, done, wall)
+                worker.events.append(FromLibrary(lib, done, wall))
                 dirty.add(worker)
             while self.preemptions and self.preemptions[0][0] <= now:
                 _, _, doomed = heapq.heappop(self.preemptions)
@@ -315,7 +328,9 @@ class Swarm:
 
 
 class SimWorker:
-    """One simulated worker: a real ``WorkerState`` and real sockets, simulated libraries."""
+    """One simulated worker: a real ``WorkerState`` and real sockets, simulated libraries.
+    A shell as ``shell.Worker`` is: what it reads becomes events for the state, whose
+    instructions it carries out (a library's requests are simulated, ``simulate``)."""
 
     def __init__(self, swarm: Swarm, name: str, cores: int) -> None:
         self.swarm = swarm
@@ -339,9 +354,13 @@ class SimWorker:
         swarm.own(self.peers.server, self, "server")
         now = time.monotonic()
         self.state = WorkerState(
-            self.store, name, self.peers.address, swarm.args.manager_timeout, 10.0, now
-        )
-        self.state.fetcher.slots.links = swarm.args.peer_links
+            self.store, name, self.peers.address, swarm.args.manager_timeout, 10.0, now,
+            peer_links=swarm.args.peer_links,
+        )  # fmt: skip
+        #: events for the state's next pass, and records for the manager not yet sent
+        self.events: list[object] = []
+        self.outbox: list[Any] = []
+        self.register_pending = False
         #: a faulty worker (``--black-holes``, ``--stragglers``): it fails every task, or
         #: runs each this many times slower
         self.black_hole = False
@@ -351,23 +370,57 @@ class SimWorker:
         self.killed: set[int] = set()
         #: simulated libraries: when each one's slot is free again
         self.free_at: dict[int, float] = {}
-        self.libraries: dict[int, LibraryRecord] = {}
-        for library_id in range(1, cores + 1):
-            record = self.state.add_library(library_id, 1)
-            self.libraries[library_id] = record
-            self.free_at[library_id] = 0.0
-        for record in self.libraries.values():
-            self.state.on_library_ready(record)
-        self.state.outbox.append(
-            p.Register(
-                p.PROTOCOL_VERSION, name, cores, swarm.args.memory_mb * 2**20,
-                socket.gethostname(), self.peers.address, os.getpid(),
-            )
+        register = p.Register(
+            p.PROTOCOL_VERSION, name, cores, swarm.args.memory_mb * 2**20,
+            socket.gethostname(), self.peers.address, os.getpid(),
         )  # fmt: skip
+        self.handle([Boot(register, cores)], now)  # its libraries, ready at once: it registers
         self.flush()
 
+    def handle(self, events: list[object], now: float) -> None:
+        """Hand the state ``events``; carry out its instructions (and again with what they
+        answer, a simulated library's readiness or a peer that cannot be asked)."""
+        pending = events
+        while pending and self.alive:
+            batch = pending[:]
+            pending.clear()
+            self.carry(self.state.handle(batch, now), pending, now)
+
+    def carry(self, instructions: list[Any], events: list[object], now: float) -> None:
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind in p.TO_MANAGER:
+                if kind is p.Register:
+                    self.register_pending = True
+                self.outbox.append(instruction)
+            elif kind is ToLibrary:
+                if type(instruction.request) is pipe.Run:
+                    self.simulate(instruction.library_id, instruction.request, now)
+                # (nothing is kept live: no export or forget to do)
+            elif kind is AskPeer:
+                self.peers.ask(instruction, events)
+            elif kind is ClosePeer:
+                self.peers.reset(instruction.address)
+            elif kind is AnswerPeer:
+                self.peers.answer_later(instruction)
+            elif kind is SendStatus:  # as a real worker's heartbeat (``host.status``)
+                held, spilled, bars = instruction
+                self.outbox.append(p.Status(held, 0, 0, spilled, 0, bars))
+            elif kind is StartLibrary:
+                self.free_at[instruction.library_id] = 0.0
+                events.append(FromLibrary(instruction.library_id, pipe.Ready(), now))
+            elif kind is Leave:
+                if instruction.unreachable:
+                    logger.error("worker %s: %s", self.name, instruction.reason)
+                    self.swarm.gave_up += 1
+                self.close()
+                return
+            elif kind is EventFailed:
+                logger.warning("worker %s could not handle %r: %r", self.name,
+                               instruction.event, instruction.error)  # fmt: skip
+
     def drain_manager(self) -> None:
-        state = self.state
+        events = self.events
         for _ in range(1000):
             try:
                 frames = self.manager.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -387,7 +440,7 @@ class SimWorker:
                     self.close()
                     return
                 elif kind is p.Shutdown:
-                    self.state.outbox.append(p.Goodbye("shut down"))
+                    self.outbox.append(p.Goodbye("shut down"))
                     self.flush()
                     self.close()
                     self.swarm.running = any(w.alive for w in self.swarm.workers)
@@ -395,42 +448,31 @@ class SimWorker:
                 elif kind is p.Abort:
                     swarm_faults.abort(self, message.task_ids, now)
                     continue
-                state.on_manager_message(message, now)
+                events.append(message)
             if not has_more(self.manager):
                 return
 
     def check_timers(self, now: float) -> bool:
-        """Heartbeats and the manager's silence; whether anything is to be sent."""
-        state = self.state
-        if state.manager_silent(now):
-            logger.error("worker %s: the manager went silent", self.name)
-            self.swarm.gave_up += 1
-            self.close()
+        """Whether a deadline is due (heartbeat, the manager's silence, a fetch): a
+        ``Tick`` for the state's next pass."""
+        if self.state.poll_timeout(now) > 0:
             return False
-        if state.heartbeat_due(now):  # busy or not, with its bars: as a real worker's
-            state.last_sent = now  # (``shell.Worker._check_timers``, ``host.status``)
-            bars = state.activity.take(time.time() - time.monotonic())
-            state.outbox.append(p.Status(self.store.nbytes, 0, 0, 0, 0, bars))
-        for address in state.on_timers(now):
-            self.peers.reset(address)
-        return bool(state.outbox)
+        self.events.append(Tick(time.time()))
+        return True
 
     def pass_end(self, now: float) -> None:
-        state = self.state
-        for record, run in state.start_runnable():
-            self.simulate(record, run, now)
-        state.end_pass(now)
-        state.library_outbox.clear()  # nothing is kept live: no export or forget to do
-        self.flush()
+        self.handle(self.events, now)
+        if self.alive:
+            self.flush()
 
-    def simulate(self, record: LibraryRecord, run: pipe.Run, now: float) -> None:
+    def simulate(self, lib: int, run: pipe.Run, now: float) -> None:
         """Compute the run's calls at once; their replies fall due one after the other
         on the library's slot, each when its declared duration has passed."""
         swarm = self.swarm
         decoder = swarm.decoder
         if run.functions:
             decoder.add_functions(run.functions)
-        start = max(now, self.free_at[record.id])
+        start = max(now, self.free_at[lib])
         chained: dict[int, Any] = {}
         scale = swarm.args.byte_scale
         declared = swarm_workloads.DECLARED
@@ -446,7 +488,7 @@ class SimWorker:
             if self.black_hole:
                 start += swarm_faults.BLACK_HOLE_SECONDS
                 message = "RuntimeError: a black hole (a simulated broken install)"
-                swarm.schedule(self, record, start, pipe.Erred(call.task_id, None, "", message),
+                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message),
                                begins)  # fmt: skip
                 continue
             scaled = int(nbytes * scale)
@@ -455,21 +497,23 @@ class SimWorker:
             swarm.declared_bytes += nbytes
             start += seconds
             done = pipe.Done(call.task_id, serialized, seconds, nbytes or serialized.nbytes)
-            swarm.schedule(self, record, start, done, begins)
-        self.free_at[record.id] = start
+            swarm.schedule(self, lib, start, done, begins)
+        self.free_at[lib] = start
 
     def flush(self) -> None:
-        state = self.state
-        if state.outbox:
-            messages = state.outbox[:]
-            state.outbox.clear()
+        outbox = self.outbox
+        if outbox:
+            messages = outbox[:]
+            outbox.clear()
             try:
                 send_batch(self.manager, p.encode(messages))
             except zmq.Again:
-                state.outbox[:0] = messages
+                outbox[:0] = messages
             else:
-                state.on_registration_sent(time.monotonic())
-        self.peers.flush(state)
+                if self.register_pending:  # the manager's deadline starts now
+                    self.register_pending = False
+                    self.handle([RegistrationSent()], time.monotonic())
+        self.peers.flush(self.state.live, self.events)
 
     def close(self) -> None:
         if not self.alive:
@@ -484,7 +528,6 @@ class SimWorker:
                 pass
         self.manager.close(linger=0)
         self.peers.close()
-
 
 class _SwarmPeers(PeerLinks):
     """A simulated worker's peer sockets, their owner recorded for the shared poller."""

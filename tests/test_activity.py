@@ -22,6 +22,16 @@ from daskvine_py.worker.activity import (
     Activity,
     key_prefix,
 )
+from daskvine_py.worker.messages import (
+    AskPeer,
+    Boot,
+    FromLibrary,
+    ProcessExited,
+    ProcessStarted,
+    StartProcess,
+    ToLibrary,
+)
+from daskvine_py.worker.records import LibraryRecord
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
@@ -142,22 +152,28 @@ def test_fetches_and_spills_have_lanes_of_their_own_moved_onto_the_wall_clock():
 # -- in the worker's state ------------------------------------------------------------
 
 
-def _state(store: Store | None = None) -> tuple[WorkerState, object]:
+def _state(store: Store | None = None) -> tuple[WorkerState, LibraryRecord]:
+    """A worker of one library (id 1), ready."""
     state = WorkerState(Store() if store is None else store, name="w", peer_address="tcp://me:1")
-    lib = state.add_library(1, 1)
-    state.on_library_ready(lib)
-    return state, lib
+    register = p.Register(p.PROTOCOL_VERSION, "w", 1, 0, "host", "tcp://me:1", 1)
+    state.handle([Boot(register, 1)], 0.0)
+    state.handle([FromLibrary(1, pipe.Ready(), 0.0)], 0.0)
+    return state, state.dispatch.libraries[1]
+
+
+def _runs(out: list) -> list[pipe.Run]:
+    return [i.request for i in out if type(i) is ToLibrary and type(i.request) is pipe.Run]
 
 
 def test_a_task_done_in_a_library_is_a_bar_on_its_lane():
     state, lib = _state()
     for task_id, duration, serialization, wall in ((1, 0.25, 0.05, 100.0), (2, 0.5, 0.1, 100.6)):
         key = ("total-a1b2c3", task_id)
-        state.on_manager_message(p.Execute(task_id, key, b"f", (), False, 0, True), 0.0)
-        ((_, run),) = state.start_runnable()
+        out = state.handle([p.Execute(task_id, key, b"f", (), False, 0, True)], 0.0)
+        (run,) = _runs(out)
         assert [call.task_id for call in run.calls] == [task_id]
         done = pipe.Done(task_id, dumps(1), duration, 8, serialization=serialization)
-        state.on_library_reply(lib, done, wall)
+        state.handle([FromLibrary(lib.id, done, wall)], 0.0)
     (bar,) = state.activity.take()
     lane, prefix, start, end, seconds, tasks = bar
     assert (lane, prefix, tasks) == (1, "total", 2)
@@ -167,21 +183,20 @@ def test_a_task_done_in_a_library_is_a_bar_on_its_lane():
 
 def test_a_task_process_runs_on_its_own_lane():
     state, _ = _state()
-    state.on_manager_message(p.RunConfig(6, "tasks", "direct", (), (), False), 0.0)
-    state.on_manager_message(p.Execute(1, "alone-1", b"f", (), False, 6, True), 0.0)
-    task = state.next_process_task()
-    assert task is not None
-    state.on_process_started(task)
-    state.on_reply(pipe.Done(1, dumps(1), 1.0, 8), 50.0)
+    config = p.RunConfig(6, "tasks", "direct", (), (), False)
+    (start,) = state.handle([config, p.Execute(1, "alone-1", b"f", (), False, 6, True)], 0.0)
+    assert type(start) is StartProcess
+    state.handle([ProcessStarted(start.task)], 0.0)
+    state.handle([ProcessExited(start.task, pipe.Done(1, dumps(1), 1.0, 8), 50.0)], 0.0)
     assert state.activity.take() == ((PROCESS_LANE, "alone", 49.0, 50.0, 0.0, 1),)
 
 
 def test_an_input_fetched_from_a_peer_is_a_bar_on_the_fetch_lane():
     state, _ = _state()
     dep = p.DepLocation(7, "big-1", ("tcp://peer:1",))
-    state.on_manager_message(p.Execute(1, "use-1", b"f", (dep,), False, 0, True), 10.0)
-    assert state.peer_outbox == {"tcp://peer:1": [7]}
-    state.on_data(p.Data(7, dumps(b"x" * 5000)), 12.5)
+    out = state.handle([p.Execute(1, "use-1", b"f", (dep,), False, 0, True)], 10.0)
+    assert out == [AskPeer("tcp://peer:1", (7,))]
+    state.handle([p.Data(7, dumps(b"x" * 5000))], 12.5)
     bars = state.activity.take(clock_offset=100.0)
     assert bars == ((p.FETCH_LANE, "fetch", 110.0, 112.5, 0.0, 1),)
 
@@ -189,9 +204,10 @@ def test_an_input_fetched_from_a_peer_is_a_bar_on_the_fetch_lane():
 def test_results_written_to_spill_files_are_bars_on_the_spill_lane(tmp_path):
     state, lib = _state(Store(memory_limit=12_000, spill_dir=str(tmp_path)))
     for task_id in (1, 2, 3):
-        state.on_manager_message(p.Execute(task_id, f"k-{task_id}", b"f", (), False, 0, True), 0.0)
-        assert len(state.start_runnable()) == 1
-        state.on_library_reply(lib, pipe.Done(task_id, dumps(b"x" * 5000), 0.001, 5000), 9.0)
+        out = state.handle([p.Execute(task_id, f"k-{task_id}", b"f", (), False, 0, True)], 0.0)
+        assert len(_runs(out)) == 1
+        done = pipe.Done(task_id, dumps(b"x" * 5000), 0.001, 5000)
+        state.handle([FromLibrary(lib.id, done, 9.0)], 0.0)
     assert state.store.spilled == 1
     bars = state.activity.take()
     (spill,) = [bar for bar in bars if bar[0] == p.SPILL_LANE]

@@ -213,13 +213,14 @@ def test_old_connection_files_without_host_or_pid_are_still_read(tmp_path):
 
 
 def test_the_managers_silence_counts_from_the_registration_not_the_start():
+    from daskvine_py.worker.messages import RegistrationSent
     from daskvine_py.worker.state import WorkerState
     from daskvine_py.worker.store import Store
 
     state = WorkerState(Store(None), manager_timeout=5.0, now=0.0)
     # libraries still starting at 100 s: nothing was asked of the manager yet
     assert not state.manager_silent(100.0) and state.poll_timeout(100.0) == 5.0
-    state.on_registration_sent(100.0)
+    assert state.handle([RegistrationSent()], 100.0) == []
     assert not state.manager_silent(104.0) and state.manager_silent(105.5)
     assert state.poll_timeout(101.0) == pytest.approx(4.0)
 
@@ -260,17 +261,21 @@ def test_a_worker_whose_registration_is_never_answered_while_connected_gives_up_
 def test_a_worker_whose_libraries_cannot_start_leaves_instead_of_waiting_forever():
     """The deadline starts with the registration: a worker whose libraries keep dying
     before it registers gives up after a few, saying why."""
-    from daskvine_py.worker.shell import MAX_START_FAILURES, Worker
+    from daskvine_py.worker.messages import Boot
+    from daskvine_py.worker.shell import Worker
+    from daskvine_py.worker.state import MAX_START_FAILURES
 
     worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
     try:
-        worker._start_library()
+        worker.events.append(Boot(worker._registration(), libraries=1))
+        worker._handle(time.monotonic())
         for _ in range(MAX_START_FAILURES):
             assert worker.running
             (lib,) = list(worker.library_by_fd.values())  # the one started, or its successor
             lib.process.kill()
             lib.process.join(10)
-            worker._on_library_death(lib)
+            worker._library_died(lib)
+            worker._handle(time.monotonic())
         assert not worker.running and worker.exit_code == 5
         assert "its library processes could not start" in worker.leave_reason
         assert "killed by signal SIGKILL" in worker.leave_reason

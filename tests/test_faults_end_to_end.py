@@ -319,13 +319,17 @@ def test_one_worker_with_two_library_processes():
 def test_a_starting_worker_sleeps_in_poll_until_a_deadline():
     """Before it registers (its libraries still importing), a worker has no heartbeat due:
     its poll waits for the manager rather than spinning at timeout 0."""
+    from daskvine_py.worker.messages import Tick
     from daskvine_py.worker.shell import Worker
 
     worker = Worker("tcp://127.0.0.1:1", manager_timeout=30.0)
     try:
-        assert not worker.state.registered and not worker.state.outbox
+        assert not worker.state.registered and not worker.outbox
         assert 29_000 <= worker._poll_timeout_ms() <= 30_001
-        worker.state.registered, worker.state.last_sent = True, time.monotonic()
+        worker.events += [p.Welcome("w", 1.0), Tick(time.time())]  # a heartbeat goes at once
+        worker._handle(time.monotonic())
+        assert [type(m) for m in worker.outbox] == [p.Status]
+        worker.outbox.clear()
         assert 0 < worker._poll_timeout_ms() <= 1_001  # the next heartbeat
     finally:
         worker._close()

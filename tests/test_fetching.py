@@ -6,6 +6,7 @@ from __future__ import annotations
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 from daskvine_py.worker.fetching import RELAY, Fetch, Fetcher, TransferSlots
+from daskvine_py.worker.messages import AskPeer, ClosePeer
 
 
 def test_per_peer_and_total_bounds_queue_the_rest_and_start_them_as_slots_free():
@@ -50,54 +51,66 @@ def test_a_fetch_asks_a_holder_with_a_free_slot_first():
 
 
 def _fetcher(timeout=5.0):
-    """A ``Fetcher`` with its instruction lists and the fetches it gave up on."""
-    outbox, peer_outbox, failed = [], {}, []
-    return Fetcher(timeout, outbox, peer_outbox, failed.append), outbox, peer_outbox, failed
+    """A ``Fetcher``, its instructions and the fetches it gave up on."""
+    out, failed = [], []
+    return Fetcher(timeout, out, failed.append), out, failed
+
+
+def _asked(fetcher, out):
+    """The ``AskPeer`` instructions of a ``flush``, taken out of ``out``."""
+    fetcher.flush()
+    asked = [(i.address, list(i.task_ids)) for i in out if type(i) is AskPeer]
+    out[:] = [i for i in out if type(i) is not AskPeer]
+    return asked
 
 
 def test_a_fetch_asks_one_holder_and_the_next_when_it_has_nothing():
-    fetcher, outbox, peer_outbox, failed = _fetcher()
+    fetcher, out, failed = _fetcher()
     fetcher.want(7, ["a", "b"], task_id=1, now=0.0)
     fetcher.want(7, ["a", "b"], task_id=2, now=0.0)  # one fetch for both tasks
-    ((first, ids),) = peer_outbox.items()
+    ((first, ids),) = _asked(fetcher, out)
     assert ids == [7] and fetcher.fetches[7].waiters == {1, 2}
     assert fetcher.deadline(100.0) == 5.0
     assert fetcher.on_data(p.Data(7, None), now=1.0) is None  # not there: ask the other
-    assert list(peer_outbox) == [first, "b" if first == "a" else "a"]
+    assert _asked(fetcher, out) == [("b" if first == "a" else "a", [7])]
     fetch = fetcher.on_data(p.Data(7, dumps("seven")), now=2.0)
     assert fetch is not None and fetch.waiters == {1, 2} and not fetcher.fetches
     fetcher.report_received()
-    (transfers,) = outbox
+    (transfers,) = out
     assert type(transfers) is p.Transfers and transfers.received[0][0] in ("a", "b")
     assert not failed and not list(fetcher.leaks())
 
 
 def test_holders_that_do_not_answer_pass_the_fetch_to_the_manager_then_it_fails():
-    fetcher, outbox, peer_outbox, failed = _fetcher(timeout=1.0)
+    fetcher, out, failed = _fetcher(timeout=1.0)
     fetcher.want(7, ["a"], task_id=1, now=0.0)
-    assert fetcher.on_timers(0.5) == [] and fetcher.on_timers(1.0) == ["a"]
-    assert outbox == [p.Relay((7,))] and fetcher.relayed(7)
+    assert _asked(fetcher, out) == [("a", [7])]
+    fetcher.on_timers(0.5)
+    assert out == []
+    fetcher.on_timers(1.0)  # "a" said nothing: its socket closed, the manager asked
+    assert out == [ClosePeer("a"), p.Relay((7,))] and fetcher.relayed(7)
     fetcher.on_data(p.Data(7, None), now=1.5)  # the manager found no holder either
     assert [f.dep_id for f in failed] == [7] and not fetcher.fetches
     assert not list(fetcher.leaks())
 
 
 def test_a_fetch_nobody_waits_for_is_dropped_unless_it_is_a_replica():
-    fetcher, _, peer_outbox, _ = _fetcher()
+    fetcher, out, _ = _fetcher()
     fetcher.want(7, ["a"], task_id=1, now=0.0)
     fetcher.replicate(8, ["a"], now=0.0)
     fetcher.unwait(7, 1)
     assert list(fetcher.fetches) == [8] and fetcher.slots.in_flight == 1
     fetcher.unwait_all(1)  # (8 waits for no task: kept)
-    assert list(fetcher.fetches) == [8] and peer_outbox == {"a": [7, 8]}
+    assert list(fetcher.fetches) == [8] and _asked(fetcher, out) == [("a", [7, 8])]
 
 
 def test_queued_fetches_start_once_a_slot_is_free_and_unreachable_peers_are_skipped():
-    fetcher, _, peer_outbox, _ = _fetcher()
+    fetcher, out, _ = _fetcher()
     fetcher.slots.total = 1
     fetcher.want(1, ["a"], task_id=10, now=0.0)
     fetcher.want(2, ["b", "c"], task_id=20, now=0.0)
-    assert peer_outbox == {"a": [1]} and list(fetcher.slots.queue) == [fetcher.fetches[2]]
+    assert _asked(fetcher, out) == [("a", [1])]
+    assert list(fetcher.slots.queue) == [fetcher.fetches[2]]
     fetcher.on_unreachable("a", [1], now=1.0)  # its only holder: through the manager now
     assert fetcher.fetches[1].current == RELAY
     fetcher.unwait(1, 10)

@@ -27,6 +27,15 @@ from daskvine_py.wire import security
 from daskvine_py.wire.serialize import dumps, loads
 from daskvine_py.worker import gpus, pipe
 from daskvine_py.worker.args import parse_args
+from daskvine_py.worker.messages import (
+    Boot,
+    EventFailed,
+    FromLibrary,
+    KillLibrary,
+    LibraryDied,
+    StartLibrary,
+    ToLibrary,
+)
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
@@ -147,51 +156,88 @@ def test_a_run_asking_for_more_gpus_than_any_worker_has_fails_as_it_starts():
 
 
 class GpuWorker:
-    """A ``WorkerState`` with declared devices and one-slot libraries, and the shell's part
-    of a restart: the library killed, its replacement started (and ready)."""
+    """A ``WorkerState`` with declared devices and one-slot libraries, and a shell for it:
+    a library killed (``KillLibrary``, a restart) dies at once, one started
+    (``StartLibrary``) is ready at once, and libraries answer exports at once."""
 
     def __init__(self, libraries: int, devices: tuple[str, ...] = ("0", "1")) -> None:
-        self.state = WorkerState(Store(), name="w", peer_address="tcp://me:1")
-        self.pool = self.state.dispatch.gpus.declare(devices)
-        self.next_id = 0
+        self.state = WorkerState(Store(), name="w", peer_address="tcp://me:1", gpus=devices)
+        self.pool = self.state.dispatch.gpus
+        self.pending: list[object] = []
+        self.reports: list[p.ToManager] = []
+        #: libraries started again for the devices, by the last ``start``; whether it
+        #: wrote anything else to libraries (an export, a forget: the next pass may move)
         self.restarted: list[int] = []
-        for _ in range(libraries):
-            self.start_library()
-
-    def start_library(self) -> int:
-        lib = self.state.add_library(self.next_id, 1)
-        self.state.on_library_ready(lib)
-        self.next_id += 1
-        return lib.id
+        self.moved = False
+        self.last_started = 0
+        #: exports the libraries were asked for, answered at once unless ``hold``
+        self.exports: list[tuple[int, pipe.Export]] = []
+        self.hold = False
+        register = p.Register(p.PROTOCOL_VERSION, "w", libraries, 0, "h", "tcp://me:1", 1)
+        self.pending.append(Boot(register, libraries))
+        self.start()
+        self.reports.clear()
 
     def run(self, task_id: int, gpus_: int = 0, *deps: p.DepLocation) -> None:
-        self.state.on_manager_message(
-            p.Execute(task_id, f"k{task_id}", b"payload", deps, False, 0, True, gpus=gpus_), 0.0
+        self.pending.append(
+            p.Execute(task_id, f"k{task_id}", b"payload", deps, False, 0, True, gpus=gpus_)
         )
 
     def start(self) -> dict[int, tuple[str | None, list[pipe.Call]]]:
-        """Task ids sent, by library: what its CUDA_VISIBLE_DEVICES says, and the calls;
-        then the restarts the pool asked for, done."""
-        sent = {
-            lib.id: (self.pool.env(lib.id), list(run.calls))
-            for lib, run in self.state.start_runnable()
-        }
-        self.restarted = self.pool.take_restarts()
-        for library_id in self.restarted:
-            lib = self.state.dispatch.libraries[library_id]
-            assert not lib.sent  # only idle libraries start again
-            self.state.on_library_death(lib, "killed by signal SIGKILL", ())
-            self.start_library()
-        return sent
+        """Hand the worker what happened; the task ids it sent, by library: what its
+        CUDA_VISIBLE_DEVICES says, and the calls (the restarts' too, carried out)."""
+        sent: dict[int, tuple[str | None, list[pipe.Call]]] = {}
+        self.restarted = []
+        self.moved = False
+        while True:  # at least one pass, as the shell's loop makes
+            events, self.pending = self.pending, []
+            for instruction in self.state.handle(events, 0.0):
+                self._carry(instruction, sent)
+            if not self.pending:
+                return sent
 
-    def finish(self, library_id: int, task_id: int) -> None:
-        value = dumps(task_id)
-        lib = self.state.dispatch.libraries[library_id]
-        self.state.on_library_reply(lib, pipe.Done(task_id, value, 0.01, value.nbytes), 0.0)
+    def _carry(self, instruction: object, sent: dict) -> None:
+        kind = type(instruction)
+        if kind is ToLibrary:
+            library_id, request = instruction  # type: ignore[misc]
+            if type(request) is pipe.Run:
+                sent[library_id] = (self.pool.env(library_id), list(request.calls))
+                return
+            self.moved = True
+            if type(request) is pipe.Export:
+                self.exports.append((library_id, request))
+                if not self.hold:
+                    self.answer_exports()
+        elif kind is KillLibrary:
+            lib = self.state.dispatch.libraries[instruction.library_id]  # type: ignore[attr-defined]
+            assert not lib.sent  # only idle libraries start again
+            self.restarted.append(lib.id)
+            self.pending.append(LibraryDied(lib.id, "killed by signal SIGKILL", ()))
+        elif kind is StartLibrary:
+            self.last_started = instruction.library_id  # type: ignore[attr-defined]
+            self.pending.append(FromLibrary(self.last_started, pipe.Ready(), 0.0))
+        elif kind in p.TO_MANAGER:
+            self.reports.append(instruction)  # type: ignore[arg-type]
+
+    def answer_exports(self) -> None:
+        for library_id, request in self.exports:
+            for task_id in request.task_ids:
+                exported = pipe.Exported(task_id, dumps(task_id), 0.0, "")
+                self.pending.append(FromLibrary(library_id, exported, 0.0))
+        self.exports.clear()
+
+    def finish(self, library_id: int, task_id: int, live: bool = False) -> None:
+        value = None if live else dumps(task_id)
+        nbytes = 100 if live else value.nbytes  # type: ignore[union-attr]
+        done = pipe.Done(task_id, value, 0.01, nbytes, live)
+        self.pending.append(FromLibrary(library_id, done, 0.0))
+
+    def die(self, library_id: int) -> None:
+        self.pending.append(LibraryDied(library_id, "killed by signal SIGKILL"))
 
     def reported(self) -> list[str]:
-        out = [type(m).__name__ for m in self.state.outbox if not isinstance(m, p.Started)]
-        self.state.outbox.clear()
+        out = [type(m).__name__ for m in self.reports if not isinstance(m, p.Started)]
+        self.reports.clear()
         return out
 
 
@@ -202,73 +248,67 @@ def devices_of_running(worker: GpuWorker) -> list[str]:
     return [d for i in running for d in (worker.pool.env(i) or "").split(",") if d]
 
 
+def _ids(sent: dict) -> list[tuple[str | None, list[int]]]:
+    return sorted((env, [c.task_id for c in calls]) for env, calls in sent.values())
+
+
 def test_gpu_tasks_get_libraries_started_with_free_devices_of_their_own():
     worker = GpuWorker(3)
     worker.run(1)  # no GPU
     worker.run(2, 1)
     worker.run(3, 1)
     worker.run(4, 1)
-    first = worker.start()
-    assert [(env, [c.task_id for c in calls]) for env, calls in first.values()] == [("", [1])]
+    sent = worker.start()
     # two idle libraries were started again, one device each; the GPU tasks go there
-    second = worker.start()
-    assert sorted((env, [c.task_id for c in calls]) for env, calls in second.values()) == [
-        ("0", [2]), ("1", [3])
-    ]
-    assert all(not call.keep and call.send for _, calls in second.values() for call in calls)
+    assert len(worker.restarted) == 2
+    assert _ids(sent) == [("", [1]), ("0", [2]), ("1", [3])]
+    gpu_calls = [call for env, calls in sent.values() if env for call in calls]
+    assert all(not call.keep and call.send for call in gpu_calls)
     assert sorted(devices_of_running(worker)) == ["0", "1"]
     assert worker.start() == {}  # task 4 waits: both devices are held, no library is idle
-    (lib_of_2,) = [lib for lib, (_, calls) in second.items() if calls[0].task_id == 2]
+    (lib_of_2,) = [lib for lib, (_, calls) in sent.items() if calls[0].task_id == 2]
     worker.finish(lib_of_2, 2)
     assert worker.start() == {lib_of_2: ("0", [pipe.Call(4, "k4", b"payload", [], False, True)])}
     assert worker.reported() == ["TaskDone"]
-    assert not worker.pool.restarts and not worker.state.outbox
+    assert not worker.pool.restarts and not worker.reports
 
 
 def test_a_task_without_gpus_never_runs_in_a_gpu_library_and_one_is_started_again_for_it():
     worker = GpuWorker(1, devices=("7",))
     worker.run(1, 1)
-    assert worker.start() == {}  # its one library starts again with device 7
-    ((env, calls),) = worker.start().values()
-    assert env == "7" and calls[0].task_id == 1
+    ((env, calls),) = worker.start().values()  # its one library started again with device 7
+    assert env == "7" and calls[0].task_id == 1 and len(worker.restarted) == 1
     worker.run(2)  # waits: the GPU library is busy
     assert worker.start() == {}
-    worker.finish(worker.next_id - 1, 1)
-    assert worker.start() == {}  # the idle GPU library starts again, without devices
-    ((env, calls),) = worker.start().values()
-    assert env == "" and calls[0].task_id == 2
+    worker.finish(worker.last_started, 1)
+    ((env, calls),) = worker.start().values()  # the idle GPU library starts again, without
+    assert env == "" and calls[0].task_id == 2  # devices
 
 
 def test_a_gpu_librarys_death_frees_its_devices_and_crashes_only_its_task():
     worker = GpuWorker(2, devices=("0",))
     worker.run(1, 1)
     worker.run(2, 1)
-    worker.start()
     (gpu_lib,) = [i for i, (env, calls) in worker.start().items() if env == "0"]
     assert worker.start() == {}  # task 2 waits for the device
-    lib = worker.state.dispatch.libraries[gpu_lib]
-    worker.state.on_library_death(lib, "killed by signal SIGKILL")
-    worker.start_library()  # a plain replacement, as after any crash
+    worker.die(gpu_lib)  # a plain replacement starts, as after any crash
+    ((env, calls),) = worker.start().values()  # the device is free: an idle library starts
+    assert env == "0" and calls[0].task_id == 2  # again with it
     assert worker.reported() == ["TaskCrashed"]
-    worker.start()  # the device is free: an idle library starts again with it
-    ((env, calls),) = worker.start().values()
-    assert env == "0" and calls[0].task_id == 2
 
 
 def test_an_idle_library_keeping_live_results_exports_them_before_it_starts_again():
     worker = GpuWorker(1)
     worker.run(1)
     ((lib_id, _),) = worker.start().items()
-    lib = worker.state.dispatch.libraries[lib_id]
-    worker.state.on_library_reply(lib, pipe.Done(1, None, 0.01, 100, True), 0.0)  # kept live
+    worker.finish(lib_id, 1, live=True)
     worker.run(2, 1)
-    assert worker.start() == {} and not worker.pool.restarts
-    assert worker.state.library_outbox == [(lib_id, pipe.Export([1], True))]
-    worker.state.library_outbox.clear()
-    worker.state.on_exported(pipe.Exported(1, dumps(1), 0.0, ""))
-    assert worker.start() == {}  # now it starts again: nothing is lost
-    ((env, calls),) = worker.start().values()
-    assert env == "0" and calls[0].task_id == 2
+    worker.hold = True  # the library has not answered the export yet
+    assert worker.start() == {} and not worker.restarted
+    assert worker.exports == [(lib_id, pipe.Export([1], True))]
+    worker.answer_exports()
+    ((env, calls),) = worker.start().values()  # now it starts again: nothing is lost
+    assert env == "0" and calls[0].task_id == 2 and worker.restarted == [lib_id]
     assert worker.reported() == ["TaskDone"] and 1 in worker.state.store
 
 
@@ -276,13 +316,13 @@ def test_a_gpu_task_reads_a_live_input_from_the_store_after_its_export():
     worker = GpuWorker(2, devices=("0",))
     worker.run(1)
     ((lib_id, _),) = worker.start().items()
-    lib = worker.state.dispatch.libraries[lib_id]
-    worker.state.on_library_reply(lib, pipe.Done(1, None, 0.01, 100, True), 0.0)
+    worker.finish(lib_id, 1, live=True)
     worker.run(2, 1, p.DepLocation(1, "k1", ()))
-    assert worker.state.library_outbox == [(lib_id, pipe.Export([1], False))]
-    worker.state.library_outbox.clear()
-    worker.state.on_exported(pipe.Exported(1, dumps(1), 0.0, ""))
-    worker.start()  # the other library, idle and empty, starts again with the device
+    worker.hold = True
+    assert worker.start() == {}
+    assert worker.exports == [(lib_id, pipe.Export([1], False))]
+    worker.answer_exports()
+    # the other library, idle and empty, starts again with the device
     ((env, calls),) = worker.start().values()
     ((key, dep_id, value),) = calls[0].inputs
     assert env == "0" and (key, dep_id) == ("k1", 1) and value is not None and loads(value) == 1
@@ -291,10 +331,11 @@ def test_a_gpu_task_reads_a_live_input_from_the_store_after_its_export():
 def test_a_task_asking_for_more_gpus_than_the_worker_has_is_refused_not_kept_waiting():
     worker = GpuWorker(1)
     message = p.Execute(1, "k1", b"payload", (), False, 0, True, gpus=3)
-    with pytest.raises(ValueError, match="asks for 3 GPUs; this worker has 2"):
-        worker.state.on_manager_message(message, 0.0)
-    worker.state.cannot_take(message, "it could not take the task")  # (the shell's answer)
-    assert worker.reported() == ["TaskCrashed"] and not worker.state.tasks
+    (failed, crashed) = worker.state.handle([message], 0.0)
+    assert type(failed) is EventFailed and "asks for 3 GPUs; this worker has 2" in str(
+        failed.error
+    )
+    assert type(crashed) is p.TaskCrashed and not worker.state.tasks
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -320,22 +361,14 @@ def test_random_gpu_and_plain_tasks_all_run_and_never_share_a_device(libraries, 
                 assert len([d for d in (env or "").split(",") if d]) == graph[call.task_id - 1][0]
         held = devices_of_running(worker)
         assert len(held) == len(set(held)), held
-        moved = bool(state.library_outbox or worker.restarted)
-        for _library_id, request in state.library_outbox:  # the libraries' answers
-            if isinstance(request, pipe.Export):
-                for task_id in request.task_ids:
-                    state.on_exported(pipe.Exported(task_id, dumps(task_id), 0.0, ""))
-        state.library_outbox.clear()
         running = [(lib.id, lib.sent[0]) for lib in state.dispatch.libraries.values() if lib.sent]
         if not running:
-            if not sent and not moved:
+            if not sent and not worker.restarted and not worker.moved:
                 break
             continue
         library_id, task_id = data.draw(st.sampled_from(running))
-        lib = state.dispatch.libraries[library_id]
         live = library_id not in worker.pool.bound  # a GPU library keeps nothing live
-        value = None if live else dumps(task_id)
-        state.on_library_reply(lib, pipe.Done(task_id, value, 0.01, 10, live), 0.0)
+        worker.finish(library_id, task_id, live=live)
         done.add(task_id)
     assert done == set(range(1, len(graph) + 1)), (done, state.tasks)
     assert worker.reported().count("TaskDone") == len(graph)

@@ -7,16 +7,15 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps, loads
 from daskvine_py.worker import pipe
 from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
+from daskvine_py.worker.messages import AnswerPeer, ToLibrary
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.store import Store
 
 
 def make(store=None):
-    """A ``LiveTasks`` with its instruction lists: (component, outbox, library requests,
-    peer replies)."""
-    outbox, library_outbox, peer_replies = [], [], []
-    live = LiveTasks(store or Store(), outbox, library_outbox, peer_replies)
-    return live, outbox, library_outbox, peer_replies
+    """A ``LiveTasks`` and its instructions: (component, out)."""
+    out = []
+    return LiveTasks(store or Store(), out), out
 
 
 def task(task_id, *dep_ids, tasks_mode=False):
@@ -39,17 +38,17 @@ def test_a_task_runs_where_most_of_its_live_inputs_are_after_the_others_are_expo
 
 
 def test_one_export_serves_every_task_and_peer_that_waits_for_it():
-    live, outbox, library_outbox, peer_replies = make()
+    live, out = make()
     live.live.add(1, lib=0, nbytes=100)
     live.export(1, task_id=9)
     assert live.serve_peer(1, b"peer") and live.serve_peer(1, MANAGER_IDENT)
     assert not live.serve_peer(2, b"peer")  # not live here
-    assert library_outbox == [(0, pipe.Export([1], False))]  # asked once
+    assert out == [ToLibrary(0, pipe.Export([1], False))]  # asked once
+    out.clear()
     wait = live.on_exported(pipe.Exported(1, dumps("one"), 0.001, ""))
     assert wait is not None and wait.tasks == {9}
-    assert [ident for ident, _ in peer_replies] == [b"peer"] and outbox == [
-        p.Uploaded(1, peer_replies[0][1].value)
-    ]
+    value = live.store.get(1)
+    assert out == [AnswerPeer(b"peer", p.Data(1, value)), p.Uploaded(1, value)]
     assert loads(live.store.get(1)) == "one" and 1 in live.live  # kept live too
     assert not list(live.leaks())
 
@@ -65,16 +64,16 @@ def test_a_result_that_cannot_be_serialized_stays_stuck_in_its_library():
 
 
 def test_release_is_one_forget_per_library_and_eviction_spills_the_oldest(tmp_path):
-    live, _, library_outbox, _ = make(Store(25_000, str(tmp_path)))
+    live, out = make(Store(25_000, str(tmp_path)))
     for task_id, lib in ((1, 0), (2, 1), (3, 0), (4, 0)):
         live.live.add(task_id, lib, nbytes=10_000)
     live.forget([3, 2, 4, 5])
-    assert library_outbox == [(0, pipe.Forget([3, 4])), (1, pipe.Forget([2]))]
-    library_outbox.clear()
+    assert out == [ToLibrary(0, pipe.Forget([3, 4])), ToLibrary(1, pipe.Forget([2]))]
+    out.clear()
     live.live.add(6, 1, nbytes=10_000)
     live.store.put(6, dumps(6))
     live.evict(15_000)  # the oldest first: 1 is exported, 6 (stored) just forgotten
-    assert library_outbox == [(0, pipe.Export([1], True)), (1, pipe.Forget([6]))]
+    assert out == [ToLibrary(0, pipe.Export([1], True)), ToLibrary(1, pipe.Forget([6]))]
     live.on_exported(pipe.Exported(1, dumps(b"x" * 100), 0.001, ""))
     assert not live.live.entries and 1 in live.store and live.store.reserved == 0
 

@@ -34,6 +34,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.wire import plain, validation
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized, dumps, loads
+from daskvine_py.worker.messages import Boot
 from daskvine_py.worker.shell import Worker
 from sockets import dealer
 from test_state import SimulatedCluster, random_graphs
@@ -148,8 +149,8 @@ def offline_worker():
     try:
         yield worker
     finally:
-        worker.state.outbox.clear()
-        worker.state.peer_outbox.clear()
+        worker.outbox.clear()
+        worker.events.clear()
         worker.manager_gone = True  # nothing waits for its unsendable messages
         worker._close()
 
@@ -454,11 +455,14 @@ def test_a_result_that_cannot_be_read_back_is_answered_as_not_held(worker):
 def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
     deps = (p.DepLocation(1, "x", ("tcp://127.0.0.1:2",)),)
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
+    worker._handle(0.0)
     assert 1 in worker.state.fetcher.fetches
-    worker.peers.on_frames(raw_plain((p.Data, (1, (b"x", (5,))))), worker.state)
+    worker.peers.on_frames(raw_plain((p.Data, (1, (b"x", (5,))))), worker.events)
+    worker._handle(0.0)
     # It waits for a valid answer.
     assert 1 in worker.state.fetcher.fetches and 1 not in worker.store
-    worker.peers.on_frames(p.encode([p.Data(1, dumps(41))]), worker.state)
+    worker.peers.on_frames(p.encode([p.Data(1, dumps(41))]), worker.events)
+    worker._handle(0.0)
     assert 1 not in worker.state.fetcher.fetches and loads(worker.store.get(1)) == 41
 
 
@@ -467,13 +471,15 @@ def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
 
 def test_only_valid_messages_from_the_manager_count_as_contact(worker):
     """Problem 4: any bytes from the manager's socket used to reset the silence timer."""
-    worker.state.last_contact = -1.0
+    before = worker.state.last_contact
     for frames in ([b"junk"], [p.MAGIC + b"junk"], p.encode([p.Welcome("w", math.nan)]),
                    p.encode([p.Release(("1",))]), p.encode([p.GetData((1,))])):  # fmt: skip
         worker._on_manager_frames(frames)
-        assert worker.state.last_contact == -1.0
+        worker._handle(before + 100.0)
+        assert worker.state.last_contact == before
     worker._on_manager_frames(p.encode([p.Heartbeat()]))
-    assert worker.state.last_contact > -1.0
+    worker._handle(before + 100.0)
+    assert worker.state.last_contact == before + 100.0
 
 
 def test_a_worker_fed_garbage_by_its_manager_still_notices_the_silence():
@@ -484,11 +490,11 @@ def test_a_worker_fed_garbage_by_its_manager_still_notices_the_silence():
     port = router.bind_to_random_port("tcp://127.0.0.1")
     worker = Worker(f"tcp://127.0.0.1:{port}", manager_timeout=1.0)
     try:
-        worker._register()
-        worker._flush()
+        worker.events.append(Boot(worker._registration(), libraries=0))  # (none to wait for)
+        worker._handle(time.monotonic())
+        worker._flush()  # the manager's silence counts from now
         assert router.poll(5000)
         ident = router.recv_multipart()[0]
-        worker.state.last_contact = time.monotonic()
         deadline = time.monotonic() + 20.0
         while worker.running and time.monotonic() < deadline:
             router.send_multipart([ident, p.MAGIC + b"garbage"])
@@ -506,7 +512,8 @@ def test_a_task_the_worker_cannot_read_is_reported_crashed(worker, caplog):
     good = p.Execute(8, "j", b"", (), False)
     with caplog.at_level(logging.WARNING, logger="daskvine_py.worker"):
         worker._on_manager_frames(p.encode([bad, good, p.Cancel(("x",))]))
-    (crashed,) = worker.state.outbox
+        worker._handle(0.0)
+    (crashed,) = worker.outbox
     assert type(crashed) is p.TaskCrashed and crashed.task_id == 7
     assert "could not read" in crashed.reason and "Execute.deps" in crashed.reason
     assert 7 not in worker.state.tasks and 8 in worker.state.tasks
@@ -533,7 +540,8 @@ def test_a_task_the_worker_fails_to_take_is_reported_crashed(worker):
     fetcher = type(worker.state.fetcher)
     with mock.patch.object(fetcher, "request_next", side_effect=RuntimeError("a bug")):
         worker._on_manager_frames(p.encode([p.Execute(9, "y", b"", deps, False)]))
-    (crashed,) = worker.state.outbox
+        worker._handle(0.0)
+    (crashed,) = worker.outbox
     assert type(crashed) is p.TaskCrashed and crashed.task_id == 9
     assert "could not take the task" in crashed.reason and "a bug" in crashed.reason
     # What the handler had kept before it failed is gone with it.
@@ -548,13 +556,12 @@ def test_a_task_the_worker_fails_to_take_is_reported_crashed(worker):
 def test_an_address_zeromq_refuses_moves_the_fetch_to_the_next_holder(worker):
     deps = (p.DepLocation(1, "x", ("tcp://a b:1", "tcp://127.0.0.1:2")),)
     worker._on_manager_frames(p.encode([p.Execute(5, "y", b"", deps, False)]))
-    for _ in range(2):
-        worker._flush()
+    worker._handle(0.0)  # (an address that cannot be asked: the next holder at once)
     fetch = worker.state.fetcher.fetches.get(1)
     if fetch is not None:  # the good holder was asked (first or after the bad one)
         assert fetch.current == "tcp://127.0.0.1:2"
     else:  # the bad one was the last to try: the manager is told
-        assert any(type(m) is p.FetchFailed for m in worker.state.outbox)
+        assert any(type(m) is p.FetchFailed for m in worker.outbox)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -964,15 +971,17 @@ def test_fuzz_the_workers_handlers_never_raise_and_stay_consistent(batches):
             before = worker.state.last_contact
             if source == "manager":
                 worker._on_manager_frames(frames)
+                worker._handle(before + 1.0)
                 if worker.state.last_contact != before:  # only a valid record counts as contact
                     # judged on what arrived: a crafted object may unpickle as a valid value
                     assert any(_valid(r) for r in p.unpack(frames, p.TO_WORKER))
             else:
                 replies = worker.peers.replies(b"peer", frames)
                 assert replies is None or all(type(r) is p.Data for r in replies)
-                worker.peers.on_frames(frames, worker.state)
+                worker.peers.on_frames(frames, worker.events)
+                worker._handle(before)
             _check_worker_consistent(worker)
-            worker.state.outbox.clear()
+            worker.outbox.clear()
 
 
 def _valid(record):

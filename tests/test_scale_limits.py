@@ -252,6 +252,7 @@ def test_a_worker_holds_at_most_its_bound_of_peer_sockets_and_every_fetch_comple
 
     from daskvine_py.wire.serialize import dumps, loads
     from daskvine_py.worker.fetching import MAX_PEER_LINKS
+    from daskvine_py.worker.messages import AskPeer, ClosePeer
     from daskvine_py.worker.peers import PeerLinks
     from daskvine_py.worker.state import WorkerState
     from daskvine_py.worker.store import Store
@@ -275,28 +276,33 @@ def test_a_worker_holds_at_most_its_bound_of_peer_sockets_and_every_fetch_comple
                 store.put(task_id, dumps(("result", k, j)))
                 wanted[task_id] = peer.address
         mine = stores[0]
-        state = WorkerState(mine, "fetcher", now=time.monotonic())
-        state.fetcher.slots.links = bound
+        state = WorkerState(mine, "fetcher", now=time.monotonic(), peer_links=bound)
         me = PeerLinks(context, poller, mine, drops, "fetcher", "127.0.0.1")
         links.append(me)
-        now = time.monotonic()
-        for task_id, address in wanted.items():
-            state.on_manager_message(p.Replicate(task_id, (address,)), now)
+        events: list = [p.Replicate(task_id, (address,)) for task_id, address in wanted.items()]
         most = 0
-        while not all(task_id in mine for task_id in wanted):
-            me.flush(state)
+        copied: set[int] = set()
+        while True:  # a shell of one worker: events in, its instructions carried out
+            batch, events = events, []
+            for instruction in state.handle(batch, time.monotonic()):
+                if type(instruction) is AskPeer:
+                    me.ask(instruction, events)
+                elif type(instruction) is ClosePeer:  # (before any new one opens)
+                    me.reset(instruction.address)
+                elif type(instruction) is p.Replicas:
+                    copied.update(instruction.task_ids)
             most = max(most, len(me.clients))
+            if all(task_id in mine for task_id in wanted):
+                break
             for sock, _ in poller.poll(10_000):
                 if sock in holders:
                     holders[sock].serve()
                 elif sock is not me.server:
-                    me.drain(sock, state)
-            state.end_pass(time.monotonic())
+                    me.drain(sock, events)
         assert most == bound, most
         for task_id in wanted:
             value = mine.get(task_id)
             assert value is not None and loads(value) == ("result", task_id // 100, task_id % 100)
-        copied = {i for m in state.outbox if type(m) is p.Replicas for i in m.task_ids}
         assert copied == set(wanted)
         assert not list(state.fetcher.leaks())
     finally:

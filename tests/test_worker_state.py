@@ -1,14 +1,16 @@
 """The worker's sans-I/O state: literal events in, instructions out, in milliseconds.
 
-Every transition of ``state._TRANSITIONS`` is driven here by the event that takes
-it; the end of the file is a hypothesis-driven worker (random graphs of tasks with local,
-peer and inline inputs, library crashes, cancels, withdraws and peer failures) checking
-that every task is reported exactly once and that nothing is left behind.
+Every transition of ``state._TRANSITIONS`` is driven here by the event that takes it
+(``WorkerState.handle``, as the scheduler's tests drive ``SchedulerState.handle``); the
+end of the file is a hypothesis-driven worker (random graphs of tasks with local, peer and
+inline inputs, library crashes, cancels, withdraws and peer failures) checking that every
+task is reported exactly once and that nothing is left behind.
 """
 
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -16,21 +18,53 @@ from hypothesis import strategies as st
 
 from daskvine_py.errors import InvalidTransition
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.exits import EXIT_REJECTED
 from daskvine_py.wire.serialize import dumps, loads
 from daskvine_py.worker import fetching, pipe, serving
 from daskvine_py.worker import state as ws
+from daskvine_py.worker.messages import (
+    AnswerPeer,
+    AskPeer,
+    Boot,
+    ClosePeer,
+    EventFailed,
+    FromLibrary,
+    KillLibrary,
+    KillProcess,
+    Leave,
+    LibraryDied,
+    ManagerConnection,
+    PeerAsked,
+    PeerUnreachable,
+    ProcessExited,
+    ProcessFailed,
+    ProcessStarted,
+    RegistrationSent,
+    SendStatus,
+    StartLibrary,
+    StartProcess,
+    Stop,
+    Tick,
+    ToLibrary,
+    Unreadable,
+)
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
 ME = "tcp://me:1"
+REGISTER = p.Register(p.PROTOCOL_VERSION, "w", 1, 0, "host", ME, 1)
 
 
-def make(libraries=1, slots=1, ready=True, **kwargs):
-    state = WorkerState(Store(), name="w", peer_address=ME, **kwargs)
-    libs = [state.add_library(i, slots) for i in range(libraries)]
+def make(libraries=1, slots=1, ready=True, store=None, **kwargs):
+    """A worker booted with ``libraries`` libraries (ids from 1), ready unless not."""
+    state = WorkerState(Store() if store is None else store, name="w", peer_address=ME, **kwargs)
+    out = state.handle([Boot(REGISTER, libraries, slots)], 0.0)
+    assert out == [StartLibrary(i, slots) for i in range(1, libraries + 1)]
+    libs = list(state.dispatch.libraries.values())
     if ready:
-        for lib in libs:
-            state.on_library_ready(lib)
+        assert state.handle([FromLibrary(lib.id, pipe.Ready(), 0.0) for lib in libs], 0.0) == [
+            REGISTER
+        ]
     return state, libs
 
 
@@ -65,24 +99,44 @@ def done_live(task_id, nbytes=10_000, duration=0.01):
     return pipe.Done(task_id, None, duration, nbytes, True)
 
 
-def started(state):
-    """The task ids of each library request that ``start_runnable`` returns."""
-    return [(lib.id, [call.task_id for call in run.calls]) for lib, run in state.start_runnable()]
+def reply(lib, message, wall=0.0):
+    """What library ``lib`` wrote, as the event the shell makes of it."""
+    return FromLibrary(lib.id, message, wall)
+
+
+def runs(out):
+    """(library id, task ids) of each request to run tasks among the instructions."""
+    return [(i.library_id, [c.task_id for c in i.request.calls]) for i in out if _is_run(i)]
+
+
+def requests(out):
+    """The ``pipe.Run`` requests among the instructions."""
+    return [i.request for i in out if _is_run(i)]
+
+
+def _is_run(instruction):
+    return type(instruction) is ToLibrary and type(instruction.request) is pipe.Run
+
+
+def asked(out):
+    """Peer address -> the ids asked of it (``AskPeer``)."""
+    return {i.address: list(i.task_ids) for i in out if type(i) is AskPeer}
+
+
+def reports(out):
+    """The records for the manager among the instructions."""
+    return [i for i in out if type(i) in p.TO_MANAGER]
 
 
 def test_a_task_with_no_inputs_runs_and_is_reported_done():
     state, (lib,) = make()
-    state.on_manager_message(execute(1, want=True), now=5.0)
-    assert state.tasks[1].state == "queued" and state.last_contact == 5.0
-    ((sent_to, run),) = state.start_runnable()
-    assert sent_to is lib and run.config is None and run.functions == []
-    assert run.calls == [pipe.Call(1, "k1", b"payload", [], keep=True, send=True)]
+    out = state.handle([execute(1, want=True)], now=5.0)
+    assert state.last_contact == 5.0
+    call = pipe.Call(1, "k1", b"payload", [], keep=True, send=True)
+    # Sent to run, and reported started once per pass, after every start of the pass.
+    assert out == [ToLibrary(lib.id, pipe.Run([], None, [call])), p.Started((1,))]
     assert state.tasks[1].state == "running" and list(lib.sent) == [1]
-    state.end_pass(0.0)  # once per loop pass: the tasks sent to run since the last one
-    assert state.outbox == [p.Started((1,))]
-    state.outbox.clear()
-    state.on_library_reply(lib, done(1, 42), wall=100.0)
-    (report,) = state.outbox
+    (report,) = state.handle([reply(lib, done(1, 42), wall=100.0)], 6.0)
     assert type(report) is p.TaskDone and report.task_id == 1 and report.finished == 100.0
     assert loads(report.value) == 42 and loads(state.store.get(1)) == 42
     assert not state.tasks and not lib.sent and not list(state.leaks())
@@ -90,32 +144,30 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
 
 def test_an_output_nothing_reads_is_not_kept():
     state, (lib,) = make()
-    state.on_manager_message(execute(1, keep=False), 0.0)
-    state.start_runnable()
-    state.on_library_reply(lib, done(1), 0.0)
+    state.handle([execute(1, keep=False)], 0.0)
+    state.handle([reply(lib, done(1))], 0.0)
     assert 1 not in state.store
 
 
 def test_an_output_the_cache_keeps_stays_here_only_when_too_large_to_travel_inline():
     state, (lib,) = make()
-    for task_id in (1, 2):
-        state.on_manager_message(execute(task_id, keep=None, want=True), 0.0)
+    first = state.handle([execute(task_id, keep=None, want=True) for task_id in (1, 2)], 0.0)
     # The library keeps neither live: it sends both, and the worker decides by size.
-    ((_, run),) = state.start_runnable()
+    ((run,),) = [requests(first)]
     assert [(c.keep, c.send) for c in run.calls] == [(None, True)]
-    state.on_library_reply(lib, done(1, "small"), 0.0)
-    ((_, run),) = state.start_runnable()
+    second = state.handle([reply(lib, done(1, "small"))], 0.0)
+    (run,) = requests(second)
     assert [(c.keep, c.send) for c in run.calls] == [(None, True)]
-    state.on_library_reply(lib, done(2, "x" * 10 * p.INLINE_BYTES), 0.0)
+    third = state.handle([reply(lib, done(2, "x" * 10 * p.INLINE_BYTES))], 0.0)
     assert 1 not in state.store and 2 in state.store  # 1: the manager holds it
-    assert [m.value is not None for m in state.outbox if type(m) is p.TaskDone] == [True, True]
+    done_ = [m for m in second + third if type(m) is p.TaskDone]
+    assert [m.value is not None for m in done_] == [True, True]
 
 
 def test_inputs_held_or_inline_go_with_the_call():
     state, _ = make()
     state.store.put(7, dumps("seven"))
-    state.on_manager_message(execute(1, held(7), inline(8, "eight")), 0.0)
-    ((_, run),) = state.start_runnable()
+    (run,) = requests(state.handle([execute(1, held(7), inline(8, "eight"))], 0.0))
     (call,) = run.calls
     assert [(key, dep_id, loads(value)) for key, dep_id, value in call.inputs] == [
         ("k7", 7, "seven"),
@@ -124,79 +176,72 @@ def test_inputs_held_or_inline_go_with_the_call():
 
 
 def test_an_input_from_a_peer_is_fetched_then_the_task_runs():
-    state, _ = make()
-    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
-    assert state.tasks[1].state == "waiting" and state.peer_outbox == {"tcp://a:1": [7]}
+    state, (lib,) = make()
+    out = state.handle([execute(1, at(7, "tcp://a:1"))], now=0.0)
+    assert out == [AskPeer("tcp://a:1", (7,))] and state.tasks[1].state == "waiting"
     assert state.fetcher.fetches[7].deadline == 10.0 and state.poll_timeout(0.0) == 10.0
-    state.on_data(p.Data(7, dumps("seven")), now=1.0)
-    assert state.tasks[1].state == "queued" and 7 in state.store and not state.fetcher.fetches
-    assert state.outbox == [p.Replicas((7,))]
-    state.end_pass(1.0)
-    assert state.outbox[-1] == p.Transfers((("tcp://a:1", dumps("seven").nbytes),))
-    assert started(state) == [(0, [1])]
+    out = state.handle([p.Data(7, dumps("seven"))], now=1.0)
+    assert 7 in state.store and not state.fetcher.fetches and runs(out) == [(lib.id, [1])]
+    assert state.last_contact == 0.0  # (a peer's answer says nothing of the manager)
+    assert reports(out) == [
+        p.Replicas((7,)),
+        p.Started((1,)),
+        p.Transfers((("tcp://a:1", dumps("seven").nbytes),)),
+    ]
 
 
 def test_a_peer_without_the_input_passes_the_fetch_to_the_next_and_the_last_fails_it():
     state, _ = make()
-    state.on_manager_message(execute(1, at(7, "tcp://a:1", "tcp://b:1")), 0.0)
-    (first,) = state.peer_outbox
-    state.peer_outbox.clear()
-    state.on_data(p.Data(7, None), 0.0)
-    (second,) = state.peer_outbox
+    (first,) = asked(state.handle([execute(1, at(7, "tcp://a:1", "tcp://b:1"))], 0.0))
+    (second,) = asked(state.handle([p.Data(7, None)], 0.0))
     assert {first, second} == {"tcp://a:1", "tcp://b:1"}
-    state.on_data(p.Data(7, None), 0.0)
-    (failed,) = state.outbox
+    (failed,) = state.handle([p.Data(7, None)], 0.0)
     assert type(failed) is p.FetchFailed and failed.task_id == 1 and failed.dep_id == 7
-    state.peer_outbox.clear()
     assert not state.tasks and not list(state.leaks())
 
 
-def test_a_silent_peer_times_out_and_its_socket_is_reset():
+def test_a_silent_peer_times_out_and_its_socket_is_closed():
     state, _ = make(fetch_timeout=2.0)
-    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
-    assert state.on_timers(1.9) == []
-    assert state.on_timers(2.0) == ["tcp://a:1"]
+    state.handle([execute(1, at(7, "tcp://a:1"))], now=0.0)
+    assert state.handle([Tick(1.9)], 1.9) == []
     # No holder answered: the fetch goes through the manager, and fails after that.
-    assert state.outbox == [p.Relay((7,))] and state.fetcher.fetches[7].current == fetching.RELAY
-    assert state.on_timers(4.0) == [fetching.RELAY]  # (a peer socket by that name: none)
-    assert type(state.outbox[-1]) is p.FetchFailed and not state.tasks
+    assert state.handle([Tick(2.0)], 2.0) == [ClosePeer("tcp://a:1"), p.Relay((7,))]
+    assert state.fetcher.fetches[7].current == fetching.RELAY
+    out = state.handle([Tick(4.0)], 4.0)
+    assert out[0] == ClosePeer(fetching.RELAY)  # (a peer socket by that name: none)
+    assert type(out[-1]) is p.FetchFailed and not state.tasks
 
 
 def test_an_input_no_holder_can_serve_directly_comes_through_the_manager():
-    state, _ = make(fetch_timeout=2.0)
-    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=0.0)
-    state.on_peer_unreachable("tcp://a:1", state.peer_outbox.pop("tcp://a:1"), 0.5)
-    assert state.outbox == [p.Relay((7,))]
-    state.on_manager_message(p.Relayed(7, dumps("seven")), now=1.0)
-    assert 7 in state.store and state.tasks[1].state == "queued"
-    state.end_pass(1.0)
-    assert not any(type(r) is p.Transfers for r in state.outbox)  # the manager counts it
+    state, (lib,) = make(fetch_timeout=2.0)
+    state.handle([execute(1, at(7, "tcp://a:1"))], now=0.0)
+    assert state.handle([PeerUnreachable("tcp://a:1", (7,))], 0.5) == [p.Relay((7,))]
+    out = state.handle([p.Relayed(7, dumps("seven"))], now=1.0)
+    assert 7 in state.store and runs(out) == [(lib.id, [1])]
+    assert not any(type(r) is p.Transfers for r in out)  # the manager counts it
 
 
 def test_a_holder_uploads_what_the_manager_relays_live_or_stored():
     state, (lib,) = make()
     state.store.put(3, dumps("three"))
     _live_in(state, lib, 1)
-    state.on_manager_message(p.Upload((3, 1, 99)), 0.0)
-    assert [(type(r), r.task_id) for r in state.outbox] == [(p.Uploaded, 3), (p.Uploaded, 99)]
-    assert state.outbox[1].value is None  # not held here
-    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.0, ""), 0.0)
-    (uploaded,) = state.outbox[2:]
+    out = state.handle([p.Upload((3, 1, 99))], 0.0)
+    assert [(type(r), r.task_id) for r in reports(out)] == [(p.Uploaded, 3), (p.Uploaded, 99)]
+    assert reports(out)[1].value is None  # not held here
+    assert ToLibrary(lib.id, pipe.Export([1], False)) in out  # live: exported first
+    (uploaded,) = state.handle([reply(lib, pipe.Exported(1, dumps("one"), 0.0, ""))], 0.0)
     assert type(uploaded) is p.Uploaded and loads(uploaded.value) == "one"
 
 
 def test_two_tasks_share_one_fetch_and_a_cancel_keeps_it_for_the_other():
     state, _ = make()
-    state.on_manager_message(execute(1, at(7, "tcp://a:1")), 0.0)
-    state.on_manager_message(execute(2, at(7, "tcp://a:1")), 0.0)
-    assert state.peer_outbox == {"tcp://a:1": [7]} and state.fetcher.fetches[7].waiters == {1, 2}
-    state.on_manager_message(p.Cancel((1,)), 0.0)
+    out = state.handle([execute(1, at(7, "tcp://a:1")), execute(2, at(7, "tcp://a:1"))], 0.0)
+    assert out == [AskPeer("tcp://a:1", (7,))] and state.fetcher.fetches[7].waiters == {1, 2}
+    state.handle([p.Cancel((1,))], 0.0)
     assert state.fetcher.fetches[7].waiters == {2}
-    state.on_manager_message(p.Cancel((2,)), 0.0)
-    assert (
-        not state.fetcher.fetches and state.fetcher.slots.in_flight == 0
-    )  # a late reply is dropped
-    state.on_data(p.Data(7, dumps(1)), 0.0)
+    state.handle([p.Cancel((2,))], 0.0)
+    assert not state.fetcher.fetches and state.fetcher.slots.in_flight == 0
+    assert state.handle([p.Data(7, dumps(1))], 0.0) == []  # a late reply is dropped
     assert 7 not in state.store
 
 
@@ -204,14 +249,13 @@ def test_an_input_computed_here_starts_its_dependent_when_done():
     """In a library of two slots no chain is sent: the dependent waits for the result,
     then goes to the library that holds it live, which it names instead of carrying."""
     state, (lib,) = make(slots=2)
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    out = state.handle([execute(1), execute(2, computed_here(1))], 0.0)
     assert state.tasks[2].state == "waiting" and state.local_waiters == {1: {2}}
-    assert started(state) == [(0, [1])]
-    state.on_library_reply(lib, done_live(1), 0.0)
-    assert state.tasks[2].state == "queued" and not state.local_waiters
-    assert state.tasks[2].home == 0 and 1 in state.live and 1 not in state.store
-    ((_, run),) = state.start_runnable()
+    assert runs(out) == [(lib.id, [1])]
+    out = state.handle([reply(lib, done_live(1))], 0.0)
+    assert state.tasks[2].state == "running" and not state.local_waiters
+    assert state.tasks[2].home == lib.id and 1 in state.live and 1 not in state.store
+    (run,) = requests(out)
     assert run.calls[0].inputs == [("k1", 1, None)]
 
 
@@ -219,20 +263,19 @@ def test_a_chain_goes_to_the_library_with_the_task_it_waits_for():
     """One request carries the producer and the tasks waiting here only for it, in
     order: the library runs them back to back on live results, without a round trip."""
     state, (lib,) = make()
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2, computed_here(1)), 0.0)
-    state.on_manager_message(execute(3, computed_here(2), inline(9, "x")), 0.0)
-    ((_, run),) = state.start_runnable()
+    out = state.handle(
+        [execute(1), execute(2, computed_here(1)), execute(3, computed_here(2), inline(9, "x"))],
+        0.0,
+    )
+    (run,) = requests(out)
     assert [call.task_id for call in run.calls] == [1, 2, 3]
     assert run.calls[1].inputs == [("k1", 1, None)]
     assert run.calls[2].inputs[0] == ("k2", 2, None)
     assert all(state.tasks[t].state == "running" for t in (1, 2, 3))
     assert not state.local_waiters and list(lib.sent) == [1, 2, 3]
-    for task_id in (1, 2, 3):
-        state.on_library_reply(lib, done_live(task_id), 0.0)
-    # (one Started for the three, before the first report: no end of pass came between)
-    assert state.outbox[0] == p.Started((1, 2, 3))
-    assert [type(r) for r in state.outbox[1:]] == [p.TaskDone] * 3
+    assert out[-1] == p.Started((1, 2, 3))  # one for the three
+    out = state.handle([reply(lib, done_live(task_id)) for task_id in (1, 2, 3)], 0.0)
+    assert [type(r) for r in out] == [p.TaskDone] * 3
     assert set(state.live.entries) == {1, 2, 3} and not list(state.leaks())
 
 
@@ -240,86 +283,75 @@ def test_a_task_arriving_while_its_input_runs_goes_to_that_library_at_once():
     """It follows its producer into the library's pipe; it never waits for the
     producer's reply to pass through the worker."""
     state, (lib,) = make()
-    state.on_manager_message(execute(1), 0.0)
-    assert started(state) == [(0, [1])]
-    state.on_manager_message(execute(2, computed_here(1)), 0.0)
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    out = state.handle([execute(2, computed_here(1))], 0.0)
     assert state.tasks[2].state == "running" and not state.local_waiters
-    ((_, run),) = state.start_runnable()
+    (run,) = requests(out)
     assert [call.task_id for call in run.calls] == [2]
     assert run.calls[0].inputs == [("k1", 1, None)] and list(lib.sent) == [1, 2]
 
 
 def test_a_chained_task_whose_live_input_is_missing_is_reported_to_the_manager():
     state, (lib,) = make()
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2, computed_here(1)), 0.0)
-    state.start_runnable()
-    state.on_library_reply(lib, pipe.Erred(1, None, "tb", "ValueError"), 0.0)
-    state.on_library_reply(lib, pipe.Missing(2, 1), 0.0)
-    assert state.outbox[-1] == p.FetchFailed(2, 1, (ME,)) and not state.tasks
+    state.handle([execute(1), execute(2, computed_here(1))], 0.0)
+    out = state.handle(
+        [reply(lib, pipe.Erred(1, None, "tb", "ValueError")), reply(lib, pipe.Missing(2, 1))], 0.0
+    )
+    assert out[-1] == p.FetchFailed(2, 1, (ME,)) and not state.tasks
 
 
 def test_an_input_the_manager_thinks_is_here_but_is_not_fails_at_once():
     state, _ = make()
-    state.on_manager_message(execute(1, computed_here(5), held(7)), 0.0)
-    assert state.outbox == [p.FetchFailed(1, 7, (ME,))]
+    out = state.handle([execute(1, computed_here(5), held(7))], 0.0)
+    assert out == [p.FetchFailed(1, 7, (ME,))]
     assert not state.tasks and not state.local_waiters
 
 
 def test_an_input_released_before_its_task_starts_fails_the_task():
     state, _ = make()
     state.store.put(7, dumps(7))
-    state.on_manager_message(execute(1, held(7)), 0.0)
-    state.on_manager_message(p.Release((7,)), 0.0)
-    assert started(state) == []
-    assert state.outbox == [p.FetchFailed(1, 7, (ME,))] and not state.tasks
+    out = state.handle([execute(1, held(7)), p.Release((7,))], 0.0)
+    assert out == [p.FetchFailed(1, 7, (ME,))] and not state.tasks
 
 
 def test_cancel_and_withdraw_drop_only_tasks_that_have_not_started():
-    state, _ = make()
-    for task_id in (1, 2, 3):
-        state.on_manager_message(execute(task_id), 0.0)
-    state.on_manager_message(execute(4, at(9, "tcp://a:1")), 0.0)
-    assert started(state) == [(0, [1])]
-    state.on_manager_message(p.Cancel((1, 2)), 0.0)  # 1 runs: its report will come
-    state.on_manager_message(p.Withdraw((1, 3, 4, 99)), 0.0)
-    assert state.outbox == [p.Withdrawn((3, 4))]
+    state, (lib,) = make()
+    out = state.handle([execute(1), execute(2), execute(3), execute(4, at(9, "tcp://a:1"))], 0.0)
+    assert runs(out) == [(lib.id, [1])]
+    out = state.handle([p.Cancel((1, 2)), p.Withdraw((1, 3, 4, 99))], 0.0)  # 1 runs
+    assert out == [p.Withdrawn((3, 4))]  # (and nothing started: stale queue ids skipped)
     assert list(state.tasks) == [1] and not state.fetcher.fetches
-    assert started(state) == []  # the queue's stale ids are skipped
 
 
 def test_an_execute_sent_again_while_running_is_ignored():
     state, (lib,) = make()
-    state.on_manager_message(execute(1), 0.0)
-    state.start_runnable()
-    state.on_manager_message(execute(1), 0.0)
-    assert started(state) == [] and list(lib.sent) == [1]
+    state.handle([execute(1)], 0.0)
+    assert state.handle([execute(1)], 0.0) == [] and list(lib.sent) == [1]
 
 
 def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
     state, (lib, other) = make(libraries=2)
     state.dispatch.recent_duration.observe(0.0001)  # tiny tasks: batches of LIBRARY_BATCH
-    for task_id in range(1, 6):
-        state.on_manager_message(execute(task_id), 0.0)
-    assert started(state) == [(0, [1, 2, 3, 4, 5])]
-    state.on_library_death(lib, "killed by signal SIGKILL")
-    started_, crashed = state.outbox
-    assert started_ == p.Started((1, 2, 3, 4, 5))
+    out = state.handle([execute(task_id) for task_id in range(1, 6)], 0.0)
+    assert runs(out) == [(lib.id, [1, 2, 3, 4, 5])] and out[-1] == p.Started((1, 2, 3, 4, 5))
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL")], 0.0)
+    crashed, start, run, started = out
     assert crashed == p.TaskCrashed(1, "library process killed by signal SIGKILL on worker w")
-    assert [state.tasks[t].state for t in (2, 3, 4, 5)] == ["queued"] * 4
-    assert 0 not in state.dispatch.libraries
-    assert started(state) == [(1, [2, 3, 4, 5])]
+    assert start == StartLibrary(3, 1) and lib.id not in state.dispatch.libraries
+    assert runs([run]) == [(other.id, [2, 3, 4, 5])] and started == p.Started((2, 3, 4, 5))
 
 
 def test_erred_and_crashed_replies_are_reported():
     state, (lib,) = make(slots=2)
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2), 0.0)
-    assert started(state) == [(0, [1, 2])]
-    state.on_library_reply(lib, pipe.Erred(2, None, "Traceback", "ValueError: x"), 0.0)
-    state.on_library_reply(lib, pipe.Crashed(1, "forked task process died"), 0.0)
-    assert state.outbox == [
-        p.Started((1, 2)),
+    assert runs(state.handle([execute(1), execute(2)], 0.0)) == [(lib.id, [1, 2])]
+    out = state.handle(
+        [
+            reply(lib, pipe.Erred(2, None, "Traceback", "ValueError: x")),
+            reply(lib, pipe.Crashed(1, "forked task process died")),
+        ],
+        0.0,
+    )
+    assert out == [
         p.TaskErred(2, None, "Traceback", "ValueError: x"),
         p.TaskCrashed(1, "forked task process died"),
     ]
@@ -329,82 +361,93 @@ def test_erred_and_crashed_replies_are_reported():
 def test_short_tasks_get_one_more_queued_behind_the_running_one():
     state, (lib,) = make()
     state.dispatch.recent_duration.observe(0.01)  # short, not tiny
-    for task_id in (1, 2, 3):
-        state.on_manager_message(execute(task_id), 0.0)
-    assert started(state) == [(0, [1]), (0, [2])]
+    out = state.handle([execute(task_id) for task_id in (1, 2, 3)], 0.0)
+    assert runs(out) == [(lib.id, [1]), (lib.id, [2])]
     assert list(lib.sent) == [1, 2]
 
 
 def test_tasks_of_two_run_configurations_never_share_a_request():
-    state, _ = make(slots=4)
+    state, (lib,) = make(slots=4)
     config = p.RunConfig(3, "function-calls", "fork", (), (), True)
-    state.on_manager_message(config, 0.0)
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2, run_id=3), 0.0)
-    requests = state.start_runnable()
-    assert [[c.task_id for c in run.calls] for _, run in requests] == [[1]]
-    assert [[c.task_id for c in run.calls] for _, run in state.start_runnable()] == [[2]]
+    out = state.handle([config, execute(1), execute(2, run_id=3)], 0.0)
+    assert runs(out) == [(lib.id, [1])]
+    assert runs(state.handle([], 0.0)) == [(lib.id, [2])]  # the next pass
 
 
 def test_functions_go_with_the_next_request_to_each_library_once():
     state, (lib,) = make()
-    state.on_manager_message(p.Function(b"f", b"code"), 0.0)
-    state.on_manager_message(execute(1), 0.0)
-    ((_, run),) = state.start_runnable()
+    (run,) = requests(state.handle([p.Function(b"f", b"code"), execute(1)], 0.0))
     assert run.functions == [(b"f", b"code")] and lib.unsent == []
-    late = state.add_library(9, 1)
-    assert late.unsent == [b"f"]
+    out = state.handle([LibraryDied(lib.id, "exited with code 1")], 0.0)
+    assert StartLibrary(2, 1) in out  # its successor is sent the functions known so far
+    assert state.dispatch.libraries[2].unsent == [b"f"]
 
 
 def test_run_configurations_are_bounded():
     state, _ = make()
-    for run_id in range(1, ws.MAX_RUN_CONFIGS + 2):
-        state.on_manager_message(p.RunConfig(run_id, "tasks", "direct", (), (), True), 0.0)
+    configs = [p.RunConfig(run_id, "tasks", "direct", (), (), True)
+               for run_id in range(1, ws.MAX_RUN_CONFIGS + 2)]  # fmt: skip
+    state.handle(configs, 0.0)
     assert len(state.run_configs) == ws.MAX_RUN_CONFIGS and 1 not in state.run_configs
 
 
-def test_task_mode_tasks_go_to_processes():
+def test_task_mode_tasks_go_to_processes_one_per_process_slot():
     state, _ = make()
-    state.on_manager_message(p.RunConfig(3, "tasks", "direct", (), (), True), 0.0)
-    state.on_manager_message(execute(1, run_id=3), 0.0)
-    state.on_manager_message(execute(2, run_id=3), 0.0)
-    assert started(state) == [] and list(state.process_runnable) == [1, 2]
-    first = state.next_process_task()
-    state.on_process_started(first)
-    state.on_reply(done(1), 0.0)
-    second = state.next_process_task()
-    state.on_process_failed(second, "no fork for you")
-    assert state.outbox[0] == p.Started((1,))  # (2 never started)
-    assert [type(m) for m in state.outbox[1:]] == [p.TaskDone, p.TaskCrashed]
-    assert "no fork for you" in state.outbox[2].reason and not state.tasks
+    config = p.RunConfig(3, "tasks", "direct", (), (), True)
+    (start,) = state.handle([config, execute(1, run_id=3), execute(2, run_id=3)], 0.0)
+    assert type(start) is StartProcess and start.task.id == 1 and start.call.task_id == 1
+    assert list(state.dispatch.process_runnable) == [2]  # one process slot
+    assert state.handle([ProcessStarted(start.task)], 0.0) == [p.Started((1,))]
+    report, second = state.handle([ProcessExited(start.task, done(1), 0.0)], 0.0)
+    assert type(report) is p.TaskDone and type(second) is StartProcess
+    (crashed,) = state.handle([ProcessFailed(second.task, "no fork for you")], 0.0)
+    assert type(crashed) is p.TaskCrashed and "no fork for you" in crashed.reason  # (2 never
+    assert not state.tasks and not list(state.leaks())  # started: no Started for it)
 
 
 def test_replicate_copies_a_result_nobody_waits_for():
     state, _ = make()
     state.store.put(5, dumps(5))
-    state.on_manager_message(p.Replicate(5, ("tcp://a:1",)), 0.0)
-    assert state.outbox == [p.Replicas((5,))] and not state.fetcher.fetches
-    state.on_manager_message(p.Replicate(6, ("tcp://a:1",)), 0.0)
-    assert state.fetcher.fetches[6].replicate and state.peer_outbox == {"tcp://a:1": [6]}
-    state.on_data(p.Data(6, dumps(6)), 0.0)
-    assert 6 in state.store and state.outbox[-1] == p.Replicas((6,))
+    assert state.handle([p.Replicate(5, ("tcp://a:1",))], 0.0) == [p.Replicas((5,))]
+    assert not state.fetcher.fetches
+    assert state.handle([p.Replicate(6, ("tcp://a:1",))], 0.0) == [AskPeer("tcp://a:1", (6,))]
+    assert state.fetcher.fetches[6].replicate
+    out = state.handle([p.Data(6, dumps(6))], 0.0)
+    assert 6 in state.store and out[0] == p.Replicas((6,))
 
 
-def test_a_task_that_cannot_be_taken_is_crashed_and_leaves_nothing():
+def test_an_execute_whose_handling_fails_is_crashed_and_leaves_nothing():
     state, _ = make()
     message = execute(1, computed_here(5), at(7, "tcp://a:1"))
-    state.on_manager_message(message, 0.0)
-    state.cannot_take(message, "it could not take the task")
-    assert state.outbox == [p.TaskCrashed(1, "worker w: it could not take the task")]
+    with mock.patch.object(fetching.Fetcher, "request_next", side_effect=RuntimeError("a bug")):
+        failed, crashed = state.handle([message, p.Cancel((1,))], 0.0)
+    assert type(failed) is EventFailed and failed.event is message
+    why = "worker w: it could not take the task: RuntimeError('a bug')"
+    assert crashed == p.TaskCrashed(1, why)
     assert not state.tasks and not state.fetcher.fetches and not state.local_waiters
-    state.cannot_take(p.Cancel((1,)), "not an Execute")  # nothing to report
-    assert len(state.outbox) == 1
+
+
+def test_an_unreadable_record_crashes_its_task_and_garbage_ends_patience():
+    state, _ = make()
+    out = state.handle([Unreadable(execute(2), "Execute.deps: not a DepLocation"),
+                        Unreadable(p.Cancel((1,)), "not an Execute: nothing to report"),
+                        Unreadable(None, "not a message")], 5.0)  # fmt: skip
+    assert out == [p.TaskCrashed(2, "worker w: it could not read the task: Execute.deps: "
+                                    "not a DepLocation")]  # fmt: skip
+    assert state.manager_garbled and state.last_contact == 0.0  # not heard from
+
+
+def test_an_unknown_event_is_reported_and_the_others_are_taken():
+    state, (lib,) = make()
+    failed, run, started = state.handle([object(), execute(1)], 0.0)
+    assert type(failed) is EventFailed and type(failed.error) is TypeError
+    assert runs([run]) == [(lib.id, [1])] and started == p.Started((1,))
 
 
 def test_an_unknown_edge_raises():
     state, _ = make()
-    state.on_manager_message(execute(1), 0.0)
-    with pytest.raises(InvalidTransition, match="'queued' -> 'new'"):
+    state.handle([execute(1)], 0.0)
+    with pytest.raises(InvalidTransition, match="'running' -> 'new'"):
         state._transition(state.tasks[1], "new")
     assert set(ws._TRANSITIONS) == {
         ("new", "waiting"), ("new", "queued"), ("new", "forgotten"),
@@ -414,39 +457,104 @@ def test_an_unknown_edge_raises():
     }  # fmt: skip
 
 
+# -- the worker's life: registration, heartbeats, the manager's silence, leaving --------------
+
+
+def test_it_registers_once_every_library_is_ready():
+    state, (one, two) = make(libraries=2, ready=False)
+    assert state.handle([FromLibrary(one.id, pipe.Ready(), 0.0)], 0.0) == []
+    assert state.handle([FromLibrary(two.id, pipe.Ready(), 0.0)], 0.0) == [REGISTER]
+    # with no library at all, at once
+    alone = WorkerState(Store(), name="w")
+    assert alone.handle([Boot(REGISTER, 0)], 0.0) == [REGISTER]
+
+
+def test_libraries_that_die_before_it_registers_make_it_leave_after_a_few():
+    state, (lib,) = make(ready=False)
+    for attempt in range(1, ws.MAX_START_FAILURES):
+        out = state.handle([LibraryDied(lib.id + attempt - 1, "exited with code 1")], 0.0)
+        assert out == [StartLibrary(lib.id + attempt, 1)]  # another takes its place
+    (leave,) = state.handle([LibraryDied(ws.MAX_START_FAILURES, "exited with code 1")], 0.0)
+    assert type(leave) is Leave and leave.exit_code == 5 and leave.unreachable
+    assert "its library processes could not start" in leave.reason
+    assert "exited with code 1" in leave.reason
+
+
+def test_a_registration_lost_with_its_connection_goes_again():
+    state, _ = make()
+    assert state.handle([RegistrationSent(), ManagerConnection(True)], 1.0) == []
+    assert state.registration_sent == 1.0 and state.last_contact == 1.0
+    assert state.handle([ManagerConnection(False)], 2.0) == []
+    assert state.handle([ManagerConnection(True, again=True)], 3.0) == [REGISTER]
+    state.handle([p.Welcome("w", 1.0)], 4.0)
+    assert state.handle([ManagerConnection(True, again=True)], 5.0) == []  # welcomed
+
+
+def test_a_registration_unanswered_over_an_open_connection_waits_longer():
+    state, _ = make(manager_timeout=1.0)
+    state.handle([RegistrationSent(), ManagerConnection(True)], 100.0)
+    assert state.handle([Tick(101.5)], 101.5) == []  # warned, and waits on
+    assert state.warned_waiting and state.poll_timeout(101.5) == pytest.approx(18.5)
+    (leave,) = state.handle([Tick(120.5)], 120.5)
+    assert leave.exit_code == 3 and "though connected" in leave.reason
+    assert state.handle([Tick(130.0)], 130.0) == []  # left once
+
+
+def test_the_manager_lost_after_the_welcome_ends_the_worker():
+    state, _ = make(manager_timeout=10.0)
+    state.handle([RegistrationSent(), p.Welcome("w", 1.0)], 0.0)
+    (leave,) = state.handle([Tick(10.5)], 10.5)
+    assert leave == Leave("the manager was lost", 0, 20, unreachable=True)
+
+
+def test_stop_and_shutdown_say_goodbye_once_welcomed():
+    state, _ = make()
+    assert state.handle([Stop("SIGTERM")], 0.0) == [Leave("SIGTERM")]  # not welcomed
+    state, _ = make()
+    state.handle([p.Welcome("w", 1.0)], 0.0)
+    out = state.handle([p.Shutdown("done"), Stop("SIGTERM")], 0.0)
+    reason = "the manager asked it to (done)"
+    assert out == [p.Goodbye(reason), Leave(reason)]
+    state, _ = make()
+    (leave,) = state.handle([p.Rejected("version 0")], 0.0)
+    assert leave.exit_code == EXIT_REJECTED and "rejected it: version 0" in leave.reason
+
+
 def test_the_poll_timeout_is_the_earliest_deadline():
     state, _ = make(manager_timeout=30.0, fetch_timeout=5.0)
     assert state.poll_timeout(0.0) == 30.0  # not registered: no heartbeat is due
-    state.on_manager_message(p.Welcome("w", 1.0), now=2.0)
-    state.last_sent = 2.5
-    assert state.poll_timeout(3.0) == 0.5  # the next heartbeat
-    assert not state.heartbeat_due(3.0) and state.heartbeat_due(3.6)
-    state.on_manager_message(execute(1, at(7, "tcp://a:1")), now=3.2)
-    state.last_sent = 100.0
-    assert state.poll_timeout(4.0) == pytest.approx(4.2)  # the fetch, due at 8.2
-    state.outbox.append(p.Status(0, 0, 0, 0))
-    assert state.poll_timeout(4.0) == 0.0
-    assert not state.manager_silent(33.1) and state.manager_silent(33.3)  # heard at 3.2
+    state.handle([p.Welcome("w", 10.0)], now=2.0)
+    assert state.handle([Tick(12.5)], 12.5) == [SendStatus(0, 0, ())]  # a heartbeat
+    assert state.poll_timeout(13.0) == 9.5  # the next one
+    assert not state.heartbeat_due(22.4) and state.heartbeat_due(22.6)
+    state.handle([execute(1, at(7, "tcp://a:1"))], now=13.2)
+    assert state.poll_timeout(14.0) == pytest.approx(4.2)  # the fetch, due at 18.2
+    assert not state.manager_silent(43.1) and state.manager_silent(43.3)  # heard at 13.2
+
+
+def test_a_heartbeat_carries_what_is_held_and_the_bars_since_the_last():
+    state, (lib,) = make()
+    state.handle([p.Welcome("w", 1.0), execute(1)], 0.0)
+    state.handle([reply(lib, done_live(1, nbytes=500), wall=100.0)], 0.0)
+    (status,) = state.handle([Tick(wall=1000.0)], 10.0)
+    assert status.held == 500 and status.spilled == 0 and len(status.bars) == 1
+    assert state.handle([Tick(1000.5)], 10.5) == []  # not due yet
 
 
 def test_a_full_store_is_reported_once_each_way():
     state, _ = make()
     state.store.full = True
-    state.end_pass(0.0)
-    state.end_pass(0.0)
+    out = state.handle([], 0.0) + state.handle([], 0.0)
     state.store.full = False
-    state.end_pass(0.0)
-    assert state.outbox == [p.DiskFull(True), p.DiskFull(False)]
+    out += state.handle([], 0.0)
+    assert out == [p.DiskFull(True), p.DiskFull(False)]
 
 
 def test_an_unreachable_peer_passes_its_fetches_on():
     state, _ = make()
-    state.on_manager_message(execute(1, at(7, "tcp://a:1", "tcp://b:1")), 0.0)
-    (address,) = state.peer_outbox
-    ids = state.peer_outbox.pop(address)
-    state.on_peer_unreachable(address, ids, 0.0)
-    (other,) = state.peer_outbox
-    assert other != address and state.fetcher.fetches[7].current == other
+    (ask,) = state.handle([execute(1, at(7, "tcp://a:1", "tcp://b:1"))], 0.0)
+    (other,) = state.handle([PeerUnreachable(ask.address, ask.task_ids)], 0.0)
+    assert other.address != ask.address and state.fetcher.fetches[7].current == other.address
 
 
 # -- live results -------------------------------------------------------------------------
@@ -454,81 +562,71 @@ def test_an_unreachable_peer_passes_its_fetches_on():
 
 def _live_in(state, lib, task_id, nbytes=10_000, duration=0.01):
     """Result ``task_id`` computed in ``lib`` and kept live there."""
-    state.on_manager_message(execute(task_id), 0.0)
-    state.start_runnable()
-    state.on_library_reply(lib, done_live(task_id, nbytes, duration), 0.0)
-    state.outbox.clear()
+    assert runs(state.handle([execute(task_id)], 0.0)) == [(lib.id, [task_id])]
+    state.handle([reply(lib, done_live(task_id, nbytes, duration))], 0.0)
 
 
 def test_a_result_released_by_the_manager_is_forgotten_by_its_library():
     state, (lib,) = make()
     _live_in(state, lib, 1)
-    state.on_manager_message(p.Release((1,)), 0.0)
-    assert state.library_outbox == [(0, pipe.Forget([1]))] and 1 not in state.live
+    assert state.handle([p.Release((1,))], 0.0) == [ToLibrary(lib.id, pipe.Forget([1]))]
+    assert 1 not in state.live
 
 
 def test_one_release_of_many_live_results_is_one_forget_per_library():
-    state, libs = make(libraries=2)
+    state, _ = make(libraries=2)
     held_by: dict[int, list[int]] = {}
     for pair in ((1, 2), (3, 4)):  # one task per library at a time
-        for task_id in pair:
-            state.on_manager_message(execute(task_id), 0.0)
-        state.start_runnable()
-        for task_id in pair:
-            lib = libs[state.tasks[task_id].lib]
-            state.on_library_reply(lib, done_live(task_id, 10_000, 0.01), 0.0)
-            held_by.setdefault(lib.id, []).append(task_id)
+        state.handle([execute(task_id) for task_id in pair], 0.0)
+        libs = {task_id: state.tasks[task_id].lib for task_id in pair}
+        for task_id, lib_id in libs.items():
+            held_by.setdefault(lib_id, []).append(task_id)
+        state.handle([FromLibrary(libs[t], done_live(t, 10_000, 0.01), 0.0) for t in pair], 0.0)
     assert len(held_by) == 2  # both libraries hold some
-    state.on_manager_message(p.Release((1, 2, 3, 4, 5)), 0.0)  # 5 was never here
-    assert sorted(state.library_outbox) == [
-        (lib, pipe.Forget(ids)) for lib, ids in sorted(held_by.items())
-    ]
+    out = state.handle([p.Release((1, 2, 3, 4, 5))], 0.0)  # 5 was never here
+    assert sorted(out) == [ToLibrary(lib, pipe.Forget(ids)) for lib, ids in sorted(held_by.items())]
     assert not state.live.entries
 
 
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
-    live = state.live_tasks
-    assert live.serve_peer(1, b"peer-a") and live.serve_peer(1, b"peer-b")
-    assert state.library_outbox == [(0, pipe.Export([1], False))]  # once for both
-    state.on_library_reply(lib, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
-    assert [ident for ident, _ in state.peer_replies] == [b"peer-a", b"peer-b"]
-    assert loads(state.peer_replies[0][1].value) == "one"
+    out = state.handle([PeerAsked(b"peer-a", (1,)), PeerAsked(b"peer-b", (1, 2))], 0.0)
+    # Exported once for both; 2 is not live here: the store's answer (None) at once.
+    assert out == [
+        ToLibrary(lib.id, pipe.Export([1], False)),
+        AnswerPeer(b"peer-b", p.Data(2, None)),
+    ]
+    out = state.handle([reply(lib, pipe.Exported(1, dumps("one"), 0.001, ""))], 0.0)
+    assert [i.ident for i in out] == [b"peer-a", b"peer-b"] and loads(out[0].data.value) == "one"
     assert 1 in state.store and 1 in state.live  # the copy stays for later readers
-    assert not live.serve_peer(2, b"peer-a")  # not live here: the store's answer (None)
 
 
 def test_an_idle_library_takes_a_task_from_a_busy_one_after_an_export():
     state, (lib0, lib1) = make(libraries=2)
     _live_in(state, lib0, 1, duration=1.0)  # long tasks: none queued behind another
-    state.on_manager_message(execute(9), 0.0)
-    assert started(state) == [(0, [9])]  # lib0 is busy with it
-    for task_id in (2, 3, 4):
-        state.on_manager_message(execute(task_id, held(1)), 0.0)
-    assert list(state.dispatch.homed[0]) == [2, 3, 4]
-    assert state.start_runnable() == []
+    assert runs(state.handle([execute(9)], 0.0)) == [(lib0.id, [9])]  # lib0 is busy with it
+    out = state.handle([execute(task_id, held(1)) for task_id in (2, 3, 4)], 0.0)
+    # They wait for lib0, which holds their input; idle lib1 takes one, once it is exported.
+    assert out == [ToLibrary(lib0.id, pipe.Export([1], False))]
     assert state.tasks[2].state == "waiting" and state.tasks[2].missing == {1}
-    assert state.library_outbox == [(0, pipe.Export([1], False))]
-    state.on_library_reply(lib0, pipe.Exported(1, dumps("one"), 0.001, ""), 0.0)
-    requests = state.start_runnable()
-    assert [(lib.id, [c.task_id for c in run.calls]) for lib, run in requests] == [(1, [2])]
-    ((_, run),) = requests
+    assert list(state.dispatch.homed[lib0.id]) == [3, 4]
+    out = state.handle([reply(lib0, pipe.Exported(1, dumps("one"), 0.001, ""))], 0.0)
+    assert runs(out) == [(lib1.id, [2])]
+    (run,) = requests(out)
     assert loads(run.calls[0].inputs[0][2]) == "one"
 
 
 def test_live_results_past_the_memory_limit_are_exported_to_the_store_which_spills(tmp_path):
-    state = WorkerState(Store(25_000, str(tmp_path)), name="w", peer_address=ME)
-    lib = state.add_library(0, 1)
-    state.on_library_ready(lib)
-    for task_id in (1, 2, 3):
+    state, (lib,) = make(store=Store(25_000, str(tmp_path)))
+    for task_id in (1, 2):
         _live_in(state, lib, task_id, nbytes=10_000)
-    state.end_pass(0.0)
-    assert state.library_outbox == [(0, pipe.Export([1], True))]  # the oldest
-    state.end_pass(0.0)
-    assert len(state.library_outbox) == 1  # on its way: not asked twice
+    state.handle([execute(3)], 0.0)
+    out = state.handle([reply(lib, done_live(3, 10_000))], 0.0)
+    assert ToLibrary(lib.id, pipe.Export([1], True)) in out  # the oldest
+    assert state.handle([], 0.0) == []  # on its way: not asked twice
     value = dumps(b"x" * 10_000)
-    state.on_library_reply(lib, pipe.Exported(1, value, 0.001, ""), 0.0)
+    state.handle([reply(lib, pipe.Exported(1, value, 0.001, ""))], 0.0)
     assert 1 not in state.live and 1 in state.store and state.store.reserved == 20_000
     assert state.store.memory_bytes + state.live.nbytes <= 25_000 + value.nbytes
 
@@ -537,11 +635,11 @@ def test_a_live_input_that_cannot_be_serialized_fails_the_task_that_needs_it_els
     state, (lib,) = make()
     _live_in(state, lib, 1)
     config = p.RunConfig(6, "tasks", "direct", (), (), False)
-    state.on_manager_message(config, 0.0)
-    state.on_manager_message(execute(3, held(1), run_id=6), 0.0)  # a task process: export
+    out = state.handle([config, execute(3, held(1), run_id=6)], 0.0)  # a task process: export
+    assert out == [ToLibrary(lib.id, pipe.Export([1], False))]
     assert state.tasks[3].state == "waiting" and state.live_tasks.exports[1].tasks == {3}
-    state.on_library_reply(lib, pipe.Exported(1, None, 0.0, "TypeError: a lock"), 0.0)
-    (erred,) = [r for r in state.outbox if type(r) is p.TaskErred]
+    out = state.handle([reply(lib, pipe.Exported(1, None, 0.0, "TypeError: a lock"))], 0.0)
+    (erred,) = [r for r in out if type(r) is p.TaskErred]
     assert erred.task_id == 3 and "k1" in erred.message and "a lock" in erred.message
     assert 3 not in state.tasks and state.live.entries[1].stuck
 
@@ -549,26 +647,23 @@ def test_a_live_input_that_cannot_be_serialized_fails_the_task_that_needs_it_els
 def test_a_dead_library_loses_its_live_results_and_blames_the_task_it_was_running():
     state, (lib,) = make()
     _live_in(state, lib, 1, duration=0.0001)  # tiny: several tasks per request
-    for task_id in (2, 3, 4):
-        state.on_manager_message(execute(task_id), 0.0)
-    state.start_runnable()
+    state.handle([execute(task_id) for task_id in (2, 3, 4)], 0.0)
     assert list(lib.sent) == [2, 3, 4]
-    state.on_library_death(lib, "exited with code 3", running={3})
-    crashed = [r for r in state.outbox if type(r) is p.TaskCrashed]
+    out = state.handle([LibraryDied(lib.id, "exited with code 3", running={3})], 0.0)
+    crashed = [r for r in out if type(r) is p.TaskCrashed]
     assert [r.task_id for r in crashed] == [3]  # 2's reply was held, not lost to blame
-    assert state.outbox[-1] == p.Lost((1,)) and 1 not in state.live
-    assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
+    assert p.Lost((1,)) in out and 1 not in state.live
+    # Its successor starts and is sent the others at once (its pipe holds them meanwhile).
+    assert StartLibrary(2, 1) in out and runs(out) == [(2, [2, 4])]
 
 
 def test_abort_drops_unstarted_tasks_silently_and_frees_their_fetches():
     state, _ = make()
-    state.on_manager_message(execute(1), 0.0)
-    state.on_manager_message(execute(2, at(7, "tcp://a:1")), 0.0)
-    state.on_manager_message(p.Abort((1, 2, 99), "run elsewhere"), 0.0)
-    assert not state.tasks and not state.take_aborted() and not state.outbox
-    assert not state.fetcher.fetches and started(state) == []
-    state.peer_outbox.clear()
-    assert not list(state.leaks())
+    out = state.handle(
+        [execute(1), execute(2, at(7, "tcp://a:1")), p.Abort((1, 2, 99), "run elsewhere")], 0.0
+    )
+    assert out == [AskPeer("tcp://a:1", (7,))]  # (asked before the abort; its answer dropped)
+    assert not state.tasks and not state.fetcher.fetches and not list(state.leaks())
 
 
 def test_abort_of_a_running_task_kills_its_library_and_requeues_what_else_it_ran():
@@ -577,54 +672,41 @@ def test_abort_of_a_running_task_kills_its_library_and_requeues_what_else_it_ran
     results it kept live are lost."""
     state, (lib,) = make()
     _live_in(state, lib, 1, duration=0.0001)  # tiny: several tasks per request
-    for task_id in (2, 3, 4):
-        state.on_manager_message(execute(task_id), 0.0)
-    assert started(state) == [(0, [2, 3, 4])]
-    state.end_pass(0.0)
-    state.outbox.clear()
-    state.on_manager_message(p.Abort((3,), "a straggler"), 0.0)
-    (aborted,) = state.take_aborted()
-    assert aborted.id == 3 and aborted.lib == lib.id and 3 not in state.tasks
-    state.on_library_reply(lib, done(3), 0.0)  # written before the kill: not reported
-    assert not state.outbox
-    state.on_library_death(lib, "killed by signal SIGKILL", running={2})
-    assert state.outbox == [p.Lost((1,))]  # no TaskCrashed: 2 was not at fault
-    assert [state.tasks[t].state for t in (2, 4)] == ["queued", "queued"]
-    state.outbox.clear()
-    new = state.add_library(1, 1)
-    state.on_library_ready(new)
-    assert started(state) == [(1, [2, 4])]
-    for task_id in (2, 4):
-        state.on_library_reply(new, done(task_id), 0.0)
-    assert [type(r) for r in state.outbox] == [p.Started, p.TaskDone, p.TaskDone]
+    assert runs(state.handle([execute(t) for t in (2, 3, 4)], 0.0)) == [(lib.id, [2, 3, 4])]
+    assert state.handle([p.Abort((3,), "a straggler")], 0.0) == [KillLibrary(lib.id)]
+    assert 3 not in state.tasks and state.aborting == {lib.id}
+    assert state.handle([reply(lib, done(3))], 0.0) == []  # written before the kill
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL", running={2})], 0.0)
+    assert out[:2] == [p.Lost((1,)), StartLibrary(2, 1)]  # no TaskCrashed: 2 was not at fault
+    assert runs(out) == [(2, [2, 4])] and not state.aborting
+    new = state.dispatch.libraries[2]
+    out = state.handle([reply(new, done(2)), reply(new, done(4))], 0.0)
+    assert [type(r) for r in out] == [p.TaskDone, p.TaskDone]
     assert not list(state.leaks())
 
 
 def test_a_late_reply_of_an_aborted_task_sent_again_is_not_taken_for_the_new_one():
     state, (lib, other) = make(libraries=2)
-    state.on_manager_message(execute(1), 0.0)
-    assert started(state) == [(0, [1])]
-    state.on_manager_message(p.Abort((1,), "a straggler"), 0.0)
-    state.take_aborted()
-    state.on_manager_message(execute(1), 0.0)  # the manager gives it back to us
-    assert started(state) == [(1, [1])]
-    state.on_library_reply(lib, done(1, "stale"), 0.0)  # from the library being killed
-    assert not any(type(r) is p.TaskDone for r in state.outbox)
-    state.on_library_reply(other, done(1, "fresh"), 0.0)
-    (report,) = [r for r in state.outbox if type(r) is p.TaskDone]
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    assert state.handle([p.Abort((1,), "a straggler")], 0.0) == [KillLibrary(lib.id)]
+    assert runs(state.handle([execute(1)], 0.0)) == [(other.id, [1])]  # given back to us
+    out = state.handle([reply(lib, done(1, "stale"))], 0.0)  # from the library being killed
+    assert not any(type(r) is p.TaskDone for r in out)
+    out = state.handle([reply(other, done(1, "fresh"))], 0.0)
+    (report,) = [r for r in out if type(r) is p.TaskDone]
     assert loads(report.value) == "fresh"
 
 
-def test_abort_of_a_task_process_names_it_for_the_shell_to_kill():
+def test_abort_of_a_task_process_kills_it_and_ignores_its_exit():
     state, _ = make()
-    state.on_manager_message(p.RunConfig(3, "tasks", "direct", (), (), True), 0.0)
-    state.on_manager_message(execute(1, run_id=3), 0.0)
-    task = state.next_process_task()
-    state.on_process_started(task)
-    state.on_manager_message(p.Abort((1,), "a straggler"), 0.0)
-    assert state.take_aborted() == [task] and task.lib is None and not state.aborting
-    state.on_reply(pipe.Crashed(1, "task process killed by signal SIGKILL"), 0.0)
-    assert [type(r) for r in state.outbox] == [p.Started]
+    config = p.RunConfig(3, "tasks", "direct", (), (), True)
+    (start,) = state.handle([config, execute(1, run_id=3)], 0.0)
+    assert state.handle([ProcessStarted(start.task)], 0.0) == [p.Started((1,))]
+    assert state.handle([p.Abort((1,), "a straggler")], 0.0) == [KillProcess(start.task)]
+    assert not state.aborting
+    crash = pipe.Crashed(1, "task process killed by signal SIGKILL")
+    assert state.handle([ProcessExited(start.task, crash, 0.0)], 0.0) == []
+    assert not list(state.leaks())
 
 
 def _unreadable(task_id, exc):
@@ -638,14 +720,14 @@ PEERS = ("tcp://a:1", "tcp://b:1")
 
 class SimulatedWorker:
     """A ``WorkerState`` with fake libraries and peers, and a manager that sends each task
-    once and cancels the tasks sent ahead of an input that will not come."""
+    once and cancels the tasks sent ahead of an input that will not come: a shell of
+    events in and instructions out, with no sockets and no processes."""
 
     def __init__(self, graph, slots):
         self.state, libs = make(libraries=2, slots=slots, fetch_timeout=1.0)
         self.slots = slots
         self.graph = graph  #: task id -> [("local", task id) | ("peer", id, peers) | ("inline",)]
         self.now = 0.0
-        self.next_library = len(libs)
         #: library id -> the calls it was sent and has not answered, in order
         self.pipes = {lib.id: [] for lib in libs}
         #: library id -> the results it keeps live, and those it drops once read
@@ -663,6 +745,72 @@ class SimulatedWorker:
         self.started: set[int] = set()
         #: tasks the manager aborted: nothing is reported of them
         self.aborted: set[int] = set()
+
+    def handle(self, *events):
+        """Hand the worker events and carry out its instructions, feeding back what
+        they answer (libraries serve exports and forgets at once, start at once)."""
+        pending = list(events)
+        while pending:
+            out = self.state.handle(pending, self.now)
+            pending = []
+            for instruction in out:
+                pending += self._carry(instruction)
+
+    def _carry(self, instruction):
+        kind = type(instruction)
+        if kind is ToLibrary:
+            return self._to_library(instruction.library_id, instruction.request)
+        if kind is StartLibrary:
+            lib_id = instruction.library_id
+            self.pipes[lib_id], self.lib_live[lib_id], self.doomed[lib_id] = [], set(), set()
+            return [FromLibrary(lib_id, pipe.Ready(), self.now)]
+        if kind is KillLibrary:
+            return self._kill(instruction.library_id, set())
+        if kind is AskPeer:
+            self.requests.extend((instruction.address, d) for d in instruction.task_ids)
+        elif kind is ClosePeer:  # its socket reset: what was asked of it is lost
+            self.requests = [r for r in self.requests if r[0] != instruction.address]
+        elif kind is AnswerPeer:
+            self.asks[instruction.ident][1].append(instruction.data)
+        elif kind in p.TO_MANAGER:
+            self._report(instruction)
+        else:
+            raise AssertionError(f"unexpected {instruction!r}")
+        return []
+
+    def _report(self, message):
+        kind = type(message)
+        if kind is p.Started:
+            self.started.update(message.task_ids)
+        elif kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
+            if kind in (p.TaskDone, p.TaskErred):  # it ran: said so first
+                assert message.task_id in self.started, message
+            self.reports.setdefault(message.task_id, []).append(message)
+            if kind is not p.TaskDone:
+                self._recall_dependents(message.task_id)
+        elif kind is p.Withdrawn:
+            for task_id in message.task_ids:
+                self.reports.setdefault(task_id, []).append(message)
+                self.cancelled.discard(task_id)
+                self._recall_dependents(task_id)
+
+    def _to_library(self, lib_id, request):
+        if lib_id not in self.lib_live:
+            return []  # died since
+        if type(request) is pipe.Run:
+            self.pipes[lib_id].extend(request.calls)
+            return []
+        answers = []
+        for task_id in request.task_ids:
+            if type(request) is pipe.Export:
+                held = task_id in self.lib_live[lib_id]
+                value = dumps(task_id) if held else None
+                exported = pipe.Exported(task_id, value, 0.0, "" if held else "not held")
+                answers.append(FromLibrary(lib_id, exported, self.now))
+            if type(request) is pipe.Forget or request.drop:
+                self.doomed[lib_id].add(task_id)
+        self._settle_doomed(lib_id)
+        return answers
 
     # the manager
 
@@ -682,23 +830,19 @@ class SimulatedWorker:
             else:
                 deps.append(inline(10_000 + task_id, task_id))
         self.sent.append(task_id)
-        self._tell(execute(task_id, *deps))
+        self.handle(execute(task_id, *deps))
 
     def replicate(self, index, peers):
         """The manager asks for a copy of a result held by peers (``replicas=k``)."""
-        self._tell(p.Replicate(1000 + index % 4, peers))
+        self.handle(p.Replicate(1000 + index % 4, peers))
 
     def release(self, task_id):
         """The manager releases a result here (even one a queued task still needs: the
         worker must report that task, not lose it)."""
-        self._tell(p.Release((task_id, 1000 + task_id % 4)))
+        self.handle(p.Release((task_id, 1000 + task_id % 4)))
 
     def _over(self, task_id):
         return task_id in self.reports or task_id in self.cancelled or task_id in self.aborted
-
-    def _tell(self, message):
-        self.state.on_manager_message(message, self.now)
-        self._take_outbox()
 
     def cancel(self, task_id, withdraw=False):
         if task_id not in self.sent or self._over(task_id):
@@ -706,50 +850,9 @@ class SimulatedWorker:
         dropped = task_id in self.state.tasks and self.state.tasks[task_id].state != "running"
         if dropped and not withdraw:
             self.cancelled.add(task_id)
-        self._tell((p.Withdraw if withdraw else p.Cancel)((task_id,)))
+        self.handle((p.Withdraw if withdraw else p.Cancel)((task_id,)))
         if dropped and not withdraw:  # (a withdrawn one is recalled when it is reported)
             self._recall_dependents(task_id)
-
-    def _take_outbox(self):
-        messages = self.state.outbox[:]
-        self.state.outbox.clear()
-        for message in messages:
-            kind = type(message)
-            if kind is p.Started:
-                self.started.update(message.task_ids)
-            elif kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
-                if kind in (p.TaskDone, p.TaskErred):  # it ran: said so first
-                    assert message.task_id in self.started, message
-                self.reports.setdefault(message.task_id, []).append(message)
-                if kind is not p.TaskDone:
-                    self._recall_dependents(message.task_id)
-            elif kind is p.Withdrawn:
-                for task_id in message.task_ids:
-                    self.reports.setdefault(task_id, []).append(message)
-                    self.cancelled.discard(task_id)
-                    self._recall_dependents(task_id)
-        for address, ids in self.state.peer_outbox.items():
-            self.requests.extend((address, dep_id) for dep_id in ids)
-        self.state.peer_outbox.clear()
-        for ident, data in self.state.peer_replies:
-            self.asks[ident][1].append(data)
-        self.state.peer_replies.clear()
-        while self.state.library_outbox:  # libraries serve exports and forgets at once
-            lib_id, request = self.state.library_outbox.pop(0)
-            if lib_id not in self.lib_live:
-                continue  # died since
-            for task_id in request.task_ids:
-                if type(request) is pipe.Export:
-                    held = task_id in self.lib_live[lib_id]
-                    value = dumps(task_id) if held else None
-                    reply = pipe.Exported(task_id, value, 0.0, "" if held else "not held")
-                    self.state.on_library_reply(
-                        self.state.dispatch.libraries[lib_id], reply, self.now
-                    )
-                if type(request) is pipe.Forget or request.drop:
-                    self.doomed[lib_id].add(task_id)
-            self._settle_doomed(lib_id)
-            self._take_outbox()
 
     def _settle_doomed(self, lib_id):
         """Forgotten results go once no call queued in their library reads them."""
@@ -760,15 +863,16 @@ class SimulatedWorker:
 
     def ask(self, index, task_id):
         """A peer asks for a result, answered as the peer server answers: from the store,
-        or once a live one is exported."""
+        or, for a live one, by the state once it is exported (``PeerAsked``)."""
         ident = f"peer-{index}".encode()
         if ident in self.asks:
             return
         self.asks[ident] = (task_id, [])
-        reply = serving.answer(self.state.store, self.state, ident, task_id, _unreadable)
-        if reply is not None:
-            self.asks[ident][1].append(reply)
-        self._take_outbox()
+        answer = serving.answer(self.state.store, self.state.live, task_id, _unreadable)
+        if answer is not None:
+            self.asks[ident][1].append(answer)
+        else:
+            self.handle(PeerAsked(ident, (task_id,)))
 
     def _recall_dependents(self, task_id):
         """Tasks sent ahead to wait for ``task_id`` here will not get it: the manager
@@ -780,9 +884,7 @@ class SimulatedWorker:
     # libraries and peers
 
     def start(self):
-        for lib, run in self.state.start_runnable():
-            self.pipes[lib.id].extend(run.calls)
-        self._take_outbox()
+        self.handle()  # an empty pass: tasks go to libraries with free slots
 
     def finish(self, index, outcome):
         pipes = [lib_id for lib_id, sent in self.pipes.items() if sent]
@@ -812,19 +914,15 @@ class SimulatedWorker:
                     "crashed": pipe.Crashed(task_id, "the fork died"),
                 }[outcome]
         self._settle_doomed(lib_id)
-        self.state.on_library_reply(self.state.dispatch.libraries[lib_id], reply, self.now)
-        self._take_outbox()
+        self.handle(FromLibrary(lib_id, reply, self.now))
 
     def abort(self, task_id):
         """The manager takes a task back, running or not (a straggler): the library
-        running it is killed; the others it ran are not blamed (they run again)."""
+        running it is killed (``KillLibrary``); the others it ran are not blamed."""
         if task_id not in self.sent or self._over(task_id):
             return
         self.aborted.add(task_id)
-        self._tell(p.Abort((task_id,), "a straggler"))
-        for task in self.state.take_aborted():
-            if task.lib in self.pipes:
-                self._replace(task.lib, set())
+        self.handle(p.Abort((task_id,), "a straggler"))
         self._recall_dependents(task_id)
 
     def die(self, index):
@@ -833,19 +931,13 @@ class SimulatedWorker:
         running = {call.task_id for call in self.pipes[lib_id][: self.slots]}
         for task_id in running:
             self.executed[task_id] = self.executed.get(task_id, 0) + 1  # it was running
-        self._replace(lib_id, running)
+        self.handle(*self._kill(lib_id, running))
 
-    def _replace(self, lib_id, running):
-        """Library ``lib_id`` dies, blamed for ``running``; a new one takes its place."""
+    def _kill(self, lib_id, running):
+        """Library ``lib_id`` dies, blamed for ``running``: its death, for the state
+        (which starts another in its place)."""
         del self.pipes[lib_id], self.lib_live[lib_id], self.doomed[lib_id]
-        record = self.state.dispatch.libraries[lib_id]
-        self.state.on_library_death(record, "killed by signal SIGKILL", running)
-        self.next_library += 1
-        self.state.on_library_ready(self.state.add_library(self.next_library, self.slots))
-        self.pipes[self.next_library] = []
-        self.lib_live[self.next_library] = set()
-        self.doomed[self.next_library] = set()
-        self._take_outbox()
+        return [LibraryDied(lib_id, "killed by signal SIGKILL", running)]
 
     def answer(self, index, how):
         if not self.requests:
@@ -854,15 +946,11 @@ class SimulatedWorker:
         if how == "silent":
             return
         holds = how == "data" and address == PEERS[0]
-        self.state.on_data(p.Data(dep_id, dumps(dep_id) if holds else None), self.now)
-        self._take_outbox()
+        self.handle(p.Data(dep_id, dumps(dep_id) if holds else None))
 
     def tick(self):
         self.now += 1.0
-        for address in self.state.on_timers(self.now):
-            self.requests = [r for r in self.requests if r[0] != address]  # socket reset
-        self.state.end_pass(self.now)
-        self._take_outbox()
+        self.handle(Tick(self.now))
 
     def settle(self):
         """Everything sent runs to its end: peers answer, libraries finish."""

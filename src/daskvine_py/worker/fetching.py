@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 
 from daskvine_py.wire import protocol as p
+from daskvine_py.worker.messages import AskPeer, ClosePeer, Instruction
 
 logger = logging.getLogger("daskvine_py.worker")
 
@@ -89,7 +90,8 @@ class TransferSlots:
         self.from_peer: dict[str, int] = {}
         #: peers asked whose sockets may be open, least recently asked first
         self.linked: OrderedDict[str, None] = OrderedDict()
-        #: peers unlinked to make room: the shell closes their sockets before it sends
+        #: peers unlinked to make room: their sockets are closed (``Fetcher.flush``'s
+        #: ``ClosePeer``) before any request goes out
         self.evicted: list[str] = []
         #: fetches waiting for a slot, in the order they asked
         self.queue: deque[Fetch] = deque()
@@ -179,32 +181,35 @@ class Fetcher:
     """The worker's copies of inputs from peers: one ``Fetch`` per input for every task
     that waits for it (or none, for a ``Replicate``), within the transfer slots.
 
-    Instructions go where the owner takes them: ids to ask each peer for into
-    ``peer_outbox``, ``Relay`` and ``Transfers`` records into ``outbox``. A fetch no
-    holder could serve goes to ``on_failed`` once out of ``fetches``: the owner forgets
-    the tasks that waited for it. An input that arrived is the caller's to store.
+    Instructions go to the owner's one list, ``out``: ``Relay`` and ``Transfers``
+    records; the ids to ask each peer for gather in ``asks`` until ``flush`` turns them
+    into one ``AskPeer`` per peer (after a ``ClosePeer`` for each peer unlinked to make
+    room). A fetch no holder could serve goes to ``on_failed`` once out of ``fetches``:
+    the owner forgets the tasks that waited for it. An input that arrived is the
+    caller's to store.
     """
 
     __slots__ = (
-        "fetches", "slots", "received_from", "timeout", "outbox", "peer_outbox", "on_failed",
+        "fetches", "slots", "received_from", "timeout", "out", "asks", "on_failed",
     )  # fmt: skip
 
     def __init__(
         self,
         timeout: float,
-        outbox: list[p.ToManager],
-        peer_outbox: dict[str, list[int]],
+        out: list[Instruction],
         on_failed: Callable[[Fetch], None],
+        links: int = MAX_PEER_LINKS,
     ) -> None:
         #: input id -> its copy from peers in progress
         self.fetches: dict[int, Fetch] = {}
         #: requests in flight overall and per peer, and fetches waiting for a free slot
-        self.slots = TransferSlots()
+        self.slots = TransferSlots(links=links)
         #: bytes received per peer address since the last ``Transfers`` report
         self.received_from: dict[str, int] = {}
         self.timeout = timeout  #: seconds a peer has to answer
-        self.outbox = outbox
-        self.peer_outbox = peer_outbox
+        self.out = out
+        #: peer address -> ids to ask it for, until ``flush``
+        self.asks: dict[str, list[int]] = {}
         self.on_failed = on_failed
 
     def want(self, dep_id: int, peers: Sequence[str], task_id: int, now: float) -> None:
@@ -250,7 +255,7 @@ class Fetcher:
                 return
             self.slots.take_relay(fetch, RELAY)
             fetch.deadline = now + self.timeout
-            self.outbox.append(p.Relay((fetch.dep_id,)))
+            self.out.append(p.Relay((fetch.dep_id,)))
             return
         address = self.slots.take(fetch)
         if address is None:
@@ -261,7 +266,7 @@ class Fetcher:
 
     def _request(self, fetch: Fetch, address: str, now: float) -> None:
         fetch.deadline = now + self.timeout
-        self.peer_outbox.setdefault(address, []).append(fetch.dep_id)
+        self.asks.setdefault(address, []).append(fetch.dep_id)
 
     def _is_live(self, fetch: Fetch) -> bool:
         return self.fetches.get(fetch.dep_id) is fetch
@@ -272,6 +277,19 @@ class Fetcher:
             logger.debug("could not copy result %d from %s", fetch.dep_id, fetch.peers)
         self.on_failed(fetch)
 
+    def flush(self) -> None:
+        """The requests gathered since the last flush: a ``ClosePeer`` for each peer
+        unlinked to make room (closed before any new one opens: never more than the
+        bound), then one ``AskPeer`` per peer."""
+        out = self.out
+        evicted = self.slots.evicted
+        if evicted:
+            out.extend(ClosePeer(address) for address in evicted)
+            evicted.clear()
+        if self.asks:
+            out.extend(AskPeer(address, tuple(ids)) for address, ids in self.asks.items())
+            self.asks = {}
+
     def deadline(self, before: float) -> float:
         """The earliest of ``before`` and the fetches' deadlines."""
         for fetch in self.fetches.values():
@@ -279,20 +297,18 @@ class Fetcher:
                 before = fetch.deadline
         return before
 
-    def on_timers(self, now: float) -> list[str]:
+    def on_timers(self, now: float) -> None:
         """Fetches past their deadline go to their next holder; the peers that did not
-        answer, whose sockets the shell resets."""
-        silent = []
+        answer have their sockets closed (``ClosePeer``)."""
         for fetch in [f for f in self.fetches.values() if f.deadline <= now]:
             if self.fetches.get(fetch.dep_id) is not fetch:
                 continue  # dropped with a task that an earlier failure here cancelled
             logger.warning("peer did not serve result %d within %.1f s", fetch.dep_id, self.timeout)
             if fetch.current:
-                silent.append(fetch.current)
+                self.out.append(ClosePeer(fetch.current))
             fetch.unreached = True
             self.slots.give_back(fetch)
             self.request_next(fetch, now)
-        return silent
 
     def start_queued(self, now: float) -> None:
         """Once per loop pass: ask for the queued fetches that found a slot."""
@@ -303,7 +319,7 @@ class Fetcher:
     def report_received(self) -> None:
         """The bytes received from each peer since the last report, if any (``Transfers``)."""
         if self.received_from:
-            self.outbox.append(p.Transfers(tuple(self.received_from.items())))
+            self.out.append(p.Transfers(tuple(self.received_from.items())))
             self.received_from = {}
 
     def relayed(self, dep_id: int) -> bool:
@@ -311,7 +327,7 @@ class Fetcher:
         fetch = self.fetches.get(dep_id)
         return fetch is not None and fetch.current == RELAY
 
-    def on_unreachable(self, address: str, ids: list[int], now: float) -> None:
+    def on_unreachable(self, address: str, ids: Sequence[int], now: float) -> None:
         """Requests that could not be sent to ``address``: their fetches try the next holder."""
         for dep_id in ids:
             fetch = self.fetches.get(dep_id)

@@ -8,8 +8,9 @@
   naming its devices, or empty (no device) for tasks without GPUs.
 - A task asking for ``k`` GPUs runs alone in an idle library started with ``k`` devices
   that no running task holds. When there is none, an idle library is started again with
-  ``k`` free devices (``restarts``: the shell kills it, and its replacement gets them),
-  once the results it keeps live have been exported to the store, so none is lost.
+  ``k`` free devices (``restarts``: the state has it killed, ``KillLibrary``, and its
+  replacement gets them), once the results it keeps live have been exported to the
+  store, so none is lost.
   Tasks without GPUs that find no library of theirs free have idle GPU libraries started
   again without devices.
 - A device is held while the library started with it runs a task: until the task's
@@ -130,7 +131,7 @@ class GpuPool:
         self.bound: set[int] = set()
         #: libraries to be started again -> the devices their replacement gets
         self.restarting: dict[int, tuple[str, ...]] = {}
-        #: for the shell: idle libraries to kill (their replacements get new devices)
+        #: idle libraries to kill (``KillLibrary``; their replacements get new devices)
         self.restarts: list[int] = []
         #: devices for the libraries about to start (replacements), in order
         self.next_devices: deque[tuple[str, ...]] = deque()

@@ -36,8 +36,8 @@ from daskvine_py.worker import gpus, library, library_process, pipe, task_proces
 from daskvine_py.worker.measure import resident_bytes
 
 if TYPE_CHECKING:
+    from daskvine_py.worker.messages import SendStatus
     from daskvine_py.worker.records import LibraryRecord, WorkerTask
-    from daskvine_py.worker.state import WorkerState
 
 
 class Library:
@@ -244,17 +244,14 @@ def peak_rss(pid: int | None) -> int:
     return 0
 
 
-def status(state: WorkerState, libraries: Iterable[Library]) -> p.Status:
-    """The heartbeat: bytes held (stored and live), peak memory of the worker and of its
-    largest library, bytes spilled, the resident bytes of all of them now, and the bars of
-    what it did since the last one (``activity``)."""
+def status(heartbeat: SendStatus, libraries: Iterable[Library]) -> p.Status:
+    """The heartbeat: the state's bytes held (stored and live), peak memory of the worker
+    and of its largest library, the state's bytes spilled, the resident bytes of all of
+    them now, and the state's bars of what it did since the last one (``activity``)."""
     pids = [lib.process.pid for lib in libraries]
-    store = state.store
     return p.Status(
-        store.nbytes + state.live.nbytes, peak_rss(os.getpid()),
-        max(map(peak_rss, pids), default=0), store.disk_bytes,
-        sum(map(resident, pids), resident(os.getpid())),
-        state.activity.take(time.time() - time.monotonic()),  # (fetches: the loop's clock)
+        heartbeat.held, peak_rss(os.getpid()), max(map(peak_rss, pids), default=0),
+        heartbeat.spilled, sum(map(resident, pids), resident(os.getpid())), heartbeat.bars,
     )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import Serialized
 from daskvine_py.worker import pipe
 from daskvine_py.worker.live_results import ExportWait, LiveResults
+from daskvine_py.worker.messages import AnswerPeer, Instruction, ToLibrary
 from daskvine_py.worker.records import WorkerTask
 from daskvine_py.worker.store import Store
 
@@ -28,30 +29,21 @@ _ANYWHERE: tuple[None, tuple[int, ...]] = (None, ())
 class LiveTasks:
     """The live results (``live``) and the exports under way (``exports``).
 
-    Instructions go where the owner takes them: ``Export`` and ``Forget`` requests for
-    libraries into ``library_outbox`` as (library id, request); answers to peers that
-    waited for an export into ``peer_replies`` as (identity, ``Data``), and to the
-    manager (``MANAGER_IDENT``) into ``outbox`` as ``Uploaded``. An export that arrives
-    goes to ``store``, the copy every later reader gets.
+    Instructions go to the owner's one list, ``out``: ``Export`` and ``Forget`` requests
+    for libraries (``ToLibrary``); answers to peers that waited for an export
+    (``AnswerPeer``), and to the manager (``MANAGER_IDENT``) as ``Uploaded``. An export
+    that arrives goes to ``store``, the copy every later reader gets.
     """
 
-    __slots__ = ("live", "exports", "store", "outbox", "library_outbox", "peer_replies")
+    __slots__ = ("live", "exports", "store", "out")
 
-    def __init__(
-        self,
-        store: Store,
-        outbox: list[p.ToManager],
-        library_outbox: list[tuple[int, pipe.Export | pipe.Forget]],
-        peer_replies: list[tuple[bytes, p.Data]],
-    ) -> None:
+    def __init__(self, store: Store, out: list[Instruction]) -> None:
         #: results the libraries keep live, counted against the store's memory limit
         self.live = LiveResults(store)
         #: live result id -> its export under way, and who waits for it
         self.exports: dict[int, ExportWait] = {}
         self.store = store
-        self.outbox = outbox
-        self.library_outbox = library_outbox
-        self.peer_replies = peer_replies
+        self.out = out
 
     def place(self, task: WorkerTask) -> tuple[int | None, Sequence[int]]:
         """Where a task whose inputs are all here runs: the library that keeps the most
@@ -90,7 +82,7 @@ class LiveTasks:
         entry = self.live.entries[dep_id]
         if wait is None:
             wait = self.exports[dep_id] = ExportWait(entry.lib, drop)
-            self.library_outbox.append((entry.lib, pipe.Export([dep_id], drop)))
+            self.out.append(ToLibrary(entry.lib, pipe.Export([dep_id], drop)))
             if drop:
                 self.live.mark_leaving(entry)
         if task_id is not None:
@@ -115,7 +107,7 @@ class LiveTasks:
             if entry is not None:
                 forget.setdefault(entry.lib, []).append(task_id)
         for lib, ids in forget.items():
-            self.library_outbox.append((lib, pipe.Forget(ids)))
+            self.out.append(ToLibrary(lib, pipe.Forget(ids)))
 
     def evict(self, excess: int) -> None:
         """Past ``--memory``: live results go to the store (least recently used first),
@@ -131,7 +123,7 @@ class LiveTasks:
 
     def serve_peer(self, task_id: int, peer: bytes) -> bool:
         """A peer asks for a result held live only: export it, and answer the peer when
-        it arrives (``peer_replies``). False when it is not live here."""
+        it arrives (``AnswerPeer``). False when it is not live here."""
         entry = self.live.entries.get(task_id)
         if entry is None or entry.stuck:
             return False
@@ -142,9 +134,9 @@ class LiveTasks:
         """Answer the peers (and the manager) that waited for an export."""
         for peer in peers:
             if peer is MANAGER_IDENT:  # an upload for a worker that cannot reach us
-                self.outbox.append(p.Uploaded(task_id, value))
+                self.out.append(p.Uploaded(task_id, value))
             else:
-                self.peer_replies.append((peer, p.Data(task_id, value)))
+                self.out.append(AnswerPeer(peer, p.Data(task_id, value)))
 
     def on_exported(self, reply: pipe.Exported) -> ExportWait | None:
         """A live result, serialized: into the store, and to the peers that waited for

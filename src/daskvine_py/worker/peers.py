@@ -1,12 +1,15 @@
 """A worker's sockets to its peers: the ROUTER that serves its results, a DEALER per peer
 it fetches from, at most ``fetching.MAX_PEER_LINKS`` of them: the state says which to
-close (``TransferSlots.evicted``) before a new one opens.
+close (``ClosePeer``) before a new one opens.
 
-``WorkerState`` decides what to fetch from whom (``peer_outbox``) and takes the answers
-(``on_data``); this sends the requests, reads the answers and serves other workers'
-requests from the store. Every request and reply is validated: a bad request gets no
-answer (its sender asks another holder after its timeout), a bad reply is dropped (its
-fetch times out), a peer that cannot be asked passes its fetches to their next holders.
+``WorkerState`` decides what to fetch from whom (``AskPeer``, ``ClosePeer``) and takes
+the answers (``p.Data`` events); this sends the requests, reads the answers and serves
+other workers' requests from the store, feeding the state events (the answers,
+``PeerUnreachable``, ``PeerAsked`` for results a library keeps live) and sending the
+answers it gives back (``AnswerPeer``). Every request and reply is validated: a bad
+request gets no answer (its sender asks another holder after its timeout), a bad reply
+is dropped (its fetch times out), a peer that cannot be asked passes its fetches to
+their next holders.
 With keys, the server admits only workers of the run (``security.Gate``) and every client
 proves it is one.
 """
@@ -22,7 +25,8 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.transport import send_batch
 from daskvine_py.worker import serving
-from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.live_results import LiveResults
+from daskvine_py.worker.messages import AnswerPeer, AskPeer, PeerUnreachable
 from daskvine_py.worker.store import Store
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
@@ -77,6 +81,8 @@ class PeerLinks:
         self.address = contact_address or f"tcp://{host}:{port}"
         #: peer address -> the socket we ask it on
         self.clients: dict[str, zmq.Socket] = {}
+        #: identity -> the state's answers for that peer, sent at the next ``flush``
+        self.answers: dict[bytes, list[p.Data]] = {}
         poller.register(self.server, zmq.POLLIN)
 
     def close(self) -> None:
@@ -88,46 +94,41 @@ class PeerLinks:
 
     # -- fetching from peers ----------------------------------------------------------
 
-    def flush(self, state: WorkerState) -> None:
-        """Send the state's requests (``peer_outbox``), one ``GetData`` per peer, and the
-        answers that waited for a result to leave its library (``peer_replies``)."""
-        evicted = state.fetcher.slots.evicted
-        if evicted:  # closed before any new one opens: never more than the bound
-            for address in evicted:
-                self.reset(address)
-            evicted.clear()
-        self.answer_waiting(state)
-        if state.peer_replies:
-            replies = state.peer_replies[:]
-            state.peer_replies.clear()
-            by_peer: dict[bytes, list[p.Data]] = {}  # one message per peer
-            for ident, data in replies:
-                by_peer.setdefault(ident, []).append(data)
-            for ident, records in by_peer.items():
-                self._answer(ident, records)
-        # A peer that cannot be asked passes its fetches on to their next holders, which
-        # may add requests: until none is left (each fetch has finitely many holders).
-        while state.peer_outbox:
-            outbox = dict(state.peer_outbox)
-            state.peer_outbox.clear()
-            for address, ids in outbox.items():
-                if address not in self.clients and not p.connectable(address):
-                    self._unreachable(state, address, ids, "not an address to connect to")
-                    continue
-                step = serving.REQUEST_IDS  # (a fetch asks for a handful: one request)
-                requests = [p.GetData(tuple(ids[i : i + step])) for i in range(0, len(ids), step)]
-                try:
-                    send_batch(self._client(address), p.encode(requests))
-                except zmq.ZMQError as exc:
-                    self._unreachable(state, address, ids, str(exc))
+    def ask(self, ask: AskPeer, events: list[object]) -> None:
+        """Send one ``GetData`` (in requests of ``serving.REQUEST_IDS`` ids at most); a
+        peer that cannot be asked becomes a ``PeerUnreachable`` event."""
+        address, ids = ask
+        if address not in self.clients and not p.connectable(address):
+            self._unreachable(events, address, ids, "not an address to connect to")
+            return
+        step = serving.REQUEST_IDS  # (a fetch asks for a handful: one request)
+        requests = [p.GetData(ids[i : i + step]) for i in range(0, len(ids), step)]
+        try:
+            send_batch(self._client(address), p.encode(requests))
+        except zmq.ZMQError as exc:
+            self._unreachable(events, address, ids, str(exc))
 
-    def _unreachable(self, state: WorkerState, address: str, ids: list[int], why: str) -> None:
-        now = time.monotonic()
+    def _unreachable(
+        self, events: list[object], address: str, ids: tuple[int, ...], why: str
+    ) -> None:
         self.drops.warn(
-            ("unreachable", address), now, "worker %s cannot ask peer %r for results: %s",
-            self.name, address, why,
+            ("unreachable", address), time.monotonic(), "worker %s cannot ask peer %r for "
+            "results: %s", self.name, address, why,
         )  # fmt: skip
-        state.on_peer_unreachable(address, ids, now)
+        events.append(PeerUnreachable(address, ids))
+
+    def answer_later(self, answer: AnswerPeer) -> None:
+        """An answer the state gives (an export a peer waited for): sent with the others
+        to that peer at the next ``flush``, in one message."""
+        self.answers.setdefault(answer.ident, []).append(answer.data)
+
+    def flush(self, live: LiveResults | None, events: list[object]) -> None:
+        """Answer this turn's share of the requests, and the state's answers."""
+        self.answer_waiting(live, events)
+        if self.answers:
+            answers, self.answers = self.answers, {}
+            for ident, records in answers.items():
+                self._answer(ident, records)
 
     def _client(self, address: str) -> zmq.Socket:
         sock = self.clients.get(address)
@@ -152,47 +153,40 @@ class PeerLinks:
             self.poller.unregister(sock)
             sock.close(linger=0)
 
-    def drain(self, sock: zmq.Socket, state: WorkerState) -> None:
+    def drain(self, sock: zmq.Socket, events: list[object]) -> None:
         for _ in range(DRAIN_LIMIT):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self.on_frames([f.buffer for f in frames], state)
+            self.on_frames([f.buffer for f in frames], events)
 
-    def on_frames(self, frames: list, state: WorkerState) -> None:
-        """A peer's replies; a malformed one is dropped, and its fetch times out."""
-        now = time.monotonic()
+    def on_frames(self, frames: list, events: list[object]) -> None:
+        """A peer's replies, each a ``p.Data`` event for the state; a malformed one is
+        dropped, and its fetch times out."""
         try:
             replies = p.decode(frames, p.FROM_PEER)
         except ProtocolError as exc:
             self.drops.warn(
-                ("reply from a peer",), now, "worker %s dropped a malformed reply from a "
-                "peer: %s", self.name, exc,
+                ("reply from a peer",), time.monotonic(), "worker %s dropped a malformed "
+                "reply from a peer: %s", self.name, exc,
             )  # fmt: skip
             return
-        for reply in replies:
-            try:
-                state.on_data(reply, now)
-            except Exception as exc:  # storing it failed: the tasks that wait give up on it
-                self.drops.warn(
-                    ("data",), now, "worker %s could not take result %d from a peer: %r",
-                    self.name, reply.task_id, exc, exc_info=exc,
-                )  # fmt: skip
-                state.fetcher.on_data_error(reply.task_id)
+        events += replies
 
     # -- serving peers ----------------------------------------------------------------
 
-    def serve(self, state: WorkerState | None = None) -> None:
+    def serve(self, live: LiveResults | None = None, events: list[object] | None = None) -> None:
         """Take the requests that arrived; they are answered by ``answer_waiting``, a
-        bounded number per loop turn (``serving``)."""
+        bounded number per loop turn (``serving``); the ids of results ``live`` only go
+        to ``events`` (``PeerAsked``)."""
         for _ in range(DRAIN_LIMIT):
             try:
                 ident, *frames = self.server.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self.take(ident.bytes, [f.buffer for f in frames], _address(ident))
-        self.answer_waiting(state)
+        self.answer_waiting(live, events)
 
     def take(self, ident: bytes, frames: list, address: str = "unknown") -> bool:
         """Queue one request from a peer (at host ``address``); False for one that is not
@@ -212,16 +206,17 @@ class PeerLinks:
         return True
 
     def replies(
-        self, ident: bytes, frames: list, state: WorkerState | None = None
+        self, ident: bytes, frames: list, live: LiveResults | None = None
     ) -> list[p.Data] | None:
         """The answer to one request at once (``serve`` spreads them over loop turns),
-        its first ``serving.REQUEST_IDS`` ids; None for a request that is not valid."""
+        its first ``serving.REQUEST_IDS`` ids, those held live left out; None for a
+        request that is not valid."""
         requests = self._read(ident, frames)
         if requests is None:
             return None
         ids = [task_id for request in requests for task_id in request.task_ids]
         answers = (
-            serving.answer(self.store, state, ident, task_id, self._unreadable)
+            serving.answer(self.store, live, task_id, self._unreadable)
             for task_id in ids[: serving.REQUEST_IDS]
         )
         return [data for data in answers if data is not None]
@@ -236,10 +231,11 @@ class PeerLinks:
             )  # fmt: skip
             return None
 
-    def answer_waiting(self, state: WorkerState | None) -> None:
+    def answer_waiting(self, live: LiveResults | None, events: list[object] | None) -> None:
         """Answer this turn's share of the ids peers asked for."""
         if self.requests:
-            for ident, records in self.requests.answers(self.store, state, self._unreadable):
+            answers = self.requests.answers(self.store, live, self._unreadable, events)
+            for ident, records in answers:
                 self._answer(ident, records)
 
     def _unreadable(self, task_id: int, exc: Exception) -> None:

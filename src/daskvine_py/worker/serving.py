@@ -7,8 +7,9 @@ calls it twice at most (as requests arrive, and before it flushes). A request pa
 ``REQUEST_IDS`` ids (a real fetch asks for a handful: ``fetching.MAX_FETCHES_PER_PEER``)
 keeps its first ids and drops the rest, as does a peer that already has that many
 waiting: a worker that floods its peers' port costs them a bounded answer, never a
-stalled loop or memory that stays. ``answer`` is one id's answer, from the store or, for
-a result a library keeps live, once it is exported.
+stalled loop or memory that stays. ``answer`` is one id's answer, from the store; a
+result a library keeps live is the state's to export first: its ids go to the state as
+a ``messages.PeerAsked`` event, and the answer comes back as ``AnswerPeer``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from daskvine_py.wire import protocol as p
-from daskvine_py.worker.state import WorkerState
+from daskvine_py.worker.live_results import LiveResults
+from daskvine_py.worker.messages import PeerAsked
 from daskvine_py.worker.store import Store
 
 #: Ids one peer may have waiting for an answer: hundreds of times what a fetch asks.
@@ -59,11 +61,16 @@ class PeerRequests:
         return len(task_ids) - len(kept)
 
     def answers(
-        self, store: Store, state: WorkerState | None, on_error: _OnError
+        self,
+        store: Store,
+        live: LiveResults | None,
+        on_error: _OnError,
+        asked: list[object] | None = None,
     ) -> list[tuple[bytes, list[p.Data]]]:
         """This turn's answers: (peer identity, records of one message), at most
-        ``TURN_IDS`` records and about ``TURN_BYTES`` of values in all. An id whose
-        result a library keeps live is answered later (``WorkerState.peer_replies``)."""
+        ``TURN_IDS`` records and about ``TURN_BYTES`` of values in all. The ids whose
+        results a library keeps live go to ``asked``, one ``PeerAsked`` per peer, for the
+        state to export and answer later."""
         messages: list[tuple[bytes, list[p.Data]]] = []
         ids_left = TURN_IDS
         bytes_left = TURN_BYTES
@@ -73,12 +80,14 @@ class PeerRequests:
                 break
             queue = waiting[ident]
             records: list[p.Data] = []
+            deferred: list[int] = []
             size = 0
             while queue and ids_left > 0 and bytes_left > 0:
                 task_id = queue.popitem(last=False)[0]
                 ids_left -= 1
-                data = answer(store, state, ident, task_id, on_error)
+                data = answer(store, live, task_id, on_error)
                 if data is None:
+                    deferred.append(task_id)
                     continue
                 nbytes = 0 if data.value is None else data.value.nbytes
                 if records and size + nbytes > MESSAGE_BYTES:
@@ -89,6 +98,8 @@ class PeerRequests:
                 bytes_left -= nbytes
             if records:
                 messages.append((ident, records))
+            if deferred and asked is not None:
+                asked.append(PeerAsked(ident, tuple(deferred)))
             if queue:  # its turn is over: behind the others
                 waiting.move_to_end(ident)
             else:
@@ -97,16 +108,18 @@ class PeerRequests:
 
 
 def answer(
-    store: Store, state: WorkerState | None, ident: bytes, task_id: int, on_error: _OnError
+    store: Store, live: LiveResults | None, task_id: int, on_error: _OnError
 ) -> p.Data | None:
     """A peer's answer for one id: the stored value, or ``Data(task_id, None)`` when it is
-    not held here; None when a library keeps it live and exports it first (the answer
-    then comes through ``state.peer_replies``)."""
+    not held here; None when a library keeps it live, for the state to export first
+    (``PeerAsked``; a result that cannot be serialized, ``stuck``, is not held here)."""
     try:
         value = store.get(task_id, use=False)
     except Exception as exc:  # a spill file that cannot be read back
         on_error(task_id, exc)
         value = None  # "not held here": the peer asks the next holder
-    if value is None and state is not None and state.live_tasks.serve_peer(task_id, ident):
-        return None
+    if value is None and live is not None:
+        entry = live.entries.get(task_id)
+        if entry is not None and not entry.stuck:
+            return None
     return p.Data(task_id, value)

@@ -10,13 +10,17 @@ Data flow::
                store (results, serialized) ◄── library processes (one per core, pipes)
                                               ◄── task processes (task_mode="tasks")
 
-- This module is the I/O shell: the manager's socket, the loop, registration and exit.
-  Every decision (which task runs where, what to fetch from whom, when a fetch or the
-  manager has been silent too long) is ``state.WorkerState``'s, which takes events
-  and ``now`` and leaves instructions; ``peers.PeerLinks`` owns the sockets to peers and
-  ``host`` the library and task processes.
-- The loop drains every readable socket and pipe, then starts queued tasks on idle
-  libraries, then flushes one batched message to the manager and one per peer.
+- This module is the I/O shell: the manager's socket, the loop, the processes. Every
+  decision (which task runs where, what to fetch from whom, when to register, when a
+  fetch or the manager has been silent too long, when to leave) is
+  ``state.WorkerState``'s: the shell turns what it reads into events
+  (``messages``), hands them to ``WorkerState.handle`` with ``now`` and carries out the
+  instructions it returns; ``peers.PeerLinks`` owns the sockets to peers and ``host``
+  the library and task processes.
+- The loop drains every readable socket and pipe into events, hands them to the state
+  once per pass (the state then starts queued tasks on idle libraries), carries out its
+  instructions (what they answer, a death or a peer that cannot be reached, goes back to
+  the state at once), then flushes one batched message to the manager and one per peer.
 - A task's inputs are in the local store or fetched directly from the peers the manager
   named; a peer that does not answer in ``fetch_timeout`` is skipped, and when none can
   serve an input the manager is told (``FetchFailed``) and decides.
@@ -59,7 +63,8 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 
@@ -69,8 +74,6 @@ from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security, sharedbuf
 from daskvine_py.wire.exits import (
     EXIT_AUTH_FAILED,
-    EXIT_NO_LIBRARIES,
-    EXIT_NO_MANAGER,
     EXIT_REJECTED,
 )
 from daskvine_py.wire.limits import raise_open_files
@@ -80,9 +83,33 @@ from daskvine_py.worker import host as h
 from daskvine_py.worker import pipe
 from daskvine_py.worker.args import counted, parse_args
 from daskvine_py.worker.memory_watch import MemoryWatch
+from daskvine_py.worker.messages import (
+    AnswerPeer,
+    AskPeer,
+    Boot,
+    ClosePeer,
+    EventFailed,
+    FromLibrary,
+    KillLibrary,
+    KillProcess,
+    Leave,
+    LibraryDied,
+    ManagerConnection,
+    MemoryExceeded,
+    ProcessExited,
+    ProcessFailed,
+    ProcessStarted,
+    RegistrationSent,
+    SendStatus,
+    StartLibrary,
+    StartProcess,
+    Stop,
+    Tick,
+    ToLibrary,
+    Unreadable,
+)
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
-from daskvine_py.worker.records import WorkerTask
-from daskvine_py.worker.state import REGISTRATION_PATIENCE, WorkerState
+from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 from daskvine_py.worker.threads import task_cores
 
@@ -94,13 +121,8 @@ logger = logging.getLogger("daskvine_py.worker")
 #: otherwise block for good, before the refusal is read.
 MANAGER_SEND_TIMEOUT = 1.0
 
-#: Library processes that may die before the worker has registered before it gives up:
-#: the manager's deadline only starts with the registration, so without this bound a
-#: library that cannot start (a broken environment, no memory) would be restarted forever.
-MAX_START_FAILURES = 3
-
-#: Records from the manager about this worker's life rather than its tasks: the shell's.
-_LIFECYCLE = (p.Welcome, p.Rejected, p.Shutdown)
+#: The event that says the registration went out (it has no fields: made once).
+_REGISTRATION_SENT = RegistrationSent()
 
 
 class Worker:
@@ -184,23 +206,40 @@ class Worker:
         #: every decision: tasks, fetches, library slots, manager liveness
         self.state = WorkerState(
             self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
-            time.monotonic(),
+            time.monotonic(), address=address, process_slots=self.task_slots, gpus=gpus,
         )  # fmt: skip
         exports = self.state.live_tasks.exports  # (their copies raise limits)
         self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name, exports)
-        self.gpus = self.state.dispatch.gpus.declare(gpus)  #: device ids (``--gpus``)
+        self.gpus = self.state.dispatch.gpus  #: device ids (``--gpus``), read
         self.library_by_fd: dict[int, h.Library] = {}
         #: the same libraries by id (``LibraryRecord.id``), for the state's requests
         self.library_by_id: dict[int, h.Library] = {}
-        self.next_library_id = 0
         #: task processes (task_mode="tasks") by the fd that says they exited
         self.process_by_fd: dict[int, h.TaskProcess] = {}
         #: functions written to ``functions_dir`` for task processes
         self.functions_dir = os.path.join(self.workdir, "functions")
         self.functions_written: set[bytes] = set()
-        self.register_sent = False
-        #: library processes that died before the registration went out
-        self.start_failures = 0
+        #: events for the state's next ``handle``: what the loop read, and the answers
+        #: to instructions (a library's death, a peer that cannot be reached...)
+        self.events: list[object] = []
+        #: records for the manager, sent as one batch at the end of the pass
+        self.outbox: list[p.ToManager] = []
+        #: a ``Register`` waits in ``outbox``: its going out is news for the state
+        self.register_pending = False
+        #: why it was asked to stop (a signal), for the state's next pass
+        self.stop_reason: str | None = None
+        #: instruction type -> what carries it out (records for the manager: queued)
+        self._carriers: dict[type, Callable[[Any], None]] = dict.fromkeys(
+            p.TO_MANAGER, self.outbox.append
+        )
+        self._carriers.update({
+            p.Register: self._send_register, SendStatus: self._send_status,
+            StartLibrary: self._start_library, ToLibrary: self._to_library,
+            KillLibrary: self._kill_library, StartProcess: self._start_process,
+            KillProcess: self._kill_process, AskPeer: self._ask_peer,
+            ClosePeer: self._close_peer, AnswerPeer: self.peers.answer_later,
+            Leave: self._on_leave, EventFailed: self._on_event_failed,
+        })  # fmt: skip
         #: the manager went silent or refused our keys: nothing more can reach it
         self.manager_gone = False
         self.running = True
@@ -213,11 +252,9 @@ class Worker:
 
     def run(self) -> int:
         """Register, serve until told to stop or the manager goes silent; the exit code."""
-        for _ in range(self.library_count):
-            self._start_library()
-        if not self.library_by_fd:
-            self._register()
+        self.events.append(Boot(self._registration(), self.library_count, self.lib_slots))
         try:
+            self._handle(time.monotonic())
             while self.running:
                 self._loop_once()
         finally:
@@ -226,29 +263,28 @@ class Worker:
                    self.address, self.leave_reason, self.exit_code)  # fmt: skip
         return self.exit_code
 
-    def _register(self) -> None:
-        """Join the manager: once, when every library is ready to run tasks at once."""
-        self.register_sent = True
-        self.state.outbox.append(
-            p.Register(
-                p.PROTOCOL_VERSION, self.name, self.task_slots, self.memory,
-                socket.gethostname(), self.peer_address, os.getpid(), len(self.gpus.devices),
-            )  # fmt: skip
-        )
+    def _registration(self) -> p.Register:
+        """What it registers with: the state sends it once every library is ready."""
+        return p.Register(
+            p.PROTOCOL_VERSION, self.name, self.task_slots, self.memory, socket.gethostname(),
+            self.peer_address, os.getpid(), len(self.gpus.devices),
+        )  # fmt: skip
 
-    def stop(self, reason: str) -> None:
-        if self.running:
-            self.leave_reason = reason
-            self.running = False
-            if self.state.registered:
-                self.state.outbox.append(p.Goodbye(reason))
+    def stop(self, reason: str = "it was stopped") -> None:
+        """Stop at the end of this pass (a signal handler may call it): the state says
+        goodbye to the manager and leaves."""
+        if self.running and self.stop_reason is None:
+            self.stop_reason = reason
 
-    def _leave(self, reason: str, exit_code: int, level: int = logging.INFO) -> None:
-        """Leave a manager that cannot be reached (gone, silent, refusing us)."""
-        self.leave_reason = reason
-        self.leave_level = level
-        self.exit_code = exit_code
-        self.manager_gone = True
+    def _on_leave(self, leave: Leave) -> None:
+        """The state's ``Leave``, or the shell's own (refused by the manager's keys)."""
+        if not self.running:
+            return
+        self.leave_reason = leave.reason
+        self.leave_level = leave.level
+        self.exit_code = leave.exit_code
+        if leave.unreachable:
+            self.manager_gone = True
         self.running = False
 
     def _close(self) -> None:
@@ -270,12 +306,12 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------
 
     def _loop_once(self) -> None:
-        timeout_ms = self._poll_timeout_ms()
-        for sock, _ in self.poller.poll(timeout_ms):
+        events = self.events
+        for sock, _ in self.poller.poll(self._poll_timeout_ms()):
             if sock is self.manager:
                 self._drain_manager()
             elif sock is self.peers.server:
-                self.peers.serve(self.state)
+                self.peers.serve(self.state.live, events)
             elif sock is self.handshakes.events:
                 self._on_handshake_events()
             elif isinstance(sock, int):
@@ -285,99 +321,59 @@ class Worker:
                 else:
                     self._on_process_exit(self.process_by_fd[sock])
             else:
-                self.peers.drain(sock, self.state)
-        if self.state.aborted:
-            self._kill_aborted()
+                self.peers.drain(sock, events)
         now = time.monotonic()
         for lib, task, peak, limit, kind in self.watch.look(self.library_by_id, now):  # killed
-            self.state.on_exhausted(lib.record, task.id, peak, limit, kind)
-            self._on_library_death(lib)
-        self._check_timers(now)
-        state = self.state
-        for record, request in state.start_runnable():
-            lib = self.library_by_id.get(record.id)
-            if lib is not None:  # not died since, on an earlier request
-                self._send_to_library(lib, request)
-        for idle in filter(None, map(self.library_by_id.get, self.gpus.take_restarts())):
-            idle.process.kill()  # its replacement gets other GPUs (the death is read as EOF)
-        if state.process_runnable:
-            self._start_processes()
-        state.end_pass(now)  # (after every start: one ``Started`` for the pass)
-        while state.library_outbox:  # exports and forgets; a death may add more
-            outbox = state.library_outbox[:]
-            state.library_outbox.clear()
-            for library_id, message in outbox:
-                lib = self.library_by_id.get(library_id)
-                if lib is not None:
-                    if type(message) is pipe.Export:  # its copies are not its tasks'
-                        self.watch.exporting(library_id, state.live.bytes_of(message.task_ids))
-                    self._send_to_library(lib, message)
+            events.append(MemoryExceeded(lib.record.id, task.id, peak, limit, kind))
+            self._library_died(lib)
+        events.append(Tick(time.time()))
+        if self.stop_reason is not None:
+            events.append(Stop(self.stop_reason))
+        self._handle(now)
         self._flush()
 
+    def _handle(self, now: float) -> None:
+        """Hand the state the events gathered, carry out its instructions, and again
+        with what they answered (a death, a peer that cannot be reached), until none."""
+        events = self.events
+        carriers = self._carriers
+        state = self.state
+        while events:
+            batch = events[:]
+            events.clear()
+            for instruction in state.handle(batch, now):
+                carriers[type(instruction)](instruction)
+
     def _poll_timeout_ms(self) -> int:
-        if not self.running:
+        if not self.running or self.events or self.stop_reason is not None:
             return 0
         now = time.monotonic()
         timeout = min(self.state.poll_timeout(now), self.watch.timeout(now))
-        busy = self.state.outbox or self.peers.requests  # (peers: answers left for next turn)
+        busy = self.outbox or self.peers.requests  # (peers: answers left for next turn)
         return 0 if busy else int(timeout * 1000) + 1
 
-    def _check_timers(self, now: float) -> None:
-        state = self.state
-        if state.waiting_warning_due(now):
-            logger.warning(
-                "worker %s has waited %.0f s for %s to answer its registration "
-                "(--manager-timeout %g); the connection is up, so the manager is busy: it "
-                "waits on, up to %.0f s",
-                self.name, now - (state.registration_sent or now), self.address,
-                state.manager_timeout, REGISTRATION_PATIENCE * state.manager_timeout,
-            )  # fmt: skip
-        if state.manager_silent(now):
-            silent = now - state.last_contact
-            timeout = state.manager_timeout
-            if state.registered:
-                logger.warning(
-                    "worker %s lost the manager at %s: nothing heard from it for %.0f s "
-                    "(--manager-timeout %g)", self.name, self.address, silent, timeout,
-                )  # fmt: skip
-                self._leave("the manager was lost", 0)
-            elif state.manager_connected:
-                waited = now - (state.registration_sent or now)
-                self._leave(
-                    f"the manager has not answered its registration, sent {waited:.0f} s "
-                    f"ago, though connected ({REGISTRATION_PATIENCE} x --manager-timeout "
-                    f"{timeout:g}); is it stopped or overloaded?",
-                    EXIT_NO_MANAGER,
-                    logging.ERROR,
-                )
-            else:
-                self._leave(
-                    f"the manager has not answered its registration, sent {silent:.0f} s ago "
-                    f"(--manager-timeout {timeout:g}), and no connection to it is up; is a "
-                    "manager listening there?",
-                    EXIT_NO_MANAGER,
-                    logging.ERROR,
-                )
-            return
-        if state.heartbeat_due(now):
-            state.last_sent = now  # busy or not: the manager draws memory over time
-            state.outbox.append(h.status(state, self.library_by_fd.values()))
-        for address in state.on_timers(now):
-            self.peers.reset(address)
-
     def _flush(self) -> None:
-        state = self.state
-        if state.outbox and not self.manager_gone:
-            messages = state.outbox[:]
-            state.outbox.clear()
+        outbox = self.outbox
+        if outbox and not self.manager_gone:
+            messages = outbox[:]
+            outbox.clear()
             try:
                 send_batch(self.manager, p.encode(messages))
             except zmq.Again:  # no connection took it in time: kept for the next pass
-                state.outbox[:0] = messages
+                outbox[:0] = messages
             else:
-                if self.register_sent:  # the first batch holds it: the deadline starts
-                    state.on_registration_sent(time.monotonic())
-        self.peers.flush(state)
+                if self.register_pending:  # the manager's deadline starts now
+                    self.register_pending = False
+                    self.events.append(_REGISTRATION_SENT)
+                    self._handle(time.monotonic())
+        self.peers.flush(self.state.live, self.events)  # (exports asked: the next pass's)
+
+    def _send_register(self, register: p.Register) -> None:
+        self.register_pending = True
+        self.outbox.append(register)
+
+    def _send_status(self, status: SendStatus) -> None:
+        self.outbox.append(h.status(status, self.library_by_fd.values()))
 
     # -- the manager ------------------------------------------------------------------
 
@@ -385,19 +381,17 @@ class Worker:
         """CurveZMQ handshakes with the manager: give up, saying why, once refused."""
         before = self.handshakes.succeeded
         why = self.handshakes.refusal()
-        state = self.state
-        state.on_manager_connection(self.handshakes.connected, time.monotonic())
-        if before and self.handshakes.succeeded > before and self.register_sent:
-            if not state.registered and state.registration_sent is not None:
-                self._register()  # it went out on a connection since lost, and with it
+        again = bool(before) and self.handshakes.succeeded > before  # (a lost registration)
+        self.events.append(ManagerConnection(self.handshakes.connected, again))
         if why is not None:
-            self._leave(
-                f"it could not authenticate with the manager: {why}. Join with the "
-                "manager's current connection file (--connection-file): a manager "
-                "restarted without key_file has new keys",
-                EXIT_AUTH_FAILED,
-                logging.ERROR,
-            )
+            self._on_leave(
+                Leave(
+                    f"it could not authenticate with the manager: {why}. Join with the "
+                    "manager's current connection file (--connection-file): a manager "
+                    "restarted without key_file has new keys",
+                    EXIT_AUTH_FAILED, logging.ERROR, unreachable=True,
+                )
+            )  # fmt: skip
 
     def _drain_manager(self) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -411,9 +405,10 @@ class Worker:
 
     def _on_manager_frames(self, frames: list) -> None:
         """One batch from the manager, each record checked on its own: a bad one is
-        dropped (its task reported crashed), the others taken. Only a valid record shows
-        that the manager is there (``last_contact``)."""
+        dropped (an ``Unreadable`` event: its task is reported crashed), the others are
+        events for the state. Only a valid record shows that the manager is there."""
         now = time.monotonic()
+        events = self.events
         try:
             messages = p.unpack(frames, p.TO_WORKER)
         except ProtocolError as exc:
@@ -421,9 +416,8 @@ class Worker:
                 "manager", now, "worker %s dropped a malformed message from the manager: %s",
                 self.name, exc,
             )  # fmt: skip
-            self.state.manager_garbled = True  # (a busy manager would still speak the protocol)
+            events.append(Unreadable(None, str(exc)))
             return
-        state = self.state
         for message in messages:
             try:
                 p.check_fields(message)
@@ -432,136 +426,125 @@ class Worker:
                     "manager", now, "worker %s dropped a malformed record from the manager: %s",
                     self.name, exc,
                 )  # fmt: skip
-                state.cannot_take(message, f"it could not read the task: {exc}")
+                events.append(Unreadable(message, str(exc)))
                 continue
-            try:
-                state.on_manager_message(message, now)
-                if type(message) in _LIFECYCLE:
-                    self._on_lifecycle(message)
-            except Exception as exc:
-                kind = type(message).__name__
-                self._drops.warn(
-                    ("handling", kind), now, "worker %s could not handle a %s from the manager: %r",
-                    self.name, kind, exc, exc_info=exc,
+            events.append(message)
+            if type(message) is p.Welcome:
+                logger.info(
+                    "worker joined %s as %s with %s (%s, %s at once)", self.address,
+                    message.name, counted(self.cores, "core"),
+                    counted(self.library_count, "library", "libraries"),
+                    counted(self.task_slots, "task"),
                 )  # fmt: skip
-                state.cannot_take(message, f"it could not take the task: {exc!r}")
 
-    def _on_lifecycle(self, msg: p.Welcome | p.Rejected | p.Shutdown) -> None:
-        if isinstance(msg, p.Welcome):
-            logger.info(
-                "worker joined %s as %s with %s (%s, %s at once)", self.address, msg.name,
-                counted(self.cores, "core"), counted(self.library_count, "library", "libraries"),
-                counted(self.task_slots, "task"),
+    def _on_event_failed(self, failed: EventFailed) -> None:
+        """An event the state could not handle: said (rate-limited), the worker goes on."""
+        event, exc = failed
+        now = time.monotonic()
+        if type(event) is p.Data:
+            self._drops.warn(
+                ("data",), now, "worker %s could not take result %d from a peer: %r",
+                self.name, event.task_id, exc, exc_info=exc,
             )  # fmt: skip
-        elif isinstance(msg, p.Rejected):
-            self.leave_reason = f"the manager rejected it: {msg.reason}"
-            self.leave_level = logging.ERROR
-            self.exit_code = EXIT_REJECTED
-            self.running = False
-        else:
-            self.stop(f"the manager asked it to ({msg.reason})")
+            return
+        kind = type(event).__name__
+        source = " from the manager" if type(event) in p.TO_WORKER else ""
+        self._drops.warn(
+            ("handling", kind), now, "worker %s could not handle a %s%s: %r",
+            self.name, kind, source, exc, exc_info=exc,
+        )  # fmt: skip
 
     # -- libraries --------------------------------------------------------------------
 
-    def _start_library(self) -> None:
-        self.next_library_id += 1
-        record = self.state.add_library(self.next_library_id, self.lib_slots)
-        lib = h.start_library(
-            record, self.name, self.tasks_dir, self.task_cores, self.gpus.env(record.id)
-        )
+    def _start_library(self, start: StartLibrary) -> None:
+        if not self.running:
+            return  # leaving: no new process (the state forgets it with the worker)
+        record = self.state.dispatch.libraries[start.library_id]
+        lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores, start.gpus)
         self.library_by_fd[lib.conn.fileno()] = lib
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
 
-    def _send_to_library(self, lib: h.Library, request: pipe.ToLibrary) -> None:
+    def _to_library(self, write: ToLibrary) -> None:
+        lib = self.library_by_id.get(write.library_id)
+        if lib is None:
+            return  # died since, on an earlier request (its death is the state's news)
+        request = write.request
+        if type(request) is pipe.Export:  # its copies are not its tasks'
+            self.watch.exporting(lib.record.id, self.state.live.bytes_of(request.task_ids))
         try:
             pipe.send(lib.conn, request)
         except OSError:
-            self._on_library_death(lib)
+            self._library_died(lib)
 
     def _on_library_readable(self, lib: h.Library) -> None:
-        """Take every reply the library has written so far."""
-        state = self.state
-        record = lib.record
+        """Take every reply the library has written so far, as events."""
+        events = self.events
+        library_id = lib.record.id
         wall = time.time()
         while True:
             try:
                 reply = pipe.receive_reply(lib.conn)
             except (EOFError, OSError):
-                self._on_library_death(lib)
+                self._library_died(lib)
                 return
-            if isinstance(reply, pipe.Replies):
-                for each in reply.replies:
-                    state.on_library_reply(record, each, wall)
-            elif isinstance(reply, pipe.Ready):
-                if state.on_library_ready(record) and not self.register_sent:
-                    self._register()
-            else:
-                state.on_library_reply(record, reply, wall)
-            if not record.sent or not lib.pending.poll(0):
+            events.append(FromLibrary(library_id, reply, wall))
+            if not lib.pending.poll(0):
                 return
 
-    def _on_library_death(self, lib: h.Library) -> None:
+    def _library_died(self, lib: h.Library) -> None:
+        """Reap a library that is gone; its death is news for the state (which starts
+        another in its place)."""
         fd = next(fd for fd, other in self.library_by_fd.items() if other is lib)
         self.poller.unregister(fd)
         del self.library_by_fd[fd]
         del self.library_by_id[lib.record.id]
         how = h.reap_library(lib, self.tasks_dir)
-        self.state.on_library_death(lib.record, how, h.running_tasks(lib))
-        if not self.register_sent:
-            self.start_failures += 1
-            if self.start_failures >= MAX_START_FAILURES:
-                self._leave(
-                    f"its library processes could not start: {self.start_failures} died "
-                    f"before it could register, the last one {how}",
-                    EXIT_NO_LIBRARIES,
-                    logging.ERROR,
-                )
-        if self.running:
-            self._start_library()
+        self.events.append(LibraryDied(lib.record.id, how, h.running_tasks(lib)))
 
-    def _kill_aborted(self) -> None:
-        """Kill what runs the tasks the manager aborted: their library (replaced as after
-        a crash) or their task process (reaped as it exits, its reply ignored)."""
-        for task in self.state.take_aborted():
-            lib = self.library_by_id.get(task.lib if task.lib is not None else -1)
-            if lib is not None:
-                lib.process.kill()
-                self._on_library_death(lib)
-            for proc in self.process_by_fd.values():
-                if proc.task is task:
-                    proc.process.kill()
+    def _kill_library(self, kill: KillLibrary) -> None:
+        """Kill a library (an aborted task runs there; its GPUs are wanted elsewhere)."""
+        lib = self.library_by_id.get(kill.library_id)
+        if lib is not None:
+            lib.process.kill()
+            self._library_died(lib)
 
     # -- task processes (task_mode="tasks") ---------------------------------------------
 
-    def _start_processes(self) -> None:
-        while self.state.process_runnable and len(self.process_by_fd) < self.task_slots:
-            task = self.state.next_process_task()
-            if task is None:
-                return
-            self._start_process(task)
-
-    def _start_process(self, task: WorkerTask) -> None:
+    def _start_process(self, start: StartProcess) -> None:
+        task = start.task
         h.write_functions(self.state.functions, self.functions_written, self.functions_dir)
-        call = self.state.call(task)
         try:
             proc = h.start_task_process(
-                task, call, self.tasks_dir, self.functions_dir, self.name, self.task_cores,
-                self.gpus.env(None),
-            )
+                task, start.call, self.tasks_dir, self.functions_dir, self.name,
+                self.task_cores, start.gpus,
+            )  # fmt: skip
         except OSError as exc:
-            self.state.on_process_failed(task, str(exc))
+            self.events.append(ProcessFailed(task, str(exc)))
             return
-        self.state.on_process_started(task)
+        self.events.append(ProcessStarted(task))
         self.process_by_fd[proc.fd] = proc
         self.poller.register(proc.fd, zmq.POLLIN)
+
+    def _kill_process(self, kill: KillProcess) -> None:
+        """Kill an aborted task's process (reaped as it exits, its reply ignored)."""
+        for proc in self.process_by_fd.values():
+            if proc.task is kill.task:
+                proc.process.kill()
 
     def _on_process_exit(self, proc: h.TaskProcess) -> None:
         self.poller.unregister(proc.fd)
         del self.process_by_fd[proc.fd]
         reply = h.reap_task_process(proc, self.name, logger)
-        if self.state.tasks.get(proc.task.id) is proc.task:
-            self.state.on_reply(reply, time.time())
+        self.events.append(ProcessExited(proc.task, reply, time.time()))
+
+    # -- peers ------------------------------------------------------------------------
+
+    def _ask_peer(self, ask: AskPeer) -> None:
+        self.peers.ask(ask, self.events)
+
+    def _close_peer(self, close: ClosePeer) -> None:
+        self.peers.reset(close.address)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

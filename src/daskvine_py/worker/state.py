@@ -1,30 +1,29 @@
 """The worker's bookkeeping as a sans-I/O state machine: events in, instructions out.
 
 ``shell.Worker`` is the I/O shell (ZeroMQ, pipes, processes, the filesystem); this is
-everything it decides. It never reads a clock (``now`` is passed in), never touches a
-socket, a pipe or a process. Its one collaborator is the ``Store`` of results (which may
-spill to disk, as distributed's ``WorkerState.data`` may): membership, put, release.
+everything it decides. ``WorkerState.handle(events, now)`` takes what happened (the
+events of ``messages``: records from the manager and peers, library replies and deaths,
+task processes, timers, the manager's connection) and returns what to do (its
+instructions: records for the manager, requests for libraries and peers, processes to
+start and kill), as ``scheduler.state.SchedulerState.handle`` does; a simulator drives
+it the same way, with no shell. It never reads a clock (``now`` is passed in), never
+touches a socket, a pipe or a process. Its one collaborator is the ``Store`` of results
+(which may spill to disk, as distributed's ``WorkerState.data`` may): membership, put,
+release.
 
 ``WorkerState`` holds the tasks, their transitions and the manager's liveness, and owns
-three components, each with its own state, which the shell never sees:
+three components, each with its own state, which the shell never sees; they append
+their instructions to the state's one list (``_out``):
 
 - ``fetcher`` (``fetching.Fetcher``): copies of inputs from peers, and relays;
 - ``live_tasks`` (``live_tasks.LiveTasks``): the results libraries keep live, exports;
 - ``dispatch`` (``dispatch.Dispatch``): the libraries, the queues of tasks ready to run,
   the requests to send them, chains and stealing.
 
-Events are the methods named ``on_*`` (a record from the manager, a reply from a peer, a
-library's reply or death, a task process's exit, a timer pass). Instructions accumulate
-where the shell takes them each loop pass (the components write into them):
-
-- ``outbox``: records for the manager (``TaskDone``, ``FetchFailed``, ``Withdrawn``...;
-  ``Started`` once per pass for the tasks sent to run, before any report of them);
-- ``peer_outbox``: peer address -> ids of results to ask it for (``GetData``);
-- ``library_outbox``: (library id, ``Export`` or ``Forget``) to write to library pipes;
-- ``peer_replies``: (peer identity, ``Data``) for peers that waited for an export;
-- ``activity``: bars of what ran, was fetched and spilled, taken by each heartbeat;
-- ``start_runnable`` returns the requests to write to library pipes, and
-  ``next_process_task`` the next task to start in a fresh interpreter.
+Each ``handle`` applies its events in order, then ends the pass: requests to libraries
+with free slots, task processes to start, one ``Started`` for the tasks sent to run
+(before any report of them), fetches that found a slot, the store's fullness, the bytes
+received from peers, live results past the memory limit, and one ``AskPeer`` per peer.
 
 A task moves through these states; every legal edge is in ``_TRANSITIONS`` and any other
 raises ``InvalidTransition``::
@@ -45,22 +44,46 @@ nothing left of it in any other container.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from daskvine_py.errors import InvalidTransition, SerializationError
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.exits import EXIT_NO_LIBRARIES, EXIT_NO_MANAGER, EXIT_REJECTED
 from daskvine_py.wire.serialize import dumps_exception, type_name
 from daskvine_py.worker import pipe
 from daskvine_py.worker.activity import PROCESS_LANE, Activity
 from daskvine_py.worker.dispatch import Dispatch
-from daskvine_py.worker.fetching import Fetch, Fetcher
+from daskvine_py.worker.fetching import MAX_PEER_LINKS, Fetch, Fetcher
 from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
+from daskvine_py.worker.messages import (
+    AnswerPeer,
+    Boot,
+    EventFailed,
+    FromLibrary,
+    Instruction,
+    KillLibrary,
+    KillProcess,
+    Leave,
+    LibraryDied,
+    ManagerConnection,
+    MemoryExceeded,
+    PeerAsked,
+    PeerUnreachable,
+    ProcessExited,
+    ProcessFailed,
+    ProcessStarted,
+    RegistrationSent,
+    SendStatus,
+    StartLibrary,
+    StartProcess,
+    Stop,
+    Tick,
+    ToLibrary,
+    Unreadable,
+)
 from daskvine_py.worker.records import LibraryRecord, TaskStateName, WorkerTask
 from daskvine_py.worker.store import Store
-from daskvine_py.worker.transitions import TRANSITIONS as _TRANSITIONS
-from daskvine_py.worker.transitions import bind
-from daskvine_py.worker.transitions import illegal as _illegal
 
 logger = logging.getLogger("daskvine_py.worker")
 
@@ -71,12 +94,44 @@ MAX_RUN_CONFIGS = 256
 #: a manager busy welcoming a storm of workers is not a dead one. Unconnected, it gives
 #: up after one ``manager_timeout``, counted from the registration or the disconnection.
 REGISTRATION_PATIENCE = 20
+#: Library processes that may die before the worker has registered before it gives up:
+#: the manager's deadline only starts with the registration, so without this bound a
+#: library that cannot start (a broken environment, no memory) would be restarted forever.
+MAX_START_FAILURES = 3
+
+Edge = tuple[TaskStateName, TaskStateName]
+Step = Callable[[WorkerTask], None]
+
+#: Every legal edge of a task's states and the name of its step, the method that does
+#: what the edge does besides setting the state (None: nothing more; its fetches, local
+#: waits or exports are in place). The caller records where a task runs; "start" has it
+#: reported in the pass's ``Started``.
+_TRANSITIONS: dict[Edge, str | None] = {
+    ("new", "waiting"): None,
+    ("new", "queued"): "enqueue",
+    ("new", "forgotten"): "forget",
+    ("waiting", "queued"): "enqueue",
+    ("waiting", "running"): "start",  # sent with the task it waits for (a chain)
+    ("waiting", "forgotten"): "forget",
+    ("queued", "waiting"): None,  # an input must first leave another library (export)
+    ("queued", "running"): "start",
+    ("queued", "forgotten"): "forget",
+    ("running", "queued"): "requeue",  # its library died before it started, or was killed
+    ("running", "forgotten"): "forget_running",
+}
+
+
+def _illegal(task: WorkerTask) -> None:
+    """Stands for an edge that is not in ``_TRANSITIONS`` (never called)."""
+    raise AssertionError("an illegal transition is raised before its step")
 
 
 class WorkerState:
     """The worker's tasks and manager liveness, and its components; see the module
     docstring. ``peer_address`` names this worker in ``FetchFailed``; ``name`` in
-    crash reasons."""
+    crash reasons and logs, ``address`` (the manager's) in logs. ``process_slots``:
+    task processes run at once (``task_mode="tasks"``); ``gpus``: the devices it has
+    (``--gpus``); ``peer_links``: peers it holds a socket to at once."""
 
     def __init__(
         self,
@@ -86,10 +141,16 @@ class WorkerState:
         manager_timeout: float = 30.0,
         fetch_timeout: float = 10.0,
         now: float = 0.0,
+        *,
+        address: str = "the manager",
+        process_slots: int = 1,
+        gpus: Sequence[str] = (),
+        peer_links: int = MAX_PEER_LINKS,
     ) -> None:
         self.store = store
         self.name = name
         self.peer_address = peer_address
+        self.address = address
         self.manager_timeout = manager_timeout
         self.heartbeat_interval = 1.0
         #: task id -> its record, from ``Execute`` until it is forgotten
@@ -99,39 +160,69 @@ class WorkerState:
         #: run id -> how its tasks run, for runs that do not use the defaults
         self.run_configs: dict[int, p.RunConfig] = {}
         self.disk_full = False
-        #: instructions for the shell; see the module docstring
-        self.outbox: list[p.ToManager] = []
-        self.peer_outbox: dict[str, list[int]] = {}
-        self.library_outbox: list[tuple[int, pipe.Export | pipe.Forget]] = []
-        self.peer_replies: list[tuple[bytes, p.Data]] = []
-        #: tasks that went running since the last ``Started`` (one record per loop pass)
+        #: the instructions of the ``handle`` under way; the components append to it too
+        self._out: list[Instruction] = []
+        out = self._out
+        #: tasks that went running since the last ``Started`` (one record per pass)
         self.started: list[WorkerTask] = []
-        #: running tasks stopped by ``Abort``, whose process the shell kills (their
-        #: library: ``task.lib``, or their task process), and the libraries so killed
-        self.aborted: list[WorkerTask] = []
+        #: libraries killed to abort a task they ran: their deaths crash no task
         self.aborting: set[int] = set()
+        #: task processes started and not yet exited (killed ones too), and how many may run
+        self.processes: set[WorkerTask] = set()
+        self.process_slots = process_slots
         #: what ran, was fetched and spilled here since the last heartbeat (its bars)
         self.activity = Activity()
         store.on_spill = self.activity.add_spills
-        self.fetcher = Fetcher(fetch_timeout, self.outbox, self.peer_outbox, self._fetch_failed)
-        self.live_tasks = LiveTasks(store, self.outbox, self.library_outbox, self.peer_replies)
+        self.fetcher = Fetcher(fetch_timeout, out, self._fetch_failed, peer_links)
+        self.live_tasks = LiveTasks(store, out)
         #: the results the libraries keep live (``live_tasks``'s), read here and by the shell
         self.live = self.live_tasks.live
         self.dispatch = Dispatch(
             self.tasks, self.local_waiters, self.live_tasks, store, self._transition,
             self._input_lost,
         )  # fmt: skip
-        #: legal edges -> what each does besides setting the state (``transitions``); the
-        #: dispatch's queues called directly, with no call of ours in between
-        self._steps = bind(_TRANSITIONS, {
+        self.dispatch.gpus.declare(gpus)
+        #: legal edges -> what each does besides setting the state; the dispatch's
+        #: queues called directly, with no call of ours in between
+        steps: dict[str, Step] = {
             "enqueue": self.dispatch.enqueue, "start": self.started.append,  # (``Started``)
             "requeue": self._requeue, "forget": self._forget,
             "forget_running": self._running_to_forgotten,
-        })  # fmt: skip
+        }  # fmt: skip
+        self._steps: dict[Edge, Step | None] = {
+            edge: None if name is None else steps[name] for edge, name in _TRANSITIONS.items()
+        }
+        #: event type -> its handler; the manager's records and a peer's ``Data`` as they
+        #: arrive, the others from ``messages``
+        self._handlers: dict[type, Callable[[Any, float], None]] = {
+            p.Execute: self._on_execute, p.RunConfig: self._on_run_config,
+            p.Function: self._on_function, p.Release: self._on_release,
+            p.Cancel: self._on_cancel, p.Abort: self._on_abort, p.Withdraw: self._on_withdraw,
+            p.Replicate: self._on_replicate, p.Upload: self._on_upload,
+            p.Relayed: self._on_relayed, p.Welcome: self._on_welcome,
+            p.Heartbeat: _nothing, p.Rejected: self._on_rejected,
+            p.Shutdown: self._on_shutdown, p.Data: self._on_data,
+            Boot: self._on_boot, Tick: self._on_tick, Stop: self._on_stop,
+            ManagerConnection: self._on_manager_connection,
+            RegistrationSent: self._on_registration_sent, Unreadable: self._on_unreadable,
+            FromLibrary: self._on_from_library, LibraryDied: self._on_library_death,
+            MemoryExceeded: self._on_memory_exceeded, ProcessStarted: self._on_process_started,
+            ProcessFailed: self._on_process_failed, ProcessExited: self._on_process_exited,
+            PeerUnreachable: self._on_peer_unreachable, PeerAsked: self._on_peer_asked,
+        }  # fmt: skip
+        #: the records that show the manager is there (``last_contact``)
+        self._from_manager = p.TO_WORKER
         #: the manager welcomed us; when we last heard from it and sent it a heartbeat
         self.registered = False
         self.last_contact = now
         self.last_sent = 0.0
+        #: the ``Register`` to send once every library is ready (``Boot``); whether it was
+        self.registration: p.Register | None = None
+        self.register_out = False
+        #: library processes that died before the registration went out
+        self.start_failures = 0
+        self.next_library_id = 0
+        self.lib_slots = 1
         #: when the registration went out (None: not yet, its libraries still starting):
         #: the manager's silence counts from then, not from the worker's start
         self.registration_sent: float | None = None
@@ -141,24 +232,95 @@ class WorkerState:
         self.manager_garbled = False
         #: the one warning that it still waits for its welcome, connected, has been given
         self.warned_waiting = False
+        #: a ``Leave`` went out: nothing new starts
+        self.leaving = False
 
     @property
     def functions(self) -> dict[bytes, bytes]:
         """Function id -> cloudpickle bytes, for task processes."""
         return self.dispatch.functions
 
-    @property
-    def process_runnable(self) -> Collection[int]:
-        """Tasks queued for task processes (some may have been forgotten since)."""
-        return self.dispatch.process_runnable
+    # -- entry point ------------------------------------------------------------------
 
-    # -- timers -----------------------------------------------------------------------
+    def handle(self, events: Iterable[Any], now: float) -> list[Instruction]:
+        """Apply ``events`` (``messages``) in order, then end the pass (see the module
+        docstring); return the instructions, in the order to carry them out.
+
+        Never raises: an event whose handling raises is reported (``EventFailed``); an
+        ``Execute`` so lost is reported crashed to the manager, a peer's ``Data`` so lost
+        fails the tasks that waited for it.
+        """
+        out = self._out
+        handlers = self._handlers
+        from_manager = self._from_manager
+        for event in events:
+            kind = type(event)
+            handler = handlers.get(kind)
+            if handler is None:
+                out.append(EventFailed(event, TypeError(f"not a worker event: {event!r:.80}")))
+                continue
+            if kind in from_manager:
+                self.last_contact = now
+            try:
+                handler(event, now)
+            except Exception as exc:
+                out.append(EventFailed(event, exc))
+                self._on_handler_error(event, exc)
+        try:
+            self._end_pass(now)
+        except Exception as exc:  # (a bug: said, and the worker goes on)
+            out.append(EventFailed(None, exc))
+        instructions = out.copy()
+        out.clear()  # (the list is shared with the components: emptied, never replaced)
+        return instructions
+
+    def _on_handler_error(self, event: object, exc: Exception) -> None:
+        kind = type(event)
+        if kind is p.Data:  # storing it failed: the tasks that wait give up on it
+            self.fetcher.on_data_error(event.task_id)  # type: ignore[attr-defined]
+        elif kind in self._from_manager:
+            self._cannot_take(event, f"it could not take the task: {exc!r}")
+
+    def _end_pass(self, now: float) -> None:
+        """Once per ``handle``: start what can start, report the tasks that started,
+        start fetches that found a slot, report a change of the store's fullness and the
+        bytes received from peers, spill live results past the memory limit, ask peers."""
+        out = self._out
+        dispatch = self.dispatch
+        if not self.leaving:
+            for record, request in dispatch.start_runnable():
+                out.append(ToLibrary(record.id, request))
+            gpus = dispatch.gpus
+            if gpus.restarts:  # its replacement gets other GPUs
+                out.extend(KillLibrary(library_id) for library_id in gpus.take_restarts())
+            if dispatch.process_runnable:
+                self._start_processes()
+        if self.started:
+            self._report_started()
+        fetcher = self.fetcher
+        if fetcher.slots.freed:  # (most passes: no call)
+            fetcher.start_queued(now)
+        if self.store.full is not self.disk_full:
+            self.disk_full = self.store.full
+            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
+            out.append(p.DiskFull(self.disk_full))
+        if fetcher.received_from:
+            fetcher.report_received()
+        store = self.store
+        live = self.live
+        if store.memory_limit is not None and live.nbytes:  # (running tasks' room counts too)
+            excess = live.nbytes - live.leaving_bytes + store.memory_bytes + store.allocated
+            excess -= store.memory_limit
+            if excess > 0:
+                self.live_tasks.evict(excess)
+        if fetcher.asks or fetcher.slots.evicted:
+            fetcher.flush()
+
+    # -- queries ----------------------------------------------------------------------
 
     def poll_timeout(self, now: float) -> float:
         """Seconds until the next deadline: the manager's silence, the next heartbeat, a
-        fetch's timeout; 0 while records wait to be sent."""
-        if self.outbox or self.peer_replies:
-            return 0.0
+        fetch's timeout (the next ``Tick`` is due then)."""
         if self.registration_sent is None and not self.registered:
             deadline = now + self.manager_timeout  # no clock runs until it goes out
         elif self._waits_connected():
@@ -182,9 +344,102 @@ class WorkerState:
     def _waits_connected(self) -> bool:
         return not self.registered and self.manager_connected and not self.manager_garbled
 
-    def waiting_warning_due(self, now: float) -> bool:
+    def heartbeat_due(self, now: float) -> bool:
+        return self.registered and now - self.last_sent > self.heartbeat_interval
+
+    # -- the worker's life ------------------------------------------------------------
+
+    def _on_boot(self, ev: Boot, now: float) -> None:
+        self.registration = ev.register
+        self.lib_slots = ev.slots
+        for _ in range(ev.libraries):
+            self._start_library()
+        if not ev.libraries:
+            self._register()
+
+    def _register(self) -> None:
+        """Join the manager: once every library is ready to run tasks at once."""
+        if self.registration is not None:
+            self.register_out = True
+            self._out.append(self.registration)
+
+    def _start_library(self) -> None:
+        self.next_library_id += 1
+        record = self.dispatch.add_library(self.next_library_id, self.lib_slots)
+        gpus = self.dispatch.gpus.env(record.id)
+        self._out.append(StartLibrary(record.id, record.slots, gpus))
+
+    def _leave(self, reason: str, exit_code: int = 0, level: int = logging.INFO,
+               unreachable: bool = False) -> None:  # fmt: skip
+        if not self.leaving:
+            self.leaving = True
+            self._out.append(Leave(reason, exit_code, level, unreachable))
+
+    def _on_stop(self, ev: Stop, now: float) -> None:
+        if not self.leaving and self.registered:
+            self._out.append(p.Goodbye(ev.reason))
+        self._leave(ev.reason)
+
+    def _on_shutdown(self, msg: p.Shutdown, now: float) -> None:
+        self._on_stop(Stop(f"the manager asked it to ({msg.reason})"), now)
+
+    def _on_rejected(self, msg: p.Rejected, now: float) -> None:
+        self._leave(f"the manager rejected it: {msg.reason}", EXIT_REJECTED, logging.ERROR)
+
+    def _on_welcome(self, msg: p.Welcome, now: float) -> None:
+        self.registered = True
+        self.heartbeat_interval = msg.heartbeat_interval
+
+    def _on_manager_connection(self, ev: ManagerConnection, now: float) -> None:
+        """The connection to the manager went up or down. Down, an unanswered registration
+        has one ``manager_timeout`` from now for the connection to come back; up again,
+        a registration that went out on the lost one goes again."""
+        if ev.connected is not self.manager_connected:
+            self.manager_connected = ev.connected
+            if not ev.connected and not self.registered:
+                self.last_contact = now
+        if ev.again and self.register_out and not self.registered:
+            if self.registration_sent is not None:
+                self._register()
+
+    def _on_registration_sent(self, ev: RegistrationSent, now: float) -> None:
+        """The registration went out: the manager has ``manager_timeout`` to answer."""
+        if self.registration_sent is None:
+            self.registration_sent = now
+            self.last_contact = now
+
+    def _on_unreadable(self, ev: Unreadable, now: float) -> None:
+        if ev.message is None:
+            self.manager_garbled = True  # (a busy manager would still speak the protocol)
+        else:
+            self._cannot_take(ev.message, f"it could not read the task: {ev.why}")
+
+    def _on_tick(self, ev: Tick, now: float) -> None:
+        """Timers: the manager's silence (leave), the heartbeat, fetches past their
+        deadline (to their next holder, the silent peer's socket closed)."""
+        if self.leaving:
+            return
+        if self._waiting_warning_due(now):
+            logger.warning(
+                "worker %s has waited %.0f s for %s to answer its registration "
+                "(--manager-timeout %g); the connection is up, so the manager is busy: it "
+                "waits on, up to %.0f s",
+                self.name, now - (self.registration_sent or now), self.address,
+                self.manager_timeout, REGISTRATION_PATIENCE * self.manager_timeout,
+            )  # fmt: skip
+        if self.manager_silent(now):
+            self._on_manager_silent(now)
+            return
+        if self.heartbeat_due(now):  # busy or not: the manager draws memory over time
+            self.last_sent = now
+            store = self.store
+            bars = self.activity.take(ev.wall - now)  # (fetches: the loop's clock)
+            self._out.append(SendStatus(store.nbytes + self.live.nbytes, store.disk_bytes, bars))
+        self.fetcher.on_timers(now)
+
+    def _waiting_warning_due(self, now: float) -> bool:
         """Once: the registration has waited ``manager_timeout`` for an answer over a
-        connection that is up, and the worker waits on (the shell says so)."""
+        connection that is up, and the worker waits on."""
         if self.warned_waiting or not self._waits_connected() or self.registration_sent is None:
             return False
         if now - self.registration_sent <= self.manager_timeout:
@@ -192,101 +447,73 @@ class WorkerState:
         self.warned_waiting = True
         return True
 
-    def on_manager_connection(self, connected: bool, now: float) -> None:
-        """The connection to the manager went up or down. Down, an unanswered registration
-        has one ``manager_timeout`` from now for the connection to come back."""
-        if connected is self.manager_connected:
-            return
-        self.manager_connected = connected
-        if not connected and not self.registered:
-            self.last_contact = now
-
-    def on_registration_sent(self, now: float) -> None:
-        """The registration went out: the manager has ``manager_timeout`` to answer."""
-        if self.registration_sent is None:
-            self.registration_sent = now
-            self.last_contact = now
-
-    def heartbeat_due(self, now: float) -> bool:
-        return self.registered and now - self.last_sent > self.heartbeat_interval
-
-    def on_timers(self, now: float) -> list[str]:
-        """Fetches past their deadline go to their next holder; the peers that did not
-        answer, whose sockets the shell resets."""
-        return self.fetcher.on_timers(now)
-
-    def end_pass(self, now: float) -> None:
-        """Once per loop pass: report the tasks that started, start fetches that found a
-        slot, report a change of the store's fullness and the bytes received from peers,
-        spill live results past the memory limit."""
-        if self.started:
-            self._report_started()
-        fetcher = self.fetcher
-        if fetcher.slots.freed:  # (most passes: no call)
-            fetcher.start_queued(now)
-        if self.store.full is not self.disk_full:
-            self.disk_full = self.store.full
-            logger.warning("worker %s disk full: %s", self.name, self.disk_full)
-            self.outbox.append(p.DiskFull(self.disk_full))
-        if fetcher.received_from:
-            fetcher.report_received()
-        store = self.store
-        live = self.live
-        if store.memory_limit is not None and live.nbytes:  # (running tasks' room counts too)
-            excess = live.nbytes - live.leaving_bytes + store.memory_bytes + store.allocated
-            excess -= store.memory_limit
-            if excess > 0:
-                self.live_tasks.evict(excess)
+    def _on_manager_silent(self, now: float) -> None:
+        silent = now - self.last_contact
+        timeout = self.manager_timeout
+        if self.registered:
+            logger.warning(
+                "worker %s lost the manager at %s: nothing heard from it for %.0f s "
+                "(--manager-timeout %g)", self.name, self.address, silent, timeout,
+            )  # fmt: skip
+            self._leave("the manager was lost", 0, logging.INFO, unreachable=True)
+        elif self.manager_connected:
+            waited = now - (self.registration_sent or now)
+            self._leave(
+                f"the manager has not answered its registration, sent {waited:.0f} s "
+                f"ago, though connected ({REGISTRATION_PATIENCE} x --manager-timeout "
+                f"{timeout:g}); is it stopped or overloaded?",
+                EXIT_NO_MANAGER, logging.ERROR, unreachable=True,
+            )  # fmt: skip
+        else:
+            self._leave(
+                f"the manager has not answered its registration, sent {silent:.0f} s ago "
+                f"(--manager-timeout {timeout:g}), and no connection to it is up; is a "
+                "manager listening there?",
+                EXIT_NO_MANAGER, logging.ERROR, unreachable=True,
+            )  # fmt: skip
 
     # -- the manager ------------------------------------------------------------------
 
-    def on_manager_message(self, msg: Any, now: float) -> None:
-        """A valid record from the manager (``Rejected`` and ``Shutdown`` are the shell's).
+    def _on_run_config(self, msg: p.RunConfig, now: float) -> None:
+        if len(self.run_configs) >= MAX_RUN_CONFIGS:
+            del self.run_configs[next(iter(self.run_configs))]
+        self.run_configs[msg.run_id] = msg
 
-        ``msg`` is one of ``p.TO_WORKER``, told apart by its type once (``Any``: a type
-        checker cannot narrow a union through that one ``type()``)."""
-        self.last_contact = now
-        kind = type(msg)
-        if kind is p.Execute:
-            self._on_execute(msg, now)
-        elif kind is p.RunConfig:
-            if len(self.run_configs) >= MAX_RUN_CONFIGS:
-                del self.run_configs[next(iter(self.run_configs))]
-            self.run_configs[msg.run_id] = msg
-        elif kind is p.Function:
-            self.dispatch.add_function(msg.function_id, bytes(msg.code))
-        elif kind is p.Release:
-            for task_id in msg.task_ids:
-                self.store.release(task_id)
-            self.live_tasks.forget(msg.task_ids)
-        elif kind is p.Cancel:
-            for task_id in msg.task_ids:
-                self._cancel(task_id)
-        elif kind is p.Abort:
-            self._abort(msg.task_ids)
-        elif kind is p.Withdraw:
-            dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
-            if dropped:
-                self.outbox.append(p.Withdrawn(dropped))
-        elif kind is p.Replicate:
-            if msg.task_id in self.store or msg.task_id in self.live:
-                self.outbox.append(p.Replicas((msg.task_id,)))
-            else:
-                self.fetcher.replicate(msg.task_id, msg.peers, now)
-        elif kind is p.Upload:
-            for task_id in msg.task_ids:
-                value = self.store.get(task_id, use=False)
-                if value is None and self.live_tasks.serve_peer(task_id, MANAGER_IDENT):
-                    continue  # uploaded once its library has exported it
-                self.outbox.append(p.Uploaded(task_id, value))
-        elif kind is p.Relayed:
-            if self.fetcher.relayed(msg.task_id):
-                self.on_data(p.Data(msg.task_id, msg.value), now)
-        elif kind is p.Welcome:
-            self.registered = True
-            self.heartbeat_interval = msg.heartbeat_interval
+    def _on_function(self, msg: p.Function, now: float) -> None:
+        self.dispatch.add_function(msg.function_id, bytes(msg.code))
 
-    def cannot_take(self, message: Any, why: str) -> None:
+    def _on_release(self, msg: p.Release, now: float) -> None:
+        for task_id in msg.task_ids:
+            self.store.release(task_id)
+        self.live_tasks.forget(msg.task_ids)
+
+    def _on_cancel(self, msg: p.Cancel, now: float) -> None:
+        for task_id in msg.task_ids:
+            self._cancel(task_id)
+
+    def _on_withdraw(self, msg: p.Withdraw, now: float) -> None:
+        dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
+        if dropped:
+            self._out.append(p.Withdrawn(dropped))
+
+    def _on_replicate(self, msg: p.Replicate, now: float) -> None:
+        if msg.task_id in self.store or msg.task_id in self.live:
+            self._out.append(p.Replicas((msg.task_id,)))
+        else:
+            self.fetcher.replicate(msg.task_id, msg.peers, now)
+
+    def _on_upload(self, msg: p.Upload, now: float) -> None:
+        for task_id in msg.task_ids:
+            value = self.store.get(task_id, use=False)
+            if value is None and self.live_tasks.serve_peer(task_id, MANAGER_IDENT):
+                continue  # uploaded once its library has exported it
+            self._out.append(p.Uploaded(task_id, value))
+
+    def _on_relayed(self, msg: p.Relayed, now: float) -> None:
+        if self.fetcher.relayed(msg.task_id):
+            self._on_data(p.Data(msg.task_id, msg.value), now)
+
+    def _cannot_take(self, message: Any, why: str) -> None:
         """An ``Execute`` that was dropped (``message``: whatever arrived, perhaps
         malformed): forget what was kept of its task, and tell the manager, which would
         otherwise wait for it forever."""
@@ -304,9 +531,11 @@ class WorkerState:
             if not self.local_waiters[dep_id]:
                 del self.local_waiters[dep_id]
         self.fetcher.unwait_all(task_id)
-        self.outbox.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
+        self._out.append(p.TaskCrashed(task_id, f"worker {self.name}: {why}"))
 
     def _on_execute(self, msg: p.Execute, now: float) -> None:
+        """A task to run: queued when its inputs are all here, else waiting for them
+        (fetched from peers, or computed here)."""
         if msg.task_id in self.tasks:
             return  # re-sent after a cancel while it was running: its result is coming
         task = WorkerTask(msg, self.run_configs.get(msg.run_id))
@@ -337,28 +566,26 @@ class WorkerState:
             return True
         return False
 
-    def _abort(self, task_ids: Sequence[int]) -> None:
+    def _on_abort(self, msg: p.Abort, now: float) -> None:
         """Stop these tasks with no report (the manager gave them to another worker):
-        dropped if unstarted, else what runs them is killed (``aborted``)."""
-        for task_id in task_ids:
+        dropped if unstarted, else what runs them is killed (``KillLibrary``,
+        ``KillProcess``)."""
+        for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is None:
                 continue
             if task.state == "running":
-                self.aborted.append(task)
                 if task.lib is not None:
-                    self.aborting.add(task.lib)
+                    if task.lib not in self.aborting:
+                        self.aborting.add(task.lib)
+                        self._out.append(KillLibrary(task.lib))
+                elif task in self.processes:
+                    self._out.append(KillProcess(task))
             self._transition(task, "forgotten")  # a late reply finds no task to report
-
-    def take_aborted(self) -> list[WorkerTask]:
-        """The running tasks aborted since the last call, for the shell to kill."""
-        aborted = self.aborted[:]
-        self.aborted.clear()
-        return aborted
 
     def _input_lost(self, task: WorkerTask, dep_id: int) -> None:
         """An input of ``task`` is held nowhere here: the manager decides (``FetchFailed``)."""
-        self.outbox.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
+        self._out.append(p.FetchFailed(task.id, dep_id, (self.peer_address,)))
         self._transition(task, "forgotten")
 
     # -- peers ------------------------------------------------------------------------
@@ -368,15 +595,24 @@ class WorkerState:
         for task_id in fetch.waiters:
             task = self.tasks.get(task_id)
             if task is not None:
-                self.outbox.append(p.FetchFailed(task_id, fetch.dep_id, fetch.peers))
+                self._out.append(p.FetchFailed(task_id, fetch.dep_id, fetch.peers))
                 task.missing.discard(fetch.dep_id)
                 self._transition(task, "forgotten")
 
-    def on_peer_unreachable(self, address: str, ids: list[int], now: float) -> None:
+    def _on_peer_unreachable(self, ev: PeerUnreachable, now: float) -> None:
         """Requests that could not be sent to ``address``: their fetches try the next holder."""
-        self.fetcher.on_unreachable(address, ids, now)
+        self.fetcher.on_unreachable(ev.address, ev.task_ids, now)
 
-    def on_data(self, reply: p.Data, now: float) -> None:
+    def _on_peer_asked(self, ev: PeerAsked, now: float) -> None:
+        """A peer asks for results held live only: exported, then answered (``AnswerPeer``);
+        one not live here (any more) is answered "not here" at once."""
+        serve = self.live_tasks.serve_peer
+        for task_id in ev.task_ids:
+            if not serve(task_id, ev.ident):
+                value = self.store.get(task_id, use=False)
+                self._out.append(AnswerPeer(ev.ident, p.Data(task_id, value)))
+
+    def _on_data(self, reply: p.Data, now: float) -> None:
         """A peer's answer: the input (stored, its tasks queued) or None (ask the next)."""
         fetch = self.fetcher.on_data(reply, now)
         value = reply.value
@@ -384,7 +620,7 @@ class WorkerState:
             return
         self.store.put(reply.task_id, value)
         self.activity.add_interval(p.FETCH_LANE, fetch.started, now)
-        self.outbox.append(p.Replicas((reply.task_id,)))
+        self._out.append(p.Replicas((reply.task_id,)))
         self._input_arrived(reply.task_id, fetch.waiters)
 
     def _input_arrived(self, dep_id: int, waiters: set[int]) -> None:
@@ -398,38 +634,39 @@ class WorkerState:
 
     # -- libraries --------------------------------------------------------------------
 
-    def add_library(self, library_id: int, slots: int) -> LibraryRecord:
-        """A library process started: it will be sent every function known so far."""
-        return self.dispatch.add_library(library_id, slots)
+    def _on_from_library(self, ev: FromLibrary, now: float) -> None:
+        """What a library wrote: replies (tasks' outcomes, exported results), or that it
+        is ready (the registration goes once all are)."""
+        lib = self.dispatch.libraries.get(ev.library_id)
+        if lib is None:
+            return  # died since (its death was read first)
+        message = ev.message
+        kind = type(message)
+        if kind is pipe.Replies:
+            for reply in message.replies:  # type: ignore[union-attr]
+                self._on_library_reply(lib, reply, ev.wall)
+        elif kind is pipe.Ready:
+            if self.dispatch.on_ready(lib) and not self.register_out:
+                self._register()
+        else:
+            self._on_library_reply(lib, message, ev.wall)  # type: ignore[arg-type]
 
-    def start_runnable(self) -> Sequence[tuple[LibraryRecord, pipe.Run]]:
-        """The requests to write to library pipes (``Dispatch.start_runnable``)."""
-        return self.dispatch.start_runnable()
-
-    def call(self, task: WorkerTask) -> pipe.Call:
-        """What a task process runs: the task with its inputs' values."""
-        return self.dispatch.call(task)
-
-    def on_library_ready(self, lib: LibraryRecord) -> bool:
-        """A library finished starting; whether every library is now ready."""
-        return self.dispatch.on_ready(lib)
-
-    def on_library_reply(
+    def _on_library_reply(
         self, lib: LibraryRecord, reply: pipe.Reply | pipe.Exported, wall: float
     ) -> None:
         """A task's outcome from a library (``wall``: the clock for ``TaskDone.finished``),
         or a result it exported."""
-        if isinstance(reply, pipe.Exported):
-            self.on_exported(reply)
+        if type(reply) is pipe.Exported:
+            self._on_exported(reply)
             return
         sent = lib.sent
         if sent and sent[0] == reply.task_id:
             sent.popleft()
         else:
             sent.remove(reply.task_id)
-        self.on_reply(reply, wall, lib.id)
+        self._on_reply(reply, wall, lib.id)  # type: ignore[arg-type]
 
-    def on_exported(self, reply: pipe.Exported) -> None:
+    def _on_exported(self, reply: pipe.Exported) -> None:
         """A live result, serialized: into the store (the copy every later reader gets),
         then to the tasks and peers that waited for it."""
         wait = self.live_tasks.on_exported(reply)
@@ -449,19 +686,22 @@ class WorkerState:
                 f"on worker {self.name})",
             )  # fmt: skip
             exception, text = dumps_exception(error)
-            self.outbox.append(p.TaskErred(waiter, exception, text, str(error), type_name(error)))
+            self._out.append(p.TaskErred(waiter, exception, text, str(error), type_name(error)))
             task.missing.discard(task_id)
             self._transition(task, "forgotten")
 
-    def on_library_death(
-        self, lib: LibraryRecord, how: str, running: Collection[int] | None = None
-    ) -> None:
+    def _on_library_death(self, ev: LibraryDied, now: float) -> None:
         """A library process died (``how``: its exit): the tasks it was ``running`` (by
         default the first ones sent) crashed; the others sent to it, finished or not
         (their replies may have been held), go back to the front of the queue; the
         results it kept live are lost (the manager recomputes those still needed). One
-        killed to abort a task crashed none: the others it ran go back to the queue too."""
+        killed to abort a task crashed none: the others it ran go back to the queue too.
+        A new library takes its place, unless too many died before the registration."""
+        lib = self.dispatch.libraries.get(ev.library_id)
+        if lib is None:
+            return
         self.dispatch.drop_library(lib.id)  # its chained calls are in ``lib.sent``: requeued
+        running = ev.running
         if lib.id in self.aborting:
             self.aborting.discard(lib.id)
             running = ()
@@ -471,10 +711,10 @@ class WorkerState:
             task = self.tasks.get(task_id)
             if task is not None and task.state == "running" and task_id in lib.sent:
                 lib.sent.remove(task_id)
-                reason = f"library process {how} on worker {self.name}"
+                reason = f"library process {ev.how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
                 self._transition(task, "forgotten")
-                self.outbox.append(p.TaskCrashed(task.id, reason))
+                self._out.append(p.TaskCrashed(task.id, reason))
         for task_id in reversed(lib.sent):
             queued = self.tasks.get(task_id)
             if queued is not None:
@@ -493,26 +733,38 @@ class WorkerState:
             logger.warning(
                 "worker %s lost %d results kept live by its library process", self.name, len(lost)
             )
-            self.outbox.append(p.Lost(tuple(lost)))
+            self._out.append(p.Lost(tuple(lost)))
+        if not self.register_out:
+            self.start_failures += 1
+            if self.start_failures >= MAX_START_FAILURES:
+                self._leave(
+                    f"its library processes could not start: {self.start_failures} died "
+                    f"before it could register, the last one {ev.how}",
+                    EXIT_NO_LIBRARIES, logging.ERROR, unreachable=True,
+                )  # fmt: skip
+        if not self.leaving:
+            self._start_library()
 
-    def on_exhausted(
-        self, lib: LibraryRecord, task_id: int, peak: int, limit: int, kind: str = "memory"
-    ) -> None:
-        """A task's library was stopped for memory (``kind``: its own use, "memory", or
-        the worker's budget, "budget"): reported so (its library's death follows)."""
-        task = self.tasks.get(task_id)
-        if task is not None and task.state == "running" and task_id in lib.sent:
-            lib.sent.remove(task_id)
+    def _on_memory_exceeded(self, ev: MemoryExceeded, now: float) -> None:
+        """A task's library was stopped for memory (``kind``: its own use, "memory", or the
+        worker's budget, "budget"): reported so (its library's death follows)."""
+        lib = self.dispatch.libraries.get(ev.library_id)
+        task = self.tasks.get(ev.task_id)
+        if lib is None or task is None:
+            return
+        if task.state == "running" and ev.task_id in lib.sent:
+            lib.sent.remove(ev.task_id)
             self._transition(task, "forgotten")
-            self.outbox.append(p.TaskExhausted(task_id, kind, peak, limit))
+            self._out.append(p.TaskExhausted(ev.task_id, ev.kind, ev.peak, ev.limit))
 
-    def on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
+    def _on_reply(self, reply: pipe.Reply, wall: float, lib: int | None = None) -> None:
         """A task's outcome, from a library (``lib``) or a task process."""
         task = self.tasks.get(reply.task_id)
         if task is None or (lib is not None and task.lib != lib):
             return  # forgotten (aborted), or sent again since to another library
         self._transition(task, "forgotten")
-        if isinstance(reply, pipe.Done):
+        out = self._out
+        if type(reply) is pipe.Done:
             task_id, value, duration, nbytes, live, serialization, cpu, peak = reply
             self.dispatch.recent_duration.observe(duration)
             start = wall - duration - serialization  # (``wall``: ``TaskDone.finished``)
@@ -531,30 +783,45 @@ class WorkerState:
                 self._input_arrived(task_id, waiters)
             if value is not None and not task.want_result and not p.inlinable(value):
                 value = None
-            done = p.TaskDone(task_id, nbytes, duration, value, wall, serialization, cpu, peak)
-            self.outbox.append(done)
-        elif isinstance(reply, pipe.Erred):
-            self.outbox.append(p.TaskErred(*reply))
-        elif isinstance(reply, pipe.Missing):  # its producer failed: the manager decides
-            self.outbox.append(p.FetchFailed(task.id, reply.dep_id, (self.peer_address,)))
+            out.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization, cpu, peak))
+        elif type(reply) is pipe.Erred:
+            out.append(p.TaskErred(*reply))
+        elif type(reply) is pipe.Missing:  # its producer failed: the manager decides
+            out.append(p.FetchFailed(task.id, reply.dep_id, (self.peer_address,)))
         else:  # Crashed: the process running it died (fork and tasks modes)
-            logger.warning("task %r: %s", task.key, reply.reason)
-            self.outbox.append(p.TaskCrashed(reply.task_id, reply.reason))
+            logger.warning("task %r: %s", task.key, reply.reason)  # type: ignore[union-attr]
+            out.append(p.TaskCrashed(reply.task_id, reply.reason))  # type: ignore[union-attr]
 
     # -- task processes (task_mode="tasks") ---------------------------------------------
 
-    def next_process_task(self) -> WorkerTask | None:
-        """The next task to start in a fresh interpreter, if any."""
-        return self.dispatch.next_process_task()
+    def _start_processes(self) -> None:
+        """Tasks queued for task processes, while a process slot is free (``StartProcess``)."""
+        dispatch = self.dispatch
+        gpus = dispatch.gpus.env(None)
+        while dispatch.process_runnable and len(self.processes) < self.process_slots:
+            task = dispatch.next_process_task()
+            if task is None:
+                return
+            self.processes.add(task)
+            self._out.append(StartProcess(task, dispatch.call(task), gpus))
 
-    def on_process_started(self, task: WorkerTask) -> None:
-        self._transition(task, "running")
+    def _on_process_started(self, ev: ProcessStarted, now: float) -> None:
+        self._transition(ev.task, "running")
 
-    def on_process_failed(self, task: WorkerTask, why: str) -> None:
+    def _on_process_failed(self, ev: ProcessFailed, now: float) -> None:
         """Its process could not be started."""
+        task = ev.task
+        self.processes.discard(task)
         self._transition(task, "forgotten")
-        reason = f"cannot start a task process on worker {self.name}: {why}"
-        self.outbox.append(p.TaskCrashed(task.id, reason))
+        reason = f"cannot start a task process on worker {self.name}: {ev.why}"
+        self._out.append(p.TaskCrashed(task.id, reason))
+
+    def _on_process_exited(self, ev: ProcessExited, now: float) -> None:
+        """A task process exited: its slot is free; its reply reported, unless its task
+        was aborted (or forgotten) meanwhile."""
+        self.processes.discard(ev.task)
+        if self.tasks.get(ev.task.id) is ev.task:
+            self._on_reply(ev.reply, ev.wall)
 
     # -- transitions ------------------------------------------------------------------
 
@@ -589,14 +856,20 @@ class WorkerState:
         self.dispatch.requeue(task)
 
     def _report_started(self) -> None:
-        self.outbox.append(p.Started(tuple(task.id for task in self.started)))
+        self._out.append(p.Started(tuple(task.id for task in self.started)))
         self.started.clear()
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "local_waiters", "peer_outbox", "aborted", "aborting"):
+        for name in ("tasks", "local_waiters", "aborting", "processes"):
             if getattr(self, name):
                 yield name
+        if self.fetcher.asks:
+            yield "asks"
         yield from self.fetcher.leaks()
         yield from self.live_tasks.leaks()
         yield from self.dispatch.leaks()
+
+
+def _nothing(event: object, now: float) -> None:
+    """A record that says only that the manager is there (``Heartbeat``)."""

@@ -23,7 +23,7 @@ def make():
         if finish == "queued":
             dispatch.enqueue(task)
 
-    live = LiveTasks(store, [], [], [])
+    live = LiveTasks(store, [])
     dispatch = Dispatch(tasks, {}, live, store, transition, lambda t, d: lost.append((t.id, d)))
     return dispatch, tasks, lost
 
