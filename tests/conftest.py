@@ -1,4 +1,8 @@
-"""Fixtures: managers with real local worker processes on 127.0.0.1."""
+"""Fixtures: managers with real local worker processes on 127.0.0.1.
+
+A test that starts worker processes is marked ``integration``: by its module's
+``pytestmark``, by its own mark, or here, for a test that takes one of the fixtures below
+that start them. ``pytest -m "not integration"`` is the quick check (README)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,16 @@ def _worker_pids() -> set[int]:
         text=True,
     )
     return {int(pid) for pid in out.stdout.split()}
+
+
+#: The fixtures below that start worker processes.
+WORKER_FIXTURES = frozenset({"shared_manager", "manager", "insecure_manager"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if WORKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

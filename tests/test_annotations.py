@@ -136,6 +136,7 @@ def sized():
         yield manager, pids
 
 
+@pytest.mark.integration
 def test_priority_orders_ready_tasks_higher_first():
     def graph(address):
         tasks = []
@@ -160,6 +161,7 @@ def ping_and_double(address, i):
     return 2 * i
 
 
+@pytest.mark.integration
 def test_annotated_retries_override_get_retries(sized, tmp_path):
     manager, _ = sized
 

@@ -84,6 +84,7 @@ def test_environment_variables_override_yaml_files(shared_manager, dask_config, 
     assert shared_manager.last_run.options["retries"] == 4
 
 
+@pytest.mark.integration
 def test_dask_reads_yaml_and_environment_at_import_as_for_its_own_config(tmp_path):
     write_yaml(tmp_path, "daskvine_py:\n  get:\n    reduction-arity: 4\n    task_sandbox: true\n")
     env = {
@@ -104,6 +105,7 @@ def test_dask_reads_yaml_and_environment_at_import_as_for_its_own_config(tmp_pat
     assert out.stdout.split() == ["4", "True", "('json',)", "1", "12.5"]
 
 
+@pytest.mark.integration
 def test_manager_settings_come_from_dask_config_and_arguments_win(dask_config):
     dask_config()
     settings = {

@@ -416,6 +416,7 @@ def test_metrics_after_runs_equal_last_runs_counts():
         assert samples["daskvine_py_tasks_failed_total"] == failed
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_no_dashboard_when_its_address_is_none():
     named = "daskvine-dashboard"

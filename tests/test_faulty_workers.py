@@ -93,6 +93,7 @@ def named(manager: Manager, prefix: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_black_hole_is_quarantined_and_runs_end_right(tmp_path, caplog):
     """Every task it is given fails at once; the runs succeed anyway (each error is tried
@@ -126,6 +127,7 @@ def test_a_black_hole_is_quarantined_and_runs_end_right(tmp_path, caplog):
         assert all(info["quarantined"] is None for info in manager.workers.values())
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_worker_that_takes_tasks_and_never_answers_is_ejected(caplog):
     """The probe of issue 29: it claims 1,000 cores, heartbeats, ignores everything else;
@@ -143,6 +145,7 @@ def test_a_worker_that_takes_tasks_and_never_answers_is_ejected(caplog):
             assert named(manager, "sink") is None
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_straggler_s_tasks_are_aborted_and_run_elsewhere():
     """It starts every task it is given (``Started``) and never finishes one; once the
@@ -170,6 +173,7 @@ def test_a_straggler_s_tasks_are_aborted_and_run_elsewhere():
             assert info is not None and str(info["quarantined"]).startswith("slow")
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_a_deterministic_error_still_fails_the_run_with_its_own_exception():
     def boom(x: int) -> int:

@@ -38,6 +38,7 @@ from daskvine_py.worker.messages import (
 )
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
+from parts import context
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADDRESS = "tcp://127.0.0.1:5999"
@@ -59,6 +60,7 @@ def test_cuda_visible_devices_names_the_devices_and_gpus_takes_the_first():
         gpus.detect(3, {"CUDA_VISIBLE_DEVICES": "3,5"})
 
 
+@pytest.mark.integration
 def test_without_cuda_visible_devices_the_default_is_what_nvidia_smi_lists(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -97,12 +99,8 @@ def test_the_command_line_reads_gpus_and_the_environment(monkeypatch, capsys):
 def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
     """``Constraints`` over workers of 4 cores and these GPUs, and a run of these tasks
     (all ready): what it moved where, and what it said."""
-    workers = {}
-    for name, n in gpus_by_worker.items():
-        worker = WorkerRecord(name.encode(), name, 4, f"tcp://{name}:1", memory=2**30, gpus=n)
-        workers[worker.id] = worker
-    runs: dict[int, RunRecord] = {}
-    out: list = []
+    workers = [WorkerRecord(name.encode(), name, 4, f"tcp://{name}:1", memory=2**30, gpus=n)
+               for name, n in gpus_by_worker.items()]  # fmt: skip
     moves: list = []
 
     def transition(task, finish, worker=None):
@@ -110,8 +108,10 @@ def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
         task.state, task.worker = finish, worker
         worker.processing[task] = None
 
-    constraints = Constraints(workers, runs, set(), out, transition, lambda run: None,
-                              lambda *a: None)  # fmt: skip
+    ctx = context(transition, tuple(workers),
+                  failures={"drop_run": lambda run: None, "abort": lambda *a: None})  # fmt: skip
+    constraints = Constraints(ctx)
+    runs, out = ctx.runs, ctx.out
     settings = RunSettings({}, placements, {p: k for k, p in placements.items()})
     run = runs[1] = RunRecord(1, 3, (), settings=settings)
     added = []
@@ -122,7 +122,7 @@ def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
     for _, task in added:
         task.state = "ready"
         constraints.push(task, placements[task.key])
-    return constraints, workers, run, moves, out
+    return constraints, ctx.workers, run, moves, out
 
 
 def test_gpu_tasks_go_where_gpus_are_free_and_hold_them_while_there():
@@ -424,6 +424,7 @@ def gpu_manager(tmp_path):
     assert path.read_text() == ""
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_each_gpu_task_sees_only_devices_of_its_own(gpu_manager):
     manager = gpu_manager
@@ -457,6 +458,7 @@ def test_each_gpu_task_sees_only_devices_of_its_own(gpu_manager):
     assert seen_total == dask.compute(total, scheduler=dask.get)[0]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_in_task_mode_tasks_a_gpu_task_sees_its_devices_and_a_task_process_none(gpu_manager):
     with dask.annotate(resources={"gpus": 1}):
@@ -468,6 +470,7 @@ def test_in_task_mode_tasks_a_gpu_task_sees_its_devices_and_a_task_process_none(
     assert seen[2] == dask.compute(numbers, scheduler=dask.get)[0]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_task_asking_for_more_gpus_than_any_worker_has_fails_the_run_naming_it(gpu_manager):
     with dask.annotate(resources={"gpus": 3}):
@@ -479,6 +482,7 @@ def test_a_task_asking_for_more_gpus_than_any_worker_has_fails_the_run_naming_it
     assert dask.compute(dask.delayed(add)(1, 2), scheduler=gpu_manager.get) == (3,)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_devices_named_in_cuda_visible_devices_are_the_ones_tasks_see(tmp_path):
     with Manager() as manager, open(tmp_path / "worker.log", "w") as log:

@@ -94,6 +94,7 @@ def _in_a_fresh_process(code: str, connection_dir: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_the_handlers_are_installed_over_the_default_and_restored_on_close(connection_dir):
     _in_a_fresh_process(
@@ -133,6 +134,7 @@ def test_an_application_handler_or_ignored_signal_is_left_alone(connection_dir):
         signal.signal(signal.SIGHUP, hup)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_a_manager_made_in_another_thread_installs_nothing(connection_dir):
     _in_a_fresh_process(
@@ -159,6 +161,7 @@ def _dead_pid() -> int:
     return done.pid
 
 
+@pytest.mark.integration
 def test_files_of_managers_gone_from_this_host_are_removed_by_the_next(connection_dir):
     from daskvine_py.manager.connection import HOSTNAME
 
@@ -181,6 +184,7 @@ def test_files_of_managers_gone_from_this_host_are_removed_by_the_next(connectio
     assert {files[k][0] for k in ("live", "elsewhere", "other host's name")} <= left
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_the_file_of_a_killed_manager_is_removed_by_the_next(connection_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}

@@ -68,6 +68,7 @@ def _status(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
     go, finish = str(tmp_path / "go"), str(tmp_path / "finish")
@@ -200,6 +201,7 @@ def test_status_watch_refreshes_until_ctrl_c(manager):
             watch.wait()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_status_against_a_manager_that_is_gone_fails_within_its_timeout(tmp_path):
     gone = tmp_path / "gone.json"
@@ -219,6 +221,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_status_refuses_a_stale_connection_file_at_once_naming_it(tmp_path):
     """Issue 36: the file of a manager whose process is gone got "no answer from the
@@ -253,6 +256,7 @@ def _status_here(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_status_without_a_file_asks_the_only_running_manager_of_the_default_directory(home):
     code, _, err = _status_here()

@@ -70,6 +70,7 @@ def test_the_high_water_mark_is_reset_and_read_in_bytes():
     assert after < high - 60 * MB  # reset to what is resident now: the block is gone
 
 
+@pytest.mark.integration
 @linux
 @pytest.mark.timeout(60)
 def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
@@ -88,6 +89,7 @@ def test_a_tasks_peak_is_its_own_growth_not_its_processs_size():
     del block
 
 
+@pytest.mark.integration
 @linux
 @pytest.mark.timeout(60)
 def test_the_mark_read_from_status_agrees_with_getrusages():
@@ -101,6 +103,7 @@ def test_the_mark_read_from_status_agrees_with_getrusages():
     del block
 
 
+@pytest.mark.integration
 @linux
 @pytest.mark.timeout(60)
 def test_a_large_result_sent_away_leaves_the_next_tasks_base():

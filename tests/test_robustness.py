@@ -274,6 +274,7 @@ def test_a_worker_that_cannot_run_a_task_it_reported_done_does_not_hold_it():
     assert not b.who_has and b.state == "processing"
 
 
+@pytest.mark.integration
 def test_a_failing_report_fails_its_run_over_the_real_manager_and_the_batch_counts():
     """Problem 1: the manager used to drop the whole batch, and both gets waited forever."""
     with Manager(security=False, heartbeat_interval=0.2, worker_timeout=30.0) as manager:
@@ -299,6 +300,7 @@ def test_a_failing_report_fails_its_run_over_the_real_manager_and_the_batch_coun
         assert manager.get(dsk, "z") == dask.get(dsk, "z")
 
 
+@pytest.mark.integration
 def test_a_worker_whose_message_cannot_be_read_is_lost_and_its_tasks_run_elsewhere():
     """Its reports in that message are lost: waiting for them would wait forever."""
     with Manager(security=False, heartbeat_interval=0.2, worker_timeout=30.0) as manager:
@@ -358,6 +360,7 @@ class Fatal(BaseException):
     """Escapes every guard of the loop, as nothing else should."""
 
 
+@pytest.mark.integration
 def test_if_the_io_thread_dies_every_get_raises_at_once_and_close_returns():
     manager = Manager()
     try:

@@ -27,6 +27,7 @@ def echo(conn):
     pipe.send(conn, pipe.receive(conn))
 
 
+@pytest.mark.integration
 def test_large_buffers_cross_processes_through_segments_that_are_gone_once_read():
     big = np.arange(sharedbuf.MIN_BYTES // 8 * 3, dtype=np.float64)  # 3x the threshold
     small = np.arange(100.0)
@@ -48,6 +49,7 @@ def test_large_buffers_cross_processes_through_segments_that_are_gone_once_read(
     assert set(segments()) == before  # every segment unlinked by its reader
 
 
+@pytest.mark.integration
 def test_segments_of_dead_workers_are_removed_and_those_of_live_ones_kept():
     ctx = mp.get_context("spawn")
     gone = ctx.Process(target=os.getpid)

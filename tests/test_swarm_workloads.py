@@ -147,6 +147,7 @@ def test_unknown_workload():
         sw.build("dv4")
 
 
+@pytest.mark.integration
 def test_distributed_runs_a_small_dv3_large_and_reports_it():
     pytest.importorskip("distributed")
     from swarm_distributed import run_distributed

@@ -48,6 +48,7 @@ def matmul_threads(seed: int) -> tuple[float, int]:
     return float(a.sum()), count
 
 
+@pytest.mark.integration
 def test_one_core_libraries_run_one_thread_pools():
     with Manager() as manager:
         manager.start_workers(1, cores=2)
@@ -56,6 +57,7 @@ def test_one_core_libraries_run_one_thread_pools():
         assert blas and set(blas) == {1}
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_matmul_tasks_start_no_thread_per_core():
     dsk = {f"m{i}": (matmul_threads, i) for i in range(4)}
@@ -68,6 +70,7 @@ def test_matmul_tasks_start_no_thread_per_core():
     assert all(count <= 3 for _, count in got), got
 
 
+@pytest.mark.integration
 def test_task_processes_run_one_thread_pools_too():
     with Manager() as manager:
         manager.start_workers(1, cores=1)
@@ -76,6 +79,7 @@ def test_task_processes_run_one_thread_pools_too():
         assert set(blas) == {1}
 
 
+@pytest.mark.integration
 def test_a_library_of_two_cores_sizes_its_pools_to_two():
     with Manager() as manager:
         manager.start_workers(1, cores=2, lib_resources={"cores": 2, "slots": 1})
@@ -84,6 +88,7 @@ def test_a_library_of_two_cores_sizes_its_pools_to_two():
         assert blas and set(blas) == {2}
 
 
+@pytest.mark.integration
 def test_a_variable_the_worker_inherits_is_kept(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with Manager() as manager:
@@ -94,6 +99,7 @@ def test_a_variable_the_worker_inherits_is_kept(monkeypatch):
     assert set(blas) == {1}
 
 
+@pytest.mark.integration
 def test_pools_loaded_before_the_variables_are_limited():
     """spawn re-imports a worker script that imported numpy: its pools are already up."""
     code = (

@@ -128,6 +128,7 @@ class _Liar(threading.Thread):
                     self.worker.send(p.TaskDone(record.task_id, 8, 0.001, dumps(0)))
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_worker_that_answers_wrong_is_caught_by_verification():
     with Manager() as manager:

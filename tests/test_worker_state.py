@@ -1063,6 +1063,7 @@ def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, sl
         assert answers[0].value is None or loads(answers[0].value) == task_id, answers
 
 
+@pytest.mark.integration
 def test_the_fetch_timeout_is_a_worker_flag(capsys):
     from daskvine_py.worker.shell import parse_args
 
