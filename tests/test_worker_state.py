@@ -697,6 +697,35 @@ def test_a_late_reply_of_an_aborted_task_sent_again_is_not_taken_for_the_new_one
     assert loads(report.value) == "fresh"
 
 
+def test_a_task_aborted_and_sent_again_in_one_batch_survives_its_library_killed():
+    """Found by the simulator (seeds 522, 884, 1724): the manager aborts a straggler and,
+    with no other worker free, sends it back in the same batch. The killed library's
+    death requeued the tasks it was sent by id, and found the new record, queued already
+    (``InvalidTransition``); with a second library, running there (run twice)."""
+    state, (lib,) = make()
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    out = state.handle([p.Abort((1,), "a straggler"), execute(1)], 1.0)
+    assert out == [KillLibrary(lib.id)]  # the new record waits: the one slot is taken
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL", ())], 1.0)
+    assert out == [
+        StartLibrary(2, 1),
+        ToLibrary(2, pipe.Run([], None, [pipe.Call(1, "k1", b"payload", [], True, False, 1)])),
+        p.Started((1,)),
+    ]
+    out = state.handle([reply(state.dispatch.libraries[2], done(1))], 2.0)
+    assert [type(r) for r in out] == [p.TaskDone] and not list(state.leaks())
+
+
+def test_a_task_aborted_and_sent_again_to_another_library_is_not_requeued_by_the_kill():
+    state, (lib, other) = make(libraries=2)
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    out = state.handle([p.Abort((1,), "a straggler"), execute(1)], 1.0)
+    assert out[0] == KillLibrary(lib.id) and runs(out) == [(other.id, [1])]
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL", ())], 1.0)
+    assert out == [StartLibrary(3, 1)]  # the new record runs on in the other library
+    assert state.tasks[1].state == "running" and state.tasks[1].lib == other.id
+
+
 def test_abort_of_a_task_process_kills_it_and_ignores_its_exit():
     state, _ = make()
     config = p.RunConfig(3, "tasks", "direct", (), (), True)
