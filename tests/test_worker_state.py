@@ -588,6 +588,27 @@ def test_one_release_of_many_live_results_is_one_forget_per_library():
     assert not state.live.entries
 
 
+def test_a_result_released_and_made_again_in_one_batch_is_forgotten_before_it_is_made():
+    """Found by the simulator (seed 146 of ``--workers 10 --tasks 200``): the manager
+    releases a result kept live in a library and, in the same batch, has it made again
+    (lineage). The library was sent the new call, then the ``Forget`` of the old result,
+    and dropped the new one; the next task naming it there ran without it (``Missing``).
+    The ``Forget`` goes first, whatever the order of the two in the batch."""
+    for batch in ([p.Release((1,)), execute(1)], [execute(1), p.Release((1,))]):
+        state, (lib,) = make()
+        _live_in(state, lib, 1)
+        out = state.handle(batch, 1.0)
+        assert out == [
+            ToLibrary(lib.id, pipe.Forget([1])),
+            ToLibrary(
+                lib.id, pipe.Run([], None, [pipe.Call(1, "k1", b"payload", [], True, False, 1)])
+            ),
+            p.Started((1,)),
+        ]
+        state.handle([reply(lib, done_live(1))], 1.1)
+        assert 1 in state.live and state.live.entries[1].lib == lib.id
+
+
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
