@@ -14,33 +14,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskvine_py.errors import InvalidTransition
 from daskvine_py.simulate import workloads as wl
 from daskvine_py.simulate.__main__ import run
 from daskvine_py.simulate.simulation import Config, Simulation
-from daskvine_py.wire import protocol as p
-from daskvine_py.worker import pipe
-from daskvine_py.worker.state import WorkerState
-from daskvine_py.worker.store import Store
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 #: Violations the simulator finds that are still open, each with where it is fixed; any
 #: other fails the suite. Remove an entry when its fix lands.
 KNOWN_OPEN = {
-    # worker/state.py: on_library_death requeues the tasks sent to a killed library by id,
-    # and finds the new record of a task aborted and sent again in the same batch
-    # (test_a_task_aborted_and_sent_again_survives_its_library_killed below)
-    ("the worker's state never raises", "InvalidTransition(\"invalid transition 'queued'"),
     # worker/dispatch.py and scheduler/faults.py: a task handed to a library behind the
     # running one is reported Started at once; fast abort counts its run from then,
     # aborts it, it takes milliseconds elsewhere, and its worker is quarantined as slow
     ("no honest worker is quarantined", ": slow: "),
-    # worker/state.py: a Release and an Execute of the same task in one batch send the
-    # library the new Run, then the Forget of the old result, which takes the new one
-    # (test_a_result_released_and_made_again_is_not_forgotten below)
-    ("no task runs without its inputs", "live there, which it does not hold"),
-    ("no task runs without its inputs", "without its live input"),
 }
 
 
@@ -147,51 +133,3 @@ def test_a_report_that_crossed_its_abort_is_not_a_false_claim():
         outcome = Simulation(seed, config).run()
         claims = [v for v in outcome.violations if "false claim" in v.invariant]
         assert claims == []
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvalidTransition,
-    reason="worker/state.py: fixed with the worker's handle() (i37-wstate)",
-)
-def test_a_task_aborted_and_sent_again_survives_its_library_killed():
-    """Found by the simulator (seed 44): the manager aborts a straggler and, with no other
-    worker free, sends it back to the same worker in the same batch; the library killed
-    for the Abort then requeues the new record by its id, which is queued already."""
-    state = WorkerState(Store(), "w")
-    lib = state.add_library(1, 1)
-    state.on_library_ready(lib)
-    state.on_manager_message(p.Execute(1, "a", b"", (), True), 0.0)
-    assert state.start_runnable()
-    state.on_manager_message(p.Abort((1,), "a straggler"), 1.0)
-    state.on_manager_message(p.Execute(1, "a", b"", (), True), 1.0)
-    assert [task.id for task in state.take_aborted()] == [1]
-    state.on_library_death(lib, "killed by signal SIGKILL", ())
-    assert state.tasks[1].state == "queued"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker/state.py: a Forget must not follow a Run that "
-    "makes the same result again (the worker's handle(), i37-wstate)",
-)
-def test_a_result_released_and_made_again_is_not_forgotten():
-    """Found by the simulator (seed 146 of ``--workers 10 --tasks 200``): the manager
-    releases a result kept live in a library and, in the same batch, has it made again
-    (lineage); the worker hands the library the new call, then the ``Forget`` of the old
-    result, and the library drops the new one once its reader in the same request ran.
-    The worker's state still counts it live there: the next task sent to that library
-    naming it runs without it (``Missing``)."""
-    state = WorkerState(Store(), "w")
-    lib = state.add_library(1, 1)
-    state.on_library_ready(lib)
-    state.on_manager_message(p.Execute(1, "a", b"", (), False), 0.0)
-    assert state.start_runnable()
-    state.on_library_reply(lib, pipe.Done(1, None, 0.1, 8, True), 0.1)  # kept live
-    state.on_manager_message(p.Release((1,)), 1.0)
-    state.on_manager_message(p.Execute(1, "a", b"", (), False), 1.0)
-    ((_, run_),) = state.start_runnable()
-    assert [call.task_id for call in run_.calls] == [1]
-    state.end_pass(1.0)
-    forgotten = {i for _, m in state.library_outbox if type(m) is pipe.Forget for i in m.task_ids}
-    assert 1 not in forgotten

@@ -588,6 +588,27 @@ def test_one_release_of_many_live_results_is_one_forget_per_library():
     assert not state.live.entries
 
 
+def test_a_result_released_and_made_again_in_one_batch_is_forgotten_before_it_is_made():
+    """Found by the simulator (seed 146 of ``--workers 10 --tasks 200``): the manager
+    releases a result kept live in a library and, in the same batch, has it made again
+    (lineage). The library was sent the new call, then the ``Forget`` of the old result,
+    and dropped the new one; the next task naming it there ran without it (``Missing``).
+    The ``Forget`` goes first, whatever the order of the two in the batch."""
+    for batch in ([p.Release((1,)), execute(1)], [execute(1), p.Release((1,))]):
+        state, (lib,) = make()
+        _live_in(state, lib, 1)
+        out = state.handle(batch, 1.0)
+        assert out == [
+            ToLibrary(lib.id, pipe.Forget([1])),
+            ToLibrary(
+                lib.id, pipe.Run([], None, [pipe.Call(1, "k1", b"payload", [], True, False, 1)])
+            ),
+            p.Started((1,)),
+        ]
+        state.handle([reply(lib, done_live(1))], 1.1)
+        assert 1 in state.live and state.live.entries[1].lib == lib.id
+
+
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)
@@ -695,6 +716,35 @@ def test_a_late_reply_of_an_aborted_task_sent_again_is_not_taken_for_the_new_one
     out = state.handle([reply(other, done(1, "fresh"))], 0.0)
     (report,) = [r for r in out if type(r) is p.TaskDone]
     assert loads(report.value) == "fresh"
+
+
+def test_a_task_aborted_and_sent_again_in_one_batch_survives_its_library_killed():
+    """Found by the simulator (seeds 522, 884, 1724): the manager aborts a straggler and,
+    with no other worker free, sends it back in the same batch. The killed library's
+    death requeued the tasks it was sent by id, and found the new record, queued already
+    (``InvalidTransition``); with a second library, running there (run twice)."""
+    state, (lib,) = make()
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    out = state.handle([p.Abort((1,), "a straggler"), execute(1)], 1.0)
+    assert out == [KillLibrary(lib.id)]  # the new record waits: the one slot is taken
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL", ())], 1.0)
+    assert out == [
+        StartLibrary(2, 1),
+        ToLibrary(2, pipe.Run([], None, [pipe.Call(1, "k1", b"payload", [], True, False, 1)])),
+        p.Started((1,)),
+    ]
+    out = state.handle([reply(state.dispatch.libraries[2], done(1))], 2.0)
+    assert [type(r) for r in out] == [p.TaskDone] and not list(state.leaks())
+
+
+def test_a_task_aborted_and_sent_again_to_another_library_is_not_requeued_by_the_kill():
+    state, (lib, other) = make(libraries=2)
+    assert runs(state.handle([execute(1)], 0.0)) == [(lib.id, [1])]
+    out = state.handle([p.Abort((1,), "a straggler"), execute(1)], 1.0)
+    assert out[0] == KillLibrary(lib.id) and runs(out) == [(other.id, [1])]
+    out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL", ())], 1.0)
+    assert out == [StartLibrary(3, 1)]  # the new record runs on in the other library
+    assert state.tasks[1].state == "running" and state.tasks[1].lib == other.id
 
 
 def test_abort_of_a_task_process_kills_it_and_ignores_its_exit():

@@ -5,10 +5,17 @@ worker's state machine changes its interface, this is what changes with it. The 
 the simulator sees a ``WorkerNode``: records in (from the manager, from peers, from its
 libraries), records out (through its ``Host``), and a few views for the invariants.
 
-It does what the worker's shell (worker/shell.py) does on each loop pass, in the same
-order: take what arrived, kill the libraries of aborted tasks, check timers (the
-manager's silence, heartbeats, fetch deadlines), hand runnable tasks to libraries, end
-the pass, send exports and forgets to libraries, flush to the manager and to peers.
+It drives the state as the worker's shell (worker/shell.py) does, through
+``WorkerState.handle(events, now)`` alone: on each loop pass, what arrived becomes
+events (the manager's records, a peer's ``Data``, ``PeerAsked`` for results a library
+keeps live, ``FromLibrary``, ``MemoryExceeded`` and ``LibraryDied``), a ``Tick`` after
+them; the instructions are carried out in order, and what they answer at once (a killed
+library's ``LibraryDied``, a library that starts ready) goes back to the state in the same
+pass, until none; then records go to the manager in one batch (``RegistrationSent``
+follows the one that holds the ``Register``), answers and requests to peers.
+``EventFailed`` is a violation (the state could not handle an event; the worker goes
+on, as the real one does); an instruction the simulator does not model (task
+processes) is one too.
 
 Libraries are simulated, their calls computed for real: each call runs through the
 library's own ``library.run`` (the real decoding, inputs, live results kept between
@@ -16,10 +23,12 @@ calls, ``Missing`` for a live input that is not there) at the moment it starts o
 library's one slot; its reply arrives when the task's simulated duration has passed
 (its duration at this worker's speed; the measured timings are replaced by simulated
 ones, so a run never depends on this machine's speed). A library can run out of memory
-(``TaskExhausted``, then it dies) or be killed (``Abort``); a new one starts in its place.
+(``MemoryExceeded``, then it dies) or be killed (``KillLibrary``); the state starts one
+in its place, which imports for a moment before it is ready.
 
 Each worker has its own clock: ``local = offset + rate * t`` of the simulation's time
-``t``, so deadlines and heartbeats drift as on real machines.
+``t``, so deadlines and heartbeats drift as on real machines. The same clock stands for
+its wall clock (``Tick.wall``, ``FromLibrary.wall``).
 """
 
 from __future__ import annotations
@@ -32,9 +41,29 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.exits import EXIT_REJECTED
 from daskvine_py.wire.serialize import Serialized, TaskDecoder, dumps
 from daskvine_py.worker import library, pipe, serving
-from daskvine_py.worker.records import LibraryRecord
+from daskvine_py.worker.messages import (
+    AnswerPeer,
+    AskPeer,
+    Boot,
+    ClosePeer,
+    EventFailed,
+    FromLibrary,
+    KillLibrary,
+    Leave,
+    LibraryDied,
+    ManagerConnection,
+    MemoryExceeded,
+    PeerAsked,
+    RegistrationSent,
+    SendStatus,
+    StartLibrary,
+    Stop,
+    Tick,
+    ToLibrary,
+)
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 
@@ -75,12 +104,14 @@ class Faults:
 class SimLibrary:
     """A library process with one slot: its queue of calls, the results it keeps live."""
 
-    record: LibraryRecord
+    id: int
     decoder: TaskDecoder = field(default_factory=TaskDecoder)
     live: dict[int, Any] = field(default_factory=dict)
     queue: deque[pipe.Call] = field(default_factory=deque)
     #: the call on its slot now, if any
     running: int | None = None
+    #: it has imported (said ``Ready``): calls written to it before wait in its pipe
+    ready: bool = False
     dead: bool = False
     #: live results to forget once the queued calls that read them have run
     forget_later: set[int] = field(default_factory=set)
@@ -119,20 +150,36 @@ class WorkerNode:
             self.store, name, self.address, manager_timeout, fetch_timeout, self.clock()
         )
         self.libraries: dict[int, SimLibrary] = {}
-        self.next_library = 0
         #: messages waiting for the next pass: (kind, payload)
         self.inbox: list[tuple[str, Any]] = []
+        #: records for the manager, sent in one batch at the end of the pass
+        self.outbox: list[Any] = []
+        #: the ``Register`` waits in ``outbox``: its going out is news for the state
+        self.register_pending = False
+        #: the connection to the manager is up (said to the state once, at the first send)
+        self.connected = False
+        #: answers for peers that waited for an export (``AnswerPeer``), by identity
+        self.answers: dict[bytes, list[p.Data]] = {}
         #: per peer address: the generation of the link to it (a reset link drops replies)
         self.links: dict[str, int] = {}
         #: calls whose library ran out of memory here (the injected faults: for the checks)
         self.exhausted: list[Any] = []
-        self.registered_once = False
-        self.leaving: str | None = None
-        for _ in range(cores):
-            self._start_library(ready=True)
-        self.state.outbox.append(
-            p.Register(p.PROTOCOL_VERSION, name, cores, 1 << 34, "sim", self.address, 0)
+        #: the state's ``Leave``, once it came: the worker goes at the end of the pass
+        self.leaving: Leave | None = None
+        #: libraries start ready while it boots (as before its first pass), later import
+        self.booting = True
+        self._carriers: dict[type, Callable[[Any, list[object]], None]] = dict.fromkeys(
+            p.TO_MANAGER, self._to_manager
         )
+        self._carriers.update({
+            SendStatus: self._send_status, StartLibrary: self._start_library,
+            ToLibrary: self._to_library, KillLibrary: self._kill_library,
+            AskPeer: self._ask_peer, ClosePeer: self._close_peer,
+            AnswerPeer: self._answer_peer, Leave: self._leave, EventFailed: self._event_failed,
+        })  # fmt: skip
+        register = p.Register(p.PROTOCOL_VERSION, name, cores, 1 << 34, "sim", self.address, 0)
+        self._handle([Boot(register, cores)])
+        self.booting = False
 
     def clock(self) -> float:
         """This worker's own clock."""
@@ -142,12 +189,14 @@ class WorkerNode:
 
     def deliver(self, kind: str, payload: Any) -> None:
         """Something for the next pass: "manager" (a batch), "request" (peer, link,
-        ``GetData``), "data" (peer, link, ``Data`` records), "library" (id, reply)."""
+        ``GetData``), "data" (peer, link, ``Data`` records), "library" (an event of a
+        library: ``FromLibrary``, ``MemoryExceeded``, ``LibraryDied``)."""
         self.inbox.append((kind, payload))
 
     def step(self) -> None:
-        """One loop pass of the worker's shell. Should its state raise, the worker
-        process would die: so does this one (the manager sees its connection close)."""
+        """One loop pass of the worker's shell. ``handle`` never raises; should it all
+        the same, the worker process would die: so does this one (the manager sees its
+        connection close)."""
         if not self.alive:
             return
         try:
@@ -158,130 +207,127 @@ class WorkerNode:
             self.host.died(self)
 
     def _step(self) -> None:
-        state = self.state
         inbox, self.inbox = self.inbox, []
+        events: list[object] = []
         for kind, payload in inbox:
-            now = self.clock()
             if kind == "manager":
-                self._from_manager(payload, now)
+                events += payload
             elif kind == "request":
-                self._serve(*payload)
+                peer, link, request = payload
+                self._serve(peer, link, request, events)
             elif kind == "data":
                 address, link, records = payload
-                if self.links.get(address, 0) != link:
-                    continue  # the link was reset since: its socket is gone
-                for data in records:
-                    state.on_data(data, now)
+                if self.links.get(address, 0) == link:  # else reset since: its socket is gone
+                    events += records
             elif kind == "library":
-                library_id, reply = payload
-                lib = self.libraries.get(library_id)
-                if lib is not None and not lib.dead:
-                    state.on_library_reply(lib.record, reply, now)
-            if not self.alive:
-                return
-        if state.aborted:
-            for task in state.take_aborted():
-                lib = self.libraries.get(task.lib if task.lib is not None else -1)
-                if lib is not None and not lib.dead:
-                    self._library_died(lib, "killed by signal SIGKILL")
-        now = self.clock()
-        if not self._timers(now):
-            return
-        for record, run in state.start_runnable():
-            lib = self.libraries.get(record.id)
-            if lib is not None and not lib.dead:
-                self._accept(lib, run)
-        state.end_pass(now)
-        while state.library_outbox:
-            outbox = state.library_outbox[:]
-            state.library_outbox.clear()
-            for library_id, message in outbox:
-                lib = self.libraries.get(library_id)
-                if lib is not None and not lib.dead:
-                    self._library_request(lib, message)
+                events.append(payload)
+        events.append(Tick(self.clock()))
+        self._handle(events)
         self._flush()
 
-    def _from_manager(self, messages: list[Any], now: float) -> None:
-        for message in messages:
-            kind = type(message)
-            if kind is p.Shutdown:
-                self.leave(f"the manager asked it to ({message.reason})")
-                return
-            if kind is p.Rejected:
-                self.host.broken(self.name, "rejected", message.reason)
-                self.vanish()
-                return
-            if kind is p.Welcome:
-                self.registered_once = True
-            try:
-                self.state.on_manager_message(message, now)
-            except Exception as exc:  # as the shell does: the task is reported crashed
-                self.host.broken(self.name, "worker state raised", f"{message!r:.200}: {exc!r}")
-                self.state.cannot_take(message, f"it could not take the task: {exc!r}")
-
-    def _serve(self, peer: str, link: int, request: p.GetData) -> None:
+    def _serve(self, peer: str, link: int, request: p.GetData, events: list[object]) -> None:
+        """A peer's request, answered from the store at once; the ids of results a library
+        keeps live go to the state (``PeerAsked``), answered once exported."""
         answers = []
-        ident = f"{peer}#{link}".encode()  # (an export's answer comes back to it later)
+        deferred = []
+        ident = f"{peer}#{link}".encode()
         for task_id in request.task_ids:
-            data = serving.answer(self.store, self.state, ident, task_id, _unreadable)
-            if data is not None:
+            data = serving.answer(self.store, self.state.live, task_id, _unreadable)
+            if data is None:
+                deferred.append(task_id)
+            else:
                 answers.append(data)
         if answers:
             self.host.reply_to_peer(self, peer, link, answers)
+        if deferred:
+            events.append(PeerAsked(ident, tuple(deferred)))
 
-    def _timers(self, now: float) -> bool:
-        """The shell's timer checks; False if the worker left (the manager went silent)."""
-        state = self.state
-        if state.manager_silent(now):
-            self.vanish()  # it exits; its connections close
-            return False
-        if state.heartbeat_due(now):
-            state.last_sent = now
-            state.outbox.append(p.Status(self.store.nbytes, 0, 0))
-        for address in state.on_timers(now):
-            self.links[address] = self.links.get(address, 0) + 1
-        return True
+    def _handle(self, events: list[object]) -> None:
+        """Hand the state ``events``, carry out its instructions, and again with what
+        they answered at once, until none."""
+        carriers = self._carriers
+        while events and self.alive:
+            answered: list[object] = []
+            for instruction in self.state.handle(events, self.clock()):
+                carrier = carriers.get(type(instruction))
+                if carrier is None:
+                    self.host.broken(
+                        self.name, "the simulator models every instruction", repr(instruction)
+                    )
+                else:
+                    carrier(instruction, answered)
+            events = answered
 
     def wake_in(self) -> float:
         """Seconds of simulated time until this worker's next deadline."""
         return self.state.poll_timeout(self.clock()) / self.rate
 
     def _flush(self) -> None:
-        state = self.state
-        if state.outbox:
-            messages = state.outbox[:]
-            state.outbox.clear()
+        """The end of a pass: one batch to the manager, answers to peers; the worker goes
+        if its state said to leave."""
+        leave = self.leaving
+        if self.outbox and (leave is None or not leave.unreachable):
+            messages = self.outbox[:]
+            self.outbox.clear()
             self.host.to_manager(self, messages)
-            state.on_registration_sent(self.clock())
-            state.on_manager_connection(True, self.clock())
-        evicted = state.fetcher.slots.evicted
-        for address in evicted:
-            self.links[address] = self.links.get(address, 0) + 1
-        evicted.clear()
-        if state.peer_replies:
-            replies = state.peer_replies[:]
-            state.peer_replies.clear()
-            by_peer: dict[bytes, list[p.Data]] = {}
-            for ident, data in replies:
-                by_peer.setdefault(ident, []).append(data)
-            for ident, records in by_peer.items():
+            news: list[object] = []
+            if not self.connected:
+                self.connected = True
+                news.append(ManagerConnection(True))
+            if self.register_pending:  # the manager's deadline starts now
+                self.register_pending = False
+                news.append(RegistrationSent())
+            if news and leave is None:
+                self._handle(news)
+        if self.answers:
+            answers, self.answers = self.answers, {}
+            for ident, records in answers.items():
                 peer, _, generation = ident.decode().partition("#")
                 self.host.reply_to_peer(self, peer, int(generation or 0), records)
-        while state.peer_outbox:
-            outbox = dict(state.peer_outbox)
-            state.peer_outbox.clear()
-            for address, ids in outbox.items():
-                link = self.links.setdefault(address, 0)
-                self.host.to_peer(self, address, link, p.GetData(tuple(ids)))
+        if self.leaving is not None:
+            self.vanish()
+
+    # -- instructions -----------------------------------------------------------------
+
+    def _to_manager(self, record: Any, answered: list[object]) -> None:
+        if type(record) is p.Register:
+            self.register_pending = True
+        self.outbox.append(record)
+
+    def _send_status(self, status: SendStatus, answered: list[object]) -> None:
+        held, spilled, bars = status  # (no processes to measure: their memory is 0)
+        self.outbox.append(p.Status(held, 0, 0, spilled, 0, bars))
+
+    def _ask_peer(self, ask: AskPeer, answered: list[object]) -> None:
+        link = self.links.setdefault(ask.address, 0)
+        self.host.to_peer(self, ask.address, link, p.GetData(ask.task_ids))
+
+    def _close_peer(self, close: ClosePeer, answered: list[object]) -> None:
+        """A new link: what comes back on the old one is dropped."""
+        self.links[close.address] = self.links.get(close.address, 0) + 1
+
+    def _answer_peer(self, answer: AnswerPeer, answered: list[object]) -> None:
+        self.answers.setdefault(answer.ident, []).append(answer.data)
+
+    def _leave(self, leave: Leave, answered: list[object]) -> None:
+        if leave.exit_code == EXIT_REJECTED:  # an honest worker is never rejected
+            self.host.broken(self.name, "rejected", leave.reason)
+        if self.leaving is None:
+            self.leaving = leave
+
+    def _event_failed(self, failed: EventFailed, answered: list[object]) -> None:
+        self.host.broken(
+            self.name, "the worker's state never raises",
+            f"it could not handle {failed.event!r:.200}: {failed.error!r}",
+        )  # fmt: skip
 
     # -- leaving ----------------------------------------------------------------------
 
     def leave(self, reason: str) -> None:
-        """A clean leave: a goodbye to the manager, then gone."""
+        """A clean leave (asked to stop): a goodbye to the manager if it joined, then gone."""
         if not self.alive:
             return
-        if self.state.registered:
-            self.state.outbox.append(p.Goodbye(reason))
+        self._handle([Stop(reason)])
         self._flush()
         self.vanish()
 
@@ -294,19 +340,36 @@ class WorkerNode:
 
     # -- libraries --------------------------------------------------------------------
 
-    def _start_library(self, ready: bool = False) -> None:
-        self.next_library += 1
-        record = self.state.add_library(self.next_library, 1)
-        lib = self.libraries[record.id] = SimLibrary(record)
-        if ready:
-            self.state.on_library_ready(record)
+    def _start_library(self, start: StartLibrary, answered: list[object]) -> None:
+        lib = self.libraries[start.library_id] = SimLibrary(start.library_id)
+        if self.booting:
+            lib.ready = True
+            answered.append(FromLibrary(lib.id, pipe.Ready(), self.clock()))
         else:  # it imports, then says it is ready
             self.host.after(self.rng.uniform(0.01, 0.3), lambda: self._ready(lib))
 
     def _ready(self, lib: SimLibrary) -> None:
         if self.alive and not lib.dead:
-            self.state.on_library_ready(lib.record)
+            lib.ready = True
+            self.deliver("library", FromLibrary(lib.id, pipe.Ready(), self.clock()))
             self.host.after(0.0, self.step)
+            if lib.running is None:
+                self._next_call(lib)
+
+    def _to_library(self, write: ToLibrary, answered: list[object]) -> None:
+        lib = self.libraries.get(write.library_id)
+        if lib is None or lib.dead:
+            return  # died since (its death is the state's news, or on its way)
+        request = write.request
+        if type(request) is pipe.Run:
+            self._accept(lib, request)
+        else:
+            self._library_request(lib, request)  # type: ignore[arg-type]
+
+    def _kill_library(self, kill: KillLibrary, answered: list[object]) -> None:
+        lib = self.libraries.get(kill.library_id)
+        if lib is not None and not lib.dead:
+            answered.append(self._library_died(lib, "killed by signal SIGKILL"))
 
     def _accept(self, lib: SimLibrary, run: pipe.Run) -> None:
         """A request written to the library's pipe. Every input it names (live, no value)
@@ -323,12 +386,12 @@ class WorkerNode:
                     self.host.broken(
                         self.name, "no task runs without its inputs",
                         f"task {call.key!r} (id {call.task_id}) sent to library "
-                        f"{lib.record.id} naming input {dep_key!r} (id {dep_id}) live there, "
+                        f"{lib.id} naming input {dep_key!r} (id {dep_id}) live there, "
                         "which it does not hold and no call before it makes",
                     )  # fmt: skip
             made.add(call.task_id)
             lib.queue.append(call)
-        if lib.running is None:
+        if lib.running is None and lib.ready:
             self._next_call(lib)
 
     def _next_call(self, lib: SimLibrary) -> None:
@@ -358,7 +421,7 @@ class WorkerNode:
         if type(reply) is pipe.Missing and reply.dep_id not in lib.failed:
             self.host.broken(
                 self.name, "no task runs without its inputs",
-                f"task {call.key!r} (id {call.task_id}) ran in library {lib.record.id} "
+                f"task {call.key!r} (id {call.task_id}) ran in library {lib.id} "
                 f"without its live input id {reply.dep_id}",
             )  # fmt: skip
         self.host.after(seconds, lambda: self._reply(lib, reply))
@@ -366,25 +429,26 @@ class WorkerNode:
     def _reply(self, lib: SimLibrary, reply: Any) -> None:
         if lib.dead:
             return
-        self.deliver("library", (lib.record.id, reply))
+        self.deliver("library", FromLibrary(lib.id, reply, self.clock()))
         self.host.after(0.0, self.step)
         self._next_call(lib)
 
     def _out_of_memory(self, lib: SimLibrary, call: pipe.Call) -> None:
-        """The call went past its allocation: reported, and its library dies."""
+        """The call went past its allocation: killed by the memory watch, which reports
+        it, and its library dies (the next pass reads both, as the shell's does)."""
         if lib.dead or not self.alive:
             return
         limit = call.cores * (1 << 30)
-        self.state.on_exhausted(lib.record, call.task_id, 2 * limit, limit)
-        self._library_died(lib, "killed by signal SIGKILL (out of memory)")
+        self.deliver("library", MemoryExceeded(lib.id, call.task_id, 2 * limit, limit))
+        self.deliver("library", self._library_died(lib, "killed by signal SIGKILL (out of memory)"))
         self.host.after(0.0, self.step)
 
-    def _library_died(self, lib: SimLibrary, how: str) -> None:
+    def _library_died(self, lib: SimLibrary, how: str) -> LibraryDied:
+        """The library is gone; its death, for the state (which starts another)."""
         lib.dead = True
         running = () if lib.running is None else (lib.running,)
-        del self.libraries[lib.record.id]
-        self.state.on_library_death(lib.record, how, running)
-        self._start_library()
+        del self.libraries[lib.id]
+        return LibraryDied(lib.id, how, running)
 
     def _library_request(self, lib: SimLibrary, message: pipe.Export | pipe.Forget) -> None:
         if isinstance(message, pipe.Forget):
@@ -405,7 +469,7 @@ class WorkerNode:
 
     def _reply_export(self, lib: SimLibrary, exported: pipe.Exported) -> None:
         if not lib.dead:
-            self.deliver("library", (lib.record.id, exported))
+            self.deliver("library", FromLibrary(lib.id, exported, self.clock()))
             self.host.after(0.0, self.step)
 
     def _forget_now(self, lib: SimLibrary) -> None:

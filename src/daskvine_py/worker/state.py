@@ -709,7 +709,7 @@ class WorkerState:
             running = list(lib.sent)[: lib.slots]
         for task_id in running:
             task = self.tasks.get(task_id)
-            if task is not None and task.state == "running" and task_id in lib.sent:
+            if task is not None and _sent_to(task, lib) and task_id in lib.sent:
                 lib.sent.remove(task_id)
                 reason = f"library process {ev.how} on worker {self.name}"
                 logger.warning("task %r: %s", task.key, reason)
@@ -717,8 +717,8 @@ class WorkerState:
                 self._out.append(p.TaskCrashed(task.id, reason))
         for task_id in reversed(lib.sent):
             queued = self.tasks.get(task_id)
-            if queued is not None:
-                self._transition(queued, "queued")
+            if queued is not None and _sent_to(queued, lib):  # (not a new record of an
+                self._transition(queued, "queued")  # aborted task, sent again elsewhere)
         lib.sent.clear()
         self.dispatch.unhome(lib.id)
         lost = self.live_tasks.lose(lib.id, self.store)
@@ -869,6 +869,12 @@ class WorkerState:
         yield from self.fetcher.leaks()
         yield from self.live_tasks.leaks()
         yield from self.dispatch.leaks()
+
+
+def _sent_to(task: WorkerTask, lib: LibraryRecord) -> bool:
+    """Whether ``task`` runs in ``lib``: its id in ``lib.sent`` may be that of an
+    aborted record, forgotten, while a new ``Execute`` of it waits or runs elsewhere."""
+    return task.state == "running" and task.lib == lib.id
 
 
 def _nothing(event: object, now: float) -> None:
