@@ -63,6 +63,7 @@ def test_a_seed_replays_exactly():
     assert other.trace != first.trace
 
 
+@pytest.mark.integration
 def test_the_command_replays_a_seed_in_another_process(tmp_path):
     """``python -m daskvine_py.simulate`` runs under one hash seed, whatever the caller's:
     the same seed gives the same steps in every process."""
