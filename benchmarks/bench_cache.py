@@ -168,8 +168,10 @@ def main() -> int:
             run("rerun, last stage changed", changed, True)
 
     print(f"{args.workload}: {args.workers} one-core workers, {os.cpu_count()} cores")
-    print(f"{'run':40s} {'wall s':>8s} {'of 1st':>7s} {'tasks':>6s} {'run':>6s} "
-          f"{'hits':>6s} {'reused':>9s} {'saved s':>8s}")  # fmt: skip
+    print(
+        f"{'run':40s} {'wall s':>8s} {'of 1st':>7s} {'tasks':>6s} {'run':>6s} "
+        f"{'hits':>6s} {'reused':>9s} {'saved s':>8s}"
+    )
     for label, elapsed, tasks, cache in rows:
         cache = cache or {}
         print(

@@ -41,11 +41,17 @@ def _workloads(tasks: int) -> dict[str, tuple[Any, Any, Any]]:
     import dask
 
     return {
-        f"noop ({len(noop_graph):,} tasks)": (noop_graph, noop_keys,
-                                              list(dask.get(noop_graph, noop_keys))),
-        f"tree ({len(tree_graph):,} tasks)": (tree_graph, tree_keys,
-                                              workloads.big_graph_expected(tasks)),
-    }  # fmt: skip
+        f"noop ({len(noop_graph):,} tasks)": (
+            noop_graph,
+            noop_keys,
+            list(dask.get(noop_graph, noop_keys)),
+        ),
+        f"tree ({len(tree_graph):,} tasks)": (
+            tree_graph,
+            tree_keys,
+            workloads.big_graph_expected(tasks),
+        ),
+    }
 
 
 def _cpu() -> float:
@@ -58,8 +64,9 @@ def _one(manager: Any, graph: Any, keys: Any, page_open: bool) -> dict[str, floa
     if page_open:
         poller = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "page_poller.py"), manager.dashboard_link],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(1.5)  # the page is open before the run starts
     try:
         io0, dash0 = _thread_cpu("daskvine-manager"), _thread_cpu("daskvine-dashboard")
@@ -90,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.tasks = 1, 300
     from daskvine_py import Manager
 
-    print(f"bench_dashboard: {args.rounds} rounds, {args.workers} workers of 1 core, "
-          f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    print(
+        f"bench_dashboard: {args.rounds} rounds, {args.workers} workers of 1 core, "
+        f"load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     with Manager() as manager:
         manager.start_workers(args.workers, cores=1)
         print(f"dashboard at {manager.dashboard_link.split('?')[0]}", flush=True)
@@ -100,28 +110,36 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
             manager.get(graph, keys, progress=False)  # warm: functions sent, libraries up
             for index in range(args.rounds):
-                for page_open in ((False, True) if index % 2 == 0 else (True, False)):
+                for page_open in (False, True) if index % 2 == 0 else (True, False):
                     run = _one(manager, graph, keys, page_open)
                     if list(run.pop("value")) != expected:
                         raise AssertionError(f"{name}: a wrong result (page open: {page_open})")
                     runs[page_open].append(run)
             rows.append((name, runs))
-    print(f"\n{'workload':<22} {'':>6} {'wall s':>8} {'I/O CPU s':>10} {'page CPU s':>11} "
-          f"{'process CPU s':>14}")  # fmt: skip
+    print(
+        f"\n{'workload':<22} {'':>6} {'wall s':>8} {'I/O CPU s':>10} {'page CPU s':>11} "
+        f"{'process CPU s':>14}"
+    )
     for name, runs in rows:
         medians = {
-            page_open: {k: statistics.median(r[k] for r in runs[page_open])
-                        for k in ("wall", "io", "dashboard", "cpu")}  # fmt: skip
+            page_open: {
+                k: statistics.median(r[k] for r in runs[page_open])
+                for k in ("wall", "io", "dashboard", "cpu")
+            }
             for page_open in (False, True)
         }
         for page_open, label in ((False, "closed"), (True, "open")):
             m = medians[page_open]
-            print(f"{name if not page_open else '':<22} {label:>6} {m['wall']:>8.3f} "
-                  f"{m['io']:>10.3f} {m['dashboard']:>11.3f} {m['cpu']:>14.3f}")  # fmt: skip
+            print(
+                f"{name if not page_open else '':<22} {label:>6} {m['wall']:>8.3f} "
+                f"{m['io']:>10.3f} {m['dashboard']:>11.3f} {m['cpu']:>14.3f}"
+            )
         closed, opened = medians[False], medians[True]
         ratios = [opened[k] / closed[k] if closed[k] else math.nan for k in ("wall", "io", "cpu")]
-        print(f"{'':<22} {'ratio':>6} {ratios[0]:>8.3f} {ratios[1]:>10.3f} {'':>11} "
-              f"{ratios[2]:>14.3f}")  # fmt: skip
+        print(
+            f"{'':<22} {'ratio':>6} {ratios[0]:>8.3f} {ratios[1]:>10.3f} {'':>11} "
+            f"{ratios[2]:>14.3f}"
+        )
     print("\nresults right")
     return 0
 

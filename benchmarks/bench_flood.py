@@ -131,10 +131,13 @@ def measure(
             procs = []
             if kind != "quiet":
                 procs = [
-                    ctx.Process(target=attack, args=(kind, manager.address, server_key, stop,
-                                                     answered), daemon=True)
+                    ctx.Process(
+                        target=attack,
+                        args=(kind, manager.address, server_key, stop, answered),
+                        daemon=True,
+                    )
                     for _ in range(attackers)
-                ]  # fmt: skip
+                ]
                 for proc in procs:
                     proc.start()
                 time.sleep(build_up)  # let the flood build up

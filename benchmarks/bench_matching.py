@@ -157,10 +157,13 @@ def measure_heapq(
     def entries(items: range) -> list[tuple[int, int]]:
         # The queue's entry shape: (priority << 40 | ticket, item)
         return [
-            ((1 << 32 | (0 if priorities == "equal" else rng.randrange(1 << 30))) << 40
-             | next(tickets), i)
+            (
+                (1 << 32 | (0 if priorities == "equal" else rng.randrange(1 << 30))) << 40
+                | next(tickets),
+                i,
+            )
             for i in items
-        ]  # fmt: skip
+        ]
 
     heap = entries(range(size))
     heapq.heapify(heap)

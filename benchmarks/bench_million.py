@@ -118,8 +118,16 @@ def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
 
 def run_child(system: str, leaves: int, workers: int) -> dict[str, Any]:
     """``child`` in a process of its own, in a session of its own (killed with it)."""
-    command = [sys.executable, __file__, "--child", system, "--tasks", str(leaves),
-               "--workers", str(workers)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        system,
+        "--tasks",
+        str(leaves),
+        "--workers",
+        str(workers),
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, _ = proc.communicate(timeout=CHILD_TIMEOUT)
@@ -165,8 +173,9 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=None, help="leaves (10^6; smoke: 10^3)")
-    parser.add_argument("--peer-tasks", type=int, default=None,
-                        help="leaves for distributed (10^5; smoke: 10^3)")  # fmt: skip
+    parser.add_argument(
+        "--peer-tasks", type=int, default=None, help="leaves for distributed (10^5; smoke: 10^3)"
+    )
     parser.add_argument("--systems", default="daskvine_py,sync,distributed")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="10^3 leaves: does it still run?")

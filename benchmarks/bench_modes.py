@@ -172,8 +172,10 @@ def print_table(rows: list[dict]) -> None:
         for r in rows
         if r["mode"] == "tasks"
     }
-    print(f"{'workload':9} {'mode':24} {'hoisted':14} {'µs/task':>10} {'x tasks':>8} "
-          f"{'import µs':>10}")  # fmt: skip
+    print(
+        f"{'workload':9} {'mode':24} {'hoisted':14} {'µs/task':>10} {'x tasks':>8} "
+        f"{'import µs':>10}"
+    )
     for r in rows:
         ratio = base.get((r["workload"], bool(r["import_modules"])))
         ratio_text = f"{ratio / r['us_per_task']:.1f}" if ratio else "-"

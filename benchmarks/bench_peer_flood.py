@@ -91,8 +91,12 @@ def main() -> None:
         f"slowest answer wait (with 0.2 s for any extra) {max(waits):.3f} s, "
         f"slowest graph {max(graphs):.3f} s"
     )
-    print("worker RSS MB before " + ", ".join(f"{m:.0f}" for m in before)
-          + "; after " + ", ".join(f"{m:.0f}" for m in after))  # fmt: skip
+    print(
+        "worker RSS MB before "
+        + ", ".join(f"{m:.0f}" for m in before)
+        + "; after "
+        + ", ".join(f"{m:.0f}" for m in after)
+    )
 
 
 if __name__ == "__main__":

@@ -131,18 +131,24 @@ def run_mode(mode: str, args: argparse.Namespace, expected: int) -> None:
         peaks = sampler.stop()
         lost = [name for name in pids if name not in manager.workers]
         run = manager.last_run
-        print(f"\nmode {mode}: {seconds:.1f} s, result "
-              f"{'right' if got == expected else 'WRONG ' + error[:200]}")  # fmt: skip
+        print(
+            f"\nmode {mode}: {seconds:.1f} s, result "
+            f"{'right' if got == expected else 'WRONG ' + error[:200]}"
+        )
         for name, peak in peaks.items():
             grew = peak - idle[name]
             over = "OVER its limit" if grew > args.memory_mb * MB else "under its limit"
-            print(f"  {name}: peak {grew / MB:.0f} MB above idle ({idle[name] / MB:.0f} MB) "
-                  f"of --memory {args.memory_mb} MB ({over})")
+            print(
+                f"  {name}: peak {grew / MB:.0f} MB above idle ({idle[name] / MB:.0f} MB) "
+                f"of --memory {args.memory_mb} MB ({over})"
+            )
         print(f"  workers lost: {len(lost)}")
         for name, cat in sorted(run.categories.items()):
-            print(f"  category {name}: {cat.tasks} tasks, peak {cat.peak_memory_mb:.0f} MB, "
-                  f"allocated {cat.allocated_memory_mb:.0f} MB, "
-                  f"exhausted {cat.exhausted}")  # fmt: skip
+            print(
+                f"  category {name}: {cat.tasks} tasks, peak {cat.peak_memory_mb:.0f} MB, "
+                f"allocated {cat.allocated_memory_mb:.0f} MB, "
+                f"exhausted {cat.exhausted}"
+            )
 
 
 def too_big(args: argparse.Namespace) -> None:

@@ -86,8 +86,9 @@ def same(got: Any, expected: Any) -> bool:
 # -- systems ----------------------------------------------------------------------------
 
 
-def time_runs(get: Callable, collection: Any, repeat: int, expected: Any,
-              after: Callable[[], dict]) -> dict:  # fmt: skip
+def time_runs(
+    get: Callable, collection: Any, repeat: int, expected: Any, after: Callable[[], dict]
+) -> dict:
     times = []
     moved: dict = {}
     for _ in range(repeat):

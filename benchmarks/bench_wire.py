@@ -102,8 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = sum(len(f) for f in frames) / n
         rows[name] = (encode_us, decode_us, size)
     kinds = {type(r).__name__: sum(type(x) is type(r) for x in batch) for r in batch}
-    print(f"batch: {n} records ({', '.join(f'{c} {k}' for k, c in kinds.items())}); "
-          f"best of {repeats} x {batches} batches")  # fmt: skip
+    print(
+        f"batch: {n} records ({', '.join(f'{c} {k}' for k, c in kinds.items())}); "
+        f"best of {repeats} x {batches} batches"
+    )
     print(f"{'format':<16}{'encode us/rec':>15}{'decode+check us/rec':>21}{'bytes/rec':>11}")
     print("-" * 63)
     for name, (encode_us, decode_us, size) in rows.items():

@@ -65,8 +65,9 @@ def total(parts: list[np.ndarray], seconds: float) -> np.ndarray:
 def probe_graph(maps: int, fan_in: int, scale: float = 1.0) -> tuple[dict, Any]:
     """The probe's shape (module docstring); ``scale`` multiplies every sleep."""
     dsk: dict = {("a", i): (first, i, 0.01 * scale) for i in range(maps)}
-    dsk.update({("b", i): (second, ("a", i), ("a", (i + 1) % maps), 0.02 * scale)
-                for i in range(maps)})  # fmt: skip
+    dsk.update(
+        {("b", i): (second, ("a", i), ("a", (i + 1) % maps), 0.02 * scale) for i in range(maps)}
+    )
     keys, level = [("b", i) for i in range(maps)], 0
     while len(keys) > 1:
         level += 1
@@ -84,8 +85,10 @@ def holder_of_most(manager: Manager, empty_too: bool = False) -> int | None:
     the count."""
     for _ in range(100):
         try:
-            held = {w.name: sum(t.nbytes for t in w.has_what)
-                    for w in list(manager._state.workers.values())}  # fmt: skip
+            held = {
+                w.name: sum(t.nbytes for t in w.has_what)
+                for w in list(manager._state.workers.values())
+            }
             break
         except RuntimeError:
             continue
@@ -169,8 +172,11 @@ def main() -> int:
         scheduler_churn.CHURN_LEVEL = float("inf")
     dsk, key = probe_graph(args.maps, args.fan_in)
     expected = get_sync(probe_graph(args.maps, args.fan_in, scale=0.0)[0], key)
-    print(f"graph: {len(dsk):,} tasks ({args.maps:,} maps in two stages, sums of "
-          f"{args.fan_in}), {args.workers} one-core workers", flush=True)  # fmt: skip
+    print(
+        f"graph: {len(dsk):,} tasks ({args.maps:,} maps in two stages, sums of "
+        f"{args.fan_in}), {args.workers} one-core workers",
+        flush=True,
+    )
     runs = {}
     for name, churn in (("no churn", False), ("churn", True)):
         if not churn and args.no_baseline:
@@ -179,19 +185,32 @@ def main() -> int:
         run["right"] = run["error"] is None and np.array_equal(run["value"], expected)
         runs[name] = run
         outcome = "right" if run["right"] else run["error"] or "WRONG"
-        print(f"{name:9s} makespan {run['seconds']:8.1f} s  kills {run['kills']:3d}  "
-              f"recomputed {run['recomputed']:6,}  temporary replicas {run['replicas']:6,}  "
-              f"result {outcome}", flush=True)  # fmt: skip
+        print(
+            f"{name:9s} makespan {run['seconds']:8.1f} s  kills {run['kills']:3d}  "
+            f"recomputed {run['recomputed']:6,}  temporary replicas {run['replicas']:6,}  "
+            f"result {outcome}",
+            flush=True,
+        )
     if len(runs) == 2:
         print(f"churn/no churn: {runs['churn']['seconds'] / runs['no churn']['seconds']:.2f}x")
     right = all(run["right"] for run in runs.values())
     print(f"result equals dask's synchronous scheduler: {'yes' if right else 'NO'}")
     if args.json:
-        summary = {name: {k: v for k, v in run.items() if k != "value"}
-                   for name, run in runs.items()}  # fmt: skip
+        summary = {
+            name: {k: v for k, v in run.items() if k != "value"} for name, run in runs.items()
+        }
         with open(args.json, "w") as f:
-            json.dump({"tasks": len(dsk), "workers": args.workers, "every": args.every,
-                       "replicas": not args.no_replicas, "runs": summary}, f, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "tasks": len(dsk),
+                    "workers": args.workers,
+                    "every": args.every,
+                    "replicas": not args.no_replicas,
+                    "runs": summary,
+                },
+                f,
+                indent=1,
+            )
     return 0 if right else 1
 
 

@@ -97,12 +97,26 @@ def _keep_open(link: str, stop: threading.Event) -> None:
 def screenshot(chromium: str, url: str, path: Path, profile: Path) -> None:
     """``url`` drawn into ``path`` after two seconds of its script's redraws."""
     done = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1100,1400",
-         "--virtual-time-budget=2500", f"--screenshot={path}", url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            "--window-size=1100,1400",
+            "--virtual-time-budget=2500",
+            f"--screenshot={path}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0 or not path.exists() or path.read_bytes()[:4] != b"\x89PNG":
         raise RuntimeError(f"chromium failed on {url}: {done.stderr[-2000:]}")
 
@@ -145,14 +159,22 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         for name, _ in PAGES if args.chromium else ():
             path = args.out / f"dashboard-{name}.png"
-            screenshot(args.chromium, link.replace("/status?", f"/{name}?"), path,
-                       Path(scratch) / "profile")  # fmt: skip
+            screenshot(
+                args.chromium,
+                link.replace("/status?", f"/{name}?"),
+                path,
+                Path(scratch) / "profile",
+            )
             live = manager.live()["totals"]
-            print(f"{path}: {path.stat().st_size / 1e3:.0f} kB "
-                  f"({live['tasks_done']:,} tasks done)", flush=True)  # fmt: skip
+            print(
+                f"{path}: {path.stat().st_size / 1e3:.0f} kB ({live['tasks_done']:,} tasks done)",
+                flush=True,
+            )
         if not run.is_alive():
-            print("warning: the run ended before the last screenshot; try more --arrays",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                "warning: the run ended before the last screenshot; try more --arrays",
+                file=sys.stderr,
+            )
         run.join()
         stop.set()
         tab.join()

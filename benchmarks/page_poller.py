@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", default="status,stream")
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument(
-        "--smoke", action="store_true",
+        "--smoke",
+        action="store_true",
         help="poll a manager of this process's own for two rounds (no link given)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         return _smoke(args.pages)

@@ -194,16 +194,36 @@ def start_swarm(
             continue
         stats = os.path.join(directory, f"swarm-{index}.json")
         command = [
-            sys.executable, os.path.abspath(__file__), SWARM_PROCESS,
-            "--connection-file", connection_file, "--workers", str(count),
-            "--cores", str(args.cores), "--first-index", str(first),
-            "--byte-scale", str(args.byte_scale), "--preempt", str(args.preempt),
-            "--preempt-window", str(args.preempt_window),
-            "--replace-after", str(args.replace_after), "--seed", str(args.seed + index),
-            "--peer-links", str(args.peer_links),
-            "--black-holes", str(args.black_holes), "--stragglers", str(args.stragglers),
-            "--stats", stats,
-        ]  # fmt: skip
+            sys.executable,
+            os.path.abspath(__file__),
+            SWARM_PROCESS,
+            "--connection-file",
+            connection_file,
+            "--workers",
+            str(count),
+            "--cores",
+            str(args.cores),
+            "--first-index",
+            str(first),
+            "--byte-scale",
+            str(args.byte_scale),
+            "--preempt",
+            str(args.preempt),
+            "--preempt-window",
+            str(args.preempt_window),
+            "--replace-after",
+            str(args.replace_after),
+            "--seed",
+            str(args.seed + index),
+            "--peer-links",
+            str(args.peer_links),
+            "--black-holes",
+            str(args.black_holes),
+            "--stragglers",
+            str(args.stragglers),
+            "--stats",
+            stats,
+        ]
         if args.profile_swarm:
             command += ["--profile", os.path.join(args.profile_swarm, f"swarm-{index}.prof")]
         started.append((subprocess.Popen(command), stats))
@@ -256,8 +276,11 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
     with tempfile.TemporaryDirectory(prefix="daskvine-swarm-") as directory:
         faults = {} if args.fast_abort is None else {"fast_abort": args.fast_abort}
         manager = Manager(
-            port=0, worker_timeout=args.worker_timeout, heartbeat_interval=1.0, **faults,
-        )  # fmt: skip
+            port=0,
+            worker_timeout=args.worker_timeout,
+            heartbeat_interval=1.0,
+            **faults,
+        )
         swarm: list[tuple[subprocess.Popen[bytes], str]] = []
         result: dict[str, Any] = {"system": "daskvine_py", "workload": workload.name}
         quarantined: list[str] = []
@@ -268,9 +291,10 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             registered = wait_registered(manager, args.workers, args.join_timeout)
             if args.dashboard:  # a page left open on the dashboard, as a browser's tab
                 poller = subprocess.Popen(
-                    [sys.executable, os.path.join(HERE, "page_poller.py"),
-                     manager.dashboard_link], stdout=subprocess.PIPE, text=True,
-                )  # fmt: skip
+                    [sys.executable, os.path.join(HERE, "page_poller.py"), manager.dashboard_link],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 time.sleep(1.5)
             cpu0, t0 = _cpu(), time.monotonic()
             io0 = _thread_cpu("daskvine-manager")
@@ -348,11 +372,23 @@ def run_distributed(workload: swarm_workloads.Workload, args: argparse.Namespace
     with tempfile.TemporaryDirectory(prefix="daskvine-swarm-") as directory:
         path = os.path.join(directory, "distributed.json")
         command = [
-            sys.executable, os.path.join(HERE, "swarm_distributed.py"),
-            "--workload", workload.name, "--workers", str(args.workers),
-            "--threads", str(args.cores), "--scale", str(args.scale), "--seed", str(args.seed),
-            "--timeout", str(args.timeout), "--json", path,
-        ]  # fmt: skip
+            sys.executable,
+            os.path.join(HERE, "swarm_distributed.py"),
+            "--workload",
+            workload.name,
+            "--workers",
+            str(args.workers),
+            "--threads",
+            str(args.cores),
+            "--scale",
+            str(args.scale),
+            "--seed",
+            str(args.seed),
+            "--timeout",
+            str(args.timeout),
+            "--json",
+            path,
+        ]
         if args.tasks is not None:
             command += ["--tasks", str(args.tasks)]
         if args.task_seconds is not None:
@@ -368,10 +404,13 @@ def run_distributed(workload: swarm_workloads.Workload, args: argparse.Namespace
                 result: dict = json.load(file)
         except (OSError, ValueError):
             result = {
-                "system": "distributed", "workload": workload.name, "workers": args.workers,
-                "result_ok": False, "makespan_s": None,
+                "system": "distributed",
+                "workload": workload.name,
+                "workers": args.workers,
+                "result_ok": False,
+                "makespan_s": None,
                 "error": f"killed: no result {args.timeout + 60:g} s after it started",
-            }  # fmt: skip
+            }
         return result
 
 
@@ -453,10 +492,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--report", default=None, help="write the run's HTML report here")
     parser.add_argument(
-        "--dashboard", action="store_true",
+        "--dashboard",
+        action="store_true",
         help="a dashboard page open during the run (page_poller.py: status and task stream "
         "asked once a second)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--profile-manager",
         default=None,
@@ -490,9 +530,12 @@ def main(argv: list[str] | None = None) -> int:
         return swarm_workers.main(argv[1:])
     args = parse_args(argv)
     workload = swarm_workloads.build(
-        args.workload, tasks=args.tasks, task_seconds=args.task_seconds, seed=args.seed,
+        args.workload,
+        tasks=args.tasks,
+        task_seconds=args.task_seconds,
+        seed=args.seed,
         scale=args.scale,
-    )  # fmt: skip
+    )
     if args.preempt_window is None:
         args.preempt_window = max(1.0, workload.ideal_s(args.workers * args.cores) / 2)
     results = []

@@ -195,8 +195,7 @@ class Swarm:
     def own(self, sock: Any, worker: SimWorker, kind: str) -> None:
         self.owners[sock] = (worker, kind)
 
-    def schedule(self, worker: SimWorker, lib: int, due: float, reply: Any,
-                 started: float) -> None:  # fmt: skip
+    def schedule(self, worker: SimWorker, lib: int, due: float, reply: Any, started: float) -> None:
         self.sequence += 1
         heapq.heappush(self.completions, (due, self.sequence, worker, lib, reply))
         heapq.heappush(self.starts, (started, self.sequence, worker, reply.task_id))
@@ -354,9 +353,14 @@ class SimWorker:
         swarm.own(self.peers.server, self, "server")
         now = time.monotonic()
         self.state = WorkerState(
-            self.store, name, self.peers.address, swarm.args.manager_timeout, 10.0, now,
+            self.store,
+            name,
+            self.peers.address,
+            swarm.args.manager_timeout,
+            10.0,
+            now,
             peer_links=swarm.args.peer_links,
-        )  # fmt: skip
+        )
         #: events for the state's next pass, and records for the manager not yet sent
         self.events: list[object] = []
         self.outbox: list[Any] = []
@@ -371,9 +375,14 @@ class SimWorker:
         #: simulated libraries: when each one's slot is free again
         self.free_at: dict[int, float] = {}
         register = p.Register(
-            p.PROTOCOL_VERSION, name, cores, swarm.args.memory_mb * 2**20,
-            socket.gethostname(), self.peers.address, os.getpid(),
-        )  # fmt: skip
+            p.PROTOCOL_VERSION,
+            name,
+            cores,
+            swarm.args.memory_mb * 2**20,
+            socket.gethostname(),
+            self.peers.address,
+            os.getpid(),
+        )
         self.handle([Boot(register, cores)], now)  # its libraries, ready at once: it registers
         self.flush()
 
@@ -416,8 +425,12 @@ class SimWorker:
                 self.close()
                 return
             elif kind is EventFailed:
-                logger.warning("worker %s could not handle %r: %r", self.name,
-                               instruction.event, instruction.error)  # fmt: skip
+                logger.warning(
+                    "worker %s could not handle %r: %r",
+                    self.name,
+                    instruction.event,
+                    instruction.error,
+                )
 
     def drain_manager(self) -> None:
         events = self.events
@@ -488,8 +501,9 @@ class SimWorker:
             if self.black_hole:
                 start += swarm_faults.BLACK_HOLE_SECONDS
                 message = "RuntimeError: a black hole (a simulated broken install)"
-                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message),
-                               begins)  # fmt: skip
+                swarm.schedule(
+                    self, lib, start, pipe.Erred(call.task_id, None, "", message), begins
+                )
                 continue
             scaled = int(nbytes * scale)
             header = pickle.dumps(result, protocol=5)
@@ -528,6 +542,7 @@ class SimWorker:
                 pass
         self.manager.close(linger=0)
         self.peers.close()
+
 
 class _SwarmPeers(PeerLinks):
     """A simulated worker's peer sockets, their owner recorded for the shared poller."""

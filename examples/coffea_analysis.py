@@ -308,8 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs = [("", args.mass_bins)]
             if args.rerun:
                 doubled = 2 * args.mass_bins
-                runs += [(" again, unchanged", args.mass_bins),
-                         (f" again, {doubled} mass bins", doubled)]  # fmt: skip
+                runs += [
+                    (" again, unchanged", args.mass_bins),
+                    (f" again, {doubled} mass bins", doubled),
+                ]
             for what, bins in runs:
                 started = time.perf_counter()
                 if args.dask:

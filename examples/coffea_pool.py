@@ -39,8 +39,9 @@ def make_provider(args: argparse.Namespace) -> Any:
 
     worker_init = f"export PYTHONPATH={':'.join(p for p in sys.path if p)}"
     if args.batch == "local":
-        return LocalProvider(init_blocks=0, min_blocks=0, max_blocks=args.max_workers,
-                             worker_init=worker_init)  # fmt: skip
+        return LocalProvider(
+            init_blocks=0, min_blocks=0, max_blocks=args.max_workers, worker_init=worker_init
+        )
     return SlurmProvider(
         partition=args.partition,
         nodes_per_block=1,
@@ -75,21 +76,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         host = "127.0.0.1" if args.batch == "local" else "0.0.0.0"
         with Manager(host=host) as manager:
             pool = manager.scale(
-                make_provider(args), max_workers=args.max_workers, cores=args.cores,
-                memory=args.memory, idle_timeout=args.idle_timeout, poll_interval=0.5,
-            )  # fmt: skip
+                make_provider(args),
+                max_workers=args.max_workers,
+                cores=args.cores,
+                memory=args.memory,
+                idle_timeout=args.idle_timeout,
+                poll_interval=0.5,
+            )
             print(f"manager {manager.address}; pool {pool.name}: {pool.status()['jobs']}")
             started = time.perf_counter()
             out = run_dask(fileset, manager.get, args.chunksize)
             elapsed = time.perf_counter() - started
             status = pool.status()
-            print(f"dask.compute(scheduler=manager.get) in {elapsed:.1f} s, starting with no "
-                  f"worker; jobs {status['jobs']}, workers {status['workers']}")  # fmt: skip
+            print(
+                f"dask.compute(scheduler=manager.get) in {elapsed:.1f} s, starting with no "
+                f"worker; jobs {status['jobs']}, workers {status['workers']}"
+            )
             idle = time.perf_counter()
             while manager.workers or {"pending", "running"} & set(pool.status()["jobs"]):
                 time.sleep(0.2)
-            print(f"every job ended {time.perf_counter() - idle:.1f} s after the last task "
-                  f"(idle timeout {args.idle_timeout:g} s): {pool.status()['jobs']}")  # fmt: skip
+            print(
+                f"every job ended {time.perf_counter() - idle:.1f} s after the last task "
+                f"(idle timeout {args.idle_timeout:g} s): {pool.status()['jobs']}"
+            )
             failures = pool.status()["failures"]
         print(summary(out))
         for failure in failures:

@@ -26,10 +26,11 @@ from daskvine_py.report import read_events, write_report
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--output-dir", default=None,
+        "--output-dir",
+        default=None,
         help="where the report and the event log go (made if missing; default: a new "
-             "temporary directory, named at the end)",
-    )  # fmt: skip
+        "temporary directory, named at the end)",
+    )
     args = parser.parse_args(argv)
     # Not the current directory: a run from a checkout would leave its files there.
     if args.output_dir is None:

@@ -46,15 +46,19 @@ def main() -> int:
     # Without Slurm (or Parsl) there is nothing to show: say so in one line.
     missing = [name for name in ("sbatch", "squeue", "scancel") if shutil.which(name) is None]
     if missing:
-        print(f"slurm_pool.py needs Slurm: {', '.join(missing)} not found on PATH "
-              "(scripts/slurm-single-node.sh start sets one up here)", file=sys.stderr)  # fmt: skip
+        print(
+            f"slurm_pool.py needs Slurm: {', '.join(missing)} not found on PATH "
+            "(scripts/slurm-single-node.sh start sets one up here)",
+            file=sys.stderr,
+        )
         return 3
     try:
         from parsl.launchers import SimpleLauncher
         from parsl.providers import SlurmProvider
     except ImportError as exc:
-        print(f"slurm_pool.py needs Parsl ({exc}): pip install 'daskvine-py[batch]'",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"slurm_pool.py needs Parsl ({exc}): pip install 'daskvine-py[batch]'", file=sys.stderr
+        )
         return 3
     provider = SlurmProvider(
         partition=args.partition,
@@ -68,9 +72,12 @@ def main() -> int:
     )
     with Manager() as manager:
         pool = manager.scale(
-            provider, max_workers=args.max_workers, cores=1,
-            idle_timeout=args.idle_timeout, poll_interval=0.5,
-        )  # fmt: skip
+            provider,
+            max_workers=args.max_workers,
+            cores=1,
+            idle_timeout=args.idle_timeout,
+            poll_interval=0.5,
+        )
         names = f"daskvine-{pool.name}-"
         print("squeue before:", squeue(names))
         total = db.from_sequence(range(args.tasks), npartitions=args.tasks // 4).map(square).sum()
@@ -87,8 +94,10 @@ def main() -> int:
         result = total.compute(scheduler=manager.get)
         ran = time.monotonic() - begun
         watcher.join(1)
-        print(f"first worker joined {first.get('joined', float('nan')):.1f} s after the "
-              f"graph was submitted; squeue then: {first.get('queue')}")  # fmt: skip
+        print(
+            f"first worker joined {first.get('joined', float('nan')):.1f} s after the "
+            f"graph was submitted; squeue then: {first.get('queue')}"
+        )
         print(f"sum of squares: {result} (expected {sum(x * x for x in range(args.tasks))})")
         print(f"jobs while it ran: {pool.status()['jobs']}; squeue: {squeue(names)}")
         print(f"from submitting to the graph's end, starting with no worker: {ran:.1f} s")
@@ -96,8 +105,10 @@ def main() -> int:
         while manager.workers or any(s in pool.status()["jobs"] for s in ("pending", "running")):
             time.sleep(0.2)
         gone = time.monotonic() - idle
-        print(f"from the last task to every job ended: {gone:.1f} s (idle_timeout "
-              f"{args.idle_timeout} s)")  # fmt: skip
+        print(
+            f"from the last task to every job ended: {gone:.1f} s (idle_timeout "
+            f"{args.idle_timeout} s)"
+        )
         print("squeue after:", squeue(names), "| jobs:", pool.status()["jobs"])
     return 0 if result == sum(x * x for x in range(args.tasks)) else 1
 

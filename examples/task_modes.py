@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> None:
             assert got == want, f"{name}: the results differ from the synchronous scheduler's"
             print(f"    {seconds / len(keys) * 1e3:8.2f} ms/task, {seconds:.2f} s, results match")
         assert manager.last_run is not None
-        print("\nmodules the tasks imported (candidates for import_modules):",
-              manager.last_run.hoisting_candidates)  # fmt: skip
+        print(
+            "\nmodules the tasks imported (candidates for import_modules):",
+            manager.last_run.hoisting_candidates,
+        )
 
 
 if __name__ == "__main__":

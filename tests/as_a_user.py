@@ -48,9 +48,14 @@ def run_script(
     for name in (security.CONNECTION_FILE_ENV, security.CONNECTION_DIR_ENV):
         env.pop(name, None)
     proc = subprocess.Popen(
-        [sys.executable, str(script), *args], cwd=cwd, env=env, text=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

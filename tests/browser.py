@@ -9,8 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium")
-                                        else None)  # fmt: skip
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+)
 SKIP_REASON = "chromium is not installed (.ci/run installs it)"
 
 #: Put first in a copy of a page: records script errors, console errors and resources
@@ -45,12 +46,25 @@ def chromium(tmp_path: Path, *args: str, timeout: float = 90) -> subprocess.Comp
     none of its background requests."""
     assert CHROMIUM is not None
     return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-         "--v=0", *args],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def probed(tmp_path: Path, text: str, name: str) -> str:

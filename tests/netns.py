@@ -195,8 +195,20 @@ class Hosts:
             for host in self.hosts:
                 namespace, veth = self.namespaces[host], self._veths[host]
                 self._add_namespace(namespace)
-                _ip("-n", self.parent, "link", "add", veth, "type", "veth",
-                    "peer", "name", "eth0", "netns", namespace)  # fmt: skip
+                _ip(
+                    "-n",
+                    self.parent,
+                    "link",
+                    "add",
+                    veth,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    namespace,
+                )
                 _ip("-n", self.parent, "link", "set", veth, "master", "br0", "up")
                 _ip("-n", namespace, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
                 _ip("-n", namespace, "link", "set", "eth0", "up")
@@ -217,9 +229,18 @@ class Hosts:
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` as run on ``host``: its network namespace and hostname."""
         return [
-            "ip", "netns", "exec", self.namespaces[host],
-            "unshare", "--uts", sys.executable, "-c", _AS_HOST, host, *argv,
-        ]  # fmt: skip
+            "ip",
+            "netns",
+            "exec",
+            self.namespaces[host],
+            "unshare",
+            "--uts",
+            sys.executable,
+            "-c",
+            _AS_HOST,
+            host,
+            *argv,
+        ]
 
     def popen(self, host: str, argv: Sequence[str], **popen: Any) -> subprocess.Popen:
         """Start ``argv`` on ``host`` (its pid is the command's own: every step execs)."""

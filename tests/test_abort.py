@@ -78,8 +78,12 @@ def fake_manager_with_a_worker(
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    proc = spawn(f"tcp://127.0.0.1:{port}", cores=1, name=name,
-                 extra_args=["--manager-timeout", "120", *args])  # fmt: skip
+    proc = spawn(
+        f"tcp://127.0.0.1:{port}",
+        cores=1,
+        name=name,
+        extra_args=["--manager-timeout", "120", *args],
+    )
     try:
         assert router.poll(60_000)
         ident, *frames = router.recv_multipart()
@@ -141,8 +145,9 @@ def test_an_aborted_task_process_is_killed_and_the_worker_goes_on():
         manager.execute(1, Task("sleepy", time.sleep, 30), run_id=5)
         manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
         # (Started is sent after the process was started: it is there to be found)
-        (process,) = [pid for pid, cmd in procfs.children(proc.pid).items()
-                      if "task_process" in cmd]  # fmt: skip
+        (process,) = [
+            pid for pid, cmd in procfs.children(proc.pid).items() if "task_process" in cmd
+        ]
         manager.send(p.Abort((1,), "a straggler"))
         _wait_until(lambda: not procfs.alive(process))
         _the_next_task_runs_right(manager, 2, run_id=5)

@@ -38,14 +38,37 @@ from daskvine_py.worker.store import Store
 # -- prefixes -------------------------------------------------------------------------
 
 TYPICAL_KEYS = [
-    "x", "x-1", "x-1-2-3", ("x-2", 1), "('x-2', 1)", "('x', 1)", "hello-world-1",
-    b"hello-world-1", "ae05086432ca935f6eba409a8ecd4896", "x-abcdefab", "_(x)",
-    "<module.submodule.myclass object at 0xdaf372", None, 5, 3.5, "", "-x", "_-abc", "<>",
-    "inc-5f1c2e9a8b7d6e5f4a3b2c1d0e9f8a7b", ("sum-aggregate-1a2b3c4d", 0, 3),
-    ("rechunk-merge-deadbeef", 2), "finalize-hlgfinalizecompute-0123abcd", ((("a-1", 1), 2), 3),
-    ("getitem-4e8f0a1b2c3d4e5f6a7b8c9d0e1f2a3b", 7), "from-delayed-2", "sum-aggregate",
-    "x-fedcbaxy-z", "Évé-1", "a,b-c",
-]  # fmt: skip
+    "x",
+    "x-1",
+    "x-1-2-3",
+    ("x-2", 1),
+    "('x-2', 1)",
+    "('x', 1)",
+    "hello-world-1",
+    b"hello-world-1",
+    "ae05086432ca935f6eba409a8ecd4896",
+    "x-abcdefab",
+    "_(x)",
+    "<module.submodule.myclass object at 0xdaf372",
+    None,
+    5,
+    3.5,
+    "",
+    "-x",
+    "_-abc",
+    "<>",
+    "inc-5f1c2e9a8b7d6e5f4a3b2c1d0e9f8a7b",
+    ("sum-aggregate-1a2b3c4d", 0, 3),
+    ("rechunk-merge-deadbeef", 2),
+    "finalize-hlgfinalizecompute-0123abcd",
+    ((("a-1", 1), 2), 3),
+    ("getitem-4e8f0a1b2c3d4e5f6a7b8c9d0e1f2a3b", 7),
+    "from-delayed-2",
+    "sum-aggregate",
+    "x-fedcbaxy-z",
+    "Évé-1",
+    "a,b-c",
+]
 
 
 @pytest.mark.parametrize("key", TYPICAL_KEYS)
@@ -72,8 +95,9 @@ def test_back_to_back_tasks_of_one_prefix_are_one_bar_per_lane():
         activity.add_task(2, f"double-{i}", start, start + 0.01, 0.0)
     bars = activity.take()
     assert [(lane, prefix, tasks) for lane, prefix, *_, tasks in bars] == [
-        (1, "inc", 100), (2, "double", 100),
-    ]  # fmt: skip
+        (1, "inc", 100),
+        (2, "double", 100),
+    ]
     lane, prefix, start, end, seconds, tasks = bars[0]
     assert start == 10.0 and end == pytest.approx(10.0 + 99 * 0.01 + 0.009)
     assert seconds == pytest.approx(0.1)
@@ -90,9 +114,11 @@ def test_a_pause_or_another_prefix_starts_a_new_bar():
     activity.add_task(1, ("c-1", 1), 3.0, 3.1, 0.0)  # later: a bar of its own
     bars = [(prefix, start, end, tasks) for _, prefix, start, end, _, tasks in activity.take()]
     assert bars == [
-        ("a", 0.0, 1.0, 1), ("a", 1.0 + 2 * RESOLUTION, 2.0, 1), ("b", 2.0, 3.0, 3),
+        ("a", 0.0, 1.0, 1),
+        ("a", 1.0 + 2 * RESOLUTION, 2.0, 1),
+        ("b", 2.0, 3.0, 3),
         ("c", 3.0, 3.1, 1),
-    ]  # fmt: skip
+    ]
 
 
 def test_alternating_prefixes_make_a_bar_per_resolution_at_most():
@@ -260,8 +286,12 @@ class _Dashboard:
 @pytest.mark.timeout(180)
 def test_real_workers_send_bars_of_every_task_they_ran(manager):
     dsk: dict = {("add-one", i): (add_one, i) for i in range(300)}
-    dsk.update({("sum-parts", j): (slow_sum, [("add-one", i) for i in range(j * 30, j * 30 + 30)])
-                for j in range(10)})  # fmt: skip
+    dsk.update(
+        {
+            ("sum-parts", j): (slow_sum, [("add-one", i) for i in range(j * 30, j * 30 + 30)])
+            for j in range(10)
+        }
+    )
     dsk["final"] = (sum, [("sum-parts", j) for j in range(10)])
     keys = ["final", ("sum-parts", 3)]
     dashboard = _Dashboard(manager)

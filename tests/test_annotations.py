@@ -193,11 +193,14 @@ def test_resources_gate_placement_and_a_big_task_runs_alone(sized, tmp_path):
 
     def graph(directory):
         run = dask.delayed(record)
-        parts = [run(directory, f"small-{i}", i, 0.05, dask_key_name=f"task-small-{i}")
-                 for i in range(12)]  # fmt: skip
+        parts = [
+            run(directory, f"small-{i}", i, 0.05, dask_key_name=f"task-small-{i}")
+            for i in range(12)
+        ]
         with dask.annotate(resources={"cores": 2}):
-            parts += [run(directory, f"big-{i}", i, 0.2, dask_key_name=f"task-big-{i}")
-                      for i in range(3)]  # fmt: skip
+            parts += [
+                run(directory, f"big-{i}", i, 0.2, dask_key_name=f"task-big-{i}") for i in range(3)
+            ]
         with dask.annotate(resources={"memory": 1000}):
             parts += [dask.delayed(record)(directory, "mem", 7, dask_key_name="task-mem")]
         return dask.delayed(sum)(parts)
@@ -214,8 +217,11 @@ def test_resources_gate_placement_and_a_big_task_runs_alone(sized, tmp_path):
     # must be nothing of the kind.
     for i in range(3):
         worker, start, end = ran[f"big-{i}"]
-        beside = [k for k, (pid, s, e) in ran.items()
-                  if pid == worker and k != f"big-{i}" and s < end and e > start]  # fmt: skip
+        beside = [
+            k
+            for k, (pid, s, e) in ran.items()
+            if pid == worker and k != f"big-{i}" and s < end and e > start
+        ]
         assert beside == [], (f"big-{i}", beside)
 
 
@@ -224,8 +230,10 @@ def test_workers_restrict_placement(sized, tmp_path):
 
     def graph(directory):
         with dask.annotate(workers=["local-0"]):
-            pinned = [dask.delayed(record)(directory, f"p{i}", i, dask_key_name=f"task-p{i}")
-                      for i in range(6)]  # fmt: skip
+            pinned = [
+                dask.delayed(record)(directory, f"p{i}", i, dask_key_name=f"task-p{i}")
+                for i in range(6)
+            ]
         with dask.annotate(workers=["nobody"], allow_other_workers=True):
             loose = dask.delayed(record)(None, "loose", 5, dask_key_name="task-loose")
         return dask.delayed(sum)([*pinned, loose])

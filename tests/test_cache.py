@@ -180,8 +180,9 @@ def test_killing_a_worker_between_runs_recomputes_only_what_it_held():
         # The output is small: the manager holds it, no worker does.
         assert holders.pop(graph.key) == set()
         assert manager.cache.info()["manager"]["entries"] == 1
-        held_by = {name: {k for k, names in holders.items() if names == {name}}
-                   for name in manager.workers}  # fmt: skip
+        held_by = {
+            name: {k for k, names in holders.items() if names == {name}} for name in manager.workers
+        }
         victim = max(held_by, key=lambda name: len(held_by[name]))
         lost = held_by[victim]
         assert lost

@@ -23,8 +23,17 @@ from daskvine_py.wire.serialize import dumps
 
 pytestmark = pytest.mark.timeout(120)
 
-STATE_KEYS = {"dependencies", "dependents", "waiting", "waiting_data", "ready", "running",
-              "finished", "released", "cache"}  # fmt: skip
+STATE_KEYS = {
+    "dependencies",
+    "dependents",
+    "waiting",
+    "waiting_data",
+    "ready",
+    "running",
+    "finished",
+    "released",
+    "cache",
+}
 
 
 def inc(x):
@@ -198,9 +207,14 @@ def test_the_state_follows_what_the_manager_hears():
     finally:
         hooks.release()
     assert [c[:2] for c in recorder.calls if c[0] in ("pretask", "posttask")] == [
-        ("pretask", "a"), ("pretask", "b"), ("pretask", "a"), ("posttask", "a"),
-        ("posttask", "b"), ("pretask", "c"), ("posttask", "c"),
-    ]  # fmt: skip
+        ("pretask", "a"),
+        ("pretask", "b"),
+        ("pretask", "a"),
+        ("posttask", "a"),
+        ("posttask", "b"),
+        ("pretask", "c"),
+        ("posttask", "c"),
+    ]
 
 
 def test_the_feed_carries_named_records_from_the_io_thread_to_the_callbacks():
@@ -230,8 +244,9 @@ def test_the_feed_carries_named_records_from_the_io_thread_to_the_callbacks():
     finally:
         hooks.release()
     assert [c[:3] for c in recorder.calls if c[0] in ("pretask", "posttask")] == [
-        ("pretask", "a"), ("posttask", "a", 2),
-    ]  # fmt: skip
+        ("pretask", "a"),
+        ("posttask", "a", 2),
+    ]
 
 
 def test_dask_callback_tuples_are_read_by_name():

@@ -47,8 +47,11 @@ def failures(out) -> list[s.RunFailed]:
 
 
 def sends(out, kind, worker=None):
-    return [i.message for i in out if type(i) is s.Send and type(i.message) is kind
-            and (worker is None or i.worker == worker)]  # fmt: skip
+    return [
+        i.message
+        for i in out
+        if type(i) is s.Send and type(i.message) is kind and (worker is None or i.worker == worker)
+    ]
 
 
 def task(st_: s.SchedulerState, key: str) -> s.TaskRecord:
@@ -104,8 +107,11 @@ def test_a_worker_that_left_or_was_ejected_costs_no_retry(reason):
 
 def test_results_held_and_tasks_sent_ahead_on_a_lost_worker_cost_no_retry():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1),
-             s.NewTask("c", b"", (), ("b",), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("a", b"", (), (), 0),
+        s.NewTask("b", b"", (), ("a",), 1),
+        s.NewTask("c", b"", (), ("b",), 2),
+    ]
     st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c"], 0)])
     finish(st_, "a")  # a held on w1; b running there, c sent ahead behind it
     b, c = task(st_, "b"), task(st_, "c")
@@ -139,8 +145,9 @@ def tree(leaves: int = 8, trees: int = 1) -> s.SubmitRun:
     tasks = []
     for t in range(trees):
         tasks += [s.NewTask(f"l{t}-{i}", b"", (), (), len(tasks)) for i in range(leaves)]
-        tasks.append(s.NewTask(f"n{t}", b"", (), tuple(f"l{t}-{i}" for i in range(leaves)),
-                               len(tasks)))  # fmt: skip
+        tasks.append(
+            s.NewTask(f"n{t}", b"", (), tuple(f"l{t}-{i}" for i in range(leaves)), len(tasks))
+        )
     tasks.append(s.NewTask("total", b"", (), tuple(f"n{t}" for t in range(trees)), len(tasks)))
     return s.SubmitRun(1, tasks, ["total"], 3)
 
@@ -258,8 +265,11 @@ class ReplicatingCluster(SimulatedCluster):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
-       losses=st.integers(1, 4))  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=3),
+    seed=st.integers(0, 10**6),
+    losses=st.integers(1, 4),
+)
 def test_random_graphs_under_churn_compute_right_and_leave_no_copy_behind(graphs, seed, losses):
     cluster = ReplicatingCluster(seed)
     for name in (b"w0", b"w1", b"w2"):
@@ -311,8 +321,12 @@ def probe_shape(n: int, address, fan_in: int = 8) -> tuple[dict, object]:
     """The churn probe's shape, small: two stages of maps (each second-stage task reads
     two first-stage results) and a tree of sums."""
     dsk: dict = {("a", i): (step, i, 0.01, address) for i in range(n)}
-    dsk.update({("b", i): (step, (add_all, [("a", i), ("a", (i + 1) % n)], None), 0.01,
-                           address) for i in range(n)})  # fmt: skip
+    dsk.update(
+        {
+            ("b", i): (step, (add_all, [("a", i), ("a", (i + 1) % n)], None), 0.01, address)
+            for i in range(n)
+        }
+    )
     level, keys = 0, [("b", i) for i in range(n)]
     while len(keys) > 1:
         level += 1

@@ -41,10 +41,12 @@ def report(worker: bytes, *messages) -> list[s.FromWorker]:
 
 def sends(out, kind=None, worker=None):
     return [
-        i.message for i in out
-        if type(i) is s.Send and (kind is None or type(i.message) is kind)
+        i.message
+        for i in out
+        if type(i) is s.Send
+        and (kind is None or type(i.message) is kind)
         and (worker is None or i.worker == worker)
-    ]  # fmt: skip
+    ]
 
 
 def ejects(out) -> list[Eject]:
@@ -117,9 +119,13 @@ def test_reports_about_tasks_taken_back_are_stale_harmless_and_never_counted(cap
     st_.handle([joined(W1, cores=4), chain_run()])
     st_.handle([s.CancelRun(1)])  # a, b and c cancelled on w1: any may still report
     stale = [
-        p.TaskDone(1, 8, 0.1, None), p.TaskErred(2, None, "tb", "boom"), p.TaskCrashed(3, "x"),
-        p.Started((1, 2, 3)), p.FetchFailed(2, 1, ("tcp://w1",)), p.Withdrawn((3,)),
-    ]  # fmt: skip
+        p.TaskDone(1, 8, 0.1, None),
+        p.TaskErred(2, None, "tb", "boom"),
+        p.TaskCrashed(3, "x"),
+        p.Started((1, 2, 3)),
+        p.FetchFailed(2, 1, ("tcp://w1",)),
+        p.Withdrawn((3,)),
+    ]
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
         out = st_.handle(report(W1, *stale))
         assert sends(out) == [p.Release((1,))]  # a result nothing needs: released there
@@ -292,8 +298,15 @@ def test_a_transfers_report_is_counted_only_from_peers_that_joined():
 # -- the state: a simulated cluster with a liar in it -----------------------------------------
 
 #: Reports that are always a false claim about a task never sent or asked of their sender.
-_OUTCOMES = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Withdrawn, p.Started,
-             p.Uploaded)  # fmt: skip
+_OUTCOMES = (
+    p.TaskDone,
+    p.TaskErred,
+    p.TaskCrashed,
+    p.FetchFailed,
+    p.Withdrawn,
+    p.Started,
+    p.Uploaded,
+)
 _LIES = _OUTCOMES + (p.Replicas, p.Lost, p.Relay)
 
 
@@ -352,8 +365,11 @@ class ClusterWithALiar(SimulatedCluster):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
-       rate=st.sampled_from([0.05, 0.7]))  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=3),
+    seed=st.integers(0, 10**6),
+    rate=st.sampled_from([0.05, 0.7]),
+)
 def test_a_liar_beside_honest_workers_changes_no_output_and_is_ejected(graphs, seed, rate):
     cluster = ClusterWithALiar(seed)
     cluster.join(LIAR)  # first: peers would read from it before the others
@@ -458,9 +474,7 @@ def _warnings(caplog, text: str) -> list[str]:
 
 
 @pytest.mark.timeout(180)
-def test_a_worker_claiming_copies_it_never_had_is_ejected_and_graphs_stay_right(
-    manager, caplog
-):
+def test_a_worker_claiming_copies_it_never_had_is_ejected_and_graphs_stay_right(manager, caplog):
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
         with KeyedWorker(manager, "liar", cores=1) as liar:
             graphs = Graphs(manager, 60)
@@ -468,8 +482,11 @@ def test_a_worker_claiming_copies_it_never_had_is_ejected_and_graphs_stay_right(
 
             def copies(told, rng):  # ~450 ids around the newest it saw, none of them its own
                 top = max(told)
-                return [p.Replicas(tuple(i for i in range(top - 300, top + 150)
-                                         if i > 0 and i not in told))]  # fmt: skip
+                return [
+                    p.Replicas(
+                        tuple(i for i in range(top - 300, top + 150) if i > 0 and i not in told)
+                    )
+                ]
 
             shutdown = _lie_until_ejected(liar, copies)
             assert "ejected" in shutdown.reason
@@ -485,8 +502,16 @@ def test_a_worker_claiming_copies_it_never_had_is_ejected_and_graphs_stay_right(
 def test_a_flood_of_unsolicited_reports_is_dropped_the_sender_ejected_the_log_short(
     manager, caplog
 ):
-    kinds = [p.TaskDone, p.TaskErred, p.TaskCrashed, p.Lost, p.FetchFailed, p.Uploaded,
-             p.Withdrawn, p.Started]  # fmt: skip
+    kinds = [
+        p.TaskDone,
+        p.TaskErred,
+        p.TaskCrashed,
+        p.Lost,
+        p.FetchFailed,
+        p.Uploaded,
+        p.Withdrawn,
+        p.Started,
+    ]
 
     def flood(told, rng):
         ids = [i for i in (rng.randrange(1, 10**6) for _ in range(60)) if i not in told]
@@ -535,8 +560,10 @@ def test_a_status_client_retires_only_an_idle_worker_of_a_pool(manager, caplog):
                 graphs = Graphs(manager, 20)
                 graphs.start()
                 busy.receive(p.Execute, 1)
-                client.send(p.RetireWorker("local-0", "posing as a pool"),
-                            p.RetireWorker("busy", "posing as a pool"))  # fmt: skip
+                client.send(
+                    p.RetireWorker("local-0", "posing as a pool"),
+                    p.RetireWorker("busy", "posing as a pool"),
+                )
                 _answered(client)
                 assert not [r for r in busy.drain() if type(r) is p.Shutdown]
                 busy.send(p.Goodbye("giving up"))  # what it held runs elsewhere

@@ -255,9 +255,13 @@ def test_executor_with_a_provider_runs_on_a_pool_and_closes_it(
     provider.script_dir = str(tmp_path / "jobs")
     os.makedirs(provider.script_dir)
     executor = DaskVinePyExecutor(
-        manager="tcp://127.0.0.1:0", provider=provider, max_workers=2, idle_timeout=60,
-        pool_options={"poll_interval": 0.2}, status=False,
-    )  # fmt: skip
+        manager="tcp://127.0.0.1:0",
+        provider=provider,
+        max_workers=2,
+        idle_timeout=60,
+        pool_options={"poll_interval": 0.2},
+        status=False,
+    )
     with executor:
         manager = executor.start()
         assert manager.workers == {} and executor.pool is not None

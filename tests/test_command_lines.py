@@ -53,9 +53,12 @@ class Command:
         self.log_path = tmp_path / f"{name}.txt"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args], env=env or _env(),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
+                [sys.executable, "-m", module, *args],
+                env=env or _env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
 
     @property
     def log(self) -> str:
@@ -82,9 +85,14 @@ def _worker(tmp_path, *args: str, **kwargs) -> Command:
 
 
 def _run(module: str, *args: str, env=None, timeout: float = 60.0):
-    return subprocess.run([sys.executable, "-m", module, *args], env=env or _env(),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env or _env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _connection_file(tmp_path, address="tcp://127.0.0.1:1", pid=None) -> str:
@@ -99,8 +107,15 @@ def _connection_file(tmp_path, address="tcp://127.0.0.1:1", pid=None) -> str:
 @pytest.mark.timeout(120)
 def test_a_worker_says_when_it_joins_and_when_it_leaves_and_why(tmp_path):
     with Manager() as manager:
-        worker = _worker(tmp_path, "--connection-file", manager.connection_file,
-                         "--cores", "1", "--name", "cli-1")  # fmt: skip
+        worker = _worker(
+            tmp_path,
+            "--connection-file",
+            manager.connection_file,
+            "--cores",
+            "1",
+            "--name",
+            "cli-1",
+        )
         try:
             worker.wait_for("worker joined")
             dsk = {f"x{i}": (_inc, i) for i in range(50)}
@@ -137,20 +152,32 @@ _MANAGER_SCRIPT = textwrap.dedent(
 @pytest.mark.timeout(120)
 def test_a_worker_that_loses_its_manager_says_so_and_its_file_is_then_stale(tmp_path):
     path = str(tmp_path / "connections" / "run.json")
-    manager = subprocess.Popen([sys.executable, "-c", _MANAGER_SCRIPT, path], env=_env(),
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    manager = subprocess.Popen(
+        [sys.executable, "-c", _MANAGER_SCRIPT, path], env=_env(), stdout=subprocess.PIPE, text=True
+    )
     worker = None
     try:
         address = manager.stdout.readline().strip()
-        worker = _worker(tmp_path, "--connection-file", path, "--cores", "1",
-                         "--manager-timeout", "2", "--name", "cli-2")  # fmt: skip
+        worker = _worker(
+            tmp_path,
+            "--connection-file",
+            path,
+            "--cores",
+            "1",
+            "--manager-timeout",
+            "2",
+            "--name",
+            "cli-2",
+        )
         worker.wait_for("worker joined")
         manager.kill()  # no goodbye: the worker hears nothing more
         manager.wait()
         assert worker.wait(60) == 0
         log = worker.log
-        assert (f"WARNING worker cli-2 lost the manager at {address}: nothing heard from it "
-                "for 2 s (--manager-timeout 2)") in log, log  # fmt: skip
+        assert (
+            f"WARNING worker cli-2 lost the manager at {address}: nothing heard from it "
+            "for 2 s (--manager-timeout 2)"
+        ) in log, log
         assert f"worker cli-2 left {address}: the manager was lost (exit status 0)" in log, log
         # The file is still there; a worker given it now learns at once that it is stale.
         begun = time.monotonic()
@@ -242,8 +269,9 @@ def test_a_worker_whose_registration_is_never_answered_while_connected_gives_up_
     port = router.bind_to_random_port("tcp://127.0.0.1")
     worker = None
     try:
-        worker = _worker(tmp_path, f"tcp://127.0.0.1:{port}", "--cores", "2",
-                         "--manager-timeout", "0.25")  # fmt: skip
+        worker = _worker(
+            tmp_path, f"tcp://127.0.0.1:{port}", "--cores", "2", "--manager-timeout", "0.25"
+        )
         assert router.poll(60_000), worker.log  # the registration, once the libraries started
         assert worker.wait(60) == 3
         log = worker.log
@@ -325,10 +353,18 @@ def test_the_command_launchers_write_is_the_one_the_worker_parses(tmp_path, monk
 
     monkeypatch.delenv(security.CONNECTION_FILE_ENV, raising=False)
     command = WorkerCommand(
-        address="tcp://127.0.0.1:5", cores=4, memory=100, disk=200, workdir=str(tmp_path),
-        lib_cores=2, lib_slots=3, fetch_timeout=1.5, manager_timeout=2.5, log_level="DEBUG",
+        address="tcp://127.0.0.1:5",
+        cores=4,
+        memory=100,
+        disk=200,
+        workdir=str(tmp_path),
+        lib_cores=2,
+        lib_slots=3,
+        fetch_timeout=1.5,
+        manager_timeout=2.5,
+        log_level="DEBUG",
         name="w1",
-    )  # fmt: skip
+    )
     argv = command.argv()
     assert argv[:3] == [sys.executable, "-m", "daskvine_py.worker"]
     parsed = parse_args(argv[3:])
@@ -368,8 +404,7 @@ def test_the_installed_commands_are_the_same_command_lines():
         path = os.path.join(bin_dir, script)
         if not os.path.exists(path):
             pytest.skip(f"{script} is not installed next to {sys.executable}")
-        done = subprocess.run([path, *args], env=_env(), capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        done = subprocess.run([path, *args], env=_env(), capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         assert f"{script}: error:" in done.stderr and message in done.stderr, done.stderr
 
@@ -420,8 +455,15 @@ def test_a_factory_without_its_batch_systems_commands_exits_at_once_naming_them(
     empty = tmp_path / "bin"
     empty.mkdir()
     begun = time.monotonic()
-    done = _run("daskvine_py.factory", "--batch", "slurm", "--connection-file", path,
-                env=_env(PATH=str(empty), HOME=str(tmp_path)), timeout=30)  # fmt: skip
+    done = _run(
+        "daskvine_py.factory",
+        "--batch",
+        "slurm",
+        "--connection-file",
+        path,
+        env=_env(PATH=str(empty), HOME=str(tmp_path)),
+        timeout=30,
+    )
     assert time.monotonic() - begun < 20
     assert done.returncode == 3, done.stderr
     assert "factory cannot submit slurm jobs: sbatch, squeue, scancel not found on PATH" in (
@@ -450,9 +492,17 @@ def test_a_pool_whose_batch_commands_are_missing_is_refused_when_made(tmp_path, 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_factory_stopped_by_a_signal_removes_the_directory_it_made(tmp_path, signum):
     with Manager() as manager:
-        factory = Command(tmp_path, "daskvine_py.factory", "--batch", "local",
-                          "--connection-file", manager.connection_file, "--poll-interval", "0.2",
-                          env=_env(HOME=str(tmp_path)))  # fmt: skip
+        factory = Command(
+            tmp_path,
+            "daskvine_py.factory",
+            "--batch",
+            "local",
+            "--connection-file",
+            manager.connection_file,
+            "--poll-interval",
+            "0.2",
+            env=_env(HOME=str(tmp_path)),
+        )
         try:
             factory.wait_for("factory started")
             jobs = tmp_path / ".daskvine_py" / "jobs"
@@ -473,9 +523,13 @@ def test_a_factory_stopped_by_a_signal_removes_the_directory_it_made(tmp_path, s
 def test_the_slurm_example_without_slurm_says_so_in_one_line(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "slurm_pool.py")],
-                          env=_env(PATH=str(empty)), capture_output=True, text=True,
-                          timeout=50)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "slurm_pool.py")],
+        env=_env(PATH=str(empty)),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 3, done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert "slurm_pool.py needs Slurm: sbatch" in done.stderr, done.stderr
@@ -485,9 +539,25 @@ def test_the_slurm_example_without_slurm_says_so_in_one_line(tmp_path):
 
 #: values of every kind a user might type
 _GARBAGE = st.sampled_from(
-    ["nan", "inf", "-inf", "0", "-1", "1e309", "", " ", "abc", "--", "0x10", "1.5", "٣",
-     "99999999999999999999", "tcp://", "\x7f"]
-)  # fmt: skip
+    [
+        "nan",
+        "inf",
+        "-inf",
+        "0",
+        "-1",
+        "1e309",
+        "",
+        " ",
+        "abc",
+        "--",
+        "0x10",
+        "1.5",
+        "٣",
+        "99999999999999999999",
+        "tcp://",
+        "\x7f",
+    ]
+)
 
 
 def _numbers(small: int):
@@ -503,12 +573,36 @@ def _values(small: int = 2):
     return st.one_of(_GARBAGE, _numbers(small))
 
 
-_WORKER_OPTIONS = ["--cores", "--memory", "--disk", "--lib-cores", "--lib-slots", "--gpus",
-                   "--peer-port", "--manager-timeout", "--fetch-timeout", "--host", "--workdir",
-                   "--log-level", "--connection-file", "--key-file", "--name"]  # fmt: skip
-_FACTORY_OPTIONS = ["--min-workers", "--max-workers", "--cores", "--memory", "--disk",
-                    "--idle-timeout", "--poll-interval", "--walltime", "--script-dir",
-                    "--log-level", "--connection-file"]  # fmt: skip
+_WORKER_OPTIONS = [
+    "--cores",
+    "--memory",
+    "--disk",
+    "--lib-cores",
+    "--lib-slots",
+    "--gpus",
+    "--peer-port",
+    "--manager-timeout",
+    "--fetch-timeout",
+    "--host",
+    "--workdir",
+    "--log-level",
+    "--connection-file",
+    "--key-file",
+    "--name",
+]
+_FACTORY_OPTIONS = [
+    "--min-workers",
+    "--max-workers",
+    "--cores",
+    "--memory",
+    "--disk",
+    "--idle-timeout",
+    "--poll-interval",
+    "--walltime",
+    "--script-dir",
+    "--log-level",
+    "--connection-file",
+]
 
 
 def _arguments(options: list[str], paths: tuple[str, str]):
@@ -560,9 +654,14 @@ def _run_briefly(command: list[str], env, settle: float, cwd) -> tuple[int | Non
     """Run ``command``; once it has run ``settle`` seconds without exiting (a working
     start), stop it with SIGTERM. Its exit status and stderr."""
     proc = subprocess.Popen(
-        command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        command,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         try:
             _, err = proc.communicate(timeout=settle)
@@ -587,8 +686,9 @@ def test_random_values_on_the_real_worker_command_line(tmp_path_factory, paths):
         # brief (nothing listens on port 1: no answer to its registration, status 3)
         argv = ["tcp://127.0.0.1:1", "--cores", "1", "--manager-timeout", "2"]
         argv += [part for pair in given_args for part in pair]
-        rc, err = _run_briefly([sys.executable, "-m", "daskvine_py.worker", *argv],
-                               _env(), settle=8.0, cwd=cwd)  # fmt: skip
+        rc, err = _run_briefly(
+            [sys.executable, "-m", "daskvine_py.worker", *argv], _env(), settle=8.0, cwd=cwd
+        )
         _check_outcome(rc, err, given_args, ok=(0, 2, 3))
         if rc in (0, 3):
             assert " left tcp://127.0.0.1:1: " in err, (given_args, err)
@@ -604,11 +704,21 @@ def test_random_values_on_the_real_factory_command_line(tmp_path_factory, paths)
         @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
         @given(_arguments(_FACTORY_OPTIONS, paths))
         def check(given_args):
-            argv = ["--batch", "local", "--connection-file", manager.connection_file,
-                    "--poll-interval", "0.5"]  # fmt: skip
+            argv = [
+                "--batch",
+                "local",
+                "--connection-file",
+                manager.connection_file,
+                "--poll-interval",
+                "0.5",
+            ]
             argv += [part for pair in given_args for part in pair]
-            rc, err = _run_briefly([sys.executable, "-m", "daskvine_py.factory", *argv],
-                                   _env(HOME=str(home)), settle=3.0, cwd=home)  # fmt: skip
+            rc, err = _run_briefly(
+                [sys.executable, "-m", "daskvine_py.factory", *argv],
+                _env(HOME=str(home)),
+                settle=3.0,
+                cwd=home,
+            )
             _check_outcome(rc, err, given_args, ok=(0, 2))
             if rc == 0:
                 assert "factory stopped (SIGTERM)" in err, (given_args, err)

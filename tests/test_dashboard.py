@@ -64,8 +64,9 @@ def _gated_graph(gates: tuple[str, str]) -> tuple[dict, str]:
     n = 19_799
     dsk: dict = {"gate-a": (_gate, gates[0]), "gate-b": (_gate, gates[1], "gate-a")}
     for i in range(n):
-        dsk[("leaf", i)] = (_leaf, i) if i < 6_600 else (_leaf, i, "gate-a" if i < 13_200
-                                                         else "gate-b")  # fmt: skip
+        dsk[("leaf", i)] = (
+            (_leaf, i) if i < 6_600 else (_leaf, i, "gate-a" if i < 13_200 else "gate-b")
+        )
     parts = range(0, n, 100)
     for g in parts:
         dsk[("part", g)] = (_total, *[("leaf", i) for i in range(g, min(g + 100, n))])
@@ -215,11 +216,13 @@ def test_every_route_needs_the_token(dash_manager):
             assert token not in body
 
     for name, _ in PAGES:  # with the token in a header, every page
-        status, body, _ = _fetch(_url(dash_manager, f"/{name}", None),
-                                 Authorization=f"token {token}")  # fmt: skip
+        status, body, _ = _fetch(
+            _url(dash_manager, f"/{name}", None), Authorization=f"token {token}"
+        )
         assert status == 200 and "<main id='content'" in body, (name, status)
-    status, body, _ = _fetch(_url(dash_manager, "/live.json", None),
-                             Authorization=f"Bearer {token}")  # fmt: skip
+    status, body, _ = _fetch(
+        _url(dash_manager, "/live.json", None), Authorization=f"Bearer {token}"
+    )
     assert status == 200 and json.loads(body)["totals"]["workers"] == 2
     status, body, _ = _fetch(_url(dash_manager, "/nosuchpage"))
     assert status == 404
@@ -340,8 +343,10 @@ def test_the_pages_make_no_request_off_the_machine(dash_manager, tmp_path):
     # script's redraws fetch from the dashboard, while the proxy hears none of theirs.
     proxy = _Proxy()
     try:
-        flags = (f"--proxy-server=http://127.0.0.1:{proxy.port}",
-                 "--disable-features=NetworkTimeServiceQuerying")  # fmt: skip
+        flags = (
+            f"--proxy-server=http://127.0.0.1:{proxy.port}",
+            "--disable-features=NetworkTimeServiceQuerying",
+        )
         for name, _ in PAGES:
             dom = _dom(tmp_path, _url(dash_manager, f"/{name}"), *flags)
             body = _body(dom)
@@ -352,9 +357,11 @@ def test_the_pages_make_no_request_off_the_machine(dash_manager, tmp_path):
 
         # The proxy does hear a page that fetches from elsewhere, over HTTP and HTTPS.
         elsewhere = tmp_path / "elsewhere.html"
-        elsewhere.write_text("<html><body><img src='http://daskvine-py.invalid/x.png'>"
-                             "<script src='https://cdn.daskvine-py.invalid/x.js'></script>"
-                             "</body></html>")  # fmt: skip
+        elsewhere.write_text(
+            "<html><body><img src='http://daskvine-py.invalid/x.png'>"
+            "<script src='https://cdn.daskvine-py.invalid/x.js'></script>"
+            "</body></html>"
+        )
         _dom(tmp_path, elsewhere.as_uri(), *flags)
         assert _wait(lambda: len(proxy.pages()) >= 2, 10), proxy.hosts
         assert sorted(proxy.pages()) == ["cdn.daskvine-py.invalid", "daskvine-py.invalid"]
@@ -390,8 +397,10 @@ def test_metrics_after_runs_equal_last_runs_counts():
 
         def settled() -> bool:  # (the dashboard asks the I/O thread every 0.2 s at most)
             samples = metrics()
-            return (samples["daskvine_py_tasks_done_total"] == done
-                    and samples["daskvine_py_tasks_failed_total"] == failed)  # fmt: skip
+            return (
+                samples["daskvine_py_tasks_done_total"] == done
+                and samples["daskvine_py_tasks_failed_total"] == failed
+            )
 
         assert manager.get(first, "sum") == dask.get(first, "sum")
         tally()
@@ -403,8 +412,10 @@ def test_metrics_after_runs_equal_last_runs_counts():
         assert samples["daskvine_py_tasks_done_total"] == done
         assert samples["daskvine_py_tasks_failed_total"] == 0
         assert samples["daskvine_py_workers"] == 2 and samples["daskvine_py_cores"] == 2
-        assert all(samples[f'daskvine_py_tasks{{state="{state}"}}'] == 0
-                   for state in ("ready", "processing", "running"))  # fmt: skip
+        assert all(
+            samples[f'daskvine_py_tasks{{state="{state}"}}'] == 0
+            for state in ("ready", "processing", "running")
+        )
 
         with pytest.raises(ZeroDivisionError):
             manager.get(third, ["bad", "y"])
@@ -433,12 +444,15 @@ def test_no_dashboard_when_its_address_is_none():
     assert sum(thread.name == named for thread in threading.enumerate()) == before
 
     # Nor is its web server imported.
-    script = ("import sys\nfrom daskvine_py import Manager\n"
-              "with Manager(dashboard_address=None) as m:\n    pass\n"
-              "print('tornado' in sys.modules)")  # fmt: skip
+    script = (
+        "import sys\nfrom daskvine_py import Manager\n"
+        "with Manager(dashboard_address=None) as m:\n    pass\n"
+        "print('tornado' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
 

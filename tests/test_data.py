@@ -334,7 +334,7 @@ def test_workers_that_cannot_reach_each_other_get_results_through_the_manager(ca
                     name=f"cut-{n}",
                     connection_file=manager.connection_file,
                     extra_args=["--contact-address", dead, "--fetch-timeout", "1"],
-                )  # fmt: skip
+                )
                 for n in range(2)
             ]
             try:

@@ -59,14 +59,31 @@ def test_records_carry_every_event_in_order():
     assert kinds.count("dispatch") == 3 and kinds.count("done") == 2
     assert kinds.count("transfer") == 2 and kinds.count("sample") == 3
     assert kinds.count("memory") == 1 and "activity" not in records[kinds.index("memory")]
-    assert records[kinds.index("bar")] == {"event": "bar", "worker": "w1", "lane": -1,
-                                           "prefix": "fetch", "start": 0.25, "end": 0.3,
-                                           "serialization": 0.0, "tasks": 3}  # fmt: skip
+    assert records[kinds.index("bar")] == {
+        "event": "bar",
+        "worker": "w1",
+        "lane": -1,
+        "prefix": "fetch",
+        "start": 0.25,
+        "end": 0.3,
+        "serialization": 0.0,
+        "tasks": 3,
+    }
     done = next(r for r in records if r["event"] == "done")
     # The worker's clock, on the run's scale: ended at 0.35 s, ran 0.2 s.
-    assert done == {"event": "done", "t": 0.4, "id": 1, "worker": "w1", "start": 0.15,
-                    "end": 0.35, "nbytes": 8, "serialization": 0.0, "cpu": 0.0,
-                    "peak_memory": 0, "category": "inc"}  # fmt: skip
+    assert done == {
+        "event": "done",
+        "t": 0.4,
+        "id": 1,
+        "worker": "w1",
+        "start": 0.15,
+        "end": 0.35,
+        "nbytes": 8,
+        "serialization": 0.0,
+        "cpu": 0.0,
+        "peak_memory": 0,
+        "category": "inc",
+    }
     dispatch = next(r for r in records if r["event"] == "dispatch")
     assert dispatch["key"] == ["inc", 0] and dispatch["prefix"] == "inc"
     assert records[-1]["outcome"] == "failed" and records[-1]["duration"] == pytest.approx(0.8)
@@ -111,16 +128,27 @@ _OLD_LOG = """\
 
 #: Fields of the records added since ``_OLD_LOG`` was written (issues 15 and 30), and
 #: records (issue 30).
-_NEWER_FIELDS = {"serialization", "run_seconds", "serialization_seconds", "cache", "memory",
-                 "cpu", "peak_memory", "category"}  # fmt: skip
+_NEWER_FIELDS = {
+    "serialization",
+    "run_seconds",
+    "serialization_seconds",
+    "cache",
+    "memory",
+    "cpu",
+    "peak_memory",
+    "category",
+}
 _NEWER_EVENTS = {"memory", "categories", "bar"}
 
 
 def test_a_log_written_by_the_tuple_version_loads_as_todays(tmp_path):
     path = tmp_path / "old.jsonl"
     path.write_text(_OLD_LOG)
-    today = [{k: v for k, v in r.items() if k not in _NEWER_FIELDS} for r in _log().records()
-             if r["event"] not in _NEWER_EVENTS]  # fmt: skip
+    today = [
+        {k: v for k, v in r.items() if k not in _NEWER_FIELDS}
+        for r in _log().records()
+        if r["event"] not in _NEWER_EVENTS
+    ]
     assert read_events(path) == today
     # Without the fields, tasks read as never (de)serialized.
     old = summarize(read_events(path))
@@ -142,11 +170,20 @@ def test_entries_are_named_records_and_each_type_has_its_record():
     kinds = typing.get_args(Entry)
     log.crashed(50.9, 4, "w1", "library died")
     entries = log.entries
-    assert entries[-1].record() == {"event": "crashed", "t": 0.9, "id": 4, "worker": "w1",
-                                    "message": "library died"}  # fmt: skip
+    assert entries[-1].record() == {
+        "event": "crashed",
+        "t": 0.9,
+        "id": 4,
+        "worker": "w1",
+        "message": "library died",
+    }
     log.quarantined(51.0, "w2", "slow")
-    assert entries[-1].record() == {"event": "quarantined", "t": 1.0, "worker": "w2",
-                                    "reason": "slow"}  # fmt: skip
+    assert entries[-1].record() == {
+        "event": "quarantined",
+        "t": 1.0,
+        "worker": "w2",
+        "reason": "slow",
+    }
     assert {type(entry) for entry in entries} == set(kinds)  # every kind, in that order
     for kind in kinds:  # slotted, and named after the event its record writes
         assert not hasattr(kind(*[0] * len(kind.__slots__)), "__dict__")
@@ -182,8 +219,11 @@ def test_summarize_joins_dispatches_and_completions():
     assert summary.failures[0].key == "total" and summary.failures[1].key is None
     assert summary.failures[1].message == "silent for 31 s"
     assert [(c.t, c.processing, c.running, c.queued) for c in summary.samples][1] == (
-        pytest.approx(0.2), 3, 3, 0,
-    )  # fmt: skip
+        pytest.approx(0.2),
+        3,
+        3,
+        0,
+    )
 
 
 def test_a_task_starts_when_its_library_began_unpickling_its_inputs():
@@ -207,9 +247,11 @@ def _serializing_log() -> EventLog:
         log.dispatch(0.0, task_id, key, key[0] if isinstance(key, tuple) else key, worker)
     # (task, worker, run seconds, serialization seconds, finished on the worker's clock)
     for task_id, worker, run, ser, finished in [
-        (1, "w1", 0.5, 0.25, 1000.75), (2, "w2", 0.75, 1.0, 1001.75),
-        (3, "w1", 0.25, 0.25, 1001.5), (4, "w2", 0.5, 0.0, 1002.25),
-    ]:  # fmt: skip
+        (1, "w1", 0.5, 0.25, 1000.75),
+        (2, "w2", 0.75, 1.0, 1001.75),
+        (3, "w1", 0.25, 0.25, 1001.5),
+        (4, "w2", 0.5, 0.0, 1002.25),
+    ]:
         log.done(finished - 1000.0 + 0.01, task_id, worker, run, finished, 8, ser)
     info = RunInfo(2, {}, 4, 1000.0, 1002.5, "done")
     info.run_seconds, info.serialization_seconds = 2.0, 1.5
@@ -257,8 +299,16 @@ def section_rows(page: str, name: str) -> list[list[str]]:
 def test_serialization_per_function_beside_run_time_and_in_total():
     page = render(_serializing_log().records())
     rows = section_rows(page, "durations")
-    assert rows[0] == ["function", "tasks", "run time", "mean", "median", "max", "share",
-                       "serialization"]  # fmt: skip
+    assert rows[0] == [
+        "function",
+        "tasks",
+        "run time",
+        "mean",
+        "median",
+        "max",
+        "share",
+        "serialization",
+    ]
     by_function = {row[0]: row for row in rows[1:]}
     assert by_function["load"][1:3] == ["3", "1.50 s"]
     assert by_function["load"][-1] == "1.50 s (50.0%)"  # 1.5 of 1.5 + 1.5
@@ -282,8 +332,11 @@ def test_the_timeline_hatches_serialization_half_before_and_half_after_the_run()
     assert "(de)serializing" in timeline  # the legend's entry
     assert timeline.count("class='task'") == 4
     # Three tasks serialized: each bar has a hatched part at each end.
-    hatched = re.findall(r"<rect class='serializing' x='([\d.]+)' y='[\d.]+' "
-                         r"width='([\d.]+)'", timeline)  # fmt: skip
+    hatched = re.findall(
+        r"<rect class='serializing' x='([\d.]+)' y='[\d.]+' "
+        r"width='([\d.]+)'",
+        timeline,
+    )
     assert len(hatched) == 6
     bars = re.findall(r"<rect class='task' x='([\d.]+)' y='[\d.]+' width='([\d.]+)'", timeline)
     # ("load", 1) on w2 (its first lane, after w1's two tasks): 1.0 s of serialization
@@ -297,8 +350,10 @@ def test_the_timeline_hatches_serialization_half_before_and_half_after_the_run()
 
 def test_merged_bars_sum_their_tasks_run_and_serialization():
     chart = Chart(t_max=1.0, y_max=1, height=10)
-    lane = [TaskRun(i, i, "f", "w", i * 1e-4, i * 1e-4 + 5e-5, 0, serialization=1e-5)
-            for i in range(100)]  # fmt: skip
+    lane = [
+        TaskRun(i, i, "f", "w", i * 1e-4, i * 1e-4 + 5e-5, 0, serialization=1e-5)
+        for i in range(100)
+    ]
     (bar,) = merge_bars(lane, chart)
     assert bar.count == 100
     assert (bar.run, bar.serialization) == pytest.approx((100 * 4e-5, 100 * 1e-5))
@@ -366,8 +421,10 @@ def test_a_run_without_a_log_renders_its_summary():
 
 
 def test_lanes_never_overlap_within_the_cores():
-    tasks = [TaskRun(i, i, "f", "w", start, start + 1.0, 0) for i, start in
-             enumerate([0.0, 0.0, 0.5, 1.0, 1.0, 1.5])]  # fmt: skip
+    tasks = [
+        TaskRun(i, i, "f", "w", start, start + 1.0, 0)
+        for i, start in enumerate([0.0, 0.0, 0.5, 1.0, 1.0, 1.5])
+    ]
     lanes = lay_lanes(tasks, cores=2)
     assert len(lanes) == 2
     for lane in lay_lanes(tasks, cores=0):  # cores unknown: as many lanes as needed

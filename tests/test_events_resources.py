@@ -87,11 +87,16 @@ def test_done_records_carry_each_tasks_cpu_peak_memory_and_category(tmp_path):
     records = read_events(tmp_path / "run.jsonl")
     done = {r["id"]: r for r in records if r["event"] == "done"}
     assert [(d["cpu"], d["peak_memory"], d["category"]) for d in done.values()] == [
-        (0.25, 300 * MB, "load"), (1.75, 200 * MB, "load"), (0.5, 10 * MB, "sum"),
-    ]  # fmt: skip
+        (0.25, 300 * MB, "load"),
+        (1.75, 200 * MB, "load"),
+        (0.5, 10 * MB, "sum"),
+    ]
     tasks = summarize(records).tasks
-    assert [(t.cpu, t.peak_memory) for t in tasks] == [(0.25, 300 * MB), (1.75, 200 * MB),
-                                                       (0.5, 10 * MB)]  # fmt: skip
+    assert [(t.cpu, t.peak_memory) for t in tasks] == [
+        (0.25, 300 * MB),
+        (1.75, 200 * MB),
+        (0.5, 10 * MB),
+    ]
 
 
 def test_the_categories_record_is_last_runs_figures_and_the_report_tabulates_them(tmp_path):
@@ -103,13 +108,45 @@ def test_the_categories_record_is_last_runs_figures_and_the_report_tabulates_the
     assert record["categories"] == {name: c.fields() for name, c in _categories().items()}
 
     rows = _rows(render(records), "categories")
-    assert rows["category"] == ["category", "tasks", "wall s", "CPU s", "CPU/wall",
-                                "peak memory", "allocated MB", "exhausted", "input MB",
-                                "output MB", "failed"]  # fmt: skip
-    assert rows["load"] == ["load", "2", "2.00", "2.00", "1.00", "300 MiB", "0", "0", "0",
-                            "10.00", "1"]  # fmt: skip
-    assert rows["sum"] == ["sum", "1", "0.25", "0.5", "2.00", "10.0 MiB", "0", "0", "10.00",
-                           "7.63e-06", "0"]  # fmt: skip
+    assert rows["category"] == [
+        "category",
+        "tasks",
+        "wall s",
+        "CPU s",
+        "CPU/wall",
+        "peak memory",
+        "allocated MB",
+        "exhausted",
+        "input MB",
+        "output MB",
+        "failed",
+    ]
+    assert rows["load"] == [
+        "load",
+        "2",
+        "2.00",
+        "2.00",
+        "1.00",
+        "300 MiB",
+        "0",
+        "0",
+        "0",
+        "10.00",
+        "1",
+    ]
+    assert rows["sum"] == [
+        "sum",
+        "1",
+        "0.25",
+        "0.5",
+        "2.00",
+        "10.0 MiB",
+        "0",
+        "0",
+        "10.00",
+        "7.63e-06",
+        "0",
+    ]
     assert rows["all categories"][1:6] == ["3", "2.25", "2.50", "1.11", "300 MiB"]
     assert list(rows)[1:] == ["load", "sum", "all categories"]  # the heaviest first
 
@@ -135,11 +172,22 @@ def test_a_run_without_a_log_still_reports_its_categories():
 def test_heartbeats_are_kept_when_they_change_and_drawn_per_worker():
     records = list(_log().records())
     memory = [r for r in records if r["event"] == "memory"]
-    assert [(r["worker"], r["t"]) for r in memory] == [("w1", 0.5), ("w2", 0.5), ("w1", 1.7),
-                                                       ("w1", 1.9)]  # fmt: skip
-    assert memory[-1] == {"event": "memory", "t": 1.9, "worker": "w1", "stored_bytes": 10 * MB,
-                          "peak_memory": 50 * MB, "peak_library_memory": 60 * MB,
-                          "spilled_bytes": 6 * MB, "resident": 0}  # fmt: skip
+    assert [(r["worker"], r["t"]) for r in memory] == [
+        ("w1", 0.5),
+        ("w2", 0.5),
+        ("w1", 1.7),
+        ("w1", 1.9),
+    ]
+    assert memory[-1] == {
+        "event": "memory",
+        "t": 1.9,
+        "worker": "w1",
+        "stored_bytes": 10 * MB,
+        "peak_memory": 50 * MB,
+        "peak_library_memory": 60 * MB,
+        "spilled_bytes": 6 * MB,
+        "resident": 0,
+    }
     workers = summarize(records).workers
     assert (workers["w1"].memory, workers["w2"].memory) == (512 * MB, 2**40)
 
@@ -201,9 +249,12 @@ def test_watching_feeds_heartbeats_and_budgets_to_runs_with_a_log_only():
     watching.status(11.0, "w3", p.Status(4, 5, 6))
     records = list(logged.log.records())
     assert [(r["worker"], r["memory"]) for r in records if r["event"] == "worker"] == [
-        ("w1", 64 * MB), ("w2", 32 * MB), ("w3", 16 * MB)
+        ("w1", 64 * MB),
+        ("w2", 32 * MB),
+        ("w3", 16 * MB),
     ]
     # w2 never beat: nothing to draw of it yet
-    assert [(r["worker"], r["t"], r["peak_library_memory"]) for r in records
-            if r["event"] == "memory"] == [("w1", 0.0, 3), ("w3", 1.0, 6)]  # fmt: skip
+    assert [
+        (r["worker"], r["t"], r["peak_library_memory"]) for r in records if r["event"] == "memory"
+    ] == [("w1", 0.0, 3), ("w3", 1.0, 6)]
     assert plain.log is None

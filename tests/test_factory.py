@@ -69,11 +69,20 @@ class Factory:
     def __init__(self, tmp_path, *args, env=None):
         self.log_path = tmp_path / "factory.log"
         self.script_dir = tmp_path / "jobs"
-        command = [sys.executable, "-m", "daskvine_py.factory", "--script-dir",
-                   str(self.script_dir), "--log-level", "INFO", *args]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "daskvine_py.factory",
+            "--script-dir",
+            str(self.script_dir),
+            "--log-level",
+            "INFO",
+            *args,
+        ]
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(command, env=env or _env(), stderr=log,
-                                         stdout=subprocess.DEVNULL)  # fmt: skip
+            self.proc = subprocess.Popen(
+                command, env=env or _env(), stderr=log, stdout=subprocess.DEVNULL
+            )
 
     @property
     def log(self) -> str:
@@ -106,11 +115,7 @@ def _kill_all(text: str) -> None:
 
 def _local_jobs_live(script_dir) -> list[str]:
     """LocalProvider's jobs whose exit code is not written yet ("-")."""
-    return [
-        path.name
-        for path in script_dir.glob("*.ec")
-        if path.read_text().strip() in ("", "-")
-    ]  # fmt: skip
+    return [path.name for path in script_dir.glob("*.ec") if path.read_text().strip() in ("", "-")]
 
 
 def _slurm_jobs_live(factory_pid: int) -> list[str]:
@@ -119,12 +124,31 @@ def _slurm_jobs_live(factory_pid: int) -> list[str]:
 
 
 def _factory_args(kind: str, manager: Manager, *extra: str) -> list[str]:
-    args = ["--batch", kind, "--connection-file", manager.connection_file, "--max-workers", "2",
-            "--idle-timeout", "2", "--poll-interval", "0.2", *extra]  # fmt: skip
+    args = [
+        "--batch",
+        kind,
+        "--connection-file",
+        manager.connection_file,
+        "--max-workers",
+        "2",
+        "--idle-timeout",
+        "2",
+        "--poll-interval",
+        "0.2",
+        *extra,
+    ]
     if kind == "slurm":
         # one core and a little memory per job, so that two jobs fit on a 2-core node
-        args += ["--cores", "1", "--memory", "1000", "--walltime", "00:10:00",
-                 "--scheduler-options", "#SBATCH --partition=debug"]  # fmt: skip
+        args += [
+            "--cores",
+            "1",
+            "--memory",
+            "1000",
+            "--walltime",
+            "00:10:00",
+            "--scheduler-options",
+            "#SBATCH --partition=debug",
+        ]
     return args
 
 
@@ -178,8 +202,11 @@ def test_sigterm_cancels_the_running_jobs_and_the_factory_exits(tmp_path):
         assert pids  # the jobs' workers (and their library processes)
         assert factory.terminate() == 0
         # Every job was cancelled: its processes end (they may take a moment to exit).
-        _wait(lambda: not _processes_with(manager.connection_file), 30,
-              f"left behind: {_processes_with(manager.connection_file)}")  # fmt: skip
+        _wait(
+            lambda: not _processes_with(manager.connection_file),
+            30,
+            f"left behind: {_processes_with(manager.connection_file)}",
+        )
         _wait(lambda: not manager.workers, 30, f"workers still there: {manager.workers}")
         assert "SIGTERM" in factory.log and "Traceback" not in factory.log, factory.log
     finally:
@@ -214,8 +241,11 @@ def test_a_status_client_sees_the_demand_and_retires_an_idle_worker(manager):
         assert all(idle >= 0 for _, idle in demand.workers.values())
         assert client.answered_at is not None
         # while a run goes on, its tasks are the demand
-        with Background(manager.get, {f"x{i}": (slow_inc, i, 0.5) for i in range(8)},
-                        [f"x{i}" for i in range(8)]) as run:  # fmt: skip
+        with Background(
+            manager.get,
+            {f"x{i}": (slow_inc, i, 0.5) for i in range(8)},
+            [f"x{i}" for i in range(8)],
+        ) as run:
             _wait(lambda: client.demand().cores_needed > 0, 30, "no demand seen")
         assert run.result == tuple(range(1, 9))
         # a status client never counts as a worker
@@ -256,8 +286,9 @@ def test_a_status_request_with_wrong_keys_gets_no_answer(manager, tmp_path):
     context = zmq.Context()
     try:
         # a client key that is not the run's: refused during the handshake, never read
-        stranger = dealer(context, manager.address, keys=zmq.curve_keypair(),
-                          server_key=keys.manager_public)  # fmt: skip
+        stranger = dealer(
+            context, manager.address, keys=zmq.curve_keypair(), server_key=keys.manager_public
+        )
         stranger.send_multipart(p.encode([p.StatusRequest(p.PROTOCOL_VERSION, "stranger")]))
         assert stranger.poll(2000) == 0
         # no keys at all
@@ -284,8 +315,12 @@ def test_a_status_request_with_wrong_keys_gets_no_answer(manager, tmp_path):
 def test_malformed_status_records_are_dropped(manager, caplog):
     keys = _keys(manager)
     context = zmq.Context()
-    sock = dealer(context, manager.address, keys=(keys.worker_public, keys.worker_secret),
-                  server_key=keys.manager_public)  # fmt: skip
+    sock = dealer(
+        context,
+        manager.address,
+        keys=(keys.worker_public, keys.worker_secret),
+        server_key=keys.manager_public,
+    )
 
     def reply(timeout=20_000):
         assert sock.poll(timeout), "no answer"
@@ -343,9 +378,13 @@ def test_a_status_client_of_an_absent_manager_times_out(tmp_path):
 
 
 def _run_factory(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "daskvine_py.factory", *args],
-                          env=env or _env(), capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "daskvine_py.factory", *args],
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_bad_or_absent_connection_file_is_a_clear_error(tmp_path):
@@ -379,8 +418,14 @@ def test_a_factory_the_manager_refuses_exits_saying_why(tmp_path):
     with Manager() as manager:
         other = tmp_path / "other-run.json"
         security.write_connection_file(str(other), manager.address, security.Keys.generate())
-        done = _run_factory("--batch", "local", "--connection-file", str(other),
-                            "--script-dir", str(tmp_path / "jobs"))  # fmt: skip
+        done = _run_factory(
+            "--batch",
+            "local",
+            "--connection-file",
+            str(other),
+            "--script-dir",
+            str(tmp_path / "jobs"),
+        )
         assert manager.workers == {}
     assert done.returncode == 4, done.stderr
     assert "the manager will not answer" in done.stderr, done.stderr
@@ -403,11 +448,26 @@ def test_each_batch_system_gets_its_provider_asking_for_the_workers_resources(tm
         "local": ("LocalProvider", {}),
     }
     for batch, (name, attributes) in expected.items():
-        args = factory.parse_args(["--batch", batch, "--connection-file", str(path),
-                                   "--cores", "4", "--memory", "2500", "--max-workers", "7",
-                                   "--worker-init", "source /venv/bin/activate",
-                                   "--scheduler-options", "#X --queue=short",
-                                   "--scheduler-options", "#X --account=cms"])  # fmt: skip
+        args = factory.parse_args(
+            [
+                "--batch",
+                batch,
+                "--connection-file",
+                str(path),
+                "--cores",
+                "4",
+                "--memory",
+                "2500",
+                "--max-workers",
+                "7",
+                "--worker-init",
+                "source /venv/bin/activate",
+                "--scheduler-options",
+                "#X --queue=short",
+                "--scheduler-options",
+                "#X --account=cms",
+            ]
+        )
         provider = factory.make_provider(args)
         assert type(provider).__name__ == name
         for attribute, value in attributes.items():
@@ -438,8 +498,10 @@ class FakeProvider:
     def status(self, job_ids):
         from parsl.jobs.states import JobState, JobStatus
 
-        return [JobStatus(JobState.CANCELLED if j in self.cancelled else JobState.RUNNING)
-                for j in job_ids]  # fmt: skip
+        return [
+            JobStatus(JobState.CANCELLED if j in self.cancelled else JobState.RUNNING)
+            for j in job_ids
+        ]
 
     def cancel(self, job_ids):
         self.cancelled.extend(job_ids)
@@ -520,14 +582,25 @@ def test_a_factory_whose_manager_is_gone_says_so_and_cancels_its_jobs(ending, tm
     env = dict(_env(), HOME=str(tmp_path))
     env.pop(security.CONNECTION_DIR_ENV, None)
     chosen = str(tmp_path / "run.json") if ending == "killed" else "-"
-    manager = subprocess.Popen([sys.executable, "-c", _MANAGER_SCRIPT, chosen], env=env,
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    manager = subprocess.Popen(
+        [sys.executable, "-c", _MANAGER_SCRIPT, chosen], env=env, stdout=subprocess.PIPE, text=True
+    )
     factory, path = None, None
     try:
         assert manager.stdout is not None
         path = manager.stdout.readline().strip()
-        factory = Factory(tmp_path, "--batch", "local", "--connection-file", path,
-                          "--max-workers", "2", "--poll-interval", "0.2", env=env)  # fmt: skip
+        factory = Factory(
+            tmp_path,
+            "--batch",
+            "local",
+            "--connection-file",
+            path,
+            "--max-workers",
+            "2",
+            "--poll-interval",
+            "0.2",
+            env=env,
+        )
         _wait(lambda: _workers_of(path), 60, f"no worker job started: {factory.log}")
         if ending == "killed":
             manager.kill()
@@ -563,8 +636,9 @@ def test_sigint_stops_a_factory_waiting_for_its_managers_answer_at_once(tmp_path
         address, keys = manager.address, _keys(manager)
     silent = tmp_path / "silent.json"  # this process wrote it, and still runs
     security.write_connection_file(str(silent), address, keys)
-    factory = Factory(tmp_path, "--batch", "local", "--connection-file", str(silent),
-                      "--poll-interval", "0.2")  # fmt: skip
+    factory = Factory(
+        tmp_path, "--batch", "local", "--connection-file", str(silent), "--poll-interval", "0.2"
+    )
     try:
         _wait(lambda: "factory started" in factory.log, 60, factory.log)
         factory.proc.send_signal(signal.SIGINT)  # the first request waits 10 s for nothing

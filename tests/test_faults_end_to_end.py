@@ -53,8 +53,9 @@ def _two_stages(n, address):
 
 
 def _chain(n, address):
-    return {"x0": 0} | {f"x{i}": (slow_inc_pinging, f"x{i - 1}", 0.02, address)
-                        for i in range(1, n)}  # fmt: skip
+    return {"x0": 0} | {
+        f"x{i}": (slow_inc_pinging, f"x{i - 1}", 0.02, address) for i in range(1, n)
+    }
 
 
 def segfault(x):
@@ -147,8 +148,11 @@ def test_garbage_on_the_port_is_dropped_and_the_manager_keeps_serving(insecure_m
             sock.send_multipart(p.encode([p.TaskDone(1, 1, 0.1, None)]))  # not registered
             # A registered impostor sending records with fields of the wrong types.
             fake = dealer(context, manager.address, b"impostor")
-            fake.send_multipart(p.encode([p.Register(p.PROTOCOL_VERSION, "impostor", 1, 0,
-                                                     "h", "tcp://127.0.0.1:1", 1)]))  # fmt: skip
+            fake.send_multipart(
+                p.encode(
+                    [p.Register(p.PROTOCOL_VERSION, "impostor", 1, 0, "h", "tcp://127.0.0.1:1", 1)]
+                )
+            )
             assert fake.poll(5000)
             assert type(p.decode(fake.recv_multipart(), p.TO_WORKER)[0]) is p.Welcome
             fake.send_multipart(p.encode([p.TaskDone("one", None, "x", 5)]))
@@ -270,8 +274,11 @@ def _worker_of_a_fake_manager(name, *extra_args):
 
 def test_worker_exits_when_the_manager_goes_silent():
     with _worker_of_a_fake_manager("lonely", "--manager-timeout", "1") as (
-        proc, router, ident, frames,
-    ):  # fmt: skip
+        proc,
+        router,
+        ident,
+        frames,
+    ):
         (reg,) = p.decode(frames, p.TO_MANAGER)
         assert type(reg) is p.Register and reg.name == "lonely" and reg.cores == 1
         router.send_multipart([ident, *p.encode([p.Welcome("lonely", 0.2)])])
@@ -288,8 +295,9 @@ def test_worker_without_a_manager_gives_up():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = spawn(f"tcp://127.0.0.1:{port}", extra_args=["--manager-timeout", "1"],
-                 stderr=subprocess.PIPE)  # fmt: skip
+    proc = spawn(
+        f"tcp://127.0.0.1:{port}", extra_args=["--manager-timeout", "1"], stderr=subprocess.PIPE
+    )
     try:
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 3, err.decode()
@@ -350,9 +358,16 @@ def test_a_worker_that_cannot_reach_its_manager_exits_within_its_timeout():
 
 
 @pytest.mark.parametrize(
-    "address", ["tcp://127.0.0.1", "127.0.0.1:80:80", "tcp://host:port", "tcp://h:99999",
-                "ipc:///tmp/x", "tcp://h:0"],
-)  # fmt: skip
+    "address",
+    [
+        "tcp://127.0.0.1",
+        "127.0.0.1:80:80",
+        "tcp://host:port",
+        "tcp://h:99999",
+        "ipc:///tmp/x",
+        "tcp://h:0",
+    ],
+)
 def test_a_malformed_manager_address_is_a_one_line_error(address, capsys):
     from daskvine_py.worker.shell import parse_args
 

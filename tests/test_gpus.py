@@ -99,8 +99,10 @@ def test_the_command_line_reads_gpus_and_the_environment(monkeypatch, capsys):
 def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
     """``Constraints`` over workers of 4 cores and these GPUs, and a run of these tasks
     (all ready): what it moved where, and what it said."""
-    workers = [WorkerRecord(name.encode(), name, 4, f"tcp://{name}:1", memory=2**30, gpus=n)
-               for name, n in gpus_by_worker.items()]  # fmt: skip
+    workers = [
+        WorkerRecord(name.encode(), name, 4, f"tcp://{name}:1", memory=2**30, gpus=n)
+        for name, n in gpus_by_worker.items()
+    ]
     moves: list = []
 
     def transition(task, finish, worker=None):
@@ -108,8 +110,11 @@ def placing(gpus_by_worker: dict[str, int], placements: dict[str, Placement]):
         task.state, task.worker = finish, worker
         worker.processing[task] = None
 
-    ctx = context(transition, tuple(workers),
-                  failures={"drop_run": lambda run: None, "abort": lambda *a: None})  # fmt: skip
+    ctx = context(
+        transition,
+        tuple(workers),
+        failures={"drop_run": lambda run: None, "abort": lambda *a: None},
+    )
     constraints = Constraints(ctx)
     runs, out = ctx.runs, ctx.out
     settings = RunSettings({}, placements, {p: k for k, p in placements.items()})
@@ -332,9 +337,7 @@ def test_a_task_asking_for_more_gpus_than_the_worker_has_is_refused_not_kept_wai
     worker = GpuWorker(1)
     message = p.Execute(1, "k1", b"payload", (), False, 0, True, gpus=3)
     (failed, crashed) = worker.state.handle([message], 0.0)
-    assert type(failed) is EventFailed and "asks for 3 GPUs; this worker has 2" in str(
-        failed.error
-    )
+    assert type(failed) is EventFailed and "asks for 3 GPUs; this worker has 2" in str(failed.error)
     assert type(crashed) is p.TaskCrashed and not worker.state.tasks
 
 
@@ -399,10 +402,20 @@ def _worker(connection_file: str, log, *args: str, env_visible: str | None = Non
     if env_visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = env_visible
     return subprocess.Popen(
-        [sys.executable, "-m", "daskvine_py.worker", "--connection-file", connection_file,
-         "--log-level", "WARNING", *args],
-        env=env, stdin=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "daskvine_py.worker",
+            "--connection-file",
+            connection_file,
+            "--log-level",
+            "WARNING",
+            *args,
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=log,
+    )
 
 
 @pytest.fixture
@@ -411,8 +424,9 @@ def gpu_manager(tmp_path):
     say nothing (no result lost, no library crashed) while libraries start again."""
     path = tmp_path / "worker.log"
     with Manager() as manager, open(path, "w") as log:
-        proc = _worker(manager.connection_file, log, "--cores", "4", "--gpus", "2",
-                       "--name", "gpu-0")  # fmt: skip
+        proc = _worker(
+            manager.connection_file, log, "--cores", "4", "--gpus", "2", "--name", "gpu-0"
+        )
         try:
             manager.wait_for_workers(1, processes=[proc])
             assert manager.workers["gpu-0"]["gpus"] == 2
@@ -486,8 +500,9 @@ def test_a_task_asking_for_more_gpus_than_any_worker_has_fails_the_run_naming_it
 @pytest.mark.timeout(120)
 def test_devices_named_in_cuda_visible_devices_are_the_ones_tasks_see(tmp_path):
     with Manager() as manager, open(tmp_path / "worker.log", "w") as log:
-        proc = _worker(manager.connection_file, log, "--cores", "2", "--name", "gpu-env",
-                       env_visible="3,5")  # fmt: skip
+        proc = _worker(
+            manager.connection_file, log, "--cores", "2", "--name", "gpu-env", env_visible="3,5"
+        )
         try:
             manager.wait_for_workers(1, processes=[proc])
             assert manager.workers["gpu-env"]["gpus"] == 2

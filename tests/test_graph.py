@@ -151,19 +151,30 @@ def test_large_graphs_take_the_linear_topological_order(monkeypatch):
 # --- light legacy tasks ------------------------------------------------------------------
 
 _SCALARS = st.one_of(
-    st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=2), st.booleans(),
-    st.none(), st.binary(max_size=2),
-)  # fmt: skip
+    st.integers(-3, 3),
+    st.floats(allow_nan=False),
+    st.text(max_size=2),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=2),
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    keys=st.lists(st.one_of(st.text(max_size=2), st.integers(-3, 3),
-                            st.tuples(st.text(max_size=1), st.integers(0, 2))),
-                  max_size=6, unique=True),
-    args=st.lists(st.one_of(_SCALARS, st.tuples(st.text(max_size=1), st.integers(0, 2))),
-                  max_size=6),
-)  # fmt: skip
+    keys=st.lists(
+        st.one_of(
+            st.text(max_size=2),
+            st.integers(-3, 3),
+            st.tuples(st.text(max_size=1), st.integers(0, 2)),
+        ),
+        max_size=6,
+        unique=True,
+    ),
+    args=st.lists(
+        st.one_of(_SCALARS, st.tuples(st.text(max_size=1), st.integers(0, 2))), max_size=6
+    ),
+)
 def test_light_legacy_tasks_mean_what_dask_makes_of_them(keys, args):
     from dask._task_spec import convert_legacy_task
 

@@ -56,7 +56,8 @@ def test_every_package_says_what_it_owns_and_what_it_may_import():
 
 @pytest.mark.integration
 @pytest.mark.skipif(
-    not (ROOT / "pyproject.toml").exists() or shutil.which("lint-imports") is None
+    not (ROOT / "pyproject.toml").exists()
+    or shutil.which("lint-imports") is None
     and not (Path(sys.prefix) / "bin" / "lint-imports").exists(),
     reason="an installed copy, or no import-linter",
 )

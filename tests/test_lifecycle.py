@@ -52,9 +52,13 @@ def connection_dir(tmp_path, monkeypatch):
 def test_a_signal_closes_the_manager_its_workers_and_its_file(signum, connection_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER], env=env, cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", HOLDER],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     processes: set[int] = set()
     try:
         line = holder.stdout.readline()
@@ -89,8 +93,11 @@ def _in_a_fresh_process(code: str, connection_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -189,10 +196,18 @@ def test_files_of_managers_gone_from_this_host_are_removed_by_the_next(connectio
 def test_the_file_of_a_killed_manager_is_removed_by_the_next(connection_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, daskvine_py as d; m = d.Manager(); "
-         "print(m.connection_file, flush=True); sys.stdin.read()"],
-        env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, daskvine_py as d; m = d.Manager(); "
+            "print(m.connection_file, flush=True); sys.stdin.read()",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         killed = holder.stdout.readline().strip()
         assert os.path.exists(killed)
@@ -209,9 +224,13 @@ def test_the_file_of_a_killed_manager_is_removed_by_the_next(connection_dir, tmp
 def test_under_timeout_the_run_ends_with_its_status_and_nothing_left(connection_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, security.CONNECTION_DIR_ENV: str(connection_dir)}
     done = subprocess.run(
-        ["timeout", "8", sys.executable, "-c", HOLDER], env=env, cwd=tmp_path,
-        capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+        ["timeout", "8", sys.executable, "-c", HOLDER],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 124, done.stderr  # timeout's own status: it timed out
     workers = json.loads(done.stdout.splitlines()[0])["workers"]
     left = [pid for pid in workers if procfs.alive(pid)]

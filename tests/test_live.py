@@ -64,8 +64,10 @@ def _until(manager: Manager, ready, what: str, timeout: float = 120.0) -> dict:
 def _status(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "daskvine_py", "status", *args],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.integration
@@ -105,13 +107,17 @@ def test_live_counts_rise_during_a_run_and_metrics_match_the_runs(tmp_path):
             assert {w["name"] for w in before["workers"]} == {"local-0", "local-1"}
             open(go, "w").close()
             during = _until(
-                manager, lambda snap: snap["runs"] and snap["runs"][0]["done"] == TASKS + 1,
+                manager,
+                lambda snap: snap["runs"] and snap["runs"][0]["done"] == TASKS + 1,
                 "with every task but the last done",
-            )  # fmt: skip
+            )
             assert during["totals"]["tasks_done"] == TASKS + 1 > before["totals"]["tasks_done"]
             assert during["categories"]["inc"]["tasks"] == TASKS
             assert during["runs"][0]["categories"]["inc"] == {
-                "planned": TASKS, "done": TASKS, "failed": 0}
+                "planned": TASKS,
+                "done": TASKS,
+                "failed": 0,
+            }
             assert during["totals"]["running"] >= 1  # the last task, held by its gate
         finally:
             open(go, "a").close()
@@ -181,10 +187,20 @@ def test_the_status_command_shows_the_workers_and_exits(manager):
 @pytest.mark.timeout(120)
 def test_status_watch_refreshes_until_ctrl_c(manager):
     watch = subprocess.Popen(
-        [sys.executable, "-m", "daskvine_py", "status", "--connection-file",
-         manager.connection_file, "--watch", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "daskvine_py",
+            "status",
+            "--connection-file",
+            manager.connection_file,
+            "--watch",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         views = 0
         assert watch.stdout is not None
@@ -265,8 +281,9 @@ def test_status_without_a_file_asks_the_only_running_manager_of_the_default_dire
     with Manager(dashboard_address=None) as manager:
         assert os.path.dirname(manager.connection_file) == str(home)
         # a file of a manager that has exited is passed over
-        security.write_connection_file(str(home / "old.json"), "tcp://127.0.0.1:1", None,
-                                       pid=_dead_pid())  # fmt: skip
+        security.write_connection_file(
+            str(home / "old.json"), "tcp://127.0.0.1:1", None, pid=_dead_pid()
+        )
         code, out, err = _status_here()
         assert code == 0, err
         assert f"manager {manager.address}" in out and "workers 0" in out
@@ -294,13 +311,18 @@ def test_a_live_request_with_wrong_keys_is_refused(manager, tmp_path):
     context = zmq.Context()
     try:
         # a client key that is not the run's: refused in the handshake, never answered
-        stranger = dealer(context, manager.address, keys=zmq.curve_keypair(),
-                          server_key=keys.manager_public)  # fmt: skip
+        stranger = dealer(
+            context, manager.address, keys=zmq.curve_keypair(), server_key=keys.manager_public
+        )
         stranger.send_multipart(p.encode([p.LiveRequest(1)]))
         assert stranger.poll(2000) == 0
         # the run's keys: answered
-        client = dealer(context, manager.address, keys=(keys.worker_public, keys.worker_secret),
-                        server_key=keys.manager_public)  # fmt: skip
+        client = dealer(
+            context,
+            manager.address,
+            keys=(keys.worker_public, keys.worker_secret),
+            server_key=keys.manager_public,
+        )
         client.send_multipart(p.encode([p.LiveRequest(7)]))
         assert client.poll(30_000)
         (reply,) = p.decode(client.recv_multipart(), p.TO_CLIENT)
@@ -330,9 +352,17 @@ def test_failed_tasks_count_in_the_snapshot_and_the_metrics(manager):
 
 
 def _category(tasks: int, peak_mb: float, failed: int = 0) -> dict:
-    return {"tasks": tasks, "failed": failed, "wall_s": 0.5, "cpu_s": 0.25,
-            "peak_memory_mb": peak_mb, "allocated_memory_mb": 0.0, "exhausted": 0,
-            "input_bytes": 0, "output_bytes": 0}  # fmt: skip
+    return {
+        "tasks": tasks,
+        "failed": failed,
+        "wall_s": 0.5,
+        "cpu_s": 0.25,
+        "peak_memory_mb": peak_mb,
+        "allocated_memory_mb": 0.0,
+        "exhausted": 0,
+        "input_bytes": 0,
+        "output_bytes": 0,
+    }
 
 
 def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
@@ -341,15 +371,29 @@ def test_the_status_view_shows_a_peak_under_one_mib_as_such_not_as_zero():
     snapshot = {
         "t": 1_000_000.0,
         "manager": {"cpu_s": 1.0, "uptime_s": 60.0},
-        "totals": {"workers": 0, "cores": 0, "waiting": 0, "ready": 0, "processing": 0,
-                   "running": 0, "tasks_done": 13, "tasks_failed": 2, "bytes_moved": 0,
-                   "stored_bytes": 0, "spilled_bytes": 0},
+        "totals": {
+            "workers": 0,
+            "cores": 0,
+            "waiting": 0,
+            "ready": 0,
+            "processing": 0,
+            "running": 0,
+            "tasks_done": 13,
+            "tasks_failed": 2,
+            "bytes_moved": 0,
+            "stored_bytes": 0,
+            "spilled_bytes": 0,
+        },
         "runs": [],
-        "categories": {"inc": _category(10, 0.0), "add": _category(2, 0.004),
-                       "load": _category(1, 300.0), "sum": _category(3, 12.25),
-                       "bad": _category(0, 0.0, failed=2)},
+        "categories": {
+            "inc": _category(10, 0.0),
+            "add": _category(2, 0.004),
+            "load": _category(1, 300.0),
+            "sum": _category(3, 12.25),
+            "bad": _category(0, 0.0, failed=2),
+        },
         "workers": [],
-    }  # fmt: skip
+    }
     lines = render(snapshot, "tcp://127.0.0.1:1").splitlines()
     head = next(line for line in lines if line.startswith("category"))
     assert head.split()[-1] == "peak"

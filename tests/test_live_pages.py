@@ -18,23 +18,69 @@ def _live(t: float, done: int, workers: tuple[str, ...] = ("w1", "w2")) -> dict:
     return {
         "t": t,
         "manager": {"cpu_s": 1.5, "uptime_s": 60.0},
-        "totals": {"workers": len(workers), "cores": 2 * len(workers), "waiting": 86, "ready": 5,
-                   "processing": 4, "running": 3, "tasks_done": done, "tasks_failed": 1,
-                   "bytes_moved": 4096, "stored_bytes": 2048, "spilled_bytes": 0},
-        "runs": [{"id": 1, "tasks": 100, "done": done, "failed": 0, "started": t - 5,
-                  "categories": {"inc": {"planned": 90, "done": done, "failed": 0},
-                                 "sum": {"planned": 10, "done": 0, "failed": 1}}}],
-        "categories": {"inc": {"tasks": done, "failed": 0, "wall_s": 0.5, "cpu_s": 0.4,
-                               "peak_memory_mb": 1.0, "allocated_memory_mb": 0.0,
-                               "exhausted": 0},
-                       "add": {"tasks": done, "failed": 0, "wall_s": 0.1, "cpu_s": 0.1,
-                               "peak_memory_mb": 0.0, "allocated_memory_mb": 0.0,
-                               "exhausted": 0}},
-        "workers": [{"name": name, "hostname": "node", "cores": 2, "gpus": 0, "tasks": 4,
-                     "memory": 2**30, "resident": 2**27, "stored_bytes": 1024,
-                     "spilled_bytes": 0, "last_heard_s": 0.4, "quarantined": ""}
-                    for name in workers],
-    }  # fmt: skip
+        "totals": {
+            "workers": len(workers),
+            "cores": 2 * len(workers),
+            "waiting": 86,
+            "ready": 5,
+            "processing": 4,
+            "running": 3,
+            "tasks_done": done,
+            "tasks_failed": 1,
+            "bytes_moved": 4096,
+            "stored_bytes": 2048,
+            "spilled_bytes": 0,
+        },
+        "runs": [
+            {
+                "id": 1,
+                "tasks": 100,
+                "done": done,
+                "failed": 0,
+                "started": t - 5,
+                "categories": {
+                    "inc": {"planned": 90, "done": done, "failed": 0},
+                    "sum": {"planned": 10, "done": 0, "failed": 1},
+                },
+            }
+        ],
+        "categories": {
+            "inc": {
+                "tasks": done,
+                "failed": 0,
+                "wall_s": 0.5,
+                "cpu_s": 0.4,
+                "peak_memory_mb": 1.0,
+                "allocated_memory_mb": 0.0,
+                "exhausted": 0,
+            },
+            "add": {
+                "tasks": done,
+                "failed": 0,
+                "wall_s": 0.1,
+                "cpu_s": 0.1,
+                "peak_memory_mb": 0.0,
+                "allocated_memory_mb": 0.0,
+                "exhausted": 0,
+            },
+        },
+        "workers": [
+            {
+                "name": name,
+                "hostname": "node",
+                "cores": 2,
+                "gpus": 0,
+                "tasks": 4,
+                "memory": 2**30,
+                "resident": 2**27,
+                "stored_bytes": 1024,
+                "spilled_bytes": 0,
+                "last_heard_s": 0.4,
+                "quarantined": "",
+            }
+            for name in workers
+        ],
+    }
 
 
 def _status(*bars: p.Bar) -> p.Status:
@@ -42,23 +88,44 @@ def _status(*bars: p.Bar) -> p.Status:
 
 
 def _data(t: float, done: int, beats: list, failures: list | None = None) -> dict:
-    return {"live": _live(t, done), "beats": beats,
-            "transfers": {("w1", "w2"): 800, ("w2", "manager"): 16},
-            "failures": failures or []}  # fmt: skip
+    return {
+        "live": _live(t, done),
+        "beats": beats,
+        "transfers": {("w1", "w2"): 800, ("w2", "manager"): 16},
+        "failures": failures or [],
+    }
 
 
 def test_every_page_draws_what_was_handed_over():
     view = DashboardView()
     view.update(_data(NOW - 10, 10, []))  # the page opened 10 s ago
-    view.update(_data(NOW - 1, 10, [
-        ("w1", NOW - 1, _status((0, "inc", NOW - 3, NOW - 2, 0.1, 40),
-                                (1, "sum", NOW - 3, NOW - 1.5, 0.0, 2),
-                                (p.FETCH_LANE, "fetch", NOW - 2.5, NOW - 2.4, 0.0, 3))),
-        ("w2", NOW - 1, _status((0, "inc", NOW - 2, NOW - 1, 0.0, 60))),
-    ]))
-    failure = {"t": NOW, "run": 2, "kind": "erred", "key": ["bad", 0], "worker": "w1",
-               "message": "builtins.ZeroDivisionError: division by zero\nTraceback ...\n"
-                          "  line 1, in bad\nZeroDivisionError: division by zero"}  # fmt: skip
+    view.update(
+        _data(
+            NOW - 1,
+            10,
+            [
+                (
+                    "w1",
+                    NOW - 1,
+                    _status(
+                        (0, "inc", NOW - 3, NOW - 2, 0.1, 40),
+                        (1, "sum", NOW - 3, NOW - 1.5, 0.0, 2),
+                        (p.FETCH_LANE, "fetch", NOW - 2.5, NOW - 2.4, 0.0, 3),
+                    ),
+                ),
+                ("w2", NOW - 1, _status((0, "inc", NOW - 2, NOW - 1, 0.0, 60))),
+            ],
+        )
+    )
+    failure = {
+        "t": NOW,
+        "run": 2,
+        "kind": "erred",
+        "key": ["bad", 0],
+        "worker": "w1",
+        "message": "builtins.ZeroDivisionError: division by zero\nTraceback ...\n"
+        "  line 1, in bad\nZeroDivisionError: division by zero",
+    }
     view.update(_data(NOW, 30, [("w1", NOW, _status())], [failure]))
     pages = {name: view.page(name) for name, _ in PAGES}
 
@@ -68,8 +135,10 @@ def test_every_page_draws_what_was_handed_over():
     assert progress.index(">inc<") < progress.index(">sum<")
     assert "30 of 90 done" in progress and "0 of 10 done, 1 failed" in progress
     assert ">inc<" in status  # the categories table, the report's own
-    rows = [re.findall(r"<td>(.*?)</td>", row) for row in _section(status, "categories")
-            .split("</tr>")[1:]]  # fmt: skip
+    rows = [
+        re.findall(r"<td>(.*?)</td>", row)
+        for row in _section(status, "categories").split("</tr>")[1:]
+    ]
     peaks = {cells[0]: cells[5] for cells in rows if cells}
     assert peaks["inc"] == "1.0 MiB" and peaks["add"] == "&lt; 1 MiB"  # not "0"
     assert status.count("class='series'") >= 4  # tasks over time: three samples drawn
@@ -86,8 +155,9 @@ def test_every_page_draws_what_was_handed_over():
     assert "<th>tasks held</th>" in workers and "<th>last heard</th>" in workers
     assert "class='memory'" in workers  # the report's memory charts
     assert "800 B" in pages["transfers"]
-    assert "<details><summary>builtins.ZeroDivisionError: division by zero</summary>" in (
-        pages["failures"]
+    assert (
+        "<details><summary>builtins.ZeroDivisionError: division by zero</summary>"
+        in (pages["failures"])
     )
     with pytest.raises(KeyError):
         view.page("nope")
@@ -103,23 +173,53 @@ def test_a_worker_not_heard_from_since_the_page_opened_has_a_row_and_no_chart():
 
 def test_the_window_forgets_what_is_older_and_workers_gone():
     view = DashboardView()
-    view.update(_data(NOW, 1, [("w1", NOW, _status((0, "inc", NOW - 1, NOW, 0.0, 1))),
-                               ("w9", NOW, _status((0, "old", NOW - 1, NOW, 0.0, 1)))]))
+    view.update(
+        _data(
+            NOW,
+            1,
+            [
+                ("w1", NOW, _status((0, "inc", NOW - 1, NOW, 0.0, 1))),
+                ("w9", NOW, _status((0, "old", NOW - 1, NOW, 0.0, 1))),
+            ],
+        )
+    )
     assert set(view.bars) == {"w1", "w9"}
     later = NOW + WINDOW + 10  # (past the stream's window too)
-    view.update({**_data(later, 2, [("w1", later, _status((0, "inc", later - 1, later, 0, 5)))]),
-                 "live": _live(later, 2, ("w1",))})  # fmt: skip
+    view.update(
+        {
+            **_data(later, 2, [("w1", later, _status((0, "inc", later - 1, later, 0, 5)))]),
+            "live": _live(later, 2, ("w1",)),
+        }
+    )
     assert set(view.bars) == {"w1"} and [b[5] for b in view.bars["w1"][0]] == [5]
     assert view.ran == {"w1": 6} and view.busy == {"w1": pytest.approx(1.0)}
     assert list(view.beats) == ["w1"]
     summary = view.summary()
     assert [t.tasks for t in summary.activity] == [5]
     # alike neighbours on a lane merge as they come; another prefix does not
-    view.update({**_data(later + 1, 3, [("w1", later + 1, _status(
-        (0, "inc", later, later + 0.5, 0.1, 2), (0, "sum", later + 0.5, later + 1, 0, 1)))]),
-        "live": _live(later + 1, 3, ("w1",))})  # fmt: skip
-    assert list(view.bars["w1"][0]) == [(0, "inc", later - 1, later + 0.5, 0.1, 7),
-                                        (0, "sum", later + 0.5, later + 1, 0, 1)]
+    view.update(
+        {
+            **_data(
+                later + 1,
+                3,
+                [
+                    (
+                        "w1",
+                        later + 1,
+                        _status(
+                            (0, "inc", later, later + 0.5, 0.1, 2),
+                            (0, "sum", later + 0.5, later + 1, 0, 1),
+                        ),
+                    )
+                ],
+            ),
+            "live": _live(later + 1, 3, ("w1",)),
+        }
+    )
+    assert list(view.bars["w1"][0]) == [
+        (0, "inc", later - 1, later + 0.5, 0.1, 7),
+        (0, "sum", later + 0.5, later + 1, 0, 1),
+    ]
     assert summary.end == {"duration": pytest.approx(WINDOW)}
 
 

@@ -46,8 +46,13 @@ def test_forgetting_a_target_moves_its_work_to_everyone():
 
 
 @settings(max_examples=100, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5), st.sampled_from(
-    [None, "w1", "w2"])), max_size=200), seed=st.integers(0, 1000))  # fmt: skip
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 5), st.sampled_from([None, "w1", "w2"])),
+        max_size=200,
+    ),
+    seed=st.integers(0, 1000),
+)
 def test_every_pushed_item_pops_exactly_once(ops, seed):
     rng = random.Random(seed)
     q = ReadyQueue()
@@ -119,9 +124,17 @@ def test_stealing_takes_the_best_of_all_targets_and_its_lane_stays_bounded():
 
 
 @settings(max_examples=100, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 9), st.sampled_from(
-    ["w1", "w2", "w3", None]), st.sampled_from(["push", "pop", "steal", "remove"])),
-    max_size=300))  # fmt: skip
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 30),
+            st.integers(0, 9),
+            st.sampled_from(["w1", "w2", "w3", None]),
+            st.sampled_from(["push", "pop", "steal", "remove"]),
+        ),
+        max_size=300,
+    )
+)
 def test_a_steal_always_takes_the_best_task_of_any_lane(ops):
     """Against a model: a worker with nothing of its own or shared takes the task of
     lowest priority (then oldest) among everyone's targeted work."""

@@ -159,9 +159,9 @@ def test_a_forked_child_measures_itself_not_its_parent():
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    "task_mode, exec_mode", [("function-calls", "direct"), ("function-calls", "fork"),
-                             ("tasks", "direct")]
-)  # fmt: skip
+    "task_mode, exec_mode",
+    [("function-calls", "direct"), ("function-calls", "fork"), ("tasks", "direct")],
+)
 def test_every_task_is_measured_by_category(task_mode, exec_mode):
     dsk: dict = {("hungry", i): (hungry, i) for i in range(2)}
     dsk.update({("tiny", i): (tiny, i) for i in range(6)})

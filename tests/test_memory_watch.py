@@ -48,8 +48,9 @@ def _touched(megabytes: int) -> bytearray:
 def _running(memory: int) -> tuple[SimpleNamespace, dict[int, SimpleNamespace]]:
     """A library (id 0) running task 7 of ``memory`` bytes, its base resident now."""
     task = SimpleNamespace(id=7, key="sleepy-7", memory=memory, state="running", lib=0)
-    lib = SimpleNamespace(record=SimpleNamespace(id=0), process=_Process(),
-                          running=[task.id + 1, _resident()])  # fmt: skip
+    lib = SimpleNamespace(
+        record=SimpleNamespace(id=0), process=_Process(), running=[task.id + 1, _resident()]
+    )
     return lib, {task.id: task}
 
 
@@ -104,11 +105,15 @@ def _libraries(grown_mb: dict[int, int], memory_mb: dict[int, int]):
     libs, tasks = {}, {}
     now = _resident()
     for i, grown in grown_mb.items():
-        task = SimpleNamespace(id=10 + i, key=f"task-{i}", memory=memory_mb[i] * MB,
-                               state="running", lib=i)  # fmt: skip
+        task = SimpleNamespace(
+            id=10 + i, key=f"task-{i}", memory=memory_mb[i] * MB, state="running", lib=i
+        )
         tasks[task.id] = task
-        libs[i] = SimpleNamespace(record=SimpleNamespace(id=i), process=_Process(),
-                                  running=[task.id + 1, now - grown * MB])  # fmt: skip
+        libs[i] = SimpleNamespace(
+            record=SimpleNamespace(id=i),
+            process=_Process(),
+            running=[task.id + 1, now - grown * MB],
+        )
     return libs, tasks
 
 

@@ -52,18 +52,30 @@ def test_a_host_not_of_this_machine_names_it_and_the_fix(host):
     [
         ("port", "abc", "port must be an integer in [0, 65535] (0 picks a free port), not 'abc'"),
         ("port", 70000, "port must be an integer in [0, 65535] (0 picks a free port), not 70000"),
-        ("heartbeat_interval", math.nan, "heartbeat_interval must be a finite number of "
-         "seconds > 0, not nan"),
-        ("heartbeat_interval", -1.0, "heartbeat_interval must be a finite number of seconds "
-         "> 0, not -1.0"),
-        ("worker_timeout", math.inf, "worker_timeout must be a finite number of seconds > 0, "
-         "not inf"),
+        (
+            "heartbeat_interval",
+            math.nan,
+            "heartbeat_interval must be a finite number of seconds > 0, not nan",
+        ),
+        (
+            "heartbeat_interval",
+            -1.0,
+            "heartbeat_interval must be a finite number of seconds > 0, not -1.0",
+        ),
+        (
+            "worker_timeout",
+            math.inf,
+            "worker_timeout must be a finite number of seconds > 0, not inf",
+        ),
         ("worker_timeout", "30", "worker_timeout must be a number of seconds > 0, not '30'"),
         ("host", "", "host must be an address or host name of this machine, not ''"),
-        ("max_extra_tasks_per_core", 1.5, "max_extra_tasks_per_core must be an integer >= 0, "
-         "not 1.5"),
+        (
+            "max_extra_tasks_per_core",
+            1.5,
+            "max_extra_tasks_per_core must be an integer >= 0, not 1.5",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_are_refused_naming_setting_and_value(setting, value, expected):
     with pytest.raises(ValueError) as info:
         Manager(**{setting: value})
@@ -76,18 +88,29 @@ def test_bad_settings_are_refused_naming_setting_and_value(setting, value, expec
 @pytest.mark.parametrize(
     ("arguments", "expected"),
     [
-        ({"n": 0}, "start_workers(n=...) takes an integer >= 1 (workers to start, cores of "
-         "each), not 0"),
-        ({"n": -1}, "start_workers(n=...) takes an integer >= 1 (workers to start, cores of "
-         "each), not -1"),
-        ({"n": 1, "cores": 0}, "start_workers(cores=...) takes an integer >= 1 (workers to "
-         "start, cores of each), not 0"),
-        ({"n": 1, "fetch_timeout": -5}, "start_workers(fetch_timeout=...) must be a finite "
-         "number of seconds > 0, not -5"),
-        ({"n": 1, "timeout": math.nan}, "start_workers(timeout=...) must be a finite number "
-         "of seconds >= 0, not nan"),
+        (
+            {"n": 0},
+            "start_workers(n=...) takes an integer >= 1 (workers to start, cores of each), not 0",
+        ),
+        (
+            {"n": -1},
+            "start_workers(n=...) takes an integer >= 1 (workers to start, cores of each), not -1",
+        ),
+        (
+            {"n": 1, "cores": 0},
+            "start_workers(cores=...) takes an integer >= 1 (workers to "
+            "start, cores of each), not 0",
+        ),
+        (
+            {"n": 1, "fetch_timeout": -5},
+            "start_workers(fetch_timeout=...) must be a finite number of seconds > 0, not -5",
+        ),
+        (
+            {"n": 1, "timeout": math.nan},
+            "start_workers(timeout=...) must be a finite number of seconds >= 0, not nan",
+        ),
     ],
-)  # fmt: skip
+)
 def test_start_workers_refuses_what_starts_nothing(arguments, expected):
     with Manager() as manager:
         with pytest.raises(ValueError) as info:
@@ -133,11 +156,14 @@ def _assert_printed_once(printed: str) -> None:
     [
         {"x": 1, "y": (halve_then_divide, "x")},  # a legacy tuple
         {"x": 1, "y": (halve_then_divide, "x"), "z": (passthrough, "y")},  # one chain
-        dict(dask.delayed(passthrough)(dask.delayed(halve_then_divide)(1), dask_key_name="z")
-             .__dask_graph__()),  # dask's task objects
+        dict(
+            dask.delayed(passthrough)(
+                dask.delayed(halve_then_divide)(1), dask_key_name="z"
+            ).__dask_graph__()
+        ),  # dask's task objects
     ],
     ids=["tuple", "chain", "delayed"],
-)  # fmt: skip
+)
 def test_a_tasks_error_prints_once_with_the_users_frames_only(shared_manager, graph):
     outputs = ["z"] if "z" in graph else ["y"]
     with pytest.raises(ZeroDivisionError) as info:
@@ -214,9 +240,13 @@ def test_a_main_modules_function_shows_its_file_and_line(tmp_path):
     script = tmp_path / "analysis.py"
     script.write_text(SCRIPT)
     done = subprocess.run(
-        [sys.executable, str(script)], env={**os.environ, "PYTHONPATH": SRC},
-        cwd=tmp_path, capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     printed = done.stderr
     assert done.returncode == 1, printed
     assert printed.count(f'File "{script}", line 6, in halve_then_divide') == 1, printed

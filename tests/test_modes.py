@@ -120,9 +120,12 @@ def test_env_vars_are_seen_by_the_task_and_not_by_the_next_run(modes_manager, ta
     dsk = {("e", i): (getenv, "DASKVINE_TEST_VAR") for i in range(4)}
     keys = list(dsk)
     got = modes_manager.get(
-        dsk, keys, task_mode=task_mode, exec_mode=exec_mode,
+        dsk,
+        keys,
+        task_mode=task_mode,
+        exec_mode=exec_mode,
         env_vars={"DASKVINE_TEST_VAR": "on"},
-    )  # fmt: skip
+    )
     assert got == ("on",) * 4
     assert modes_manager.get(dsk, keys) == (None,) * 4
 
@@ -154,9 +157,13 @@ def test_hoisting_a_missing_module_fails_the_run_clearly(modes_manager, task_mod
     dsk = {("h", i): (inc, i) for i in range(4)}
     with pytest.raises(ImportHoistingError, match=r"'no_such_module_xyz' on worker local-"):
         modes_manager.get(
-            dsk, list(dsk), task_mode=task_mode, exec_mode=exec_mode,
-            import_modules=["no_such_module_xyz"], retries=0,
-        )  # fmt: skip
+            dsk,
+            list(dsk),
+            task_mode=task_mode,
+            exec_mode=exec_mode,
+            import_modules=["no_such_module_xyz"],
+            retries=0,
+        )
     assert modes_manager.get(dsk, list(dsk)) == (1, 2, 3, 4)
 
 
@@ -264,9 +271,13 @@ def test_workdir_holds_task_directories_and_is_removed_at_exit(tmp_path):
             assert all(cwd.startswith(str(own)) for cwd, _ in got)
             with pytest.raises(TaskFailed):
                 manager.get(
-                    {"c": (hard_exit, 1)}, "c", task_mode=task_mode, exec_mode=exec_mode,
-                    task_sandbox=True, retries=0,
-                )  # fmt: skip
+                    {"c": (hard_exit, 1)},
+                    "c",
+                    task_mode=task_mode,
+                    exec_mode=exec_mode,
+                    task_sandbox=True,
+                    retries=0,
+                )
         assert list((own / "tasks").iterdir()) == []
     assert list(tmp_path.iterdir()) == []
 

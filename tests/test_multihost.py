@@ -98,12 +98,24 @@ def _start_worker(hosts: netns.Hosts, host: str, name: str, join: list[str], log
     with (logs / f"{name}.log").open("w") as log:
         return hosts.popen(
             host,
-            [sys.executable, "-m", "daskvine_py.worker", *join, "--cores", "1", "--name",
-             name, "--workdir", str(logs / name), "--manager-timeout", "20"],
+            [
+                sys.executable,
+                "-m",
+                "daskvine_py.worker",
+                *join,
+                "--cores",
+                "1",
+                "--name",
+                name,
+                "--workdir",
+                str(logs / name),
+                "--manager-timeout",
+                "20",
+            ],
             env=_env(),
             stdout=subprocess.DEVNULL,
             stderr=log,
-        )  # fmt: skip
+        )
 
 
 def _intruders(hosts: netns.Hosts, address: str, connection_file: Path, logs: Path) -> dict:
@@ -139,14 +151,21 @@ def test_workers_on_two_hosts_fetch_each_others_results_directly(hosts, tmp_path
     with driver_log.open("w") as log:
         driver = hosts.popen(
             "manager",
-            [sys.executable, str(DRIVER), "--host", manager_ip,
-             "--connection-file", str(connection_file), *([] if secure else ["--insecure"])],
+            [
+                sys.executable,
+                str(DRIVER),
+                "--host",
+                manager_ip,
+                "--connection-file",
+                str(connection_file),
+                *([] if secure else ["--insecure"]),
+            ],
             env=_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-        )  # fmt: skip
+        )
     lines = Lines(driver, driver_log)
     listening = lines.next("listening", timeout=30)
     address = listening["address"]

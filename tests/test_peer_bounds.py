@@ -74,8 +74,14 @@ def server():
     context = zmq.Context()
     store = Store()
     store.put(3, dumps("three"))
-    links = PeerLinks(context, zmq.Poller(), store, p.DropLog(logging.getLogger(
-        "daskvine_py.worker")), "w", "127.0.0.1")  # fmt: skip
+    links = PeerLinks(
+        context,
+        zmq.Poller(),
+        store,
+        p.DropLog(logging.getLogger("daskvine_py.worker")),
+        "w",
+        "127.0.0.1",
+    )
     try:
         yield links, dealer(context, links.address)
     finally:

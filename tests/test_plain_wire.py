@@ -37,10 +37,12 @@ from test_robustness import _FUZZ, DIRECTIONS, VALID, _decode_or_protocol_error
 def test_what_the_manager_must_not_trust_travels_plain_and_what_it_sends_workers_pickled():
     assert p.PLAIN_KINDS == p.TO_MANAGER | p.FROM_CLIENT | p.TO_CLIENT | p.TO_PEER | p.FROM_PEER
     assert p.PLAIN_KINDS.isdisjoint(p.TO_WORKER - {p.Rejected})
-    for batch, magic in [([p.Status(1, 2, 3, 4), p.Started((5,))], p.PLAIN_MAGIC),
-                         ([p.Rejected("protocol version mismatch")], p.PLAIN_MAGIC),
-                         ([p.Rejected("x"), p.Heartbeat()], p.MAGIC),
-                         ([p.Release((1,))], p.MAGIC)]:  # fmt: skip
+    for batch, magic in [
+        ([p.Status(1, 2, 3, 4), p.Started((5,))], p.PLAIN_MAGIC),
+        ([p.Rejected("protocol version mismatch")], p.PLAIN_MAGIC),
+        ([p.Rejected("x"), p.Heartbeat()], p.MAGIC),
+        ([p.Release((1,))], p.MAGIC),
+    ]:
         frames = p.encode(batch)
         assert frames[0][:3] == magic
         assert p.decode(frames, p.TO_WORKER if magic == p.MAGIC else p.TO_MANAGER | {p.Rejected})
@@ -48,8 +50,12 @@ def test_what_the_manager_must_not_trust_travels_plain_and_what_it_sends_workers
 
 def test_values_keep_their_bytes_and_their_buffers_in_order_as_frames():
     big, other = np.arange(100_000.0), np.ones(50_000)
-    batch = [p.TaskDone(1, 8, 0.5, dumps(big), 2.0, 0.1), p.TaskErred(2, None, "tb", "E: m", "E"),
-             p.Uploaded(3, dumps(other)), p.TaskDone(4, 8, 0.5, dumps("x"), 2.0, 0.1)]  # fmt: skip
+    batch = [
+        p.TaskDone(1, 8, 0.5, dumps(big), 2.0, 0.1),
+        p.TaskErred(2, None, "tb", "E: m", "E"),
+        p.Uploaded(3, dumps(other)),
+        p.TaskDone(4, 8, 0.5, dumps("x"), 2.0, 0.1),
+    ]
     frames = p.encode(batch)
     assert len(frames) == 3 and p.zero_copy(frames)
     assert len(frames[0]) < 1000  # the arrays are not in the first frame
@@ -67,8 +73,14 @@ def test_text_with_lone_surrogates_travels_as_in_a_pickle():
 
 
 def test_a_pickle_is_refused_in_every_plain_direction_and_read_from_the_manager():
-    for direction in (p.TO_MANAGER, p.FROM_CLIENT, p.TO_CLIENT, p.TO_PEER, p.FROM_PEER,
-                      p.TO_MANAGER | p.FROM_CLIENT):  # fmt: skip
+    for direction in (
+        p.TO_MANAGER,
+        p.FROM_CLIENT,
+        p.TO_CLIENT,
+        p.TO_PEER,
+        p.FROM_PEER,
+        p.TO_MANAGER | p.FROM_CLIENT,
+    ):
         with pytest.raises(ProtocolError, match="pickled batch"):
             p.unpack(p.encode_pickled([p.Goodbye("x")]), direction)
     assert p.unpack(p.encode_pickled([p.Heartbeat()]), p.TO_WORKER) == [p.Heartbeat()]
@@ -94,11 +106,15 @@ def test_what_is_not_plain_data_does_not_encode():
 #: Anything msgpack can say: every scalar at the edges of its range (ints from -2**63 to
 #: 2**64 - 1), extensions of our codes and others, arrays, maps.
 _PLAIN_SCALAR = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
-    st.text(max_size=6), st.binary(max_size=6),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=6),
+    st.binary(max_size=6),
     st.builds(msgpack.ExtType, st.integers(0, 3), st.binary(max_size=12)),
     st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
-)  # fmt: skip
+)
 _PLAIN_ANY = st.recursive(
     _PLAIN_SCALAR,
     lambda inner: st.one_of(
@@ -122,8 +138,10 @@ def plain_batches(draw, kinds):
         kind = plain.KINDS.get(code)
         if kind is not None and draw(st.integers(0, 4)):
             corrupt = draw(st.booleans())
-            fields = [draw(_PLAIN_ANY if corrupt and draw(st.booleans()) else valid)
-                      for valid in VALID[kind]]  # fmt: skip
+            fields = [
+                draw(_PLAIN_ANY if corrupt and draw(st.booleans()) else valid)
+                for valid in VALID[kind]
+            ]
             if draw(st.integers(0, 4)) == 3:  # wrong arity
                 fields = fields[: draw(st.integers(0, len(fields)))] + draw(
                     st.lists(_PLAIN_ANY, max_size=2)
@@ -176,16 +194,22 @@ def _comparable(value):
 
 
 @_FUZZ
-@given(direction=st.sampled_from([d for d in sorted(DIRECTIONS) if d != "TO_WORKER"]),
-       data=st.data())  # fmt: skip
+@given(
+    direction=st.sampled_from([d for d in sorted(DIRECTIONS) if d != "TO_WORKER"]), data=st.data()
+)
 def test_fuzz_valid_plain_records_round_trip_exactly(direction, data):
     """Every valid record of a plain direction travels as plain data and reads back as it
     was sent: same types, same values, buffers out of band in order."""
     allowed = DIRECTIONS[direction]
     kinds = sorted(allowed, key=lambda k: k.__name__)
-    batch = data.draw(st.lists(st.sampled_from(kinds).flatmap(
-        lambda kind: st.tuples(*VALID[kind]).map(lambda f, kind=kind: kind(*f))
-    ), max_size=4))  # fmt: skip
+    batch = data.draw(
+        st.lists(
+            st.sampled_from(kinds).flatmap(
+                lambda kind: st.tuples(*VALID[kind]).map(lambda f, kind=kind: kind(*f))
+            ),
+            max_size=4,
+        )
+    )
     frames = p.encode(batch)
     assert bytes(frames[0][: len(p.PLAIN_MAGIC)]) == p.PLAIN_MAGIC
     decoded = p.decode([bytes(f) for f in frames], allowed)
@@ -389,9 +413,12 @@ def test_a_pickle_sent_to_a_workers_peer_port_by_a_key_holder_is_dropped_unopene
         (worker,) = manager.workers.values()
         context = zmq.Context()
         try:
-            holder = dealer(context, worker["peer_address"],
-                            keys=(keys.worker_public, keys.worker_secret),
-                            server_key=keys.worker_public)  # fmt: skip
+            holder = dealer(
+                context,
+                worker["peer_address"],
+                keys=(keys.worker_public, keys.worker_secret),
+                server_key=keys.worker_public,
+            )
             holder.send_multipart([p.MAGIC + pickle.dumps([Bomb(str(marker))], protocol=5)])
             assert not holder.poll(500)  # no answer to it
             holder.send_multipart(p.encode([p.GetData((123456789,))]))

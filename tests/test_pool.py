@@ -29,8 +29,9 @@ def _slurm_available() -> str | None:
     if shutil.which("sbatch") is None or shutil.which("squeue") is None:
         return "no Slurm commands (scripts/slurm-single-node.sh start installs and starts one)"
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                             timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"sinfo failed: {exc}"
     if out.returncode != 0 or not any(s in out.stdout for s in ("idle", "mixed", "alloc")):
@@ -93,8 +94,14 @@ def test_a_pool_grows_to_the_work_and_shrinks_to_nothing_when_idle(kind, tmp_pat
     _env_for_jobs(monkeypatch)
     provider = _provider(kind, tmp_path)
     with Manager(heartbeat_interval=0.2, worker_timeout=10.0) as manager:
-        pool = manager.scale(provider, max_workers=2, cores=1, idle_timeout=1.0,
-                             poll_interval=0.2, manager_timeout=20)  # fmt: skip
+        pool = manager.scale(
+            provider,
+            max_workers=2,
+            cores=1,
+            idle_timeout=1.0,
+            poll_interval=0.2,
+            manager_timeout=20,
+        )
         assert pool.status()["jobs"] == {}  # no work, no jobs
         dsk = {f"x{i}": (slow_inc, i) for i in range(60)}
         dsk["total"] = (sum, [f"x{i}" for i in range(60)])
@@ -114,8 +121,9 @@ def test_a_pool_grows_to_the_work_and_shrinks_to_nothing_when_idle(kind, tmp_pat
         assert pool.status()["failures"] == []
         print(f"{kind}: the run took {took:.1f} s from submission with no worker")
     if kind == "slurm":
-        queue = subprocess.run(["squeue", "-h", "-n", "daskvine-" + pool.name + "-0"],
-                               capture_output=True, text=True).stdout  # fmt: skip
+        queue = subprocess.run(
+            ["squeue", "-h", "-n", "daskvine-" + pool.name + "-0"], capture_output=True, text=True
+        ).stdout
         assert queue.strip() == ""
 
 
@@ -149,8 +157,7 @@ def test_closing_the_manager_mid_run_ends_the_jobs(kind, tmp_path, monkeypatch):
     try:
         pool = manager.scale(provider, max_workers=2, poll_interval=0.2)
         dsk = {f"x{i}": (slow_inc, i, 0.5) for i in range(40)}
-        thread = threading.Thread(target=lambda: _ignore(manager.get, dsk, list(dsk)),
-                                  daemon=True)  # fmt: skip
+        thread = threading.Thread(target=lambda: _ignore(manager.get, dsk, list(dsk)), daemon=True)
         thread.start()
         _wait(lambda: manager.workers, 60, "no worker joined")
     finally:
@@ -162,11 +169,14 @@ def test_closing_the_manager_mid_run_ends_the_jobs(kind, tmp_path, monkeypatch):
     if kind == "slurm":
         job_ids = list(pool.jobs)
         _wait(
-            lambda: not subprocess.run(["squeue", "-h", "-j", ",".join(job_ids)],
-                                       capture_output=True, text=True).stdout.strip(),
+            lambda: (
+                not subprocess.run(
+                    ["squeue", "-h", "-j", ",".join(job_ids)], capture_output=True, text=True
+                ).stdout.strip()
+            ),
             30,
             "jobs still in the queue",
-        )  # fmt: skip
+        )
 
 
 def _ignore(get, *args):
@@ -218,8 +228,14 @@ def test_the_htcondor_submit_description_has_what_condor_submit_needs(tmp_path, 
         pool.close()
         keys = open(manager.connection_file).read()
     (description,) = [p.read_text() for p in captured.glob("*.submit")]
-    for needed in ("executable", "RequestCpus = 4", "RequestMemory = 8192",
-                   'OpSysAndVer == "AlmaLinux9"', '+JobFlavour = "workday"', "queue"):  # fmt: skip
+    for needed in (
+        "executable",
+        "RequestCpus = 4",
+        "RequestMemory = 8192",
+        'OpSysAndVer == "AlmaLinux9"',
+        '+JobFlavour = "workday"',
+        "queue",
+    ):
         assert needed in description, (needed, description)
     scripts = [p.read_text() for p in captured.glob("*.script")]
     job = "\n".join(scripts) + description

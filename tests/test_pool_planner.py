@@ -28,8 +28,9 @@ def test_it_grows_to_the_work_counting_pending_jobs():
 
 def test_pending_jobs_no_longer_needed_are_cancelled_newest_first():
     planner = PoolPlanner(cores_per_worker=1, max_workers=4)
-    table = jobs(("j1", "w1", 0.0, "running"), ("j2", "w2", 1.0, "pending"),
-                 ("j3", "w3", 2.0, "pending"))  # fmt: skip
+    table = jobs(
+        ("j1", "w1", 0.0, "running"), ("j2", "w2", 1.0, "pending"), ("j3", "w3", 2.0, "pending")
+    )
     plan = planner.plan(3.0, cores_needed=1, jobs=table, workers=[WorkerView("w1", 1, 0.0)])
     assert plan.cancel == ["j3", "j2"] and plan.submit == 0
 
@@ -65,8 +66,7 @@ def test_a_worker_that_left_no_longer_counts_and_is_replaced_if_needed():
 
 def test_failed_held_and_never_joined_jobs_are_reported_once_and_slow_submissions():
     planner = PoolPlanner(cores_per_worker=1, max_workers=3, retry_after=10, max_retry_after=40)
-    table = jobs(("j1", "w1", 0.0, "failed"), ("j2", "w2", 0.0, "held"),
-                 ("j3", "w3", 0.0, "done"))  # fmt: skip
+    table = jobs(("j1", "w1", 0.0, "failed"), ("j2", "w2", 0.0, "held"), ("j3", "w3", 0.0, "done"))
     table["j1"].message = "worker_init: module: command not found"
     plan = planner.plan(1.0, cores_needed=3, jobs=table, workers=[])
     assert [job.job_id for job in plan.failures] == ["j1", "j2", "j3"]
@@ -92,9 +92,10 @@ def test_a_worker_joining_resets_the_backoff():
 
 
 def test_parsl_states_map_onto_the_pools():
-    assert [job_state(s) for s in ("PENDING", "RUNNING", "COMPLETED", "HELD", "TIMEOUT",
-                                   "SCALED_IN", "weird")] == [
-        "pending", "running", "done", "held", "failed", "cancelled", "failed"]  # fmt: skip
+    assert [
+        job_state(s)
+        for s in ("PENDING", "RUNNING", "COMPLETED", "HELD", "TIMEOUT", "SCALED_IN", "weird")
+    ] == ["pending", "running", "done", "held", "failed", "cancelled", "failed"]
 
 
 def test_bad_bounds_are_errors():

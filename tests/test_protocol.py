@@ -77,8 +77,10 @@ def test_field_types_are_checked():
 def test_status_records_round_trip_and_are_checked():
     """A factory's status client and the manager (issue 16): requests one way, answers
     the other, each field checked like every other record's."""
-    request = [p.StatusRequest(p.PROTOCOL_VERSION, "factory-login1-42"),
-               p.RetireWorker("pool1-42-0", "idle for 60 s")]  # fmt: skip
+    request = [
+        p.StatusRequest(p.PROTOCOL_VERSION, "factory-login1-42"),
+        p.RetireWorker("pool1-42-0", "idle for 60 s"),
+    ]
     assert p.decode(p.encode(request), p.FROM_CLIENT) == request
     reply = p.StatusReply(12, (("pool1-42-0", 4, 0.0), ("pool1-42-1", 8, 61.5)))
     assert p.decode(p.encode([reply]), p.TO_CLIENT) == [reply]

@@ -22,9 +22,12 @@ class Posted:
 def registry(loads=None) -> tuple[Registry, Posted]:
     posted = Posted()
     reg = Registry(
-        posted, p.DropLog(logging.getLogger("test")), 0.5, lambda: (3, 2, 1),
+        posted,
+        p.DropLog(logging.getLogger("test")),
+        0.5,
+        lambda: (3, 2, 1),
         lambda: loads if loads is not None else {},
-    )  # fmt: skip
+    )
     return reg, posted
 
 
@@ -50,8 +53,9 @@ def test_another_version_or_a_malformed_registration_is_rejected():
     assert reg.stranger(b"bad", [bad], now=0.0) is None
     assert reg.stranger(b"quiet", [p.Heartbeat()], now=0.0) is None  # dropped, unanswered
     assert [(ident, type(m)) for ident, m in posted.messages] == [
-        (b"old", p.Rejected), (b"bad", p.Rejected),
-    ]  # fmt: skip
+        (b"old", p.Rejected),
+        (b"bad", p.Rejected),
+    ]
     assert reg.workers == {} and reg.snapshot == {}
 
 
@@ -81,7 +85,7 @@ def test_a_live_request_is_answered_with_the_snapshot_and_never_registers():
     assert posted.messages == [
         (b"view", p.LiveReply(3, {"totals": {"workers": 0}})),
         (b"view", p.LiveReply(4, {"totals": {"workers": 0}})),
-    ]  # fmt: skip
+    ]
     posted.messages.clear()
     reg.stranger(b"view", [tuple.__new__(p.LiveRequest, ("3",))], now=2.0)  # malformed
     assert posted.messages == [] and reg.workers == {}
@@ -125,8 +129,9 @@ def test_a_name_or_host_holding_control_characters_is_refused_in_one_line(caplog
 def test_a_flood_under_one_taken_name_is_one_line(caplog):
     reg, _ = registry()
     with caplog.at_level(logging.WARNING):
-        names = [reg.stranger(f"id{i}".encode(), [register("w")], now=i / 60).name
-                 for i in range(60)]  # fmt: skip
+        names = [
+            reg.stranger(f"id{i}".encode(), [register("w")], now=i / 60).name for i in range(60)
+        ]
     assert names == ["w"] + [f"w~{i}" for i in range(2, 61)]
     assert [r.getMessage() for r in caplog.records] == [
         "worker w: a connected worker has that name already; it joins as w~2"

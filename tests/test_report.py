@@ -150,8 +150,10 @@ def test_report_and_event_log_of_a_real_run(shared_manager, tmp_path):
     again = tmp_path / "again.html"
     subprocess.run(
         [sys.executable, "-m", "daskvine_py", "report", str(log), "-o", str(again)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert again.read_text() == report.read_text()
     # And so is the one the manager writes for its last run.
     later = tmp_path / "later.html"
@@ -292,8 +294,13 @@ def test_report_renders_in_headless_chromium(shared_manager, tmp_path):
     assert "data-errors" in _parse(bad.stdout).attrs
 
     shot = tmp_path / "run.png"
-    done = _chromium(tmp_path, "--hide-scrollbars", "--window-size=1100,2400",
-                     f"--screenshot={shot}", report.as_uri())  # fmt: skip
+    done = _chromium(
+        tmp_path,
+        "--hide-scrollbars",
+        "--window-size=1100,2400",
+        f"--screenshot={shot}",
+        report.as_uri(),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("DASKVINE_PY_KEEP_SCREENSHOT"):
@@ -355,8 +362,14 @@ def test_a_cached_runs_numbers_are_a_row_of_the_summary():
     from daskvine_py.report.runinfo import RunInfo
 
     info = RunInfo(7, {"cache": True}, 19, 1.0e9, 1.0e9 + 2.0, "done")
-    info.cache = {"hits": 12, "misses": 7, "uncached": 0, "tasks_run": 7,
-                  "bytes_reused": 3 * 2**20, "seconds_saved": 4.5}  # fmt: skip
+    info.cache = {
+        "hits": 12,
+        "misses": 7,
+        "uncached": 0,
+        "tasks_run": 7,
+        "bytes_reused": 3 * 2**20,
+        "seconds_saved": 4.5,
+    }
     page = render(summary_records(info))
     assert "result cache" in page
     assert "12 hits, 7 misses, 0 uncached; 7 tasks run; 3.1 MB reused" in page
@@ -370,14 +383,28 @@ def test_tasks_over_time_draws_the_cores_connected_and_marks_each_worker_lost():
         {"event": "run", "t": 0.0, "run_id": 1, "tasks": 4},
         {"event": "worker", "t": 0.0, "worker": "a", "cores": 12, "host": "n1"},
         {"event": "worker", "t": 0.0, "worker": "b", "cores": 12, "host": "n2"},
-        {"event": "sample", "t": 0.5, "waiting": 0, "ready": 2, "processing": 20,
-         "running": 20, "done": 0},
+        {
+            "event": "sample",
+            "t": 0.5,
+            "waiting": 0,
+            "ready": 2,
+            "processing": 20,
+            "running": 20,
+            "done": 0,
+        },
         {"event": "worker_lost", "t": 1.0, "worker": "b", "reason": "preempted"},
         {"event": "worker", "t": 2.0, "worker": "c", "cores": 12, "host": "n3"},
-        {"event": "sample", "t": 2.5, "waiting": 0, "ready": 0, "processing": 4,
-         "running": 4, "done": 20},
+        {
+            "event": "sample",
+            "t": 2.5,
+            "waiting": 0,
+            "ready": 0,
+            "processing": 4,
+            "running": 4,
+            "done": 20,
+        },
         {"event": "end", "t": 3.0, "outcome": "done", "duration": 3.0},
-    ]  # fmt: skip
+    ]
     page = render(records)
     cores = re.search(r"data-series='cores' d='([^']*)'", page)
     assert cores is not None

@@ -24,7 +24,7 @@ HOLD_MB = 100
 
 def _hold(i):
     block = bytearray(HOLD_MB * MB)
-    block[:: 4096] = b"\1" * len(range(0, len(block), 4096))  # every page resident
+    block[::4096] = b"\1" * len(range(0, len(block), 4096))  # every page resident
     time.sleep(0.6)  # longer than the heartbeat interval: the worker beats meanwhile
     return np.ones(1000 * (i + 1)) * block[4096]
 
@@ -71,8 +71,11 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     assert all(c.failed == 0 for c in categories.values())
 
     records = read_events(log)
-    keys = {r["id"]: tuple(r["key"]) if isinstance(r["key"], list) else r["key"]
-            for r in records if r["event"] == "dispatch"}  # fmt: skip
+    keys = {
+        r["id"]: tuple(r["key"]) if isinstance(r["key"], list) else r["key"]
+        for r in records
+        if r["event"] == "dispatch"
+    }
     done = {keys[r["id"]]: r for r in records if r["event"] == "done"}
     assert len(done) == 9
     # Each task's measurements, under its key's category.
@@ -100,8 +103,9 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
     assert categories["mix"].input_bytes == mix_in
     assert categories["total"].input_bytes == sum(nbytes[("mix", i)] for i in range(4))
     assert categories["hold"].input_bytes == 0
-    assert mix_in == pytest.approx(2 * sum(_size(values[("hold", i)]) for i in range(4)),
-                                   abs=2 * 4 * 1024)  # fmt: skip
+    assert mix_in == pytest.approx(
+        2 * sum(_size(values[("hold", i)]) for i in range(4)), abs=2 * 4 * 1024
+    )
 
     # The "categories" record is last_run's, and so is the report's table.
     (summary,) = [r["categories"] for r in records if r["event"] == "categories"]
@@ -112,8 +116,10 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
         assert rows[name][1] == str(category.tasks)
         assert rows[name][2:4] == [amount(category.wall_s), amount(category.cpu_s)]
         assert rows[name][5] == peak_memory(category.peak_memory_mb)
-        assert rows[name][8:10] == [amount(category.input_bytes / MB),
-                                    amount(category.output_bytes / MB)]  # fmt: skip
+        assert rows[name][8:10] == [
+            amount(category.input_bytes / MB),
+            amount(category.output_bytes / MB),
+        ]
 
     # A memory chart per worker, from heartbeats sent while the "hold" tasks slept.
     beats = [r for r in records if r["event"] == "memory"]
@@ -133,8 +139,11 @@ def test_report_and_log_show_what_each_category_and_worker_took(manager, tmp_pat
 def test_tasks_that_raised_count_as_failed_in_their_category(shared_manager, tmp_path):
     log = tmp_path / "run.jsonl"
     # read twice: not fused into a chain with its reader, so its category is its own
-    dsk = {("boom", 0): (_boom, 1), ("after", 0): (_mix, ("boom", 0), ("boom", 0)),
-           ("after", 1): (_mix, ("boom", 0), ("boom", 0))}  # fmt: skip
+    dsk = {
+        ("boom", 0): (_boom, 1),
+        ("after", 0): (_mix, ("boom", 0), ("boom", 0)),
+        ("after", 1): (_mix, ("boom", 0), ("boom", 0)),
+    }
     keys = [("after", 0), ("after", 1)]
     with pytest.raises(ValueError, match="no 1"):
         shared_manager.get(dsk, keys, event_log=log)

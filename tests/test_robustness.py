@@ -167,8 +167,12 @@ def worker():
 def _two_runs():
     st_ = s.SchedulerState()
     st_.handle([s.WorkerJoined(W1, "w1", 2, "tcp://w1:1")])
-    out = st_.handle([s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3),
-                      s.SubmitRun(2, [s.NewTask("b", b"", (), (), 0)], ["b"], 3)])  # fmt: skip
+    out = st_.handle(
+        [
+            s.SubmitRun(1, [s.NewTask("a", b"", (), (), 0)], ["a"], 3),
+            s.SubmitRun(2, [s.NewTask("b", b"", (), (), 0)], ["b"], 3),
+        ]
+    )
     ids = {i.message.key: i.message.task_id for i in out if type(i.message) is p.Execute}
     return st_, ids
 
@@ -176,8 +180,12 @@ def _two_runs():
 def test_a_report_that_raises_fails_its_run_and_the_events_beside_it_count():
     st_, ids = _two_runs()
     # An output's TaskDone without its value raises in the handler; the next one is fine.
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(ids["a"], 8, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(ids["b"], 8, 0.1, dumps(7)))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(ids["a"], 8, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(ids["b"], 8, 0.1, dumps(7))),
+        ]
+    )
     (aborted,) = [i for i in out if type(i) is s.RunAborted]
     assert aborted.run_id == 1 and isinstance(aborted.error, ValueError)
     assert "TaskDone about task 'a'" in aborted.what and "worker w1" in aborted.what
@@ -230,8 +238,12 @@ def test_a_half_applied_transition_still_drops_its_run_cleanly():
 def test_a_malformed_report_fails_the_runs_of_the_tasks_it_names_that_run_there():
     st_, ids = _two_runs()
     error = ProtocolError("TaskDone.value: a buffer is a int")
-    out = st_.handle([s.BadReport(W1, "TaskDone", (ids["a"], 999), error),
-                      s.BadReport(W2, "TaskDone", (ids["b"],), error)])  # fmt: skip
+    out = st_.handle(
+        [
+            s.BadReport(W1, "TaskDone", (ids["a"], 999), error),
+            s.BadReport(W2, "TaskDone", (ids["b"],), error),
+        ]
+    )
     (aborted,) = [i for i in out if type(i) is s.RunAborted]
     assert aborted.run_id == 1 and aborted.error is error
     assert "malformed TaskDone about task 'a'" in aborted.what and "w1" in aborted.what
@@ -257,15 +269,22 @@ def test_a_worker_that_cannot_run_a_task_it_reported_done_does_not_hold_it():
     """A false TaskDone (b had not run) and then the truth from the same worker (b lacks
     its input): c, sent there to wait for b, would wait forever."""
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
-    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), ("a",), 1),
-             s.NewTask("c", b"", (), ("b",), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("a", b"", (), (), 0),
+        s.NewTask("b", b"", (), ("a",), 1),
+        s.NewTask("c", b"", (), ("b",), 2),
+    ]
     st_.handle([s.WorkerJoined(W1, "w1", 1, "tcp://w1:1"), s.SubmitRun(1, tasks, ["c"], 3)])
     a, b, c = (st_.tasks[i] for i in (1, 2, 3))
     assert {t.state for t in (a, b, c)} == {"processing"}  # b and c sent ahead
     st_.handle([s.FromWorker(W1, p.TaskDone(b.id, 8, 0.1, None))])
     assert b.state == "memory" and c.state == "processing" and c.missing == 0
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(a.id, 8, 0.1, None)),
-                      s.FromWorker(W1, p.FetchFailed(b.id, a.id, ("tcp://w1:1",)))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(a.id, 8, 0.1, None)),
+            s.FromWorker(W1, p.FetchFailed(b.id, a.id, ("tcp://w1:1",))),
+        ]
+    )
     # The copy of b is forgotten: c is called back, and b's lineage runs again (sent
     # ahead as before, so c follows b again).
     sent = [i.message for i in out if type(i) is s.Send]
@@ -286,8 +305,10 @@ def test_a_failing_report_fails_its_run_over_the_real_manager_and_the_batch_coun
             executes = {m.key: m for m in fake.receive(p.Execute, 2)}
             expected = dask.get(dsk2, "b")
             # One batch: an output's TaskDone without its value, then a good one.
-            fake.send(p.TaskDone(executes["a"].task_id, 8, 0.01, None, 0.0),
-                      p.TaskDone(executes["b"].task_id, 8, 0.01, dumps(expected), 0.0))  # fmt: skip
+            fake.send(
+                p.TaskDone(executes["a"].task_id, 8, 0.01, None, 0.0),
+                p.TaskDone(executes["b"].task_id, 8, 0.01, dumps(expected), 0.0),
+            )
             assert second.result(30) == expected
             error = first.error(30)
             assert isinstance(error, SchedulerError) and isinstance(error.__cause__, ValueError)
@@ -421,8 +442,14 @@ def test_garbage_on_a_workers_peer_port_never_kills_it(insecure_manager):
     try:
         for address in peers:
             sock = dealer(context, address)
-            for request in (p.GetData(5), p.GetData(None), p.GetData(([1],)), p.GetData(("1",)),
-                            p.GetData((-1, 2.5)), p.Data(1, None)):  # fmt: skip
+            for request in (
+                p.GetData(5),
+                p.GetData(None),
+                p.GetData(([1],)),
+                p.GetData(("1",)),
+                p.GetData((-1, 2.5)),
+                p.Data(1, None),
+            ):
                 sock.send_multipart(p.encode([request]))
             sock.send_multipart([b"not ours"])
             sock.send_multipart([p.MAGIC + b"\x80\x05garbage"])
@@ -439,8 +466,13 @@ def test_garbage_on_a_workers_peer_port_never_kills_it(insecure_manager):
 
 def test_bad_peer_requests_get_no_answer_and_one_warning(worker, caplog):
     worker.store.put(3, dumps("three"))
-    bad = [p.encode([p.GetData(5)]), p.encode([p.GetData(None)]), p.encode([p.GetData(([1],))]),
-           [b"garbage"], p.encode([p.Data(3, None)])]  # fmt: skip
+    bad = [
+        p.encode([p.GetData(5)]),
+        p.encode([p.GetData(None)]),
+        p.encode([p.GetData(([1],))]),
+        [b"garbage"],
+        p.encode([p.Data(3, None)]),
+    ]
     with caplog.at_level(logging.WARNING, logger="daskvine_py.worker"):
         for _ in range(50):
             for frames in bad:
@@ -475,8 +507,13 @@ def test_a_malformed_reply_from_a_peer_is_dropped_and_the_fetch_goes_on(worker):
 def test_only_valid_messages_from_the_manager_count_as_contact(worker):
     """Problem 4: any bytes from the manager's socket used to reset the silence timer."""
     before = worker.state.last_contact
-    for frames in ([b"junk"], [p.MAGIC + b"junk"], p.encode([p.Welcome("w", math.nan)]),
-                   p.encode([p.Release(("1",))]), p.encode([p.GetData((1,))])):  # fmt: skip
+    for frames in (
+        [b"junk"],
+        [p.MAGIC + b"junk"],
+        p.encode([p.Welcome("w", math.nan)]),
+        p.encode([p.Release(("1",))]),
+        p.encode([p.GetData((1,))]),
+    ):
         worker._on_manager_frames(frames)
         worker._handle(before + 100.0)
         assert worker.state.last_contact == before
@@ -614,11 +651,18 @@ def test_what_the_wire_yields_passes():
     import numpy as np
 
     value = dumps(np.arange(100_000))
-    deps = (p.DepLocation(1, ("x", 1), ("tcp://h:1",)), p.DepLocation(2, "y", None),
-            p.DepLocation(3, ("z", 0, 1.5), (), dumps(3)))  # fmt: skip
-    batch = [p.TaskDone(1, 8, 0.5, value, time.time()), p.Execute(2, ("k", 0), b"pl", deps, True),
-             p.Function(b"f" * 16, pickle.PickleBuffer(bytes(100_000))), p.Data(4, value),
-             p.RunConfig(3, "tasks", "fork", ("numpy",), (("A", "1"),), True)]  # fmt: skip
+    deps = (
+        p.DepLocation(1, ("x", 1), ("tcp://h:1",)),
+        p.DepLocation(2, "y", None),
+        p.DepLocation(3, ("z", 0, 1.5), (), dumps(3)),
+    )
+    batch = [
+        p.TaskDone(1, 8, 0.5, value, time.time()),
+        p.Execute(2, ("k", 0), b"pl", deps, True),
+        p.Function(b"f" * 16, pickle.PickleBuffer(bytes(100_000))),
+        p.Data(4, value),
+        p.RunConfig(3, "tasks", "fork", ("numpy",), (("A", "1"),), True),
+    ]
     for direction in (p.TO_MANAGER, p.TO_WORKER, p.TO_PEER, p.FROM_PEER):
         records = [r for r in batch if type(r) in direction]
         frames = p.encode(records)
@@ -636,8 +680,10 @@ def test_drop_log_warns_once_per_kind_per_interval(caplog):
         drops.warn("b", 0.5, "other %d", 0)
         drops.warn("a", 20.0, "dropped %d", 100)
     assert [r.getMessage() for r in caplog.records] == [
-        "dropped 0", "other 0", "dropped 100 (and 99 more like it in the last 20 s)"
-    ]  # fmt: skip
+        "dropped 0",
+        "other 0",
+        "dropped 100 (and 99 more like it in the last 20 s)",
+    ]
 
 
 # -- fuzzing: decoders -----------------------------------------------------------------------
@@ -651,17 +697,22 @@ _PRINTABLE = st.text(
     st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")),
     max_size=8,
 )
-_ADDRESS = st.builds("tcp://{}:{}".format, st.sampled_from(["127.0.0.1", "node7", "[::1]"]),
-                     st.integers(1, 65535))  # fmt: skip
+_ADDRESS = st.builds(
+    "tcp://{}:{}".format, st.sampled_from(["127.0.0.1", "node7", "[::1]"]), st.integers(1, 65535)
+)
 _SECONDS = st.floats(0, 1e9)
 _SIZE = st.integers(0, 2**40)
-_KEY = st.recursive(st.one_of(_TEXT, st.integers(), st.floats(allow_nan=False)),
-                    lambda inner: st.tuples(inner, inner), max_leaves=4)  # fmt: skip
+_KEY = st.recursive(
+    st.one_of(_TEXT, st.integers(), st.floats(allow_nan=False)),
+    lambda inner: st.tuples(inner, inner),
+    max_leaves=4,
+)
 _BUFFER = st.one_of(st.binary(max_size=8), st.binary(max_size=8).map(bytearray))
 _SERIALIZED = st.builds(Serialized, st.binary(max_size=16), st.lists(_BUFFER, max_size=2))
 _VALUE = st.none() | _SERIALIZED
-_DEP = st.builds(p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_size=2).map(tuple),
-                 _VALUE)  # fmt: skip
+_DEP = st.builds(
+    p.DepLocation, _ID, _KEY, st.none() | st.lists(_ADDRESS, max_size=2).map(tuple), _VALUE
+)
 
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
@@ -681,18 +732,48 @@ VALID = {
     p.Started: (_IDS,),
     p.Transfers: (st.lists(st.tuples(_ADDRESS, _SIZE), max_size=2).map(tuple),),
     p.DiskFull: (st.booleans(),),
-    p.Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE,
-               st.lists(st.tuples(st.integers(p.SPILL_LANE, 64), _TEXT, _SECONDS, _SECONDS,
-                                  _SECONDS, st.integers(0, 10**6)), max_size=3).map(tuple)),
+    p.Status: (
+        _SIZE,
+        _SIZE,
+        _SIZE,
+        _SIZE,
+        _SIZE,
+        st.lists(
+            st.tuples(
+                st.integers(p.SPILL_LANE, 64),
+                _TEXT,
+                _SECONDS,
+                _SECONDS,
+                _SECONDS,
+                st.integers(0, 10**6),
+            ),
+            max_size=3,
+        ).map(tuple),
+    ),
     p.Goodbye: (_TEXT,),
     p.Welcome: (_TEXT, st.floats(0.001, 100)),
     p.Rejected: (_TEXT,),
     p.Function: (st.binary(max_size=16), st.binary(max_size=16)),
-    p.RunConfig: (_ID, st.sampled_from(["function-calls", "tasks"]),
-                  st.sampled_from(["direct", "fork"]), _TEXTS,
-                  st.lists(st.tuples(_TEXT, _TEXT), max_size=2).map(tuple), st.booleans()),
-    p.Execute: (_ID, _KEY, st.binary(max_size=8), st.lists(_DEP, max_size=3).map(tuple),
-                st.booleans(), _ID, st.booleans(), st.integers(1, 64), _SIZE, _SIZE),
+    p.RunConfig: (
+        _ID,
+        st.sampled_from(["function-calls", "tasks"]),
+        st.sampled_from(["direct", "fork"]),
+        _TEXTS,
+        st.lists(st.tuples(_TEXT, _TEXT), max_size=2).map(tuple),
+        st.booleans(),
+    ),
+    p.Execute: (
+        _ID,
+        _KEY,
+        st.binary(max_size=8),
+        st.lists(_DEP, max_size=3).map(tuple),
+        st.booleans(),
+        _ID,
+        st.booleans(),
+        st.integers(1, 64),
+        _SIZE,
+        _SIZE,
+    ),
     p.Release: (_IDS,),
     p.Cancel: (_IDS,),
     p.Withdraw: (_IDS,),
@@ -704,17 +785,30 @@ VALID = {
     p.Data: (_ID, _VALUE),
     p.StatusRequest: (_ID, _TEXT),
     p.RetireWorker: (_TEXT, _TEXT),
-    p.StatusReply: (_SIZE, st.lists(st.tuples(_TEXT, st.integers(1, 64), _SECONDS),
-                                    max_size=3).map(tuple)),
+    p.StatusReply: (
+        _SIZE,
+        st.lists(st.tuples(_TEXT, st.integers(1, 64), _SECONDS), max_size=3).map(tuple),
+    ),
     p.LiveRequest: (_ID,),
     p.LiveReply: (_ID, st.dictionaries(_TEXT, st.integers(0, 9), max_size=3)),
-}  # fmt: skip
-DIRECTIONS = {"TO_MANAGER": p.TO_MANAGER, "TO_WORKER": p.TO_WORKER, "TO_PEER": p.TO_PEER,
-              "FROM_PEER": p.FROM_PEER, "FROM_CLIENT": p.FROM_CLIENT,
-              "TO_CLIENT": p.TO_CLIENT}  # fmt: skip
+}
+DIRECTIONS = {
+    "TO_MANAGER": p.TO_MANAGER,
+    "TO_WORKER": p.TO_WORKER,
+    "TO_PEER": p.TO_PEER,
+    "FROM_PEER": p.FROM_PEER,
+    "FROM_CLIENT": p.FROM_CLIENT,
+    "TO_CLIENT": p.TO_CLIENT,
+}
 
-_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(),
-                    st.text(max_size=6), st.binary(max_size=6))  # fmt: skip
+_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=6),
+    st.binary(max_size=6),
+)
 _ANY = st.recursive(
     _SCALAR,
     lambda inner: st.one_of(
@@ -810,8 +904,20 @@ def test_fuzz_frames_decode_valid_or_raise_protocol_error(direction, frames):
 
 # -- fuzzing: the scheduler state under inconsistent reports ---------------------------------
 
-_REPORTS = (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-            p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded, p.TaskExhausted)  # fmt: skip
+_REPORTS = (
+    p.TaskDone,
+    p.TaskErred,
+    p.TaskCrashed,
+    p.FetchFailed,
+    p.Replicas,
+    p.Lost,
+    p.Withdrawn,
+    p.Started,
+    p.DiskFull,
+    p.Relay,
+    p.Uploaded,
+    p.TaskExhausted,
+)
 
 
 #: The raw material of a false report, drawn before the run: which values it takes is
@@ -881,8 +987,11 @@ class HonestCluster(SimulatedCluster):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=2), seed=st.integers(0, 10**6),
-       data=st.data())  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=2),
+    seed=st.integers(0, 10**6),
+    data=st.data(),
+)
 def test_fuzz_inconsistent_reports_never_break_the_state_and_every_run_ends(graphs, seed, data):
     cluster = HonestCluster(seed)
     aborted, dropped = {}, []

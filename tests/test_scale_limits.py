@@ -178,9 +178,15 @@ def _run_with_few_files(tmp_path, script_text: str, timeout: float) -> subproces
     script = tmp_path / "manager.py"
     script.write_text(script_text)
     return subprocess.run(
-        [sys.executable, str(script)], env=_env(), preexec_fn=low_limit, cwd=tmp_path,
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, str(script)],
+        env=_env(),
+        preexec_fn=low_limit,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(300)

@@ -34,8 +34,12 @@ def test_least_recently_used_results_go_first_and_busy_ones_stay():
         forgotten.append(record.id)
         budget.forget(record)
 
-    budget.evict({b"a": a, b"b": b}, lambda r: r is busy, forget,
-                 lambda r, w: released.append((r.id, w.name)))  # fmt: skip
+    budget.evict(
+        {b"a": a, b"b": b},
+        lambda r: r is busy,
+        forget,
+        lambda r, w: released.append((r.id, w.name)),
+    )
     # busy is read now; new goes whole; shared loses its copy on a only; 200 <= 250 then.
     assert forgotten == [3] and released == [(4, "a")]
     assert budget.held == {a: 200, b: 100} and budget.fits(a)

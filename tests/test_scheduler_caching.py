@@ -27,12 +27,15 @@ class Host:
         self.dropped: list = []
         self.dismissed: list = []
         ctx = context(
-            self.transition, (self.worker,),
+            self.transition,
+            (self.worker,),
             claims={"send": lambda w, m: self.out.append((w.name, m))},
-            failures={"drop_run": self.dropped.append,
-                      "dismiss": lambda t, drop: self.dismissed.append(t.key)},
+            failures={
+                "drop_run": self.dropped.append,
+                "dismiss": lambda t, drop: self.dismissed.append(t.key),
+            },
             copies={"lose": self.moves.append, "recompute": self.moves.append},
-        )  # fmt: skip
+        )
         self.workers, self.runs, self.tasks, self.out = ctx.workers, ctx.runs, ctx.tasks, ctx.out
         self.caching = ctx.caching = Caching(ctx)
 

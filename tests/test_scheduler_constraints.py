@@ -25,9 +25,10 @@ def make(*cores: int):
         worker.processing[task] = None
 
     ctx = context(
-        transition, tuple(workers.values()),
+        transition,
+        tuple(workers.values()),
         failures={"drop_run": dropped.append, "abort": lambda *a: None},
-    )  # fmt: skip
+    )
     constraints = Constraints(ctx)
     return constraints, ctx.workers, ctx.runs, ctx.out, moves, dropped
 

@@ -22,10 +22,11 @@ def make(cache_runs: dict | None = None):
         return [t for t in lost if t.key != "cached"]
 
     ctx = context(
-        transition, tuple(WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names),
+        transition,
+        tuple(WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names),
         claims={"send": lambda w, m: sent.append((w.name, m))},
         caching={"lost": cache_lost, "payload": payloads.append},
-    )  # fmt: skip
+    )
     ctx.cache_runs.update(cache_runs or {})
     copies = Copies(ctx)
     return copies, ctx.workers, ctx.tasks, sent, moves, payloads

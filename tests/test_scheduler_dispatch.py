@@ -22,13 +22,14 @@ def make(extra: int = 0, cache_runs: dict | None = None):
         dispatch.assign(task, worker)
 
     ctx = context(
-        transition, (WorkerRecord(b"w", "w", 1, "tcp://w:1"),),
+        transition,
+        (WorkerRecord(b"w", "w", 1, "tcp://w:1"),),
         saturation={"extra": lambda w, t: extra},
         locality={"send_ahead": lambda t, w: calls.append(("ahead", t.id))},
         stealing={"steal_for_idle_workers": lambda: calls.append(("steal",))},
         caching={"locations": lambda t, deps: deps},
         failures={"abort": lambda *a: calls.append(("abort", a))},
-    )  # fmt: skip
+    )
     ctx.cache_runs.update(cache_runs or {})
     ctx.constraints = Constraints(ctx)
     ctx.sizing = Sizing(ctx, mode="fixed")
@@ -46,8 +47,12 @@ def test_a_round_fills_each_worker_to_its_saturation_then_steals():
     dispatch.dispatch()
     # One core and one extra: the two best go, each followed by its chain; no stealing
     # while a task is still queued here.
-    assert calls == [("transition", 1, "processing"), ("ahead", 1),
-                     ("transition", 2, "processing"), ("ahead", 2)]  # fmt: skip
+    assert calls == [
+        ("transition", 1, "processing"),
+        ("ahead", 1),
+        ("transition", 2, "processing"),
+        ("ahead", 2),
+    ]
     assert [m.message.task_id for m in out] == [1, 2] and len(queue) == 1
     w.processing.clear()
     calls.clear()

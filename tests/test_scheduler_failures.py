@@ -32,8 +32,9 @@ def make():
     ctx = context(
         transition,
         tuple(WorkerRecord(n, n.decode(), 2, f"tcp://{n.decode()}:1") for n in (b"a", b"b")),
-        constraints={"placing": ReadyQueue()}, stealing={"settled": settled.append},
-    )  # fmt: skip
+        constraints={"placing": ReadyQueue()},
+        stealing={"settled": settled.append},
+    )
     ctx.claims = SimpleNamespace(send=ctx.send)  # (what takes tasks back: none here)
     ctx.runs[1] = run
     failures = Failures(ctx)

@@ -29,9 +29,10 @@ def flat(n: int, run_id: int = 1, **options: object) -> s.SubmitRun:
 
 def executes(out: list, worker: bytes | None = None) -> list[int]:
     return [
-        i.message.task_id for i in out
+        i.message.task_id
+        for i in out
         if type(i) is s.Send and type(i.message) is p.Execute and worker in (None, i.worker)
-    ]  # fmt: skip
+    ]
 
 
 def of(out: list, kind: type) -> list:
@@ -151,8 +152,9 @@ def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slo
         assert elsewhere != W1
         out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
         quarantined += of(out, Quarantined)
-    assert [(q.worker, q.reason is not None and q.reason.startswith("slow")) for q in quarantined] \
-        == [(W1, True)]  # fmt: skip
+    assert [
+        (q.worker, q.reason is not None and q.reason.startswith("slow")) for q in quarantined
+    ] == [(W1, True)]
     assert st_.workers[W1].quarantined is not None
     assert holding(st_, W1) == []  # what it held was taken back
     for worker in (W2, W3):
@@ -291,8 +293,14 @@ def test_a_worker_fetching_an_input_from_silent_holders_is_not_ejected_as_stuck(
     ]
     st_.handle([joined(W2), s.SubmitRun(1, tasks, ["c"], 3)], 0.0)
     a, b = st_.tasks[1], st_.tasks[2]
-    st_.handle([s.FromWorker(W2, p.TaskDone(a.id, 8, 0.1, None)),
-                s.FromWorker(W2, p.DiskFull(True)), joined(W1)], 1.0)  # fmt: skip
+    st_.handle(
+        [
+            s.FromWorker(W2, p.TaskDone(a.id, 8, 0.1, None)),
+            s.FromWorker(W2, p.DiskFull(True)),
+            joined(W1),
+        ],
+        1.0,
+    )
     assert b.worker is st_.workers[W1] and a.who_has == {st_.workers[W2]}
     allowance = 2 * FETCH_ALLOWANCE  # its one holder, then the manager
     assert of(st_.handle([Tick()], 1.0 + 5.0 + allowance - 1.0), Eject) == []

@@ -16,9 +16,10 @@ def test_one_holder_uploads_once_for_every_reader_and_each_gets_the_value(caplog
     names = (b"h", b"r1", b"r2")
     sent: list = []
     ctx = context(
-        None, tuple(WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names),
+        None,
+        tuple(WorkerRecord(n, n.decode(), 1, f"tcp://{n.decode()}:1") for n in names),
         claims={"send": lambda w, m: sent.append((w.name, m))},
-    )  # fmt: skip
+    )
     h, r1, r2 = ctx.workers.values()
     dep = TaskRecord(1, "x", RunRecord(3, 0, ()), b"", (), 0, "x")
     dep.state = "memory"

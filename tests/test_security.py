@@ -230,9 +230,14 @@ def test_a_worker_without_the_keys_exits_saying_authentication(tmp_path):
 #: A ZMTP 3.0 greeting from a CurveZMQ server: what a keyless worker reads first when the
 #: manager's greeting reaches it before the manager drops the connection.
 _CURVE_GREETING = (
-    b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\x00") + b"\x01"
+    b"\xff"
+    + b"\x00" * 8
+    + b"\x7f"
+    + b"\x03\x00"
+    + b"CURVE".ljust(20, b"\x00")
+    + b"\x01"
     + b"\x00" * 31
-)  # fmt: skip
+)
 
 
 @pytest.mark.timeout(60)
@@ -331,8 +336,14 @@ def _through_relays(security_on: bool) -> tuple[list[Relay], bytes, object]:
                 to_peer = Relay(peer_port)
                 relays.append(to_peer)
                 args = ["--peer-port", str(peer_port), "--contact-address", to_peer.address]
-                procs.append(spawn(to_manager.address, name=name, extra_args=args,
-                                   connection_file=manager.connection_file))  # fmt: skip
+                procs.append(
+                    spawn(
+                        to_manager.address,
+                        name=name,
+                        extra_args=args,
+                        connection_file=manager.connection_file,
+                    )
+                )
             manager._local_processes.extend(procs)
             manager.wait_for_workers(2, timeout=30, processes=procs)
             keys = [f"c{i}" for i in range(n)] + ["first"]

@@ -72,10 +72,22 @@ def test_the_command_replays_a_seed_in_another_process(tmp_path):
         out = tmp_path / f"run{hash_seed}.json"
         env = {**os.environ, "PYTHONPATH": SRC, "PYTHONHASHSEED": hash_seed}
         proc = subprocess.run(
-            [sys.executable, "-m", "daskvine_py.simulate", "--seeds", "2", "--first-seed", "5",
-             "--json", str(out)],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "daskvine_py.simulate",
+                "--seeds",
+                "2",
+                "--first-seed",
+                "5",
+                "--json",
+                str(out),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "2 seeds" in proc.stdout, proc.stderr
         assert proc.returncode == (1 if json.loads(out.read_text())["violations"] else 0)
         outs.append(json.loads(out.read_text()))

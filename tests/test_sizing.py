@@ -35,13 +35,15 @@ def run_of(keys, prefix="load", run_id=1, retries=3, settings=None) -> s.SubmitR
 
 
 def executes(out) -> list[tuple[bytes, p.Execute]]:
-    return [(i.worker, i.message) for i in out
-            if type(i) is s.Send and type(i.message) is p.Execute]  # fmt: skip
+    return [
+        (i.worker, i.message) for i in out if type(i) is s.Send and type(i.message) is p.Execute
+    ]
 
 
 def done(worker: bytes, task_id: int, peak_mb: float) -> s.FromWorker:
-    return s.FromWorker(worker, p.TaskDone(task_id, 8, 0.5, dumps(0), 0.0, 0.0, 0.1,
-                                           int(peak_mb * MB)))  # fmt: skip
+    return s.FromWorker(
+        worker, p.TaskDone(task_id, 8, 0.5, dumps(0), 0.0, 0.0, 0.1, int(peak_mb * MB))
+    )
 
 
 def exhausted(
@@ -95,12 +97,14 @@ def test_small_tasks_fill_the_cores_that_large_ones_leave_idle():
     tasks = [s.NewTask(f"big{i}", b"", (), (), i, prefix="big") for i in range(6)]
     tasks += [s.NewTask(f"small{i}", b"", (), (), 6 + i, prefix="small") for i in range(6)]
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max")
-    out = st_.handle([joined(W1, cores=4, memory_mb=1000),
-                      s.SubmitRun(1, tasks, [t.key for t in tasks], 3)])  # fmt: skip
+    out = st_.handle(
+        [joined(W1, cores=4, memory_mb=1000), s.SubmitRun(1, tasks, [t.key for t in tasks], 3)]
+    )
     # Unmeasured: one of each category, the second found past the other big ones.
     assert sorted(e.key for _, e in executes(out)) == ["big0", "small0"]
-    out = st_.handle([done(W1, st_.runs[1].tasks["big0"].id, 300),
-                      done(W1, st_.runs[1].tasks["small0"].id, 1)])  # fmt: skip
+    out = st_.handle(
+        [done(W1, st_.runs[1].tasks["big0"].id, 300), done(W1, st_.runs[1].tasks["small0"].id, 1)]
+    )
     sent = {e.key: e.memory for _, e in executes(out)}
     # Two big ones (375 MB each) fit, a third would not; small ones take the other cores.
     assert sent == {"big1": 375 * MB, "big2": 375 * MB, "small1": FLOOR, "small2": FLOOR}
@@ -129,8 +133,9 @@ def test_fixed_mode_allots_only_annotations_and_runs_unmeasured_tasks_freely():
 
 def test_modes_are_set_per_category_and_a_category_annotation_names_it():
     settings = RunSettings({}, {}, {}, {"x": "hungry", "y": "hungry"})
-    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, sizing="max",
-                           sizing_categories={"hungry": "fixed"})  # fmt: skip
+    st_ = s.SchedulerState(
+        fixed_extra_tasks_per_core=0, sizing="max", sizing_categories={"hungry": "fixed"}
+    )
     out = st_.handle([joined(W1), run_of(["x", "y", "z"], settings=settings)])
     # "hungry" is fixed: both go at once; "load" (z's prefix) is unmeasured: one.
     assert sorted(e.key for _, e in executes(out)) == ["x", "y", "z"]
@@ -147,8 +152,12 @@ def test_a_category_annotation_is_read_per_task_and_checked():
         Manager(sizing="largest")
     with pytest.raises(ValueError, match="sizing_categories"):
         Manager(sizing_categories={"load": "most"})
-    with dask.config.set({"daskvine_py.manager.sizing": "min-waste",
-                          "daskvine_py.manager.sizing_categories": {"load": "fixed"}}):
+    with dask.config.set(
+        {
+            "daskvine_py.manager.sizing": "min-waste",
+            "daskvine_py.manager.sizing_categories": {"load": "fixed"},
+        }
+    ):
         options = config.manager_options(None, None, {})
     assert options.sizing == "min-waste" and options.sizing_categories == {"load": "fixed"}
 
@@ -303,8 +312,9 @@ class SizedCluster(SimulatedCluster):
                     self.stores[event.worker].pop(msg.task_id, None)  # stopped: nothing kept
                     self.stopped += 1
                     over = max(peak, limit + MB)
-                    event = s.FromWorker(event.worker, p.TaskExhausted(msg.task_id, "memory",
-                                                                       over, limit))  # fmt: skip
+                    event = s.FromWorker(
+                        event.worker, p.TaskExhausted(msg.task_id, "memory", over, limit)
+                    )
                 else:
                     event = s.FromWorker(event.worker, msg._replace(peak_memory=peak))
             changed.append(event)
@@ -312,8 +322,11 @@ class SizedCluster(SimulatedCluster):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
-       mode=st.sampled_from(["max", "min-waste", "max-throughput", "fixed"]))  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=3),
+    seed=st.integers(0, 10**6),
+    mode=st.sampled_from(["max", "min-waste", "max-throughput", "fixed"]),
+)
 def test_random_graphs_with_sizing_and_stopped_tasks_end_right(graphs, seed, mode):
     cluster = SizedCluster(seed, mode)
     cluster.join(b"w0")

@@ -80,10 +80,14 @@ def test_inputless_siblings_are_queued_for_the_worker_that_took_one():
     out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["e", "f"], 3)])
     placed = {w: sorted(m.key for m in sends(out, p.Execute, worker=w)) for w in (W1, W2)}
     assert placed == {W1: ["a", "c"], W2: ["b", "d"]}
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(3, 10, 0.1, None)),
-                      s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None)),
-                      s.FromWorker(W2, p.TaskDone(4, 10, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(3, 10, 0.1, None)),
+            s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None)),
+            s.FromWorker(W2, p.TaskDone(4, 10, 0.1, None)),
+        ]
+    )
     # each reader runs where both its inputs are: nothing to fetch from a peer
     for worker, key in ((W1, "e"), (W2, "f")):
         (execute,) = sends(out, p.Execute, worker=worker)
@@ -92,15 +96,22 @@ def test_inputless_siblings_are_queued_for_the_worker_that_took_one():
 
 def test_a_reader_of_inputs_all_computing_on_one_worker_is_sent_ahead_there():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
-    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
-             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("a", b"", (), (), 0),
+        s.NewTask("b", b"", (), (), 1),
+        s.NewTask("c", b"", (), ("a", "b"), 2),
+    ]
     out = st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c"], 3)])
     # both inputs are being computed on w1: c waits there for them, not for us
     assert [m.key for m in sends(out, p.Execute, worker=W1)] == ["a", "b", "c"]
     (c,) = [m for m in sends(out, p.Execute) if m.key == "c"]
     assert [dep.peers for dep in c.deps] == [None, None]
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(2, 10, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(2, 10, 0.1, None)),
+        ]
+    )
     assert not sends(out, p.Execute) and st_.tasks[3].state == "processing"
     out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 10, 0.1, dumps(1)))])
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput, s.RunDone]
@@ -108,8 +119,11 @@ def test_a_reader_of_inputs_all_computing_on_one_worker_is_sent_ahead_there():
 
 def test_a_reader_sent_ahead_waits_here_again_when_an_input_is_stolen():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=2)
-    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
-             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("a", b"", (), (), 0),
+        s.NewTask("b", b"", (), (), 1),
+        s.NewTask("c", b"", (), ("a", "b"), 2),
+    ]
     st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c"], 3)])
     assert st_.tasks[3].state == "processing"
     # w2 joins idle: b, unstarted behind a, is asked back from w1 for it
@@ -122,8 +136,11 @@ def test_a_reader_sent_ahead_waits_here_again_when_an_input_is_stolen():
 
 def test_a_sibling_queued_for_a_busy_worker_is_taken_by_an_idle_one():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
-    tasks = [s.NewTask("a", b"", (), (), 0), s.NewTask("b", b"", (), (), 1),
-             s.NewTask("c", b"", (), ("a", "b"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("a", b"", (), (), 0),
+        s.NewTask("b", b"", (), (), 1),
+        s.NewTask("c", b"", (), ("a", "b"), 2),
+    ]
     out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["c"], 3)])
     # w1 takes a and b is queued for it, but w1 is full and w2 has nothing: w2 takes b.
     assert [m.key for m in sends(out, p.Execute, worker=W1)] == ["a"]
@@ -148,18 +165,29 @@ def test_tasks_sent_ahead_are_recalled_when_their_input_goes_elsewhere():
 
 def test_inputs_elsewhere_are_named_with_their_peers():
     st_ = s.SchedulerState(sibling_inputs=0)  # else y would be queued for x's worker
-    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
-             s.NewTask("z", b"", (), ("x", "y"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("x", b"", (), (), 0),
+        s.NewTask("y", b"", (), (), 1),
+        s.NewTask("z", b"", (), ("x", "y"), 2),
+    ]
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3)])
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 1000, 0.1, None)),
-                      s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 1000, 0.1, None)),
+            s.FromWorker(W2, p.TaskDone(2, 10, 0.1, None)),
+        ]
+    )
     (execute,) = sends(out, p.Execute, worker=W1)  # most input bytes are on w1
     assert execute.deps == (p.DepLocation(1, "x", ()), p.DepLocation(2, "y", ("tcp://w2",)))
     # w1 fetched y: it reports the replica, then finishing z releases both copies of y.
-    out = st_.handle([s.FromWorker(W1, p.Replicas((2,))),
-                      s.FromWorker(W1, p.TaskDone(3, 8, 0.1, dumps(0)))])  # fmt: skip
-    released = {(i.worker, i.message.task_ids) for i in out
-                if type(i) is s.Send and type(i.message) is p.Release}  # fmt: skip
+    out = st_.handle(
+        [s.FromWorker(W1, p.Replicas((2,))), s.FromWorker(W1, p.TaskDone(3, 8, 0.1, dumps(0)))]
+    )
+    released = {
+        (i.worker, i.message.task_ids)
+        for i in out
+        if type(i) is s.Send and type(i.message) is p.Release
+    }
     assert {(W1, (1,)), (W1, (2,)), (W2, (2,)), (W1, (3,))} <= released
 
 
@@ -172,8 +200,9 @@ def test_task_error_fails_the_run_and_cancels_the_rest():
     failed = [i for i in out if type(i) is s.RunFailed]
     (categories,) = [f.categories for f in failed]  # the task that raised counts there
     assert {name: c.failed for name, c in categories.items()} == {"": 1}  # (no prefix)
-    assert failed == [s.RunFailed(7, "a", "w1", exc, "tb", "ValueError: boom", False,
-                                  categories=categories)]  # fmt: skip
+    assert failed == [
+        s.RunFailed(7, "a", "w1", exc, "tb", "ValueError: boom", False, categories=categories)
+    ]
     assert sends(out, p.Cancel) == [p.Cancel((2, 3, 4))]
     assert not st_.tasks and not st_.workers[W1].processing
 
@@ -191,8 +220,11 @@ def test_crashes_are_retried_then_reported():
 def test_lost_worker_recomputes_exactly_the_lost_results():
     st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
     # x1 on w1, x2 on w2, then y = f(x1, x2) is waiting for a free slot.
-    tasks = [s.NewTask("x1", b"", (), (), 0), s.NewTask("x2", b"", (), (), 1),
-             s.NewTask("y", b"", (), ("x1", "x2"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("x1", b"", (), (), 0),
+        s.NewTask("x2", b"", (), (), 1),
+        s.NewTask("y", b"", (), ("x1", "x2"), 2),
+    ]
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
     st_.handle([s.FromWorker(W2, p.TaskDone(2, 5, 0.1, None))])
     out = st_.handle([s.WorkerLost(W2, "killed")])
@@ -230,15 +262,21 @@ def test_readers_of_results_recomputed_after_a_loss_count_as_waiting():
 
 def test_small_inputs_travel_inside_execute_large_ones_from_peers():
     st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
-    tasks = [s.NewTask("small", b"", (), (), 0, "small", 1),
-             s.NewTask("large", b"", (), (), 1, "large", 1),
-             s.NewTask("y", b"", (), ("small", "large"), 2, "y", 0)]  # fmt: skip
+    tasks = [
+        s.NewTask("small", b"", (), (), 0, "small", 1),
+        s.NewTask("large", b"", (), (), 1, "large", 1),
+        s.NewTask("y", b"", (), ("small", "large"), 2, "y", 0),
+    ]
     out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
     holder = {m.key: w for w in (W1, W2) for m in sends(out, p.Execute, worker=w)}
     assert holder["small"] != holder["large"]
     small, large = dumps(7), 50 * 2**20
-    out = st_.handle([s.FromWorker(holder["small"], p.TaskDone(1, 30, 0.1, small)),
-                      s.FromWorker(holder["large"], p.TaskDone(2, large, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(holder["small"], p.TaskDone(1, 30, 0.1, small)),
+            s.FromWorker(holder["large"], p.TaskDone(2, large, 0.1, None)),
+        ]
+    )
     # y goes where the 50 MB input is; the small one comes inside the Execute.
     (execute,) = sends(out, p.Execute, worker=holder["large"])
     assert execute.key == "y"
@@ -262,14 +300,21 @@ def test_lost_worker_with_running_tasks_requeues_them():
 
 def test_fetch_failure_forgets_the_copy_and_recomputes_it():
     st_ = s.SchedulerState(sibling_inputs=0)  # inputs spread over both workers
-    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("z", b"", (), (), 1),
-             s.NewTask("y", b"", (), ("x", "z"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("x", b"", (), (), 0),
+        s.NewTask("z", b"", (), (), 1),
+        s.NewTask("y", b"", (), ("x", "z"), 2),
+    ]
     out = st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["y"], 3)])
     assert sends(out, p.Execute, worker=W1) == [p.Execute(1, "x", b"", (), False)]
     assert sends(out, p.Execute, worker=W2) == [p.Execute(2, "z", b"", (), False)]
     # y goes to w2, which holds most of its input bytes, and is to fetch x from w1...
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
-                      s.FromWorker(W2, p.TaskDone(2, 1000, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 10, 0.1, None)),
+            s.FromWorker(W2, p.TaskDone(2, 1000, 0.1, None)),
+        ]
+    )
     (execute,) = sends(out, p.Execute, worker=W2)
     assert execute.deps[0] == p.DepLocation(1, "x", ("tcp://w1",))
     # ...which cannot serve it: w1's copy is forgotten, x runs again, y waits for it.
@@ -296,9 +341,13 @@ def test_stale_reports_are_harmless():
     st_ = s.SchedulerState()
     st_.handle([joined(W1), chain_run()])
     st_.handle([s.CancelRun(1)])  # "a" may be running on w1 all the same: it reports
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(99, 5, 0.1, None)),  # never sent: dropped
-                      s.FromWorker(b"nobody", p.TaskDone(1, 5, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(99, 5, 0.1, None)),  # never sent: dropped
+            s.FromWorker(b"nobody", p.TaskDone(1, 5, 0.1, None)),
+        ]
+    )
     assert out == [s.Send(W1, p.Release((1,)))]
 
 
@@ -413,8 +462,9 @@ class SimulatedCluster:
             pending, self.pending = self.pending, []
             self.apply(pending)
             return
-        choices = [(w, i) for w, q in self.queued.items() for i, m in enumerate(q)
-                   if self.startable(w, m)]  # fmt: skip
+        choices = [
+            (w, i) for w, q in self.queued.items() for i, m in enumerate(q) if self.startable(w, m)
+        ]
         assert choices, f"deadlock: nothing can start: {self.queued}"
         worker, index = self.rng.choice(choices)
         msg = self.queued[worker].pop(index)
@@ -464,15 +514,19 @@ def random_graphs(draw):
     deps = {}
     for i in range(n):
         k = f"t{i}"
-        deps[k] = tuple(draw(st.sets(st.sampled_from([f"t{j}" for j in range(i)]), max_size=3))
-                        if i else ())  # fmt: skip
+        deps[k] = tuple(
+            draw(st.sets(st.sampled_from([f"t{j}" for j in range(i)]), max_size=3)) if i else ()
+        )
     outputs = draw(st.lists(st.sampled_from(sorted(deps)), min_size=1, max_size=4, unique=True))
     return deps, outputs
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
-       losses=st.integers(0, 3))  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=3),
+    seed=st.integers(0, 10**6),
+    losses=st.integers(0, 3),
+)
 def test_random_graphs_with_random_losses_compute_the_right_outputs(graphs, seed, losses):
     cluster = SimulatedCluster(seed)
     cluster.join(b"w0")
@@ -529,8 +583,12 @@ def test_a_run_in_parts_keeps_inputs_for_dependents_still_to_come():
     st_ = s.SchedulerState()
     first = [s.NewTask("x", b"", (), (), 0, "x", 2), s.NewTask("y", b"", (), ("x",), 1, "y", 0)]
     st_.handle([joined(W1, cores=4), s.SubmitRun(1, first, ["y", "z"], 3)])
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(2, 8, 0.1, dumps("y")))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(2, 8, 0.1, dumps("y"))),
+        ]
+    )
     # y is delivered but the run is not done (z is owed), and x is kept for z. y is an
     # output nothing reads: its worker kept no copy, so there is nothing to release.
     assert [type(i) for i in out if type(i) is not s.Send] == [s.RunOutput]
@@ -566,8 +624,9 @@ def test_a_full_worker_gets_no_new_work_but_keeps_serving():
     (first,) = st_.workers[W1].processing
     assert first.key == "a"
     # w1 says its store is full: what it holds runs on, nothing new goes there.
-    out = st_.handle([s.FromWorker(W1, p.DiskFull(True)),
-                      s.FromWorker(W1, p.TaskDone(first.id, 5, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [s.FromWorker(W1, p.DiskFull(True)), s.FromWorker(W1, p.TaskDone(first.id, 5, 0.1, None))]
+    )
     assert not sends(out, p.Execute, worker=W1)
     executed = []
     while st_.workers[W2].processing:
@@ -582,15 +641,23 @@ def test_a_full_worker_gets_no_new_work_but_keeps_serving():
     assert sorted(executed) == list("bcde") and not st_.runs
     # Room again: work goes to w1 as before.
     st_.handle([s.FromWorker(W1, p.DiskFull(False))])
-    out = st_.handle([s.SubmitRun(2, [s.NewTask("x", b"", (), (), 0),
-                                      s.NewTask("y", b"", (), (), 1)], ["x", "y"], 3)])  # fmt: skip
+    out = st_.handle(
+        [
+            s.SubmitRun(
+                2, [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1)], ["x", "y"], 3
+            )
+        ]
+    )
     assert sends(out, p.Execute, worker=W1)
 
 
 def test_replicas_are_requested_and_a_lost_holder_costs_no_recomputation():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
-             s.NewTask("z", b"", (), ("x", "y"), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("x", b"", (), (), 0),
+        s.NewTask("y", b"", (), (), 1),
+        s.NewTask("z", b"", (), ("x", "y"), 2),
+    ]
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["z"], 3, replicas=2)])
     x = st_.tasks[1]
     holder, other = x.worker.id, (W2 if x.worker.id == W1 else W1)
@@ -605,8 +672,11 @@ def test_replicas_are_requested_and_a_lost_holder_costs_no_recomputation():
 
 def test_outputs_that_tasks_read_are_replicated_and_unread_ones_are_not():
     st_ = s.SchedulerState()
-    tasks = [s.NewTask("x", b"", (), (), 0), s.NewTask("y", b"", (), (), 1),
-             s.NewTask("z", b"", (), ("x",), 2)]  # fmt: skip
+    tasks = [
+        s.NewTask("x", b"", (), (), 0),
+        s.NewTask("y", b"", (), (), 1),
+        s.NewTask("z", b"", (), ("x",), 2),
+    ]
     st_.handle([joined(W1), joined(W2), s.SubmitRun(1, tasks, ["x", "y", "z"], 3, replicas=2)])
     x, y = st_.tasks[1], st_.tasks[2]
     out = st_.handle([s.FromWorker(x.worker.id, p.TaskDone(1, 5, 0.1, dumps(1)))])
@@ -619,8 +689,12 @@ def test_outputs_that_tasks_read_are_replicated_and_unread_ones_are_not():
 def test_recomputed_counts_each_lost_result_brought_back():
     st_ = s.SchedulerState()
     st_.handle([joined(W1), chain_run()])
-    st_.handle([s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None)),
-                s.FromWorker(W1, p.TaskDone(2, 5, 0.1, None))])  # fmt: skip
+    st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 5, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(2, 5, 0.1, None)),
+        ]
+    )
     assert st_.tasks[1].state == "released" and st_.tasks[2].state == "memory"
     st_.handle([s.WorkerLost(W1, "killed"), joined(W2)])
     # b was lost and c needs it: b comes back, and a with it (b's input, released).

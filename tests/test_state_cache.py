@@ -156,8 +156,10 @@ def test_a_task_submitted_without_its_payload_gets_it_when_lineage_needs_it():
     out = st_.handle([s.WorkerLost(W1, "killed")])  # b is gone: its lineage runs
     everything = out + drive(st_, out, W2)
     assert [(m.key, m.payload) for m in sends(everything, p.Execute)] == [
-        ("a", b"late-a"), ("b", b"late-b"), ("c", b"pc"),
-    ]  # fmt: skip
+        ("a", b"late-a"),
+        ("b", b"late-b"),
+        ("c", b"pc"),
+    ]
     assert sorted(made) == ["a", "b"]
     assert sends(everything, p.Function) == [p.Function(b"f", b"code")]  # once per worker
 
@@ -286,8 +288,9 @@ class CachingCluster(SimulatedCluster):
 def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed, losses):
     rng = random.Random(seed)
     n = graph.draw(st.integers(1, 20))
-    deps = {f"t{i}": tuple(sorted(rng.sample([f"t{j}" for j in range(i)], min(i, 2))))
-            for i in range(n)}  # fmt: skip
+    deps = {
+        f"t{i}": tuple(sorted(rng.sample([f"t{j}" for j in range(i)], min(i, 2)))) for i in range(n)
+    }
     cluster = CachingCluster(seed)
     cluster.state.cache_worker_bytes = graph.draw(st.sampled_from([8, 40, 10**9]))
     cluster.join(b"w0")
@@ -296,25 +299,39 @@ def test_random_reruns_with_random_losses_compute_the_right_outputs(graph, seed,
     computed: set = set()
     lost = False
     for run_id in range(1, 6):
-        outputs = graph.draw(st.lists(st.sampled_from(sorted(deps)), min_size=1, max_size=3,
-                                      unique=True))  # fmt: skip
+        outputs = graph.draw(
+            st.lists(st.sampled_from(sorted(deps)), min_size=1, max_size=3, unique=True)
+        )
         keys = {k: k.encode() for k in deps}
         # Two runs at once now and then: the second reads the first's tasks. Each is
         # planned as the manager plans it, from what the state shows before either.
         runs = [run_id * 10, run_id * 10 + 1] if rng.random() < 0.3 else [run_id * 10]
         plan, readers = plan_run(deps, outputs, keys, cluster.state.cache.providers)
         # Tasks predicted not to run come without their payloads (``RunCache.deferred``).
-        tasks = [s.NewTask(k, b"" if k in plan else b"p:" + k.encode(), (), deps[k], i,
-                           dependents=readers.get(k, 0))
-                 for i, k in enumerate(deps)]  # fmt: skip
+        tasks = [
+            s.NewTask(
+                k,
+                b"" if k in plan else b"p:" + k.encode(),
+                (),
+                deps[k],
+                i,
+                dependents=readers.get(k, 0),
+            )
+            for i, k in enumerate(deps)
+        ]
         if losses and rng.random() < 0.3:  # between the plan and the run: hits vanish
             losses -= 1
             lost = True
             cluster.replace_a_worker(names)
         for r in runs:
             store = "dir" if rng.random() < 0.5 else None  # results also go to a directory
-            info = RunCache(keys, plan, persist=store, deferred=frozenset(plan),
-                            encode=lambda key: (b"p:" + key.encode(), (), {}))  # fmt: skip
+            info = RunCache(
+                keys,
+                plan,
+                persist=store,
+                deferred=frozenset(plan),
+                encode=lambda key: (b"p:" + key.encode(), (), {}),
+            )
             cluster.apply([s.SubmitRun(r, tasks, outputs, 100, cache=info)])
         before = cluster.executions
         replaced = cluster.run_until(

@@ -37,8 +37,9 @@ def run_of(keys, placements=None, retries=None, run_retries=3, deps=None, run_id
 
 
 def executed(out) -> dict[str, bytes]:
-    return {i.message.key: i.worker for i in out if type(i) is s.Send
-            and type(i.message) is p.Execute}  # fmt: skip
+    return {
+        i.message.key: i.worker for i in out if type(i) is s.Send and type(i.message) is p.Execute
+    }
 
 
 def done(worker: bytes, task_id: int):
@@ -66,9 +67,12 @@ def test_memory_is_reserved_and_a_task_goes_only_where_it_fits():
     st_ = s.SchedulerState()
     big = Placement(memory=600 * MB)
     out = st_.handle(
-        [joined(W1, cores=4, memory_mb=500), joined(W2, cores=4, memory_mb=1000),
-         run_of(["m1", "m2"], {"m1": big, "m2": big})]
-    )  # fmt: skip
+        [
+            joined(W1, cores=4, memory_mb=500),
+            joined(W2, cores=4, memory_mb=1000),
+            run_of(["m1", "m2"], {"m1": big, "m2": big}),
+        ]
+    )
     # Only w2 has the memory, and only for one of them at a time.
     assert executed(out) == {"m1": W2}
     out = st_.handle([done(W2, st_.runs[1].tasks["m1"].id)])
@@ -124,9 +128,12 @@ def test_workers_restrict_placement_by_name_or_host():
     only_w2 = Placement(workers=frozenset({"w2"}))
     on_host = Placement(workers=frozenset({"host-w1"}))
     out = st_.handle(
-        [joined(W1, cores=4), joined(W2, cores=4),
-         run_of(["a", "b", "c"], {"a": only_w2, "b": only_w2, "c": on_host})]
-    )  # fmt: skip
+        [
+            joined(W1, cores=4),
+            joined(W2, cores=4),
+            run_of(["a", "b", "c"], {"a": only_w2, "b": only_w2, "c": on_host}),
+        ]
+    )
     assert executed(out) == {"a": W2, "b": W2, "c": W1}
 
 
@@ -213,15 +220,20 @@ class PlacingCluster(SimulatedCluster):
 
 
 placements = st.sampled_from(
-    [None, Placement(cores=2), Placement(cores=4), Placement(memory=800 * MB),
-     Placement(workers=frozenset({"w1"})), Placement(cores=2, workers=frozenset({"w1", "w2"})),
-     Placement(workers=frozenset({"w9"}), loose=True)]
-)  # fmt: skip
+    [
+        None,
+        Placement(cores=2),
+        Placement(cores=4),
+        Placement(memory=800 * MB),
+        Placement(workers=frozenset({"w1"})),
+        Placement(cores=2, workers=frozenset({"w1", "w2"})),
+        Placement(workers=frozenset({"w9"}), loose=True),
+    ]
+)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=random_graphs(), seed=st.integers(0, 10**6), losses=st.integers(0, 2),
-       data=st.data())  # fmt: skip
+@given(graph=random_graphs(), seed=st.integers(0, 10**6), losses=st.integers(0, 2), data=st.data())
 def test_random_placements_never_overfill_a_worker_and_every_run_ends(graph, seed, losses, data):
     deps, outputs = graph
     chosen = {k: data.draw(placements) for k in deps}

@@ -45,9 +45,13 @@ def test_a_stale_report_of_a_watched_run_yields_nothing():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.handle([joined(W1), joined(W2), pair(watched=True)])
     # x runs on w1: the same report from w2, or about a task no one knows, is stale.
-    out = st_.handle([s.FromWorker(W2, p.TaskDone(1, 8, 0.1, None)),
-                      s.FromWorker(W2, p.TaskCrashed(1, "killed")),
-                      s.FromWorker(W1, p.TaskDone(99, 8, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W2, p.TaskDone(1, 8, 0.1, None)),
+            s.FromWorker(W2, p.TaskCrashed(1, "killed")),
+            s.FromWorker(W1, p.TaskDone(99, 8, 0.1, None)),
+        ]
+    )
     assert not_sent(out) == []
     assert st_.tasks[1].state == "processing"
 
@@ -66,11 +70,13 @@ def test_every_run_ends_with_the_seconds_its_tasks_ran_and_serialized():
     for watched in (False, True):
         st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
         st_.handle([joined(W1), joined(W2), pair(watched=watched)])
-        out = st_.handle([
-            s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
-            s.FromWorker(W2, p.TaskDone(1, 8, 4.0, None, 0.0, 8.0)),  # stale: not counted
-            s.FromWorker(W1, p.TaskDone(2, 8, 0.125, dumps(3), 0.0, 1.0)),
-        ])  # fmt: skip
+        out = st_.handle(
+            [
+                s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
+                s.FromWorker(W2, p.TaskDone(1, 8, 4.0, None, 0.0, 8.0)),  # stale: not counted
+                s.FromWorker(W1, p.TaskDone(2, 8, 0.125, dumps(3), 0.0, 1.0)),
+            ]
+        )
         (done,) = [i for i in out if type(i) is s.RunDone]
         assert done[:4] == s.RunDone(1, run_seconds=0.375, serialization_seconds=1.5)[:4]
         assert {name: c.wall_s for name, c in done.categories.items()} == {"x": 0.25, "y": 0.125}
@@ -82,12 +88,14 @@ def test_every_run_sums_its_tasks_by_category():
     tasks = [s.NewTask(("x", i), b"", (), (), i, "x") for i in range(3)]
     tasks.append(s.NewTask("y", b"", (), tuple(("x", i) for i in range(3)), 3, "y"))
     st_.handle([joined(W1, cores=4), s.SubmitRun(1, tasks, ["y"], 0)])
-    out = st_.handle([
-        s.FromWorker(W1, p.TaskDone(1, 8, 0.5, None, 0.0, 0.0, 0.25, 300 * 2**20)),
-        s.FromWorker(W1, p.TaskDone(2, 8, 0.5, None, 0.0, 0.0, 0.5, 500 * 2**20)),
-        s.FromWorker(W1, p.TaskDone(3, 8, 0.5, None, 0.0, 0.0, 0.25, 100 * 2**20)),
-        s.FromWorker(W1, p.TaskDone(4, 8, 0.125, dumps(3), 0.0, 0.0, 0.0, 2**20)),
-    ])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.5, None, 0.0, 0.0, 0.25, 300 * 2**20)),
+            s.FromWorker(W1, p.TaskDone(2, 8, 0.5, None, 0.0, 0.0, 0.5, 500 * 2**20)),
+            s.FromWorker(W1, p.TaskDone(3, 8, 0.5, None, 0.0, 0.0, 0.25, 100 * 2**20)),
+            s.FromWorker(W1, p.TaskDone(4, 8, 0.125, dumps(3), 0.0, 0.0, 0.0, 2**20)),
+        ]
+    )
     (done,) = [i for i in out if type(i) is s.RunDone]
     x, y = done.categories["x"], done.categories["y"]
     assert (x.tasks, x.wall_s, x.cpu_s, x.peak_memory_mb) == (3, 1.5, 1.0, 500.0)
@@ -98,8 +106,12 @@ def test_every_run_sums_its_tasks_by_category():
 def test_a_failed_run_carries_the_seconds_of_the_tasks_done_before():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=1)
     st_.handle([joined(W1), pair(watched=False)])
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
-                      s.FromWorker(W1, p.TaskErred(2, None, "tb", "ValueError: no"))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.25, None, 0.0, 0.5)),
+            s.FromWorker(W1, p.TaskErred(2, None, "tb", "ValueError: no")),
+        ]
+    )
     (failed,) = [i for i in out if type(i) is s.RunFailed]
     assert (failed.run_seconds, failed.serialization_seconds) == (0.25, 0.5)
     assert failed.message == "ValueError: no" and not failed.crashed
@@ -110,8 +122,9 @@ def test_inputs_sent_inside_execute_are_counted_once_per_worker_and_handle():
     st_.handle([joined(W1), joined(W2), pair(watched=False)])
     value = dumps(5)
     # w1 fills up as x finishes there: y goes to w2 with x's small value inside it.
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, value)),
-                      s.FromWorker(W1, p.DiskFull(True))])  # fmt: skip
+    out = st_.handle(
+        [s.FromWorker(W1, p.TaskDone(1, 8, 0.1, value)), s.FromWorker(W1, p.DiskFull(True))]
+    )
     (execute,) = [i.message for i in out if type(i) is s.Send]
     assert execute.deps == (p.DepLocation(1, "x", (), value),)
     assert not_sent(out) == [s.BytesInlined(W2, "w2", len(value.header))]
@@ -120,8 +133,10 @@ def test_inputs_sent_inside_execute_are_counted_once_per_worker_and_handle():
 
 def test_every_task_of_a_run_that_ends_is_forgotten_through_the_table():
     st_ = s.SchedulerState(chain_ahead=0, fixed_extra_tasks_per_core=0)
-    tasks = [s.NewTask(k, b"", (), deps, i) for i, (k, deps) in
-             enumerate([("a", ()), ("b", ()), ("c", ("a",)), ("d", ("b",))])]  # fmt: skip
+    tasks = [
+        s.NewTask(k, b"", (), deps, i)
+        for i, (k, deps) in enumerate([("a", ()), ("b", ()), ("c", ("a",)), ("d", ("b",))])
+    ]
     st_.handle([joined(W1), s.SubmitRun(1, tasks, ["c", "d"], 0)])
     st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None))])  # a in memory, b processing
     records = dict(st_.runs[1].tasks)
@@ -149,9 +164,20 @@ def test_reports_are_routed_by_the_table_and_an_unknown_one_is_dropped():
     st_ = s.SchedulerState()
     st_.handle([joined(W1)])
     assert set(st_._reports) == {
-        p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost,
-        p.Withdrawn, p.Started, p.DiskFull, p.Relay, p.Uploaded, p.Transfers, p.TaskExhausted,
-    }  # fmt: skip
+        p.TaskDone,
+        p.TaskErred,
+        p.TaskCrashed,
+        p.FetchFailed,
+        p.Replicas,
+        p.Lost,
+        p.Withdrawn,
+        p.Started,
+        p.DiskFull,
+        p.Relay,
+        p.Uploaded,
+        p.Transfers,
+        p.TaskExhausted,
+    }
     (dropped,) = st_.handle([s.FromWorker(W1, p.Heartbeat())])
     assert type(dropped) is s.EventDropped and isinstance(dropped.error, TypeError)
     seen = []

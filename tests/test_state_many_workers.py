@@ -25,8 +25,11 @@ def cluster_of(n: int, seed: int = 0) -> SimulatedCluster:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs=st.lists(random_graphs(), min_size=1, max_size=3), seed=st.integers(0, 10**6),
-       losses=st.integers(0, 3))  # fmt: skip
+@given(
+    graphs=st.lists(random_graphs(), min_size=1, max_size=3),
+    seed=st.integers(0, 10**6),
+    losses=st.integers(0, 3),
+)
 def test_random_graphs_on_many_workers_compute_the_right_outputs(graphs, seed, losses):
     cluster = cluster_of(WORKERS, seed)
     runs = {}

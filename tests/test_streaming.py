@@ -35,8 +35,12 @@ def test_an_arriving_run_keeps_every_result_until_its_last_part():
         s.NewTask("y", b"", (), ("x",), 1, "y", None),
     ]
     st_.handle([joined, s.SubmitRun(1, first, ["z"], 3, arriving=True)])
-    out = st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
-                      s.FromWorker(W1, p.TaskDone(2, 8, 0.1, None))])  # fmt: skip
+    out = st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(2, 8, 0.1, None)),
+        ]
+    )
     # y, the only reader seen so far, is done: x is kept all the same (z reads it too)
     assert _released(out) == [] and st_.tasks[1].state == "memory"
     rest = [s.NewTask("z", b"", (), ("x", "y"), 2, "z", None)]
@@ -55,8 +59,12 @@ def test_the_last_part_releases_what_no_reader_needs_any_more():
         s.NewTask("y", b"", (), ("x",), 1, "y", None),
     ]
     st_.handle([joined, s.SubmitRun(1, first, ["z"], 3, arriving=True)])
-    st_.handle([s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
-                s.FromWorker(W1, p.TaskDone(2, 8, 0.1, None))])  # fmt: skip
+    st_.handle(
+        [
+            s.FromWorker(W1, p.TaskDone(1, 8, 0.1, None)),
+            s.FromWorker(W1, p.TaskDone(2, 8, 0.1, None)),
+        ]
+    )
     out = st_.handle([s.ExtendRun(1, [s.NewTask("z", b"", (), ("y",), 2, "z", None)], {}, True)])
     assert _released(out) == [1]  # nothing else reads x; y waits for z
 

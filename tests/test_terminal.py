@@ -148,9 +148,13 @@ def test_ctrl_c_in_a_terminal_cancels_the_run_and_spares_the_local_workers(tmp_p
     script.write_text(CALLER)
     master, slave = os.openpty()
     child = subprocess.Popen(
-        [sys.executable, str(script)], stdin=slave, stdout=slave, stderr=slave,
-        start_new_session=True, close_fds=True,
-    )  # fmt: skip
+        [sys.executable, str(script)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        close_fds=True,
+    )
     os.close(slave)
     output = Output(master)
     workers: list[int] = []
@@ -323,9 +327,11 @@ def test_the_no_worker_warning_says_workers_were_refused_for_their_keys(
         other = str(tmp_path / "other-keys.json")
         security.write_key_file(other, keys(ours))
         stranger = spawn(
-            manager.address, name="stranger", extra_args=["--key-file", other],
+            manager.address,
+            name="stranger",
+            extra_args=["--key-file", other],
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         try:
             assert stranger.wait(timeout=60) == EXIT_AUTH_FAILED
         finally:
@@ -363,8 +369,13 @@ def bare_loop():
     """An I/O loop with no thread and no workers; its local processes are ``Exited``."""
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
-    io = loop.IOLoop(router, s.SchedulerState(), ManagerOptions(security=False), [],
-                     connection_file="/where/it/is.json")  # fmt: skip
+    io = loop.IOLoop(
+        router,
+        s.SchedulerState(),
+        ManagerOptions(security=False),
+        [],
+        connection_file="/where/it/is.json",
+    )
     try:
         yield io
     finally:
@@ -530,9 +541,11 @@ def test_the_command_line_says_what_it_is_and_points_to_the_others(capsys):
     out = capsys.readouterr().out
     assert "Dask graphs" in out and "--version" in out
     for command in (
-        "python -m daskvine_py.worker", "daskvine-py-worker",
-        "python -m daskvine_py.factory", "daskvine-py-factory",
-    ):  # fmt: skip
+        "python -m daskvine_py.worker",
+        "daskvine-py-worker",
+        "python -m daskvine_py.factory",
+        "daskvine-py-factory",
+    ):
         assert command in out, out
     with pytest.raises(SystemExit) as exited:
         cli.main(["--version"])

@@ -26,8 +26,11 @@ def joined(worker: bytes) -> s.WorkerJoined:
 
 
 def executes(out: list, worker: bytes) -> list[p.Execute]:
-    return [i.message for i in out if type(i) is s.Send and i.worker == worker
-            and type(i.message) is p.Execute]  # fmt: skip
+    return [
+        i.message
+        for i in out
+        if type(i) is s.Send and i.worker == worker and type(i.message) is p.Execute
+    ]
 
 
 def two_step(verify: float) -> s.SubmitRun:

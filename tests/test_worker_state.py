@@ -385,8 +385,10 @@ def test_functions_go_with_the_next_request_to_each_library_once():
 
 def test_run_configurations_are_bounded():
     state, _ = make()
-    configs = [p.RunConfig(run_id, "tasks", "direct", (), (), True)
-               for run_id in range(1, ws.MAX_RUN_CONFIGS + 2)]  # fmt: skip
+    configs = [
+        p.RunConfig(run_id, "tasks", "direct", (), (), True)
+        for run_id in range(1, ws.MAX_RUN_CONFIGS + 2)
+    ]
     state.handle(configs, 0.0)
     assert len(state.run_configs) == ws.MAX_RUN_CONFIGS and 1 not in state.run_configs
 
@@ -429,11 +431,17 @@ def test_an_execute_whose_handling_fails_is_crashed_and_leaves_nothing():
 
 def test_an_unreadable_record_crashes_its_task_and_garbage_ends_patience():
     state, _ = make()
-    out = state.handle([Unreadable(execute(2), "Execute.deps: not a DepLocation"),
-                        Unreadable(p.Cancel((1,)), "not an Execute: nothing to report"),
-                        Unreadable(None, "not a message")], 5.0)  # fmt: skip
-    assert out == [p.TaskCrashed(2, "worker w: it could not read the task: Execute.deps: "
-                                    "not a DepLocation")]  # fmt: skip
+    out = state.handle(
+        [
+            Unreadable(execute(2), "Execute.deps: not a DepLocation"),
+            Unreadable(p.Cancel((1,)), "not an Execute: nothing to report"),
+            Unreadable(None, "not a message"),
+        ],
+        5.0,
+    )
+    assert out == [
+        p.TaskCrashed(2, "worker w: it could not read the task: Execute.deps: not a DepLocation")
+    ]
     assert state.manager_garbled and state.last_contact == 0.0  # not heard from
 
 
@@ -450,11 +458,18 @@ def test_an_unknown_edge_raises():
     with pytest.raises(InvalidTransition, match="'running' -> 'new'"):
         state._transition(state.tasks[1], "new")
     assert set(ws._TRANSITIONS) == {
-        ("new", "waiting"), ("new", "queued"), ("new", "forgotten"),
-        ("waiting", "queued"), ("waiting", "running"), ("waiting", "forgotten"),
-        ("queued", "waiting"), ("queued", "running"), ("queued", "forgotten"),
-        ("running", "queued"), ("running", "forgotten"),
-    }  # fmt: skip
+        ("new", "waiting"),
+        ("new", "queued"),
+        ("new", "forgotten"),
+        ("waiting", "queued"),
+        ("waiting", "running"),
+        ("waiting", "forgotten"),
+        ("queued", "waiting"),
+        ("queued", "running"),
+        ("queued", "forgotten"),
+        ("running", "queued"),
+        ("running", "forgotten"),
+    }
 
 
 # -- the worker's life: registration, heartbeats, the manager's silence, leaving --------------
@@ -1074,11 +1089,19 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
 )
 @example(  # a second peer asks for a result the first one's ask exported to the store
     graph={1: [], 2: []},
-    steps=[("execute", 1), ("start",), ("execute", 2), ("finish", 0, "done"), ("start",),
-           ("finish", 0, "done"), ("ask", 0, 2), ("ask", 1, 2)],
+    steps=[
+        ("execute", 1),
+        ("start",),
+        ("execute", 2),
+        ("finish", 0, "done"),
+        ("start",),
+        ("finish", 0, "done"),
+        ("ask", 0, 2),
+        ("ask", 1, 2),
+    ],
     slots=1,
     recent=None,
-)  # fmt: skip
+)
 def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
     sim = SimulatedWorker(graph, slots)
     if recent is not None:  # tiny tasks go in batches, short ones one queued behind

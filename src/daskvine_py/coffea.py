@@ -161,8 +161,15 @@ def accumulation_graph(
 class _Shared:
     """The manager that all copies of one executor use: started once, kept warm."""
 
-    __slots__ = ("lock", "manager", "finalizer", "local_workers", "pool", "pool_finalizer",
-                 "__weakref__")  # fmt: skip
+    __slots__ = (
+        "lock",
+        "manager",
+        "finalizer",
+        "local_workers",
+        "pool",
+        "pool_finalizer",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

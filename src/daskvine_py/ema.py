@@ -11,6 +11,7 @@ ALPHA = 0.25
 #: A task running this many times longer than its estimate resets the estimate.
 RESET_FACTOR = 4.0
 
+
 class Ema:
     """An exponential moving average that forgets its past on a large outlier."""
 

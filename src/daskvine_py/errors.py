@@ -108,13 +108,13 @@ class ResourceExhausted(TaskFailed):
     worker's whole budget).
     """
 
-    def __init__(self, key: Any, function: str, peak: int, limit: int, worker: str,
-                 attempts: int) -> None:  # fmt: skip
+    def __init__(
+        self, key: Any, function: str, peak: int, limit: int, worker: str, attempts: int
+    ) -> None:
         allowed = f"its limit of {limit / 2**20:.1f} MB" if limit else "its worker's budget"
         tries = f"{attempts} attempt{'' if attempts == 1 else 's'}"
         reason = (
-            f"{function} ran out of memory: it used {peak / 2**20:.1f} MB, past {allowed} "
-            f"({tries})"
+            f"{function} ran out of memory: it used {peak / 2**20:.1f} MB, past {allowed} ({tries})"
         )
         super().__init__(key, reason, worker)
         self._init_args = (key, function, peak, limit, worker, attempts)
@@ -133,8 +133,7 @@ class RemoteTaskError(DaskVineError):
     attached as ``__cause__`` (``RemoteTraceback``), so it prints as a local one would.
     """
 
-    def __init__(self, key: Any, worker: str, type_name: str, message: str,
-                 traceback: str) -> None:  # fmt: skip
+    def __init__(self, key: Any, worker: str, type_name: str, message: str, traceback: str) -> None:
         self._init_args = (key, worker, type_name, message, traceback)
         short = type_name.rpartition(".")[2]
         text = message[len(short) + 2 :] if message.startswith(f"{short}: ") else message

@@ -281,8 +281,7 @@ class ManagerOptions:
             isinstance(k, str) and v in SIZING_MODES for k, v in named.items()
         ):
             raise ValueError(
-                f"sizing_categories must map category names to one of {SIZING_MODES}, "
-                f"not {named!r}"
+                f"sizing_categories must map category names to one of {SIZING_MODES}, not {named!r}"
             )
         object.__setattr__(self, "sizing_categories", dict(named))
         address = self.dashboard_address

@@ -241,8 +241,12 @@ def make_provider(args: argparse.Namespace) -> Any:
             f"the factory needs Parsl's providers ({exc}): pip install 'daskvine-py[batch]'"
         ) from None
     options = "".join(line.rstrip("\n") + "\n" for line in args.scheduler_options)
-    common: dict[str, Any] = {"init_blocks": 0, "min_blocks": 0, "max_blocks": args.max_workers,
-                              "worker_init": args.worker_init}  # fmt: skip
+    common: dict[str, Any] = {
+        "init_blocks": 0,
+        "min_blocks": 0,
+        "max_blocks": args.max_workers,
+        "worker_init": args.worker_init,
+    }
     if args.batch == "local":
         return providers.LocalProvider(**common)
     common.update(walltime=args.walltime, scheduler_options=options, launcher=SimpleLauncher())
@@ -311,9 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.info(
         "factory started: %d to %d %s jobs of %d cores for the manager at %s (pool %s; "
         "job scripts and output in %s)",
-        args.min_workers, args.max_workers, args.batch, args.cores, client.address,
-        pool.name, provider.script_dir,
-    )  # fmt: skip
+        args.min_workers,
+        args.max_workers,
+        args.batch,
+        args.cores,
+        client.address,
+        pool.name,
+        provider.script_dir,
+    )
     code = 0
     report = _JobReport()
     try:
@@ -347,8 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             kept = f"kept {provider.script_dir} ({reason})"
         logger.info(
             "factory stopped (%s): %d jobs submitted in all, %d cancelled now; %s",
-            why[0], sum(status["jobs"].values()), live, kept,
-        )  # fmt: skip
+            why[0],
+            sum(status["jobs"].values()),
+            live,
+            kept,
+        )
     return code
 
 

@@ -238,8 +238,7 @@ class WorkerPool:
             if self._stop.is_set():
                 return  # (its source closed as the pool stops)
             if self._unreachable is None:
-                logger.warning("pool %s: %s; submitting nothing until it answers",
-                               self.name, exc)  # fmt: skip
+                logger.warning("pool %s: %s; submitting nothing until it answers", self.name, exc)
             self._unreachable = str(exc)
             return
         if self._unreachable is not None:
@@ -261,8 +260,12 @@ class WorkerPool:
         if plan.cancel:
             self.provider.cancel(plan.cancel)
         for name in plan.retire:
-            logger.debug("pool %s: retiring worker %s, idle for %g s", self.name, name,
-                        self.planner.idle_timeout)  # fmt: skip
+            logger.debug(
+                "pool %s: retiring worker %s, idle for %g s",
+                self.name,
+                name,
+                self.planner.idle_timeout,
+            )
             self.source.retire(name, f"idle for {self.planner.idle_timeout:g} s")
         for _ in range(plan.submit):
             if not self._submit(now):

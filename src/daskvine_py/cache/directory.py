@@ -146,8 +146,12 @@ class DiskStore:
     def info(self) -> dict[str, Any]:
         with self._lock:
             nbytes = sum(size for size, _ in self._index.values())
-            return {"path": self.path, "entries": len(self._index), "bytes": nbytes,
-                    "limit": self.limit}  # fmt: skip
+            return {
+                "path": self.path,
+                "entries": len(self._index),
+                "bytes": nbytes,
+                "limit": self.limit,
+            }
 
     # -- inside -------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Pending(Protocol):
     @property
     def done(self) -> threading.Event: ...
 
+
 _SCRIPT = """<script>
 (function () {
   var content = document.getElementById('content');
@@ -75,12 +76,15 @@ _SCRIPT = """<script>
 })();
 </script>"""
 
-_STYLE = draw.STYLE + """
+_STYLE = (
+    draw.STYLE
+    + """
 nav a { margin-right: 14px; } nav a.here { font-weight: 600; color: #222; }
 .progress { display: inline-block; width: 320px; height: 12px; background: #eee;
             vertical-align: middle; margin-right: 8px; }
 .progress div { height: 12px; background: #59a14f; }
 """
+)
 
 
 def link(host: str, port: int, token: str) -> str:
@@ -105,9 +109,12 @@ class Dashboard:
     """The server and its thread; ``link`` is the address to open, token included."""
 
     def __init__(
-        self, request: Callable[[], Pending], check: Callable[[], None],
-        address: str = "127.0.0.1:0", token: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        request: Callable[[], Pending],
+        check: Callable[[], None],
+        address: str = "127.0.0.1:0",
+        token: str | None = None,
+    ) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         self.token = token or secrets.token_urlsafe(24)
@@ -122,21 +129,25 @@ class Dashboard:
             dashboard=self,
             log_function=_quiet,  # (an access log line per request: not ours to print)
         )
-        sockets = tornado.netutil.bind_sockets(int(port or 0), host, family=socket.AF_INET
-                                               if ":" not in host else socket.AF_INET6)
+        sockets = tornado.netutil.bind_sockets(
+            int(port or 0), host, family=socket.AF_INET if ":" not in host else socket.AF_INET6
+        )
         self.port = sockets[0].getsockname()[1]
         self.link = link(host, self.port, self.token)
         self._loop: asyncio.AbstractEventLoop | None = None
         ready = threading.Event()
         self._thread = threading.Thread(
-            target=self._serve, args=(app, sockets, ready), name="daskvine-dashboard",
+            target=self._serve,
+            args=(app, sockets, ready),
+            name="daskvine-dashboard",
             daemon=True,
-        )  # fmt: skip
+        )
         self._thread.start()
         ready.wait(10)
 
-    def _serve(self, app: tornado.web.Application, sockets: list[socket.socket],
-               ready: threading.Event) -> None:  # fmt: skip
+    def _serve(
+        self, app: tornado.web.Application, sockets: list[socket.socket], ready: threading.Event
+    ) -> None:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         server = tornado.httpserver.HTTPServer(app)
@@ -227,8 +238,12 @@ class _Handler(tornado.web.RequestHandler):
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if not isinstance(value, tornado.web.HTTPError):  # (403 and 404 are not news)
-            logger.warning("dashboard: %s %s failed", self.request.method, self.request.uri,
-                           exc_info=(typ, value, tb))  # fmt: skip
+            logger.warning(
+                "dashboard: %s %s failed",
+                self.request.method,
+                self.request.uri,
+                exc_info=(typ, value, tb),
+            )
 
 
 class _Index(_Handler):
@@ -249,11 +264,13 @@ class _Page(_Handler):
             f"<a href='/{page}'{' class=here' if page == name else ''}>{title}</a>"
             for page, title in PAGES
         )
-        body = (f"<h1>daskvine_py: {draw.escape(titles[name])}</h1><nav>{nav}</nav>"
-                f"<main id='content' data-page='/{name}'>{content}</main>"
-                + _SCRIPT % {"refresh": REFRESH_MS})  # fmt: skip
-        self.finish(draw.PAGE.format(title=f"daskvine_py {titles[name]}", style=_STYLE,
-                                     body=body))  # fmt: skip
+        body = (
+            f"<h1>daskvine_py: {draw.escape(titles[name])}</h1><nav>{nav}</nav>"
+            f"<main id='content' data-page='/{name}'>{content}</main>"
+            + _SCRIPT
+            % {"refresh": REFRESH_MS}
+        )
+        self.finish(draw.PAGE.format(title=f"daskvine_py {titles[name]}", style=_STYLE, body=body))
 
 
 class _Metrics(_Handler):

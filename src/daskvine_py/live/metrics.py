@@ -43,18 +43,21 @@ class SnapshotCollector(Collector):
         for name, field, text in _GAUGES:
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=totals[field])
         tasks = GaugeMetricFamily(
-            f"{PREFIX}_tasks", "Tasks by state: waiting for inputs, ready at the manager, "
-            "processing on a worker, running on a core", labels=["state"],
-        )  # fmt: skip
+            f"{PREFIX}_tasks",
+            "Tasks by state: waiting for inputs, ready at the manager, "
+            "processing on a worker, running on a core",
+            labels=["state"],
+        )
         for state in ("waiting", "ready", "processing", "running"):
             tasks.add_metric([state], totals[state])
         yield tasks
         for name, field, text in _COUNTERS:
             yield CounterMetricFamily(f"{PREFIX}_{name}", text, value=totals[field])
         yield GaugeMetricFamily(
-            f"{PREFIX}_manager_cpu_seconds", "CPU seconds the manager's process has used",
+            f"{PREFIX}_manager_cpu_seconds",
+            "CPU seconds the manager's process has used",
             value=self.snapshot["manager"]["cpu_s"],
-        )  # fmt: skip
+        )
 
 
 def exposition(snapshot: dict[str, Any]) -> str:

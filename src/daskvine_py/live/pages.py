@@ -85,9 +85,16 @@ class DashboardView:
             self.beats.setdefault(name, deque(maxlen=MAX_BEATS)).append((t, status))
         totals = live["totals"]
         if not self.samples or self.samples[-1][0] < live["t"]:
-            self.samples.append((live["t"], totals["waiting"], totals["ready"],
-                                 totals["processing"], totals["running"],
-                                 totals["tasks_done"]))  # fmt: skip
+            self.samples.append(
+                (
+                    live["t"],
+                    totals["waiting"],
+                    totals["ready"],
+                    totals["processing"],
+                    totals["running"],
+                    totals["tasks_done"],
+                )
+            )
         self.transfers = data["transfers"]
         self.failures = data["failures"]
         self._forget(live["t"], {w["name"] for w in live["workers"]})
@@ -105,8 +112,14 @@ class DashboardView:
                 kept = lanes[lane] = deque(maxlen=MAX_BARS)
             elif kept and kept[-1][1] == bar[1] and bar[2] - kept[-1][3] < MERGE_GAP:
                 last = kept[-1]
-                kept[-1] = (lane, bar[1], last[2], max(last[3], bar[3]), last[4] + bar[4],
-                            last[5] + bar[5])  # fmt: skip
+                kept[-1] = (
+                    lane,
+                    bar[1],
+                    last[2],
+                    max(last[3], bar[3]),
+                    last[4] + bar[4],
+                    last[5] + bar[5],
+                )
                 continue
             if len(kept) == MAX_BARS:
                 busy -= _busy(kept.popleft())
@@ -123,16 +136,19 @@ class DashboardView:
         for beats in self.beats.values():
             while beats and beats[0][0] < window:
                 beats.popleft()
-        for name in [n for n, lanes in self.bars.items()
-                     if not any(lanes.values()) and n not in connected]:  # fmt: skip
+        for name in [
+            n for n, lanes in self.bars.items() if not any(lanes.values()) and n not in connected
+        ]:
             del self.bars[name], self.busy[name], self.ran[name]
         for name in [n for n, kept in self.beats.items() if not kept and n not in connected]:
             del self.beats[name]
 
     def summary(
-        self, bars_of: Iterable[str] | None = None, memory_of: Iterable[str] | None = None,
+        self,
+        bars_of: Iterable[str] | None = None,
+        memory_of: Iterable[str] | None = None,
         window: float = WINDOW,
-    ) -> Summary:  # fmt: skip
+    ) -> Summary:
         """The last ``window`` seconds as the report's ``Summary``, times in seconds since
         its start: the bars and heartbeats of the workers named (None: all), and every
         worker's last heartbeat."""
@@ -151,21 +167,36 @@ class DashboardView:
                 bar for bars in self.bars.get(name, {}).values() for bar in bars
             ):
                 if end >= origin:
-                    summary.activity.append(bar_run({
-                        "lane": lane, "prefix": prefix, "worker": name, "tasks": tasks,
-                        "start": max(0.0, start - origin), "end": end - origin,
-                        "serialization": seconds,
-                    }))  # fmt: skip
+                    summary.activity.append(
+                        bar_run(
+                            {
+                                "lane": lane,
+                                "prefix": prefix,
+                                "worker": name,
+                                "tasks": tasks,
+                                "start": max(0.0, start - origin),
+                                "end": end - origin,
+                                "serialization": seconds,
+                            }
+                        )
+                    )
         whole = set(self.beats if memory_of is None else memory_of)
         for name, beats in self.beats.items():
             summary.memory[name] = [
-                MemorySample(t - origin, s.stored_bytes, s.spilled_bytes, s.peak_memory,
-                             s.peak_library_memory, s.resident)  # fmt: skip
+                MemorySample(
+                    t - origin,
+                    s.stored_bytes,
+                    s.spilled_bytes,
+                    s.peak_memory,
+                    s.peak_library_memory,
+                    s.resident,
+                )
                 for t, s in (beats if name in whole else list(beats)[-1:])
             ]
             summary.workers.setdefault(name, RunWorker(name))
-        summary.samples = [TaskCounts(t - origin, *counts) for t, *counts in self.samples
-                           if t >= origin]  # fmt: skip
+        summary.samples = [
+            TaskCounts(t - origin, *counts) for t, *counts in self.samples if t >= origin
+        ]
         summary.transfers = dict(self.transfers)
         summary.failures = [
             Failure(max(0.0, f["t"] - origin), f["kind"], f["key"], f["worker"], f["message"])
@@ -191,28 +222,45 @@ class DashboardView:
         manager = live.get("manager", {})
         rows = [
             ("workers", f"{totals.get('workers', 0):,} ({totals.get('cores', 0):,} cores)"),
-            ("tasks", "{:,} ready at the manager, {:,} on workers, {:,} of them running".format(
-                totals.get("ready", 0), totals.get("processing", 0), totals.get("running", 0))),
-            ("done", f"{totals.get('tasks_done', 0):,} tasks, "
-                     f"{totals.get('tasks_failed', 0):,} failed (since the manager started)"),
+            (
+                "tasks",
+                "{:,} ready at the manager, {:,} on workers, {:,} of them running".format(
+                    totals.get("ready", 0), totals.get("processing", 0), totals.get("running", 0)
+                ),
+            ),
+            (
+                "done",
+                f"{totals.get('tasks_done', 0):,} tasks, "
+                f"{totals.get('tasks_failed', 0):,} failed (since the manager started)",
+            ),
             ("bytes moved", draw.byte_size(totals.get("bytes_moved", 0))),
-            ("results held", f"{draw.byte_size(totals.get('stored_bytes', 0))}, "
-                             f"{draw.byte_size(totals.get('spilled_bytes', 0))} on disk"),
-            ("manager", f"{manager.get('cpu_s', 0.0):.1f} CPU s in "
-                        f"{manager.get('uptime_s', 0.0):.0f} s"),
-        ]  # fmt: skip
+            (
+                "results held",
+                f"{draw.byte_size(totals.get('stored_bytes', 0))}, "
+                f"{draw.byte_size(totals.get('spilled_bytes', 0))} on disk",
+            ),
+            (
+                "manager",
+                f"{manager.get('cpu_s', 0.0):.1f} CPU s in {manager.get('uptime_s', 0.0):.0f} s",
+            ),
+        ]
         runs = [
             (f"run {run['id']}", draw.Raw(_progress(run["done"], run["failed"], run["tasks"])))
             for run in live.get("runs", ())
         ]
-        return "".join((
-            draw.section("Totals", "totals", draw.table(("", ""), rows, header=False)),
-            draw.section("Runs in progress", "runs", draw.table(("run", "progress"), runs)
-                         if runs else draw.empty("None.")),
-            draw.section("Progress per category", "progress", _per_category(live)),
-            draw.section("Tasks over time", "tasks-over-time", page.tasks_over_time(summary)),
-            draw.section("Categories", "categories", resources.categories(summary)),
-        ))  # fmt: skip
+        return "".join(
+            (
+                draw.section("Totals", "totals", draw.table(("", ""), rows, header=False)),
+                draw.section(
+                    "Runs in progress",
+                    "runs",
+                    draw.table(("run", "progress"), runs) if runs else draw.empty("None."),
+                ),
+                draw.section("Progress per category", "progress", _per_category(live)),
+                draw.section("Tasks over time", "tasks-over-time", page.tasks_over_time(summary)),
+                draw.section("Categories", "categories", resources.categories(summary)),
+            )
+        )
 
     def _stream(self) -> str:
         names = sorted(self.busy, key=lambda n: -self.busy[n])[:MAX_STREAM_WORKERS]
@@ -220,8 +268,10 @@ class DashboardView:
         colours = draw.colours_by_prefix(summary.activity)
         note = ""
         if len(summary.workers) > len(names):
-            note = (f"<p class='note'>The {len(names)} busiest of {len(summary.workers):,} "
-                    "workers in the window.</p>")  # fmt: skip
+            note = (
+                f"<p class='note'>The {len(names)} busiest of {len(summary.workers):,} "
+                "workers in the window.</p>"
+            )
         body = page.timeline(summary, colours, sorted(names, key=draw.natural)) + note
         return draw.section(f"Task stream, the last {STREAM_WINDOW:.0f} s", "stream", body)
 
@@ -236,14 +286,18 @@ class DashboardView:
             summary.workers = {n: everyone[n] for n in held[:MAX_WORKER_ROWS]}
         table = resources.workers(summary, now, self.ran)
         if len(everyone) > MAX_WORKER_ROWS:
-            table += (f"<p class='note'>The {MAX_WORKER_ROWS} of {len(everyone):,} workers "
-                      "holding the most tasks.</p>")  # fmt: skip
+            table += (
+                f"<p class='note'>The {MAX_WORKER_ROWS} of {len(everyone):,} workers "
+                "holding the most tasks.</p>"
+            )
         summary.workers = everyone
         summary.memory = {n: summary.memory[n] for n in busiest if n in summary.memory}
-        return "".join((
-            draw.section("Workers", "workers", table),
-            draw.section("Memory per worker", "memory", resources.memory(summary)),
-        ))  # fmt: skip
+        return "".join(
+            (
+                draw.section("Workers", "workers", table),
+                draw.section("Memory per worker", "memory", resources.memory(summary)),
+            )
+        )
 
     def _transfers(self) -> str:
         summary = self.summary(bars_of=(), memory_of=())
@@ -254,8 +308,10 @@ class DashboardView:
         kept = set(sorted(moved, key=lambda n: -moved[n])[:MAX_TRANSFER_NAMES])
         shown: dict[tuple[str, str], int] = {}
         for (source, destination), nbytes in summary.transfers.items():
-            pair = (source if source in kept else "(others)",
-                    destination if destination in kept else "(others)")  # fmt: skip
+            pair = (
+                source if source in kept else "(others)",
+                destination if destination in kept else "(others)",
+            )
             shown[pair] = shown.get(pair, 0) + nbytes
         summary.transfers = shown
         title = "Bytes moved since the manager started"
@@ -292,5 +348,7 @@ def _progress(done: int, failed: int, tasks: int) -> str:
     """A bar of the run's tasks done (and failed) of its plan's."""
     share = min(1.0, done / tasks) if tasks else 0.0
     text = f"{done:,} of {tasks:,} done" + (f", {failed:,} failed" if failed else "")
-    return (f"<div class='progress'><div style='width:{share * 100:.1f}%'></div></div>"
-            f"<span class='count'>{draw.escape(text)}</span>")  # fmt: skip
+    return (
+        f"<div class='progress'><div style='width:{share * 100:.1f}%'></div></div>"
+        f"<span class='count'>{draw.escape(text)}</span>"
+    )

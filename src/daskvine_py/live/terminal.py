@@ -145,11 +145,14 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
     categories = sorted(snapshot["categories"].items(), key=lambda item: -item[1]["tasks"])
     if categories:
         lines.append("")
-        lines.append(f"{'category':<24} {'done':>8} {'failed':>7} {'wall s':>9} "
-                     f"{'CPU s':>9} {'peak':>9}")  # fmt: skip
+        lines.append(
+            f"{'category':<24} {'done':>8} {'failed':>7} {'wall s':>9} {'CPU s':>9} {'peak':>9}"
+        )
         for name, c in categories[:CATEGORIES]:
-            lines.append(f"{name[:24]:<24} {c['tasks']:>8} {c['failed']:>7} {c['wall_s']:>9.1f} "
-                         f"{c['cpu_s']:>9.1f} {_peak(c):>9}")  # fmt: skip
+            lines.append(
+                f"{name[:24]:<24} {c['tasks']:>8} {c['failed']:>7} {c['wall_s']:>9.1f} "
+                f"{c['cpu_s']:>9.1f} {_peak(c):>9}"
+            )
         if len(categories) > CATEGORIES:
             lines.append(f"  ({len(categories) - CATEGORIES} more)")
     workers = sorted(snapshot["workers"], key=lambda w: (-w["tasks"], w["name"]))
@@ -158,8 +161,10 @@ def render(snapshot: dict[str, Any], address: str = "") -> str:
         lines.append("no workers connected")
         return "\n".join(lines)
     lines.append(f"busiest workers ({min(BUSIEST, len(workers))} of {len(workers)}):")
-    lines.append(f"  {'name':<20} {'host':<16} {'cores':>5} {'tasks':>6} {'resident':>9} "
-                 f"{'stored':>9} {'spilled':>9} {'heard':>6}")  # fmt: skip
+    lines.append(
+        f"  {'name':<20} {'host':<16} {'cores':>5} {'tasks':>6} {'resident':>9} "
+        f"{'stored':>9} {'spilled':>9} {'heard':>6}"
+    )
     for w in workers[:BUSIEST]:
         note = f"  quarantined: {w['quarantined']}" if w["quarantined"] else ""
         lines.append(

@@ -52,7 +52,10 @@ def run_ended() -> None:
         _active = max(0, _active - 1)
         if _active or _saved is None:
             return
-        if gc.get_threshold() == (max(_saved[0], YOUNG), max(_saved[1], MIDDLE),
-                                  max(_saved[2], OLD)):  # fmt: skip
+        if gc.get_threshold() == (
+            max(_saved[0], YOUNG),
+            max(_saved[1], MIDDLE),
+            max(_saved[2], OLD),
+        ):
             gc.set_threshold(*_saved)  # (unless someone set their own since)
         _saved = None

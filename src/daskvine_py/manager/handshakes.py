@@ -70,8 +70,9 @@ class HandshakeMonitor:
             "up. Raise the limit in the shell that starts the manager (ulimit -n N, up to "
             "the hard limit), or open fewer files in its process",
             "the whole system's" if error == errno.ENFILE else "this process's",
-            soft or "unlimited", hard or "unlimited",
-        )  # fmt: skip
+            soft or "unlimited",
+            hard or "unlimited",
+        )
 
     def close(self) -> None:
         """Closed by the thread that used it: the context ends only once it is."""

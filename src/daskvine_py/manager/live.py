@@ -36,8 +36,17 @@ from daskvine_py.scheduler.liveness import Liveness
 MIN_INTERVAL = 1.0
 
 #: What each category shows (``Category``'s own fields by these names).
-CATEGORY_FIELDS = ("tasks", "failed", "wall_s", "cpu_s", "peak_memory_mb",
-                   "allocated_memory_mb", "exhausted", "input_bytes", "output_bytes")  # fmt: skip
+CATEGORY_FIELDS = (
+    "tasks",
+    "failed",
+    "wall_s",
+    "cpu_s",
+    "peak_memory_mb",
+    "allocated_memory_mb",
+    "exhausted",
+    "input_bytes",
+    "output_bytes",
+)
 
 
 #: Failed runs the dashboard lists, the most recent.
@@ -91,9 +100,12 @@ class LiveView:
         failed runs (``failures``). Per heartbeat an append; nothing per task."""
         beats = self._watching.beats
         self._watching.beats = []
-        return {"live": self.snapshot(), "beats": beats or [],
-                "transfers": dict(self._watching.transfers),
-                "failures": list(self._failures)}  # fmt: skip
+        return {
+            "live": self.snapshot(),
+            "beats": beats or [],
+            "transfers": dict(self._watching.transfers),
+            "failures": list(self._failures),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """The snapshot, built now unless the last one is under ``MIN_INTERVAL`` old."""
@@ -131,8 +143,10 @@ class LiveView:
                 continue  # submitted, not handled yet
             self._seen[run_id] = record.categories
             run_done = run_failed = 0
-            progress = {name: {"planned": n, "done": 0, "failed": 0}
-                        for name, n in dict(run.planned).items()}  # fmt: skip
+            progress = {
+                name: {"planned": n, "done": 0, "failed": 0}
+                for name, n in dict(run.planned).items()
+            }
             for name, category in record.categories.items():
                 run_done += category.tasks
                 run_failed += category.failed
@@ -141,14 +155,16 @@ class LiveView:
                 counts["done"], counts["failed"] = category.tasks, category.failed
             done += run_done
             failed += run_failed
-            runs.append({
-                "id": run_id,
-                "tasks": run.info.tasks,
-                "done": run_done,
-                "failed": run_failed,
-                "started": run.info.started,
-                "categories": progress,
-            })  # fmt: skip
+            runs.append(
+                {
+                    "id": run_id,
+                    "tasks": run.info.tasks,
+                    "done": run_done,
+                    "failed": run_failed,
+                    "started": run.info.started,
+                    "categories": progress,
+                }
+            )
         workers = self._workers(now)
         ready, processing, running = self._state.load()
         cpu = os.times()
@@ -182,19 +198,21 @@ class LiveView:
         for ident, info in self._registry.workers.items():
             status = info.status
             heard = self._liveness.last_heard(ident)
-            workers.append({
-                "name": info.name,
-                "hostname": info.hostname,
-                "cores": info.cores,
-                "gpus": info.gpus,
-                "tasks": loads.get(ident, (0, 0))[1],
-                "memory": info.memory,
-                "resident": status.resident,
-                "stored_bytes": status.stored_bytes,
-                "spilled_bytes": status.spilled_bytes,
-                "last_heard_s": 0.0 if heard is None else max(0.0, now - heard),
-                "quarantined": info.quarantined or "",
-            })  # fmt: skip
+            workers.append(
+                {
+                    "name": info.name,
+                    "hostname": info.hostname,
+                    "cores": info.cores,
+                    "gpus": info.gpus,
+                    "tasks": loads.get(ident, (0, 0))[1],
+                    "memory": info.memory,
+                    "resident": status.resident,
+                    "stored_bytes": status.stored_bytes,
+                    "spilled_bytes": status.spilled_bytes,
+                    "last_heard_s": 0.0 if heard is None else max(0.0, now - heard),
+                    "quarantined": info.quarantined or "",
+                }
+            )
         return workers
 
 
@@ -219,10 +237,22 @@ def _failure(run: Run) -> dict[str, Any]:
         if failure.traceback:
             text += "\n" + failure.traceback
         kind = "crashed" if failure.crashed else "erred"
-        return {"t": t, "run": run.id, "kind": kind, "key": failure.key,
-                "worker": failure.worker, "message": text}  # fmt: skip
-    return {"t": t, "run": run.id, "kind": "erred", "key": None, "worker": "",
-            "message": f"{type(failure).__name__}: {failure}"}  # fmt: skip
+        return {
+            "t": t,
+            "run": run.id,
+            "kind": kind,
+            "key": failure.key,
+            "worker": failure.worker,
+            "message": text,
+        }
+    return {
+        "t": t,
+        "run": run.id,
+        "kind": "erred",
+        "key": None,
+        "worker": "",
+        "message": f"{type(failure).__name__}: {failure}",
+    }
 
 
 def request_dashboard(command: Callable[[Snapshot], None]) -> Snapshot:
@@ -245,9 +275,7 @@ def _request(command: Callable[[Snapshot], None], dashboard: bool) -> Snapshot:
     return request
 
 
-def _answer(
-    request: Snapshot, raise_if_dead: Callable[[], None], timeout: float
-) -> dict[str, Any]:
+def _answer(request: Snapshot, raise_if_dead: Callable[[], None], timeout: float) -> dict[str, Any]:
     """The request's answer once the I/O thread gave it; the loop's own error if it died
     meanwhile, ``TimeoutError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

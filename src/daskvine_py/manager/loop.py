@@ -80,10 +80,21 @@ DRAIN_LIMIT = 10_000
 #: Seconds between timer checks (silent workers, dead local processes, heartbeats).
 TIMER_PERIOD = 0.1
 #: Worker reports the scheduler state takes (``state.FromWorker``).
-_STATE_REPORTS = frozenset({
-    p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed, p.Replicas, p.Lost, p.Withdrawn,
-    p.Started, p.DiskFull, p.Relay, p.Uploaded,
-})  # fmt: skip
+_STATE_REPORTS = frozenset(
+    {
+        p.TaskDone,
+        p.TaskErred,
+        p.TaskCrashed,
+        p.FetchFailed,
+        p.Replicas,
+        p.Lost,
+        p.Withdrawn,
+        p.Started,
+        p.DiskFull,
+        p.Relay,
+        p.Uploaded,
+    }
+)
 #: This host's name: a worker registering from it with the pid of a local process that
 #: exited is lost at once.
 HOSTNAME = socket.gethostname()
@@ -126,7 +137,11 @@ class IOLoop:
         self.liveness = Liveness(options.worker_timeout, options.heartbeat_interval)
         self.outboxes: dict[bytes, list[Any]] = {}
         self.registry = Registry(
-            self._post, self._drops, options.heartbeat_interval, state.load, state.worker_loads,
+            self._post,
+            self._drops,
+            options.heartbeat_interval,
+            state.load,
+            state.worker_loads,
             local_processes,
         )
         self.live = LiveView(state, self.registry, self.watching, self.liveness)
@@ -263,9 +278,13 @@ class IOLoop:
                 runs[run_id] = None
         if not runs:
             self._drops.warn(
-                ("loop", what), time.monotonic(), "the manager dropped %s: it raised %r", what,
-                exc, exc_info=exc,
-            )  # fmt: skip
+                ("loop", what),
+                time.monotonic(),
+                "the manager dropped %s: it raised %r",
+                what,
+                exc,
+                exc_info=exc,
+            )
         for run_id in runs:
             self.events.append(s.AbortRun(run_id, exc, what))
 
@@ -387,9 +406,12 @@ class IOLoop:
                 p.check_fields(message)
             except ProtocolError as exc:
                 self._drops.warn(
-                    ("malformed", info.name), now, "dropped a malformed record from worker %s: %s",
-                    info.name, exc,
-                )  # fmt: skip
+                    ("malformed", info.name),
+                    now,
+                    "dropped a malformed record from worker %s: %s",
+                    info.name,
+                    exc,
+                )
                 named = p.task_ids_named(message)
                 self.events.append(s.BadReport(ident, kind.__name__, named, exc))
                 continue
@@ -430,9 +452,16 @@ class IOLoop:
         self.liveness.joined(ident, now, info.pid if info.hostname == HOSTNAME else None)
         self.watching.names_by_peer[info.peer_address] = info.name
         self.events.append(
-            s.WorkerJoined(ident, info.name, info.cores, info.peer_address, info.memory,
-                           info.hostname, info.gpus)
-        )  # fmt: skip
+            s.WorkerJoined(
+                ident,
+                info.name,
+                info.cores,
+                info.peer_address,
+                info.memory,
+                info.hostname,
+                info.gpus,
+            )
+        )
         self.watching.worker_joined(now, info.name, info.cores, info.hostname, info.memory)
 
     def _lose_worker(self, ident: bytes, reason: str) -> None:
@@ -471,9 +500,14 @@ class IOLoop:
             self.registry.publish_demand(now)
         if self.watching.runs and not self.workers:
             warning, failed = self.vacancy.check(
-                now, sorted(self.watching.runs), self.local_processes, len(exited),
-                self.registry.wants_demand, self.registry.last_lost, self.connection_file,
-            )  # fmt: skip
+                now,
+                sorted(self.watching.runs),
+                self.local_processes,
+                len(exited),
+                self.registry.wants_demand,
+                self.registry.last_lost,
+                self.connection_file,
+            )
             for run_id, error in failed:
                 self._end_workerless(run_id, error)
             if warning is not None:
@@ -497,8 +531,9 @@ class IOLoop:
                 done.set()
         except Exception as exc:  # handle never raises; if it does, no run can trust it
             self._handled = []  # not handled: their waiters time out
-            logger.error("the scheduler failed on %d events; every run fails", len(events),
-                         exc_info=exc)  # fmt: skip
+            logger.error(
+                "the scheduler failed on %d events; every run fails", len(events), exc_info=exc
+            )
             for run_id in list(self.watching.runs):
                 self._end_failed(run_id, exc, f"a batch of {len(events)} events")
             return
@@ -526,10 +561,13 @@ class IOLoop:
                 elif type(instruction) is s.EventDropped:
                     error = instruction.error
                     self._drops.warn(
-                        ("scheduler", instruction.what), time.monotonic(),
-                        "the scheduler dropped %s: handling it raised %r", instruction.what,
-                        error, exc_info=error,
-                    )  # fmt: skip
+                        ("scheduler", instruction.what),
+                        time.monotonic(),
+                        "the scheduler dropped %s: handling it raised %r",
+                        instruction.what,
+                        error,
+                        exc_info=error,
+                    )
                 elif type(instruction) in self.handlers:
                     self.handlers[type(instruction)](instruction)
             except Exception as exc:
@@ -551,8 +589,9 @@ class IOLoop:
         error = SchedulerError(run_id, what, f"{type(cause).__name__}: {cause}")
         error.__cause__ = cause
         if self.watching.fail(run_id, error, time.monotonic()):
-            logger.error("run %d failed: the manager could not handle %s", run_id, what,
-                         exc_info=cause)  # fmt: skip
+            logger.error(
+                "run %d failed: the manager could not handle %s", run_id, what, exc_info=cause
+            )
 
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
@@ -600,4 +639,3 @@ class IOLoop:
         for run in self.watching.clear():
             run.failure = RunCancelled("the manager was closed before the run finished")
             run.done.set()
-

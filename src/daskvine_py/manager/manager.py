@@ -133,20 +133,29 @@ class Manager:
             self.options.connection_file, connection.reachable(host, bound), self._keys
         )
         self._state = s.SchedulerState(
-            self.options.max_extra_tasks_per_core, self.options.fixed_extra_tasks_per_core,
-            sizing=self.options.sizing, sizing_categories=self.options.sizing_categories)
+            self.options.max_extra_tasks_per_core,
+            self.options.fixed_extra_tasks_per_core,
+            sizing=self.options.sizing,
+            sizing_categories=self.options.sizing_categories,
+        )
         self._local_processes: list[subprocess.Popen] = []
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []
         self._io = IOLoop(
-            self._router, self._state, self.options, self._local_processes,
+            self._router,
+            self._state,
+            self.options,
+            self._local_processes,
             connection_file=self.connection_file,
-        )  # fmt: skip
+        )
         #: the result cache (``get(cache=True)``): ``clear()``, ``info()``
         self.cache = Cache(
-            self._io.cache_index, lambda event, handled: self._command(StateEvent(event, handled)),
-            self._raise_if_dead, self.options.cache_dir, self.options.cache_dir_limit,
-        )  # fmt: skip
+            self._io.cache_index,
+            lambda event, handled: self._command(StateEvent(event, handled)),
+            self._raise_if_dead,
+            self.options.cache_dir,
+            self.options.cache_dir_limit,
+        )
         self._io.handlers[CacheWrite] = self.cache.write
         #: the live snapshot, metrics, dashboard and notebook view (``views``)
         self._views = LiveViews(self._command, self._raise_if_dead, self.address)
@@ -300,8 +309,11 @@ class Manager:
         host, pids = socket.gethostname(), {proc.pid for proc in procs}
 
         def registered() -> int:
-            return sum(1 for info in self._io.snapshot.values()
-                       if info["pid"] in pids and info["hostname"] == host)  # fmt: skip
+            return sum(
+                1
+                for info in self._io.snapshot.values()
+                if info["pid"] in pids and info["hostname"] == host
+            )
 
         self._wait_until(registered, len(procs), timeout, procs, "of the workers started")
 
@@ -360,8 +372,9 @@ class Manager:
             if hooks is not None:
                 hooks.release()
 
-    def _get(self, dsk: Any, keys: Any, options: dict[str, Any],
-             hooks: callbacks.Hooks | None) -> Any:  # fmt: skip
+    def _get(
+        self, dsk: Any, keys: Any, options: dict[str, Any], hooks: callbacks.Hooks | None
+    ) -> Any:
         run_options = config.run_options(options)
         self._raise_if_dead()
         started = time.time(), time.monotonic()
@@ -421,8 +434,14 @@ class Manager:
             cache=cache,
         )
 
-    def _stream(self, keys: Any, options: RunOptions, hooks: callbacks.Hooks | None, watch: bool,
-                started: tuple[float, float]) -> tuple[Stream | None, Run]:  # fmt: skip
+    def _stream(
+        self,
+        keys: Any,
+        options: RunOptions,
+        hooks: callbacks.Hooks | None,
+        watch: bool,
+        started: tuple[float, float],
+    ) -> tuple[Stream | None, Run]:
         """The run, and what submits its first tasks while a big graph is read
         (``streaming``): none for a run with callbacks, a report, an event log or the
         cache, which need the whole plan first."""
@@ -437,16 +456,18 @@ class Manager:
         send = functools.partial(self._send_part, run)
         return Stream(opening, send, run.done.is_set, key_split), run
 
-    def _open_run(self, run: Run, plan: Plan, options: RunOptions,
-                  started: tuple[float, float]) -> Run:  # fmt: skip
+    def _open_run(
+        self, run: Run, plan: Plan, options: RunOptions, started: tuple[float, float]
+    ) -> Run:
         """``run`` (``_stream``'s) with its size, known now, and its event log if asked."""
         run.info.tasks = len(plan.nodes)
         if options.report is not None or options.event_log is not None:
             run.log = EventLog(run.id, *started, len(plan.nodes), run.info.options)
         return run
 
-    def _end_run(self, run: Run, outcome: str, options: RunOptions,
-                 hooks: callbacks.Hooks | None) -> None:  # fmt: skip
+    def _end_run(
+        self, run: Run, outcome: str, options: RunOptions, hooks: callbacks.Hooks | None
+    ) -> None:
         """Record the run's end (``last_run``), write its event log and report, and
         tell the callbacks."""
         run.info.finished = time.time()
@@ -482,8 +503,9 @@ class Manager:
         records = info.events.records() if info.events is not None else summary_records(info)
         write_report(records, path)
 
-    def _submit(self, run: Run, plan: Plan, options: RunOptions, watch: bool,
-                stream: Stream | None = None) -> None:  # fmt: skip
+    def _submit(
+        self, run: Run, plan: Plan, options: RunOptions, watch: bool, stream: Stream | None = None
+    ) -> None:
         """Pickle and submit the plan's tasks in its order, ``SUBMIT_PART`` at a time.
 
         The workers start on the first part while this thread pickles the next, so a big
@@ -505,9 +527,13 @@ class Manager:
         watched = watch or run.log is not None
         run.annotated = plan.settings.categories if plan.settings is not None else {}
         opening: s.SubmitRun | None = opening_of(
-            run.id, plan.outputs, options, watched, plan.settings,
+            run.id,
+            plan.outputs,
+            options,
+            watched,
+            plan.settings,
             None if cached is None else cached.info,
-        )  # fmt: skip
+        )
         nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
         dependents: dict[Any, int] | None = None if arriving else plan.dependents
         sent: set[bytes] = set() if stream is None else stream.sent
@@ -543,15 +569,23 @@ class Manager:
         self._send_part(run, part, encoder, sent, opening, last=arriving)
         run.info.hoisting_candidates = sorted(encoder.modules)
 
-    def _send_part(self, run: Run, part: list[s.NewTask], encoder: TaskEncoder, sent: set[bytes],
-                   opening: s.SubmitRun | None, last: bool = False) -> None:  # fmt: skip
+    def _send_part(
+        self,
+        run: Run,
+        part: list[s.NewTask],
+        encoder: TaskEncoder,
+        sent: set[bytes],
+        opening: s.SubmitRun | None,
+        last: bool = False,
+    ) -> None:
         """Send one part and the functions not sent yet: the first part (``opening``)
         opens the run, the others extend it (``last``: an arriving run's last part)."""
         functions = {f: c for f, c in encoder.functions.items() if f not in sent}
         sent.update(functions)
         annotated, planned = run.annotated, run.planned  # (the live view's progress)
-        for name, count in Counter(annotated.get(t.key, t.prefix) if annotated else t.prefix
-                                   for t in part).items():  # fmt: skip
+        for name, count in Counter(
+            annotated.get(t.key, t.prefix) if annotated else t.prefix for t in part
+        ).items():
             planned[name] = planned.get(name, 0) + count
         if opening is not None:
             event = opening._replace(tasks=part, functions=functions)

@@ -44,8 +44,17 @@ def printable(text: str) -> str:
 class WorkerInfo:
     """What a worker said of itself when it registered, and in its last ``Status``."""
 
-    __slots__ = ("name", "hostname", "cores", "memory", "gpus", "pid", "peer_address",
-                 "status", "quarantined")  # fmt: skip
+    __slots__ = (
+        "name",
+        "hostname",
+        "cores",
+        "memory",
+        "gpus",
+        "pid",
+        "peer_address",
+        "status",
+        "quarantined",
+    )
 
     def __init__(self, reg: p.Register) -> None:
         self.name = reg.name
@@ -148,22 +157,30 @@ class Registry:
 
     # -- joining and leaving ----------------------------------------------------------
 
-    def unreadable(self, ident: bytes, first: Any, exc: ProtocolError,
-                   now: float) -> list[Any] | None:  # fmt: skip
+    def unreadable(
+        self, ident: bytes, first: Any, exc: ProtocolError, now: float
+    ) -> list[Any] | None:
         """A stranger's batch that cannot be read: warned about (rate-limited). A pickled
         one, which is all that workers and status clients of protocol 6 and older send,
         is answered with a pickled ``Rejected`` they can read (else they would wait out
         their timeout in silence); its content is never opened. The frames to send."""
         self._drops.warn(
-            ("malformed", "unregistered peers"), now, "dropped a malformed message "
-            "from unregistered peers (%r): %s", ident[:32], exc,
-        )  # fmt: skip
+            ("malformed", "unregistered peers"),
+            now,
+            "dropped a malformed message from unregistered peers (%r): %s",
+            ident[:32],
+            exc,
+        )
         if bytes(memoryview(first)[: len(p.MAGIC)]) != p.MAGIC:
             return None
-        return p.encode_pickled([p.Rejected(
-            f"this manager speaks protocol version {p.PROTOCOL_VERSION}, which reads no "
-            "pickles from workers: install the same daskvine-py on both"
-        )])  # fmt: skip
+        return p.encode_pickled(
+            [
+                p.Rejected(
+                    f"this manager speaks protocol version {p.PROTOCOL_VERSION}, which reads no "
+                    "pickles from workers: install the same daskvine-py on both"
+                )
+            ]
+        )
 
     def stranger(self, ident: bytes, messages: list[Any], now: float) -> WorkerInfo | None:
         """Messages from an identity that has not registered: only ``Register`` counts,
@@ -178,9 +195,12 @@ class Registry:
         reg = next((m for m in messages if type(m) is p.Register), None)
         if reg is None:
             self._drops.warn(
-                ("unregistered",), now, "dropped %d record(s) from unregistered peer %r",
-                len(messages), ident[:32],
-            )  # fmt: skip
+                ("unregistered",),
+                now,
+                "dropped %d record(s) from unregistered peer %r",
+                len(messages),
+                ident[:32],
+            )
             return None
         version = reg[0] if len(reg) else None
         if type(version) is int and version != p.PROTOCOL_VERSION:
@@ -196,9 +216,12 @@ class Registry:
             p.check_fields(reg)
         except ProtocolError as exc:
             self._drops.warn(
-                ("unregistered",), now, "rejected a malformed registration from %r: %s",
-                ident[:32], exc,
-            )  # fmt: skip
+                ("unregistered",),
+                now,
+                "rejected a malformed registration from %r: %s",
+                ident[:32],
+                exc,
+            )
             self._post(ident, p.Rejected(f"malformed registration: {exc}"))
             return None
         if self.open_files.full(len(self.workers)):
@@ -207,9 +230,12 @@ class Registry:
         name = self._unique(reg.name)
         if name != reg.name:
             self._drops.warn(  # a pool started under one name would give a line each
-                ("name taken",), now, "worker %s: a connected worker has that name already; "
-                "it joins as %s", reg.name, name,
-            )  # fmt: skip
+                ("name taken",),
+                now,
+                "worker %s: a connected worker has that name already; it joins as %s",
+                reg.name,
+                name,
+            )
             reg = reg._replace(name=name)
         info = WorkerInfo(reg)
         self.workers[ident] = info
@@ -219,9 +245,12 @@ class Registry:
         self._names[name] = ident
         self.publish(ident, info)
         logger.info(
-            "worker %s joined from %s with %d core%s", printable(reg.name),
-            printable(reg.hostname), reg.cores, "" if reg.cores == 1 else "s",
-        )  # fmt: skip
+            "worker %s joined from %s with %d core%s",
+            printable(reg.name),
+            printable(reg.hostname),
+            reg.cores,
+            "" if reg.cores == 1 else "s",
+        )
         self._post(ident, p.Welcome(reg.name, self._heartbeat_interval))
         return info
 
@@ -240,9 +269,13 @@ class Registry:
         """Refuse a worker the open files cannot hold: said to it, logged rate-limited."""
         reason = self.open_files.reason()
         self._drops.warn(
-            ("open files",), now, "refused worker %s, and will refuse every further one "
-            "while %d are connected: %s", name, len(self.workers), reason,
-        )  # fmt: skip
+            ("open files",),
+            now,
+            "refused worker %s, and will refuse every further one while %d are connected: %s",
+            name,
+            len(self.workers),
+            reason,
+        )
         self._post(ident, p.Rejected(reason))
 
     def retire(self, name: str, reason: str) -> None:
@@ -295,9 +328,12 @@ class Registry:
                 p.check_fields(message)
             except ProtocolError as exc:
                 self._drops.warn(
-                    ("malformed", "status clients"), now, "dropped a malformed record from "
-                    "status client %r: %s", ident[:32], exc,
-                )  # fmt: skip
+                    ("malformed", "status clients"),
+                    now,
+                    "dropped a malformed record from status client %r: %s",
+                    ident[:32],
+                    exc,
+                )
                 continue
             if kind is p.RetireWorker:
                 self._retire_for(ident, message, now)
@@ -334,9 +370,13 @@ class Registry:
             return
         client = self._client_names.get(ident)
         self._drops.warn(
-            ("refused retire",), now, "refused to retire worker %s for status client %s: %s",
-            printable(info.name), repr(ident[:32]) if client is None else printable(client), why,
-        )  # fmt: skip
+            ("refused retire",),
+            now,
+            "refused to retire worker %s for status client %s: %s",
+            printable(info.name),
+            repr(ident[:32]) if client is None else printable(client),
+            why,
+        )
 
     def _started_here(self, info: WorkerInfo) -> bool:
         return info.hostname == _HOSTNAME and any(

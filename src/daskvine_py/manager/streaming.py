@@ -47,8 +47,13 @@ Send = Callable[[list[s.NewTask], TaskEncoder, set[bytes], "s.SubmitRun | None"]
 class Stream:
     """The keys submitted while the graph was read, and the encoder they used."""
 
-    def __init__(self, opening: s.SubmitRun, send: Send, over: Callable[[], bool],
-                 prefix_of: Callable[[Key], str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        opening: s.SubmitRun,
+        send: Send,
+        over: Callable[[], bool],
+        prefix_of: Callable[[Key], str],
+    ) -> None:
         #: the run's first event, sent with the first part (then None)
         self._opening: s.SubmitRun | None = opening._replace(arriving=True)
         self._send = send
@@ -74,8 +79,9 @@ class Stream:
         """``graph.Early``: follow the read of a big graph without annotations."""
         return self.seen if size >= STREAM_MIN and not annotated else None
 
-    def seen(self, done: list[Key], nodes: dict[Key, Node],
-             dependencies: dict[Key, frozenset[Key]]) -> bool:  # fmt: skip
+    def seen(
+        self, done: list[Key], nodes: dict[Key, Node], dependencies: dict[Key, frozenset[Key]]
+    ) -> bool:
         """``graph.Seen``: submit the keys finished since the last call; go on?"""
         part: list[s.NewTask] = []
         going = True
@@ -109,19 +115,39 @@ class Stream:
         return plain
 
 
-def opening_of(run_id: int, outputs: list[Key], options: RunOptions, watched: bool,
-               settings: RunSettings | None = None, cache: RunCache | None = None,
-               ) -> s.SubmitRun:  # fmt: skip
+def opening_of(
+    run_id: int,
+    outputs: list[Key],
+    options: RunOptions,
+    watched: bool,
+    settings: RunSettings | None = None,
+    cache: RunCache | None = None,
+) -> s.SubmitRun:
     """A run's ``SubmitRun``, without its tasks and functions (its first part's)."""
     config = None
     if not options.default_execution:
         config = p.RunConfig(
-            run_id, options.task_mode, options.exec_mode, options.import_modules,
-            tuple(options.env_vars.items()), options.task_sandbox,
-        )  # fmt: skip
-    return s.SubmitRun(run_id, [], outputs, options.retries, {}, options.replicas, config,
-                       watched, settings, cache, verify=float(options.verify),
-                       fast_abort=options.fast_abort)  # fmt: skip
+            run_id,
+            options.task_mode,
+            options.exec_mode,
+            options.import_modules,
+            tuple(options.env_vars.items()),
+            options.task_sandbox,
+        )
+    return s.SubmitRun(
+        run_id,
+        [],
+        outputs,
+        options.retries,
+        {},
+        options.replicas,
+        config,
+        watched,
+        settings,
+        cache,
+        verify=float(options.verify),
+        fast_abort=options.fast_abort,
+    )
 
 
 def encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:

@@ -23,6 +23,7 @@ from daskvine_py.manager.launch import how_they_ended
 #: (a local one takes a second or two on a loaded machine) or one replaces another.
 NO_WORKER_GRACE = 5.0
 
+
 class Vacancy:
     """Whether runs wait with no worker, since when, and what the manager has said."""
 
@@ -96,8 +97,10 @@ class Vacancy:
         if wrong or keyless:
             said = []
             if wrong:
-                said.append(f"{_count(wrong, 'handshake')} with wrong keys (another "
-                            "manager's connection file, or an old one)")  # fmt: skip
+                said.append(
+                    f"{_count(wrong, 'handshake')} with wrong keys (another "
+                    "manager's connection file, or an old one)"
+                )
             if keyless:
                 said.append(f"{_count(keyless, 'handshake')} without keys (no connection file)")
             notes.append(

@@ -67,9 +67,20 @@ class Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
     __slots__ = (
-        "id", "values", "done", "failure", "info", "finished_tasks", "log", "next_sample",
-        "transfers_before", "relayed", "feed", "planned", "annotated",
-    )  # fmt: skip
+        "id",
+        "values",
+        "done",
+        "failure",
+        "info",
+        "finished_tasks",
+        "log",
+        "next_sample",
+        "transfers_before",
+        "relayed",
+        "feed",
+        "planned",
+        "annotated",
+    )
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
@@ -241,9 +252,16 @@ class Watching:
             return
         if kind is p.TaskDone:
             run.log.done(
-                now, message.task_id, worker, message.duration, message.finished, message.nbytes,
-                message.serialization, message.cpu, message.peak_memory,
-            )  # fmt: skip
+                now,
+                message.task_id,
+                worker,
+                message.duration,
+                message.finished,
+                message.nbytes,
+                message.serialization,
+                message.cpu,
+                message.peak_memory,
+            )
         elif kind is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
         else:

@@ -197,8 +197,9 @@ def _placements(annotations: Mapping[str, Mapping[Key, Any]], wanted: Any) -> di
         names = _workers(key, workers.get(key))
         allow = loose.get(key, False)
         if not isinstance(allow, bool):
-            raise ValueError(f"task {key!r}: allow_other_workers must be True or False, "
-                             f"not {allow!r}")  # fmt: skip
+            raise ValueError(
+                f"task {key!r}: allow_other_workers must be True or False, not {allow!r}"
+            )
         placement = Placement(cores, memory, gpus, names, allow and names is not None)
         if placement != _ANYWHERE:
             placements[key] = interned.setdefault(placement, placement)
@@ -231,8 +232,10 @@ def _whole(key: Key, resource: str, value: Any, least: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"task {key!r}: resources[{resource!r}] must be a whole number "
-                         f">= {least}, not {value!r}")  # fmt: skip
+        raise ValueError(
+            f"task {key!r}: resources[{resource!r}] must be a whole number "
+            f">= {least}, not {value!r}"
+        )
     return value
 
 
@@ -245,8 +248,9 @@ def _workers(key: Key, value: Any) -> frozenset[str] | None:
     except TypeError:
         names = None
     if names is None or not all(isinstance(name, str) for name in names):
-        raise ValueError(f"task {key!r}: workers must be a worker name or a list of them, "
-                         f"not {value!r}")  # fmt: skip
+        raise ValueError(
+            f"task {key!r}: workers must be a worker name or a list of them, not {value!r}"
+        )
     return names or None
 
 

@@ -46,10 +46,29 @@ from daskvine_py.plan.legacy import Key, LegacyCall, light_dependencies
 from daskvine_py.plan.rewrite import DEFAULT_THRESHOLD, may_reduce, rewrite_reductions
 
 __all__ = [
-    "DASK_ORDER_LIMIT", "EARLY_EVERY", "Early", "Key", "LegacyCall", "Node", "Pass", "Plan", "Seen",
-    "annotated", "as_mapping", "build_plan", "convert", "cull", "depth_first", "flatten_keys",
-    "fused", "light_dependencies", "ordered", "pack_results", "read", "rewritten",
-]  # fmt: skip
+    "DASK_ORDER_LIMIT",
+    "EARLY_EVERY",
+    "Early",
+    "Key",
+    "LegacyCall",
+    "Node",
+    "Pass",
+    "Plan",
+    "Seen",
+    "annotated",
+    "as_mapping",
+    "build_plan",
+    "convert",
+    "cull",
+    "depth_first",
+    "flatten_keys",
+    "fused",
+    "light_dependencies",
+    "ordered",
+    "pack_results",
+    "read",
+    "rewritten",
+]
 
 #: Largest graph ordered with ``dask.order``, whose memory-aware order costs some 20 µs
 #: per task (seconds for 10^5 tasks, before anything runs). Larger graphs take the

@@ -43,9 +43,13 @@ from dask.typing import Key as DaskKey
 from daskvine_py.plan.legacy import Key, LegacyCall
 
 __all__ = [
-    "DEFAULT_ARITY", "DEFAULT_THRESHOLD", "associative", "is_associative", "may_reduce",
+    "DEFAULT_ARITY",
+    "DEFAULT_THRESHOLD",
+    "associative",
+    "is_associative",
+    "may_reduce",
     "rewrite_reductions",
-]  # fmt: skip
+]
 
 #: Inputs per task of a rewritten tree. Smaller bounds each reduction's memory more tightly
 #: (about arity + 1 values alive) but makes the tree deeper: more tasks, and more levels on

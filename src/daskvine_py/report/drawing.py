@@ -24,9 +24,19 @@ PLOT_WIDTH = 880
 SERIALIZING = "serializing"
 #: Colours for functions, most time-consuming first; the rest share the last one.
 PALETTE = (
-    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
-    "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#bab0ac",
-)  # fmt: skip
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#86bcb6",
+    "#d37295",
+    "#bab0ac",
+)
 
 # -- charts ---------------------------------------------------------------------------
 
@@ -143,8 +153,9 @@ def merge_bars(lane: list[TaskRun], chart: Chart) -> list[Bar]:
             current.run += task.duration
             current.serialization += task.serialization
             continue
-        current = Bar(x0, x1, task.prefix, task.tasks, key_text(task.key), task.duration,
-                      task.serialization)  # fmt: skip
+        current = Bar(
+            x0, x1, task.prefix, task.tasks, key_text(task.key), task.duration, task.serialization
+        )
         out.append(current)
     return out
 

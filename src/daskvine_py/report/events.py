@@ -62,8 +62,14 @@ class WorkerEntry:
     memory: int = 0  #: its ``--memory`` in bytes (0: not known)
 
     def record(self) -> dict[str, Any]:
-        return {"event": "worker", "t": round(self.t, 6), "worker": self.worker,
-                "cores": self.cores, "host": self.host, "memory": self.memory}  # fmt: skip
+        return {
+            "event": "worker",
+            "t": round(self.t, 6),
+            "worker": self.worker,
+            "cores": self.cores,
+            "host": self.host,
+            "memory": self.memory,
+        }
 
 
 @dataclass(slots=True)
@@ -75,8 +81,12 @@ class WorkerLostEntry:
     reason: str
 
     def record(self) -> dict[str, Any]:
-        return {"event": "worker_lost", "t": round(self.t, 6), "worker": self.worker,
-                "reason": self.reason}  # fmt: skip
+        return {
+            "event": "worker_lost",
+            "t": round(self.t, 6),
+            "worker": self.worker,
+            "reason": self.reason,
+        }
 
 
 @dataclass(slots=True)
@@ -89,8 +99,12 @@ class QuarantinedEntry:
     reason: str
 
     def record(self) -> dict[str, Any]:
-        return {"event": "quarantined", "t": round(self.t, 6), "worker": self.worker,
-                "reason": self.reason}  # fmt: skip
+        return {
+            "event": "quarantined",
+            "t": round(self.t, 6),
+            "worker": self.worker,
+            "reason": self.reason,
+        }
 
 
 @dataclass(slots=True)
@@ -104,9 +118,14 @@ class DispatchEntry:
     worker: str
 
     def record(self) -> dict[str, Any]:
-        return {"event": "dispatch", "t": round(self.t, 6), "id": self.task_id,
-                "key": _jsonable_key(self.key), "prefix": self.prefix,
-                "worker": self.worker}  # fmt: skip
+        return {
+            "event": "dispatch",
+            "t": round(self.t, 6),
+            "id": self.task_id,
+            "key": _jsonable_key(self.key),
+            "prefix": self.prefix,
+            "worker": self.worker,
+        }
 
 
 @dataclass(slots=True)
@@ -129,10 +148,18 @@ class DoneEntry:
 
     def record(self) -> dict[str, Any]:
         start = self.end - self.duration - self.serialization  # when its library began on it
-        return {"event": "done", "t": round(self.t, 6), "id": self.task_id,
-                "worker": self.worker, "start": round(start, 6), "end": round(self.end, 6),
-                "nbytes": self.nbytes, "serialization": round(self.serialization, 6),
-                "cpu": round(self.cpu, 6), "peak_memory": self.peak_memory}  # fmt: skip
+        return {
+            "event": "done",
+            "t": round(self.t, 6),
+            "id": self.task_id,
+            "worker": self.worker,
+            "start": round(start, 6),
+            "end": round(self.end, 6),
+            "nbytes": self.nbytes,
+            "serialization": round(self.serialization, 6),
+            "cpu": round(self.cpu, 6),
+            "peak_memory": self.peak_memory,
+        }
 
 
 @dataclass(slots=True)
@@ -145,8 +172,13 @@ class ErredEntry:
     message: str
 
     def record(self) -> dict[str, Any]:
-        return {"event": "erred", "t": round(self.t, 6), "id": self.task_id,
-                "worker": self.worker, "message": self.message}  # fmt: skip
+        return {
+            "event": "erred",
+            "t": round(self.t, 6),
+            "id": self.task_id,
+            "worker": self.worker,
+            "message": self.message,
+        }
 
 
 @dataclass(slots=True)
@@ -159,8 +191,13 @@ class CrashedEntry:
     message: str
 
     def record(self) -> dict[str, Any]:
-        return {"event": "crashed", "t": round(self.t, 6), "id": self.task_id,
-                "worker": self.worker, "message": self.message}  # fmt: skip
+        return {
+            "event": "crashed",
+            "t": round(self.t, 6),
+            "id": self.task_id,
+            "worker": self.worker,
+            "message": self.message,
+        }
 
 
 @dataclass(slots=True)
@@ -175,9 +212,15 @@ class SampleEntry:
     done: int
 
     def record(self) -> dict[str, Any]:
-        return {"event": "sample", "t": round(self.t, 6), "waiting": self.waiting,
-                "ready": self.ready, "processing": self.processing, "running": self.running,
-                "done": self.done}  # fmt: skip
+        return {
+            "event": "sample",
+            "t": round(self.t, 6),
+            "waiting": self.waiting,
+            "ready": self.ready,
+            "processing": self.processing,
+            "running": self.running,
+            "done": self.done,
+        }
 
 
 @dataclass(slots=True)
@@ -210,10 +253,16 @@ class BarEntry:
 
     def record(self) -> dict[str, Any]:
         lane, prefix, start, end, seconds, tasks = self.bar
-        return {"event": "bar", "worker": self.worker, "lane": lane, "prefix": prefix,
-                "start": round(start - self.wall_start, 6),
-                "end": round(end - self.wall_start, 6), "serialization": seconds,
-                "tasks": tasks}  # fmt: skip
+        return {
+            "event": "bar",
+            "worker": self.worker,
+            "lane": lane,
+            "prefix": prefix,
+            "start": round(start - self.wall_start, 6),
+            "end": round(end - self.wall_start, 6),
+            "serialization": seconds,
+            "tasks": tasks,
+        }
 
 
 @dataclass(slots=True)
@@ -237,16 +286,30 @@ class TransferEntry:
     nbytes: int
 
     def record(self) -> dict[str, Any]:
-        return {"event": "transfer", "source": self.source, "destination": self.destination,
-                "bytes": self.nbytes}  # fmt: skip
+        return {
+            "event": "transfer",
+            "source": self.source,
+            "destination": self.destination,
+            "bytes": self.nbytes,
+        }
 
 
 #: What an ``EventLog`` holds between the run's record and its end record; each entry
 #: type is named after the ``event`` its ``record()`` writes.
 Entry = (
-    WorkerEntry | WorkerLostEntry | DispatchEntry | DoneEntry | ErredEntry | CrashedEntry
-    | SampleEntry | TransferEntry | QuarantinedEntry | MemoryEntry | BarEntry | CategoriesEntry
-)  # fmt: skip
+    WorkerEntry
+    | WorkerLostEntry
+    | DispatchEntry
+    | DoneEntry
+    | ErredEntry
+    | CrashedEntry
+    | SampleEntry
+    | TransferEntry
+    | QuarantinedEntry
+    | MemoryEntry
+    | BarEntry
+    | CategoriesEntry
+)
 
 
 class EventLog:
@@ -256,8 +319,16 @@ class EventLog:
     (the ``now`` of every call) and on the wall clock (what workers' ``finished`` uses).
     """
 
-    __slots__ = ("run_id", "wall_start", "mono_start", "tasks", "options", "entries", "info",
-                 "statuses")  # fmt: skip
+    __slots__ = (
+        "run_id",
+        "wall_start",
+        "mono_start",
+        "tasks",
+        "options",
+        "entries",
+        "info",
+        "statuses",
+    )
 
     def __init__(
         self, run_id: int, wall_start: float, mono_start: float, tasks: int, options: dict
@@ -287,14 +358,23 @@ class EventLog:
         self.entries.append(DispatchEntry(now - self.mono_start, task_id, key, prefix, worker))
 
     def done(
-        self, now: float, task_id: int, worker: str, duration: float, finished: float,
-        nbytes: int, serialization: float = 0.0, cpu: float = 0.0, peak_memory: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        now: float,
+        task_id: int,
+        worker: str,
+        duration: float,
+        finished: float,
+        nbytes: int,
+        serialization: float = 0.0,
+        cpu: float = 0.0,
+        peak_memory: int = 0,
+    ) -> None:
         t = now - self.mono_start
         end = finished - self.wall_start if finished else t
         self.entries.append(
-            DoneEntry(t, task_id, worker, min(end, t), duration, nbytes, serialization, cpu,
-                      peak_memory)  # fmt: skip
+            DoneEntry(
+                t, task_id, worker, min(end, t), duration, nbytes, serialization, cpu, peak_memory
+            )
         )
 
     def erred(self, now: float, task_id: int, worker: str, message: str) -> None:
@@ -407,8 +487,17 @@ def _info_fields(info: Any) -> dict[str, Any]:
     if not dataclasses.is_dataclass(info):
         return {}
     # (``categories``: a record of their own, ``CategoriesEntry``)
-    skip = {"run_id", "options", "tasks", "started", "finished", "outcome", "transfers", "events",
-            "categories"}  # fmt: skip
+    skip = {
+        "run_id",
+        "options",
+        "tasks",
+        "started",
+        "finished",
+        "outcome",
+        "transfers",
+        "events",
+        "categories",
+    }
     out = {name: value for name, value in vars(info).items() if name not in skip}
     if not out.get("relayed", True):
         del out["relayed"]  # written only when results went through the manager

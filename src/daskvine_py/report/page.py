@@ -39,14 +39,31 @@ SLOWEST = 20
 MAX_FAILURES = 50
 #: The ids of the report's sections, in order (``<section id=...>``).
 SECTIONS = (
-    "summary", "options", "tasks-over-time", "worker-timeline", "workers", "memory", "transfers",
-    "durations", "categories", "slowest", "failures",
-)  # fmt: skip
+    "summary",
+    "options",
+    "tasks-over-time",
+    "worker-timeline",
+    "workers",
+    "memory",
+    "transfers",
+    "durations",
+    "categories",
+    "slowest",
+    "failures",
+)
 #: Fields of the "end" record the summary shows in rows of their own, or elsewhere.
 _SHOWN_ELSEWHERE = frozenset(
-    {"event", "t", "outcome", "duration", "hoisting_candidates", "run_seconds",
-     "serialization_seconds", "cache"}
-)  # fmt: skip
+    {
+        "event",
+        "t",
+        "outcome",
+        "duration",
+        "hoisting_candidates",
+        "run_seconds",
+        "serialization_seconds",
+        "cache",
+    }
+)
 
 
 def render(records: Iterable[dict[str, Any]]) -> str:
@@ -121,9 +138,12 @@ def _summary_table(summary: Summary) -> str:
         run_seconds, serialization = seconds
         rows += [
             ("tasks' run time", draw.seconds(run_seconds)),
-            ("(de)serialization", f"{draw.seconds(serialization)} "
-                                  f"({_share(serialization, run_seconds)} of run + serialization)"),
-        ]  # fmt: skip
+            (
+                "(de)serialization",
+                f"{draw.seconds(serialization)} "
+                f"({_share(serialization, run_seconds)} of run + serialization)",
+            ),
+        ]
     for name, value in end.items():
         if name not in _SHOWN_ELSEWHERE:
             rows.append((name.replace("_", " "), draw.value_text(value)))
@@ -163,8 +183,11 @@ def tasks_over_time(summary: Summary) -> str:
     )
     t_max = max(summary.duration, samples[-1].t, 1e-6)
     cores = _cores_over_time(summary)
-    y_max = max(max(getattr(c, name) for c in samples for name, _, _ in series), 1,
-                max((n for _, n in cores), default=0))  # fmt: skip
+    y_max = max(
+        max(getattr(c, name) for c in samples for name, _, _ in series),
+        1,
+        max((n for _, n in cores), default=0),
+    )
     height = 220
     chart = draw.Chart(t_max, y_max, height)
     parts = [chart.axes("seconds since start", "tasks")]
@@ -207,8 +230,9 @@ def tasks_over_time(summary: Summary) -> str:
         for _, label, c in series
     )
     if cores:
-        legend += ("<span class='swatch' style='background:#59a14f'></span>cores of the "
-                   "connected workers ")  # fmt: skip
+        legend += (
+            "<span class='swatch' style='background:#59a14f'></span>cores of the connected workers "
+        )
     if any(w.lost is not None for w in summary.workers.values()):
         legend += "<span class='swatch' style='background:#e15759'></span>a worker lost "
     return chart.svg("".join(parts)) + f"<p class='legend'>{legend}</p>"
@@ -331,19 +355,31 @@ def _durations(summary: Summary, colours: dict[str, str]) -> str:
             f"<span class='barbox'><span class='bar' style='width:{share:.1f}%;"
             f"background:{colours.get(prefix, draw.PALETTE[-1])}'></span></span>"
         )
-        rows.append((
-            prefix, f"{len(durations):,}", draw.seconds(total),
-            draw.seconds(total / len(durations)),
-            draw.seconds(statistics.median(durations)), draw.seconds(max(durations)),
-            draw.Raw(f"{bar}<span>{share:.1f}%</span>"),
-            draw.Raw(_serialization_cell(serialization[prefix], total)),
-        ))  # fmt: skip
+        rows.append(
+            (
+                prefix,
+                f"{len(durations):,}",
+                draw.seconds(total),
+                draw.seconds(total / len(durations)),
+                draw.seconds(statistics.median(durations)),
+                draw.seconds(max(durations)),
+                draw.Raw(f"{bar}<span>{share:.1f}%</span>"),
+                draw.Raw(_serialization_cell(serialization[prefix], total)),
+            )
+        )
     all_serialization = sum(serialization.values())
-    rows.append((
-        draw.Raw("<b>all functions</b>"), f"{len(summary.tasks):,}", draw.seconds(grand),
-        draw.seconds(grand / len(summary.tasks)), "", "", "",
-        draw.Raw(_serialization_cell(all_serialization, grand)),
-    ))  # fmt: skip
+    rows.append(
+        (
+            draw.Raw("<b>all functions</b>"),
+            f"{len(summary.tasks):,}",
+            draw.seconds(grand),
+            draw.seconds(grand / len(summary.tasks)),
+            "",
+            "",
+            "",
+            draw.Raw(_serialization_cell(all_serialization, grand)),
+        )
+    )
     head = ("function", "tasks", "run time", "mean", "median", "max", "share", "serialization")
     return draw.table(head, rows) + (
         "<p class='note'>Run time is the functions' calls; serialization is the time their "
@@ -369,10 +405,17 @@ def _slowest(summary: Summary) -> str:
     slowest = sorted(summary.tasks, key=lambda t: -t.duration)[:SLOWEST]
     seconds = draw.seconds
     rows = [
-        (draw.key_text(t.key), t.prefix, t.worker, seconds(t.duration), seconds(t.serialization),
-         seconds(t.start), draw.byte_size(t.nbytes))
+        (
+            draw.key_text(t.key),
+            t.prefix,
+            t.worker,
+            seconds(t.duration),
+            seconds(t.serialization),
+            seconds(t.start),
+            draw.byte_size(t.nbytes),
+        )
         for t in slowest
-    ]  # fmt: skip
+    ]
     head = ("key", "function", "worker", "duration", "serialization", "started at", "result")
     return draw.table(head, rows)
 
@@ -397,8 +440,9 @@ def _message(text: str) -> str:
     first, newline, _ = text.strip().partition("\n")
     if not newline:
         return text
-    return draw.Raw(f"<details><summary>{draw.escape(first)}</summary>"
-                    f"<pre>{draw.escape(text)}</pre></details>")  # fmt: skip
+    return draw.Raw(
+        f"<details><summary>{draw.escape(first)}</summary><pre>{draw.escape(text)}</pre></details>"
+    )
 
 
 def _cache_row(cache: dict[str, Any]) -> str:

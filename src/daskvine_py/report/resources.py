@@ -32,8 +32,19 @@ MEMORY_SERIES = (
 #: default, the node's memory, would flatten the lines).
 BUDGET_IN_VIEW = 4.0
 
-_HEAD = ("category", "tasks", "wall s", "CPU s", "CPU/wall", "peak memory", "allocated MB",
-         "exhausted", "input MB", "output MB", "failed")  # fmt: skip
+_HEAD = (
+    "category",
+    "tasks",
+    "wall s",
+    "CPU s",
+    "CPU/wall",
+    "peak memory",
+    "allocated MB",
+    "exhausted",
+    "input MB",
+    "output MB",
+    "failed",
+)
 
 
 def categories(summary: Summary) -> str:
@@ -44,8 +55,16 @@ def categories(summary: Summary) -> str:
     if not known:
         return draw.empty("No task finished.")
     rows: list[tuple[Any, ...]] = []
-    totals = {"tasks": 0, "wall_s": 0.0, "cpu_s": 0.0, "peak_memory_mb": 0.0,
-              "exhausted": 0, "input_bytes": 0, "output_bytes": 0, "failed": 0}  # fmt: skip
+    totals = {
+        "tasks": 0,
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "peak_memory_mb": 0.0,
+        "exhausted": 0,
+        "input_bytes": 0,
+        "output_bytes": 0,
+        "failed": 0,
+    }
     ordered = sorted(known.items(), key=lambda kv: (-_number(kv[1], "wall_s"), kv[0]))
     for name, fields in ordered:
         rows.append(_row(name, fields))
@@ -73,7 +92,10 @@ def categories(summary: Summary) -> str:
 def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any, ...]:
     wall, cpu = _number(fields, "wall_s"), _number(fields, "cpu_s")
     return (
-        name, f"{int(_number(fields, 'tasks')):,}", amount(wall), amount(cpu),
+        name,
+        f"{int(_number(fields, 'tasks')):,}",
+        amount(wall),
+        amount(cpu),
         f"{cpu / wall:.2f}" if wall > 0 else "",
         _peak(fields),
         amount(_number(fields, "allocated_memory_mb")) if allocated else "",
@@ -81,7 +103,7 @@ def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any
         amount(_number(fields, "input_bytes") / MB),
         amount(_number(fields, "output_bytes") / MB),
         f"{int(_number(fields, 'failed')):,}",
-    )  # fmt: skip
+    )
 
 
 def _peak(fields: dict[str, Any]) -> str:
@@ -135,10 +157,15 @@ def memory(summary: Summary) -> str:
     if rest:
         names = ", ".join(draw.escape(n) for n in sorted((n for n, _ in rest), key=draw.natural))
         tail = f"<p class='note'>Not drawn ({len(rest)} held less): {names}</p>"
-    return "".join(parts) + f"<p class='legend'>{legend}</p>" + tail + (
-        "<p class='note'>From the workers' heartbeats, one per <code>heartbeat_interval</code>"
-        ", each held until the next. A library's peak is reset as each of its tasks "
-        "begins.</p>"
+    return (
+        "".join(parts)
+        + f"<p class='legend'>{legend}</p>"
+        + tail
+        + (
+            "<p class='note'>From the workers' heartbeats, one per <code>heartbeat_interval</code>"
+            ", each held until the next. A library's peak is reset as each of its tasks "
+            "begins.</p>"
+        )
     )
 
 
@@ -183,8 +210,11 @@ def _chart(samples: list[MemorySample], worker: RunWorker, t_max: float) -> str:
     return chart.svg("".join(parts))
 
 
-def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None,
-            ran: dict[str, int] | None = None) -> str:  # fmt: skip
+def workers(
+    summary: Summary,
+    now: dict[str, dict[str, Any]] | None = None,
+    ran: dict[str, int] | None = None,
+) -> str:
     """A row per worker: its cores and budget, its last heartbeat's memory, the tasks it
     ran (the report's; ``ran``: counted already, the dashboard's window's) and, given
     ``now`` (the live snapshot's workers by name), what it holds now and when it was last
@@ -196,8 +226,16 @@ def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None,
         for task in summary.tasks + summary.activity:
             if task.prefix not in LANE_NAMES.values():
                 ran[task.worker] = ran.get(task.worker, 0) + task.tasks
-    head = ["worker", "host", "cores", "--memory", "resident", "results held", "spilled",
-            "tasks run"]  # fmt: skip
+    head = [
+        "worker",
+        "host",
+        "cores",
+        "--memory",
+        "resident",
+        "results held",
+        "spilled",
+        "tasks run",
+    ]
     if now is not None:
         head += ["tasks held", "last heard", "new tasks"]
     rows = []
@@ -205,14 +243,22 @@ def workers(summary: Summary, now: dict[str, dict[str, Any]] | None = None,
         worker = summary.workers[name]
         last = (summary.memory.get(name) or [MemorySample(0.0, 0, 0, 0, 0)])[-1]
         row: list[Any] = [
-            name, worker.host, worker.cores or "", draw.byte_size(worker.memory),
-            draw.byte_size(last.resident), draw.byte_size(last.stored),
-            draw.byte_size(last.spilled), f"{ran.get(name, 0):,}",
-        ]  # fmt: skip
+            name,
+            worker.host,
+            worker.cores or "",
+            draw.byte_size(worker.memory),
+            draw.byte_size(last.resident),
+            draw.byte_size(last.stored),
+            draw.byte_size(last.spilled),
+            f"{ran.get(name, 0):,}",
+        ]
         if now is not None:
             live = now.get(name, {})
-            row += [live.get("tasks", ""), draw.seconds(float(live.get("last_heard_s", 0.0))),
-                    live.get("quarantined") or ("lost" if worker.lost is not None else "yes")]
+            row += [
+                live.get("tasks", ""),
+                draw.seconds(float(live.get("last_heard_s", 0.0))),
+                live.get("quarantined") or ("lost" if worker.lost is not None else "yes"),
+            ]
         elif worker.lost is not None:
             row[0] = draw.Raw(f"{draw.escape(name)} <span class='lost'>(lost)</span>")
         rows.append(row)

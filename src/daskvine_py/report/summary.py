@@ -106,8 +106,17 @@ def bar_run(record: dict[str, Any]) -> TaskRun:
     spills) as a ``TaskRun`` of ``tasks`` tasks, named by its lane when not a library's."""
     prefix = LANE_NAMES.get(record["lane"], record["prefix"])
     tasks = int(record.get("tasks", 1))
-    return TaskRun(-1, f"{tasks} × {prefix}", prefix, record["worker"], record["start"],
-                   record["end"], 0, record.get("serialization", 0.0), tasks=tasks)  # fmt: skip
+    return TaskRun(
+        -1,
+        f"{tasks} × {prefix}",
+        prefix,
+        record["worker"],
+        record["start"],
+        record["end"],
+        0,
+        record.get("serialization", 0.0),
+        tasks=tasks,
+    )
 
 
 @dataclass(slots=True)
@@ -192,7 +201,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
                     record.get("serialization", 0.0),  # not in logs of older versions
                     record.get("cpu", 0.0),
                     record.get("peak_memory", 0),
-                )  # fmt: skip
+                )
             )
         elif kind == "bar":
             summary.activity.append(bar_run(record))
@@ -205,10 +214,13 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
         elif kind == "worker":
             name = record["worker"]
             if name not in workers:  # the first record of a worker tells its cores
-                workers[name] = RunWorker(name, int(record.get("cores") or 0),
-                                          str(record.get("host", "")),
-                                          joined=float(record.get("t", 0.0)),
-                                          memory=int(record.get("memory") or 0))  # fmt: skip
+                workers[name] = RunWorker(
+                    name,
+                    int(record.get("cores") or 0),
+                    str(record.get("host", "")),
+                    joined=float(record.get("t", 0.0)),
+                    memory=int(record.get("memory") or 0),
+                )
         elif kind == "worker_lost":
             name = record["worker"]
             workers.setdefault(name, RunWorker(name)).lost = record["t"]
@@ -227,10 +239,14 @@ def summarize(records: Iterable[dict[str, Any]]) -> Summary:
             )
         elif kind == "memory":
             summary.memory.setdefault(record["worker"], []).append(
-                MemorySample(record["t"], record.get("stored_bytes", 0),
-                             record.get("spilled_bytes", 0), record.get("peak_memory", 0),
-                             record.get("peak_library_memory", 0),
-                             record.get("resident", 0))  # fmt: skip
+                MemorySample(
+                    record["t"],
+                    record.get("stored_bytes", 0),
+                    record.get("spilled_bytes", 0),
+                    record.get("peak_memory", 0),
+                    record.get("peak_library_memory", 0),
+                    record.get("resident", 0),
+                )
             )
         elif kind == "categories":
             summary.categories = dict(record.get("categories") or {})

@@ -24,8 +24,16 @@ from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 class CacheBudget:
     """Cached bytes per worker and at the manager, in least recently used order."""
 
-    __slots__ = ("worker_bytes", "manager_bytes", "lru", "held", "at_manager", "manager_held",
-                 "retained", "retaining")  # fmt: skip
+    __slots__ = (
+        "worker_bytes",
+        "manager_bytes",
+        "lru",
+        "held",
+        "at_manager",
+        "manager_held",
+        "retained",
+        "retaining",
+    )
 
     def __init__(
         self, worker_bytes: int = CACHE_WORKER_BYTES, manager_bytes: int = CACHE_MANAGER_BYTES

@@ -38,10 +38,15 @@ from daskvine_py.scheduler.records import RunRecord, TaskRecord
 from daskvine_py.wire import protocol as p
 
 __all__ = [
-    "ACTIVE", "CACHE_MANAGER_BYTES", "CACHE_RUN_ID", "CACHE_WORKER_BYTES", "MAX_SECONDS",
-    "CacheIndex", "CacheRun",
+    "ACTIVE",
+    "CACHE_MANAGER_BYTES",
+    "CACHE_RUN_ID",
+    "CACHE_WORKER_BYTES",
+    "MAX_SECONDS",
+    "CacheIndex",
+    "CacheRun",
     "unlink_readers",
-]  # fmt: skip
+]
 
 #: The id of the run record that owns cached results once their own run ended.
 CACHE_RUN_ID = 0
@@ -56,13 +61,21 @@ MAX_SECONDS = 1_000_000
 #: The states of a task that still reads its inputs.
 ACTIVE = frozenset({"waiting", "ready", "processing"})
 
+
 class CacheIndex:
     """What the state publishes of the cache. The caller's thread reads it without a lock
     (single dict lookups and ints, atomic under the GIL) to plan a run; the state
     re-checks everything when the run arrives."""
 
-    __slots__ = ("providers", "seconds", "entries", "nbytes", "at_manager", "manager_bytes",
-                 "clears")  # fmt: skip
+    __slots__ = (
+        "providers",
+        "seconds",
+        "entries",
+        "nbytes",
+        "at_manager",
+        "manager_bytes",
+        "clears",
+    )
 
     def __init__(self) -> None:
         #: cache key -> the live record of its result (cached, or in a run)
@@ -83,8 +96,16 @@ class CacheRun:
     """The state's side of one cache run."""
 
     __slots__ = (
-        "info", "link", "hit_of", "provided", "ran", "ran_count", "read", "reused", "read_as",
-    )  # fmt: skip
+        "info",
+        "link",
+        "hit_of",
+        "provided",
+        "ran",
+        "ran_count",
+        "read",
+        "reused",
+        "read_as",
+    )
 
     def __init__(self, info: RunCache) -> None:
         self.info = info

@@ -59,10 +59,25 @@ class Caching:
     """
 
     __slots__ = (
-        "ctx", "workers", "runs", "tasks", "out", "transition", "send", "drop_run", "dismiss",
-        "index", "budget", "cache_runs", "owner", "key_of", "awaiting", "persist", "uploads",
+        "ctx",
+        "workers",
+        "runs",
+        "tasks",
+        "out",
+        "transition",
+        "send",
+        "drop_run",
+        "dismiss",
+        "index",
+        "budget",
+        "cache_runs",
+        "owner",
+        "key_of",
+        "awaiting",
+        "persist",
+        "uploads",
         "held_for_disk",
-    )  # fmt: skip
+    )
 
     def __init__(self, ctx: Context, budget: CacheBudget | None = None) -> None:
         self.ctx = ctx
@@ -362,9 +377,7 @@ class Caching:
 
     def _let_go(self, record: TaskRecord) -> None:
         record.waiters -= 1  # the cache does not read it after all
-        if record.state == "memory" and not (
-            needed(record)
-        ):
+        if record.state == "memory" and not (needed(record)):
             self.transition(record, "released")
 
     def _link(
@@ -458,8 +471,11 @@ class Caching:
         if crun is not None:
             crun.reused += nbytes
         if not run.undelivered:
-            self.out.append(RunDone(run.id, run.run_seconds, run.serialization_seconds,
-                                    categories=run.categories))
+            self.out.append(
+                RunDone(
+                    run.id, run.run_seconds, run.serialization_seconds, categories=run.categories
+                )
+            )
             self.drop_run(run)
 
     def payload(self, task: TaskRecord) -> None:

@@ -24,8 +24,17 @@ class Category:
     """One category's totals over the tasks of a run that finished (a task run twice
     counts twice)."""
 
-    __slots__ = ("tasks", "wall_s", "cpu_s", "peak_memory_mb", "allocated_memory_mb",
-                 "exhausted", "input_bytes", "output_bytes", "failed")  # fmt: skip
+    __slots__ = (
+        "tasks",
+        "wall_s",
+        "cpu_s",
+        "peak_memory_mb",
+        "allocated_memory_mb",
+        "exhausted",
+        "input_bytes",
+        "output_bytes",
+        "failed",
+    )
 
     def __init__(self) -> None:
         self.tasks = 0
@@ -53,11 +62,13 @@ class Category:
             self.allocated_memory_mb = mb
 
     def __repr__(self) -> str:
-        return (f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
-                f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
-                f"allocated_memory_mb={self.allocated_memory_mb:.1f}, "
-                f"exhausted={self.exhausted}, input_bytes={self.input_bytes}, "
-                f"output_bytes={self.output_bytes})")  # fmt: skip
+        return (
+            f"Category(tasks={self.tasks}, wall_s={self.wall_s:.3f}, "
+            f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
+            f"allocated_memory_mb={self.allocated_memory_mb:.1f}, "
+            f"exhausted={self.exhausted}, input_bytes={self.input_bytes}, "
+            f"output_bytes={self.output_bytes})"
+        )
 
     def fields(self) -> dict[str, float | int]:
         """Every field by name: what the event log writes (``events.CategoriesEntry``)."""
@@ -74,9 +85,15 @@ class Categories(dict[str, Category]):
     __slots__ = ()
 
     def done(
-        self, name: str, duration: float, cpu: float, peak_memory: int, nbytes: int = 0,
-        inputs: Sequence[_Sized] = (), allocated: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        duration: float,
+        cpu: float,
+        peak_memory: int,
+        nbytes: int = 0,
+        inputs: Sequence[_Sized] = (),
+        allocated: int = 0,
+    ) -> None:
         """A task of category ``name`` finished, its result ``nbytes`` long, having read
         ``inputs`` with ``allocated`` bytes of memory: one lookup, a few additions, and
         one per input."""

@@ -34,8 +34,17 @@ RESIZE_EVERY = 16
 class Size:
     """One category's measurements, and the memory each of its tasks gets now."""
 
-    __slots__ = ("name", "mode", "allocation", "measured", "slow", "peak", "tasks",
-                 "exhausted", "buckets")  # fmt: skip
+    __slots__ = (
+        "name",
+        "mode",
+        "allocation",
+        "measured",
+        "slow",
+        "peak",
+        "tasks",
+        "exhausted",
+        "buckets",
+    )
 
     def __init__(self, name: str, mode: str) -> None:
         self.name = name
@@ -55,8 +64,10 @@ class Size:
         self.buckets: dict[int, list[float]] = {}
 
     def __repr__(self) -> str:
-        return (f"Size({self.name!r}, {self.mode}, allocation={self.allocation / MB:.1f} MB, "
-                f"tasks={self.tasks}, exhausted={self.exhausted})")  # fmt: skip
+        return (
+            f"Size({self.name!r}, {self.mode}, allocation={self.allocation / MB:.1f} MB, "
+            f"tasks={self.tasks}, exhausted={self.exhausted})"
+        )
 
     def measure(self, peak: int, seconds: float) -> None:
         """One of its tasks finished having used ``peak`` bytes for ``seconds``."""

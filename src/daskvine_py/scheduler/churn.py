@@ -74,9 +74,26 @@ class Churn:
     crash: a crash uses one of the task's retries.
     """
 
-    __slots__ = ("ctx", "workers", "tasks", "full", "queue", "transition", "held", "fail",
-                 "lose", "replicate", "level", "last_loss", "extra", "extra_bytes",
-                 "max_extra", "max_bytes", "pruned_at", "replicas")  # fmt: skip
+    __slots__ = (
+        "ctx",
+        "workers",
+        "tasks",
+        "full",
+        "queue",
+        "transition",
+        "held",
+        "fail",
+        "lose",
+        "replicate",
+        "level",
+        "last_loss",
+        "extra",
+        "extra_bytes",
+        "max_extra",
+        "max_bytes",
+        "pruned_at",
+        "replicas",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

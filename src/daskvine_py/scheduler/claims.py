@@ -107,8 +107,7 @@ class Claims:
     is ``Stealing``'s (tasks asked back).
     """
 
-    __slots__ = ("ctx", "workers", "tasks", "out", "_send", "held", "withdrawing", "told",
-                 "drops")  # fmt: skip
+    __slots__ = ("ctx", "workers", "tasks", "out", "_send", "held", "withdrawing", "told", "drops")
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -199,8 +198,9 @@ class Claims:
         byte counts no link moves): not counted in the transfers; a false claim."""
         self.false_claim(worker, "a Transfers naming peers it cannot have fetched from", None)
 
-    def false_claim(self, worker: WorkerRecord, report: object, task_id: int | None,
-                    why: str = _NEVER) -> None:  # fmt: skip
+    def false_claim(
+        self, worker: WorkerRecord, report: object, task_id: int | None, why: str = _NEVER
+    ) -> None:
         """Count, log (once a minute per worker) and, at ``EJECT_AFTER``, eject."""
         told = self._told(worker)
         if told.ejected:
@@ -218,15 +218,20 @@ class Claims:
             what = f"{what} about task {task_id}"
         name = worker.name if worker.name.isprintable() else repr(worker.name)[1:-1]
         self.drops.warn(
-            ("false claim", worker.id), now, "worker %s reported %s, %s: dropped (%d batches "
-            "with such so far; ejected at %d)", name, what, why, told.false, EJECT_AFTER,
-        )  # fmt: skip
+            ("false claim", worker.id),
+            now,
+            "worker %s reported %s, %s: dropped (%d batches with such so far; ejected at %d)",
+            name,
+            what,
+            why,
+            told.false,
+            EJECT_AFTER,
+        )
         if told.false >= EJECT_AFTER:
             told.ejected = True
             last = what if why == _NEVER else f"{what}, {why}"
             reason = (
-                f"{told.false} batches of reports about work it was never given "
-                f"(the last: {last})"
+                f"{told.false} batches of reports about work it was never given (the last: {last})"
             )
             self.out.append(Eject(worker.id, reason))
 

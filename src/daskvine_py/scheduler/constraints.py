@@ -65,8 +65,18 @@ class Constraints:
     by ``ctx.failures``.
     """
 
-    __slots__ = ("ctx", "workers", "runs", "full", "out", "transition", "placing",
-                 "placements", "unchecked", "reserved")  # fmt: skip
+    __slots__ = (
+        "ctx",
+        "workers",
+        "runs",
+        "full",
+        "out",
+        "transition",
+        "placing",
+        "placements",
+        "unchecked",
+        "reserved",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -202,9 +212,10 @@ class Constraints:
         return [
             w
             for w in self._allowed(placement)
-            if w.cores >= placement.cores and w.memory >= placement.memory
+            if w.cores >= placement.cores
+            and w.memory >= placement.memory
             and w.gpus >= placement.gpus
-        ]  # fmt: skip
+        ]
 
     def _fitting_worker(self, task: TaskRecord) -> WorkerRecord | None:
         """A worker with room for ``task`` now: where most of its inputs are, else the
@@ -278,9 +289,19 @@ class Constraints:
             f"(workers: {offers})"
         )
         self.out.append(
-            RunFailed(run.id, task.key, "", None, "", message, False, run.run_seconds,
-                      run.serialization_seconds, categories=run.categories)
-        )  # fmt: skip
+            RunFailed(
+                run.id,
+                task.key,
+                "",
+                None,
+                "",
+                message,
+                False,
+                run.run_seconds,
+                run.serialization_seconds,
+                categories=run.categories,
+            )
+        )
         try:
             self.ctx.failures.drop_run(run)
         except Exception as exc:

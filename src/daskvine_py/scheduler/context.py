@@ -164,15 +164,42 @@ class Context:
     """
 
     __slots__ = (
-        "workers", "runs", "tasks", "queue", "full", "out", "cache_runs", "durations",
-        "now", "batch", "transition", "send", "next_id",
+        "workers",
+        "runs",
+        "tasks",
+        "queue",
+        "full",
+        "out",
+        "cache_runs",
+        "durations",
+        "now",
+        "batch",
+        "transition",
+        "send",
+        "next_id",
         # the parts, in the order the state lists them
-        "constraints", "saturation", "locality", "stealing", "claims", "failures", "sizing",
-        "faults", "verification", "caching", "copies", "relays", "churn", "submission",
+        "constraints",
+        "saturation",
+        "locality",
+        "stealing",
+        "claims",
+        "failures",
+        "sizing",
+        "faults",
+        "verification",
+        "caching",
+        "copies",
+        "relays",
+        "churn",
+        "submission",
         "dispatch",
         # the subscribers to a task's report, in the order of the parts
-        "done_hooks", "stored_hooks", "erred_hooks", "crashed_hooks", "listening",
-    )  # fmt: skip
+        "done_hooks",
+        "stored_hooks",
+        "erred_hooks",
+        "crashed_hooks",
+        "listening",
+    )
 
     constraints: ConstraintsPart
     saturation: SaturationPart
@@ -193,10 +220,22 @@ class Context:
 
     #: The parts, in the order the state builds them and they hear of tasks' reports.
     PARTS = (
-        "constraints", "saturation", "locality", "stealing", "claims", "failures", "sizing",
-        "faults", "verification", "caching", "copies", "relays", "churn", "submission",
+        "constraints",
+        "saturation",
+        "locality",
+        "stealing",
+        "claims",
+        "failures",
+        "sizing",
+        "faults",
+        "verification",
+        "caching",
+        "copies",
+        "relays",
+        "churn",
+        "submission",
         "dispatch",
-    )  # fmt: skip
+    )
 
     def __init__(self, transition: Transition | None = None) -> None:
         self.workers: dict[WorkerId, WorkerRecord] = {}

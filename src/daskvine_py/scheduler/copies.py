@@ -30,8 +30,17 @@ class Copies:
     emptiness (no cache run: no payload to make).
     """
 
-    __slots__ = ("tasks", "workers", "transition", "send", "held", "cache_lost",
-                 "cache_payload", "cache_runs", "recomputed")  # fmt: skip
+    __slots__ = (
+        "tasks",
+        "workers",
+        "transition",
+        "send",
+        "held",
+        "cache_lost",
+        "cache_payload",
+        "cache_runs",
+        "recomputed",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.tasks = ctx.tasks

@@ -67,9 +67,27 @@ class Dispatch:
     fits; a task that cannot be sent aborts its run (``Failures.abort``).
     """
 
-    __slots__ = ("ctx", "workers", "queue", "full", "out", "transition", "send", "abort",
-                 "constraints", "extra", "send_ahead", "steal", "locations", "cache_runs",
-                 "inlined", "open", "rounds", "everyone", "sizing")  # fmt: skip
+    __slots__ = (
+        "ctx",
+        "workers",
+        "queue",
+        "full",
+        "out",
+        "transition",
+        "send",
+        "abort",
+        "constraints",
+        "extra",
+        "send_ahead",
+        "steal",
+        "locations",
+        "cache_runs",
+        "inlined",
+        "open",
+        "rounds",
+        "everyone",
+        "sizing",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -246,10 +264,18 @@ class Dispatch:
         send(
             worker,
             p.Execute(
-                task.id, task.key, task.payload, deps, task.is_output or task.echo, config_id,
-                None if task.unread is None else not task.unread, cores, memory, gpus,
+                task.id,
+                task.key,
+                task.payload,
+                deps,
+                task.is_output or task.echo,
+                config_id,
+                None if task.unread is None else not task.unread,
+                cores,
+                memory,
+                gpus,
             ),
-        )  # fmt: skip
+        )
         if run.watched:
             self.out.append(Dispatched(run.id, task.id, task.key, size.name, worker.name))
 

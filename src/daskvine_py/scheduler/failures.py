@@ -42,8 +42,20 @@ class Failures:
     ``Claims.send``; ``settled(task)``: a task left its worker (``Stealing.settled``).
     """
 
-    __slots__ = ("ctx", "workers", "runs", "tasks", "out", "queue", "placing", "transition",
-                 "send", "held", "cache_runs", "settled")  # fmt: skip
+    __slots__ = (
+        "ctx",
+        "workers",
+        "runs",
+        "tasks",
+        "out",
+        "queue",
+        "placing",
+        "transition",
+        "send",
+        "held",
+        "cache_runs",
+        "settled",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -184,10 +196,20 @@ class Failures:
         run = task.run
         self.out.append(
             RunFailed(
-                run.id, task.key, worker.name, exception, traceback, message, crashed,
-                run.run_seconds, run.serialization_seconds, type_name, run.categories, error,
+                run.id,
+                task.key,
+                worker.name,
+                exception,
+                traceback,
+                message,
+                crashed,
+                run.run_seconds,
+                run.serialization_seconds,
+                type_name,
+                run.categories,
+                error,
             )
-        )  # fmt: skip
+        )
         self.drop_run(run, False, task)
 
     def drop_run(

@@ -244,8 +244,11 @@ class Faults:
                 slow = aborted[0]
                 shown = self.slow[slow] = self.slow.get(slow, 0) + 1
                 if shown >= SLOW_CONFIRMED:
-                    self.quarantine(slow, f"slow: {shown} of its tasks were aborted after "
-                                    "running longer there than they then took elsewhere")
+                    self.quarantine(
+                        slow,
+                        f"slow: {shown} of its tasks were aborted after "
+                        "running longer there than they then took elsewhere",
+                    )
 
     def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
         """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
@@ -288,16 +291,18 @@ class Faults:
             category = self.categories[task.prefix] = Category()
         self._burst(task, worker, category, "crashed")
 
-    def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category,
-               how: str) -> bool:  # fmt: skip
+    def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category, how: str) -> bool:
         """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
         other workers (a failure alone may be the task's own bug: a data-dependent error
         fails wherever it runs; a kind that failed wherever it ran is no sign of a broken
         worker, whose failed tasks then succeed elsewhere: a strike each)."""
         if worker.errors < BURST or not category.succeeded_elsewhere(worker):
             return False  # (a kind that failed wherever it ran: its own bug, or its graph's)
-        self.strike(worker, f"{worker.errors} of its tasks {how} in a row; tasks of "
-                    f"{task.prefix!r:.40} succeed on other workers")  # fmt: skip
+        self.strike(
+            worker,
+            f"{worker.errors} of its tasks {how} in a row; tasks of "
+            f"{task.prefix!r:.40} succeed on other workers",
+        )
         return True
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
@@ -375,8 +380,11 @@ class Faults:
             if worker not in self.productive:  # every task it had ran past its limit
                 shown = self.slow[worker] = self.slow.get(worker, 0) + 1
                 if shown >= SLOW_CONFIRMED:
-                    self.quarantine(worker, f"slow: {shown} of its tasks ran past their "
-                                    "kinds' limits, and it finished none")  # fmt: skip
+                    self.quarantine(
+                        worker,
+                        f"slow: {shown} of its tasks ran past their "
+                        "kinds' limits, and it finished none",
+                    )
 
     def eject(self, worker: WorkerRecord, reason: str) -> None:
         if worker.id not in self.ejected:
@@ -441,8 +449,11 @@ class Faults:
                 continue  # running something: fast abort's to judge
             if quiet <= stall + _fetching(worker, processing):
                 continue  # its inputs may still be on their way (holders gone silent)
-            self.eject(worker, f"it holds {len(processing)} tasks and reported no progress "
-                       f"for {quiet:.0f} s (such tasks take {expected:.2g} s)")  # fmt: skip
+            self.eject(
+                worker,
+                f"it holds {len(processing)} tasks and reported no progress "
+                f"for {quiet:.0f} s (such tasks take {expected:.2g} s)",
+            )
 
     def _unanswered(self, now: float) -> None:
         asked = self.asked
@@ -456,8 +467,11 @@ class Faults:
             elif now - since > self.patience and task.started_at is None:
                 ignored[worker] = ignored.get(worker, 0) + 1
         for worker, count in ignored.items():
-            self.eject(worker, f"it left Withdraw of {count} unstarted tasks unanswered for "
-                       f"over {self.patience:g} s")  # fmt: skip
+            self.eject(
+                worker,
+                f"it left Withdraw of {count} unstarted tasks unanswered for "
+                f"over {self.patience:g} s",
+            )
 
     def _all_quarantined(self) -> None:
         """Work waits and every worker is quarantined: release the least struck one."""
@@ -465,8 +479,10 @@ class Faults:
         if not quarantined or not self.queue or len(quarantined) < len(self.workers):
             return
         best = min(quarantined, key=lambda w: (self.strikes.get(w, 0.0), self.slow.get(w, 0)))
-        self.release(best, "every worker was quarantined and work waits: released the "
-                     "one with the fewest strikes")  # fmt: skip
+        self.release(
+            best,
+            "every worker was quarantined and work waits: released the one with the fewest strikes",
+        )
 
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""

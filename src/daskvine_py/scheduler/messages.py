@@ -73,6 +73,7 @@ class RunCache:
         #: hits, misses, uncached, tasks_run, bytes_reused, seconds_saved (``RunInfo.cache``)
         self.stats: dict[str, float] = {}
 
+
 #: Bits for a task's priority within its run: earlier runs go first, then Dask's order.
 RUN_PRIORITY_BITS = 32
 
@@ -185,19 +186,34 @@ class Tick(NamedTuple):
 #: Everything ``state.SchedulerState.handle`` takes (anything else is dropped:
 #: ``EventDropped``).
 Event = (
-    SubmitRun | ExtendRun | CancelRun | WorkerJoined | WorkerLost | FromWorker | BadReport
-    | AbortRun | CacheClear | Tick
-)  # fmt: skip
+    SubmitRun
+    | ExtendRun
+    | CancelRun
+    | WorkerJoined
+    | WorkerLost
+    | FromWorker
+    | BadReport
+    | AbortRun
+    | CacheClear
+    | Tick
+)
 
 
 # -- instructions ---------------------------------------------------------------------
 
 #: What the state sends a worker.
 ToWorker = (
-    p.Execute | p.RunConfig | p.Function | p.Release | p.Cancel | p.Withdraw | p.Upload
-    | p.Relayed | p.Replicate | p.Abort
-)  # fmt: skip
-
+    p.Execute
+    | p.RunConfig
+    | p.Function
+    | p.Release
+    | p.Cancel
+    | p.Withdraw
+    | p.Upload
+    | p.Relayed
+    | p.Replicate
+    | p.Abort
+)
 
 
 class Send(NamedTuple):
@@ -327,6 +343,17 @@ class CacheWrite(NamedTuple):
 
 #: Everything ``state.SchedulerState.handle`` returns.
 Instruction = (
-    Send | RunOutput | RunDone | RunFailed | RunAborted | EventDropped | Eject | Quarantined
-    | BytesRelayed | BytesInlined | Dispatched | TaskFinished | CacheWrite
-)  # fmt: skip
+    Send
+    | RunOutput
+    | RunDone
+    | RunFailed
+    | RunAborted
+    | EventDropped
+    | Eject
+    | Quarantined
+    | BytesRelayed
+    | BytesInlined
+    | Dispatched
+    | TaskFinished
+    | CacheWrite
+)

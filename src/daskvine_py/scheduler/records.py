@@ -25,10 +25,23 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", 
 
 class WorkerRecord:
     __slots__ = (
-        "id", "name", "cores", "peer_address", "processing", "has_what", "round_trip",
-        "functions", "full", "configs", "memory", "hostname", "holding", "quarantined",
-        "errors", "gpus",
-    )  # fmt: skip
+        "id",
+        "name",
+        "cores",
+        "peer_address",
+        "processing",
+        "has_what",
+        "round_trip",
+        "functions",
+        "full",
+        "configs",
+        "memory",
+        "hostname",
+        "holding",
+        "quarantined",
+        "errors",
+        "gpus",
+    )
 
     def __init__(
         self,
@@ -76,10 +89,23 @@ class WorkerRecord:
 
 class RunRecord:
     __slots__ = (
-        "id", "tasks", "outputs", "undelivered", "retries", "functions", "replicas", "config",
-        "watched", "serialization_seconds", "settings", "arriving", "verify",
-        "verified", "fast_abort", "categories",
-    )  # fmt: skip
+        "id",
+        "tasks",
+        "outputs",
+        "undelivered",
+        "retries",
+        "functions",
+        "replicas",
+        "config",
+        "watched",
+        "serialization_seconds",
+        "settings",
+        "arriving",
+        "verify",
+        "verified",
+        "fast_abort",
+        "categories",
+    )
 
     def __init__(
         self,
@@ -133,8 +159,18 @@ class RunRecord:
     @classmethod
     def of(cls, ev: SubmitRun) -> RunRecord:
         """The record of a run just submitted."""
-        return cls(ev.run_id, ev.retries, ev.outputs, ev.replicas, ev.config, ev.watched,
-                   ev.settings, ev.arriving, ev.verify, ev.fast_abort)  # fmt: skip
+        return cls(
+            ev.run_id,
+            ev.retries,
+            ev.outputs,
+            ev.replicas,
+            ev.config,
+            ev.watched,
+            ev.settings,
+            ev.arriving,
+            ev.verify,
+            ev.fast_abort,
+        )
 
     def arrived(self) -> list[TaskRecord]:
         """An arriving run has all its tasks: its results in memory that nothing needs."""
@@ -144,11 +180,36 @@ class RunRecord:
 
 class TaskRecord:
     __slots__ = (
-        "id", "key", "run", "payload", "priority", "deps", "dependents", "state",
-        "missing", "waiters", "who_has", "nbytes", "worker", "is_output", "unread",
-        "delivered", "attempts", "value", "prefix", "sent_at", "sent_idle", "functions",
-        "placement", "pulled", "echo", "started_at", "size", "memory", "asks",
-    )  # fmt: skip
+        "id",
+        "key",
+        "run",
+        "payload",
+        "priority",
+        "deps",
+        "dependents",
+        "state",
+        "missing",
+        "waiters",
+        "who_has",
+        "nbytes",
+        "worker",
+        "is_output",
+        "unread",
+        "delivered",
+        "attempts",
+        "value",
+        "prefix",
+        "sent_at",
+        "sent_idle",
+        "functions",
+        "placement",
+        "pulled",
+        "echo",
+        "started_at",
+        "size",
+        "memory",
+        "asks",
+    )
 
     def __init__(
         self,

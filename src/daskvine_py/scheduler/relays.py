@@ -61,8 +61,11 @@ class Relays:
                     self.unreachable_pairs.add(pair)
                     logger.warning(
                         "worker %s cannot fetch results from worker %s (%s); they go "
-                        "through the manager", worker.name, holder.name, holder.peer_address,
-                    )  # fmt: skip
+                        "through the manager",
+                        worker.name,
+                        holder.name,
+                        holder.peer_address,
+                    )
             waiting.add(worker)
 
     def on_uploaded(self, worker: WorkerRecord, msg: p.Uploaded) -> None:

@@ -55,8 +55,7 @@ class Saturation:
     one each (``Constraints.held_back``), which leave no room for extras at all.
     """
 
-    __slots__ = ("durations", "held_back", "max_extra_tasks_per_core",
-                 "fixed_extra_tasks_per_core")  # fmt: skip
+    __slots__ = ("durations", "held_back", "max_extra_tasks_per_core", "fixed_extra_tasks_per_core")
 
     def __init__(
         self,

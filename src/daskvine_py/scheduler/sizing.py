@@ -63,8 +63,7 @@ class Sizing:
     its category's totals in the run, and its size.
     """
 
-    __slots__ = ("ctx", "workers", "out", "held", "mode", "modes", "sizes", "largest",
-                 "changed")  # fmt: skip
+    __slots__ = ("ctx", "workers", "out", "held", "mode", "modes", "sizes", "largest", "changed")
 
     def __init__(
         self, ctx: Context, mode: str = "max", modes: Mapping[str, str] | None = None
@@ -160,8 +159,9 @@ class Sizing:
         if size is None:
             size = self.size_of(task)
         peak = msg.peak_memory
-        task.run.categories.done(size.name, msg.duration, msg.cpu, peak, msg.nbytes, task.deps,
-                                 task.memory)  # fmt: skip
+        task.run.categories.done(
+            size.name, msg.duration, msg.cpu, peak, msg.nbytes, task.deps, task.memory
+        )
         if size.measured and peak <= size.peak and size.mode == "max":
             size.tasks += 1  # (the common case: nothing changes)
             return
@@ -188,10 +188,13 @@ class Sizing:
         own use can exhaust: the same stop cannot come back to it."""
         run = task.run
         if run.watched:
-            reason = (f"stopped at {peak / MB:.1f} MB to keep worker {worker.name} within its "
-                      "memory budget: run again with an allocation of its own")  # fmt: skip
-            self.out.append(TaskFinished(run.id, task.key, worker.name,
-                                         p.TaskCrashed(task.id, reason)))  # fmt: skip
+            reason = (
+                f"stopped at {peak / MB:.1f} MB to keep worker {worker.name} within its "
+                "memory budget: run again with an allocation of its own"
+            )
+            self.out.append(
+                TaskFinished(run.id, task.key, worker.name, p.TaskCrashed(task.id, reason))
+            )
         grown = min(max(int(peak * GROWTH), size.top(), FLOOR), self.top())
         task.asks = max(task.asks, grown)
         if task.asks > self.largest:
@@ -219,8 +222,9 @@ class Sizing:
         allowed = f"{limit / MB:.1f} MB" if limit else "its worker's budget"
         if run.watched:
             reason = f"used {peak / MB:.1f} MB of memory, past {allowed}: stopped"
-            self.out.append(TaskFinished(run.id, task.key, worker.name,
-                                         p.TaskCrashed(task.id, reason)))  # fmt: skip
+            self.out.append(
+                TaskFinished(run.id, task.key, worker.name, p.TaskCrashed(task.id, reason))
+            )
         top = self.top()
         had = limit or worker.memory  # (0: it could use its whole worker)
         if had < top:
@@ -236,6 +240,17 @@ class Sizing:
         else:
             task.attempts += 1  # (this try: there is no more to give it)
         error = ResourceExhausted(task.key, task.prefix, peak, limit, worker.name, task.attempts)
-        fail: Callable[[TaskRecord, WorkerRecord, Serialized | None, str, str, bool, str,
-                        BaseException | None], None] = self.ctx.failures.fail  # fmt: skip
+        fail: Callable[
+            [
+                TaskRecord,
+                WorkerRecord,
+                Serialized | None,
+                str,
+                str,
+                bool,
+                str,
+                BaseException | None,
+            ],
+            None,
+        ] = self.ctx.failures.fail
         fail(task, worker, None, "", error.reason, True, "", error)

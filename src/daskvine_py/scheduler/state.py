@@ -112,12 +112,35 @@ from daskvine_py.scheduler.verify import Verification
 from daskvine_py.wire import protocol as p
 
 __all__ = [
-    "RUN_PRIORITY_BITS", "AbortRun", "BadReport", "BytesInlined", "CancelRun", "Dispatched",
-    "Event", "EventDropped", "ExtendRun", "FromWorker", "Key", "NewTask", "RunAborted", "RunDone",
-    "Instruction", "RunFailed", "RunOutput", "RunRecord", "SchedulerState", "Send", "SubmitRun",
-    "TaskFinished", "TaskRecord", "TaskStateName", "WorkerId", "WorkerJoined", "WorkerLost",
+    "RUN_PRIORITY_BITS",
+    "AbortRun",
+    "BadReport",
+    "BytesInlined",
+    "CancelRun",
+    "Dispatched",
+    "Event",
+    "EventDropped",
+    "ExtendRun",
+    "FromWorker",
+    "Key",
+    "NewTask",
+    "RunAborted",
+    "RunDone",
+    "Instruction",
+    "RunFailed",
+    "RunOutput",
+    "RunRecord",
+    "SchedulerState",
+    "Send",
+    "SubmitRun",
+    "TaskFinished",
+    "TaskRecord",
+    "TaskStateName",
+    "WorkerId",
+    "WorkerJoined",
+    "WorkerLost",
     "WorkerRecord",
-]  # fmt: skip
+]
 
 #: A step of the transition table: (state, task, the worker it goes to, if it does).
 Step = Callable[["SchedulerState", TaskRecord, "WorkerRecord | None"], None]
@@ -374,9 +397,10 @@ class SchedulerState:
                 return  # a re-run's result differed: the run failed
         if not run.undelivered:
             self._out.append(
-                RunDone(run.id, run.run_seconds, run.serialization_seconds, run.verified,
-                        run.categories)
-            )  # fmt: skip
+                RunDone(
+                    run.id, run.run_seconds, run.serialization_seconds, run.verified, run.categories
+                )
+            )
             self._failures.drop_run(run)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:

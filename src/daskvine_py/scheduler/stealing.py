@@ -25,8 +25,7 @@ class Stealing:
     could start now (``Constraints.room``).
     """
 
-    __slots__ = ("workers", "queue", "room", "send", "held", "transition", "withdrawing",
-                 "settled")  # fmt: skip
+    __slots__ = ("workers", "queue", "room", "send", "held", "transition", "withdrawing", "settled")
 
     def __init__(self, ctx: Context) -> None:
         self.workers = ctx.workers
@@ -87,10 +86,13 @@ class Stealing:
                 continue
             self.transition(task, "ready")
             thief = next(
-                (w for w in self.workers.values()
-                 if w is not worker and not (w.full or w.errors) and self.room(w) > 0),
+                (
+                    w
+                    for w in self.workers.values()
+                    if w is not worker and not (w.full or w.errors) and self.room(w) > 0
+                ),
                 None,
-            )  # fmt: skip
+            )
             if thief is not None:  # straight to an idle worker, not back to the queue's front
                 self.queue.remove(task)
                 self.transition(task, "processing", thief)

@@ -28,8 +28,7 @@ class Submission:
     (``Verification.added``) and ``caching`` the other components'.
     """
 
-    __slots__ = ("runs", "tasks", "transition", "new_id", "mark", "sample", "caching",
-                 "cache_runs")  # fmt: skip
+    __slots__ = ("runs", "tasks", "transition", "new_id", "mark", "sample", "caching", "cache_runs")
 
     def __init__(self, ctx: Context) -> None:
         self.runs = ctx.runs

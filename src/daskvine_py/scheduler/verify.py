@@ -112,9 +112,14 @@ class Verification:
             self._unhold(task)
             return True
         shadow = TaskRecord(
-            self.new_id(), task.key, run, task.payload, task.functions, task.priority,
+            self.new_id(),
+            task.key,
+            run,
+            task.payload,
+            task.functions,
+            task.priority,
             task.prefix,
-        )  # fmt: skip
+        )
         shadow.echo = True
         shadow.unread = True  # its worker sends the value and keeps no copy
         # Placed on the other worker only (any, should it leave): left to the queue's
@@ -135,8 +140,13 @@ class Verification:
         self.transition(shadow, "ready")
         return True
 
-    def _compare(self, shadow: TaskRecord, worker: WorkerRecord, value: Serialized | None,
-                 first: tuple[bytes, str, WorkerRecord]) -> bool:  # fmt: skip
+    def _compare(
+        self,
+        shadow: TaskRecord,
+        worker: WorkerRecord,
+        value: Serialized | None,
+        first: tuple[bytes, str, WorkerRecord],
+    ) -> bool:
         run = shadow.run
         run.undelivered -= 1
         expected, first_name, first_worker = first
@@ -146,12 +156,15 @@ class Verification:
             run.verified += 1
             return True
         self.fail(
-            shadow, worker, None, "",
+            shadow,
+            worker,
+            None,
+            "",
             f"verification failed: its result on worker {first_name} and its re-run on "
             f"worker {worker.name} differ (content hashes {expected.hex()} and "
             f"{digest(value).hex()}); one of them computed it wrong",
             False,
-        )  # fmt: skip
+        )
         return False
 
     def _unhold(self, task: TaskRecord) -> None:

@@ -52,12 +52,19 @@ class Violation:
     detail: str
 
     def __str__(self) -> str:
-        return (f"seed {self.seed} step {self.step} (t={self.time:.3f}s): {self.invariant}: "
-                f"{self.detail}")  # fmt: skip
+        return (
+            f"seed {self.seed} step {self.step} (t={self.time:.3f}s): {self.invariant}: "
+            f"{self.detail}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "step": self.step, "time": self.time,
-                "invariant": self.invariant, "detail": self.detail}  # fmt: skip
+        return {
+            "seed": self.seed,
+            "step": self.step,
+            "time": self.time,
+            "invariant": self.invariant,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -135,8 +142,11 @@ class Checker:
         record.delivered[ev.key] = value
         expected = record.expected[ev.key]
         if isinstance(expected, wl.TaskRaised) or value != expected:
-            self.violation("results", f"run {ev.run_id} ({record.workload.name}): output "
-                           f"{ev.key!r} is {value!r}, Dask's is {expected!r}")  # fmt: skip
+            self.violation(
+                "results",
+                f"run {ev.run_id} ({record.workload.name}): output "
+                f"{ev.key!r} is {value!r}, Dask's is {expected!r}",
+            )
 
     def ended(self, ev: RunDone | RunFailed) -> None:
         record = self.sim.runs.get(ev.run_id)
@@ -155,21 +165,26 @@ class Checker:
             return
         if isinstance(ev.error, ResourceExhausted):
             if not self.sim.oom_faults and not any(n.exhausted for n in self.sim.workers.values()):
-                self.violation("results", f"run {ev.run_id} failed {ev.error!r}, no task "
-                               "ran out of memory")  # fmt: skip
+                self.violation(
+                    "results", f"run {ev.run_id} failed {ev.error!r}, no task ran out of memory"
+                )
             return
         if ev.crashed:
             if self.sim.crash_faults <= self.sim.config.retries:
                 self.violation(
-                    "results", f"run {ev.run_id} failed on crashes ({ev.message}; task "
+                    "results",
+                    f"run {ev.run_id} failed on crashes ({ev.message}; task "
                     f"{ev.key!r} on {ev.worker}) after {self.sim.crash_faults} preemptions "
                     f"and leaves, with {self.sim.config.retries} retries",
-                )  # fmt: skip
+                )
             return
         if not raises or ev.type_name != RAISED:
-            self.violation("results", f"run {ev.run_id} failed with {ev.type_name or '?'}: "
-                           f"{ev.message} (task {ev.key!r} on {ev.worker}); no task of it "
-                           "raises that")  # fmt: skip
+            self.violation(
+                "results",
+                f"run {ev.run_id} failed with {ev.type_name or '?'}: "
+                f"{ev.message} (task {ev.key!r} on {ev.worker}); no task of it "
+                "raises that",
+            )
 
     def lost(self, worker: bytes, reason: str) -> None:
         """The manager lost a worker; an ejection is checked after the step."""
@@ -218,10 +233,11 @@ class Checker:
             for record in sim.runs.values():
                 if record.ended is None and not record.cancelled:
                     self.violation(
-                        "every run ends", f"run {record.run_id} ({record.workload.name}, "
+                        "every run ends",
+                        f"run {record.run_id} ({record.workload.name}, "
                         f"{len(record.workload.graph)} tasks, submitted at "
                         f"{record.submitted:.2f}s) has not ended at {sim.time:.1f}s",
-                    )  # fmt: skip
+                    )
             return
         manager = sim.manager
         if manager.state.tasks:
@@ -231,16 +247,22 @@ class Checker:
         alive = {n.name for n in sim.workers.values() if n.alive}
         known = manager.known_workers()
         if not known <= alive:
-            self.violation("views agree once quiet", f"the manager counts workers that are "
-                           f"gone: {sorted(known - alive)}")  # fmt: skip
+            self.violation(
+                "views agree once quiet",
+                f"the manager counts workers that are gone: {sorted(known - alive)}",
+            )
         joined = {n.name for n in sim.workers.values() if n.alive and n.state_registered()}
         if not joined <= known:
-            self.violation("views agree once quiet", f"workers that think they joined are "
-                           f"unknown to the manager: {sorted(joined - known)}")  # fmt: skip
+            self.violation(
+                "views agree once quiet",
+                f"workers that think they joined are "
+                f"unknown to the manager: {sorted(joined - known)}",
+            )
         for name, held in manager.held_by().items():
             if held:
-                self.violation("views agree once quiet", f"the manager thinks {name} holds "
-                               f"{sorted(held)[:5]}")  # fmt: skip
+                self.violation(
+                    "views agree once quiet", f"the manager thinks {name} holds {sorted(held)[:5]}"
+                )
         for node in sim.workers.values():
             if not node.alive:
                 continue
@@ -249,5 +271,7 @@ class Checker:
                 self.violation("views agree once quiet", f"{node.name} still has {leaks}")
             held = node.holds()
             if held:
-                self.violation("views agree once quiet", f"{node.name} still holds results "
-                               f"{sorted(held)[:5]} nobody needs")  # fmt: skip
+                self.violation(
+                    "views agree once quiet",
+                    f"{node.name} still holds results {sorted(held)[:5]} nobody needs",
+                )

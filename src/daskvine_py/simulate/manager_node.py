@@ -134,9 +134,16 @@ class ManagerNode:
                 p.Welcome(register.name, self.heartbeat_interval)
             )
             self.events.append(
-                s.WorkerJoined(ident, register.name, register.cores, register.peer_address,
-                               register.memory, register.hostname, register.gpus)
-            )  # fmt: skip
+                s.WorkerJoined(
+                    ident,
+                    register.name,
+                    register.cores,
+                    register.peer_address,
+                    register.memory,
+                    register.hostname,
+                    register.gpus,
+                )
+            )
             messages = [m for m in messages if type(m) is not p.Register]
         if messages:
             self.liveness.heard(ident, now)
@@ -217,11 +224,13 @@ class ManagerNode:
         elif kind is Quarantined:
             self.quarantined.append(instruction)
         elif kind is RunAborted:
-            self.listener.broken("manager", "a handler raised", f"{instruction.what}: "
-                                 f"{instruction.error!r}")  # fmt: skip
+            self.listener.broken(
+                "manager", "a handler raised", f"{instruction.what}: {instruction.error!r}"
+            )
         elif kind is EventDropped:
-            self.listener.broken("manager", "an event was dropped", f"{instruction.what}: "
-                                 f"{instruction.error!r}")  # fmt: skip
+            self.listener.broken(
+                "manager", "an event was dropped", f"{instruction.what}: {instruction.error!r}"
+            )
 
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}

@@ -255,9 +255,15 @@ class Simulation:
         oom = 0.05 if rng.random() < self.config.oom else 0.0
         clock = (rng.uniform(0, 1000), rng.uniform(0.98, 1.02))
         node = WorkerNode(
-            self, name, rng.choice(self.config.cores), random.Random(rng.random()),
-            self._duration, self._size, Faults(speed, oom), clock,
-        )  # fmt: skip
+            self,
+            name,
+            rng.choice(self.config.cores),
+            random.Random(rng.random()),
+            self._duration,
+            self._size,
+            Faults(speed, oom),
+            clock,
+        )
         self.workers[name] = node
         self.by_ident[node.identity] = node
         self.by_address[node.address] = node
@@ -313,8 +319,17 @@ class Simulation:
             # A kind is one function, as in Dask's graphs: the tasks that raise are theirs.
             raises = workload.graph.get(key, (None,))[0] is wl.boom
             prefix = "boom" if raises else _prefix(key)
-            tasks.append(NewTask(key, payload, functions, deps, plan.priorities[key],
-                                 prefix, plan.dependents.get(key, 0)))  # fmt: skip
+            tasks.append(
+                NewTask(
+                    key,
+                    payload,
+                    functions,
+                    deps,
+                    plan.priorities[key],
+                    prefix,
+                    plan.dependents.get(key, 0),
+                )
+            )
             self.durations.setdefault(key, _seconds(key, plan.nodes[key], workload))
             self.sizes.setdefault(key, workload.nbytes.get(key, 8))
         cache = None
@@ -427,8 +442,7 @@ class Simulation:
                 if self.time > finished + 2 * self.manager.liveness.timeout + 30.0:
                     break
         self.checker.at_end(settled=finished is not None)
-        return Outcome(self.seed, self.steps, self.time, self.checker.violations,
-                       self.trace or [])  # fmt: skip
+        return Outcome(self.seed, self.steps, self.time, self.checker.violations, self.trace or [])
 
 
 def _seconds(key: Any, node: Any, workload: wl.Workload) -> float:

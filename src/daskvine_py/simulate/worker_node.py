@@ -171,12 +171,19 @@ class WorkerNode:
         self._carriers: dict[type, Callable[[Any, list[object]], None]] = dict.fromkeys(
             p.TO_MANAGER, self._to_manager
         )
-        self._carriers.update({
-            SendStatus: self._send_status, StartLibrary: self._start_library,
-            ToLibrary: self._to_library, KillLibrary: self._kill_library,
-            AskPeer: self._ask_peer, ClosePeer: self._close_peer,
-            AnswerPeer: self._answer_peer, Leave: self._leave, EventFailed: self._event_failed,
-        })  # fmt: skip
+        self._carriers.update(
+            {
+                SendStatus: self._send_status,
+                StartLibrary: self._start_library,
+                ToLibrary: self._to_library,
+                KillLibrary: self._kill_library,
+                AskPeer: self._ask_peer,
+                ClosePeer: self._close_peer,
+                AnswerPeer: self._answer_peer,
+                Leave: self._leave,
+                EventFailed: self._event_failed,
+            }
+        )
         register = p.Register(p.PROTOCOL_VERSION, name, cores, 1 << 34, "sim", self.address, 0)
         self._handle([Boot(register, cores)])
         self.booting = False
@@ -317,9 +324,10 @@ class WorkerNode:
 
     def _event_failed(self, failed: EventFailed, answered: list[object]) -> None:
         self.host.broken(
-            self.name, "the worker's state never raises",
+            self.name,
+            "the worker's state never raises",
             f"it could not handle {failed.event!r:.200}: {failed.error!r}",
-        )  # fmt: skip
+        )
 
     # -- leaving ----------------------------------------------------------------------
 
@@ -384,11 +392,12 @@ class WorkerNode:
             for dep_key, dep_id, value in call.inputs:
                 if value is None and dep_id not in made:
                     self.host.broken(
-                        self.name, "no task runs without its inputs",
+                        self.name,
+                        "no task runs without its inputs",
                         f"task {call.key!r} (id {call.task_id}) sent to library "
                         f"{lib.id} naming input {dep_key!r} (id {dep_id}) live there, "
                         "which it does not hold and no call before it makes",
-                    )  # fmt: skip
+                    )
             made.add(call.task_id)
             lib.queue.append(call)
         if lib.running is None and lib.ready:
@@ -420,10 +429,11 @@ class WorkerNode:
             lib.failed.add(call.task_id)
         if type(reply) is pipe.Missing and reply.dep_id not in lib.failed:
             self.host.broken(
-                self.name, "no task runs without its inputs",
+                self.name,
+                "no task runs without its inputs",
                 f"task {call.key!r} (id {call.task_id}) ran in library {lib.id} "
                 f"without its live input id {reply.dep_id}",
-            )  # fmt: skip
+            )
         self.host.after(seconds, lambda: self._reply(lib, reply))
 
     def _reply(self, lib: SimLibrary, reply: Any) -> None:

@@ -70,12 +70,31 @@ PLAIN_MAGIC = b"dvm"
 
 #: Every record that travels as plain data, by its code on the wire.
 KINDS: dict[int, type] = {
-    1: Register, 2: TaskDone, 3: TaskErred, 4: TaskCrashed, 5: FetchFailed, 6: Replicas,
-    7: Lost, 8: Withdrawn, 9: Started, 10: Transfers, 11: DiskFull, 12: Status,
-    13: Goodbye, 14: Relay, 15: Uploaded, 22: TaskExhausted,
-    16: StatusRequest, 17: RetireWorker, 18: StatusReply, 19: Rejected,
-    20: GetData, 21: Data, 23: LiveRequest, 24: LiveReply,
-}  # fmt: skip
+    1: Register,
+    2: TaskDone,
+    3: TaskErred,
+    4: TaskCrashed,
+    5: FetchFailed,
+    6: Replicas,
+    7: Lost,
+    8: Withdrawn,
+    9: Started,
+    10: Transfers,
+    11: DiskFull,
+    12: Status,
+    13: Goodbye,
+    14: Relay,
+    15: Uploaded,
+    22: TaskExhausted,
+    16: StatusRequest,
+    17: RetireWorker,
+    18: StatusReply,
+    19: Rejected,
+    20: GetData,
+    21: Data,
+    23: LiveRequest,
+    24: LiveReply,
+}
 CODES: dict[type, int] = {kind: code for code, kind in KINDS.items()}
 PLAIN_KINDS: frozenset[type] = frozenset(CODES)
 assert PLAIN_KINDS == TO_MANAGER | FROM_CLIENT | TO_CLIENT | TO_PEER | FROM_PEER

@@ -365,18 +365,62 @@ class Data(NamedTuple):
 
 
 TO_MANAGER: frozenset[type] = frozenset(
-    {Register, TaskDone, TaskErred, TaskCrashed, FetchFailed, Replicas, Lost, Withdrawn,
-     Started, Transfers, DiskFull, Status, Goodbye, Relay, Uploaded, TaskExhausted}
-)  # fmt: skip
+    {
+        Register,
+        TaskDone,
+        TaskErred,
+        TaskCrashed,
+        FetchFailed,
+        Replicas,
+        Lost,
+        Withdrawn,
+        Started,
+        Transfers,
+        DiskFull,
+        Status,
+        Goodbye,
+        Relay,
+        Uploaded,
+        TaskExhausted,
+    }
+)
 #: Any record a worker sends its manager (the members of ``TO_MANAGER``).
 ToManager: TypeAlias = (
-    Register | TaskDone | TaskErred | TaskCrashed | FetchFailed | Replicas | Lost | Withdrawn
-    | Started | Transfers | DiskFull | Status | Goodbye | Relay | Uploaded | TaskExhausted
-)  # fmt: skip
+    Register
+    | TaskDone
+    | TaskErred
+    | TaskCrashed
+    | FetchFailed
+    | Replicas
+    | Lost
+    | Withdrawn
+    | Started
+    | Transfers
+    | DiskFull
+    | Status
+    | Goodbye
+    | Relay
+    | Uploaded
+    | TaskExhausted
+)
 TO_WORKER: frozenset[type] = frozenset(
-    {Welcome, Rejected, Function, RunConfig, Execute, Release, Cancel, Withdraw, Abort,
-     Replicate, Heartbeat, Shutdown, Upload, Relayed}
-)  # fmt: skip
+    {
+        Welcome,
+        Rejected,
+        Function,
+        RunConfig,
+        Execute,
+        Release,
+        Cancel,
+        Withdraw,
+        Abort,
+        Replicate,
+        Heartbeat,
+        Shutdown,
+        Upload,
+        Relayed,
+    }
+)
 TO_PEER: frozenset[type] = frozenset({GetData})
 FROM_PEER: frozenset[type] = frozenset({Data})
 FROM_CLIENT: frozenset[type] = frozenset({StatusRequest, RetireWorker, LiveRequest})

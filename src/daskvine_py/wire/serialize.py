@@ -110,8 +110,10 @@ def dumps_exception(exc: BaseException) -> tuple[Serialized | None, str]:
 #: package (a task's library, its chain, its legacy tuple, coffea's wrappers) and dask's
 #: own task objects. They are left out of what the user sees, kept in the full text.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_INTERNAL_FILES = (os.sep + os.path.join("dask", "_task_spec.py"),
-                   os.sep + os.path.join("dask", "core.py"))  # fmt: skip
+_INTERNAL_FILES = (
+    os.sep + os.path.join("dask", "_task_spec.py"),
+    os.sep + os.path.join("dask", "core.py"),
+)
 
 
 def _is_internal(filename: str) -> bool:
@@ -208,8 +210,9 @@ def _code_keeping_file(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
     return _code_in_file, (rebuild, args, code.co_filename)
 
 
-def _code_in_file(rebuild: Callable[..., types.CodeType], args: tuple[Any, ...],
-                  filename: str) -> types.CodeType:  # fmt: skip
+def _code_in_file(
+    rebuild: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str
+) -> types.CodeType:
     return rebuild(*args).replace(co_filename=filename)
 
 

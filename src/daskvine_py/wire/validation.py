@@ -56,7 +56,7 @@ from daskvine_py.wire.records import (
     Welcome,
     Withdraw,
     Withdrawn,
-)  # fmt: skip
+)
 from daskvine_py.wire.serialize import Serialized
 
 # Every record that arrives is checked field by field before anything reads it: its
@@ -268,7 +268,13 @@ _KEY = _Field((*_KEY_ATOMS, tuple), _key)
 _FIELDS: dict[type, tuple[_Field, ...]] = {
     # worker -> manager
     Register: (
-        _ID, _PRINTABLE, _Field(int, _positive), _SIZE, _PRINTABLE, _Field(str, _address), _ID,
+        _ID,
+        _PRINTABLE,
+        _Field(int, _positive),
+        _SIZE,
+        _PRINTABLE,
+        _Field(str, _address),
+        _ID,
         _SIZE,
     ),
     TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
@@ -299,8 +305,16 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _FLAG,
     ),
     Execute: (
-        _ID, _KEY, _Field(bytes), _Field(tuple, _deps), _FLAG, _ID, _FLAG,
-        _Field(int, _positive), _SIZE, _SIZE,
+        _ID,
+        _KEY,
+        _Field(bytes),
+        _Field(tuple, _deps),
+        _FLAG,
+        _ID,
+        _FLAG,
+        _Field(int, _positive),
+        _SIZE,
+        _SIZE,
     ),
     Release: (_IDS,),
     Cancel: (_IDS,),

@@ -100,9 +100,7 @@ class Activity:
         #: key name (a key, or a tuple key's first element) -> its prefix
         self._prefixes: dict[Any, str] = {}
 
-    def add_task(
-        self, lane: int, key: Any, start: float, end: float, serialization: float
-    ) -> None:
+    def add_task(self, lane: int, key: Any, start: float, end: float, serialization: float) -> None:
         """A task of ``key`` ran on ``lane`` from ``start`` to ``end`` (wall clock),
         ``serialization`` seconds of it spent (un)pickling. Runs for every task: cheap."""
         name = key[0] if type(key) is tuple and key else key

@@ -55,10 +55,22 @@ class Dispatch:
     it): a task sent along with its input's producer waits no more."""
 
     __slots__ = (
-        "libraries", "functions", "runnable", "homed", "process_runnable", "chained",
-        "recent_duration", "tasks", "local_waiters", "live_tasks", "live", "store",
-        "transition", "cannot_run", "gpus",
-    )  # fmt: skip
+        "libraries",
+        "functions",
+        "runnable",
+        "homed",
+        "process_runnable",
+        "chained",
+        "recent_duration",
+        "tasks",
+        "local_waiters",
+        "live_tasks",
+        "live",
+        "store",
+        "transition",
+        "cannot_run",
+        "gpus",
+    )
 
     def __init__(
         self,
@@ -314,9 +326,10 @@ class Dispatch:
                     self.cannot_run(task, dep_id)
                     break
                 elsewhere = [
-                    d.task_id for d in task.deps
+                    d.task_id
+                    for d in task.deps
                     if not self._available(d, lib) and d.task_id in live
-                ]  # fmt: skip
+                ]
                 self.await_exports(task, elsewhere)  # then queued again
                 break
             else:
@@ -379,9 +392,11 @@ class Dispatch:
             for task_id in sorted(waiters):
                 task = self.tasks.get(task_id)
                 if (
-                    task is None or task.missing != {producer} or task.config is not config
+                    task is None
+                    or task.missing != {producer}
+                    or task.config is not config
                     or task.gpus
-                ):  # fmt: skip
+                ):
                     continue
                 if not all(
                     dep.task_id in upcoming or self._available(dep, lib.id) for dep in task.deps

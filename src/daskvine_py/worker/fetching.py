@@ -44,9 +44,17 @@ class Fetch:
     """One input being copied from peers, for the local tasks that wait on it."""
 
     __slots__ = (
-        "dep_id", "peers", "untried", "current", "deadline", "waiters", "replicate", "relayed",
-        "unreached", "started",
-    )  # fmt: skip
+        "dep_id",
+        "peers",
+        "untried",
+        "current",
+        "deadline",
+        "waiters",
+        "replicate",
+        "relayed",
+        "unreached",
+        "started",
+    )
 
     def __init__(
         self, dep_id: int, peers: Sequence[str], replicate: bool = False, now: float = 0.0
@@ -73,9 +81,16 @@ class TransferSlots:
     and the fetches waiting for a slot."""
 
     __slots__ = (
-        "total", "per_peer", "links", "in_flight", "from_peer", "linked", "evicted", "queue",
+        "total",
+        "per_peer",
+        "links",
+        "in_flight",
+        "from_peer",
+        "linked",
+        "evicted",
+        "queue",
         "freed",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -190,8 +205,14 @@ class Fetcher:
     """
 
     __slots__ = (
-        "fetches", "slots", "received_from", "timeout", "out", "asks", "on_failed",
-    )  # fmt: skip
+        "fetches",
+        "slots",
+        "received_from",
+        "timeout",
+        "out",
+        "asks",
+        "on_failed",
+    )
 
     def __init__(
         self,

@@ -62,9 +62,12 @@ def nvidia_devices() -> int:
         return 0
     try:
         done = subprocess.run(
-            [command, "-L"], capture_output=True, text=True, timeout=30,
+            [command, "-L"],
+            capture_output=True,
+            text=True,
+            timeout=30,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.SubprocessError):
         return 0
     if done.returncode != 0:
@@ -117,8 +120,7 @@ class GpuPool:
     """The worker's devices and its GPU libraries; a component of ``dispatch.Dispatch``,
     with no I/O. See the module docstring."""
 
-    __slots__ = ("devices", "queue", "libraries", "bound", "restarting", "restarts",
-                 "next_devices")  # fmt: skip
+    __slots__ = ("devices", "queue", "libraries", "bound", "restarting", "restarts", "next_devices")
 
     def __init__(self) -> None:
         #: the devices this worker offers (``--gpus``)
@@ -179,8 +181,7 @@ class GpuPool:
         manager places none here; the worker reports it crashed, never waits for good)."""
         if task.gpus > len(self.devices):
             raise ValueError(
-                f"task {task.key!r} asks for {task.gpus} GPUs; this worker has "
-                f"{len(self.devices)}"
+                f"task {task.key!r} asks for {task.gpus} GPUs; this worker has {len(self.devices)}"
             )
 
     def fits(self, task: WorkerTask, library_id: int) -> bool:
@@ -285,11 +286,12 @@ class GpuPool:
             if len(free) < task.gpus or not idle:
                 continue
             if any(
-                len(devices) == task.gpus and not claimed.intersection(devices)
+                len(devices) == task.gpus
+                and not claimed.intersection(devices)
                 and not dispatch.libraries[library_id].sent
                 for library_id, devices in self.libraries.items()
                 if library_id not in self.restarting
-            ):  # fmt: skip
+            ):
                 continue  # one fits: it takes the task once its inputs are here
             lib = idle.pop(0)
             devices = tuple(free[: task.gpus])

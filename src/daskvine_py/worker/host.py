@@ -67,9 +67,12 @@ class Library:
 
 
 def start_library(
-    record: LibraryRecord, worker_name: str, tasks_dir: str, cores: int,
+    record: LibraryRecord,
+    worker_name: str,
+    tasks_dir: str,
+    cores: int,
     visible: str | None = None,
-) -> Library:  # fmt: skip
+) -> Library:
     """Spawn a library process of ``record.slots`` slots, whose thread pools fit ``cores``
     (``threads``) and which sees the GPUs ``visible`` names (``CUDA_VISIBLE_DEVICES``;
     None: the worker's); it says ``Ready`` when it can run."""
@@ -250,9 +253,13 @@ def status(heartbeat: SendStatus, libraries: Iterable[Library]) -> p.Status:
     them now, and the state's bars of what it did since the last one (``activity``)."""
     pids = [lib.process.pid for lib in libraries]
     return p.Status(
-        heartbeat.held, peak_rss(os.getpid()), max(map(peak_rss, pids), default=0),
-        heartbeat.spilled, sum(map(resident, pids), resident(os.getpid())), heartbeat.bars,
-    )  # fmt: skip
+        heartbeat.held,
+        peak_rss(os.getpid()),
+        max(map(peak_rss, pids), default=0),
+        heartbeat.spilled,
+        sum(map(resident, pids), resident(os.getpid())),
+        heartbeat.bars,
+    )
 
 
 def resident(pid: int | None) -> int:

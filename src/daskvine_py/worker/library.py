@@ -518,8 +518,9 @@ def run(
     try:
         node = decoder.decode(payload)
     except Exception as exc:
-        return _erred(task_id, _unpickling_error(key, "the function or arguments", exc,
-                                                 worker_name), exc)  # fmt: skip
+        return _erred(
+            task_id, _unpickling_error(key, "the function or arguments", exc, worker_name), exc
+        )
     start = time.perf_counter()
     values = {}
     unpickled = False

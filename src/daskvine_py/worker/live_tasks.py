@@ -72,9 +72,12 @@ class LiveTasks:
         return home, foreign
 
     def export(
-        self, dep_id: int, task_id: int | None = None, peer: bytes | None = None,
+        self,
+        dep_id: int,
+        task_id: int | None = None,
+        peer: bytes | None = None,
         drop: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Have a live result serialized by its library, once for all who wait for it:
         task ``task_id``, ``peer``; with ``drop`` its library forgets it once sent (the
         spill)."""

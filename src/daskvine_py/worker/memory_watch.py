@@ -88,13 +88,26 @@ class MemoryWatch:
     ``budget``: the worker's memory in bytes (0: unknown, only allocations are limits);
     ``tasks``: the state's table; ``store``: told the running tasks' allocations."""
 
-    __slots__ = ("budget", "tasks", "store", "due", "_files", "_drops", "name", "exports",
-                 "_credit")  # fmt: skip
+    __slots__ = (
+        "budget",
+        "tasks",
+        "store",
+        "due",
+        "_files",
+        "_drops",
+        "name",
+        "exports",
+        "_credit",
+    )
 
     def __init__(
-        self, budget: int, tasks: dict[int, WorkerTask], store: Store, name: str,
+        self,
+        budget: int,
+        tasks: dict[int, WorkerTask],
+        store: Store,
+        name: str,
         exports: Mapping[int, ExportWait] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.budget = budget
         self.tasks = tasks
         self.store = store
@@ -186,15 +199,21 @@ class MemoryWatch:
             exhausted.append(self._kill(lib, _blamed(running), growth, left, BUDGET, now))
         return exhausted
 
-    def _kill(self, lib: Library, task: WorkerTask, growth: int, limit: int, kind: str,
-              now: float) -> Exhausted:  # fmt: skip
+    def _kill(
+        self, lib: Library, task: WorkerTask, growth: int, limit: int, kind: str, now: float
+    ) -> Exhausted:
         lib.process.kill()  # at once: before the node runs out
         self._drops.warn(
-            kind, now, "worker %s: task %r went past %s (%.0f MB used, %.0f MB allowed): "
-            "its library process was killed", self.name, task.key,
-            "its memory allocation" if kind == OWN else "what the worker's memory budget "
-            "left it", growth / _MB, limit / _MB,
-        )  # fmt: skip
+            kind,
+            now,
+            "worker %s: task %r went past %s (%.0f MB used, %.0f MB allowed): "
+            "its library process was killed",
+            self.name,
+            task.key,
+            "its memory allocation" if kind == OWN else "what the worker's memory budget left it",
+            growth / _MB,
+            limit / _MB,
+        )
         return Exhausted(lib, task, growth, limit, kind)
 
     def _end_credits(self, busy: set[int]) -> None:

@@ -249,6 +249,16 @@ class EventFailed(NamedTuple):
 
 #: An instruction: one of the classes above, or a record for the manager (``p.ToManager``).
 Instruction: TypeAlias = (
-    p.ToManager | SendStatus | StartLibrary | ToLibrary | KillLibrary | StartProcess
-    | KillProcess | AskPeer | ClosePeer | AnswerPeer | Leave | EventFailed
-)  # fmt: skip
+    p.ToManager
+    | SendStatus
+    | StartLibrary
+    | ToLibrary
+    | KillLibrary
+    | StartProcess
+    | KillProcess
+    | AskPeer
+    | ClosePeer
+    | AnswerPeer
+    | Leave
+    | EventFailed
+)

@@ -112,9 +112,13 @@ class PeerLinks:
         self, events: list[object], address: str, ids: tuple[int, ...], why: str
     ) -> None:
         self.drops.warn(
-            ("unreachable", address), time.monotonic(), "worker %s cannot ask peer %r for "
-            "results: %s", self.name, address, why,
-        )  # fmt: skip
+            ("unreachable", address),
+            time.monotonic(),
+            "worker %s cannot ask peer %r for results: %s",
+            self.name,
+            address,
+            why,
+        )
         events.append(PeerUnreachable(address, ids))
 
     def answer_later(self, answer: AnswerPeer) -> None:
@@ -168,9 +172,12 @@ class PeerLinks:
             replies = p.decode(frames, p.FROM_PEER)
         except ProtocolError as exc:
             self.drops.warn(
-                ("reply from a peer",), time.monotonic(), "worker %s dropped a malformed "
-                "reply from a peer: %s", self.name, exc,
-            )  # fmt: skip
+                ("reply from a peer",),
+                time.monotonic(),
+                "worker %s dropped a malformed reply from a peer: %s",
+                self.name,
+                exc,
+            )
             return
         events += replies
 
@@ -199,10 +206,16 @@ class PeerLinks:
             dropped = self.requests.take(ident, request.task_ids)
             if dropped:
                 self.drops.warn(
-                    ("too many ids", address), time.monotonic(), "worker %s dropped %d of the "
-                    "%d ids a peer at %s asked for: a peer may have %d waiting", self.name,
-                    dropped, len(request.task_ids), address, serving.REQUEST_IDS,
-                )  # fmt: skip
+                    ("too many ids", address),
+                    time.monotonic(),
+                    "worker %s dropped %d of the "
+                    "%d ids a peer at %s asked for: a peer may have %d waiting",
+                    self.name,
+                    dropped,
+                    len(request.task_ids),
+                    address,
+                    serving.REQUEST_IDS,
+                )
         return True
 
     def replies(
@@ -226,9 +239,13 @@ class PeerLinks:
             return p.decode(frames, p.TO_PEER)
         except ProtocolError as exc:
             self.drops.warn(
-                ("request",), time.monotonic(), "worker %s dropped a malformed request from "
-                "peer %r: %s", self.name, ident[:32], exc,
-            )  # fmt: skip
+                ("request",),
+                time.monotonic(),
+                "worker %s dropped a malformed request from peer %r: %s",
+                self.name,
+                ident[:32],
+                exc,
+            )
             return None
 
     def answer_waiting(self, live: LiveResults | None, events: list[object] | None) -> None:
@@ -240,18 +257,26 @@ class PeerLinks:
 
     def _unreadable(self, task_id: int, exc: Exception) -> None:
         self.drops.warn(
-            ("store",), time.monotonic(), "worker %s cannot serve result %d: %r",
-            self.name, task_id, exc,
-        )  # fmt: skip
+            ("store",),
+            time.monotonic(),
+            "worker %s cannot serve result %d: %r",
+            self.name,
+            task_id,
+            exc,
+        )
 
     def _answer(self, ident: bytes, replies: list) -> None:
         try:
             send_batch(self.server, p.encode(replies), ident)
         except Exception as exc:  # the peer asks another holder after its timeout
             self.drops.warn(
-                ("reply",), time.monotonic(), "worker %s could not answer a peer: %r",
-                self.name, exc, exc_info=exc,
-            )  # fmt: skip
+                ("reply",),
+                time.monotonic(),
+                "worker %s could not answer a peer: %r",
+                self.name,
+                exc,
+                exc_info=exc,
+            )
 
 
 def _address(frame: zmq.Frame) -> str:

@@ -153,8 +153,18 @@ Record: TypeAlias = (
 #: would carry its class's module and name, looked up again on every message (1.8 µs more
 #: per record here, two records per task).
 _RECORDS: tuple[type, ...] = (
-    Run, Call, Ready, Done, Erred, Crashed, Replies, Export, Forget, Exported, Missing
-)  # fmt: skip
+    Run,
+    Call,
+    Ready,
+    Done,
+    Erred,
+    Crashed,
+    Replies,
+    Export,
+    Forget,
+    Exported,
+    Missing,
+)
 _TAGS = {record: tag for tag, record in enumerate(_RECORDS)}
 _RUN = _TAGS[Run]
 _REPLIES = _TAGS[Replies]

@@ -16,9 +16,21 @@ class WorkerTask:
     """One task this worker was sent, from its ``Execute`` until its reply."""
 
     __slots__ = (
-        "id", "key", "payload", "deps", "want_result", "keep", "missing", "state", "config",
-        "home", "lib", "cores", "memory", "gpus",
-    )  # fmt: skip
+        "id",
+        "key",
+        "payload",
+        "deps",
+        "want_result",
+        "keep",
+        "missing",
+        "state",
+        "config",
+        "home",
+        "lib",
+        "cores",
+        "memory",
+        "gpus",
+    )
 
     def __init__(self, msg: p.Execute, config: p.RunConfig | None) -> None:
         self.id = msg.task_id

@@ -199,15 +199,29 @@ class Worker:
 
         self.store = Store(self.memory or None, os.path.join(self.workdir, "spill"), disk)
         self.peers = PeerLinks(
-            self.context, self.poller, self.store, self._drops, self.name,
-            host or h.interface_towards(address), peer_port, contact_address, keys,
-        )  # fmt: skip
+            self.context,
+            self.poller,
+            self.store,
+            self._drops,
+            self.name,
+            host or h.interface_towards(address),
+            peer_port,
+            contact_address,
+            keys,
+        )
         self.peer_address = self.peers.address
         #: every decision: tasks, fetches, library slots, manager liveness
         self.state = WorkerState(
-            self.store, self.name, self.peer_address, manager_timeout, fetch_timeout,
-            time.monotonic(), address=address, process_slots=self.task_slots, gpus=gpus,
-        )  # fmt: skip
+            self.store,
+            self.name,
+            self.peer_address,
+            manager_timeout,
+            fetch_timeout,
+            time.monotonic(),
+            address=address,
+            process_slots=self.task_slots,
+            gpus=gpus,
+        )
         exports = self.state.live_tasks.exports  # (their copies raise limits)
         self.watch = MemoryWatch(self.memory, self.state.tasks, self.store, self.name, exports)
         self.gpus = self.state.dispatch.gpus  #: device ids (``--gpus``), read
@@ -232,14 +246,22 @@ class Worker:
         self._carriers: dict[type, Callable[[Any], None]] = dict.fromkeys(
             p.TO_MANAGER, self.outbox.append
         )
-        self._carriers.update({
-            p.Register: self._send_register, SendStatus: self._send_status,
-            StartLibrary: self._start_library, ToLibrary: self._to_library,
-            KillLibrary: self._kill_library, StartProcess: self._start_process,
-            KillProcess: self._kill_process, AskPeer: self._ask_peer,
-            ClosePeer: self._close_peer, AnswerPeer: self.peers.answer_later,
-            Leave: self._on_leave, EventFailed: self._on_event_failed,
-        })  # fmt: skip
+        self._carriers.update(
+            {
+                p.Register: self._send_register,
+                SendStatus: self._send_status,
+                StartLibrary: self._start_library,
+                ToLibrary: self._to_library,
+                KillLibrary: self._kill_library,
+                StartProcess: self._start_process,
+                KillProcess: self._kill_process,
+                AskPeer: self._ask_peer,
+                ClosePeer: self._close_peer,
+                AnswerPeer: self.peers.answer_later,
+                Leave: self._on_leave,
+                EventFailed: self._on_event_failed,
+            }
+        )
         #: the manager went silent or refused our keys: nothing more can reach it
         self.manager_gone = False
         self.running = True
@@ -259,16 +281,28 @@ class Worker:
                 self._loop_once()
         finally:
             self._close()
-        logger.log(self.leave_level, "worker %s left %s: %s (exit status %d)", self.name,
-                   self.address, self.leave_reason, self.exit_code)  # fmt: skip
+        logger.log(
+            self.leave_level,
+            "worker %s left %s: %s (exit status %d)",
+            self.name,
+            self.address,
+            self.leave_reason,
+            self.exit_code,
+        )
         return self.exit_code
 
     def _registration(self) -> p.Register:
         """What it registers with: the state sends it once every library is ready."""
         return p.Register(
-            p.PROTOCOL_VERSION, self.name, self.task_slots, self.memory, socket.gethostname(),
-            self.peer_address, os.getpid(), len(self.gpus.devices),
-        )  # fmt: skip
+            p.PROTOCOL_VERSION,
+            self.name,
+            self.task_slots,
+            self.memory,
+            socket.gethostname(),
+            self.peer_address,
+            os.getpid(),
+            len(self.gpus.devices),
+        )
 
     def stop(self, reason: str = "it was stopped") -> None:
         """Stop at the end of this pass (a signal handler may call it): the state says
@@ -389,9 +423,11 @@ class Worker:
                     f"it could not authenticate with the manager: {why}. Join with the "
                     "manager's current connection file (--connection-file): a manager "
                     "restarted without key_file has new keys",
-                    EXIT_AUTH_FAILED, logging.ERROR, unreachable=True,
+                    EXIT_AUTH_FAILED,
+                    logging.ERROR,
+                    unreachable=True,
                 )
-            )  # fmt: skip
+            )
 
     def _drain_manager(self) -> None:
         for _ in range(DRAIN_LIMIT):
@@ -413,9 +449,12 @@ class Worker:
             messages = p.unpack(frames, p.TO_WORKER)
         except ProtocolError as exc:
             self._drops.warn(
-                "manager", now, "worker %s dropped a malformed message from the manager: %s",
-                self.name, exc,
-            )  # fmt: skip
+                "manager",
+                now,
+                "worker %s dropped a malformed message from the manager: %s",
+                self.name,
+                exc,
+            )
             events.append(Unreadable(None, str(exc)))
             return
         for message in messages:
@@ -423,19 +462,24 @@ class Worker:
                 p.check_fields(message)
             except ProtocolError as exc:
                 self._drops.warn(
-                    "manager", now, "worker %s dropped a malformed record from the manager: %s",
-                    self.name, exc,
-                )  # fmt: skip
+                    "manager",
+                    now,
+                    "worker %s dropped a malformed record from the manager: %s",
+                    self.name,
+                    exc,
+                )
                 events.append(Unreadable(message, str(exc)))
                 continue
             events.append(message)
             if type(message) is p.Welcome:
                 logger.info(
-                    "worker joined %s as %s with %s (%s, %s at once)", self.address,
-                    message.name, counted(self.cores, "core"),
+                    "worker joined %s as %s with %s (%s, %s at once)",
+                    self.address,
+                    message.name,
+                    counted(self.cores, "core"),
                     counted(self.library_count, "library", "libraries"),
                     counted(self.task_slots, "task"),
-                )  # fmt: skip
+                )
 
     def _on_event_failed(self, failed: EventFailed) -> None:
         """An event the state could not handle: said (rate-limited), the worker goes on."""
@@ -443,16 +487,27 @@ class Worker:
         now = time.monotonic()
         if type(event) is p.Data:
             self._drops.warn(
-                ("data",), now, "worker %s could not take result %d from a peer: %r",
-                self.name, event.task_id, exc, exc_info=exc,
-            )  # fmt: skip
+                ("data",),
+                now,
+                "worker %s could not take result %d from a peer: %r",
+                self.name,
+                event.task_id,
+                exc,
+                exc_info=exc,
+            )
             return
         kind = type(event).__name__
         source = " from the manager" if type(event) in p.TO_WORKER else ""
         self._drops.warn(
-            ("handling", kind), now, "worker %s could not handle a %s%s: %r",
-            self.name, kind, source, exc, exc_info=exc,
-        )  # fmt: skip
+            ("handling", kind),
+            now,
+            "worker %s could not handle a %s%s: %r",
+            self.name,
+            kind,
+            source,
+            exc,
+            exc_info=exc,
+        )
 
     # -- libraries --------------------------------------------------------------------
 
@@ -516,9 +571,14 @@ class Worker:
         h.write_functions(self.state.functions, self.functions_written, self.functions_dir)
         try:
             proc = h.start_task_process(
-                task, start.call, self.tasks_dir, self.functions_dir, self.name,
-                self.task_cores, start.gpus,
-            )  # fmt: skip
+                task,
+                start.call,
+                self.tasks_dir,
+                self.functions_dir,
+                self.name,
+                self.task_cores,
+                start.gpus,
+            )
         except OSError as exc:
             self.events.append(ProcessFailed(task, str(exc)))
             return

@@ -178,38 +178,59 @@ class WorkerState:
         #: the results the libraries keep live (``live_tasks``'s), read here and by the shell
         self.live = self.live_tasks.live
         self.dispatch = Dispatch(
-            self.tasks, self.local_waiters, self.live_tasks, store, self._transition,
+            self.tasks,
+            self.local_waiters,
+            self.live_tasks,
+            store,
+            self._transition,
             self._input_lost,
-        )  # fmt: skip
+        )
         self.dispatch.gpus.declare(gpus)
         #: legal edges -> what each does besides setting the state; the dispatch's
         #: queues called directly, with no call of ours in between
         steps: dict[str, Step] = {
-            "enqueue": self.dispatch.enqueue, "start": self.started.append,  # (``Started``)
-            "requeue": self._requeue, "forget": self._forget,
+            "enqueue": self.dispatch.enqueue,
+            "start": self.started.append,  # (``Started``)
+            "requeue": self._requeue,
+            "forget": self._forget,
             "forget_running": self._running_to_forgotten,
-        }  # fmt: skip
+        }
         self._steps: dict[Edge, Step | None] = {
             edge: None if name is None else steps[name] for edge, name in _TRANSITIONS.items()
         }
         #: event type -> its handler; the manager's records and a peer's ``Data`` as they
         #: arrive, the others from ``messages``
         self._handlers: dict[type, Callable[[Any, float], None]] = {
-            p.Execute: self._on_execute, p.RunConfig: self._on_run_config,
-            p.Function: self._on_function, p.Release: self._on_release,
-            p.Cancel: self._on_cancel, p.Abort: self._on_abort, p.Withdraw: self._on_withdraw,
-            p.Replicate: self._on_replicate, p.Upload: self._on_upload,
-            p.Relayed: self._on_relayed, p.Welcome: self._on_welcome,
-            p.Heartbeat: _nothing, p.Rejected: self._on_rejected,
-            p.Shutdown: self._on_shutdown, p.Data: self._on_data,
-            Boot: self._on_boot, Tick: self._on_tick, Stop: self._on_stop,
+            p.Execute: self._on_execute,
+            p.RunConfig: self._on_run_config,
+            p.Function: self._on_function,
+            p.Release: self._on_release,
+            p.Cancel: self._on_cancel,
+            p.Abort: self._on_abort,
+            p.Withdraw: self._on_withdraw,
+            p.Replicate: self._on_replicate,
+            p.Upload: self._on_upload,
+            p.Relayed: self._on_relayed,
+            p.Welcome: self._on_welcome,
+            p.Heartbeat: _nothing,
+            p.Rejected: self._on_rejected,
+            p.Shutdown: self._on_shutdown,
+            p.Data: self._on_data,
+            Boot: self._on_boot,
+            Tick: self._on_tick,
+            Stop: self._on_stop,
             ManagerConnection: self._on_manager_connection,
-            RegistrationSent: self._on_registration_sent, Unreadable: self._on_unreadable,
-            FromLibrary: self._on_from_library, LibraryDied: self._on_library_death,
-            MemoryExceeded: self._on_memory_exceeded, ProcessStarted: self._on_process_started,
-            ProcessFailed: self._on_process_failed, ProcessExited: self._on_process_exited,
-            PeerUnreachable: self._on_peer_unreachable, PeerAsked: self._on_peer_asked,
-        }  # fmt: skip
+            RegistrationSent: self._on_registration_sent,
+            Unreadable: self._on_unreadable,
+            FromLibrary: self._on_from_library,
+            LibraryDied: self._on_library_death,
+            MemoryExceeded: self._on_memory_exceeded,
+            ProcessStarted: self._on_process_started,
+            ProcessFailed: self._on_process_failed,
+            ProcessExited: self._on_process_exited,
+            PeerUnreachable: self._on_peer_unreachable,
+            PeerAsked: self._on_peer_asked,
+        }
         #: the records that show the manager is there (``last_contact``)
         self._from_manager = p.TO_WORKER
         #: the manager welcomed us; when we last heard from it and sent it a heartbeat
@@ -369,8 +390,9 @@ class WorkerState:
         gpus = self.dispatch.gpus.env(record.id)
         self._out.append(StartLibrary(record.id, record.slots, gpus))
 
-    def _leave(self, reason: str, exit_code: int = 0, level: int = logging.INFO,
-               unreachable: bool = False) -> None:  # fmt: skip
+    def _leave(
+        self, reason: str, exit_code: int = 0, level: int = logging.INFO, unreachable: bool = False
+    ) -> None:
         if not self.leaving:
             self.leaving = True
             self._out.append(Leave(reason, exit_code, level, unreachable))
@@ -424,9 +446,12 @@ class WorkerState:
                 "worker %s has waited %.0f s for %s to answer its registration "
                 "(--manager-timeout %g); the connection is up, so the manager is busy: it "
                 "waits on, up to %.0f s",
-                self.name, now - (self.registration_sent or now), self.address,
-                self.manager_timeout, REGISTRATION_PATIENCE * self.manager_timeout,
-            )  # fmt: skip
+                self.name,
+                now - (self.registration_sent or now),
+                self.address,
+                self.manager_timeout,
+                REGISTRATION_PATIENCE * self.manager_timeout,
+            )
         if self.manager_silent(now):
             self._on_manager_silent(now)
             return
@@ -453,8 +478,12 @@ class WorkerState:
         if self.registered:
             logger.warning(
                 "worker %s lost the manager at %s: nothing heard from it for %.0f s "
-                "(--manager-timeout %g)", self.name, self.address, silent, timeout,
-            )  # fmt: skip
+                "(--manager-timeout %g)",
+                self.name,
+                self.address,
+                silent,
+                timeout,
+            )
             self._leave("the manager was lost", 0, logging.INFO, unreachable=True)
         elif self.manager_connected:
             waited = now - (self.registration_sent or now)
@@ -462,15 +491,19 @@ class WorkerState:
                 f"the manager has not answered its registration, sent {waited:.0f} s "
                 f"ago, though connected ({REGISTRATION_PATIENCE} x --manager-timeout "
                 f"{timeout:g}); is it stopped or overloaded?",
-                EXIT_NO_MANAGER, logging.ERROR, unreachable=True,
-            )  # fmt: skip
+                EXIT_NO_MANAGER,
+                logging.ERROR,
+                unreachable=True,
+            )
         else:
             self._leave(
                 f"the manager has not answered its registration, sent {silent:.0f} s ago "
                 f"(--manager-timeout {timeout:g}), and no connection to it is up; is a "
                 "manager listening there?",
-                EXIT_NO_MANAGER, logging.ERROR, unreachable=True,
-            )  # fmt: skip
+                EXIT_NO_MANAGER,
+                logging.ERROR,
+                unreachable=True,
+            )
 
     # -- the manager ------------------------------------------------------------------
 
@@ -682,9 +715,10 @@ class WorkerState:
                 continue
             dep_key = next((d.key for d in task.deps if d.task_id == task_id), task_id)
             error = SerializationError(
-                dep_key, "an input", f"{reply.error} (moving it out of its library process "
-                f"on worker {self.name})",
-            )  # fmt: skip
+                dep_key,
+                "an input",
+                f"{reply.error} (moving it out of its library process on worker {self.name})",
+            )
             exception, text = dumps_exception(error)
             self._out.append(p.TaskErred(waiter, exception, text, str(error), type_name(error)))
             task.missing.discard(task_id)
@@ -740,8 +774,10 @@ class WorkerState:
                 self._leave(
                     f"its library processes could not start: {self.start_failures} died "
                     f"before it could register, the last one {ev.how}",
-                    EXIT_NO_LIBRARIES, logging.ERROR, unreachable=True,
-                )  # fmt: skip
+                    EXIT_NO_LIBRARIES,
+                    logging.ERROR,
+                    unreachable=True,
+                )
         if not self.leaving:
             self._start_library()
 

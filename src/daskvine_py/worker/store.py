@@ -45,10 +45,21 @@ class Store:
     """
 
     __slots__ = (
-        "_memory", "_disk", "memory_limit", "disk_limit", "spill_dir", "nbytes",
-        "memory_bytes", "disk_bytes", "full", "spilled", "unspilled", "reserved", "allocated",
+        "_memory",
+        "_disk",
+        "memory_limit",
+        "disk_limit",
+        "spill_dir",
+        "nbytes",
+        "memory_bytes",
+        "disk_bytes",
+        "full",
+        "spilled",
+        "unspilled",
+        "reserved",
+        "allocated",
         "on_spill",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
