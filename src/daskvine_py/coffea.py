@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DaskVinePyExecutor", "accumulation_graph"]
 
-Key = tuple
+#: a key of the accumulation graph: its name and its place, at each level of the tree
+Key = tuple[Any, ...]
 
 
 class Compressed:
@@ -75,7 +76,7 @@ class Compressed:
     def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
 
-    def __reduce_ex__(self, protocol: Any) -> tuple:
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         if isinstance(protocol, int) and protocol >= 5:
             return (Compressed, (pickle.PickleBuffer(self.data),))
         return (Compressed, (bytes(self.data),))
@@ -129,7 +130,7 @@ def accumulation_graph(
     treereduction: int = 20,
     compression: int | None = None,
     name: str = "coffea-item",
-) -> tuple[dict[Key, tuple], Key]:
+) -> tuple[dict[Key, tuple[Any, ...]], Key]:
     """A Dask graph computing ``function`` on each item and accumulating the results.
 
     Returns the graph (legacy tuple tasks, so this module needs no Dask imports) and the key
@@ -145,7 +146,7 @@ def accumulation_graph(
     token = uuid.uuid4().hex
     run_item = _compressing(function, compression)
     level: list[Key] = [(f"{name}-{token}", i) for i in range(len(items))]
-    graph: dict[Key, tuple] = {
+    graph: dict[Key, tuple[Any, ...]] = {
         key: (run_item, item) for key, item in zip(level, items, strict=True)
     }
     depth = 0
@@ -175,11 +176,11 @@ class _Shared:
         self.lock = threading.Lock()
         self.manager: Manager | None = None
         #: closes a manager we started; runs at close(), when the handle is dropped, or at exit
-        self.finalizer: weakref.finalize | None = None
+        self.finalizer: weakref.finalize[Any, Any] | None = None
         self.local_workers = 0
         #: the worker pool on a batch system (``provider=``), and what closes it
         self.pool: WorkerPool | None = None
-        self.pool_finalizer: weakref.finalize | None = None
+        self.pool_finalizer: weakref.finalize[Any, Any] | None = None
 
     def start(
         self,
@@ -405,7 +406,7 @@ def _task_name(function_name: str | None) -> str:
     return name or "coffea_item"
 
 
-def _name_item(exc: TaskFailed, graph: dict[Key, tuple]) -> None:
+def _name_item(exc: TaskFailed, graph: dict[Key, tuple[Any, ...]]) -> None:
     """Say which coffea work item a crashed task was processing (a note, as get adds)."""
     task = graph.get(exc.key)
     if task is None or not hasattr(exc, "add_note"):

@@ -95,7 +95,7 @@ class StatusClient:
         #: long as ``timeout``
         self._closing = False
         self._wake_read, self._wake_write = os.pipe()
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.Socket[bytes] | None = None
         self._watch: security.HandshakeWatch | None = None
         #: the last ``LiveRequest``'s id
         self._asked = 0
@@ -183,7 +183,7 @@ class StatusClient:
             self._reset()
             raise ManagerGone(gone)
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.Socket[bytes]:
         if self._sock is None:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -203,7 +203,7 @@ class StatusClient:
             self._sock.close(linger=0)
             self._sock = None
 
-    def _send(self, sock: zmq.Socket, record: object) -> None:
+    def _send(self, sock: zmq.Socket[bytes], record: object) -> None:
         try:
             sock.send_multipart(p.encode([record]), zmq.NOBLOCK)
         except zmq.Again:
@@ -212,7 +212,7 @@ class StatusClient:
                 f"cannot send to the manager at {self.address}: its queue is full"
             ) from None
 
-    def _receive(self, sock: zmq.Socket) -> Any:
+    def _receive(self, sock: zmq.Socket[bytes]) -> Any:
         assert self._watch is not None
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

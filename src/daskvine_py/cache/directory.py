@@ -43,7 +43,7 @@ _LENGTH = struct.Struct("<Q")
 class DiskStore:
     """Results by cache key in one directory (thread-safe)."""
 
-    def __init__(self, path: str | os.PathLike, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, path: str | os.PathLike[str], limit: int = DEFAULT_LIMIT) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.limit = limit
         os.makedirs(self.path, exist_ok=True)

@@ -80,7 +80,7 @@ class Cache:
         index: CacheIndex,
         send_event: Callable[[Any, threading.Event], None],
         raise_if_dead: Callable[[], None],
-        cache_dir: str | os.PathLike | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         cache_dir_limit: int | None = None,
     ) -> None:
         self._index = index
@@ -91,7 +91,7 @@ class Cache:
         self._digests = code_digests()
         self._stores: dict[str, DiskStore] = {}
         self._lock = threading.Lock()
-        self._writes: SimpleQueue = SimpleQueue()
+        self._writes: SimpleQueue[Any] = SimpleQueue()
         self._writer: threading.Thread | None = None
         self._pending = 0
         self._idle = threading.Condition()
@@ -137,7 +137,7 @@ class Cache:
 
     # -- for the manager ------------------------------------------------------------------
 
-    def store(self, path: str | os.PathLike) -> DiskStore:
+    def store(self, path: str | os.PathLike[str]) -> DiskStore:
         """The directory ``path`` as a store (one object per directory per manager)."""
         full = os.path.abspath(os.fspath(path))
         with self._lock:
@@ -147,7 +147,7 @@ class Cache:
                 store = self._stores[full] = DiskStore(full, **kwargs)
             return store
 
-    def prepare(self, plan: Plan, cache_dir: str | os.PathLike | None) -> Plan:
+    def prepare(self, plan: Plan, cache_dir: str | os.PathLike[str] | None) -> Plan:
         """The cache's pass: ``cached`` with this manager's cache, and the directory
         ``cache_dir`` (None: the manager's own, if any)."""
         directory = cache_dir if cache_dir is not None else self._default_dir

@@ -138,7 +138,7 @@ class KeyWalker:
     _files: dict[str, Any]
     _globals: dict[int, tuple[Any, Any]]
     file_of: Callable[[str], Any]
-    global_reduction: Callable[[Any], tuple]
+    global_reduction: Callable[[Any], tuple[Any, ...]]
     opaque: Callable[[Any], bytes]
     key: Callable[[Any], CacheKey | None]
 
@@ -146,7 +146,7 @@ class KeyWalker:
         self._salted = hashlib.blake2b(salt, digest_size=KEY_BYTES)
         self.keys: dict[Key, Any] = {}
         #: the fused graph being walked: (its tasks, the names numbered in order, scope)
-        self._graph: tuple[dict, list[Key], dict[Key, Any]] | None = None
+        self._graph: tuple[dict[Any, Any], list[Key], dict[Key, Any]] | None = None
         #: (keys, graph) of the scopes around this one
         self._enclosing: list[tuple[dict[Key, Any], Any]] = []
         #: containers this node's walk may still meet (``MAX_CONTAINERS``)
@@ -160,7 +160,7 @@ class KeyWalker:
 
     # -- names ------------------------------------------------------------------------
 
-    def ref_of(self, dep: Key) -> tuple:
+    def ref_of(self, dep: Key) -> tuple[Any, ...]:
         """What reading a name is written as; a name without a key makes the task
         keyless, never a guess."""
         self._reads += 1
@@ -169,7 +169,7 @@ class KeyWalker:
             return (REF, key)
         return self._resolve(dep, key)
 
-    def _resolve(self, dep: Key, key: Any) -> tuple:
+    def _resolve(self, dep: Key, key: Any) -> tuple[Any, ...]:
         if type(key) is tuple:
             return key
         if key is None and dep not in self.keys:
@@ -264,7 +264,7 @@ class KeyWalker:
             self._globals[id(func)] = (func, tree)
         return tree
 
-    def _task(self, task: Any, depth: int) -> tuple:
+    def _task(self, task: Any, depth: int) -> tuple[Any, ...]:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(task))
         budget = self._budget - 1  # (``_spend`` and ``_callable``'s memo, inlined)
@@ -303,7 +303,7 @@ class KeyWalker:
                 out.append(walk(self, arg, depth))
         return tuple(out)
 
-    def _kwargs(self, kwargs: dict, depth: int) -> tuple:
+    def _kwargs(self, kwargs: dict[Any, Any], depth: int) -> tuple[Any, ...]:
         """A task's keyword arguments but ``constructor``, as a dict."""
         out: list[Any] = [DICT]
         canon = self.canon
@@ -314,15 +314,15 @@ class KeyWalker:
                 out.append(value if type(value) in _SCALARS else canon(value, depth))
         return tuple(out)
 
-    def _fused(self, task: Any, depth: int) -> tuple:
+    def _fused(self, task: Any, depth: int) -> tuple[Any, ...]:
         inner, outkey, inkeys, *inputs = task.args
         if type(inner) is not dict or outkey not in inner or len(inkeys) != len(inputs):
             raise Uncacheable("a fused task of an unknown form")
         return self.graph_tree(inner, outkey, inkeys, inputs, depth)
 
     def graph_tree(
-        self, inner: dict, outkey: Key, inkeys: Any, inputs: Any, depth: int = 0
-    ) -> tuple:
+        self, inner: dict[Any, Any], outkey: Key, inkeys: Any, inputs: Any, depth: int = 0
+    ) -> tuple[Any, ...]:
         """``(GRAPH, inputs, *tasks)``: a fused task, whatever names it uses inside (often
         tokens of objects that differ between two constructions of the same graph).
 
@@ -359,13 +359,13 @@ class KeyWalker:
             self.keys, self._graph = enclosing.pop()
         return tuple(tree)
 
-    def _ref(self, ref: TaskRef, depth: int) -> tuple:
+    def _ref(self, ref: TaskRef, depth: int) -> tuple[Any, ...]:
         return self.ref_of(ref.key)
 
-    def _alias(self, alias: Alias, depth: int) -> tuple:
+    def _alias(self, alias: Alias, depth: int) -> tuple[Any, ...]:
         return self.ref_of(alias.target)
 
-    def _data(self, node: DataNode, depth: int) -> tuple:
+    def _data(self, node: DataNode, depth: int) -> tuple[Any, ...]:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(node))
         value = node.value
@@ -374,7 +374,7 @@ class KeyWalker:
             return (DATA, (LIST, *value))  # (``_sequence``, inlined: a partition)
         return (DATA, self.canon(value, depth + 1))
 
-    def _legacy(self, node: LegacyCall, depth: int) -> tuple:
+    def _legacy(self, node: LegacyCall, depth: int) -> tuple[Any, ...]:
         func, *args = node.task
         known = self._globals.get(id(func))  # (``_callable``'s memo, inlined)
         func = known[1] if known is not None and known[0] is func else self._callable(func, depth)
@@ -385,7 +385,7 @@ class KeyWalker:
         canon = self.canon
         return (LEGACY, func, *[ref_of(a) if a in deps else canon(a, depth + 1) for a in args])
 
-    def _sequence(self, tag: int, items: Any, depth: int) -> tuple:
+    def _sequence(self, tag: int, items: Any, depth: int) -> tuple[Any, ...]:
         self._spend()
         if _SCALARS.issuperset(map(type, items)):  # (in C: the common case)
             return (tag, *items)
@@ -395,13 +395,13 @@ class KeyWalker:
         canon = self.canon
         return (tag, *[canon(item, depth) for item in items])
 
-    def _list(self, items: list, depth: int) -> tuple:
+    def _list(self, items: list[Any], depth: int) -> tuple[Any, ...]:
         return self._sequence(LIST, items, depth)
 
-    def _tuple(self, items: tuple, depth: int) -> tuple:
+    def _tuple(self, items: tuple[Any, ...], depth: int) -> tuple[Any, ...]:
         return self._sequence(TUPLE, items, depth)
 
-    def _dict(self, mapping: dict, depth: int) -> tuple:
+    def _dict(self, mapping: dict[Any, Any], depth: int) -> tuple[Any, ...]:
         self._spend()
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(mapping))
@@ -413,7 +413,7 @@ class KeyWalker:
             out.append(canon(value, depth))
         return tuple(out)
 
-    def _members(self, tag: int, members: Any, depth: int) -> tuple:
+    def _members(self, tag: int, members: Any, depth: int) -> tuple[Any, ...]:
         """A set's members, sorted by their canonical bytes: an order that depends
         neither on the process (string hashing) nor on what the members are."""
         self._spend()
@@ -431,26 +431,27 @@ class KeyWalker:
 
         return (tag, *sorted([canon(m, depth) for m in members], key=flat))
 
-    def _set(self, members: set, depth: int) -> tuple:
+    def _set(self, members: set[Any], depth: int) -> tuple[Any, ...]:
         return self._members(SET, members, depth)
 
-    def _frozenset(self, members: frozenset, depth: int) -> tuple:
+    def _frozenset(self, members: frozenset[Any], depth: int) -> tuple[Any, ...]:
         return self._members(FROZENSET, members, depth)
 
-    def _code(self, func: Any, depth: int) -> tuple:
+    def _code(self, func: Any, depth: int) -> tuple[Any, ...]:
         known = self._globals.get(id(func))  # (global_reduction's memo, asked first)
         if known is not None and known[0] is func:
-            return known[1]
+            memo: tuple[Any, ...] = known[1]
+            return memo
         return self.global_reduction(func)
 
-    def _builtin(self, func: Any, depth: int) -> tuple:
+    def _builtin(self, func: Any, depth: int) -> tuple[Any, ...]:
         owner = func.__self__
         module = func.__module__
         if (owner is None or type(owner) is types.ModuleType) and type(module) is str:
             return (BUILTIN, module, func.__qualname__)
         return (OPAQUE, self.opaque(func))  # a method of an object: its object counts
 
-    def _partial(self, part: functools.partial, depth: int) -> tuple:
+    def _partial(self, part: functools.partial[Any], depth: int) -> tuple[Any, ...]:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(part))
         depth += 1
@@ -461,26 +462,26 @@ class KeyWalker:
             self._dict(part.keywords, depth),
         )
 
-    def _method(self, method: types.MethodType, depth: int) -> tuple:
+    def _method(self, method: types.MethodType, depth: int) -> tuple[Any, ...]:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(method))
         depth += 1
         return (METHOD, self.canon(method.__func__, depth), self.canon(method.__self__, depth))
 
-    def _slice(self, part: slice, depth: int) -> tuple:
+    def _slice(self, part: slice, depth: int) -> tuple[Any, ...]:
         if depth > MAX_NEST:
             return (OPAQUE, self.opaque(part))
         depth += 1
         canon = self.canon
         return (SLICE, canon(part.start, depth), canon(part.stop, depth), canon(part.step, depth))
 
-    def _range(self, span: range, depth: int) -> tuple:
+    def _range(self, span: range, depth: int) -> tuple[Any, ...]:
         return (RANGE, span.start, span.stop, span.step)
 
-    def _opaque(self, obj: Any, depth: int) -> tuple:
+    def _opaque(self, obj: Any, depth: int) -> tuple[Any, ...]:
         return (OPAQUE, self.opaque(obj))
 
-    def _seeds(self, seeds: Any, depth: int) -> tuple:
+    def _seeds(self, seeds: Any, depth: int) -> tuple[Any, ...]:
         """A NumPy ``SeedSequence`` (one per chunk of a ``dask.array.random`` array):
         what it is made from, which is all its numbers depend on."""
         entropy = seeds.entropy
@@ -491,7 +492,7 @@ class KeyWalker:
             return (OPAQUE, self.opaque(seeds))
         return (SEEDS, entropy, spawn_key, seeds.pool_size, seeds.n_children_spawned)
 
-    def _pathlike(self, obj: Any, depth: int) -> tuple:
+    def _pathlike(self, obj: Any, depth: int) -> tuple[Any, ...]:
         path = obj.__fspath__()
         facts = self.file_of(path) if type(path) is str else None
         return facts or (OPAQUE, self.opaque(obj))

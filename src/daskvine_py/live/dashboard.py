@@ -230,7 +230,8 @@ class _Handler(tornado.web.RequestHandler):
 
     @property
     def dashboard(self) -> Dashboard:
-        return self.settings["dashboard"]
+        dashboard: Dashboard = self.settings["dashboard"]
+        return dashboard
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "text/plain; charset=utf-8")

@@ -63,7 +63,7 @@ def take(passed: Any) -> Hooks | None:
     if passed is not None:
         if isinstance(passed, Callback):
             passed = [passed]
-        passed = [normalize_callback(cb) for cb in passed]
+        passed = [normalize_callback(cb) for cb in passed]  # type: ignore[no-untyped-call]
     context = local_callbacks(passed)
     callbacks = context.__enter__()
     if not callbacks:
@@ -99,7 +99,7 @@ class Hooks:
         self._started: list[DaskCallback] = []
         self.dsk: dict[Any, Any] = {}
         self.state: dict[str, Any] = {}
-        self._outputs: frozenset = frozenset()
+        self._outputs: frozenset[Any] = frozenset()
         #: outputs unpickled for ``posttask``, so that ``get`` does not do it again
         self.values: dict[Any, Any] = {}
 
@@ -248,7 +248,7 @@ def _deliver(hooks: Hooks, item: FeedItem) -> None:
 def _start_state(plan: Plan) -> dict[str, Any]:
     """Dask's scheduler state for a plan about to run: nothing sent, nothing done."""
     dependencies = {key: set(deps) for key, deps in plan.dependencies.items()}
-    dependents: dict[Any, set] = {key: set() for key in dependencies}
+    dependents: dict[Any, set[Any]] = {key: set[Any]() for key in dependencies}
     for key, deps in dependencies.items():
         for dep in deps:
             dependents[dep].add(key)

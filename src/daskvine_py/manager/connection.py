@@ -91,7 +91,7 @@ def reachable(host: str, port: int) -> str:
 
 
 def write_connection_file(
-    path: str | os.PathLike | None, address: str, keys: security.Keys | None
+    path: str | os.PathLike[str] | None, address: str, keys: security.Keys | None
 ) -> tuple[str, list[str]]:
     """Write the connection file; its path, and what to remove when the manager closes
     (nothing when the caller chose the path: with ``key_file`` it outlives the manager)."""

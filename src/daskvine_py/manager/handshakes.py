@@ -39,12 +39,12 @@ class HandshakeMonitor:
 
     __slots__ = ("router", "socket", "vacancy", "limit", "warned")
 
-    def __init__(self, router: zmq.Socket, vacancy: Vacancy, limit: int) -> None:
+    def __init__(self, router: zmq.Socket[bytes], vacancy: Vacancy, limit: int) -> None:
         self.router = router
         self.vacancy = vacancy
         #: events read per drain, as the loop's other drains are bounded
         self.limit = limit
-        self.socket: zmq.Socket = router.get_monitor_socket(EVENTS)
+        self.socket: zmq.Socket[bytes] = router.get_monitor_socket(EVENTS)
         #: the one warning about open files has been given
         self.warned = False
 

@@ -26,7 +26,7 @@ def spawn(
     connection_file: str | None = None,
     command: WorkerCommand | None = None,
     **popen_options: Any,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start ``python -m daskvine_py.worker`` as a child process that sees our ``sys.path``.
 
     Functions that cloudpickle sends by reference (defined in the caller's own modules)
@@ -68,7 +68,7 @@ def exit_meaning(code: int | None) -> str:
     return f" ({meaning})" if meaning else ""
 
 
-def kill_all(processes: list[subprocess.Popen]) -> None:
+def kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
     """Kill the processes still running (a manager never closed, at interpreter exit)."""
     for proc in processes:
         if proc.poll() is None:
@@ -101,7 +101,7 @@ def worker_command(
     )
 
 
-def how_ended(proc: subprocess.Popen) -> str:
+def how_ended(proc: subprocess.Popen[bytes]) -> str:
     """``local-0 (pid 123) was killed by SIGKILL``: a local worker that exited, in words."""
     args = list(proc.args) if isinstance(proc.args, (list, tuple)) else []
     name = str(args[args.index("--name") + 1]) if "--name" in args[:-1] else "a worker"
@@ -117,7 +117,7 @@ def how_ended(proc: subprocess.Popen) -> str:
     return f"{name} (pid {proc.pid}) {ended}"
 
 
-def how_they_ended(procs: Sequence[subprocess.Popen]) -> str:
+def how_they_ended(procs: Sequence[subprocess.Popen[bytes]]) -> str:
     """Each exited local worker in words (the first ``NAMED_WORKERS``, then a count)."""
     said = [how_ended(proc) for proc in procs[:NAMED_WORKERS]]
     if len(procs) > NAMED_WORKERS:

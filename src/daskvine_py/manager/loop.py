@@ -112,10 +112,10 @@ class IOLoop:
 
     def __init__(
         self,
-        router: zmq.Socket,
+        router: zmq.Socket[bytes],
         state: s.SchedulerState,
         options: ManagerOptions,
-        local_processes: list[subprocess.Popen],
+        local_processes: list[subprocess.Popen[bytes]],
         connection_file: str | None = None,
     ) -> None:
         self.router = router
@@ -396,7 +396,9 @@ class IOLoop:
         self._lose_worker(ident, reason)
         self._send_now(ident, [p.Shutdown(reason)])
 
-    def _on_worker_batch(self, ident: bytes, info: WorkerInfo, messages: list, now: float) -> None:
+    def _on_worker_batch(
+        self, ident: bytes, info: WorkerInfo, messages: list[Any], now: float
+    ) -> None:
         """The records of one batch from a registered worker, each checked on its own: a
         malformed one fails the runs of the tasks it names, the others count."""
         valid = False
@@ -600,7 +602,7 @@ class IOLoop:
             if self._send_now(ident, messages):
                 self.liveness.sent(ident, now)
 
-    def _send_now(self, ident: bytes, messages: list) -> bool:
+    def _send_now(self, ident: bytes, messages: list[Any]) -> bool:
         try:
             frames = p.encode(messages)
         except Exception:
@@ -616,7 +618,7 @@ class IOLoop:
             self._lose_worker(ident, f"unreachable ({exc})")
             return False
 
-    def _encode_what_can_be(self, ident: bytes, messages: list) -> list | None:
+    def _encode_what_can_be(self, ident: bytes, messages: list[Any]) -> list[Any] | None:
         """A batch that would not encode: the frames of the messages that do (None if
         none does); the runs of the tasks the others name fail, since their worker will
         never hear of them."""

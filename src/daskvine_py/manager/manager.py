@@ -138,7 +138,7 @@ class Manager:
             sizing=self.options.sizing,
             sizing_categories=self.options.sizing_categories,
         )
-        self._local_processes: list[subprocess.Popen] = []
+        self._local_processes: list[subprocess.Popen[bytes]] = []
         #: worker pools on batch systems (``scale``), closed with the manager
         self._pools: list[WorkerPool] = []
         self._io = IOLoop(
@@ -253,7 +253,7 @@ class Manager:
         workdir: str | None = None,
         lib_resources: dict[str, int] | None = None,
         fetch_timeout: float | None = None,
-    ) -> list[subprocess.Popen]:
+    ) -> list[subprocess.Popen[bytes]]:
         """Start ``n`` local worker processes of ``cores`` cores; stopped by ``close``.
 
         ``memory`` and ``disk`` (MB), ``workdir`` and ``fetch_timeout`` (s) are the
@@ -291,7 +291,7 @@ class Manager:
         return procs
 
     def wait_for_workers(
-        self, n: int, timeout: float = 60.0, processes: list[subprocess.Popen] | None = None
+        self, n: int, timeout: float = 60.0, processes: list[subprocess.Popen[bytes]] | None = None
     ) -> None:
         """Block until at least ``n`` workers are connected.
 
@@ -301,7 +301,7 @@ class Manager:
         check_seconds("wait_for_workers(timeout=...)", timeout, zero=True)
         self._wait_until(lambda: len(self._io.snapshot), n, timeout, processes or ())
 
-    def _wait_for_processes(self, procs: list[subprocess.Popen], timeout: float) -> None:
+    def _wait_for_processes(self, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
         """Block until each of ``procs`` (local workers) has registered, found by its
         pid on this host: not by a count of workers, which still holds one killed
         beside them until the manager notices (``TimeoutError``, or ``RuntimeError`` as
@@ -322,7 +322,7 @@ class Manager:
         count: Callable[[], int],
         n: int,
         timeout: float,
-        processes: Sequence[subprocess.Popen],
+        processes: Sequence[subprocess.Popen[bytes]],
         which: str = "",
     ) -> None:
         """Block until ``count()`` (read under the loop's lock) reaches ``n``: woken when
@@ -489,7 +489,7 @@ class Manager:
         if hooks is not None:
             hooks.finish(failed=outcome != "done")
 
-    def report(self, path: str | os.PathLike) -> None:
+    def report(self, path: str | os.PathLike[str]) -> None:
         """Write the performance report of the last run that ended to ``path`` (HTML).
 
         A run called with ``report=`` or ``event_log=`` kept its event log, and the report

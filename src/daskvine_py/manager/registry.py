@@ -109,7 +109,7 @@ class Registry:
         heartbeat_interval: float,
         load: Callable[[], tuple[int, int, int]],
         worker_loads: Callable[[], dict[Any, tuple[int, int]]],
-        local_processes: Sequence[subprocess.Popen] = (),
+        local_processes: Sequence[subprocess.Popen[bytes]] = (),
     ) -> None:
         self._post = post
         self._drops = drops

@@ -331,7 +331,7 @@ class EventLog:
     )
 
     def __init__(
-        self, run_id: int, wall_start: float, mono_start: float, tasks: int, options: dict
+        self, run_id: int, wall_start: float, mono_start: float, tasks: int, options: dict[Any, Any]
     ) -> None:
         self.run_id = run_id
         self.wall_start = wall_start
@@ -443,7 +443,7 @@ def summary_records(info: RunInfo) -> list[dict[str, Any]]:
     return list(log.records())
 
 
-def write_events(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> None:
+def write_events(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     """Write records as JSON lines; gzip-compressed when ``path`` ends in ``.gz``."""
     with _open(path, "w") as out:
         for record in records:
@@ -451,7 +451,7 @@ def write_events(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> 
             out.write("\n")
 
 
-def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Records of an event log written by ``write_events`` (``.gz`` or plain)."""
     records = []
     with _open(path, "r") as lines:

@@ -88,7 +88,7 @@ def render(records: Iterable[dict[str, Any]]) -> str:
     return draw.PAGE.format(title=draw.escape(title), style=draw.STYLE, body="\n".join(body))
 
 
-def write_report(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> None:
+def write_report(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     """Render the records and write the page to ``path``."""
     page = render(records)
     with open(path, "w", encoding="utf-8") as out:

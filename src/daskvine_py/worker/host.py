@@ -126,7 +126,7 @@ class TaskProcess:
 
     __slots__ = ("task", "process", "directory", "fd")
 
-    def __init__(self, task: WorkerTask, process: subprocess.Popen, directory: str, fd: int):
+    def __init__(self, task: WorkerTask, process: subprocess.Popen[bytes], directory: str, fd: int):
         self.task = task
         self.process = process
         self.directory = directory
@@ -286,6 +286,7 @@ def interface_towards(address: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
             probe.connect((host, 9))
-            return probe.getsockname()[0]
+            own: str = probe.getsockname()[0]
+            return own
         except OSError:
             return socket.gethostbyname(socket.gethostname())

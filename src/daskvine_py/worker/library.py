@@ -466,7 +466,8 @@ class Runner:
             shutil.rmtree(task_dir, ignore_errors=True)
         if data:
             try:
-                return pickle.loads(data)
+                answer: Done | Erred | Crashed | Missing = pickle.loads(data)
+                return answer
             except Exception:
                 pass  # cut short: the child died while writing
         how = describe_exit(os.waitstatus_to_exitcode(status))
@@ -509,7 +510,7 @@ def describe_exit(code: int | None) -> str:
 
 
 def run(
-    call: Call, decoder: TaskDecoder, worker_name: str, live: dict | None = None
+    call: Call, decoder: TaskDecoder, worker_name: str, live: dict[Any, Any] | None = None
 ) -> Done | Erred | Missing:
     """Run one task; every outcome is a reply, never an exception. ``live``: this
     library's live results, where the call's live inputs are and its result is kept

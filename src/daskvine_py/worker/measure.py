@@ -157,7 +157,8 @@ def task_begun() -> Begun:
     if pending is not None:
         _pending.begun = None
         if pending[0] == _pid:  # (0 in a forked child until it opens its own files)
-            return pending[1]
+            begun: Begun = pending[1]
+            return begun
     return begin()
 
 

@@ -17,6 +17,7 @@ proves it is one.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import zmq
 
@@ -45,7 +46,7 @@ class PeerLinks:
 
     def __init__(
         self,
-        context: zmq.Context,
+        context: zmq.Context[zmq.Socket[bytes]],
         poller: zmq.Poller,
         store: Store,
         drops: p.DropLog,
@@ -80,7 +81,7 @@ class PeerLinks:
         #: where peers fetch our results: the bound address, or one that forwards to it
         self.address = contact_address or f"tcp://{host}:{port}"
         #: peer address -> the socket we ask it on
-        self.clients: dict[str, zmq.Socket] = {}
+        self.clients: dict[str, zmq.Socket[bytes]] = {}
         #: identity -> the state's answers for that peer, sent at the next ``flush``
         self.answers: dict[bytes, list[p.Data]] = {}
         poller.register(self.server, zmq.POLLIN)
@@ -134,7 +135,7 @@ class PeerLinks:
             for ident, records in answers.items():
                 self._answer(ident, records)
 
-    def _client(self, address: str) -> zmq.Socket:
+    def _client(self, address: str) -> zmq.Socket[bytes]:
         sock = self.clients.get(address)
         if sock is None:
             sock = self.context.socket(zmq.DEALER)
@@ -157,7 +158,7 @@ class PeerLinks:
             self.poller.unregister(sock)
             sock.close(linger=0)
 
-    def drain(self, sock: zmq.Socket, events: list[object]) -> None:
+    def drain(self, sock: zmq.Socket[bytes], events: list[object]) -> None:
         for _ in range(DRAIN_LIMIT):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -165,7 +166,7 @@ class PeerLinks:
                 return
             self.on_frames([f.buffer for f in frames], events)
 
-    def on_frames(self, frames: list, events: list[object]) -> None:
+    def on_frames(self, frames: list[Any], events: list[object]) -> None:
         """A peer's replies, each a ``p.Data`` event for the state; a malformed one is
         dropped, and its fetch times out."""
         try:
@@ -195,7 +196,7 @@ class PeerLinks:
             self.take(ident.bytes, [f.buffer for f in frames], _address(ident))
         self.answer_waiting(live, events)
 
-    def take(self, ident: bytes, frames: list, address: str = "unknown") -> bool:
+    def take(self, ident: bytes, frames: list[Any], address: str = "unknown") -> bool:
         """Queue one request from a peer (at host ``address``); False for one that is not
         valid. Ids past ``serving.REQUEST_IDS`` waiting from it are dropped, with a
         warning a minute per host at most."""
@@ -219,7 +220,7 @@ class PeerLinks:
         return True
 
     def replies(
-        self, ident: bytes, frames: list, live: LiveResults | None = None
+        self, ident: bytes, frames: list[Any], live: LiveResults | None = None
     ) -> list[p.Data] | None:
         """The answer to one request at once (``serve`` spreads them over loop turns),
         its first ``serving.REQUEST_IDS`` ids, those held live left out; None for a
@@ -234,7 +235,7 @@ class PeerLinks:
         )
         return [data for data in answers if data is not None]
 
-    def _read(self, ident: bytes, frames: list) -> list[p.GetData] | None:
+    def _read(self, ident: bytes, frames: list[Any]) -> list[p.GetData] | None:
         try:
             return p.decode(frames, p.TO_PEER)
         except ProtocolError as exc:
@@ -265,7 +266,7 @@ class PeerLinks:
             exc,
         )
 
-    def _answer(self, ident: bytes, replies: list) -> None:
+    def _answer(self, ident: bytes, replies: list[Any]) -> None:
         try:
             send_batch(self.server, p.encode(replies), ident)
         except Exception as exc:  # the peer asks another holder after its timeout

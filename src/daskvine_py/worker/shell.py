@@ -439,7 +439,7 @@ class Worker:
             if not has_more(self.manager):
                 return
 
-    def _on_manager_frames(self, frames: list) -> None:
+    def _on_manager_frames(self, frames: list[Any]) -> None:
         """One batch from the manager, each record checked on its own: a bad one is
         dropped (an ``Unreadable`` event: its task is reported crashed), the others are
         events for the state. Only a valid record shows that the manager is there."""
