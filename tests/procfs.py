@@ -8,6 +8,7 @@ for a while (``test_abort``'s one failure on a fresh clone)."""
 from __future__ import annotations
 
 import os
+import signal
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -41,3 +42,11 @@ def children(pid: int) -> dict[int, str]:
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue  # gone meanwhile
     return found
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a child that a test stops with Ctrl-C: its SIGINT as a person at
+    a terminal has it (the default), whatever this run inherited. A shell without job
+    control starts a command in the background with SIGINT ignored, every process it
+    starts inherits that, and Python then installs no handler: Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

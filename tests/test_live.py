@@ -18,6 +18,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+import procfs
 from daskvine_py import Manager
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
@@ -200,6 +201,7 @@ def test_status_watch_refreshes_until_ctrl_c(manager):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=procfs.sigint_default,
     )
     try:
         views = 0

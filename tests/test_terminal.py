@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 import daskvine_py
+import procfs
 from daskvine_py import Manager, RunCancelled
 from daskvine_py import __main__ as cli
 from daskvine_py.errors import NoWorkersLeft
@@ -154,6 +155,7 @@ def test_ctrl_c_in_a_terminal_cancels_the_run_and_spares_the_local_workers(tmp_p
         stderr=slave,
         start_new_session=True,
         close_fds=True,
+        preexec_fn=procfs.sigint_default,
     )
     os.close(slave)
     output = Output(master)
