@@ -156,6 +156,27 @@ def _no_transition(
     raise RuntimeError("this context has no transition table (give one to Context)")
 
 
+#: The parts, in the order the state builds them and they hear of tasks' reports
+#: (``Context.PARTS``; its slots too).
+PARTS = (
+    "constraints",
+    "saturation",
+    "locality",
+    "stealing",
+    "claims",
+    "failures",
+    "sizing",
+    "faults",
+    "verification",
+    "caching",
+    "copies",
+    "relays",
+    "churn",
+    "submission",
+    "dispatch",
+)
+
+
 class Context:
     """The records the scheduler's components share, and the components by name.
 
@@ -178,21 +199,7 @@ class Context:
         "send",
         "next_id",
         # the parts, in the order the state lists them
-        "constraints",
-        "saturation",
-        "locality",
-        "stealing",
-        "claims",
-        "failures",
-        "sizing",
-        "faults",
-        "verification",
-        "caching",
-        "copies",
-        "relays",
-        "churn",
-        "submission",
-        "dispatch",
+        *PARTS,
         # the subscribers to a task's report, in the order of the parts
         "done_hooks",
         "stored_hooks",
@@ -219,23 +226,7 @@ class Context:
     dispatch: object
 
     #: The parts, in the order the state builds them and they hear of tasks' reports.
-    PARTS = (
-        "constraints",
-        "saturation",
-        "locality",
-        "stealing",
-        "claims",
-        "failures",
-        "sizing",
-        "faults",
-        "verification",
-        "caching",
-        "copies",
-        "relays",
-        "churn",
-        "submission",
-        "dispatch",
-    )
+    PARTS = PARTS
 
     def __init__(self, transition: Transition | None = None) -> None:
         self.workers: dict[WorkerId, WorkerRecord] = {}
