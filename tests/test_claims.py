@@ -581,6 +581,8 @@ def test_a_status_client_retires_only_an_idle_worker_of_a_pool(manager, caplog):
                     former.send(p.RetireWorker("pool-2", "idle"))
                     assert "pool-2" in _answered(former)
                 assert not [r for r in pooled.drain() if type(r) is p.Shutdown]
+    # The workers' goodbyes on leaving are read by the manager's thread, not at once.
+    _wait_for(lambda: sorted(manager.workers) == ["local-0", "local-1"])
     assert sorted(manager.workers) == ["local-0", "local-1"]
     refused = [r for r in caplog.records if "refused to retire" in r.getMessage()]
     # one warning; the others within the minute are only counted
