@@ -24,6 +24,14 @@ registration, without a goodbye (their
 sockets closed at once, as a killed process's are); a replacement joins
 ``--replace-after`` seconds later under a new name.
 
+Timing: ``--jitter S`` adds a random delay of up to S seconds to each simulated task
+(drawn from the process's seeded generator), so that completions, ``Started`` records
+and fetches interleave in orders a fixed duration never gives. An input a call lacks
+(the worker's state sent it ahead of its input) fails that task with the missing ids
+named and is counted (``missing_inputs``), as is every ``Shutdown`` that ejects one of
+these honest workers (``ejected``): both are the scheduler's bugs, reported, never a
+crash of the process and its hundreds of workers.
+
 Faulty workers (issue 29): ``--black-holes F`` and ``--stragglers F`` (``swarm_faults``).
 Every simulated worker tells the manager when a task begins on its library slot
 (``Started``) and honours ``Abort``. Its heartbeats carry the bars of what it ran and
@@ -174,6 +182,9 @@ class Swarm:
         self.joined: list[tuple[float, str]] = []
         self.gave_up = 0
         self.failed_to_join = 0
+        #: what honest workers must never see: ejections, and calls without their inputs
+        self.ejected: list[str] = []
+        self.missing_inputs: list[tuple[str, int, list[int]]] = []
 
     def start(self) -> None:
         self.connect_started = time.time()
@@ -316,6 +327,8 @@ class Swarm:
             "joined": self.joined,
             "gave_up": self.gave_up,
             "failed_to_join": self.failed_to_join,
+            "ejected": self.ejected,
+            "missing_inputs": self.missing_inputs,
             "cpu_s": usage.ru_utime + usage.ru_stime,
         }
 
@@ -453,6 +466,9 @@ class SimWorker:
                     self.close()
                     return
                 elif kind is p.Shutdown:
+                    if message.reason.startswith("ejected"):  # the swarm's workers are honest
+                        logger.error("worker %s: %s", self.name, message.reason)
+                        self.swarm.ejected.append(self.name)
                     self.outbox.append(p.Goodbye("shut down"))
                     self.flush()
                     self.close()
@@ -488,13 +504,21 @@ class SimWorker:
         start = max(now, self.free_at[lib])
         chained: dict[int, Any] = {}
         scale = swarm.args.byte_scale
+        jitter = swarm.args.jitter
         declared = swarm_workloads.DECLARED
         for call in run.calls:
+            missing = [d for _, d, v in call.inputs if v is None and d not in chained]
+            if missing:  # the worker's state sent a call ahead of its input: a bug report
+                message = self.missing_inputs(call.task_id, missing)
+                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message), start)
+                continue
             values = {}
             for dep_key, dep_id, value in call.inputs:
                 values[dep_key] = chained[dep_id] if value is None else loads(value)
             result = decoder.decode(call.payload)(values)
             seconds, nbytes = declared[0] * self.slowdown, declared[1]
+            if jitter:
+                seconds += swarm.random.uniform(0.0, jitter)
             chained[call.task_id] = result
             self.running.add(call.task_id)
             begins = start
@@ -513,6 +537,18 @@ class SimWorker:
             done = pipe.Done(call.task_id, serialized, seconds, nbytes or serialized.nbytes)
             swarm.schedule(self, lib, start, done, begins)
         self.free_at[lib] = start
+
+    def missing_inputs(self, task_id: int, missing: list[int]) -> str:
+        """A call whose inputs its library was never given: counted and logged as the
+        scheduler's bug it is, and failed as a task that raised (the run goes on)."""
+        self.swarm.missing_inputs.append((self.name, task_id, missing))
+        logger.error(
+            "worker %s: task %d reached its library without input(s) %s",
+            self.name,
+            task_id,
+            missing,
+        )
+        return f"RuntimeError: task {task_id} reached its library without its inputs {missing}"
 
     def flush(self) -> None:
         outbox = self.outbox
@@ -584,6 +620,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-links", type=int, default=8)
     parser.add_argument("--black-holes", type=float, default=0.0)
     parser.add_argument("--stragglers", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--stats", required=True)
     parser.add_argument("--profile", default=None, help="write cProfile's figures here")
     return parser.parse_args(argv)

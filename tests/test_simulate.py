@@ -22,12 +22,7 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 #: Violations the simulator finds that are still open, each with where it is fixed; any
 #: other fails the suite. Remove an entry when its fix lands.
-KNOWN_OPEN = {
-    # worker/dispatch.py and scheduler/faults.py: a task handed to a library behind the
-    # running one is reported Started at once; fast abort counts its run from then,
-    # aborts it, it takes milliseconds elsewhere, and its worker is quarantined as slow
-    ("no honest worker is quarantined", ": slow: "),
-}
+KNOWN_OPEN: set[tuple[str, str]] = set()
 
 
 def unexpected(violations: list[dict]) -> list[str]:

@@ -273,10 +273,42 @@ def test_a_chain_goes_to_the_library_with_the_task_it_waits_for():
     assert run.calls[2].inputs[0] == ("k2", 2, None)
     assert all(state.tasks[t].state == "running" for t in (1, 2, 3))
     assert not state.local_waiters and list(lib.sent) == [1, 2, 3]
-    assert out[-1] == p.Started((1, 2, 3))  # one for the three
+    assert out[-1] == p.Started((1,))  # the others wait behind it in the library's pipe
     out = state.handle([reply(lib, done_live(task_id)) for task_id in (1, 2, 3)], 0.0)
-    assert [type(r) for r in out] == [p.TaskDone] * 3
+    # each reported started as the reply ahead of it frees the slot, before its own reply
+    assert out == [
+        p.Started((2,)),
+        done_record(out, 1),
+        p.Started((3,)),
+        done_record(out, 2),
+        done_record(out, 3),
+    ]
     assert set(state.live.entries) == {1, 2, 3} and not list(state.leaks())
+
+
+def done_record(out: list, task_id: int) -> p.TaskDone:
+    """The ``TaskDone`` of ``task_id`` among the instructions ``out``."""
+    return next(r for r in out if type(r) is p.TaskDone and r.task_id == task_id)
+
+
+def test_a_task_queued_behind_a_running_one_is_reported_started_when_it_starts():
+    """The manager times a task from its ``Started`` (fast abort, the slow-worker check):
+    a task sent to a busy library's pipe starts only once the slot is free (the
+    simulator's seeds 13, 14, 15 and 74 at 10 workers: honest workers quarantined as slow)."""
+    state, (lib,) = make()
+    assert state.handle([execute(1)], 0.0)[-1] == p.Started((1,))
+    out = state.handle([execute(2, computed_here(1))], 0.0)
+    assert list(lib.sent) == [1, 2] and not [r for r in out if type(r) is p.Started]
+    out = state.handle([reply(lib, done_live(1))], 1.0)
+    assert [type(r) for r in out] == [p.Started, p.TaskDone] and out[0] == p.Started((2,))
+    state.handle([reply(lib, done_live(2))], 1.5)
+    # one whose input failed: reported started as the slot freed, then its failure
+    state.handle([execute(3), execute(4, computed_here(3))], 2.0)
+    assert state.behind == {4}
+    out = state.handle([reply(lib, pipe.Erred(3, None, "tb", "ValueError"))], 3.0)
+    assert p.Started((4,)) in out
+    out = state.handle([reply(lib, pipe.Missing(4, 3))], 3.0)
+    assert not state.behind and not list(state.leaks())
 
 
 def test_a_task_arriving_while_its_input_runs_goes_to_that_library_at_once():
@@ -333,12 +365,14 @@ def test_a_library_death_crashes_what_it_ran_and_requeues_the_rest_in_order():
     state, (lib, other) = make(libraries=2)
     state.dispatch.recent_duration.observe(0.0001)  # tiny tasks: batches of LIBRARY_BATCH
     out = state.handle([execute(task_id) for task_id in range(1, 6)], 0.0)
-    assert runs(out) == [(lib.id, [1, 2, 3, 4, 5])] and out[-1] == p.Started((1, 2, 3, 4, 5))
+    # one slot: the first runs, the others wait behind it and are not reported started
+    assert runs(out) == [(lib.id, [1, 2, 3, 4, 5])] and out[-1] == p.Started((1,))
     out = state.handle([LibraryDied(lib.id, "killed by signal SIGKILL")], 0.0)
     crashed, start, run, started = out
     assert crashed == p.TaskCrashed(1, "library process killed by signal SIGKILL on worker w")
     assert start == StartLibrary(3, 1) and lib.id not in state.dispatch.libraries
-    assert runs([run]) == [(other.id, [2, 3, 4, 5])] and started == p.Started((2, 3, 4, 5))
+    assert runs([run]) == [(other.id, [2, 3, 4, 5])] and started == p.Started((2,))
+    assert state.behind == {3, 4, 5}
 
 
 def test_erred_and_crashed_replies_are_reported():
@@ -717,7 +751,7 @@ def test_abort_of_a_running_task_kills_its_library_and_requeues_what_else_it_ran
     assert runs(out) == [(2, [2, 4])] and not state.aborting
     new = state.dispatch.libraries[2]
     out = state.handle([reply(new, done(2)), reply(new, done(4))], 0.0)
-    assert [type(r) for r in out] == [p.TaskDone, p.TaskDone]
+    assert out == [p.Started((4,)), done_record(out, 2), done_record(out, 4)]
     assert not list(state.leaks())
 
 

@@ -43,6 +43,7 @@ nothing left of it in any other container.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -165,6 +166,9 @@ class WorkerState:
         out = self._out
         #: tasks that went running since the last ``Started`` (one record per pass)
         self.started: list[WorkerTask] = []
+        #: tasks sent to a library behind the ones its slots run: reported ``Started`` when
+        #: a reply frees a slot for them (the manager times a task from its ``Started``)
+        self.behind: set[int] = set()
         #: libraries killed to abort a task they ran: their deaths crash no task
         self.aborting: set[int] = set()
         #: task processes started and not yet exited (killed ones too), and how many may run
@@ -697,7 +701,21 @@ class WorkerState:
             sent.popleft()
         else:
             sent.remove(reply.task_id)
+        if self.behind:
+            self._slot_freed(lib)
         self._on_reply(reply, wall, lib.id)  # type: ignore[arg-type]
+
+    def _slot_freed(self, lib: LibraryRecord) -> None:
+        """The tasks that a reply moved from behind into ``lib``'s running slots: they
+        start now, and are reported so (before their own replies: ``Started`` is sent
+        ahead of a task's report)."""
+        behind = self.behind
+        for task_id in itertools.islice(lib.sent, lib.slots):
+            if task_id in behind:
+                behind.discard(task_id)
+                task = self.tasks.get(task_id)
+                if task is not None and task.state == "running":
+                    self.started.append(task)
 
     def _on_exported(self, reply: pipe.Exported) -> None:
         """A live result, serialized: into the store (the copy every later reader gets),
@@ -884,20 +902,35 @@ class WorkerState:
     def _running_to_forgotten(self, task: WorkerTask) -> None:
         if self.started:  # its report follows the news that it started
             self._report_started()
+        self.behind.discard(task.id)
         self.tasks.pop(task.id, None)  # running: nothing missing, nothing fetched for it
 
     def _requeue(self, task: WorkerTask) -> None:
         if self.started:
             self._report_started()
+        self.behind.discard(task.id)
         self.dispatch.requeue(task)
 
     def _report_started(self) -> None:
-        self._out.append(p.Started(tuple(task.id for task in self.started)))
-        self.started.clear()
+        """``Started`` for the tasks that went running, but only those a slot of their
+        library runs now: one queued behind a running task (a batch of tiny tasks, the
+        next task of a short one, a chain) starts when a reply frees a slot for it."""
+        started = self.started
+        libraries = self.dispatch.libraries
+        ids = []
+        for task in started:
+            lib = libraries.get(task.lib) if task.lib is not None else None
+            if lib is None or len(lib.sent) <= lib.slots or _running_in(task.id, lib):
+                ids.append(task.id)
+            else:
+                self.behind.add(task.id)
+        started.clear()
+        if ids:
+            self._out.append(p.Started(tuple(ids)))
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
-        for name in ("tasks", "local_waiters", "aborting", "processes"):
+        for name in ("tasks", "local_waiters", "aborting", "processes", "behind"):
             if getattr(self, name):
                 yield name
         if self.fetcher.asks:
@@ -905,6 +938,11 @@ class WorkerState:
         yield from self.fetcher.leaks()
         yield from self.live_tasks.leaks()
         yield from self.dispatch.leaks()
+
+
+def _running_in(task_id: int, lib: LibraryRecord) -> bool:
+    """Whether ``task_id`` is among the tasks ``lib``'s slots run (the first of ``sent``)."""
+    return task_id in itertools.islice(lib.sent, lib.slots)
 
 
 def _sent_to(task: WorkerTask, lib: LibraryRecord) -> bool:
