@@ -245,12 +245,11 @@ class Watching:
         message, worker = finished.report, finished.worker
         if run.feed is not None:
             run.feed.put(TaskReported(finished.key, worker, message))
-        kind = type(message)
-        if kind is p.TaskDone:
+        if type(message) is p.TaskDone:
             run.finished_tasks += 1
         if run.log is None:
             return
-        if kind is p.TaskDone:
+        if type(message) is p.TaskDone:  # (``type(message) is``: what mypy narrows by)
             run.log.done(
                 now,
                 message.task_id,
@@ -262,9 +261,9 @@ class Watching:
                 message.cpu,
                 message.peak_memory,
             )
-        elif kind is p.TaskErred:
+        elif type(message) is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
-        else:
+        elif type(message) is p.TaskCrashed:
             run.log.crashed(now, message.task_id, worker, message.reason)
 
     def dispatched(self, sent: s.Dispatched, now: float) -> None:
