@@ -535,7 +535,7 @@ class Manager:
             None if cached is None else cached.info,
         )
         nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
-        dependents: dict[Any, int] | None = None if arriving else plan.dependents
+        dependents: dict[graph.Key, int] | None = None if arriving else plan.dependents
         sent: set[bytes] = set() if stream is None else stream.sent
         done = frozenset() if stream is None else stream.keys
         if arriving:

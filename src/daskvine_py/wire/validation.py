@@ -106,7 +106,7 @@ def shown(value: object) -> str:
     return _REPR.repr(value)[:60]
 
 
-def _serialized(value: Any) -> str | None:
+def _serialized(value: object) -> str | None:
     if value is None:
         return None
     if type(value) is not Serialized:
@@ -187,7 +187,7 @@ def _activity(values: tuple[object, ...]) -> str | None:
     return None
 
 
-def _key(key: Any, depth: int = 0) -> str | None:
+def _key(key: object, depth: int = 0) -> str | None:
     if type(key) is tuple:
         if depth >= MAX_KEY_DEPTH:
             return f"a key nested more than {MAX_KEY_DEPTH} deep"
