@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import typing
 
 import numpy as np
 import pytest
@@ -23,6 +24,28 @@ def test_a_batch_round_trips_with_large_buffers_out_of_band():
     decoded = p.decode([bytes(f) for f in frames], p.TO_MANAGER)
     assert decoded[1:] == batch[1:]
     np.testing.assert_array_equal(loads(decoded[0].value), big)
+
+
+@pytest.mark.parametrize(
+    ("alias", "kinds"),
+    [
+        (p.ToManager, p.TO_MANAGER),
+        (p.ToWorker, p.TO_WORKER),
+        (p.ToPeer, p.TO_PEER),
+        (p.FromPeer, p.FROM_PEER),
+        (p.FromClient, p.FROM_CLIENT),
+        (p.ToClient, p.TO_CLIENT),
+        (p.FromManager, p.TO_WORKER | p.TO_CLIENT),
+        (
+            p.Record,
+            p.TO_MANAGER | p.TO_WORKER | p.TO_PEER | p.FROM_PEER | p.FROM_CLIENT | p.TO_CLIENT,
+        ),
+    ],
+)
+def test_each_direction_s_type_names_the_records_its_set_allows(alias, kinds):
+    """The unions that annotate a direction and the sets a receiver checks are written
+    apart: they must name the same records."""
+    assert set(typing.get_args(alias) or (alias,)) == kinds
 
 
 def test_a_small_batch_is_one_frame():

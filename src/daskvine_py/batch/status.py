@@ -203,7 +203,7 @@ class StatusClient:
             self._sock.close(linger=0)
             self._sock = None
 
-    def _send(self, sock: zmq.Socket[bytes], record: object) -> None:
+    def _send(self, sock: zmq.Socket[bytes], record: p.FromClient) -> None:
         try:
             sock.send_multipart(p.encode([record]), zmq.NOBLOCK)
         except zmq.Again:
@@ -212,7 +212,7 @@ class StatusClient:
                 f"cannot send to the manager at {self.address}: its queue is full"
             ) from None
 
-    def _receive(self, sock: zmq.Socket[bytes]) -> Any:
+    def _receive(self, sock: zmq.Socket[bytes]) -> p.ToClient:
         assert self._watch is not None
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

@@ -7,7 +7,7 @@ which wakes the loop, and waits on its ``Run``.
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from daskvine_py.manager.live import Snapshot
 from daskvine_py.manager.watching import Run
@@ -50,7 +50,7 @@ class StateEvent(NamedTuple):
     """Hand an event to the scheduler state as it is (``messages.CacheClear``);
     ``handled`` is set once the state has handled it, or once the loop is dead."""
 
-    event: Any
+    event: s.Event
     handled: threading.Event | None = None
 
 

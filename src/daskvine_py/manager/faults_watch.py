@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 from daskvine_py.manager.registry import Registry, printable
 from daskvine_py.manager.watching import Watching
 from daskvine_py.options import ManagerOptions
-from daskvine_py.scheduler.messages import Quarantined, Tick
+from daskvine_py.scheduler.messages import Event, Quarantined, Tick
 from daskvine_py.scheduler.state import SchedulerState
 
 logger = logging.getLogger("daskvine_py.manager")
@@ -38,7 +36,6 @@ class FaultWatch:
         options: ManagerOptions,
         registry: Registry,
         watching: Watching,
-        handlers: dict[type, Callable[[Any], None]],
     ) -> None:
         self.state = state
         self.registry = registry
@@ -47,10 +44,9 @@ class FaultWatch:
         faults.factor = options.fast_abort or 0.0
         faults.stall = options.worker_timeout
         faults.patience = max(WITHDRAW_BEATS * options.heartbeat_interval, options.worker_timeout)
-        handlers[Quarantined] = self.quarantined
         self._next_tick = 0.0
 
-    def tick(self, now: float, events: list[Any]) -> None:
+    def tick(self, now: float, events: list[Event]) -> None:
         """Queue a ``Tick`` for the state if one is due, a run is under way and a worker
         is there to judge."""
         if now >= self._next_tick and self.state.runs and self.state.workers:

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from queue import SimpleQueue
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import zmq
 
@@ -60,7 +60,7 @@ from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire,
 from daskvine_py.manager.faults_watch import FaultWatch
 from daskvine_py.manager.handshakes import HandshakeMonitor
 from daskvine_py.manager.live import LiveView, Snapshot
-from daskvine_py.manager.registry import Registry, WorkerInfo, printable
+from daskvine_py.manager.registry import Registry, Stranger, WorkerInfo, printable
 from daskvine_py.manager.transfers import credible
 from daskvine_py.manager.vacancy import Vacancy
 from daskvine_py.manager.watching import Run, Watching
@@ -68,7 +68,7 @@ from daskvine_py.options import ManagerOptions
 from daskvine_py.report.runinfo import MANAGER
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
-from daskvine_py.scheduler.messages import BytesRelayed, Eject
+from daskvine_py.scheduler.messages import BytesRelayed, Eject, Quarantined
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.transport import has_more, send_batch
 
@@ -100,6 +100,8 @@ _STATE_REPORTS = frozenset(
 HOSTNAME = socket.gethostname()
 #: What an identity that has not registered may send: a registration, or a client's records.
 _FROM_STRANGERS = p.TO_MANAGER | p.FROM_CLIENT
+#: An instruction of a kind the loop hands to a handler (``IOLoop.on``).
+Handled = TypeVar("Handled", bound=s.Instruction)
 
 
 class IOLoop:
@@ -135,7 +137,7 @@ class IOLoop:
         os.set_blocking(self.wake_read, False)
         self.watching = Watching(state.load)
         self.liveness = Liveness(options.worker_timeout, options.heartbeat_interval)
-        self.outboxes: dict[bytes, list[Any]] = {}
+        self.outboxes: dict[bytes, list[p.FromManager]] = {}
         self.registry = Registry(
             self._post,
             self._drops,
@@ -151,14 +153,15 @@ class IOLoop:
         self.changed = self.registry.changed
         #: the registered workers' ``WorkerInfo.public()`` by identity (under ``changed``)
         self.snapshot = self.registry.snapshot
-        self.events: list[Any] = []
+        self.events: list[s.Event] = []
         #: bytes of every message workers sent: outputs, not intermediates
         self.received_bytes = 0
         #: bytes of every message sent to workers: tasks, functions, control
         self.sent_bytes = 0
         #: what killed the loop, once it has died (see ``ManagerDied``)
         self.error: BaseException | None = None
-        #: what to do with instructions of other kinds (``messages.CacheWrite``)
+        #: what to do with instructions of other kinds (``messages.CacheWrite``), by kind:
+        #: each handler takes the kind it is filed under (``on``)
         self.handlers: dict[type, Callable[[Any], None]] = {}
         #: ``StateEvent.handled`` of the events waiting in ``events``
         self._handled: list[threading.Event] = []
@@ -166,14 +169,20 @@ class IOLoop:
         self.cache_index = state.cache
         state.cache_worker_bytes = options.cache_worker_bytes
         #: stragglers, stuck workers and quarantines (``faults_watch``): ticks, warnings
-        self.faults = FaultWatch(state, options, self.registry, self.watching, self.handlers)
+        self.faults = FaultWatch(state, options, self.registry, self.watching)
+        self.on(Quarantined, self.faults.quarantined)
 
     @functools.cached_property
     def _drops(self) -> p.DropLog:
         """Warnings about dropped messages and loop errors, rate-limited."""
         return p.DropLog(logger)
 
-    def _post(self, ident: bytes, message: Any) -> None:
+    def on(self, kind: type[Handled], handler: Callable[[Handled], None]) -> None:
+        """Hand each instruction of ``kind`` (one the loop does not carry out itself) to
+        ``handler``, on the I/O thread."""
+        self.handlers[kind] = handler
+
+    def _post(self, ident: bytes, message: p.FromManager) -> None:
         """Queue a message for ``ident``, sent with the next flush."""
         self.outboxes.setdefault(ident, []).append(message)
 
@@ -198,7 +207,7 @@ class IOLoop:
             run.failure = self.dead_error()
             run.done.set()
 
-    def _abandon(self, command: Any) -> None:
+    def _abandon(self, command: Command) -> None:
         """A command the dead loop will never carry out: its run fails, its waiter wakes."""
         run = getattr(command, "run", None)
         if run is not None:
@@ -383,8 +392,8 @@ class IOLoop:
                 continue
             if info is None:
                 self._on_stranger(ident, messages, now)
-            else:
-                self._on_worker_batch(ident, info, messages, now)
+            else:  # (unpacked as ``TO_MANAGER``: a worker's records only)
+                self._on_worker_batch(ident, info, cast("list[p.ToManager]", messages), now)
             if not has_more(router):
                 return
 
@@ -397,7 +406,7 @@ class IOLoop:
         self._send_now(ident, [p.Shutdown(reason)])
 
     def _on_worker_batch(
-        self, ident: bytes, info: WorkerInfo, messages: list[Any], now: float
+        self, ident: bytes, info: WorkerInfo, messages: list[p.ToManager], now: float
     ) -> None:
         """The records of one batch from a registered worker, each checked on its own: a
         malformed one fails the runs of the tasks it names, the others count."""
@@ -420,20 +429,20 @@ class IOLoop:
             if not valid:
                 valid = True
                 self.liveness.heard(ident, now)  # only what we can read shows life
-            try:
-                if kind is p.TaskDone:
+            try:  # (``type(message) is``: the test mypy narrows the union of records by)
+                if type(message) is p.TaskDone:
                     if message.value is not None:
                         self.watching.count(info.name, MANAGER, message.value.nbytes)
-                elif kind is p.Transfers:
+                elif type(message) is p.Transfers:
                     if credible(message, self.watching.names_by_peer, info.peer_address):
                         self.watching.received(info.name, message)
                         continue  # (else the state counts it a false claim)
-                elif kind is p.Status:
+                elif type(message) is p.Status:
                     info.status = message
                     self.registry.publish(ident, info)
                     self.watching.status(now, info.name, message)
                     continue
-                if kind is p.Goodbye:
+                if type(message) is p.Goodbye:
                     self._lose_worker(ident, f"it left: {message.reason}")
                     return
                 if kind is p.Register:
@@ -445,7 +454,7 @@ class IOLoop:
                     continue
             self.events.append(s.FromWorker(ident, message))
 
-    def _on_stranger(self, ident: bytes, messages: list[Any], now: float) -> None:
+    def _on_stranger(self, ident: bytes, messages: list[Stranger], now: float) -> None:
         """Messages from an identity that has not registered (``Registry.stranger``): a
         worker admitted is news to the liveness watch, the state and the watched runs."""
         info = self.registry.stranger(ident, messages, now)
@@ -602,7 +611,7 @@ class IOLoop:
             if self._send_now(ident, messages):
                 self.liveness.sent(ident, now)
 
-    def _send_now(self, ident: bytes, messages: list[Any]) -> bool:
+    def _send_now(self, ident: bytes, messages: list[p.FromManager]) -> bool:
         try:
             frames = p.encode(messages)
         except Exception:
@@ -618,7 +627,9 @@ class IOLoop:
             self._lose_worker(ident, f"unreachable ({exc})")
             return False
 
-    def _encode_what_can_be(self, ident: bytes, messages: list[Any]) -> list[Any] | None:
+    def _encode_what_can_be(
+        self, ident: bytes, messages: list[p.FromManager]
+    ) -> list[p.Frame] | None:
         """A batch that would not encode: the frames of the messages that do (None if
         none does); the runs of the tasks the others name fail, since their worker will
         never hear of them."""

@@ -156,7 +156,7 @@ class Manager:
             self.options.cache_dir,
             self.options.cache_dir_limit,
         )
-        self._io.handlers[CacheWrite] = self.cache.write
+        self._io.on(CacheWrite, self.cache.write)
         #: the live snapshot, metrics, dashboard and notebook view (``views``)
         self._views = LiveViews(self._command, self._raise_if_dead, self.address)
         self._run_ids = itertools.count(1)
@@ -535,7 +535,7 @@ class Manager:
             None if cached is None else cached.info,
         )
         nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
-        dependents: dict[Any, int] | None = None if arriving else plan.dependents
+        dependents: dict[graph.Key, int] | None = None if arriving else plan.dependents
         sent: set[bytes] = set() if stream is None else stream.sent
         done = frozenset() if stream is None else stream.keys
         if arriving:

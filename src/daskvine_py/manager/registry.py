@@ -18,7 +18,7 @@ import logging
 import socket
 import subprocess
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from daskvine_py.batch.planner import Demand
@@ -33,6 +33,9 @@ _HOSTNAME = socket.gethostname()
 #: Identities that registered as workers, remembered (past it, the oldest are forgotten):
 #: a status client's ``RetireWorker`` is refused from them.
 REMEMBERED_WORKERS = 100_000
+#: What an identity that has not registered may send: a worker's registration (and
+#: whatever a worker sends), or a status client's records.
+Stranger = p.ToManager | p.FromClient
 
 
 def printable(text: str) -> str:
@@ -104,11 +107,11 @@ class Registry:
 
     def __init__(
         self,
-        post: Callable[[bytes, Any], None],
+        post: Callable[[bytes, p.FromManager], None],
         drops: p.DropLog,
         heartbeat_interval: float,
         load: Callable[[], tuple[int, int, int]],
-        worker_loads: Callable[[], dict[Any, tuple[int, int]]],
+        worker_loads: Callable[[], dict[bytes, tuple[int, int]]],
         local_processes: Sequence[subprocess.Popen[bytes]] = (),
     ) -> None:
         self._post = post
@@ -133,7 +136,7 @@ class Registry:
         #: the manager's live snapshot (``live.LiveView.snapshot``), for ``LiveRequest``
         self.live: Callable[[], dict[str, Any]] = dict
         #: when each worker last held a task (the loop's clock)
-        self._busy_at: dict[Hashable, float] = {}
+        self._busy_at: dict[bytes, float] = {}
         #: workers told to leave by a pool: their leaving is no news
         self._retiring: set[bytes] = set()
         #: the name of the last worker lost (not retired), and why: for the no-worker warning
@@ -158,8 +161,8 @@ class Registry:
     # -- joining and leaving ----------------------------------------------------------
 
     def unreadable(
-        self, ident: bytes, first: Any, exc: ProtocolError, now: float
-    ) -> list[Any] | None:
+        self, ident: bytes, first: p.Frame, exc: ProtocolError, now: float
+    ) -> list[p.Frame] | None:
         """A stranger's batch that cannot be read: warned about (rate-limited). A pickled
         one, which is all that workers and status clients of protocol 6 and older send,
         is answered with a pickled ``Rejected`` they can read (else they would wait out
@@ -182,7 +185,7 @@ class Registry:
             ]
         )
 
-    def stranger(self, ident: bytes, messages: list[Any], now: float) -> WorkerInfo | None:
+    def stranger(self, ident: bytes, messages: list[Stranger], now: float) -> WorkerInfo | None:
         """Messages from an identity that has not registered: only ``Register`` counts,
         unless they are a status client's (``client``). The worker admitted, if any.
 
@@ -305,14 +308,14 @@ class Registry:
 
     # -- status clients and pools -----------------------------------------------------
 
-    def client(self, ident: bytes, messages: list[Any], now: float) -> None:
+    def client(self, ident: bytes, messages: list[Stranger], now: float) -> None:
         """A status client's batch (a factory's pool): each ``StatusRequest`` is answered
         with the work's demand, each ``LiveRequest`` with the live snapshot, each
         ``RetireWorker`` retires an idle worker of a pool (``_retire_for``). The client
         never registers; a record of another kind in its batch is dropped."""
         for message in messages:
             kind = type(message)
-            if kind is p.StatusRequest and len(message) and type(message[0]) is int:
+            if type(message) is p.StatusRequest and len(message) and type(message[0]) is int:
                 if message[0] != p.PROTOCOL_VERSION:
                     error = (
                         f"a status client speaks protocol version {message[0]}, but the "
@@ -335,20 +338,24 @@ class Registry:
                     exc,
                 )
                 continue
-            if kind is p.RetireWorker:
+            # (``type(message) is``: the test mypy narrows the union of records by)
+            if type(message) is p.RetireWorker:
                 self._retire_for(ident, message, now)
-                continue
-            if kind is p.LiveRequest:
+            elif type(message) is p.LiveRequest:
                 self._post(ident, p.LiveReply(message.request_id, self.live()))
-                continue
-            logger.debug("status request from %s", message.name)
-            if ident not in self._client_names and len(self._client_names) < 1024:
-                self._client_names[ident] = message.name
-            self.wants_demand = True  # from now on, idle times are sampled every check
-            self.publish_demand(now)
-            demand = self.demand
-            loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
-            self._post(ident, p.StatusReply(demand.cores_needed, loads))
+            elif type(message) is p.StatusRequest:
+                self._answer_status(ident, message, now)
+
+    def _answer_status(self, ident: bytes, message: p.StatusRequest, now: float) -> None:
+        """A status client's ``StatusRequest``: answered with the work's demand."""
+        logger.debug("status request from %s", message.name)
+        if ident not in self._client_names and len(self._client_names) < 1024:
+            self._client_names[ident] = message.name
+        self.wants_demand = True  # from now on, idle times are sampled every check
+        self.publish_demand(now)
+        demand = self.demand
+        loads = tuple((name, cores, idle) for name, (cores, idle) in demand.workers.items())
+        self._post(ident, p.StatusReply(demand.cores_needed, loads))
 
     def _retire_for(self, ident: bytes, message: p.RetireWorker, now: float) -> None:
         """A status client's ``RetireWorker``. Any holder of the keys can send one, and the

@@ -9,6 +9,7 @@ both along unopened (``wire.plain``).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from daskvine_py.errors import (
@@ -25,7 +26,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.wire.serialize import loads
 
 
-def values_of(run: Run, hooks: callbacks.Hooks | None) -> dict[Any, Any]:
+def values_of(run: Run, hooks: callbacks.Hooks | None) -> dict[Hashable, Any]:
     """The run's outputs by key, unpickled in the caller's thread (those the callbacks
     saw are not unpickled again)."""
     values = {} if hooks is None else hooks.values

@@ -150,7 +150,7 @@ def opening_of(
     )
 
 
-def encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple[bytes, ...]]:
+def encode_task(encoder: TaskEncoder, key: Key, node: Node) -> tuple[bytes, tuple[bytes, ...]]:
     """A task's payload and function ids; ``SerializationError`` naming what would not
     pickle (a chain's link, if that is where it is)."""
     try:
@@ -163,7 +163,7 @@ def encode_task(encoder: TaskEncoder, key: Any, node: Any) -> tuple[bytes, tuple
 
 
 def deferred_payload(
-    encoder: TaskEncoder, plan: Plan, key: Any
+    encoder: TaskEncoder, plan: Plan, key: Key
 ) -> tuple[bytes, tuple[bytes, ...], dict[bytes, bytes]]:
     """A task's payload, function ids and the bytes of those functions, made in the I/O
     thread (with an encoder of its own) when the lineage of a lost cached result needs

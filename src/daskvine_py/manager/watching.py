@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from queue import SimpleQueue
-from typing import Any
 
 from daskvine_py.manager.registry import WorkerInfo
 from daskvine_py.report.events import EventLog
@@ -25,6 +24,7 @@ from daskvine_py.report.runinfo import MANAGER, RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import BytesRelayed
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.serialize import Serialized
 
 #: Samples of task counts in an event log: every 5 ms at first, then spaced to keep about
 #: this many per run length (a few thousand for an hour), so short and long runs both
@@ -89,7 +89,8 @@ class Run:
         self.transfers_before: dict[tuple[str, str], int] = {}
         #: (holder, reader) -> bytes that went through the manager (``BytesRelayed``)
         self.relayed: dict[tuple[str, str], int] = {}
-        self.values: dict[Any, Any] = {}
+        #: the outputs that came back, by key, as they came (``RunOutput``)
+        self.values: dict[Hashable, Serialized] = {}
         self.done = threading.Event()
         self.failure: s.RunFailed | BaseException | None = None
         #: tasks finished so far, counted by the I/O thread for watched runs only
@@ -100,7 +101,7 @@ class Run:
         #: its tasks by category as submitted (the caller's thread counts them, part by
         #: part; the live view copies it), and the categories annotated apart by key
         self.planned: dict[str, int] = {}
-        self.annotated: Mapping[Any, str] = {}
+        self.annotated: Mapping[Hashable, str] = {}
         #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
         #: ``TaskSent`` and ``TaskReported`` records, then None
         self.feed: SimpleQueue[FeedItem | None] | None = None
@@ -245,12 +246,11 @@ class Watching:
         message, worker = finished.report, finished.worker
         if run.feed is not None:
             run.feed.put(TaskReported(finished.key, worker, message))
-        kind = type(message)
-        if kind is p.TaskDone:
+        if type(message) is p.TaskDone:
             run.finished_tasks += 1
         if run.log is None:
             return
-        if kind is p.TaskDone:
+        if type(message) is p.TaskDone:  # (``type(message) is``: what mypy narrows by)
             run.log.done(
                 now,
                 message.task_id,
@@ -262,9 +262,9 @@ class Watching:
                 message.cpu,
                 message.peak_memory,
             )
-        elif kind is p.TaskErred:
+        elif type(message) is p.TaskErred:
             run.log.erred(now, message.task_id, worker, message.message)
-        else:
+        elif type(message) is p.TaskCrashed:
             run.log.crashed(now, message.task_id, worker, message.reason)
 
     def dispatched(self, sent: s.Dispatched, now: float) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from daskvine_py.scheduler.messages import Eject, ToWorker
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
@@ -66,8 +66,14 @@ REMEMBERED_PER_CORE = 32
 
 #: Reports that name tasks by the tuple ``task_ids``.
 IdsReport = TypeVar("IdsReport", p.Started, p.Withdrawn, p.Lost, p.Replicas, p.Relay)
+#: Reports of copies made (``_copies``).
+CopiesReport = TypeVar("CopiesReport", p.Replicas, p.Relay)
+#: A report of one kind, read by a handler of that kind.
+Report = TypeVar("Report", bound=p.ToManager)
 #: A report's handler: (the worker, the report).
-Handler = Callable[[WorkerRecord, Any], None]
+Handler = Callable[[WorkerRecord, Report], None]
+#: A check of reports of one kind (``_CHECKS``): the report, a copy with fewer ids, or None.
+Check = Callable[["Claims", WorkerRecord, Report], "Report | None"]
 
 
 #: How ``stale_done`` names the report it checks (the state keeps the record itself).
@@ -237,20 +243,20 @@ class Claims:
 
     # -- the reports only claims reach, checked before their handlers -------------------------
 
-    def checked(self, kind: type, *handlers: Handler) -> Handler:
+    def checked(self, kind: type[Report], *handlers: Handler[Report]) -> Handler[Report]:
         """The state's handler of reports of ``kind``: their claims checked first, then
         ``handlers`` called with what is left (a report, perhaps with fewer ids)."""
-        check = _CHECKS[kind]
+        check: Check[Report] = _CHECKS[kind]
         withdrawn = kind is p.Withdrawn
 
-        def on_report(worker: WorkerRecord, msg: Any) -> None:
+        def on_report(worker: WorkerRecord, msg: Report) -> None:
             kept = check(self, worker, msg)
             if kept is None:
                 return
             for handler in handlers:
                 handler(worker, kept)
             if withdrawn:  # gone for good by its own word (remembered as taken back)
-                self.forget(worker, kept.task_ids)
+                self.forget(worker, cast(p.Withdrawn, kept).task_ids)
 
         return on_report
 
@@ -261,7 +267,7 @@ class Claims:
             for task_id in task_ids:
                 told.ids.pop(task_id, None)
 
-    def _task_report(self, worker: WorkerRecord, msg: Any) -> Any:
+    def _task_report(self, worker: WorkerRecord, msg: p.FetchFailed) -> p.FetchFailed | None:
         """``FetchFailed``: about a task processing there, or a stale one."""
         if self.held(msg.task_id, worker) is not None or self.stale(worker, msg.task_id, msg):
             return msg
@@ -298,7 +304,7 @@ class Claims:
                 self.false_claim(worker, msg, task_id)
         return _same_or_fewer(msg, kept)
 
-    def _copies(self, worker: WorkerRecord, msg: Any) -> Any:
+    def _copies(self, worker: WorkerRecord, msg: CopiesReport) -> CopiesReport | None:
         """``Replicas`` and ``Relay``: copies of results it was asked to make or fetched
         for its tasks. Claiming another would make it a holder peers fetch from."""
         kept: list[int] = []
@@ -374,8 +380,9 @@ def _same_or_fewer(msg: IdsReport, kept: list[int]) -> IdsReport | None:
     return msg._replace(task_ids=tuple(kept)) if kept else None
 
 
-#: The check of each kind of report ``Claims.checked`` takes.
-_CHECKS: dict[type, Callable[[Claims, WorkerRecord, Any], Any]] = {
+#: The check of each kind of report ``Claims.checked`` takes. (Each takes the kind it is
+#: filed under: a table by type, whose values mypy cannot tie to their keys.)
+_CHECKS: dict[type, Check[Any]] = {
     p.FetchFailed: Claims._task_report,
     p.Started: Claims._started,
     p.Withdrawn: Claims._withdrawn,

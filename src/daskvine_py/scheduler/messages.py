@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.scheduler.categories import NO_CATEGORIES, Category
@@ -153,7 +153,7 @@ class FromWorker(NamedTuple):
     ``Replicas``, ``Withdrawn`` or ``DiskFull``."""
 
     worker: WorkerId
-    message: object
+    message: p.ToManager
 
 
 class BadReport(NamedTuple):
@@ -328,8 +328,7 @@ class TaskFinished(NamedTuple):
     run_id: int
     key: Key
     worker: str  #: the worker's name
-    #: ``p.TaskDone``, ``p.TaskErred`` or ``p.TaskCrashed`` (read by kind, so untyped)
-    report: Any
+    report: p.TaskDone | p.TaskErred | p.TaskCrashed
 
 
 class CacheWrite(NamedTuple):

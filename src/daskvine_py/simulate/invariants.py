@@ -73,9 +73,10 @@ class RunRecord:
 
     run_id: int
     workload: wl.Workload
-    expected: dict[Any, int | wl.TaskRaised]
+    expected: dict[wl.Key, int | wl.TaskRaised]
     submitted: float
-    delivered: dict[Any, Any] = field(default_factory=dict)
+    #: what the run's outputs came back as: the tasks' own values
+    delivered: dict[wl.Key, Any] = field(default_factory=dict)
     ended: RunDone | RunFailed | None = None
     cancelled: bool = False
 

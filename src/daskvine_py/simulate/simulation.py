@@ -27,7 +27,6 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from daskvine_py.plan.graph import build_plan
 from daskvine_py.scheduler.messages import (
@@ -112,8 +111,8 @@ class Simulation:
         self.planned = 0  #: runs to submit in all
         self.pending: dict[str, bool] = {}
         self.next_worker = 0
-        self.durations: dict[Any, float] = {}
-        self.sizes: dict[Any, int] = {}
+        self.durations: dict[wl.Key, float] = {}
+        self.sizes: dict[wl.Key, int] = {}
         #: injected faults that may legitimately fail a task's attempts
         self.crash_faults = 0
         self.oom_faults = 0
@@ -147,7 +146,7 @@ class Simulation:
         self.sequence += 1
         heapq.heappush(self.heap, (at, self.sequence, action))
 
-    def to_manager(self, sender: WorkerNode, messages: list[Any]) -> None:
+    def to_manager(self, sender: WorkerNode, messages: list[p.ToManager]) -> None:
         ident = sender.identity
 
         def arrive() -> None:
@@ -156,7 +155,7 @@ class Simulation:
 
         self._transmit(sender.name, "manager", "up", arrive)
 
-    def send(self, worker: bytes, messages: list[Any]) -> None:
+    def send(self, worker: bytes, messages: list[p.ToWorker]) -> None:
         node = self.by_ident.get(worker)
         if node is None:
             return
@@ -276,10 +275,10 @@ class Simulation:
                 self.after(rng.uniform(0.05, 20.0), lambda: self.leave(node))
         return node
 
-    def _duration(self, key: Any) -> float:
+    def _duration(self, key: wl.Key) -> float:
         return self.durations.get(key, 0.01)
 
-    def _size(self, key: Any) -> int:
+    def _size(self, key: wl.Key) -> int:
         return self.sizes.get(key, 8)
 
     def preempt(self, node: WorkerNode) -> None:
@@ -334,7 +333,7 @@ class Simulation:
             self.sizes.setdefault(key, workload.nbytes.get(key, 8))
         cache = None
         if self.cached:  # cache keys name the graph and the key: the same graph hits
-            keys: dict[Any, bytes | None] = {
+            keys: dict[wl.Key, bytes | None] = {
                 key: f"{self.seed}/{workload.name}/{key!r}".encode() for key in plan.order
             }
             cache = RunCache(keys)
@@ -445,7 +444,7 @@ class Simulation:
         return Outcome(self.seed, self.steps, self.time, self.checker.violations, self.trace or [])
 
 
-def _seconds(key: Any, node: Any, workload: wl.Workload) -> float:
+def _seconds(key: wl.Key, node: object, workload: wl.Workload) -> float:
     """A task's simulated seconds; a fused chain's is the sum of its links'."""
     links = getattr(node, "links", None)
     if links is not None:
@@ -465,7 +464,7 @@ class _Said(logging.Handler):
             self.said[str(record.args[0])] = record.getMessage()
 
 
-def _prefix(key: Any) -> str:
+def _prefix(key: wl.Key) -> str:
     """A task's kind, as ``dask.utils.key_split`` names the simulator's keys: the words
     before the first number ("fill-3-1" -> "fill", "chain4-2" -> "chain4")."""
     words = []

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ from daskvine_py.worker.messages import (
     AskPeer,
     Boot,
     ClosePeer,
+    Event,
     EventFailed,
     FromLibrary,
     KillLibrary,
@@ -78,7 +79,7 @@ class Host(Protocol):
 
     def after(self, delay: float, action: Callable[[], None]) -> None: ...
 
-    def to_manager(self, sender: WorkerNode, messages: list[Any]) -> None: ...
+    def to_manager(self, sender: WorkerNode, messages: list[p.ToManager]) -> None: ...
 
     def to_peer(self, sender: WorkerNode, address: str, link: int, request: p.GetData) -> None: ...
 
@@ -128,8 +129,8 @@ class WorkerNode:
         name: str,
         cores: int,
         rng: random.Random,
-        durations: Callable[[Any], float],
-        sizes: Callable[[Any], int],
+        durations: Callable[[Hashable], float],
+        sizes: Callable[[Hashable], int],
         faults: Faults,
         clock: tuple[float, float] = (0.0, 1.0),
         manager_timeout: float = 30.0,
@@ -153,7 +154,7 @@ class WorkerNode:
         #: messages waiting for the next pass: (kind, payload)
         self.inbox: list[tuple[str, Any]] = []
         #: records for the manager, sent in one batch at the end of the pass
-        self.outbox: list[Any] = []
+        self.outbox: list[p.ToManager] = []
         #: the ``Register`` waits in ``outbox``: its going out is news for the state
         self.register_pending = False
         #: the connection to the manager is up (said to the state once, at the first send)
@@ -163,12 +164,12 @@ class WorkerNode:
         #: per peer address: the generation of the link to it (a reset link drops replies)
         self.links: dict[str, int] = {}
         #: calls whose library ran out of memory here (the injected faults: for the checks)
-        self.exhausted: list[Any] = []
+        self.exhausted: list[Hashable] = []  # (their keys)
         #: the state's ``Leave``, once it came: the worker goes at the end of the pass
         self.leaving: Leave | None = None
         #: libraries start ready while it boots (as before its first pass), later import
         self.booting = True
-        self._carriers: dict[type, Callable[[Any, list[object]], None]] = dict.fromkeys(
+        self._carriers: dict[type, Callable[[Any, list[Event]], None]] = dict.fromkeys(
             p.TO_MANAGER, self._to_manager
         )
         self._carriers.update(
@@ -215,7 +216,7 @@ class WorkerNode:
 
     def _step(self) -> None:
         inbox, self.inbox = self.inbox, []
-        events: list[object] = []
+        events: list[Event] = []
         for kind, payload in inbox:
             if kind == "manager":
                 events += payload
@@ -232,7 +233,7 @@ class WorkerNode:
         self._handle(events)
         self._flush()
 
-    def _serve(self, peer: str, link: int, request: p.GetData, events: list[object]) -> None:
+    def _serve(self, peer: str, link: int, request: p.GetData, events: list[Event]) -> None:
         """A peer's request, answered from the store at once; the ids of results a library
         keeps live go to the state (``PeerAsked``), answered once exported."""
         answers = []
@@ -249,12 +250,12 @@ class WorkerNode:
         if deferred:
             events.append(PeerAsked(ident, tuple(deferred)))
 
-    def _handle(self, events: list[object]) -> None:
+    def _handle(self, events: list[Event]) -> None:
         """Hand the state ``events``, carry out its instructions, and again with what
         they answered at once, until none."""
         carriers = self._carriers
         while events and self.alive:
-            answered: list[object] = []
+            answered: list[Event] = []
             for instruction in self.state.handle(events, self.clock()):
                 carrier = carriers.get(type(instruction))
                 if carrier is None:
@@ -277,7 +278,7 @@ class WorkerNode:
             messages = self.outbox[:]
             self.outbox.clear()
             self.host.to_manager(self, messages)
-            news: list[object] = []
+            news: list[Event] = []
             if not self.connected:
                 self.connected = True
                 news.append(ManagerConnection(True))
@@ -296,33 +297,33 @@ class WorkerNode:
 
     # -- instructions -----------------------------------------------------------------
 
-    def _to_manager(self, record: Any, answered: list[object]) -> None:
+    def _to_manager(self, record: p.ToManager, answered: list[Event]) -> None:
         if type(record) is p.Register:
             self.register_pending = True
         self.outbox.append(record)
 
-    def _send_status(self, status: SendStatus, answered: list[object]) -> None:
+    def _send_status(self, status: SendStatus, answered: list[Event]) -> None:
         held, spilled, bars = status  # (no processes to measure: their memory is 0)
         self.outbox.append(p.Status(held, 0, 0, spilled, 0, bars))
 
-    def _ask_peer(self, ask: AskPeer, answered: list[object]) -> None:
+    def _ask_peer(self, ask: AskPeer, answered: list[Event]) -> None:
         link = self.links.setdefault(ask.address, 0)
         self.host.to_peer(self, ask.address, link, p.GetData(ask.task_ids))
 
-    def _close_peer(self, close: ClosePeer, answered: list[object]) -> None:
+    def _close_peer(self, close: ClosePeer, answered: list[Event]) -> None:
         """A new link: what comes back on the old one is dropped."""
         self.links[close.address] = self.links.get(close.address, 0) + 1
 
-    def _answer_peer(self, answer: AnswerPeer, answered: list[object]) -> None:
+    def _answer_peer(self, answer: AnswerPeer, answered: list[Event]) -> None:
         self.answers.setdefault(answer.ident, []).append(answer.data)
 
-    def _leave(self, leave: Leave, answered: list[object]) -> None:
+    def _leave(self, leave: Leave, answered: list[Event]) -> None:
         if leave.exit_code == EXIT_REJECTED:  # an honest worker is never rejected
             self.host.broken(self.name, "rejected", leave.reason)
         if self.leaving is None:
             self.leaving = leave
 
-    def _event_failed(self, failed: EventFailed, answered: list[object]) -> None:
+    def _event_failed(self, failed: EventFailed, answered: list[Event]) -> None:
         self.host.broken(
             self.name,
             "the worker's state never raises",
@@ -348,7 +349,7 @@ class WorkerNode:
 
     # -- libraries --------------------------------------------------------------------
 
-    def _start_library(self, start: StartLibrary, answered: list[object]) -> None:
+    def _start_library(self, start: StartLibrary, answered: list[Event]) -> None:
         lib = self.libraries[start.library_id] = SimLibrary(start.library_id)
         if self.booting:
             lib.ready = True
@@ -364,7 +365,7 @@ class WorkerNode:
             if lib.running is None:
                 self._next_call(lib)
 
-    def _to_library(self, write: ToLibrary, answered: list[object]) -> None:
+    def _to_library(self, write: ToLibrary, answered: list[Event]) -> None:
         lib = self.libraries.get(write.library_id)
         if lib is None or lib.dead:
             return  # died since (its death is the state's news, or on its way)
@@ -374,7 +375,7 @@ class WorkerNode:
         else:
             self._library_request(lib, request)  # type: ignore[arg-type]
 
-    def _kill_library(self, kill: KillLibrary, answered: list[object]) -> None:
+    def _kill_library(self, kill: KillLibrary, answered: list[Event]) -> None:
         lib = self.libraries.get(kill.library_id)
         if lib is not None and not lib.dead:
             answered.append(self._library_died(lib, "killed by signal SIGKILL"))
@@ -436,7 +437,7 @@ class WorkerNode:
             )
         self.host.after(seconds, lambda: self._reply(lib, reply))
 
-    def _reply(self, lib: SimLibrary, reply: Any) -> None:
+    def _reply(self, lib: SimLibrary, reply: pipe.Reply) -> None:
         if lib.dead:
             return
         self.deliver("library", FromLibrary(lib.id, reply, self.clock()))

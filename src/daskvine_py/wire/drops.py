@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
-from typing import Any
 
 
 class DropLog:
@@ -17,7 +17,9 @@ class DropLog:
 
     __slots__ = ("logger", "interval", "max_kinds", "_last")
 
-    def __init__(self, logger: Any, interval: float = 60.0, max_kinds: int = 1024) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval: float = 60.0, max_kinds: int = 1024
+    ) -> None:
         self.logger = logger
         self.interval = interval
         #: kinds remembered at most (sources come and go): past it, all are forgotten
@@ -25,7 +27,14 @@ class DropLog:
         #: kind -> [when its last warning was logged, drops since then not logged]
         self._last: dict[Hashable, list[float]] = {}
 
-    def warn(self, kind: Hashable, now: float, msg: str, *args: Any, exc_info: Any = None) -> bool:
+    def warn(
+        self,
+        kind: Hashable,
+        now: float,
+        msg: str,
+        *args: object,
+        exc_info: BaseException | bool | None = None,
+    ) -> bool:
         """Log ``msg % args`` unless a warning of ``kind`` was logged in the last
         ``interval`` seconds (then count it); whether it was logged."""
         last = self._last.get(kind)

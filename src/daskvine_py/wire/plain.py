@@ -26,7 +26,7 @@ from __future__ import annotations
 import pickle
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar, cast
 
 import msgpack
 
@@ -40,11 +40,13 @@ from daskvine_py.wire.records import (
     Data,
     DiskFull,
     FetchFailed,
+    Frame,
     GetData,
     Goodbye,
     LiveReply,
     LiveRequest,
     Lost,
+    Record,
     Register,
     Rejected,
     Relay,
@@ -108,25 +110,27 @@ _COUNT = struct.Struct("<I")
 #: traceback): they travel as they would in a pickle, rather than fail the whole batch.
 _TEXT_ERRORS = "surrogatepass"
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
+#: The records a receiver reads: those of the direction it passes.
+R = TypeVar("R", bound=Record)
 
 
-def only_plain(messages: Sequence[Any]) -> bool:
+def only_plain(messages: Sequence[Record]) -> bool:
     """Whether every record of a batch travels as plain data."""
     kinds = PLAIN_KINDS
     return all(type(message) in kinds for message in messages)
 
 
-def encode(messages: Sequence[Any]) -> list[Any]:
+def encode(messages: Sequence[Record]) -> list[Frame]:
     """The frames of a batch of plain records; ``ValueError`` for a field that is not
     plain data (an object, an int beyond 64 bits, a ``Serialized`` that is not one)."""
-    frames: list[Any] = [b""]
+    frames: list[Frame] = [b""]
 
-    def extension(value: Any) -> msgpack.ExtType:
+    def extension(value: object) -> msgpack.ExtType:
         if type(value) is Serialized:
             return _extension(value, frames)
         raise TypeError(f"a {type(value).__name__} is not plain data")
 
-    flat: list[Any] = []
+    flat: list[object] = []
     codes = CODES
     for message in messages:
         flat.append(codes[type(message)])
@@ -139,7 +143,7 @@ def encode(messages: Sequence[Any]) -> list[Any]:
     return frames
 
 
-def _extension(value: Serialized, frames: list[Any]) -> msgpack.ExtType:
+def _extension(value: Serialized, frames: list[Frame]) -> msgpack.ExtType:
     header: object = value.header
     buffers: object = value.buffers
     if not isinstance(header, _BUFFER_TYPES) or not isinstance(buffers, (list, tuple)):
@@ -154,7 +158,7 @@ def _extension(value: Serialized, frames: list[Any]) -> msgpack.ExtType:
     return msgpack.ExtType(_OUT_OF_BAND, _COUNT.pack(len(buffers)) + data)
 
 
-def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+def decode(frames: Sequence[Frame], allowed: frozenset[type[R]]) -> list[R]:
     """The records of a plain batch (its first frame begins with ``PLAIN_MAGIC``), their
     fields not checked yet, or ``ProtocolError``."""
     body = memoryview(frames[0])[len(PLAIN_MAGIC) :]
@@ -187,7 +191,7 @@ def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
         raise ProtocolError(f"a plain batch is a {type(flat).__name__}, not codes and records")
     if taken != len(buffers):
         raise ProtocolError(f"{len(buffers) - taken} of {len(buffers)} frames belong to no value")
-    records: list[Any] = []
+    records: list[object] = []
     kinds = KINDS
     for i in range(0, len(flat), 2):
         code, fields = flat[i], flat[i + 1]
@@ -199,4 +203,4 @@ def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
             raise ProtocolError(f"a {kind.__name__} is a {type(fields).__name__}, not fields")
         # As it came, whatever its length: ``check_fields`` refuses a wrong one.
         records.append(tuple.__new__(kind, fields))
-    return records
+    return cast("list[R]", records)  # (each of a kind ``allowed``: checked above)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 from daskvine_py.errors import ProtocolError
 from daskvine_py.wire import plain
@@ -60,6 +60,10 @@ from daskvine_py.wire.records import (
     DiskFull,
     Execute,
     FetchFailed,
+    Frame,
+    FromClient,
+    FromManager,
+    FromPeer,
     Function,
     GetData,
     Goodbye,
@@ -67,6 +71,7 @@ from daskvine_py.wire.records import (
     LiveReply,
     LiveRequest,
     Lost,
+    Record,
     Register,
     Rejected,
     Relay,
@@ -86,7 +91,10 @@ from daskvine_py.wire.records import (
     TaskErred,
     TaskExhausted,
     TaskId,
+    ToClient,
     ToManager,
+    ToPeer,
+    ToWorker,
     Transfers,
     Upload,
     Uploaded,
@@ -117,8 +125,12 @@ __all__ = [
     "DiskFull",
     "Execute",
     "FetchFailed",
+    "Frame",
     "FROM_CLIENT",
     "FROM_PEER",
+    "FromClient",
+    "FromManager",
+    "FromPeer",
     "Function",
     "GetData",
     "Goodbye",
@@ -128,6 +140,7 @@ __all__ = [
     "LiveReply",
     "LiveRequest",
     "Lost",
+    "Record",
     "Register",
     "Rejected",
     "Relay",
@@ -151,7 +164,10 @@ __all__ = [
     "TO_MANAGER",
     "TO_PEER",
     "TO_WORKER",
+    "ToClient",
     "ToManager",
+    "ToPeer",
+    "ToWorker",
     "Transfers",
     "Upload",
     "Uploaded",
@@ -180,8 +196,12 @@ PROTOCOL_VERSION = 12
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 
+#: The records a receiver reads: those of the direction it passes (``TO_MANAGER``: a
+#: list of ``ToManager``).
+R = TypeVar("R", bound=Record)
 
-def encode(messages: Sequence[Any]) -> list[Any]:
+
+def encode(messages: Sequence[Record]) -> list[Frame]:
     """Frames of one batch; out-of-band buffers become frames of their own. Plain data
     when every record may travel so (``plain``), else a pickle."""
     if plain.only_plain(messages):
@@ -189,14 +209,14 @@ def encode(messages: Sequence[Any]) -> list[Any]:
     return encode_pickled(messages)
 
 
-def encode_pickled(messages: Sequence[Any]) -> list[Any]:
+def encode_pickled(messages: Sequence[Record]) -> list[Frame]:
     """Frames of one batch as a pickle, whatever its records (``encode`` picks)."""
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps(list(messages), protocol=5, buffer_callback=buffers.append)
     return [MAGIC + header, *(b.raw() for b in buffers)]
 
 
-def zero_copy(frames: Sequence[Any]) -> bool:
+def zero_copy(frames: Sequence[Frame]) -> bool:
     """Whether to send ``frames`` without copying: only when they hold out-of-band buffers.
 
     ZeroMQ's zero-copy sends cost bookkeeping (measured here: 20 µs per small message,
@@ -209,7 +229,7 @@ def zero_copy(frames: Sequence[Any]) -> bool:
 _PLAIN_ONLY: dict[frozenset[type], bool] = {}
 
 
-def unpack(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+def unpack(frames: Sequence[Frame], allowed: frozenset[type[R]]) -> list[R]:
     """The records of one batch, their fields not checked yet (``check_fields``), or
     ``ProtocolError`` if it is not a batch of ours, of records ``allowed`` here.
 
@@ -243,7 +263,7 @@ def unpack(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
     return messages
 
 
-def decode(frames: Sequence[Any], allowed: frozenset[type]) -> list[Any]:
+def decode(frames: Sequence[Frame], allowed: frozenset[type[R]]) -> list[R]:
     """The records of one batch, every field checked, or ``ProtocolError``."""
     messages = unpack(frames, allowed)
     for message in messages:

@@ -1,6 +1,8 @@
 """The wire's records: every message the manager, workers, peers and status clients send
 each other, by direction (``TO_MANAGER``, ``TO_WORKER``, ``TO_PEER``, ``FROM_PEER``,
-``FROM_CLIENT``, ``TO_CLIENT``).
+``FROM_CLIENT``, ``TO_CLIENT``: the sets a receiver checks at run time), and the same as
+types for annotations (``ToManager``, ``ToWorker``, ``ToPeer``, ``FromPeer``,
+``FromClient``, ``ToClient``: unions of those records).
 
 Each is a ``NamedTuple``: cheap to build, to pickle and to read on the hot path. How they
 travel is ``protocol`` (framing); what a valid one holds is ``validation``.
@@ -21,6 +23,9 @@ from daskvine_py.wire.serialize import Serialized
 INLINE_BYTES = 1024
 
 TaskId = int
+#: One frame of a batch: bytes, or a view (of a ZeroMQ frame received, of an out-of-band
+#: buffer sent).
+Frame: TypeAlias = bytes | memoryview
 
 
 class DepLocation(NamedTuple):
@@ -364,7 +369,29 @@ class Data(NamedTuple):
     value: Serialized | None  #: None: this worker does not hold it
 
 
-TO_MANAGER: frozenset[type] = frozenset(
+# -- directions: each as a type (a union of records, for annotations) and as the set of
+# its records (what a receiver checks at run time); tests/test_protocol.py holds them equal.
+
+#: A record a worker sends its manager.
+ToManager: TypeAlias = (
+    Register
+    | TaskDone
+    | TaskErred
+    | TaskCrashed
+    | FetchFailed
+    | Replicas
+    | Lost
+    | Withdrawn
+    | Started
+    | Transfers
+    | DiskFull
+    | Status
+    | Goodbye
+    | Relay
+    | Uploaded
+    | TaskExhausted
+)
+TO_MANAGER: frozenset[type[ToManager]] = frozenset(
     {
         Register,
         TaskDone,
@@ -384,26 +411,24 @@ TO_MANAGER: frozenset[type] = frozenset(
         TaskExhausted,
     }
 )
-#: Any record a worker sends its manager (the members of ``TO_MANAGER``).
-ToManager: TypeAlias = (
-    Register
-    | TaskDone
-    | TaskErred
-    | TaskCrashed
-    | FetchFailed
-    | Replicas
-    | Lost
-    | Withdrawn
-    | Started
-    | Transfers
-    | DiskFull
-    | Status
-    | Goodbye
-    | Relay
-    | Uploaded
-    | TaskExhausted
+#: A record a manager sends its workers.
+ToWorker: TypeAlias = (
+    Welcome
+    | Rejected
+    | Function
+    | RunConfig
+    | Execute
+    | Release
+    | Cancel
+    | Withdraw
+    | Abort
+    | Replicate
+    | Heartbeat
+    | Shutdown
+    | Upload
+    | Relayed
 )
-TO_WORKER: frozenset[type] = frozenset(
+TO_WORKER: frozenset[type[ToWorker]] = frozenset(
     {
         Welcome,
         Rejected,
@@ -421,10 +446,22 @@ TO_WORKER: frozenset[type] = frozenset(
         Relayed,
     }
 )
-TO_PEER: frozenset[type] = frozenset({GetData})
-FROM_PEER: frozenset[type] = frozenset({Data})
-FROM_CLIENT: frozenset[type] = frozenset({StatusRequest, RetireWorker, LiveRequest})
-TO_CLIENT: frozenset[type] = frozenset({StatusReply, Rejected, LiveReply})
+#: What a worker asks a peer.
+ToPeer: TypeAlias = GetData
+TO_PEER: frozenset[type[ToPeer]] = frozenset({GetData})
+#: What a peer answers.
+FromPeer: TypeAlias = Data
+FROM_PEER: frozenset[type[FromPeer]] = frozenset({Data})
+#: A record a status client sends the manager.
+FromClient: TypeAlias = StatusRequest | RetireWorker | LiveRequest
+FROM_CLIENT: frozenset[type[FromClient]] = frozenset({StatusRequest, RetireWorker, LiveRequest})
+#: A record the manager sends a status client.
+ToClient: TypeAlias = StatusReply | Rejected | LiveReply
+TO_CLIENT: frozenset[type[ToClient]] = frozenset({StatusReply, Rejected, LiveReply})
+#: A record the manager sends through its ROUTER: to a worker or to a status client.
+FromManager: TypeAlias = ToWorker | ToClient
+#: A record of any direction (what ``validation.check_fields`` and ``plain`` take).
+Record: TypeAlias = ToManager | ToWorker | ToPeer | FromPeer | FromClient | ToClient
 
 
 def inlinable(value: Serialized) -> bool:

@@ -9,7 +9,6 @@ out-of-band buffers (see ``protocol.zero_copy``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import zmq
 
@@ -20,7 +19,9 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
-def send_batch(sock: zmq.Socket[bytes], frames: Sequence[Any], ident: bytes | None = None) -> None:
+def send_batch(
+    sock: zmq.Socket[bytes], frames: Sequence[p.Frame], ident: bytes | None = None
+) -> None:
     """Send the frames of one ``protocol.encode`` batch, to ``ident`` on a ROUTER."""
     copy = not p.zero_copy(frames)
     if ident is not None:

@@ -32,6 +32,7 @@ from daskvine_py.wire.records import (
     LiveReply,
     LiveRequest,
     Lost,
+    Record,
     Register,
     Rejected,
     Relay,
@@ -105,7 +106,7 @@ def shown(value: object) -> str:
     return _REPR.repr(value)[:60]
 
 
-def _serialized(value: Any) -> str | None:
+def _serialized(value: object) -> str | None:
     if value is None:
         return None
     if type(value) is not Serialized:
@@ -186,7 +187,7 @@ def _activity(values: tuple[object, ...]) -> str | None:
     return None
 
 
-def _key(key: Any, depth: int = 0) -> str | None:
+def _key(key: object, depth: int = 0) -> str | None:
     if type(key) is tuple:
         if depth >= MAX_KEY_DEPTH:
             return f"a key nested more than {MAX_KEY_DEPTH} deep"
@@ -444,7 +445,7 @@ def connectable(address: str) -> bool:
     return match is not None and 0 < int(match.group(2)) < 65536
 
 
-def check_fields(message: Any) -> None:
+def check_fields(message: Record) -> None:
     """``ProtocolError`` unless ``message`` is a record of ours with valid fields.
 
     The most frequent records (``TaskDone``, ``Execute``) first go through a predicate
@@ -475,7 +476,7 @@ def check_fields(message: Any) -> None:
         raise ProtocolError(f"{kind.__name__}: unreadable field ({exc!r})") from exc
 
 
-def _field_error(message: Any, types: tuple[type | tuple[type, ...], ...]) -> ProtocolError:
+def _field_error(message: Record, types: tuple[type | tuple[type, ...], ...]) -> ProtocolError:
     kind = type(message)
     for name, value, expected in zip(kind._fields, message, types, strict=True):
         if not isinstance(value, expected):
@@ -483,7 +484,7 @@ def _field_error(message: Any, types: tuple[type | tuple[type, ...], ...]) -> Pr
     raise AssertionError("no field is wrong")
 
 
-def task_ids_named(message: Any) -> tuple[int, ...]:
+def task_ids_named(message: Record) -> tuple[int, ...]:
     """The task ids a record names (``task_id``, ``task_ids``), as far as they are ints:
     for a record that fails ``check_fields``, what its sender was talking about."""
     named = []

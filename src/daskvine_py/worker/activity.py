@@ -21,6 +21,7 @@ moved onto the wall clock when taken (``take``'s ``clock_offset``).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from daskvine_py.wire import protocol as p
@@ -41,7 +42,7 @@ OTHER = "Other"
 _HEX = frozenset("0123456789abcdef")
 
 
-def key_prefix(name: Any) -> str:
+def key_prefix(name: object) -> str:
     """The prefix of a key as ``dask.utils.key_split`` gives it (a key's category), for
     a worker that does not import dask: ``('sum-aggregate-a1b2', 3)`` -> "sum-aggregate",
     ``'inc-<32 hex digits>'`` -> "inc", a bare token -> "data"; never raises."""
@@ -98,9 +99,11 @@ class Activity:
         #: lane -> its last bar (in ``_bars``)
         self._last: dict[int, list[Any]] = {}
         #: key name (a key, or a tuple key's first element) -> its prefix
-        self._prefixes: dict[Any, str] = {}
+        self._prefixes: dict[Hashable, str] = {}
 
-    def add_task(self, lane: int, key: Any, start: float, end: float, serialization: float) -> None:
+    def add_task(
+        self, lane: int, key: Hashable, start: float, end: float, serialization: float
+    ) -> None:
         """A task of ``key`` ran on ``lane`` from ``start`` to ``end`` (wall clock),
         ``serialization`` seconds of it spent (un)pickling. Runs for every task: cheap."""
         name = key[0] if type(key) is tuple and key else key

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
 from typing import Any, Protocol
@@ -510,7 +510,7 @@ def describe_exit(code: int | None) -> str:
 
 
 def run(
-    call: Call, decoder: TaskDecoder, worker_name: str, live: dict[Any, Any] | None = None
+    call: Call, decoder: TaskDecoder, worker_name: str, live: dict[int, Any] | None = None
 ) -> Done | Erred | Missing:
     """Run one task; every outcome is a reply, never an exception. ``live``: this
     library's live results, where the call's live inputs are and its result is kept
@@ -573,7 +573,7 @@ def run(
 _ABSENT = object()
 
 
-def _unpickling_error(key: Any, what: str, exc: Exception, worker_name: str) -> Exception:
+def _unpickling_error(key: Hashable, what: str, exc: Exception, worker_name: str) -> Exception:
     """What a task whose ``what`` could not be unpickled here fails with: a module the
     manager's side has and this worker cannot import is named as such."""
     detail = f"{type(exc).__name__}: {exc}"

@@ -157,7 +157,24 @@ class PeerAsked(NamedTuple):
 
 
 #: An event: one of the classes above, or a wire record (``p.TO_WORKER``, ``p.Data``).
-Event: TypeAlias = object
+Event: TypeAlias = (
+    p.ToWorker
+    | p.FromPeer
+    | Boot
+    | Tick
+    | Stop
+    | ManagerConnection
+    | RegistrationSent
+    | Unreadable
+    | FromLibrary
+    | LibraryDied
+    | MemoryExceeded
+    | ProcessStarted
+    | ProcessFailed
+    | ProcessExited
+    | PeerUnreachable
+    | PeerAsked
+)
 
 # -- instructions ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ proves it is one.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
 
 import zmq
 
@@ -27,7 +27,7 @@ from daskvine_py.wire import security
 from daskvine_py.wire.transport import send_batch
 from daskvine_py.worker import serving
 from daskvine_py.worker.live_results import LiveResults
-from daskvine_py.worker.messages import AnswerPeer, AskPeer, PeerUnreachable
+from daskvine_py.worker.messages import AnswerPeer, AskPeer, Event, PeerUnreachable
 from daskvine_py.worker.store import Store
 
 #: Messages drained from one socket per loop iteration, so one busy peer cannot starve the rest.
@@ -95,7 +95,7 @@ class PeerLinks:
 
     # -- fetching from peers ----------------------------------------------------------
 
-    def ask(self, ask: AskPeer, events: list[object]) -> None:
+    def ask(self, ask: AskPeer, events: list[Event]) -> None:
         """Send one ``GetData`` (in requests of ``serving.REQUEST_IDS`` ids at most); a
         peer that cannot be asked becomes a ``PeerUnreachable`` event."""
         address, ids = ask
@@ -110,7 +110,7 @@ class PeerLinks:
             self._unreachable(events, address, ids, str(exc))
 
     def _unreachable(
-        self, events: list[object], address: str, ids: tuple[int, ...], why: str
+        self, events: list[Event], address: str, ids: tuple[int, ...], why: str
     ) -> None:
         self.drops.warn(
             ("unreachable", address),
@@ -127,7 +127,7 @@ class PeerLinks:
         to that peer at the next ``flush``, in one message."""
         self.answers.setdefault(answer.ident, []).append(answer.data)
 
-    def flush(self, live: LiveResults | None, events: list[object]) -> None:
+    def flush(self, live: LiveResults | None, events: list[Event]) -> None:
         """Answer this turn's share of the requests, and the state's answers."""
         self.answer_waiting(live, events)
         if self.answers:
@@ -158,7 +158,7 @@ class PeerLinks:
             self.poller.unregister(sock)
             sock.close(linger=0)
 
-    def drain(self, sock: zmq.Socket[bytes], events: list[object]) -> None:
+    def drain(self, sock: zmq.Socket[bytes], events: list[Event]) -> None:
         for _ in range(DRAIN_LIMIT):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -166,7 +166,7 @@ class PeerLinks:
                 return
             self.on_frames([f.buffer for f in frames], events)
 
-    def on_frames(self, frames: list[Any], events: list[object]) -> None:
+    def on_frames(self, frames: Sequence[p.Frame], events: list[Event]) -> None:
         """A peer's replies, each a ``p.Data`` event for the state; a malformed one is
         dropped, and its fetch times out."""
         try:
@@ -184,7 +184,7 @@ class PeerLinks:
 
     # -- serving peers ----------------------------------------------------------------
 
-    def serve(self, live: LiveResults | None = None, events: list[object] | None = None) -> None:
+    def serve(self, live: LiveResults | None = None, events: list[Event] | None = None) -> None:
         """Take the requests that arrived; they are answered by ``answer_waiting``, a
         bounded number per loop turn (``serving``); the ids of results ``live`` only go
         to ``events`` (``PeerAsked``)."""
@@ -196,7 +196,7 @@ class PeerLinks:
             self.take(ident.bytes, [f.buffer for f in frames], _address(ident))
         self.answer_waiting(live, events)
 
-    def take(self, ident: bytes, frames: list[Any], address: str = "unknown") -> bool:
+    def take(self, ident: bytes, frames: Sequence[p.Frame], address: str = "unknown") -> bool:
         """Queue one request from a peer (at host ``address``); False for one that is not
         valid. Ids past ``serving.REQUEST_IDS`` waiting from it are dropped, with a
         warning a minute per host at most."""
@@ -220,7 +220,7 @@ class PeerLinks:
         return True
 
     def replies(
-        self, ident: bytes, frames: list[Any], live: LiveResults | None = None
+        self, ident: bytes, frames: Sequence[p.Frame], live: LiveResults | None = None
     ) -> list[p.Data] | None:
         """The answer to one request at once (``serve`` spreads them over loop turns),
         its first ``serving.REQUEST_IDS`` ids, those held live left out; None for a
@@ -235,7 +235,7 @@ class PeerLinks:
         )
         return [data for data in answers if data is not None]
 
-    def _read(self, ident: bytes, frames: list[Any]) -> list[p.GetData] | None:
+    def _read(self, ident: bytes, frames: Sequence[p.Frame]) -> list[p.GetData] | None:
         try:
             return p.decode(frames, p.TO_PEER)
         except ProtocolError as exc:
@@ -249,7 +249,7 @@ class PeerLinks:
             )
             return None
 
-    def answer_waiting(self, live: LiveResults | None, events: list[object] | None) -> None:
+    def answer_waiting(self, live: LiveResults | None, events: list[Event] | None) -> None:
         """Answer this turn's share of the ids peers asked for."""
         if self.requests:
             answers = self.requests.answers(self.store, live, self._unreadable, events)
@@ -266,7 +266,7 @@ class PeerLinks:
             exc,
         )
 
-    def _answer(self, ident: bytes, replies: list[Any]) -> None:
+    def _answer(self, ident: bytes, replies: list[p.Data]) -> None:
         try:
             send_batch(self.server, p.encode(replies), ident)
         except Exception as exc:  # the peer asks another holder after its timeout

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from daskvine_py.wire import protocol as p
 from daskvine_py.worker.live_results import LiveResults
-from daskvine_py.worker.messages import PeerAsked
+from daskvine_py.worker.messages import Event, PeerAsked
 from daskvine_py.worker.store import Store
 
 #: Ids one peer may have waiting for an answer: hundreds of times what a fetch asks.
@@ -65,7 +65,7 @@ class PeerRequests:
         store: Store,
         live: LiveResults | None,
         on_error: _OnError,
-        asked: list[object] | None = None,
+        asked: list[Event] | None = None,
     ) -> list[tuple[bytes, list[p.Data]]]:
         """This turn's answers: (peer identity, records of one message), at most
         ``TURN_IDS`` records and about ``TURN_BYTES`` of values in all. The ids whose

@@ -88,6 +88,7 @@ from daskvine_py.worker.messages import (
     AskPeer,
     Boot,
     ClosePeer,
+    Event,
     EventFailed,
     FromLibrary,
     KillLibrary,
@@ -235,7 +236,7 @@ class Worker:
         self.functions_written: set[bytes] = set()
         #: events for the state's next ``handle``: what the loop read, and the answers
         #: to instructions (a library's death, a peer that cannot be reached...)
-        self.events: list[object] = []
+        self.events: list[Event] = []
         #: records for the manager, sent as one batch at the end of the pass
         self.outbox: list[p.ToManager] = []
         #: a ``Register`` waits in ``outbox``: its going out is news for the state
@@ -439,7 +440,7 @@ class Worker:
             if not has_more(self.manager):
                 return
 
-    def _on_manager_frames(self, frames: list[Any]) -> None:
+    def _on_manager_frames(self, frames: Sequence[p.Frame]) -> None:
         """One batch from the manager, each record checked on its own: a bad one is
         dropped (an ``Unreadable`` event: its task is reported crashed), the others are
         events for the state. Only a valid record shows that the manager is there."""

@@ -60,6 +60,7 @@ from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
 from daskvine_py.worker.messages import (
     AnswerPeer,
     Boot,
+    Event,
     EventFailed,
     FromLibrary,
     Instruction,
@@ -267,7 +268,7 @@ class WorkerState:
 
     # -- entry point ------------------------------------------------------------------
 
-    def handle(self, events: Iterable[Any], now: float) -> list[Instruction]:
+    def handle(self, events: Iterable[Event], now: float) -> list[Instruction]:
         """Apply ``events`` (``messages``) in order, then end the pass (see the module
         docstring); return the instructions, in the order to carry them out.
 
@@ -550,7 +551,7 @@ class WorkerState:
         if self.fetcher.relayed(msg.task_id):
             self._on_data(p.Data(msg.task_id, msg.value), now)
 
-    def _cannot_take(self, message: Any, why: str) -> None:
+    def _cannot_take(self, message: object, why: str) -> None:
         """An ``Execute`` that was dropped (``message``: whatever arrived, perhaps
         malformed): forget what was kept of its task, and tell the manager, which would
         otherwise wait for it forever."""
