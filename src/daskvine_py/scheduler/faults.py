@@ -43,7 +43,9 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   of a task whose inputs came from other workers is no burst of its worker's; its
   retry goes to a witness, a worker that computed none of its inputs, if there is one;
   a success on a worker that computed some strikes no one (its own results read back
-  prove nothing). A task raised on two workers, its inputs computed by a third that did
+  prove nothing); a success on a witness strikes the failed worker only once its failed
+  tasks succeeded on ``WITNESSES`` workers (one may be a liar "succeeding" at a task
+  that raises everywhere). A task raised on two workers, its inputs computed by a third that did
   not raise it: that producer settles it. Raised there too: the task's own error, no
   one is struck. Succeeded there: the producer is the suspect (``suspect``: its
   results make honest workers' tasks fail), its result is not used, and the run fails
@@ -105,6 +107,9 @@ BURST = 8
 #: only on it, or a verification's third worker agreed against it. Never forgiven by
 #: tasks done (a liar does its tasks quickly).
 SUSPECTED = 2
+#: Workers on which tasks that failed on a worker then succeeded, before each such task
+#: is a strike: a liar "succeeding" at tasks that raise everywhere is one witness.
+WITNESSES = 2
 #: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
 #: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
 #: on a worker whose pace is under log(2) (half as fast again as usual, or faster) is
@@ -222,6 +227,8 @@ class Faults:
         self.strikes: dict[WorkerRecord, float] = {}
         self.own: dict[WorkerRecord, int] = {}
         self.suspected: dict[WorkerRecord, int] = {}
+        #: per worker: the workers that ran tasks it failed, successfully (``WITNESSES``)
+        self.witnessed: dict[WorkerRecord, set[WorkerRecord]] = {}
         self.slow: dict[WorkerRecord, int] = {}
         #: per worker: how fast its tasks run against their kinds' means (``PACE_WEIGHT``)
         self.pace: dict[WorkerRecord, float] = {}
@@ -333,6 +340,14 @@ class Faults:
             return  # (raised on two workers: its own error, or its inputs')
         if worker in producers(task):
             return  # no witness: a liar's task reading its own results back succeeds
+        # One witness alone may be a liar "succeeding" at a task that raises everywhere:
+        # its failures must have succeeded on two workers before they count.
+        seen = self.witnessed.get(first)
+        if seen is None:
+            seen = self.witnessed[first] = set()
+        seen.add(worker)
+        if len(seen) < WITNESSES:
+            return
         self.strike(first, f"task {task.key!r:.60} failed there, then succeeded on {worker.name}")
 
     def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
@@ -380,7 +395,7 @@ class Faults:
         # (stealing may hand a task back to a worker with room: a black hole has room).
         again = tries > 0 and worker is erred.failed[0]
         if tries < 1 or ((again or worker in self.quarantined) and tries < MAX_ERROR_RETRIES):
-            target = self.elsewhere(worker, producers(task))
+            target = self.elsewhere(worker, producers(task), self.witnessed.get(erred.failed[0]))
             if target is not None:
                 erred.tries = tries + 1
                 self.erred_on[task] = erred
@@ -470,17 +485,22 @@ class Faults:
         self.quarantined.pop(worker, None)
         self.strikes.pop(worker, None)
         self.suspected.pop(worker, None)
+        self.witnessed.pop(worker, None)
         self.slow.pop(worker, None)
         self.out.append(Quarantined(worker.id, worker.name, None, why))
 
     # -- taking work back -------------------------------------------------------------
 
     def elsewhere(
-        self, away: WorkerRecord, avoid: list[WorkerRecord] | None = None
+        self,
+        away: WorkerRecord,
+        avoid: list[WorkerRecord] | None = None,
+        witnesses: set[WorkerRecord] | None = None,
     ) -> WorkerRecord | None:
         """The least loaded worker but ``away`` that may take a task now: not quarantined,
         full or ejected, not erring lately unless every other one is, and not one of
-        ``avoid`` (those that computed its inputs: no witness) unless every other is."""
+        ``avoid`` (those that computed its inputs: no witness) unless every other is;
+        of the rest, one not among ``witnesses`` (of ``away``'s failures: a second)."""
         best, best_load = None, math.inf
         for worker in self.workers.values():
             if worker is away or worker.full or worker.quarantined is not None:
@@ -492,6 +512,8 @@ class Faults:
                 load += 1e9  # a black hole empties its queue fastest: the last choice
             if avoid and worker in avoid:
                 load += 1e12
+            if witnesses and worker in witnesses:
+                load += 1e6
             if load < best_load:
                 best, best_load = worker, load
         return best
@@ -636,6 +658,7 @@ class Faults:
             self.strikes,
             self.own,
             self.suspected,
+            self.witnessed,
             self.slow,
             self.pace,
             self.quarantined,
