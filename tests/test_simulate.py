@@ -39,8 +39,9 @@ def unexpected(violations: list[dict]) -> list[str]:
         (range(0, 300), Config()),
         (range(1000, 1030), Config(workers=10, tasks=150)),
         (range(2000, 2060), Config(workers=3, tasks=30, preempt=0.6, leave=0.3, oom=0.5)),
+        (range(3000, 3100), Config(liar=1.0)),
     ],
-    ids=["default", "ten-workers", "many-faults"],
+    ids=["default", "ten-workers", "many-faults", "a-liar"],
 )
 def test_a_fixed_range_of_seeds_breaks_no_invariant(seeds, config):
     result = run(seeds, config, echo=False)

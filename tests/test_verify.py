@@ -13,6 +13,7 @@ import pytest
 from daskvine_py import Manager
 from daskvine_py.errors import TaskFailed
 from daskvine_py.scheduler import state as s
+from daskvine_py.scheduler.messages import Quarantined
 from daskvine_py.scheduler.verify import chosen
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
@@ -85,6 +86,114 @@ def test_results_that_differ_fail_the_run_naming_both_workers():
     assert failed.key == "x" and "verification failed" in failed.message
     assert worker.decode() in failed.message and other.decode() in failed.message
     assert not st_.runs and not st_.tasks  # the run and every record of it are gone
+
+
+W3 = b"w3"
+
+
+def disagreement(third: bool = True) -> tuple[s.SchedulerState, list, bytes, bytes, int]:
+    """x's first run and its re-run differ (41 and 40); ``third``: a third worker, w3,
+    is there to settle it. The state, the instructions of the re-run's result, the
+    workers of the first run and of the re-run, and the id of x."""
+    st_ = s.SchedulerState(chain_ahead=0)
+    workers = [joined(W1), joined(W2)] + ([joined(W3)] if third else [])
+    out = st_.handle([*workers, two_step(verify=1.0)])
+    ((first, x),) = [
+        (i.worker, i.message)
+        for i in out
+        if type(i) is s.Send and type(i.message) is p.Execute and i.message.key == "x"
+    ]
+    out = st_.handle([s.FromWorker(first, p.TaskDone(x.task_id, 8, 0.01, dumps(41)))])
+    ((second, shadow),) = [
+        (i.worker, i.message)
+        for i in out
+        if type(i) is s.Send and type(i.message) is p.Execute and i.message.key == "x"
+    ]
+    assert second != first
+    out = st_.handle([s.FromWorker(second, p.TaskDone(shadow.task_id, 8, 0.01, dumps(40)))])
+    return st_, out, first, second, x.task_id
+
+
+def referee(out: list) -> tuple[bytes, p.Execute]:
+    ((worker, execute),) = [
+        (i.worker, i.message)
+        for i in out
+        if type(i) is s.Send and type(i.message) is p.Execute and i.message.key == "x"
+    ]
+    return worker, execute
+
+
+def suspected(st_: s.SchedulerState) -> dict[str, int]:
+    return {w.name: n for w, n in st_.faults.suspected.items()}
+
+
+def test_a_disagreement_is_settled_by_a_third_worker_and_the_odd_re_run_is_the_suspect():
+    st_, out, first, second, _ = disagreement()
+    assert not [i for i in out if type(i) is s.RunFailed]
+    where, third = referee(out)
+    assert where not in (first, second) and third.want_result and third.keep is False
+    out = st_.handle([s.FromWorker(where, p.TaskDone(third.task_id, 8, 0.01, dumps(41)))])
+    assert not [i for i in out if type(i) is s.RunFailed]
+    assert st_.runs[1].verified == 1
+    assert suspected(st_) == {second.decode(): 1}  # once: not quarantined yet
+    assert st_.workers[second].quarantined is None
+
+
+def test_a_third_worker_agreeing_with_the_re_run_fails_the_run_naming_the_first_worker():
+    st_, out, first, second, _ = disagreement()
+    where, third = referee(out)
+    out = st_.handle([s.FromWorker(where, p.TaskDone(third.task_id, 8, 0.01, dumps(40)))])
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert failed.key == "x" and "verification failed" in failed.message
+    assert f"worker {first.decode()} computed it wrong" in failed.message
+    assert suspected(st_) == {first.decode(): 1}
+    assert not st_.runs and not st_.tasks
+
+
+def test_three_different_results_fail_the_run_and_strike_no_one():
+    st_, out, first, second, _ = disagreement()
+    where, third = referee(out)
+    out = st_.handle([s.FromWorker(where, p.TaskDone(third.task_id, 8, 0.01, dumps(39)))])
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert "matches neither" in failed.message
+    assert suspected(st_) == {} and not st_.runs and not st_.tasks
+
+
+def test_a_disagreement_with_no_third_worker_fails_the_run_naming_both():
+    st_, out, first, second, _ = disagreement(third=False)
+    (failed,) = [i for i in out if type(i) is s.RunFailed]
+    assert failed.key == "x" and "no third worker" in failed.message
+    assert first.decode() in failed.message and second.decode() in failed.message
+    assert suspected(st_) == {} and not st_.runs and not st_.tasks
+
+
+def test_a_worker_caught_twice_by_referees_is_quarantined():
+    st_ = s.SchedulerState(chain_ahead=0)
+    st_.handle([joined(W1), joined(W2), joined(W3)])
+    quarantined = []
+    for run_id in (1, 2):
+        tasks = [s.NewTask("x", b"px", (), (), 0), s.NewTask("y", b"py", (), ("x",), 1)]
+        out = st_.handle([s.SubmitRun(run_id, tasks, ["y"], 3, verify=1.0)])
+        for _ in range(20):  # every worker answers 41 for x, 42 for y; w2 answers 0
+            sent = [
+                (i.worker, i.message)
+                for i in out
+                if type(i) is s.Send and type(i.message) is p.Execute
+            ]
+            if not sent:
+                break
+            events = [
+                s.FromWorker(
+                    w,
+                    p.TaskDone(
+                        e.task_id, 8, 0.01, dumps(0 if w == W2 else 41 if e.key == "x" else 42)
+                    ),
+                )
+                for w, e in sent
+            ]
+            out = st_.handle(events)
+            quarantined += [i for i in out if type(i) is Quarantined]
+    assert [q.worker for q in quarantined] == [W2]
 
 
 def test_one_worker_verifies_nothing_and_releases_what_it_held():

@@ -114,6 +114,10 @@ class SizingPart(Protocol):
     def fits(self, worker: WorkerRecord, task: TaskRecord, size: Size, limit: int) -> bool: ...
 
 
+class FaultsPart(Protocol):
+    def suspect(self, worker: WorkerRecord, why: str) -> None: ...
+
+
 class VerificationPart(Protocol):
     def added(self, run: RunRecord, added: list[TaskRecord]) -> None: ...
 
@@ -215,12 +219,12 @@ class Context:
     claims: ClaimsPart
     failures: FailuresPart
     sizing: SizingPart
+    faults: FaultsPart
     verification: VerificationPart
     caching: CachingPart
     copies: CopiesPart
     churn: ChurnPart
     #: (no part reaches these: the state holds them by their classes)
-    faults: object
     relays: object
     submission: object
     dispatch: object

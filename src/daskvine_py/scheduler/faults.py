@@ -37,6 +37,21 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   or on the worker that failed the task first, is retried (up to ``MAX_ERROR_RETRIES``).
   Should every worker be quarantined while work waits, the one with the fewest strikes is
   released (with a WARNING), so that a run never hangs: it runs, or fails with its error.
+- **Inputs implicate their producer** (issue 38: a worker answering every task with
+  ``0.0`` got the honest workers whose tasks then raised on its zeros quarantined).
+  Each result records the worker that computed it (``TaskRecord.made_by``). A failure
+  of a task whose inputs came from other workers is no burst of its worker's; its
+  retry goes to a witness, a worker that computed none of its inputs, if there is one;
+  a success on a worker that computed some strikes no one (its own results read back
+  prove nothing); a success on a witness strikes the failed worker only once its failed
+  tasks succeeded on ``WITNESSES`` workers (one may be a liar "succeeding" at a task
+  that raises everywhere). A task raised on two workers, its inputs computed by a third that did
+  not raise it: that producer settles it. Raised there too: the task's own error, no
+  one is struck. Succeeded there: the producer is the suspect (``suspect``: its
+  results make honest workers' tasks fail), its result is not used, and the run fails
+  with the error the others raised. At ``SUSPECTED`` it is quarantined; tasks done do
+  not forgive it. A verification (``verify``) that a third worker settles suspects the
+  odd one out the same way.
 """
 
 from __future__ import annotations
@@ -87,6 +102,14 @@ MAX_ERROR_RETRIES = 3
 #: error is a strike: a black hole fails many tasks quickly. (One that is the first to
 #: run a kind is struck as its failed tasks then succeed elsewhere.)
 BURST = 8
+#: Times a worker was the suspect of a disagreement (``suspect``) before it is quarantined:
+#: its results were the inputs of a task that raised on two other workers and succeeded
+#: only on it, or a verification's third worker agreed against it. Never forgiven by
+#: tasks done (a liar does its tasks quickly).
+SUSPECTED = 2
+#: Workers on which tasks that failed on a worker then succeeded, before each such task
+#: is a strike: a liar "succeeding" at tasks that raise everywhere is one witness.
+WITNESSES = 2
 #: A worker's pace: the EMA (weight ``PACE_WEIGHT``) of the log of its tasks' durations
 #: against their kinds' means, over kinds of ``PACE_MIN`` s or more. A task past its limit
 #: on a worker whose pace is under log(2) (half as fast again as usual, or faster) is
@@ -136,6 +159,31 @@ class Category:
         return any(winner is not worker for winner in self.winners)
 
 
+class Erred:
+    """A task whose error is being retried: the workers it raised on, in order; how many
+    times it was retried; whether its first worker was struck for it (a burst); the
+    producer of its inputs asked to settle it, and the error it fails with then."""
+
+    __slots__ = ("failed", "tries", "struck", "settling", "error")
+
+    def __init__(self, worker: WorkerRecord, struck: bool) -> None:
+        self.failed = [worker]
+        self.tries = 0
+        self.struck = struck
+        self.settling: WorkerRecord | None = None
+        self.error: p.TaskErred | None = None
+
+
+def producers(task: TaskRecord, but: WorkerRecord | None = None) -> list[WorkerRecord]:
+    """The workers that computed ``task``'s inputs (each once), ``but`` aside."""
+    found: list[WorkerRecord] = []
+    for dep in task.deps:
+        made = dep.made_by
+        if made is not None and made is not but and made not in found:
+            found.append(made)
+    return found
+
+
 class Faults:
     """Fast aborts, ejections and quarantines; see the module docstring.
 
@@ -169,12 +217,18 @@ class Faults:
         #: fast aborts per task; where each last ran and for how long
         self.aborts: dict[TaskRecord, int] = {}
         self.aborted: dict[TaskRecord, tuple[WorkerRecord, float]] = {}
-        #: tasks whose error is being retried: where it failed, tries, whether it struck
-        self.erred_on: dict[TaskRecord, tuple[WorkerRecord, int, bool]] = {}
+        #: tasks whose error is being retried
+        self.erred_on: dict[TaskRecord, Erred] = {}
         #: per worker: its last progress report; strikes; slowness shown (errors in a
-        #: row: ``WorkerRecord.errors``)
+        #: row: ``WorkerRecord.errors``; of them, those of tasks whose inputs it computed
+        #: itself or that had none: ``own``, what a burst counts); disagreements it was
+        #: the suspect of (``suspect``)
         self.progress: dict[WorkerRecord, float] = {}
         self.strikes: dict[WorkerRecord, float] = {}
+        self.own: dict[WorkerRecord, int] = {}
+        self.suspected: dict[WorkerRecord, int] = {}
+        #: per worker: the workers that ran tasks it failed, successfully (``WITNESSES``)
+        self.witnessed: dict[WorkerRecord, set[WorkerRecord]] = {}
         self.slow: dict[WorkerRecord, int] = {}
         #: per worker: how fast its tasks run against their kinds' means (``PACE_WEIGHT``)
         self.pace: dict[WorkerRecord, float] = {}
@@ -227,13 +281,15 @@ class Faults:
             self.productive.add(worker)
         if worker.errors:
             worker.errors = 0
+        if self.own:
+            self.own.pop(worker, None)
         if self.strikes and worker in self.strikes:
             self.strikes[worker] = max(0.0, self.strikes[worker] - FORGIVEN)
+        task.made_by = worker
         if self.erred_on:
             erred = self.erred_on.pop(task, None)
-            if erred is not None and erred[0] is not worker and not erred[2]:
-                why = f"task {task.key!r:.60} failed there, then succeeded on {worker.name}"
-                self.strike(erred[0], why)
+            if erred is not None:
+                self._succeeded(task, worker, erred)
         if self.aborted:
             aborted = self.aborted.pop(task, None)
             if (
@@ -250,57 +306,140 @@ class Faults:
                         "running longer there than they then took elsewhere",
                     )
 
+    def _succeeded(self, task: TaskRecord, worker: WorkerRecord, erred: Erred) -> None:
+        """``task``, which raised on ``erred.failed``, succeeded on ``worker``.
+
+        On a worker that computed none of its inputs (a witness), its first worker is
+        struck: it failed what runs elsewhere. On one that computed some, nothing is
+        learned (its success may be its own wrong inputs read back): no strike. On the
+        producer asked to settle it after two other workers raised it on its inputs, that
+        producer is the suspect: its results make honest workers' tasks fail, and its
+        success is no answer to trust; the run fails with the error the others raised.
+        """
+        first = erred.failed[0]
+        if worker is erred.settling and erred.error is not None:
+            names = " and ".join(w.name for w in erred.failed)
+            why = (
+                f"task {task.key!r:.60} raised on {names} reading its results, and "
+                f"succeeded only on {worker.name}"
+            )
+            self.suspect(worker, why)
+            error = erred.error
+            message = (
+                f"{error.message} (it raised on workers {names}; it succeeded only on "
+                f"worker {worker.name}, which computed its inputs: that worker is the "
+                "suspect, and its result was not used)"
+            )
+            self.fail(
+                task, worker, error.exception, error.traceback, message, False, error.type_name
+            )
+            if task.unread is not True and self.workers.get(worker.id) is worker:
+                self.send(worker, p.Release((task.id,)))  # (it keeps what it computed)
+            return
+        if len(erred.failed) > 1 or erred.struck or worker is first:
+            return  # (raised on two workers: its own error, or its inputs')
+        if worker in producers(task):
+            return  # no witness: a liar's task reading its own results back succeeds
+        # One witness alone may be a liar "succeeding" at a task that raises everywhere:
+        # its failures must have succeeded on two workers before they count.
+        seen = self.witnessed.get(first)
+        if seen is None:
+            seen = self.witnessed[first] = set()
+        seen.add(worker)
+        if len(seen) < WITNESSES:
+            return
+        self.strike(first, f"task {task.key!r:.60} failed there, then succeeded on {worker.name}")
+
     def task_erred(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskErred) -> None:
-        """``task`` raised on ``worker``: try it once on another worker, or fail its run."""
+        """``task`` raised on ``worker``: try it on another worker, or fail its run.
+
+        Its first error is retried on a witness: another worker, one that computed none
+        of its inputs if there is one. Should the witness raise it too, and a worker
+        that computed its inputs did not raise it, that producer settles it (a third
+        try): raised there too, it is the task's own error; succeeded there, the producer
+        is the suspect (``_succeeded``). Either way the run fails with the error.
+        """
         self._ended(task, worker)
-        previous = self.erred_on.get(task)
-        if previous is not None and previous[0] is not worker:
-            # Its second worker failed it too: the task's own error, no worker's. The
-            # first is forgiven it (else a run of such errors, their runs failing before
-            # anything succeeds there, looks like a black hole), and this one is not
-            # charged with it.
-            first = previous[0]
-            first.errors = max(0, first.errors - 1)
-            struck = False
+        erred = self.erred_on.get(task)
+        if erred is not None and worker not in erred.failed:
+            # Another worker raised it too: the task's own error, or its inputs' (no
+            # worker's where it surfaced). The first is forgiven it (else a run of such
+            # errors, their runs failing before anything succeeds there, looks like a
+            # black hole), and this one is not charged with it.
+            first = erred.failed[0]
+            if len(erred.failed) == 1:
+                first.errors = max(0, first.errors - 1)
+                if first in self.own and not producers(task, first):
+                    self.own[first] = max(0, self.own[first] - 1)
+            erred.failed.append(worker)
+            if erred.settling is None:
+                settler = self._settler(task, erred)
+                if settler is not None:
+                    erred.settling, erred.error = settler, msg
+                    erred.tries += 1
+                    self.move(task, settler)
+                    return
         else:
             worker.errors += 1
-            category = self.categories.get(task.prefix)
-            if category is None:
-                category = self.categories[task.prefix] = Category()
-            struck = self._burst(task, worker, category, "failed")
-        tries = 0 if previous is None else previous[1]
+            struck = False
+            if not producers(task, worker):  # (else its inputs may be the cause)
+                own = self.own[worker] = self.own.get(worker, 0) + 1
+                category = self.categories.get(task.prefix)
+                if category is None:
+                    category = self.categories[task.prefix] = Category()
+                struck = self._burst(task, worker, category, "failed", own)
+            if erred is None:
+                erred = Erred(worker, struck)
+        tries = erred.tries
         # Not the second worker to fail it: a quarantined one, or its first one again
         # (stealing may hand a task back to a worker with room: a black hole has room).
-        first = worker if previous is None else previous[0]
-        again = previous is not None and first is worker
+        again = tries > 0 and worker is erred.failed[0]
         if tries < 1 or ((again or worker in self.quarantined) and tries < MAX_ERROR_RETRIES):
-            target = self.elsewhere(worker)
+            target = self.elsewhere(worker, producers(task), self.witnessed.get(erred.failed[0]))
             if target is not None:
-                self.erred_on[task] = (first, tries + 1, struck)
+                erred.tries = tries + 1
+                self.erred_on[task] = erred
                 self.move(task, target)
                 return
         self.erred_on.pop(task, None)
         self.fail(task, worker, msg.exception, msg.traceback, msg.message, False, msg.type_name)
 
+    def _settler(self, task: TaskRecord, erred: Erred) -> WorkerRecord | None:
+        """A worker that computed inputs of ``task`` and has not raised it, that may take
+        it now: the one to settle whether the task or its inputs are wrong."""
+        for made in producers(task):
+            if made in erred.failed or self.workers.get(made.id) is not made:
+                continue
+            if made.full or made.quarantined is not None or made.id in self.ejected:
+                continue
+            return made
+        return None
+
     def task_crashed(self, task: TaskRecord, worker: WorkerRecord, msg: p.TaskCrashed) -> None:
         """``task``'s process died on ``worker`` (its retries are ``Churn``'s to count)."""
         self._ended(task, worker)
         worker.errors += 1
+        if producers(task, worker):
+            return  # (its inputs, computed elsewhere, may be the cause)
+        own = self.own[worker] = self.own.get(worker, 0) + 1
         category = self.categories.get(task.prefix)
         if category is None:
             category = self.categories[task.prefix] = Category()
-        self._burst(task, worker, category, "crashed")
+        self._burst(task, worker, category, "crashed", own)
 
-    def _burst(self, task: TaskRecord, worker: WorkerRecord, category: Category, how: str) -> bool:
-        """A strike for a failure past ``BURST`` in a row, of a kind that succeeds on
-        other workers (a failure alone may be the task's own bug: a data-dependent error
-        fails wherever it runs; a kind that failed wherever it ran is no sign of a broken
-        worker, whose failed tasks then succeed elsewhere: a strike each)."""
-        if worker.errors < BURST or not category.succeeded_elsewhere(worker):
+    def _burst(
+        self, task: TaskRecord, worker: WorkerRecord, category: Category, how: str, own: int
+    ) -> bool:
+        """A strike for a failure past ``BURST`` in a row (``own``: of tasks whose inputs
+        it computed itself, or that had none), of a kind that succeeds on other workers
+        (a failure alone may be the task's own bug: a data-dependent error fails wherever
+        it runs; a kind that failed wherever it ran is no sign of a broken worker, whose
+        failed tasks then succeed elsewhere: a strike each)."""
+        if own < BURST or not category.succeeded_elsewhere(worker):
             return False  # (a kind that failed wherever it ran: its own bug, or its graph's)
         self.strike(
             worker,
-            f"{worker.errors} of its tasks {how} in a row; tasks of "
+            f"{own} of its tasks {how} in a row; tasks of "
             f"{task.prefix!r:.40} succeed on other workers",
         )
         return True
@@ -322,6 +461,13 @@ class Faults:
         if strikes >= STRIKES:
             self.quarantine(worker, why)
 
+    def suspect(self, worker: WorkerRecord, why: str) -> None:
+        """``worker`` was the odd one of a disagreement that a third worker settled:
+        quarantined at ``SUSPECTED`` (tasks done forgive none of it)."""
+        count = self.suspected[worker] = self.suspected.get(worker, 0) + 1
+        if count >= SUSPECTED:
+            self.quarantine(worker, f"suspect: {why} ({count} times)")
+
     def quarantine(self, worker: WorkerRecord, reason: str) -> None:
         """No new tasks for ``worker``; a slow one's tasks are taken back at once."""
         if worker in self.quarantined or self.workers.get(worker.id) is not worker:
@@ -338,14 +484,23 @@ class Faults:
         worker.quarantined = None
         self.quarantined.pop(worker, None)
         self.strikes.pop(worker, None)
+        self.suspected.pop(worker, None)
+        self.witnessed.pop(worker, None)
         self.slow.pop(worker, None)
         self.out.append(Quarantined(worker.id, worker.name, None, why))
 
     # -- taking work back -------------------------------------------------------------
 
-    def elsewhere(self, away: WorkerRecord) -> WorkerRecord | None:
+    def elsewhere(
+        self,
+        away: WorkerRecord,
+        avoid: list[WorkerRecord] | None = None,
+        witnesses: set[WorkerRecord] | None = None,
+    ) -> WorkerRecord | None:
         """The least loaded worker but ``away`` that may take a task now: not quarantined,
-        full or ejected, and not erring lately unless every other one is."""
+        full or ejected, not erring lately unless every other one is, and not one of
+        ``avoid`` (those that computed its inputs: no witness) unless every other is;
+        of the rest, one not among ``witnesses`` (of ``away``'s failures: a second)."""
         best, best_load = None, math.inf
         for worker in self.workers.values():
             if worker is away or worker.full or worker.quarantined is not None:
@@ -355,6 +510,10 @@ class Faults:
             load = len(worker.processing) / max(1, worker.cores)
             if worker.errors:
                 load += 1e9  # a black hole empties its queue fastest: the last choice
+            if avoid and worker in avoid:
+                load += 1e12
+            if witnesses and worker in witnesses:
+                load += 1e6
             if load < best_load:
                 best, best_load = worker, load
         return best
@@ -478,7 +637,14 @@ class Faults:
         quarantined = self.quarantined
         if not quarantined or not self.queue or len(quarantined) < len(self.workers):
             return
-        best = min(quarantined, key=lambda w: (self.strikes.get(w, 0.0), self.slow.get(w, 0)))
+        best = min(
+            quarantined,
+            key=lambda w: (
+                self.suspected.get(w, 0),
+                self.strikes.get(w, 0.0),
+                self.slow.get(w, 0),
+            ),
+        )
         self.release(
             best,
             "every worker was quarantined and work waits: released the one with the fewest strikes",
@@ -487,7 +653,17 @@ class Faults:
     def _prune(self) -> None:
         """Forget what concerns lost workers and forgotten tasks (small tables)."""
         workers = self.workers
-        for table in (self.progress, self.strikes, self.slow, self.pace, self.quarantined):
+        tables = (
+            self.progress,
+            self.strikes,
+            self.own,
+            self.suspected,
+            self.witnessed,
+            self.slow,
+            self.pace,
+            self.quarantined,
+        )
+        for table in tables:
             for worker in [w for w in table if workers.get(w.id) is not w]:
                 del table[worker]
         self.ejected = {wid for wid in self.ejected if wid in workers}

@@ -209,6 +209,7 @@ class TaskRecord:
         "size",
         "memory",
         "asks",
+        "made_by",
     )
 
     def __init__(
@@ -272,6 +273,10 @@ class TaskRecord:
         self.size: Size | None = None
         self.memory = 0
         self.asks = 0
+        #: the worker that computed the result it holds (its last run's; ``faults``: a
+        #: failure caused by an input implicates the input's producer); None: not
+        #: computed yet, or read from the cache
+        self.made_by: WorkerRecord | None = None
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

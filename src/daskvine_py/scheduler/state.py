@@ -378,6 +378,8 @@ class SchedulerState:
         run.serialization_seconds += msg.serialization
         for hook in self._done_hooks:  # (sizing, faults: the task is still processing)
             hook(task, worker, msg)
+        if task.state != "processing":
+            return  # its run failed: its worker succeeded where others raised (``faults``)
         task.nbytes = msg.nbytes
         if msg.value is not None and task.waiters and p.inlinable(msg.value):
             task.value = msg.value

@@ -36,6 +36,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed")
     parser.add_argument("--workers", type=int, default=4, help="workers at the start")
     parser.add_argument("--tasks", type=int, default=40, help="tasks per run, at most")
+    parser.add_argument(
+        "--liar",
+        type=float,
+        default=0.0,
+        help="probability that a seed's second worker answers every task wrong",
+    )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     return parser.parse_args(argv)
@@ -64,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The components log what they judge (a false claim, a quarantine) at WARNING: the
     # violations say it once, with their seed; the rest is noise here.
     logging.basicConfig(level=logging.ERROR, format="%(name)s %(message)s")
-    config = Config(workers=args.workers, tasks=args.tasks)
+    config = Config(workers=args.workers, tasks=args.tasks, liar=args.liar)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     started = time.perf_counter()
     result = run(seeds, config, echo=not args.quiet)

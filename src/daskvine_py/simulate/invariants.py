@@ -8,7 +8,9 @@ Checked after every step (``Checker.after_step``) and as they happen:
   workload's ``TaskRaised``), for crashes when the seed injected more faults that crash
   tasks (preemptions, leaves) than the run's retries, or for ``ResourceExhausted`` when
   libraries were made to run out of memory;
-- **honest workers**: every worker is honest, so none is ejected (``Eject``), none is
+- **honest workers**: every worker is honest (but the liar, ``Config.liar``: then the
+  results are not checked, and the liar may be ejected, struck or quarantined), so none
+  is ejected (``Eject``), none is
   quarantined (but as slow, when it is slower than the others), none has a false claim
   counted (``Claims``), none a strike (``Faults``) unless its libraries were made to run
   out of memory;
@@ -94,6 +96,8 @@ class Observed(Protocol):
     time: float
     crash_faults: int
     oom_faults: int
+    #: the worker that lies (``Config.liar``), if any
+    liar: str | None
 
     @property
     def config(self) -> _Settings: ...
@@ -142,6 +146,8 @@ class Checker:
         value = loads(ev.value)
         record.delivered[ev.key] = value
         expected = record.expected[ev.key]
+        if self.sim.liar is not None:
+            return  # (its wrong values go undetected without verification: docs/faults.md)
         if isinstance(expected, wl.TaskRaised) or value != expected:
             self.violation(
                 "results",
@@ -156,6 +162,8 @@ class Checker:
         if record.ended is not None:
             return self.violation("results", f"run {ev.run_id} ended twice")
         record.ended = ev
+        if self.sim.liar is not None:
+            return  # (a task on the liar "succeeds", one reading its None raises)
         raises = record.workload.raises
         if not isinstance(ev, RunFailed):
             missing = [k for k in record.expected if k not in record.delivered]
@@ -200,13 +208,16 @@ class Checker:
         if len(manager.ejected) > self._ejected:
             for ident, reason in manager.ejected[self._ejected :]:
                 node = self.sim.workers.get(ident.decode())
-                if node is not None and node.alive:  # (a worker gone silent is no liar)
+                if node is not None and node.alive and not node.faults.liar:
+                    # (a worker gone silent is no liar)
                     self.violation("no honest worker is ejected", f"{node.name}: {reason}")
             self._ejected = len(manager.ejected)
         if len(manager.quarantined) > self._quarantined:
             for q in manager.quarantined[self._quarantined :]:
                 node = self.sim.workers.get(q.name)
                 slower = node is not None and node.faults.speed < 1.0
+                if node is not None and node.faults.liar:
+                    continue  # (what the defence is for)
                 if q.reason is not None and not (slower and q.reason.startswith("slow")):
                     self.violation("no honest worker is quarantined", f"{q.name}: {q.reason}")
             self._quarantined = len(manager.quarantined)
@@ -220,6 +231,8 @@ class Checker:
                 )
         for worker, strikes in manager.strikes().items():
             node = self.sim.workers.get(worker)
+            if node is not None and node.faults.liar:
+                continue
             if worker not in self._struck and (node is None or not node.exhausted):
                 self._struck.add(worker)
                 self.violation("no honest worker is struck", f"{worker}: {strikes} strikes")

@@ -267,7 +267,11 @@ class ManagerNode:
 
     def strikes(self) -> dict[str, float]:
         """Strikes per worker name (``Faults``), those above zero."""
-        return {w.name: n for w, n in self.state.faults.strikes.items() if n}
+        faults = self.state.faults
+        strikes = {w.name: n for w, n in faults.strikes.items() if n}
+        for worker, count in faults.suspected.items():  # (each a disagreement settled)
+            strikes[worker.name] = strikes.get(worker.name, 0.0) + count
+        return strikes
 
     def busy(self) -> bool:
         """Runs, tasks or events still in the state."""

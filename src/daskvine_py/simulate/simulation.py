@@ -16,7 +16,7 @@ Faults, drawn per seed: workers of different speeds and clock rates; preemption 
 without a goodbye: the manager learns it when the connection closes, a moment later, or
 from its silence); clean leaves; replacements that join under new names; libraries that
 run out of memory; tasks whose code raises (the workload's ``boom``); several runs at
-once, some cancelled.
+once, some cancelled; with ``Config.liar``, a worker that answers every task with None.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ class Config:
     cancel: float = 0.15  #: probability a run is cancelled
     #: probability that a seed's runs use the result cache: the same graph, again
     cache: float = 0.25
+    #: probability that a seed's second worker (w1) lies: it answers every task with
+    #: None, which makes the honest tasks reading it raise (the liar of issue 38)
+    liar: float = 0.0
     #: one-way network delay: (minimum, typical) seconds, plus rare long stalls
     delay: tuple[float, float] = (0.0001, 0.003)
     #: simulated seconds after which an unfinished run is a violation
@@ -95,6 +98,10 @@ class Simulation:
         #: the runs' graphs (e.g. hypothesis's); None: drawn from the seed
         self.workloads = workloads
         self.rng = random.Random(seed)
+        #: the name of the worker that lies (``Config.liar``); None: every one is honest
+        self.liar: str | None = None
+        if self.config.liar and self.rng.random() < self.config.liar:
+            self.liar = "w1"
         self.time = 0.0
         self.sequence = 0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -260,7 +267,7 @@ class Simulation:
             random.Random(rng.random()),
             self._duration,
             self._size,
-            Faults(speed, oom),
+            Faults(speed, oom, name == self.liar),
             clock,
         )
         self.workers[name] = node

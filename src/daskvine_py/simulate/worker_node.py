@@ -94,11 +94,13 @@ class Host(Protocol):
 
 @dataclass
 class Faults:
-    """What goes wrong on one worker: its speed, and the share of its calls whose library
-    runs out of memory."""
+    """What goes wrong on one worker: its speed, the share of its calls whose library
+    runs out of memory, and whether it lies (answers every task with None, a value that
+    makes the honest tasks reading it raise: the liar of issue 38)."""
 
     speed: float = 1.0
     oom: float = 0.0
+    liar: bool = False
 
 
 @dataclass
@@ -417,7 +419,11 @@ class WorkerNode:
             self.exhausted.append(call.key)
             self.host.after(seconds / 2, lambda: self._out_of_memory(lib, call))
             return
-        reply = library.run(call, lib.decoder, self.name, lib.live)
+        reply: pipe.Done | pipe.Erred | pipe.Missing
+        if self.faults.liar:
+            reply = _lie(call, lib.live)
+        else:
+            reply = library.run(call, lib.decoder, self.name, lib.live)
         if type(reply) is pipe.Done:  # the simulated time, never this machine's
             reply = reply._replace(duration=seconds, serialization=0.0, cpu=0.0, peak_memory=0)
             nbytes = self.sizes(call.key)
@@ -517,6 +523,16 @@ class WorkerNode:
 _ABSENT = object()
 #: Bytes a large result carries beside its value: enough not to travel inline.
 PADDING = bytes(4 * p.INLINE_BYTES)
+
+
+def _lie(call: pipe.Call, live: dict[int, Any]) -> pipe.Done:
+    """A liar's answer to a call: None, kept live as asked (peers read None too), sent as
+    asked; it computes nothing."""
+    keep = call.keep is True
+    if keep:
+        live[call.task_id] = None
+    value = dumps(None) if call.send or not keep else None
+    return pipe.Done(call.task_id, value, 0.0, 8, keep)
 
 
 def _padding(nbytes: int) -> bytes:
