@@ -108,11 +108,13 @@ class Locality:
         worker's saturation. A strictly linear chain goes further (``chain_ahead`` more):
         it runs in order anyway, so handing it to one worker whole costs no parallelism.
         """
-        if worker.full or task.unread is None:  # (a cached output: maybe not kept there)
+        if worker.full:
             return
         extra = self.extra
         transition = self.transition
         while True:
+            if task.unread is None:  # a cached output, maybe not kept there: at every link
+                return  # of the chain (a follower can be one: ``Caching.added``)
             follower = next((d for d in task.dependents if _behind(d, worker)), None)
             if follower is None or follower.placement is not None:  # annotated: placed alone
                 return
