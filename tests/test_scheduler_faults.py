@@ -325,9 +325,34 @@ def test_a_worker_that_leaves_withdraw_unanswered_is_ejected():
     asked = [i for i in of(out, s.Send) if type(i.message) is p.Withdraw]
     assert asked and asked[0].worker == W1
     st_.handle([Tick()], 2.0)
-    assert of(st_.handle([Tick()], 6.0), Eject) == []
-    (eject,) = of(st_.handle([Tick()], 8.0), Eject)
+    # Nothing heard of W1 since: a slow link delays its answer and its other reports
+    # alike, so the clock alone ejects no one (the simulator at 0.3 s delays did).
+    assert of(st_.handle([Tick()], 30.0), Eject) == []
+    # Work sent to it after the Withdraw, reported: it read the Withdraw, never answered.
+    st_.handle([flat(6, run_id=2)], 31.0)
+    first = holding(st_, W1)[0]
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(first, 8, 0.1, VALUE))], 32.0)
+    (later,) = executes(out, W1)
+    st_.handle([s.FromWorker(W1, p.TaskDone(later, 8, 0.1, VALUE))], 33.0)
+    (eject,) = of(st_.handle([Tick()], 34.0), Eject)
     assert eject.worker == W1 and "Withdraw" in eject.reason
+
+
+def test_a_withdraw_answered_late_over_a_slow_link_ejects_no_one():
+    """The answer comes first on the connection, however late: the tasks kept there
+    (running, or committed to a library) are asked back no more, the others move."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=4)
+    st_.faults.patience = 5.0
+    st_.handle([joined(W1), flat(5)], 0.0)
+    out = st_.handle([joined(W2)], 1.0)
+    (withdraw,) = [i.message for i in of(out, s.Send) if type(i.message) is p.Withdraw]
+    st_.handle([Tick()], 2.0)
+    dropped, kept = withdraw.task_ids[:-1], withdraw.task_ids[-1:]
+    answer = p.Withdrawn(dropped, kept)
+    st_.handle([s.FromWorker(W1, answer)], 40.0)  # 39 s later: a slow link
+    assert not {t.id for t in st_.ctx.stealing.withdrawing} & set(withdraw.task_ids)
+    assert not of(st_.handle([Tick()], 41.0) + st_.handle([Tick()], 90.0), Eject)
+    assert set(holding(st_, W1)) >= set(kept) and not set(holding(st_, W1)) & set(dropped)
 
 
 @pytest.mark.parametrize("value", [0.5, -1, float("nan"), float("inf"), True, "3"])

@@ -302,7 +302,17 @@ class Claims:
                 kept.append(task_id)
             elif told is None or task_id not in told.ids:
                 self.false_claim(worker, msg, task_id)
-        return _same_or_fewer(msg, kept)
+        # Those it keeps: only the ones asked back and still there are news.
+        staying = tuple(
+            task_id
+            for task_id in msg.kept
+            if (task := self.held(task_id, worker)) is not None and task in self.withdrawing
+        )
+        if len(kept) == len(msg.task_ids) and staying == msg.kept:
+            return msg
+        if not kept and not staying:
+            return None
+        return p.Withdrawn(tuple(kept), staying)
 
     def _copies(self, worker: WorkerRecord, msg: CopiesReport) -> CopiesReport | None:
         """``Replicas`` and ``Relay``: copies of results it was asked to make or fetched

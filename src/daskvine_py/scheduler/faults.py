@@ -19,7 +19,11 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   reports no progress (``Started``, ``TaskDone``, ``TaskErred``, ``TaskCrashed``) for
   longer than both ``stall`` seconds (the manager's ``worker_timeout``) and ``STALL_FACTOR``
   times their usual duration; or one that leaves a ``Withdraw`` unanswered for ``patience``
-  seconds while the task has not started. The manager tells it to leave; its tasks run
+  seconds while the task has not started and has reported on tasks sent after it: a
+  worker answers every ``Withdraw`` (``Withdrawn``) before it reads what came next on
+  the connection, so a slow link delays the answer and those reports alike and is
+  never taken for one that ignores it (the simulator at 0.3 s delays ejected honest
+  workers by the clock alone). The manager tells it to leave; its tasks run
   elsewhere.
 - **Quarantine**. A worker gets a strike when a task that failed there then succeeds
   elsewhere, and for each failure past ``BURST`` in a row of a kind that succeeds on
@@ -224,6 +228,9 @@ class Faults:
         #: itself or that had none: ``own``, what a burst counts); disagreements it was
         #: the suspect of (``suspect``)
         self.progress: dict[WorkerRecord, float] = {}
+        #: per worker, the latest ``sent_at`` of a task it reported on: it has read every
+        #: record the manager sent it before that (one connection keeps their order)
+        self.heard: dict[WorkerRecord, float] = {}
         self.strikes: dict[WorkerRecord, float] = {}
         self.own: dict[WorkerRecord, int] = {}
         self.suspected: dict[WorkerRecord, int] = {}
@@ -235,8 +242,10 @@ class Faults:
         #: workers that finished a task (one that finished none and whose tasks are all
         #: aborted is quarantined as slow without waiting for them to run elsewhere)
         self.productive: set[WorkerRecord] = set()
-        #: tasks asked back (``Withdraw``) and when the tick first saw them asked
-        self.asked: dict[TaskRecord, float] = {}
+        #: tasks asked back (``Withdraw``): of which worker, and when the tick first saw
+        #: them asked of it (a task lost with its worker and asked again elsewhere starts
+        #: again: the simulator ejected the new worker at once on the old one's clock)
+        self.asked: dict[TaskRecord, tuple[WorkerRecord | None, float]] = {}
         self.ejected: set[WorkerId] = set()
         self.quarantined: dict[WorkerRecord, str] = {}
 
@@ -245,10 +254,13 @@ class Faults:
     def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
         now = self.ctx.now
         self.progress[worker] = now
+        heard = self.heard.get(worker, -math.inf)
         for task_id in msg.task_ids:
             task = self.held(task_id, worker)
             if task is None:
                 continue
+            if task.sent_at > heard:
+                heard = self.heard[worker] = task.sent_at
             if task.started_at != now:
                 continue  # said twice: its clock runs from the first (``Churn`` stamps it)
             if self.aborts.get(task, 0) >= MAX_ABORTS or not self.factor_of(task.run):
@@ -265,6 +277,8 @@ class Faults:
         prefix = task.prefix
         self.durations.observe(prefix, duration)
         self.progress[worker] = self.ctx.now
+        if task.sent_at > self.heard.get(worker, -math.inf):
+            self.heard[worker] = task.sent_at
         if task.started_at is not None:
             watch = self.watch.get(prefix)
             if watch is not None:
@@ -446,6 +460,8 @@ class Faults:
 
     def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
         self.progress[worker] = self.ctx.now
+        if task.sent_at > self.heard.get(worker, -math.inf):
+            self.heard[worker] = task.sent_at
         if task.started_at is not None and task.prefix in self.watch:
             self.watch[task.prefix].pop(task, None)
 
@@ -617,13 +633,20 @@ class Faults:
     def _unanswered(self, now: float) -> None:
         asked = self.asked
         for task in self.withdrawing:
-            asked.setdefault(task, now)
+            noted = asked.get(task)
+            if noted is None or noted[0] is not task.worker:  # (asked again, elsewhere)
+                asked[task] = (task.worker, now)
         ignored: dict[WorkerRecord, int] = {}
-        for task, since in list(asked.items()):
-            worker = task.worker
-            if task not in self.withdrawing or worker is None:
+        for task, (worker, since) in list(asked.items()):
+            if task not in self.withdrawing or worker is None or task.worker is not worker:
                 del asked[task]
-            elif now - since > self.patience and task.started_at is None:
+            elif (
+                now - since > self.patience
+                and task.started_at is None
+                and self.heard.get(worker, -math.inf) > since
+            ):
+                # It reported on work sent after the Withdraw, so it read the Withdraw
+                # and did not answer: not a slow link (the answer would have come first).
                 ignored[worker] = ignored.get(worker, 0) + 1
         for worker, count in ignored.items():
             self.eject(
@@ -655,6 +678,7 @@ class Faults:
         workers = self.workers
         tables = (
             self.progress,
+            self.heard,
             self.strikes,
             self.own,
             self.suspected,

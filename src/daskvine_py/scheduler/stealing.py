@@ -25,7 +25,17 @@ class Stealing:
     could start now (``Constraints.room``).
     """
 
-    __slots__ = ("workers", "queue", "room", "send", "held", "transition", "withdrawing", "settled")
+    __slots__ = (
+        "workers",
+        "queue",
+        "room",
+        "send",
+        "held",
+        "transition",
+        "withdrawing",
+        "kept",
+        "settled",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.workers = ctx.workers
@@ -36,9 +46,17 @@ class Stealing:
         self.transition = ctx.transition
         #: tasks asked back from their worker for an idle one (``Withdraw``), unanswered
         self.withdrawing: set[TaskRecord] = set()
+        #: tasks their worker said it keeps (``Withdrawn.kept``: started, or committed to
+        #: a library): never asked back again
+        self.kept: set[TaskRecord] = set()
         #: ``settled(task)``: it left its worker otherwise (done, moved, forgotten); the
-        #: set's own ``discard``, as the state calls it for every task it takes back
-        self.settled: Callable[[TaskRecord], None] = self.withdrawing.discard
+        #: state calls it for every task it takes back
+        self.settled: Callable[[TaskRecord], None] = self._settled
+
+    def _settled(self, task: TaskRecord) -> None:
+        self.withdrawing.discard(task)
+        if self.kept:
+            self.kept.discard(task)
 
     def steal_for_idle_workers(self) -> None:
         """Ask for tasks that wait unstarted behind busy cores back, for idle cores.
@@ -58,6 +76,9 @@ class Stealing:
         for task in self.withdrawing:
             if task.worker in surplus:
                 surplus[task.worker] -= 1
+        for task in self.kept:
+            if task.worker in surplus:
+                surplus[task.worker] -= 1
         asked: dict[WorkerRecord, list[int]] = {}
         for _ in range(wanted):
             victim = max(surplus, key=surplus.__getitem__)
@@ -67,7 +88,10 @@ class Stealing:
             task = next(
                 t
                 for t in reversed(victim.processing)
-                if t.missing == 0 and t not in self.withdrawing and t.placement is None
+                if t.missing == 0
+                and t not in self.withdrawing
+                and t not in self.kept
+                and t.placement is None
             )
             surplus[victim] -= 1
             self.withdrawing.add(task)
@@ -76,7 +100,13 @@ class Stealing:
             self.send(victim, p.Withdraw(tuple(ids)))
 
     def on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
-        """Tasks a worker gave back unstarted: queue them for whoever is free."""
+        """Tasks a worker gave back unstarted: queue them for whoever is free. Those it
+        keeps (started, or committed to a library) are asked back no more."""
+        for task_id in msg.kept:
+            task = self.held(task_id, worker)
+            if task is not None:
+                self.withdrawing.discard(task)
+                self.kept.add(task)
         for task_id in msg.task_ids:
             task = self.held(task_id, worker)
             if task is None:

@@ -42,6 +42,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="probability that a seed's second worker answers every task wrong",
     )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        metavar="S",
+        help="typical one-way network delay in seconds (default 0.003); stalls, 1 in 100 "
+        "messages, last 15 to 150 times as long: a loaded manager or swarm",
+    )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     return parser.parse_args(argv)
@@ -71,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # violations say it once, with their seed; the rest is noise here.
     logging.basicConfig(level=logging.ERROR, format="%(name)s %(message)s")
     config = Config(workers=args.workers, tasks=args.tasks, liar=args.liar)
+    if args.delay is not None:
+        config.delay = (min(0.0001, args.delay), args.delay)
+        config.stall = (15 * args.delay, 150 * args.delay)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     started = time.perf_counter()
     result = run(seeds, config, echo=not args.quiet)

@@ -69,6 +69,8 @@ class Config:
     liar: float = 0.0
     #: one-way network delay: (minimum, typical) seconds, plus rare long stalls
     delay: tuple[float, float] = (0.0001, 0.003)
+    #: a stall (one message in 100): between these many seconds
+    stall: tuple[float, float] = (0.05, 0.5)
     #: simulated seconds after which an unfinished run is a violation
     horizon: float = 900.0
 
@@ -140,7 +142,7 @@ class Simulation:
     def _delay(self) -> float:
         low, typical = self.config.delay
         if self.rng.random() < 0.01:  # a stall: a busy link, a slow receiver
-            return self.rng.uniform(0.05, 0.5)
+            return self.rng.uniform(*self.config.stall)
         return low + self.rng.expovariate(1.0 / typical)
 
     def _transmit(

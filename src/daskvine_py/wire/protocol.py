@@ -192,7 +192,7 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

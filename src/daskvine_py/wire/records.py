@@ -143,10 +143,14 @@ class Lost(NamedTuple):
 
 
 class Withdrawn(NamedTuple):
-    """Tasks the worker dropped unstarted when asked to (``Withdraw``): the manager may
-    now run them elsewhere. Tasks already started are not listed; they report as usual."""
+    """The answer to every ``Withdraw``: the tasks the worker dropped unstarted (the
+    manager may now run them elsewhere), and those it keeps (``kept``: running, or
+    committed to a library behind a running task; they report as usual). An answer
+    the manager waits for however slow the link: one that never comes while later
+    work is reported is a worker ignoring ``Withdraw``."""
 
     task_ids: tuple[TaskId, ...]
+    kept: tuple[TaskId, ...] = ()
 
 
 class Started(NamedTuple):

@@ -287,7 +287,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Lost: (_IDS,),
     Relay: (_IDS,),
     Uploaded: (_ID, _VALUE),
-    Withdrawn: (_IDS,),
+    Withdrawn: (_IDS, _IDS),
     Started: (_IDS,),
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),

@@ -530,9 +530,16 @@ class WorkerState:
             self._cancel(task_id)
 
     def _on_withdraw(self, msg: p.Withdraw, now: float) -> None:
-        dropped = tuple(task_id for task_id in msg.task_ids if self._cancel(task_id))
-        if dropped:
-            self._out.append(p.Withdrawn(dropped))
+        """Always answered: what was dropped, and what stays (running, or committed to a
+        library's pipe); a task not here any more is in neither."""
+        dropped, kept = [], []
+        for task_id in msg.task_ids:
+            if self._cancel(task_id):
+                dropped.append(task_id)
+            elif task_id in self.tasks:
+                kept.append(task_id)
+        if dropped or kept:
+            self._out.append(p.Withdrawn(tuple(dropped), tuple(kept)))
 
     def _on_replicate(self, msg: p.Replicate, now: float) -> None:
         if msg.task_id in self.store or msg.task_id in self.live:
