@@ -257,3 +257,39 @@ def test_a_worker_that_answers_wrong_is_caught_by_verification():
             liar.stop.set()
             liar.join(5)
             liar.worker.close()
+
+
+def _drive(st_: s.SchedulerState, out: list, rounds: int = 20) -> list:
+    """Answer every ``Execute`` with its key's value until nothing more is sent."""
+    everything = list(out)
+    for _ in range(rounds):
+        sent = [(i.worker, i.message) for i in out if type(i) is s.Send]
+        sent = [(w, m) for w, m in sent if type(m) is p.Execute]
+        if not sent:
+            break
+        out = st_.handle(
+            [s.FromWorker(w, p.TaskDone(m.task_id, 8, 0.01, dumps(m.key))) for w, m in sent]
+        )
+        everything += out
+    return everything
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_verified_run_whose_only_other_worker_is_quarantined_ends(when):
+    """Verification needs a second usable worker: with none (the other one quarantined
+    before the re-run was placed, or after), the task goes unverified and the run ends;
+    it never waits for ever on a worker that takes no new tasks."""
+    st_ = s.SchedulerState(chain_ahead=0)
+    out = st_.handle([joined(W1), joined(W2)])
+    other = st_.workers[W2]
+    if when == "before":
+        st_.ctx.faults.quarantine(other, "struck: a test")
+    out = st_.handle([two_step(verify=1.0)])
+    [(first, x)] = by_key(out)["x"]
+    if when == "after":  # the re-run is sent to the other worker, then it is quarantined
+        out = [i for i in out if not (type(i) is s.Send and i.message == x)]
+        out += st_.handle([s.FromWorker(first, p.TaskDone(x.task_id, 8, 0.01, dumps("x")))])
+        st_.ctx.faults.quarantine(st_.workers[W2 if first == W1 else W1], "struck: a test")
+        out += st_.handle([s.Tick()], 1.0)
+    everything = _drive(st_, out)
+    assert [i for i in everything if type(i) is s.RunDone], everything

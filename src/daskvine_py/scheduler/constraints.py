@@ -203,6 +203,8 @@ class Constraints:
         names = placement.workers
         if names is not None:
             named = [w for w in workers if w.name in names or w.hostname in names]
+            if placement.loose:  # (a verification's re-run) not on one that takes no tasks
+                named = [w for w in named if w.quarantined is None]
             if named or not placement.loose:
                 workers = named
         return [w for w in workers if not w.full] or workers

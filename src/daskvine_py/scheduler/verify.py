@@ -141,7 +141,8 @@ class Verification:
         if disagreement is not None:
             return self._settle(task, worker, value, disagreement)
         task.echo = False  # once: a recomputation later is not verified again
-        other = self._elsewhere((worker,))
+        # A worker that takes new tasks (a quarantined one never would: the run hung)
+        other = self._elsewhere((worker,), usable=True)
         if value is None or other is None:
             self._unhold(task)
             return True
