@@ -318,3 +318,16 @@ def test_a_module_only_the_manager_can_import_is_named_with_the_fix(tmp_path):
         finally:
             sys.path.remove(str(tmp_path))
             sys.modules.pop("only_here_mod", None)
+
+
+def test_paths_given_to_the_manager_expand_a_home_directory(monkeypatch, tmp_path):
+    """``key_file="~/keys.json"`` means the home directory, as it does in a shell."""
+    from daskvine_py.options import ManagerOptions
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    options = ManagerOptions(
+        key_file="~/keys.json", connection_file="~/run.json", cache_dir="~/cache"
+    )
+    assert options.key_file == str(tmp_path / "keys.json")
+    assert options.connection_file == str(tmp_path / "run.json")
+    assert options.cache_dir == str(tmp_path / "cache")

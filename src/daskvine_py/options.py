@@ -284,6 +284,10 @@ class ManagerOptions:
                 f"sizing_categories must map category names to one of {SIZING_MODES}, not {named!r}"
             )
         object.__setattr__(self, "sizing_categories", dict(named))
+        for name in ("key_file", "connection_file", "cache_dir"):  # "~/..." as a shell reads it
+            path = getattr(self, name)
+            if isinstance(path, str | os.PathLike):
+                object.__setattr__(self, name, os.path.expanduser(path))
         address = self.dashboard_address
         if address is not None and (
             not isinstance(address, str)
