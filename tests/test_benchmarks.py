@@ -199,6 +199,16 @@ SMOKES = [
         (),
     ),
     (
+        # the same at another timing: replies sooner, in random orders (issue 38); the
+        # script exits 1 on any ejection of its honest workers or call without its inputs
+        "swarm-fast",
+        "swarm.py",
+        ["--smoke", "--workload", "dv3-large", "--preempt", "0.5", "--speedup", "4"]
+        + ["--jitter", "0.002"],
+        r'"result_ok": true.*"ejected": \[\], "missing_inputs": 0',
+        (),
+    ),
+    (
         "swarm-faulty",
         "swarm.py",
         ["--smoke", "--workload", "dv3-large", "--black-holes", "0.25", "--stragglers", "0.25"],
