@@ -13,7 +13,9 @@ Such a report is *stale* when the manager took the task back from that worker me
 yet: it stays harmless (the handler's usual answer) and is not counted. A task told to
 abort (``Abort``) may still be reported by a worker that sent its report before the
 ``Abort`` reached it: such reports arrive within ``ABORT_GRACE`` seconds of the
-``Abort``; later ones come from a worker that ignores ``Abort`` and are false claims. What was taken
+``Abort``, or before the worker shows it read the ``Abort`` (it reports on a task sent
+after it: ``has_read``); later ones come from a worker that ignores ``Abort`` and are
+false claims. What was taken
 back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
@@ -25,9 +27,12 @@ after batch. A copy
 reported lost or fetched just as its result was released is a race the manager cannot
 tell from a lie (releases are not remembered: that would cost every task): it is applied,
 harmlessly, and not counted. So is a copy reported within ``ABORT_GRACE`` of the last
-time the manager took work back from that worker (or asked it for a result): it may
-have fetched it for a task taken back meanwhile, whose record is gone (its run ended
-while the result stays, cached). It is released there, never counted as a copy.
+time the manager took work back from that worker (or asked it for a result), or before
+the worker shows it read that word (``has_read``): it may have fetched it for a task
+taken back meanwhile, whose record is gone (its run ended while the result stays,
+cached), or whose id the bounded memory forgot (a swarm of 600 lagging workers at
+issue 38's timing: 640 ids taken back from one, its burst of honest ``Replicas``
+judged false). It is released there, never counted as a copy.
 """
 
 from __future__ import annotations
@@ -157,6 +162,14 @@ class Claims:
         if len(ids) > told.cap:
             del ids[next(iter(ids))]
 
+    def has_read(self, worker: WorkerRecord, since: float) -> bool:
+        """Whether ``worker`` has read what the manager sent it at ``since``: it reported
+        on a task sent later (``Faults.heard``), and one connection keeps the order. A
+        worker whose loop lags reports, honestly, on work already taken back for as long
+        as it has not; ``ABORT_GRACE`` alone judged a lagging swarm's honest workers."""
+        heard = self.ctx.faults.heard.get(worker) if hasattr(self.ctx, "faults") else None
+        return heard is not None and heard > since
+
     def _told(self, worker: WorkerRecord) -> Told:
         told = self.told.get(worker)
         if told is None:
@@ -180,6 +193,7 @@ class Claims:
                 aborted is not None
                 and self.ctx.now - aborted > ABORT_GRACE
                 and (report == _DONE or type(report) is p.TaskErred)
+                and self.has_read(worker, aborted)
             ):
                 # Not one in flight as the Abort went out: a worker that ignores Abort
                 # (its tasks ran elsewhere meanwhile).
@@ -329,7 +343,13 @@ class Claims:
                 kept.append(task_id)
                 continue
             told = self.told.get(worker)
-            if told is not None and self.ctx.now - told.word <= ABORT_GRACE:
+            if (
+                told is not None
+                and told.word > -math.inf  # (something was taken back from it)
+                and (
+                    self.ctx.now - told.word <= ABORT_GRACE or not self.has_read(worker, told.word)
+                )
+            ):
                 # Fetched, perhaps, for a task taken back since and gone: a race.
                 if type(msg) is p.Replicas:
                     gone.append(task_id)  # (the worker need not keep it)

@@ -115,6 +115,9 @@ class SizingPart(Protocol):
 
 
 class FaultsPart(Protocol):
+    #: per worker, the latest ``sent_at`` of a task it reported on
+    heard: dict[WorkerRecord, float]
+
     def suspect(self, worker: WorkerRecord, why: str) -> None: ...
 
 
