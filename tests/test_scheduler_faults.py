@@ -191,6 +191,25 @@ def test_aborted_tasks_whose_results_crossed_the_abort_over_a_slow_link_show_no_
     assert st_.faults.slow.get(st_.workers[W1], 0) == 0
 
 
+def test_a_late_result_within_its_kinds_limit_shows_no_slowness_however_fast_elsewhere():
+    """Found by the simulator (``--delay 0.3``, seed 534, with the fix above): the late
+    ``TaskDone``s of a kind whose durations spread from 1 ms to 2 s took 0.19 s and
+    1.2 s there, 0.07 s and 0.6 s elsewhere: over twice as fast, and noise. Within its
+    limit by the worker's own clock, a task was no straggler: the link made it late."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(4):
+        (task_id,) = holding(st_, W1)
+        quarantined += of(st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now), Quarantined)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 0.1, VALUE))], now)
+        out += st_.handle([s.FromWorker(W1, p.TaskDone(task_id, 8, 1.5, VALUE))], now + 0.5)
+        quarantined += of(out, Quarantined)
+    assert quarantined == [] and st_.faults.slow.get(st_.workers[W1], 0) == 0
+
+
 def test_a_late_result_slower_by_the_workers_own_clock_still_shows_it_slow():
     """A late ``TaskDone`` is the worker's own word: a run there over ``SLOW_RATIO``
     times what it took elsewhere counts as slowness, link or no link."""

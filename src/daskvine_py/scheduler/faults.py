@@ -198,13 +198,21 @@ class Aborted:
     first, one connection keeps the order, and had not reported the task done before
     it), or the task's own late ``TaskDone``, whose duration is the worker's own."""
 
-    __slots__ = ("worker", "ran", "at", "before", "counted", "proven", "elsewhere")
+    __slots__ = ("worker", "ran", "limit", "at", "before", "counted", "proven", "elsewhere")
 
     def __init__(
-        self, worker: WorkerRecord, ran: float, at: float, before: set[TaskRecord], counted: bool
+        self,
+        worker: WorkerRecord,
+        ran: float,
+        limit: float,
+        at: float,
+        before: set[TaskRecord],
+        counted: bool,
     ) -> None:
         self.worker = worker
         self.ran = ran
+        #: the limit it was aborted past (0: not a straggler's abort)
+        self.limit = limit
         self.at = at
         self.before = before
         self.counted = counted
@@ -580,14 +588,23 @@ class Faults:
             self.queue.remove(task)
             self.transition(task, "processing", target)
 
-    def abort(self, task: TaskRecord, worker: WorkerRecord, reason: str, counted: bool) -> None:
-        """Stop ``task`` on ``worker`` (even running) and run it elsewhere."""
+    def abort(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        reason: str,
+        counted: bool,
+        limit: float = 0.0,
+    ) -> None:
+        """Stop ``task`` on ``worker`` (even running) and run it elsewhere (``limit``: the
+        one it ran past)."""
         now = self.ctx.now
         if task.started_at is not None:
             before = {t for t in worker.processing if t.sent_at == now and t is not task}
             # (counted: every task it had ran past its limit, as far as the manager saw)
             none = counted and worker not in self.productive
-            self.aborted[task] = Aborted(worker, now - task.started_at, now, before, none)
+            ran = now - task.started_at
+            self.aborted[task] = Aborted(worker, ran, limit, now, before, none)
             pending = self.unproven.get(worker)
             if pending is None:
                 pending = self.unproven[worker] = []
@@ -622,14 +639,17 @@ class Faults:
     def stale_done(self, worker: WorkerRecord, task_id: int, duration: float | None) -> None:
         """A report about a task not processing on ``worker``: one aborted there whose
         result or error crossed the ``Abort``. It ended there (in ``duration``, by the
-        worker's own clock, if it succeeded): no proof of a run that went on; a
-        duration is compared, as the worker's, with what it took elsewhere."""
+        worker's own clock, if it succeeded): no proof of a run that went on. A duration
+        past the limit it was aborted at is compared with what it took elsewhere; one
+        within it shows no slowness (the link made it late)."""
         task = self.ctx.tasks.get(task_id)
         aborted = None if task is None else self.aborted.get(task)
         if task is None or aborted is None or aborted.worker is not worker or aborted.proven:
             return
-        if duration is None:
-            del self.aborted[task]  # (it raised or crashed there: no slowness shown)
+        if duration is None or duration <= aborted.limit:
+            # It raised or crashed there, or ran within its kind's limit by its own clock:
+            # the link, not the worker, made it look long (no slowness shown).
+            del self.aborted[task]
             return
         aborted.ran, aborted.counted = duration, False  # (it finished)
         self._prove(task, aborted)
@@ -706,7 +726,7 @@ class Faults:
         for task, worker, ran, limit in found:
             if task.state == "processing" and task.worker is worker:
                 reason = f"ran {ran:.1f} s, past {limit:.1f} s for its kind ({task.prefix})"
-                self.abort(task, worker, reason, counted=True)
+                self.abort(task, worker, reason, counted=True, limit=limit)
 
     def _stuck(self, now: float) -> None:
         stall = self.stall
