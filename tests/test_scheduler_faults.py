@@ -144,14 +144,19 @@ def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slo
     st_, now = warmed((W1, W2, W3))
     quarantined = []
     for _ in range(3):
+        # Its report on the task sent after the last Abort: it read that Abort first,
+        # with no word of the aborted task done: that ran as long as the manager saw.
         (task_id,) = holding(st_, W1)
-        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        quarantined += of(st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now), Quarantined)
         now += 10.0
         out = st_.handle([Tick()], now)
         elsewhere = st_.tasks[task_id].worker.id
         assert elsewhere != W1
         out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
         quarantined += of(out, Quarantined)
+    assert quarantined == []  # the last Abort: not yet known read
+    (task_id,) = holding(st_, W1)
+    quarantined += of(st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now), Quarantined)
     assert [
         (q.worker, q.reason is not None and q.reason.startswith("slow")) for q in quarantined
     ] == [(W1, True)]
@@ -160,6 +165,126 @@ def test_a_worker_whose_aborted_tasks_run_faster_elsewhere_is_quarantined_as_slo
     for worker in (W2, W3):
         out = finish(st_, worker, now)
         assert executes(out, W1) == []  # and it gets no new tasks
+
+
+def test_aborted_tasks_whose_results_crossed_the_abort_over_a_slow_link_show_no_slowness():
+    """Found by the simulator (``--delay 0.05``, seed 67; ``--delay 0.3``, seed 1): a
+    stall on the link held a worker's ``TaskDone`` up for seconds; to the manager's clock
+    the task ran on, past its limit, and was aborted; it then took 1 s elsewhere, and
+    three such quarantined an honest worker as slow. Its late ``TaskDone`` tells how long
+    it really ran (the worker's own clock): no longer than elsewhere."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(4):
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        st_.handle([Tick()], now)  # its TaskDone is still on the way
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+        late = p.TaskDone(task_id, 8, 1.2, VALUE)  # sent before the Abort reached it
+        out += st_.handle([s.FromWorker(W1, late)], now + 0.5)
+        quarantined += of(out, Quarantined)
+    (task_id,) = holding(st_, W1)
+    out = st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now + 1.0)
+    assert quarantined + of(out, Quarantined) == [] and st_.workers[W1].quarantined is None
+    assert st_.faults.slow.get(st_.workers[W1], 0) == 0
+
+
+def test_a_late_result_within_its_kinds_limit_shows_no_slowness_however_fast_elsewhere():
+    """Found by the simulator (``--delay 0.3``, seed 534, with the fix above): the late
+    ``TaskDone``s of a kind whose durations spread from 1 ms to 2 s took 0.19 s and
+    1.2 s there, 0.07 s and 0.6 s elsewhere: over twice as fast, and noise. Within its
+    limit by the worker's own clock, a task was no straggler: the link made it late."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(4):
+        (task_id,) = holding(st_, W1)
+        quarantined += of(st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now), Quarantined)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 0.1, VALUE))], now)
+        out += st_.handle([s.FromWorker(W1, p.TaskDone(task_id, 8, 1.5, VALUE))], now + 0.5)
+        quarantined += of(out, Quarantined)
+    assert quarantined == [] and st_.faults.slow.get(st_.workers[W1], 0) == 0
+
+
+def test_a_late_result_slower_by_the_workers_own_clock_still_shows_it_slow():
+    """A late ``TaskDone`` is the worker's own word: a run there over ``SLOW_RATIO``
+    times what it took elsewhere counts as slowness, link or no link."""
+    st_, now = warmed((W1, W2, W3))
+    quarantined = []
+    for _ in range(3):
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        out = st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+        out += st_.handle([s.FromWorker(W1, p.TaskDone(task_id, 8, 9.0, VALUE))], now + 0.5)
+        quarantined += of(out, Quarantined)
+    assert [q.worker for q in quarantined] == [W1]
+
+
+def test_a_worker_gone_silent_is_not_quarantined_as_slow():
+    """Found by the simulator (``--delay 0.05``, seed 67): a worker preempted without a
+    word ran nothing more; its three running tasks were aborted (rightly: they run
+    elsewhere) and then took 1 s elsewhere, and it was quarantined as slow. Silence is
+    no proof that they ran on (the link may be stalled): liveness judges silence."""
+    st_, now = warmed((W1, W2), n=80)
+    st_.handle([joined(W3, cores=3)], now)
+    finish(st_, W3, now + 1.0)  # it finished some: the rule is "slower than elsewhere"
+    now += 1.0
+    started = holding(st_, W3)
+    st_.handle([s.FromWorker(W3, p.Started(tuple(started)))], now)  # then silence
+    out = st_.handle([Tick()], now + 10.0)
+    assert len([i for i in of(out, s.Send) if type(i.message) is p.Abort]) == 3
+    for task_id in started:
+        elsewhere = st_.tasks[task_id].worker.id
+        assert elsewhere != W3
+        out += st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+    out += st_.handle([Tick()], now + 20.0)
+    assert of(out, Quarantined) == [] and st_.workers[W3].quarantined is None
+
+
+def _fresh_worker_with_three_aborted(st_: s.SchedulerState, now: float) -> tuple[list, float]:
+    """W3 (3 cores) joins a warmed state, starts three tasks, finishes none: aborted."""
+    st_.handle([joined(W3, cores=3)], now)
+    started = holding(st_, W3)
+    assert len(started) == 3
+    st_.handle([s.FromWorker(W3, p.Started(tuple(started)))], now)
+    out = st_.handle([Tick()], now + 10.0)
+    aborted = [i.message.task_ids[0] for i in of(out, s.Send) if type(i.message) is p.Abort]
+    assert sorted(aborted) == sorted(started)
+    return started, now + 10.0
+
+
+def test_a_fresh_worker_whose_results_are_late_is_not_quarantined_as_slow():
+    """Found by the simulator (``--delay 0.3``, seed 81): a new worker's first three
+    ``TaskDone`` were held up on the link; fast abort took the tasks back and, as it had
+    finished none, it was quarantined as slow at once. Its results then came."""
+    st_, now = warmed((W1, W2), n=60)
+    started, now = _fresh_worker_with_three_aborted(st_, now)
+    assert of(st_.handle([], now), Quarantined) == []
+    done = [s.FromWorker(W3, p.TaskDone(t, 8, 1.0, VALUE)) for t in started]
+    out = st_.handle(done, now + 0.5)
+    later = holding(st_, W3)  # sent after the Aborts
+    assert later
+    out += st_.handle([s.FromWorker(W3, p.Started(tuple(later)))], now + 1.0)
+    assert of(out, Quarantined) == [] and st_.workers[W3].quarantined is None
+
+
+def test_a_fresh_worker_that_runs_past_every_limit_is_quarantined_once_it_read_the_aborts():
+    """A straggler that finished none: once it reports on work sent after the Aborts,
+    with no word of the aborted tasks done, they ran as long as the manager saw."""
+    st_, now = warmed((W1, W2), n=60)
+    _, now = _fresh_worker_with_three_aborted(st_, now)
+    later = holding(st_, W3)
+    assert later
+    out = st_.handle([s.FromWorker(W3, p.Started(tuple(later)))], now + 1.0)
+    (q,) = of(out, Quarantined)
+    assert q.worker == W3 and q.reason is not None and "finished none" in q.reason
 
 
 @pytest.mark.parametrize("confirmed", [False, True])

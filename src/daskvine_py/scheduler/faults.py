@@ -35,12 +35,18 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   worker whose aborted tasks ran over ``SLOW_RATIO`` times faster elsewhere
   ``SLOW_CONFIRMED`` times, or that had
   that many aborted and finished none, is quarantined as slow, and what it holds is taken
-  back. A task's error is retried once on another worker (one not erring lately) before
-  it fails the run: a black hole's errors are so absorbed, and a deterministic error
-  fails the run after its second worker raised it. Every error on a quarantined worker,
-  or on the worker that failed the task first, is retried (up to ``MAX_ERROR_RETRIES``).
-  Should every worker be quarantined while work waits, the one with the fewest strikes is
-  released (with a WARNING), so that a run never hangs: it runs, or fails with its error.
+  back. An abort counts only once proved (``Aborted``): the manager's clock holds the
+  link, and a ``TaskDone`` held up on it looks like a task running on (the simulator at
+  0.05 and 0.3 s delays quarantined honest workers so). The worker's report on a task
+  sent after the ``Abort`` proves it read the ``Abort`` with the task still running; the
+  task's ``TaskDone`` crossing the ``Abort`` gives its run by the worker's clock;
+  silence proves nothing. A task's error is retried once on another worker (one not
+  erring lately) before it fails the run: a black hole's errors are so absorbed, and a
+  deterministic error fails the run after its second worker raised it. Every error on a
+  quarantined worker, or on the worker that failed the task first, is retried (up to
+  ``MAX_ERROR_RETRIES``). Should every worker be quarantined while work waits, the one
+  with the fewest strikes is released (with a WARNING), so that a run never hangs: it
+  runs, or fails with its error.
 - **Inputs implicate their producer** (issue 38: a worker answering every task with
   ``0.0`` got the honest workers whose tasks then raised on its zeros quarantined).
   Each result records the worker that computed it (``TaskRecord.made_by``). A failure
@@ -178,6 +184,42 @@ class Erred:
         self.error: p.TaskErred | None = None
 
 
+class Aborted:
+    """A started task taken back from ``worker``: how long the manager saw it run there
+    (``ran``: from its ``Started`` arriving to the ``Abort`` going out, at ``at``), the
+    tasks sent to the worker at ``at`` before the ``Abort`` (``before``), whether it
+    counts towards "finished none" (``counted``: a straggler's abort on a worker that
+    had finished no task), whether the worker proved it was still running it when the
+    ``Abort`` came (``proven``), and what it then took elsewhere (``elsewhere``).
+
+    The manager's clock holds the link's delays, a stall among them: a ``TaskDone``
+    held up on the way looks like a task running on. Only proof counts against the
+    worker: a report on a task sent after the ``Abort`` (the worker read the ``Abort``
+    first, one connection keeps the order, and had not reported the task done before
+    it), or the task's own late ``TaskDone``, whose duration is the worker's own."""
+
+    __slots__ = ("worker", "ran", "limit", "at", "before", "counted", "proven", "elsewhere")
+
+    def __init__(
+        self,
+        worker: WorkerRecord,
+        ran: float,
+        limit: float,
+        at: float,
+        before: set[TaskRecord],
+        counted: bool,
+    ) -> None:
+        self.worker = worker
+        self.ran = ran
+        #: the limit it was aborted past (0: not a straggler's abort)
+        self.limit = limit
+        self.at = at
+        self.before = before
+        self.counted = counted
+        self.proven = False
+        self.elsewhere: float | None = None
+
+
 def producers(task: TaskRecord, but: WorkerRecord | None = None) -> list[WorkerRecord]:
     """The workers that computed ``task``'s inputs (each once), ``but`` aside."""
     found: list[WorkerRecord] = []
@@ -220,7 +262,9 @@ class Faults:
         self.watch: dict[str, dict[TaskRecord, float]] = {}
         #: fast aborts per task; where each last ran and for how long
         self.aborts: dict[TaskRecord, int] = {}
-        self.aborted: dict[TaskRecord, tuple[WorkerRecord, float]] = {}
+        self.aborted: dict[TaskRecord, Aborted] = {}
+        #: per worker, the tasks aborted there whose run it has not yet proved (``Aborted``)
+        self.unproven: dict[WorkerRecord, list[TaskRecord]] = {}
         #: tasks whose error is being retried
         self.erred_on: dict[TaskRecord, Erred] = {}
         #: per worker: its last progress report; strikes; slowness shown (errors in a
@@ -261,6 +305,8 @@ class Faults:
                 continue
             if task.sent_at > heard:
                 heard = self.heard[worker] = task.sent_at
+            if worker in self.unproven:
+                self._proved(worker, task)
             if task.started_at != now:
                 continue  # said twice: its clock runs from the first (``Churn`` stamps it)
             if self.aborts.get(task, 0) >= MAX_ABORTS or not self.factor_of(task.run):
@@ -279,6 +325,8 @@ class Faults:
         self.progress[worker] = self.ctx.now
         if task.sent_at > self.heard.get(worker, -math.inf):
             self.heard[worker] = task.sent_at
+        if worker in self.unproven:
+            self._proved(worker, task)
         if task.started_at is not None:
             watch = self.watch.get(prefix)
             if watch is not None:
@@ -305,20 +353,14 @@ class Faults:
             if erred is not None:
                 self._succeeded(task, worker, erred)
         if self.aborted:
-            aborted = self.aborted.pop(task, None)
-            if (
-                aborted is not None
-                and aborted[0] is not worker
-                and duration * SLOW_RATIO < aborted[1]
-            ):
-                slow = aborted[0]
-                shown = self.slow[slow] = self.slow.get(slow, 0) + 1
-                if shown >= SLOW_CONFIRMED:
-                    self.quarantine(
-                        slow,
-                        f"slow: {shown} of its tasks were aborted after "
-                        "running longer there than they then took elsewhere",
-                    )
+            aborted = self.aborted.get(task)
+            if aborted is not None:
+                if aborted.worker is worker:
+                    del self.aborted[task]  # (sent back there: nothing to compare)
+                else:
+                    aborted.elsewhere = duration
+                    if aborted.proven:
+                        self._compare(task, aborted)
 
     def _succeeded(self, task: TaskRecord, worker: WorkerRecord, erred: Erred) -> None:
         """``task``, which raised on ``erred.failed``, succeeded on ``worker``.
@@ -462,6 +504,8 @@ class Faults:
         self.progress[worker] = self.ctx.now
         if task.sent_at > self.heard.get(worker, -math.inf):
             self.heard[worker] = task.sent_at
+        if worker in self.unproven:
+            self._proved(worker, task)
         if task.started_at is not None and task.prefix in self.watch:
             self.watch[task.prefix].pop(task, None)
 
@@ -544,22 +588,100 @@ class Faults:
             self.queue.remove(task)
             self.transition(task, "processing", target)
 
-    def abort(self, task: TaskRecord, worker: WorkerRecord, reason: str, counted: bool) -> None:
-        """Stop ``task`` on ``worker`` (even running) and run it elsewhere."""
+    def abort(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        reason: str,
+        counted: bool,
+        limit: float = 0.0,
+    ) -> None:
+        """Stop ``task`` on ``worker`` (even running) and run it elsewhere (``limit``: the
+        one it ran past)."""
+        now = self.ctx.now
         if task.started_at is not None:
-            self.aborted[task] = (worker, self.ctx.now - task.started_at)
+            before = {t for t in worker.processing if t.sent_at == now and t is not task}
+            # (counted: every task it had ran past its limit, as far as the manager saw)
+            none = counted and worker not in self.productive
+            ran = now - task.started_at
+            self.aborted[task] = Aborted(worker, ran, limit, now, before, none)
+            pending = self.unproven.get(worker)
+            if pending is None:
+                pending = self.unproven[worker] = []
+            pending.append(task)
         self.send(worker, p.Abort((task.id,), reason))
         self.move(task, self.elsewhere(worker))
         if counted:
             self.aborts[task] = self.aborts.get(task, 0) + 1
-            if worker not in self.productive:  # every task it had ran past its limit
-                shown = self.slow[worker] = self.slow.get(worker, 0) + 1
-                if shown >= SLOW_CONFIRMED:
-                    self.quarantine(
-                        worker,
-                        f"slow: {shown} of its tasks ran past their "
-                        "kinds' limits, and it finished none",
-                    )
+
+    # -- proof that an aborted task ran as long as the manager saw --------------------
+
+    def _proved(self, worker: WorkerRecord, report: TaskRecord) -> None:
+        """``worker`` reported on ``report`` (held there): the tasks aborted there
+        before ``report`` was sent ran at least as long as the manager saw them run
+        (it read their ``Abort`` before ``report``, with no word of them done)."""
+        pending = self.unproven[worker]
+        sent = report.sent_at
+        kept = []
+        for task in pending:
+            aborted = self.aborted.get(task)
+            if aborted is None or aborted.worker is not worker or aborted.proven:
+                continue  # (forgotten, or aborted again elsewhere since)
+            if sent > aborted.at or (sent == aborted.at and report not in aborted.before):
+                self._prove(task, aborted)
+            else:
+                kept.append(task)
+        if kept:
+            self.unproven[worker] = kept
+        else:
+            del self.unproven[worker]
+
+    def stale_done(self, worker: WorkerRecord, task_id: int, duration: float | None) -> None:
+        """A report about a task not processing on ``worker``: one aborted there whose
+        result or error crossed the ``Abort``. It ended there (in ``duration``, by the
+        worker's own clock, if it succeeded): no proof of a run that went on. A duration
+        past the limit it was aborted at is compared with what it took elsewhere; one
+        within it shows no slowness (the link made it late)."""
+        task = self.ctx.tasks.get(task_id)
+        aborted = None if task is None else self.aborted.get(task)
+        if task is None or aborted is None or aborted.worker is not worker or aborted.proven:
+            return
+        if duration is None or duration <= aborted.limit:
+            # It raised or crashed there, or ran within its kind's limit by its own clock:
+            # the link, not the worker, made it look long (no slowness shown).
+            del self.aborted[task]
+            return
+        aborted.ran, aborted.counted = duration, False  # (it finished)
+        self._prove(task, aborted)
+
+    def _prove(self, task: TaskRecord, aborted: Aborted) -> None:
+        aborted.proven = True
+        worker = aborted.worker
+        if aborted.counted:
+            shown = self.slow[worker] = self.slow.get(worker, 0) + 1
+            if shown >= SLOW_CONFIRMED:
+                self.quarantine(
+                    worker,
+                    f"slow: {shown} of its tasks ran past their kinds' limits, and it "
+                    "finished none",
+                )
+        if aborted.elsewhere is not None:
+            self._compare(task, aborted)
+
+    def _compare(self, task: TaskRecord, aborted: Aborted) -> None:
+        """A proven aborted task's run there against what it took elsewhere."""
+        del self.aborted[task]
+        elsewhere = aborted.elsewhere
+        if aborted.counted or elsewhere is None or elsewhere * SLOW_RATIO >= aborted.ran:
+            return  # (counted already, as a task of a worker that finished none)
+        slow = aborted.worker
+        shown = self.slow[slow] = self.slow.get(slow, 0) + 1
+        if shown >= SLOW_CONFIRMED:
+            self.quarantine(
+                slow,
+                f"slow: {shown} of its tasks were aborted after "
+                "running longer there than they then took elsewhere",
+            )
 
     def eject(self, worker: WorkerRecord, reason: str) -> None:
         if worker.id not in self.ejected:
@@ -604,7 +726,7 @@ class Faults:
         for task, worker, ran, limit in found:
             if task.state == "processing" and task.worker is worker:
                 reason = f"ran {ran:.1f} s, past {limit:.1f} s for its kind ({task.prefix})"
-                self.abort(task, worker, reason, counted=True)
+                self.abort(task, worker, reason, counted=True, limit=limit)
 
     def _stuck(self, now: float) -> None:
         stall = self.stall
@@ -686,6 +808,7 @@ class Faults:
             self.slow,
             self.pace,
             self.quarantined,
+            self.unproven,
         )
         for table in tables:
             for worker in [w for w in table if workers.get(w.id) is not w]:

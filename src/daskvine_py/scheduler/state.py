@@ -371,6 +371,7 @@ class SchedulerState:
         task = self._held(msg.task_id, worker)
         if task is None:
             self._stale_done(worker, msg.task_id)  # stale (released), or a false claim
+            self._faults.stale_done(worker, msg.task_id, msg.duration)  # (crossed an Abort?)
             return
         run = task.run
         if run.watched:
@@ -430,6 +431,7 @@ class SchedulerState:
         dropped)."""
         if self._stale(worker, task_id, msg):
             self._copies.not_held(task_id, worker)
+            self._faults.stale_done(worker, task_id, None)  # (it ended there: no proof)
 
     # -- transitions ------------------------------------------------------------------
 
