@@ -659,6 +659,53 @@ def test_a_result_released_and_made_again_in_one_batch_is_forgotten_before_it_is
         assert 1 in state.live and state.live.entries[1].lib == lib.id
 
 
+def test_an_execute_of_a_result_held_here_is_answered_from_it_not_run_again():
+    """Found by the simulator (seed 82 of ``--workers 10 --tasks 200 --delay 0.3``): task
+    2 is done here, its ``TaskDone`` slow on the way; the manager loses its input 1
+    elsewhere, takes 2 back (``Cancel``) and sends both again, 2 to wait for 1 here. The
+    old ``TaskDone`` then counts for 2, and the manager cancels 1, which nothing needs:
+    the second 2 waited for it here for ever. Answered from the result, it waits for
+    nothing, and runs nowhere a second time (seed 33: a second live copy)."""
+    state, (lib,) = make()
+    _live_in(state, lib, 2)
+    batch = [p.Cancel((2,)), execute(1), execute(2, computed_here(1))]
+    out = state.handle(batch, 1.0)
+    assert runs(out) == [(lib.id, [1])]
+    assert reports(out) == [p.TaskDone(2, 10_000, 0.0, None), p.Started((1,))]
+    assert list(state.tasks) == [1] and not state.local_waiters
+    state.handle([p.Cancel((1,))], 1.1)  # (running: it ends, reported, as usual)
+    out = state.handle([reply(lib, done_live(1))], 1.2)
+    assert [type(r) for r in reports(out)] == [p.TaskDone] and not list(state.leaks())
+    # A small stored one goes with its value; one released in the same batch runs anew.
+    state.handle([execute(3)], 2.0)
+    state.handle([reply(lib, done(3, "v"))], 2.1)
+    (answer,) = state.handle([execute(3)], 2.2)
+    assert type(answer) is p.TaskDone and answer[:3] == (3, dumps("v").nbytes, 0.0)
+    assert answer.value is not None and loads(answer.value) == "v"
+    out = state.handle([execute(3), p.Release((3,))], 2.3)
+    assert runs(out) == [(lib.id, [3])] and 3 not in state.store
+
+
+def test_a_result_made_again_in_another_library_is_kept_in_one():
+    """Found by the simulator (seed 33 of ``--workers 10 --tasks 200 --delay 0.3``): a
+    result kept live in one library is made again in another (sent again, its value
+    asked for): the record of the first copy was replaced by the second, and the
+    ``Release`` reached only the second library; the first kept it for ever. The first
+    copy stays, the second library forgets its own."""
+    state, (lib, other) = make(libraries=2)
+    _live_in(state, lib, 1)
+    state.handle([execute(2)], 1.0)  # keeps ``lib`` busy
+    assert state.tasks[2].lib == lib.id
+    out = state.handle([execute(1, want=True)], 1.0)  # live only, its value asked for
+    assert runs(out) == [(other.id, [1])]
+    value = dumps(1)
+    out = state.handle([reply(other, pipe.Done(1, value, 0.01, value.nbytes, True))], 1.1)
+    assert out[0] == ToLibrary(other.id, pipe.Forget([1]))
+    assert type(out[1]) is p.TaskDone and state.live.entries[1].lib == lib.id
+    out = state.handle([p.Release((1,))], 1.2)
+    assert out == [ToLibrary(lib.id, pipe.Forget([1]))] and 1 not in state.live
+
+
 def test_a_peer_asking_for_a_live_result_is_answered_once_it_is_exported():
     state, (lib,) = make()
     _live_in(state, lib, 1)

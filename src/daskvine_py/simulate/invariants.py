@@ -19,10 +19,10 @@ Checked after every step (``Checker.after_step``) and as they happen:
 - **the state machines never raise**: no event handler raised (``RunAborted``,
   ``EventDropped``), and no worker's state raised on a record from its manager;
 - **nothing is lost**: every run submitted ends (or is cancelled) before the horizon;
-- **views agree once quiet**: after the last run ended and the network went quiet, the
-  manager has no task, no worker holds or runs anything, every worker's state is empty
-  (``WorkerState.leaks``), and the manager's workers are the live ones that believe
-  they joined.
+- **views agree once quiet**: after the last run ended and the network went quiet (no
+  record but heartbeats in flight), the manager has no task, no worker holds or runs
+  anything, every worker's state is empty (``WorkerState.leaks``), and the manager's
+  workers are the live ones that believe they joined.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import functools
 import heapq
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from daskvine_py.plan.graph import build_plan
@@ -114,6 +114,10 @@ class Simulation:
         self.by_address: dict[str, WorkerNode] = {}
         #: per connection (sender, receiver, channel): when its last message arrives
         self.conn_last: dict[tuple[str, str, str], float] = {}
+        #: batches on their way that say more than "I am here" (``_news``): the views
+        #: may agree only once none is (a Release or a Replicas may be stalled for
+        #: seconds on a slow link)
+        self.in_flight = 0
         self.manager = ManagerNode(self, lambda: self.time)
         self.checker = Checker(self)
         self.runs: dict[int, RunRecord] = {}
@@ -146,14 +150,28 @@ class Simulation:
         return low + self.rng.expovariate(1.0 / typical)
 
     def _transmit(
-        self, sender: str, receiver: str, channel: str, action: Callable[[], None]
+        self,
+        sender: str,
+        receiver: str,
+        channel: str,
+        action: Callable[[], None],
+        records: Sequence[object] = (),
     ) -> None:
-        """Deliver on a FIFO connection: never before what was sent on it earlier."""
+        """Deliver on a FIFO connection: never before what was sent on it earlier.
+        ``records``: what the batch carries, counted in ``in_flight`` if it is news."""
         conn = (sender, receiver, channel)
         at = max(self.time + self._delay(), self.conn_last.get(conn, 0.0))
         self.conn_last[conn] = at
+        if _news(records):
+            self.in_flight += 1
+            action = functools.partial(self._arrived, action)
         self.sequence += 1
         heapq.heappush(self.heap, (at, self.sequence, action))
+
+    def _arrived(self, action: Callable[[], None]) -> None:
+        """News arrives (``in_flight``): ``action`` takes it."""
+        self.in_flight -= 1
+        action()
 
     def to_manager(self, sender: WorkerNode, messages: list[p.ToManager]) -> None:
         ident = sender.identity
@@ -162,7 +180,7 @@ class Simulation:
             self.manager.from_worker(ident, messages)
             self._pass("manager")
 
-        self._transmit(sender.name, "manager", "up", arrive)
+        self._transmit(sender.name, "manager", "up", arrive, messages)
 
     def send(self, worker: bytes, messages: list[p.ToWorker]) -> None:
         node = self.by_ident.get(worker)
@@ -174,7 +192,7 @@ class Simulation:
                 node.deliver("manager", messages)
                 self._pass(node.name)
 
-        self._transmit("manager", node.name, "down", arrive)
+        self._transmit("manager", node.name, "down", arrive, messages)
 
     def to_peer(self, sender: WorkerNode, address: str, link: int, request: p.GetData) -> None:
         peer = self.by_address.get(address)
@@ -186,7 +204,7 @@ class Simulation:
                 peer.deliver("request", (sender.address, link, request))
                 self._pass(peer.name)
 
-        self._transmit(sender.name, peer.name, f"ask{link}", arrive)
+        self._transmit(sender.name, peer.name, f"ask{link}", arrive, (request,))
 
     def reply_to_peer(self, sender: WorkerNode, peer: str, link: int, data: list[p.Data]) -> None:
         node = self.by_address.get(peer)
@@ -198,7 +216,7 @@ class Simulation:
                 node.deliver("data", (sender.address, link, data))
                 self._pass(node.name)
 
-        self._transmit(sender.name, node.name, f"answer{link}", arrive)
+        self._transmit(sender.name, node.name, f"answer{link}", arrive, data)
 
     def broken(self, node: str, step: str, what: str) -> None:
         self.checker.violation(step, f"{node}: {what}")
@@ -361,8 +379,10 @@ class Simulation:
             self._pass("manager")
 
     def _quiet(self) -> bool:
-        """No library runs a call, no worker keeps a task or a fetch, and the manager
-        knows only live workers."""
+        """No library runs a call, no worker keeps a task or a fetch, no news is on its
+        way (``in_flight``), and the manager knows only live workers."""
+        if self.in_flight:
+            return False
         for node in self.workers.values():
             if node.alive and (node.busy() or node.leaks()):
                 return False
@@ -451,6 +471,16 @@ class Simulation:
                     break
         self.checker.at_end(settled=finished is not None)
         return Outcome(self.seed, self.steps, self.time, self.checker.violations, self.trace or [])
+
+
+#: Records that say only that their sender is there, or how it is: the only ones that
+#: keep travelling once everything is done.
+_BEAT: frozenset[type] = frozenset({p.Heartbeat, p.Status})
+
+
+def _news(records: Sequence[object]) -> bool:
+    """Whether a batch carries anything but heartbeats."""
+    return any(type(record) not in _BEAT for record in records)
 
 
 def _seconds(key: wl.Key, node: object, workload: wl.Workload) -> float:

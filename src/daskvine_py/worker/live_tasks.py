@@ -100,6 +100,17 @@ class LiveTasks:
         if wait is not None:
             wait.tasks.discard(task_id)
 
+    def keep(self, task_id: int, lib: int, nbytes: int) -> None:
+        """Library ``lib`` keeps the result it computed, live. A task computed again while
+        another library still keeps its first result (sent again after a ``Cancel`` that
+        crossed its ``TaskDone``) leaves two copies: the first stays (an export of it may
+        be under way), ``lib`` forgets its own, else nothing would ever release it."""
+        entry = self.live.entries.get(task_id)
+        if entry is not None and entry.lib != lib:
+            self.out.append(ToLibrary(lib, pipe.Forget([task_id])))
+            return
+        self.live.add(task_id, lib, nbytes)
+
     def forget(self, task_ids: Iterable[int]) -> None:
         """Have their libraries forget these live results: one ``Forget`` per library
         (a release of thousands of results is as many pipe writes otherwise)."""

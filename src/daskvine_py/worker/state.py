@@ -159,6 +159,9 @@ class WorkerState:
         self.tasks: dict[int, WorkerTask] = {}
         #: input being computed here -> tasks sent ahead that wait for it
         self.local_waiters: dict[int, set[int]] = {}
+        #: ``Execute``s of results held here, answered at the end of the pass
+        #: (``_answer_held``)
+        self.held_answers: dict[int, p.Execute] = {}
         #: run id -> how its tasks run, for runs that do not use the defaults
         self.run_configs: dict[int, p.RunConfig] = {}
         self.disk_full = False
@@ -313,6 +316,8 @@ class WorkerState:
         bytes received from peers, spill live results past the memory limit, ask peers."""
         out = self._out
         dispatch = self.dispatch
+        if self.held_answers:
+            self._answer_held(now)
         if not self.leaving:
             for record, request in dispatch.start_runnable():
                 out.append(ToLibrary(record.id, request))
@@ -524,6 +529,11 @@ class WorkerState:
         for task_id in msg.task_ids:
             self.store.release(task_id)
         self.live_tasks.forget(msg.task_ids)
+        if self.held_answers:  # released and made anew in one batch: made here, after all
+            for task_id in msg.task_ids:
+                again = self.held_answers.pop(task_id, None)
+                if again is not None:
+                    self._on_execute(again, now)
 
     def _on_cancel(self, msg: p.Cancel, now: float) -> None:
         for task_id in msg.task_ids:
@@ -583,6 +593,9 @@ class WorkerState:
         (fetched from peers, or computed here)."""
         if msg.task_id in self.tasks:
             return  # re-sent after a cancel while it was running: its result is coming
+        if self._holds(msg):
+            self.held_answers[msg.task_id] = msg  # answered at the end of the pass
+            return
         task = WorkerTask(msg, self.run_configs.get(msg.run_id))
         for dep in msg.deps:
             if dep.value is not None or dep.task_id in self.store or dep.task_id in self.live:
@@ -602,6 +615,36 @@ class WorkerState:
             self.dispatch.follow(task)
         else:
             self.dispatch.queue(task)
+
+    def _holds(self, msg: p.Execute) -> bool:
+        """Whether the result of the task ``msg`` asks for is held here already, as it
+        can be answered: stored, or live when its value is not asked for."""
+        task_id = msg.task_id
+        return task_id in self.store or (task_id in self.live and not msg.want_result)
+
+    def _answer_held(self, now: float) -> None:
+        """The end of a pass: the ``Execute``s of results held here (``held_answers``)
+        answered from them (``TaskDone``, with the value when asked for or small). Such
+        an ``Execute`` was sent again after a ``Cancel`` that crossed the result's
+        ``TaskDone``, which the manager counts for it (this answer then finds it done:
+        harmless). Run again, the task made a second live copy, or waited for an input
+        that the manager, its result in, then cancelled: for ever. One released in the
+        same pass was sent again to be made anew (lineage): it runs (``_on_release``),
+        as does one whose copy went meanwhile (its library died)."""
+        store = self.store
+        answers, self.held_answers = self.held_answers, {}
+        for task_id, msg in answers.items():
+            if not self._holds(msg):
+                self._on_execute(msg, now)
+                continue
+            entry = self.live.entries.get(task_id)
+            nbytes = entry.nbytes if entry is not None else store.size(task_id)
+            value = None
+            if task_id in store and (msg.want_result or store.size(task_id) <= p.INLINE_BYTES):
+                value = store.get(task_id, use=False)
+                if value is not None and not msg.want_result and not p.inlinable(value):
+                    value = None
+            self._out.append(p.TaskDone(task_id, nbytes, 0.0, value))
 
     def _cancel(self, task_id: int) -> bool:
         """Drop a task that has not started; whether it was dropped."""
@@ -837,7 +880,7 @@ class WorkerState:
                 live = False  # (the library kept nothing: ``Call.keep`` was None)
             if keep:
                 if live and lib is not None:
-                    self.live.add(task_id, lib, nbytes)
+                    self.live_tasks.keep(task_id, lib, nbytes)
                 if value is not None:
                     self.store.put(task_id, value)
             waiters = self.local_waiters.pop(task_id, None)
