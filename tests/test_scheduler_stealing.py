@@ -64,3 +64,22 @@ def test_nothing_is_asked_when_no_core_is_idle():
     stealing.workers.pop(b"idle")
     stealing.steal_for_idle_workers()
     assert sent == []
+
+
+def test_only_the_answer_to_the_last_withdraw_of_a_task_moves_it():
+    """Asked back, taken back (``Cancel``), sent there again and asked back again: two
+    answers come, and the first is about the copy the ``Cancel`` dropped. Moving the
+    task on it, while the second copy may already run there, could run it twice (the
+    simulator at --delay 0.3, seeds 108 and 306)."""
+    stealing, busy, idle, tasks, sent, moves = setup()
+    stealing.steal_for_idle_workers()
+    assert sent == [("busy", p.Withdraw((4, 3)))]
+    stealing.settled(tasks[4])  # cancelled there, its Withdraw unanswered ...
+    stealing.steal_for_idle_workers()  # ... sent there again, asked back again
+    assert sent[-1] == ("busy", p.Withdraw((4,))) and stealing.withdrawing == {tasks[3], tasks[4]}
+    stealing.on_withdrawn(busy, p.Withdrawn((4, 3)))  # the first answer: 3 moves, 4 stays
+    assert moves == [(3, "ready", None), (3, "processing", "idle")]
+    assert tasks[4] in stealing.withdrawing
+    stealing.on_withdrawn(busy, p.Withdrawn((), (4,)))  # the last: the copy there runs
+    assert tasks[4] not in stealing.withdrawing and tasks[4].worker is busy
+    assert not stealing.asks

@@ -351,8 +351,8 @@ def test_cancel_and_withdraw_drop_only_tasks_that_have_not_started():
     out = state.handle([execute(1), execute(2), execute(3), execute(4, at(9, "tcp://a:1"))], 0.0)
     assert runs(out) == [(lib.id, [1])]
     out = state.handle([p.Cancel((1, 2)), p.Withdraw((1, 3, 4, 99))], 0.0)  # 1 runs
-    # 1 runs: kept, and said so (the answer always comes); 99 is not here: in neither
-    assert out == [p.Withdrawn((3, 4), (1,))]  # (nothing started: stale queue ids skipped)
+    # 1 runs: kept, and said so; 99 is not here: not given back either (every id answered)
+    assert out == [p.Withdrawn((3, 4), (1, 99))]  # (nothing started: stale ids skipped)
     assert list(state.tasks) == [1] and not state.fetcher.fetches
 
 

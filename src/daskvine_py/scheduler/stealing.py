@@ -35,6 +35,7 @@ class Stealing:
         "withdrawing",
         "kept",
         "settled",
+        "asks",
     )
 
     def __init__(self, ctx: Context) -> None:
@@ -52,6 +53,12 @@ class Stealing:
         #: ``settled(task)``: it left its worker otherwise (done, moved, forgotten); the
         #: state calls it for every task it takes back
         self.settled: Callable[[TaskRecord], None] = self._settled
+        #: ``Withdraw``s of a task sent to a worker and not answered yet: a task taken
+        #: back (``Cancel``), sent there again and asked back again has two answers on
+        #: the way, and only the last is about the copy there now (simulator, --delay
+        #: 0.3, seeds 108 and 306: the first moved the task while the second copy was
+        #: still there, which could run it twice)
+        self.asks: dict[tuple[WorkerRecord, TaskRecord], int] = {}
 
     def _settled(self, task: TaskRecord) -> None:
         self.withdrawing.discard(task)
@@ -96,19 +103,24 @@ class Stealing:
             surplus[victim] -= 1
             self.withdrawing.add(task)
             asked.setdefault(victim, []).append(task.id)
+            self.asks[victim, task] = self.asks.get((victim, task), 0) + 1
+        if len(self.asks) > 2 * len(self.withdrawing) + 64:  # answers that never came
+            self._prune()
         for victim, ids in asked.items():
             self.send(victim, p.Withdraw(tuple(ids)))
 
     def on_withdrawn(self, worker: WorkerRecord, msg: p.Withdrawn) -> None:
         """Tasks a worker gave back unstarted: queue them for whoever is free. Those it
-        keeps (started, or committed to a library) are asked back no more."""
+        keeps (started, or committed to a library) are asked back no more. An answer
+        to an earlier ``Withdraw`` of the same task, while a later one is on its way,
+        is about a copy that is gone: only the last answer counts."""
         for task_id in msg.kept:
-            task = self.held(task_id, worker)
+            task = self._answered(worker, task_id)
             if task is not None:
                 self.withdrawing.discard(task)
                 self.kept.add(task)
         for task_id in msg.task_ids:
-            task = self.held(task_id, worker)
+            task = self._answered(worker, task_id)
             if task is None:
                 continue
             if task.missing:
@@ -126,6 +138,24 @@ class Stealing:
             if thief is not None:  # straight to an idle worker, not back to the queue's front
                 self.queue.remove(task)
                 self.transition(task, "processing", thief)
+
+    def _answered(self, worker: WorkerRecord, task_id: int) -> TaskRecord | None:
+        """The task processing on ``worker`` that an answer about ``task_id`` is about,
+        if it answers the last ``Withdraw`` of it sent there."""
+        task = self.held(task_id, worker)
+        if task is None:
+            return None
+        left = self.asks.pop((worker, task), 1) - 1
+        if left > 0:
+            self.asks[worker, task] = left
+            return None
+        return task
+
+    def _prune(self) -> None:
+        """Forget the asks of workers gone and of tasks no longer processing there."""
+        for worker, task in list(self.asks):
+            if self.workers.get(worker.id) is not worker or task.worker is not worker:
+                del self.asks[worker, task]
 
 
 def _startable(worker: WorkerRecord) -> int:

@@ -143,9 +143,10 @@ class Lost(NamedTuple):
 
 
 class Withdrawn(NamedTuple):
-    """The answer to every ``Withdraw``: the tasks the worker dropped unstarted (the
-    manager may now run them elsewhere), and those it keeps (``kept``: running, or
-    committed to a library behind a running task; they report as usual). An answer
+    """The answer to every ``Withdraw``, each id in one of two lists: the tasks the
+    worker dropped unstarted (the manager may now run them elsewhere), and those it did
+    not give back (``kept``: running, committed to a library behind a running task, or
+    not there any more; they report as usual). An answer
     the manager waits for however slow the link: one that never comes while later
     work is reported is a worker ignoring ``Withdraw``."""
 

@@ -540,15 +540,13 @@ class WorkerState:
             self._cancel(task_id)
 
     def _on_withdraw(self, msg: p.Withdraw, now: float) -> None:
-        """Always answered: what was dropped, and what stays (running, or committed to a
-        library's pipe); a task not here any more is in neither."""
+        """Every id answered: dropped, or not given back (running, committed to a
+        library's pipe, or not here any more: its report is on its way). The manager
+        matches answers to its asks one for one."""
         dropped, kept = [], []
         for task_id in msg.task_ids:
-            if self._cancel(task_id):
-                dropped.append(task_id)
-            elif task_id in self.tasks:
-                kept.append(task_id)
-        if dropped or kept:
+            (dropped if self._cancel(task_id) else kept).append(task_id)
+        if msg.task_ids:
             self._out.append(p.Withdrawn(tuple(dropped), tuple(kept)))
 
     def _on_replicate(self, msg: p.Replicate, now: float) -> None:
