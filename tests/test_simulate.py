@@ -69,8 +69,13 @@ def run_pinned(seeds: range, config: dict) -> dict:
         (range(1000, 1030), {"workers": 10, "tasks": 150}),
         (range(2000, 2060), {"workers": 3, "tasks": 30, "preempt": 0.6, "leave": 0.3, "oom": 0.5}),
         (range(3000, 3100), {"liar": 1.0}),
+        # slow links (``--delay 0.3``): the defences judged honest workers by the clock
+        (
+            range(4000, 4040),
+            {"workers": 10, "tasks": 150, "delay": (1e-4, 0.3), "stall": (1.5, 10)},
+        ),
     ],
-    ids=["default", "ten-workers", "many-faults", "a-liar"],
+    ids=["default", "ten-workers", "many-faults", "a-liar", "slow-links"],
 )
 def test_a_fixed_range_of_seeds_breaks_no_invariant(seeds, config):
     result = run_pinned(seeds, config)
