@@ -37,6 +37,7 @@ judged false). It is released there, never counted as a copy.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -160,7 +161,20 @@ class Claims:
         ids[task_id] = self.ctx.now if aborted else None
         told.word = self.ctx.now
         if len(ids) > told.cap:
-            del ids[next(iter(ids))]
+            self._make_room(ids, told.cap)
+
+    def _make_room(self, ids: dict[int, float | None], cap: int) -> None:
+        """Down to three quarters of ``cap``: the ids of tasks gone first (a report about
+        one is a harmless race), then the oldest. At 600 x 12 the manager asked one
+        worker for more copies (``Replicate``) than the bound, and forgetting the oldest
+        first judged its honest ``Replicas`` false."""
+        tasks = self.tasks
+        for gone in [task_id for task_id in ids if task_id not in tasks]:
+            del ids[gone]
+        excess = len(ids) - cap * 3 // 4
+        if excess > 0:
+            for oldest in list(itertools.islice(ids, excess)):
+                del ids[oldest]
 
     def has_read(self, worker: WorkerRecord, since: float) -> bool:
         """Whether ``worker`` has read what the manager sent it at ``since``: it reported

@@ -543,7 +543,8 @@ class WorkerState:
         """Every id answered: dropped, or not given back (running, committed to a
         library's pipe, or not here any more: its report is on its way). The manager
         matches answers to its asks one for one."""
-        dropped, kept = [], []
+        dropped: list[int] = []
+        kept: list[int] = []
         for task_id in msg.task_ids:
             (dropped if self._cancel(task_id) else kept).append(task_id)
         if msg.task_ids:
