@@ -16,7 +16,8 @@ abort (``Abort``) may still be reported by a worker that sent its report before 
 ``Abort``, or before the worker shows it read the ``Abort`` (it reports on a task sent
 after it: ``has_read``); later ones come from a worker that ignores ``Abort`` and are
 false claims. What was taken
-back is remembered per worker, the newest ``REMEMBERED`` ids and more per core (a task
+back is remembered per worker: ``REMEMBERED`` ids and more per core, the oldest of
+tasks gone forgotten past that, and more room made for live ones (a task
 cancelled while it runs reports when it ends, which may be long after). Anything else is
 a *false claim*: dropped with no answer, counted per worker, logged at most once a minute
 per worker, and at ``EJECT_AFTER`` (none forgiven: ``FORGIVE_AFTER``) the worker is
@@ -161,20 +162,20 @@ class Claims:
         ids[task_id] = self.ctx.now if aborted else None
         told.word = self.ctx.now
         if len(ids) > told.cap:
-            self._make_room(ids, told.cap)
+            self._make_room(told)
 
-    def _make_room(self, ids: dict[int, float | None], cap: int) -> None:
-        """Down to three quarters of ``cap``: the ids of tasks gone first (a report about
-        one is a harmless race), then the oldest. At 600 x 12 the manager asked one
-        worker for more copies (``Replicate``) than the bound, and forgetting the oldest
-        first judged its honest ``Replicas`` false."""
-        tasks = self.tasks
-        for gone in [task_id for task_id in ids if task_id not in tasks]:
+    def _make_room(self, told: Told) -> None:
+        """The oldest ids of tasks gone are forgotten (the newest quarter stays: a
+        task's record may go as it is taken back, its report still on the way); should
+        the rest still fill three quarters of the bound, it doubles: live tasks bound
+        it. At 600 x 12 the manager asked one worker for more copies (``Replicate``)
+        than the bound, and forgetting the oldest judged its honest ``Replicas`` false."""
+        ids, tasks = told.ids, self.tasks
+        older = itertools.islice(ids, len(ids) - told.cap // 4)
+        for gone in [task_id for task_id in older if task_id not in tasks]:
             del ids[gone]
-        excess = len(ids) - cap * 3 // 4
-        if excess > 0:
-            for oldest in list(itertools.islice(ids, excess)):
-                del ids[oldest]
+        if len(ids) > told.cap * 3 // 4:
+            told.cap *= 2
 
     def has_read(self, worker: WorkerRecord, since: float) -> bool:
         """Whether ``worker`` has read what the manager sent it at ``since``: it reported
