@@ -433,6 +433,29 @@ def test_a_worker_fetching_an_input_from_silent_holders_is_not_ejected_as_stuck(
     assert eject.worker == W1
 
 
+def test_a_worker_asking_the_manager_to_relay_an_input_is_not_stuck():
+    """The swarm at 600 x 12, its clock three times faster: a worker whose fetches from
+    peers failed asked the manager to relay the input (``Relay``) and was ejected as
+    stuck while the relay, slowed by the load, was on its way. A relay asked, or an
+    input arrived (``Replicas``), is progress at its tasks."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0, chain_ahead=0)
+    st_.faults.stall = 5.0
+    tasks = [s.NewTask("a", b"", (), (), 0, "t"), s.NewTask("b", b"", (), ("a",), 1, "t")]
+    st_.handle([joined(W2), s.SubmitRun(1, tasks, ["b"], 3)], 0.0)
+    a, b = st_.tasks[1], st_.tasks[2]
+    st_.handle(
+        [s.FromWorker(W2, p.TaskDone(a.id, 8, 0.1, None)), s.FromWorker(W2, p.DiskFull(True))]
+        + [joined(W1)],
+        1.0,
+    )
+    assert b.worker is st_.workers[W1]
+    allowance = 2 * FETCH_ALLOWANCE
+    st_.handle([s.FromWorker(W1, p.Relay((a.id,)))], 1.0 + allowance)  # its holder failed it
+    assert of(st_.handle([Tick()], 1.0 + 5.0 + allowance + 1.0), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 1.0 + allowance + 5.0 + allowance + 1.0), Eject)
+    assert eject.worker == W1  # nothing since: stuck after all
+
+
 def test_a_worker_running_a_started_task_is_not_ejected_for_silence():
     st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
     st_.faults.stall = 5.0

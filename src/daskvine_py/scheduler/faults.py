@@ -16,7 +16,8 @@ the "black hole"), one takes tasks and never answers. Three answers, each cheap 
   from the oldest started task of each category on: the walk stops at the first one
   within its limit.
 - **Ejection** (``Eject``). A worker that holds tasks, none known to be running, and
-  reports no progress (``Started``, ``TaskDone``, ``TaskErred``, ``TaskCrashed``) for
+  reports no progress (``Started``, ``TaskDone``, ``TaskErred``, ``TaskCrashed``, an
+  input arrived or a relay asked: ``Replicas``, ``Relay``) for
   longer than both ``stall`` seconds (the manager's ``worker_timeout``) and ``STALL_FACTOR``
   times their usual duration; or one that leaves a ``Withdraw`` unanswered for ``patience``
   seconds while the task has not started and has reported on tasks sent after it: a
@@ -294,6 +295,13 @@ class Faults:
         self.quarantined: dict[WorkerRecord, str] = {}
 
     # -- reports (per task: a few dict operations) ----------------------------------------
+
+    def on_fetching(self, worker: WorkerRecord, msg: p.Replicas | p.Relay) -> None:
+        """An input arrived there, or it asks the manager to relay one (its holders
+        failed it): it works at its tasks' inputs, no stuck worker. (A swarm worker at
+        600 x 12 whose peers' results went through the manager was ejected as stuck.)
+        Only reports the claims check kept reach here: about inputs of its own tasks."""
+        self.progress[worker] = self.ctx.now
 
     def on_started(self, worker: WorkerRecord, msg: p.Started) -> None:
         now = self.ctx.now
