@@ -94,6 +94,21 @@ def test_holders_that_do_not_answer_pass_the_fetch_to_the_manager_then_it_fails(
     assert not list(fetcher.leaks())
 
 
+def test_a_silent_peer_s_socket_closed_sends_its_other_fetches_on_at_once():
+    """Closing the socket of a peer that did not answer in time drops every request on
+    it: the other fetches asked of it go on now (here: through the manager, their only
+    holder silent), not each after a timeout of its own (at 600 x 12 a worker so waited
+    out 25 timeouts in a row)."""
+    fetcher, out, failed = _fetcher(timeout=1.0)
+    fetcher.want(7, ["a"], task_id=1, now=0.0)
+    fetcher.want(8, ["a"], task_id=2, now=0.5)
+    fetcher.want(9, ["a"], task_id=3, now=0.5)
+    assert _asked(fetcher, out) == [("a", [7, 8, 9])]  # one request, one socket
+    fetcher.on_timers(1.0)  # 7's deadline (8's and 9's would be 1.5)
+    assert out == [ClosePeer("a"), p.Relay((7,)), p.Relay((8,)), p.Relay((9,))]
+    assert all(fetcher.relayed(i) for i in (7, 8, 9)) and not failed
+
+
 def test_a_fetch_nobody_waits_for_is_dropped_unless_it_is_a_replica():
     fetcher, out, _ = _fetcher()
     fetcher.want(7, ["a"], task_id=1, now=0.0)
