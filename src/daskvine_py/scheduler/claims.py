@@ -179,10 +179,10 @@ class Claims:
 
     def has_read(self, worker: WorkerRecord, since: float) -> bool:
         """Whether ``worker`` has read what the manager sent it at ``since``: it reported
-        on a task sent later (``Faults.heard``), and one connection keeps the order. A
+        on a task sent later (``Context.heard``), and one connection keeps the order. A
         worker whose loop lags reports, honestly, on work already taken back for as long
         as it has not; ``ABORT_GRACE`` alone judged a lagging swarm's honest workers."""
-        heard = self.ctx.faults.heard.get(worker) if hasattr(self.ctx, "faults") else None
+        heard = self.ctx.heard.get(worker)
         return heard is not None and heard > since
 
     def _told(self, worker: WorkerRecord) -> Told:

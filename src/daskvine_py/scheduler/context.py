@@ -115,9 +115,6 @@ class SizingPart(Protocol):
 
 
 class FaultsPart(Protocol):
-    #: per worker, the latest ``sent_at`` of a task it reported on
-    heard: dict[WorkerRecord, float]
-
     def suspect(self, worker: WorkerRecord, why: str) -> None: ...
 
 
@@ -200,6 +197,7 @@ class Context:
         "out",
         "cache_runs",
         "durations",
+        "heard",
         "now",
         "batch",
         "transition",
@@ -249,6 +247,10 @@ class Context:
         self.cache_runs: dict[int, CacheRun] = {}
         #: task durations per prefix (``Faults`` observes them, ``Saturation`` reads them)
         self.durations = DurationEstimates()
+        #: per worker, the latest ``sent_at`` of a task it reported on: it has read every
+        #: record the manager sent it before that, one connection keeping their order
+        #: (``Faults`` writes it; ``Faults`` and ``Claims`` judge by it, not by the clock)
+        self.heard: dict[WorkerRecord, float] = {}
         #: the clock: the ``now`` of the ``handle`` call under way
         self.now = 0.0
         #: ``handle`` calls so far: what one worker says in one batch of events is one

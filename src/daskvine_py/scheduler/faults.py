@@ -273,9 +273,7 @@ class Faults:
         #: itself or that had none: ``own``, what a burst counts); disagreements it was
         #: the suspect of (``suspect``)
         self.progress: dict[WorkerRecord, float] = {}
-        #: per worker, the latest ``sent_at`` of a task it reported on: it has read every
-        #: record the manager sent it before that (one connection keeps their order)
-        self.heard: dict[WorkerRecord, float] = {}
+        self.heard = ctx.heard  # (the context's: ``Claims`` reads it too)
         self.strikes: dict[WorkerRecord, float] = {}
         self.own: dict[WorkerRecord, int] = {}
         self.suspected: dict[WorkerRecord, int] = {}
@@ -330,11 +328,7 @@ class Faults:
         duration = msg.duration
         prefix = task.prefix
         self.durations.observe(prefix, duration)
-        self.progress[worker] = self.ctx.now
-        if task.sent_at > self.heard.get(worker, -math.inf):
-            self.heard[worker] = task.sent_at
-        if worker in self.unproven:
-            self._proved(worker, task)
+        self._reported(task, worker)
         if task.started_at is not None:
             watch = self.watch.get(prefix)
             if watch is not None:
@@ -508,12 +502,16 @@ class Faults:
         )
         return True
 
-    def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
+    def _reported(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """``worker`` reported ``task`` ended: progress, and all sent before it read."""
         self.progress[worker] = self.ctx.now
         if task.sent_at > self.heard.get(worker, -math.inf):
             self.heard[worker] = task.sent_at
         if worker in self.unproven:
             self._proved(worker, task)
+
+    def _ended(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        self._reported(task, worker)
         if task.started_at is not None and task.prefix in self.watch:
             self.watch[task.prefix].pop(task, None)
 

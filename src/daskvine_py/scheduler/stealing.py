@@ -8,6 +8,7 @@ confirms it dropped it unstarted (``Withdrawn``), so none ever runs twice becaus
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -80,10 +81,7 @@ class Stealing:
             return  # enough already asked for
         # Startable tasks beyond a worker's cores are queued there, not running.
         surplus = {w: _startable(w) - w.cores for w in self.workers.values()}
-        for task in self.withdrawing:
-            if task.worker in surplus:
-                surplus[task.worker] -= 1
-        for task in self.kept:
+        for task in itertools.chain(self.withdrawing, self.kept):  # (neither is startable)
             if task.worker in surplus:
                 surplus[task.worker] -= 1
         asked: dict[WorkerRecord, list[int]] = {}
