@@ -330,11 +330,10 @@ class Fetcher:
                 continue  # dropped with a task that an earlier failure here cancelled
             logger.warning("peer did not serve result %d within %.1f s", fetch.dep_id, self.timeout)
             address = fetch.current
-            if address and address != RELAY and address not in closed:
-                closed.add(address)
-                self.out.append(ClosePeer(address))
-            elif address == RELAY:
-                self.out.append(ClosePeer(address))  # (no such socket: a no-op for the shell)
+            if address and address not in closed:
+                self.out.append(ClosePeer(address))  # (RELAY names no socket: a no-op)
+                if address != RELAY:  # (through the manager: no socket, no others on it)
+                    closed.add(address)
             self._move_on(fetch, now)
         if closed:
             for fetch in [f for f in self.fetches.values() if f.current in closed]:
