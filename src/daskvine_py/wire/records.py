@@ -15,6 +15,7 @@ from collections.abc import Hashable
 from typing import Any, NamedTuple, TypeAlias
 
 from daskvine_py.wire.serialize import Serialized
+from daskvine_py.wire.software import Software
 
 #: Results this small (pickled, nothing out of band) ride along with ``TaskDone`` to the
 #: manager, which hands them to the tasks that read them inside ``Execute``: a tree of
@@ -204,6 +205,9 @@ SPILL_LANE = -2
 
 class Goodbye(NamedTuple):
     reason: str
+    #: the key of the software (``RunConfig.software``) the worker cannot run, which is
+    #: why it leaves ("" : another reason); ``reason`` then names its node and what failed
+    unfit: str = ""
 
 
 # -- manager -> worker ----------------------------------------------------------------
@@ -248,6 +252,13 @@ class RunConfig(NamedTuple):
     import_modules: tuple[str, ...]  #: imported once per library before the run's tasks
     env_vars: tuple[tuple[str, str], ...]
     sandbox: bool  #: own cwd and TMPDIR per task (always, in fork and tasks modes)
+    #: what its libraries start with (``software.spec``); None: the worker's own Python.
+    #: A worker whose libraries run other software replaces them before the run's tasks
+    software: Software | None = None
+    #: files its tasks read on the node, by the environment variable that names them
+    #: (``X509_USER_PROXY``): written with mode 0600 in the worker's directory, removed
+    #: when it leaves; a later run's renewed content replaces them
+    files: tuple[tuple[str, bytes], ...] = ()
 
 
 class Function(NamedTuple):
