@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from daskvine_py.errors import (
     BindError,
     DaskVineError,
+    EnvironmentUnfit,
     GraphCycleError,
     ImportHoistingError,
     ManagerDied,
@@ -67,6 +68,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BindError",
     "DaskVineError",
+    "EnvironmentUnfit",
     "GraphCycleError",
     "ImportHoistingError",
     "Manager",

@@ -217,6 +217,19 @@ class NoWorkersLeft(DaskVineError, RuntimeError):
     they ended (exit code or signal), and how to start others."""
 
 
+class EnvironmentUnfit(DaskVineError, RuntimeError):
+    """The software a run ships (``environment=``) cannot run on any worker that came:
+    each said why (another machine, an older glibc, a broken archive, a missing package)
+    and left. ``reasons`` maps each node to its reason."""
+
+    def __init__(self, run_id: int, reasons: dict[str, str]) -> None:
+        said = "; ".join(f"{host}: {why}" for host, why in sorted(reasons.items()))
+        super().__init__(
+            f"run {run_id} cannot run: its environment cannot run on the workers' nodes ({said})"
+        )
+        self.reasons = reasons
+
+
 class GraphCycleError(DaskVineError, ValueError):
     """The graph has a cycle; ``cycle`` lists its keys in order."""
 

@@ -30,6 +30,16 @@ WORKER_SETTINGS = {
 }
 
 
+def check_environment(value: object) -> None:
+    """An environment: None, "local", or the path of an archive or requirements file."""
+    if value is None or (isinstance(value, str | os.PathLike) and str(value)):
+        return
+    raise ValueError(
+        f"environment must be 'local', the path of an environment archive or of a "
+        f"requirements file, or None, not {value!r}"
+    )
+
+
 def check_fast_abort(value: object) -> None:
     """A fast-abort multiplier: None, 0 (off) or a finite number >= 1."""
     if value is None:
@@ -117,9 +127,30 @@ class RunOptions:
     #: duration is taken back and run on another worker. None: the manager's
     #: ``fast_abort``; 0: off for this run.
     fast_abort: float | None = None
+    #: The software its tasks run with, on workers that share no files with the caller
+    #: (docs/environments.md): "local" (this process's own environment, packed once per
+    #: content), the path of an archive you built (conda-pack, venv-pack), or of a
+    #: requirements file each node builds with ``uv``. The modules of yours that no
+    #: environment holds (the working directory's, editable installs) travel with it, by
+    #: content: a changed module reaches every library. Workers fetch both once per node.
+    #: None: the manager's ``environment`` (by default none: workers use their own Python
+    #: and files, and nothing is packed or shipped).
+    environment: str | os.PathLike[str] | None = None
+    #: Files the tasks read on the nodes, by the environment variable that names them:
+    #: ``{"X509_USER_PROXY": "/tmp/x509up_u1000"}``. Each is read at every ``get`` and
+    #: travels encrypted to the workers, which write it with mode 0600 in their directory
+    #: (removed when they leave) and set the variable to that path for the tasks.
+    env_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
+        check_environment(self.environment)
+        files = self.env_files
+        if not isinstance(files, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str | os.PathLike) for k, v in files.items()
+        ):
+            raise ValueError(f"env_files must map variable names to paths, not {files!r}")
+        object.__setattr__(self, "env_files", dict(files))
         if self.fuse is not None and not isinstance(self.fuse, bool):
             raise ValueError(f"fuse must be True, False or None, not {self.fuse!r}")
         if self.task_mode not in TASK_MODES:
@@ -195,6 +226,8 @@ class RunOptions:
             and not self.import_modules
             and not self.env_vars
             and not self.task_sandbox
+            and self.environment is None
+            and not self.env_files
         )
 
 
@@ -271,9 +304,14 @@ class ManagerOptions:
     #: and a free port by default; its link (``Manager.dashboard_link``) carries the token
     #: every request needs. None: no dashboard.
     dashboard_address: str | None = "127.0.0.1:0"
+    #: The default of ``get(environment=...)``: the software runs ship to workers that
+    #: share no files with the caller ("local", an archive's or a requirements file's
+    #: path; docs/environments.md). None: workers run tasks with their own Python.
+    environment: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
+        check_environment(self.environment)
         if self.sizing not in SIZING_MODES:
             raise ValueError(f"sizing must be one of {SIZING_MODES}, not {self.sizing!r}")
         named = self.sizing_categories

@@ -90,6 +90,11 @@ def reachable(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+def split_host(address: str) -> str:
+    """The host of a ``tcp://host:port`` address."""
+    return address[len("tcp://") :].rsplit(":", 1)[0]
+
+
 def write_connection_file(
     path: str | os.PathLike[str] | None, address: str, keys: security.Keys | None
 ) -> tuple[str, list[str]]:

@@ -50,6 +50,7 @@ from typing import Any, TypeVar, cast
 import zmq
 
 from daskvine_py.errors import (
+    EnvironmentUnfit,
     ManagerDied,
     NoWorkersLeft,
     ProtocolError,
@@ -132,6 +133,11 @@ class IOLoop:
         self._monitor: HandshakeMonitor | None = None
         #: runs waiting with no worker: when to warn, when to give up, what to say
         self.vacancy = Vacancy()
+        #: software key -> node -> why that node cannot run it (``Goodbye.unfit``); a
+        #: waiting run of that software with no worker left fails at once, saying so
+        self.unfit: dict[str, dict[str, str]] = {}
+        #: run id -> the key of the software it ships ("none": the workers' own Python)
+        self.run_software: dict[int, str] = {}
         self.commands: SimpleQueue[Command] = SimpleQueue()
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -341,6 +347,9 @@ class IOLoop:
 
     def _on_submit(self, command: Submit) -> None:
         self.watching.start(command.run, command.watch, self.workers.values(), time.monotonic())
+        config = command.event.config
+        software = None if config is None else config.software
+        self.run_software[command.run.id] = "none" if software is None else software.key
         self.events.append(command.event)
 
     def _on_extend(self, command: Extend) -> None:
@@ -443,6 +452,8 @@ class IOLoop:
                     self.watching.status(now, info.name, message)
                     continue
                 if type(message) is p.Goodbye:
+                    if message.unfit:
+                        self._on_unfit(info.hostname, message)
                     self._lose_worker(ident, f"it left: {message.reason}")
                     return
                 if kind is p.Register:
@@ -484,6 +495,24 @@ class IOLoop:
         self.outboxes.pop(ident, None)
         self.events.append(s.WorkerLost(ident, reason))
 
+    def _on_unfit(self, host: str, goodbye: p.Goodbye) -> None:
+        """A worker cannot run a run's software on its node: said once per node and
+        reason (every worker of a node would say the same)."""
+        said = self.unfit.setdefault(goodbye.unfit, {})
+        if said.get(host) != goodbye.reason:
+            said[host] = goodbye.reason
+            logger.warning("%s", printable(goodbye.reason))
+
+    def _fail_unfit_runs(self) -> None:
+        """Runs waiting with no worker, whose software every worker that came could not
+        run: they fail now, with each node's reason."""
+        for run_id in sorted(self.watching.runs):
+            reasons = self.unfit.get(self.run_software.get(run_id, "none"))
+            if reasons:
+                self._end_workerless(run_id, EnvironmentUnfit(run_id, dict(reasons)))
+        for run_id in [r for r in self.run_software if r not in self.watching.runs]:
+            del self.run_software[run_id]
+
     def _eject(self, ident: bytes, reason: str) -> None:
         """Told to leave and lost: its tasks run elsewhere, its results are recomputed."""
         info = self.workers.get(ident)
@@ -509,6 +538,8 @@ class IOLoop:
         self.faults.tick(now, self.events)
         if self.registry.wants_demand:
             self.registry.publish_demand(now)
+        if self.watching.runs and not self.workers and self.unfit:
+            self._fail_unfit_runs()
         if self.watching.runs and not self.workers:
             warning, failed = self.vacancy.check(
                 now,
@@ -526,7 +557,7 @@ class IOLoop:
         else:
             self.vacancy.clear()
 
-    def _end_workerless(self, run_id: int, error: NoWorkersLeft) -> None:
+    def _end_workerless(self, run_id: int, error: NoWorkersLeft | EnvironmentUnfit) -> None:
         """Fail a run that no worker will ever run: its tasks leave the state."""
         if self.watching.fail(run_id, error, time.monotonic()):
             self.events.append(s.CancelRun(run_id))

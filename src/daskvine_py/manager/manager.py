@@ -51,6 +51,7 @@ from daskvine_py.manager import callbacks, connection, gc_pace, launch, lifecycl
 from daskvine_py.manager.commands import Cancel, Close, Command, Extend, Retire, StateEvent, Submit
 from daskvine_py.manager.loop import IOLoop
 from daskvine_py.manager.progress import default_enabled
+from daskvine_py.manager.shipping import NOTHING, Shipped, Shipping
 from daskvine_py.manager.streaming import Stream, deferred_payload, encode_task, opening_of
 from daskvine_py.manager.views import LiveViews
 from daskvine_py.manager.watching import Run
@@ -131,6 +132,10 @@ class Manager:
         #: the JSON file workers join with (``--connection-file``); see ``security``
         self.connection_file, self._cleanup_paths = connection.write_connection_file(
             self.options.connection_file, connection.reachable(host, bound), self._keys
+        )
+        #: the software and files runs ship (``environment=``, ``env_files=``)
+        self._shipping = Shipping(
+            connection.split_host(connection.reachable(host, bound)), self._keys
         )
         self._state = s.SchedulerState(
             self.options.max_extra_tasks_per_core,
@@ -380,7 +385,8 @@ class Manager:
         started = time.time(), time.monotonic()
         progress = default_enabled() if run_options.progress is None else run_options.progress
         watch = progress or hooks is not None
-        stream, run = self._stream(keys, run_options, hooks, watch, started)
+        shipped = self._shipping.resolve(run_options, self.options)
+        stream, run = self._stream(keys, run_options, hooks, watch, started, shipped)
         opened = False
         # A big graph's plan and records are millions of objects, none garbage before the
         # run ends: the cyclic collector would walk them again and again meanwhile.
@@ -441,18 +447,20 @@ class Manager:
         hooks: callbacks.Hooks | None,
         watch: bool,
         started: tuple[float, float],
+        shipped: Shipped = NOTHING,
     ) -> tuple[Stream | None, Run]:
         """The run, and what submits its first tasks while a big graph is read
         (``streaming``): none for a run with callbacks, a report, an event log or the
         cache, which need the whole plan first."""
         run = Run(next(self._run_ids))
+        run.shipped = shipped
         run.info = RunInfo(run.id, options.as_dict(), 0, started[0])
         if hooks is not None or options.report is not None or options.event_log is not None:
             return None, run
         if _uses_cache(options, self.options):
             return None, run
         outputs = list(dict.fromkeys(graph.flatten_keys(keys)))
-        opening = opening_of(run.id, outputs, options, watch)
+        opening = opening_of(run.id, outputs, options, watch, shipped=shipped)
         send = functools.partial(self._send_part, run)
         return Stream(opening, send, run.done.is_set, key_split), run
 
@@ -533,6 +541,7 @@ class Manager:
             watched,
             plan.settings,
             None if cached is None else cached.info,
+            shipped=run.shipped,
         )
         nodes, dependencies, priorities = plan.nodes, plan.dependencies, plan.priorities
         dependents: dict[graph.Key, int] | None = None if arriving else plan.dependents
@@ -642,6 +651,7 @@ class Manager:
                 proc.kill()
                 proc.wait()
         self._close_sockets()
+        self._shipping.close()
         self._io.close_pipe()
         self.cache.close()
         connection.remove_paths(self._cleanup_paths)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daskvine_py.errors import SerializationError
+from daskvine_py.manager.shipping import NOTHING, Shipped
 from daskvine_py.options import RunOptions
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.plan.fusion import Chain
@@ -122,10 +123,13 @@ def opening_of(
     watched: bool,
     settings: RunSettings | None = None,
     cache: RunCache | None = None,
+    *,
+    shipped: Shipped = NOTHING,
 ) -> s.SubmitRun:
-    """A run's ``SubmitRun``, without its tasks and functions (its first part's)."""
+    """A run's ``SubmitRun``, without its tasks and functions (its first part's);
+    ``shipped``: its software and files (``shipping``)."""
     config = None
-    if not options.default_execution:
+    if not options.default_execution or shipped is not NOTHING:
         config = p.RunConfig(
             run_id,
             options.task_mode,
@@ -133,6 +137,8 @@ def opening_of(
             options.import_modules,
             tuple(options.env_vars.items()),
             options.task_sandbox,
+            shipped.software,
+            shipped.files,
         )
     return s.SubmitRun(
         run_id,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from queue import SimpleQueue
 
 from daskvine_py.manager.registry import WorkerInfo
+from daskvine_py.manager.shipping import NOTHING, Shipped
 from daskvine_py.report.events import EventLog
 from daskvine_py.report.runinfo import MANAGER, RunInfo
 from daskvine_py.scheduler import state as s
@@ -80,6 +81,7 @@ class Run:
         "feed",
         "planned",
         "annotated",
+        "shipped",
     )
 
     def __init__(self, run_id: int) -> None:
@@ -102,6 +104,8 @@ class Run:
         #: part; the live view copies it), and the categories annotated apart by key
         self.planned: dict[str, int] = {}
         self.annotated: Mapping[Hashable, str] = {}
+        #: what it ships (``shipping.Shipped``), resolved once when ``get`` begins
+        self.shipped: Shipped = NOTHING
         #: what the caller's Dask callbacks are told, when it has any (``callbacks``):
         #: ``TaskSent`` and ``TaskReported`` records, then None
         self.feed: SimpleQueue[FeedItem | None] | None = None

@@ -104,6 +104,7 @@ from daskvine_py.wire.records import (
     inlinable,
 )
 from daskvine_py.wire.serialize import Serialized
+from daskvine_py.wire.software import Code, Environment, Software
 from daskvine_py.wire.validation import (
     MAX_KEY_DEPTH,
     check_fields,
@@ -150,6 +151,9 @@ __all__ = [
     "Replicate",
     "RetireWorker",
     "RunConfig",
+    "Software",
+    "Environment",
+    "Code",
     "Shutdown",
     "Started",
     "Status",
@@ -192,7 +196,7 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

@@ -59,6 +59,7 @@ from daskvine_py.wire.records import (
     Withdrawn,
 )
 from daskvine_py.wire.serialize import Serialized
+from daskvine_py.wire.software import KINDS, Code, Environment, Software
 
 # Every record that arrives is checked field by field before anything reads it: its
 # length, the type of each field, the types inside containers (task ids, peer addresses,
@@ -140,6 +141,46 @@ def _text_pairs(values: tuple[object, ...]) -> str | None:
     for value in values:
         if type(value) is not tuple or len(value) != 2 or _texts(value) is not None:
             return f"holds {shown(value)}, not a pair of str"
+    return None
+
+
+def _named_files(values: tuple[object, ...]) -> str | None:
+    for value in values:
+        if (
+            type(value) is not tuple
+            or len(value) != 2
+            or type(value[0]) is not str
+            or type(value[1]) is not bytes
+        ):
+            return f"holds {shown(value)}, not (variable name, bytes)"
+    return None
+
+
+def _software(value: object) -> str | None:
+    """A ``Software`` whose parts are what they say (the manager's, so a bug, not an
+    attack: but a worker must not start libraries from a malformed one)."""
+    if value is None:
+        return None
+    assert type(value) is Software
+    if len(value) != 4 or type(value.key) is not str or _texts(value.sources) is not None:
+        return f"{shown(value)} is not a Software"
+    env, code = value.environment, value.code
+    if env is not None and (
+        type(env) is not Environment
+        or len(env) != len(Environment._fields)
+        or any(type(part) is not str for i, part in enumerate(env) if i != 2)
+        or type(env.size) is not int
+        or env.kind not in KINDS
+    ):
+        return f"its environment {shown(env)} is not an Environment"
+    if code is not None and (
+        type(code) is not Code
+        or type(code.key) is not str
+        or type(code.size) is not int
+        or type(code.modules) is not tuple
+        or _texts(code.modules) is not None
+    ):
+        return f"its code {shown(code)} is not a Code"
     return None
 
 
@@ -292,7 +333,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
     Transfers: (_Field(tuple, _transfer_counts),),
     DiskFull: (_FLAG,),
     Status: (_SIZE, _SIZE, _SIZE, _SIZE, _SIZE, _Field(tuple, _activity)),
-    Goodbye: (_TEXT,),
+    Goodbye: (_TEXT, _TEXT),
     # manager -> worker
     Welcome: (_TEXT, _Field(_NUMBER, _interval)),
     Rejected: (_TEXT,),
@@ -304,6 +345,8 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _TEXTS,
         _Field(tuple, _text_pairs),
         _FLAG,
+        _Field((Software, type(None)), _software),
+        _Field(tuple, _named_files),
     ),
     Execute: (
         _ID,

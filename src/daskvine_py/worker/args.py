@@ -88,6 +88,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "files, removed at exit (default: the system temp dir)",
     )
     parser.add_argument(
+        "--software-cache",
+        default=None,
+        metavar="DIR",
+        help="where the environments and code that runs ship are kept, shared by the "
+        "workers of this node and kept across their restarts (default: "
+        "$DASKVINE_PY_SOFTWARE_CACHE, else daskvine_py-UID/software in the system temp dir)",
+    )
+    parser.add_argument(
         "--lib-cores",
         type=integer(1, MAX_CORES),
         default=1,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import logging
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -43,11 +44,11 @@ if TYPE_CHECKING:
 class Library:
     """A library process and its pipe; its bookkeeping is the state's ``record``."""
 
-    __slots__ = ("process", "conn", "pending", "record", "running")
+    __slots__ = ("process", "conn", "pending", "record", "running", "table")
 
     def __init__(
         self,
-        process: BaseProcess,
+        process: BaseProcess | ChildProcess,
         conn: Connection,
         record: LibraryRecord,
         running: ctypes.Array[ctypes.c_longlong],
@@ -64,6 +65,8 @@ class Library:
         self.pending = select.poll()
         self.pending.register(conn.fileno(), select.POLLIN)
         self.record = record
+        #: the mapping behind ``running`` when the library is another interpreter's
+        self.table: object | None = None
 
 
 def start_library(
@@ -89,6 +92,89 @@ def start_library(
     process.start()
     child_conn.close()
     return Library(process, parent_conn, record, running)
+
+
+class ChildProcess:
+    """A library started as a command (another interpreter: shipped software), with the
+    few methods of ``multiprocessing``'s processes that the worker uses."""
+
+    __slots__ = ("popen",)
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+
+def start_library_with(
+    python: str,
+    env: dict[str, str],
+    record: LibraryRecord,
+    worker_name: str,
+    tasks_dir: str,
+    cores: int,
+    visible: str | None = None,
+) -> Library:
+    """``start_library`` with another interpreter (``python``, its variables ``env``):
+    ``python -m daskvine_py.worker.library_process``, handed its end of the pipe and its
+    slot table (a file mapped by both) as inherited descriptors. Not ``multiprocessing``:
+    its children re-import the parent's ``sys.path``, which is the worker's install."""
+    parent_sock, child_sock = socket.socketpair()
+    table_fd = os.memfd_create(f"daskvine-slots-{record.id}")
+    size = 2 * record.slots * ctypes.sizeof(ctypes.c_longlong)
+    os.ftruncate(table_fd, size)
+    table = mmap.mmap(table_fd, size)
+    running = (ctypes.c_longlong * (2 * record.slots)).from_buffer(table)
+    env = dict(env)
+    if visible is not None:
+        env[gpus.VISIBLE] = visible
+    command = [
+        python,
+        "-m",
+        "daskvine_py.worker.library_process",
+        str(child_sock.fileno()),
+        str(table_fd),
+        str(cores),
+        worker_name,
+        tasks_dir,
+        str(record.slots),
+    ]
+    try:
+        popen = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(child_sock.fileno(), table_fd),
+        )
+    except OSError:
+        parent_sock.close()
+        raise
+    finally:
+        child_sock.close()
+        os.close(table_fd)
+    conn = Connection(parent_sock.detach())
+    lib = Library(ChildProcess(popen), conn, record, running)
+    lib.table = table
+    return lib
 
 
 def running_tasks(lib: Library) -> set[int]:
@@ -142,18 +228,21 @@ def start_task_process(
     worker_name: str,
     cores: int,
     visible: str | None = None,
+    software: tuple[str, dict[str, str]] | None = None,
 ) -> TaskProcess:
     """Start ``python -m daskvine_py.worker.task_process`` for ``task``, its call in a file,
     its thread pools fitting its cores (``cores`` at least: its slot's), seeing the GPUs
-    ``visible`` names (None: the worker's); ``OSError`` (with nothing left behind) when it
-    cannot be started."""
+    ``visible`` names (None: the worker's), with ``software``'s interpreter and variables
+    (None: the worker's own); ``OSError`` (with nothing left behind) when it cannot be
+    started."""
     config = task.config
     assert config is not None
     directory = os.path.join(tasks_dir, f"task-{task.id}")
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, task_process.CALL_FILE), "wb") as file:
         pickle.dump((call, functions_dir, worker_name, config.import_modules), file, protocol=5)
-    env = dict(os.environ)
+    python, env = (sys.executable, dict(os.environ)) if software is None else software
+    env = dict(env)
     threads.set_thread_env(max(cores, task.cores), env)  # its pools fit it, as a library's
     if visible is not None:
         env[gpus.VISIBLE] = visible
@@ -162,7 +251,7 @@ def start_task_process(
     read_fd, write_fd = os.pipe()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daskvine_py.worker.task_process", directory],
+            [python, "-m", "daskvine_py.worker.task_process", directory],
             cwd=directory,
             env=env,
             stdin=subprocess.DEVNULL,

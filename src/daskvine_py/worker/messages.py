@@ -53,6 +53,17 @@ class Boot(NamedTuple):
     register: p.Register
     libraries: int
     slots: int = 1
+    #: libraries can start with the worker's own Python (dask is installed beside it);
+    #: False for a worker of the small install, which runs only shipped software
+    own_python: bool = True
+
+
+class SoftwarePrepared(NamedTuple):
+    """The software of a ``PrepareSoftware`` is on the node (``error`` None), or cannot run
+    there (``error``: why, naming the node)."""
+
+    key: str
+    error: str | None = None
 
 
 class Tick(NamedTuple):
@@ -174,6 +185,7 @@ Event: TypeAlias = (
     | ProcessExited
     | PeerUnreachable
     | PeerAsked
+    | SoftwarePrepared
 )
 
 # -- instructions ---------------------------------------------------------------------
@@ -196,6 +208,21 @@ class StartLibrary(NamedTuple):
     library_id: int
     slots: int
     gpus: str | None = None
+    #: the key of the software it starts with (``PrepareSoftware``); None: the worker's own
+    software: str | None = None
+
+
+class PrepareSoftware(NamedTuple):
+    """Fetch and unpack (or build) ``software`` on the node, out of the loop; answered
+    ``SoftwarePrepared``."""
+
+    software: p.Software
+
+
+class StopLibraries(NamedTuple):
+    """Stop these idle libraries (their software is replaced): no death is reported."""
+
+    library_ids: tuple[int, ...]
 
 
 class ToLibrary(NamedTuple):
@@ -269,6 +296,8 @@ Instruction: TypeAlias = (
     p.ToManager
     | SendStatus
     | StartLibrary
+    | PrepareSoftware
+    | StopLibraries
     | ToLibrary
     | KillLibrary
     | StartProcess

@@ -97,6 +97,7 @@ from daskvine_py.worker.messages import (
     LibraryDied,
     ManagerConnection,
     MemoryExceeded,
+    PrepareSoftware,
     ProcessExited,
     ProcessFailed,
     ProcessStarted,
@@ -105,11 +106,13 @@ from daskvine_py.worker.messages import (
     StartLibrary,
     StartProcess,
     Stop,
+    StopLibraries,
     Tick,
     ToLibrary,
     Unreadable,
 )
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
+from daskvine_py.worker.software_host import SoftwareHost, own_python
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 from daskvine_py.worker.threads import task_cores
@@ -152,6 +155,7 @@ class Worker:
         peer_port: int = 0,
         contact_address: str | None = None,
         gpus: Sequence[str] = (),
+        software_cache: str | None = None,
     ) -> None:
         split_address(address)  # ValueError for a malformed address, before anything starts
         if cores < 1:
@@ -211,6 +215,12 @@ class Worker:
             keys,
         )
         self.peer_address = self.peers.address
+        #: software runs ship: prepared on a thread, libraries started with it, archives
+        #: served to peers, files written (``software_host``)
+        self.software = SoftwareHost(
+            self.workdir, self.name, split_address(self.peer_address)[0], keys, software_cache
+        )
+        self.poller.register(self.software.wake_fd, zmq.POLLIN)
         #: every decision: tasks, fetches, library slots, manager liveness
         self.state = WorkerState(
             self.store,
@@ -252,6 +262,8 @@ class Worker:
                 p.Register: self._send_register,
                 SendStatus: self._send_status,
                 StartLibrary: self._start_library,
+                PrepareSoftware: self._prepare_software,
+                StopLibraries: self._stop_libraries,
                 ToLibrary: self._to_library,
                 KillLibrary: self._kill_library,
                 StartProcess: self._start_process,
@@ -275,7 +287,9 @@ class Worker:
 
     def run(self) -> int:
         """Register, serve until told to stop or the manager goes silent; the exit code."""
-        self.events.append(Boot(self._registration(), self.library_count, self.lib_slots))
+        self.events.append(
+            Boot(self._registration(), self.library_count, self.lib_slots, own_python())
+        )
         try:
             self._handle(time.monotonic())
             while self.running:
@@ -330,6 +344,7 @@ class Worker:
         h.stop_libraries(self.library_by_fd.values(), 0.0 if self.manager_gone else 2.0)
         sharedbuf.remove_owned(os.getpid())  # messages its libraries wrote that none read
         self.peers.close()
+        self.software.close()
         self.handshakes.close()
         # A manager that is gone or refused us will not take what is queued for it.
         self.manager.close(linger=0 if self.manager_gone else None)
@@ -349,6 +364,8 @@ class Worker:
                 self.peers.serve(self.state.live, events)
             elif sock is self.handshakes.events:
                 self._on_handshake_events()
+            elif sock == self.software.wake_fd:
+                events.extend(self.software.drain())
             elif isinstance(sock, int):
                 lib = self.library_by_fd.get(sock)
                 if lib is not None:
@@ -471,6 +488,11 @@ class Worker:
                 )
                 events.append(Unreadable(message, str(exc)))
                 continue
+            if type(message) is p.RunConfig and message.files:
+                try:
+                    message = self.software.with_files(message)
+                except OSError as exc:  # its tasks would fail reading them: say so now
+                    logger.error("worker %s cannot write a run's files: %s", self.name, exc)
             events.append(message)
             if type(message) is p.Welcome:
                 logger.info(
@@ -516,10 +538,32 @@ class Worker:
         if not self.running:
             return  # leaving: no new process (the state forgets it with the worker)
         record = self.state.dispatch.libraries[start.library_id]
-        lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores, start.gpus)
+        if start.software is None:
+            lib = h.start_library(record, self.name, self.tasks_dir, self.task_cores, start.gpus)
+        else:
+            python, env = self.software.launch(start.software)
+            try:
+                lib = h.start_library_with(
+                    python, env, record, self.name, self.tasks_dir, self.task_cores, start.gpus
+                )
+            except OSError as exc:
+                self.events.append(LibraryDied(record.id, f"could not start: {exc}", None))
+                return
         self.library_by_fd[lib.conn.fileno()] = lib
         self.library_by_id[record.id] = lib
         self.poller.register(lib.conn.fileno(), zmq.POLLIN)
+
+    def _prepare_software(self, prepare: PrepareSoftware) -> None:
+        self.software.prepare(prepare.software)
+
+    def _stop_libraries(self, stop: StopLibraries) -> None:
+        """Stop idle libraries whose software is replaced (the state forgot them)."""
+        stopping = [self.library_by_id.pop(i) for i in stop.library_ids if i in self.library_by_id]
+        for lib in stopping:
+            fd = lib.conn.fileno()
+            self.poller.unregister(fd)
+            del self.library_by_fd[fd]
+        h.stop_libraries(stopping, 2.0)
 
     def _to_library(self, write: ToLibrary) -> None:
         lib = self.library_by_id.get(write.library_id)
@@ -569,6 +613,7 @@ class Worker:
 
     def _start_process(self, start: StartProcess) -> None:
         task = start.task
+        software = self.state.software
         h.write_functions(self.state.functions, self.functions_written, self.functions_dir)
         try:
             proc = h.start_task_process(
@@ -579,6 +624,7 @@ class Worker:
                 self.name,
                 self.task_cores,
                 start.gpus,
+                None if software is None else self.software.launch(software),
             )
         except OSError as exc:
             self.events.append(ProcessFailed(task, str(exc)))
@@ -641,4 +687,5 @@ def _make_worker(args: argparse.Namespace) -> Worker:
         peer_port=args.peer_port,
         contact_address=args.contact_address,
         gpus=args.gpus,
+        software_cache=args.software_cache,
     )

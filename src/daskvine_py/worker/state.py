@@ -50,7 +50,7 @@ from typing import Any
 
 from daskvine_py.errors import InvalidTransition, SerializationError
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.exits import EXIT_NO_LIBRARIES, EXIT_NO_MANAGER, EXIT_REJECTED
+from daskvine_py.wire.exits import EXIT_NO_LIBRARIES, EXIT_NO_MANAGER, EXIT_REJECTED, EXIT_UNFIT
 from daskvine_py.wire.serialize import dumps_exception, type_name
 from daskvine_py.worker import pipe
 from daskvine_py.worker.activity import PROCESS_LANE, Activity
@@ -72,14 +72,17 @@ from daskvine_py.worker.messages import (
     MemoryExceeded,
     PeerAsked,
     PeerUnreachable,
+    PrepareSoftware,
     ProcessExited,
     ProcessFailed,
     ProcessStarted,
     RegistrationSent,
     SendStatus,
+    SoftwarePrepared,
     StartLibrary,
     StartProcess,
     Stop,
+    StopLibraries,
     Tick,
     ToLibrary,
     Unreadable,
@@ -238,6 +241,7 @@ class WorkerState:
             ProcessExited: self._on_process_exited,
             PeerUnreachable: self._on_peer_unreachable,
             PeerAsked: self._on_peer_asked,
+            SoftwarePrepared: self._on_software_prepared,
         }
         #: the records that show the manager is there (``last_contact``)
         self._from_manager = p.TO_WORKER
@@ -263,6 +267,20 @@ class WorkerState:
         self.warned_waiting = False
         #: a ``Leave`` went out: nothing new starts
         self.leaving = False
+        #: libraries to keep running (``Boot``), whatever software they start with
+        self.library_count = 0
+        #: libraries may start with the worker's own Python (False: the small install)
+        self.own_python = True
+        #: the key of the software the libraries run (None: the worker's own Python) and
+        #: of the one the latest run needs; while they differ no task starts, and the
+        #: libraries are replaced once the new one is prepared and the old ones are idle
+        self.software: str | None = None
+        self.software_wanted: str | None = None
+        #: software keys prepared on the node (``SoftwarePrepared``) and being prepared
+        self.prepared: set[str] = set()
+        self.preparing: set[str] = set()
+        #: libraries of the shipped software that died before they were ready
+        self.software_failures = 0
 
     @property
     def functions(self) -> dict[bytes, bytes]:
@@ -318,7 +336,9 @@ class WorkerState:
         dispatch = self.dispatch
         if self.held_answers:
             self._answer_held(now)
-        if not self.leaving:
+        if self.software_wanted != self.software and not self.leaving:
+            self._switch_software()
+        if not self.leaving and self.software_wanted == self.software:
             for record, request in dispatch.start_runnable():
                 out.append(ToLibrary(record.id, request))
             gpus = dispatch.gpus
@@ -383,9 +403,12 @@ class WorkerState:
     def _on_boot(self, ev: Boot, now: float) -> None:
         self.registration = ev.register
         self.lib_slots = ev.slots
-        for _ in range(ev.libraries):
-            self._start_library()
-        if not ev.libraries:
+        self.library_count = ev.libraries
+        self.own_python = ev.own_python
+        if ev.own_python:
+            for _ in range(ev.libraries):
+                self._start_library()
+        if not ev.libraries or not ev.own_python:  # (the small install's come with software)
             self._register()
 
     def _register(self) -> None:
@@ -398,7 +421,7 @@ class WorkerState:
         self.next_library_id += 1
         record = self.dispatch.add_library(self.next_library_id, self.lib_slots)
         gpus = self.dispatch.gpus.env(record.id)
-        self._out.append(StartLibrary(record.id, record.slots, gpus))
+        self._out.append(StartLibrary(record.id, record.slots, gpus, self.software))
 
     def _leave(
         self, reason: str, exit_code: int = 0, level: int = logging.INFO, unreachable: bool = False
@@ -521,6 +544,81 @@ class WorkerState:
         if len(self.run_configs) >= MAX_RUN_CONFIGS:
             del self.run_configs[next(iter(self.run_configs))]
         self.run_configs[msg.run_id] = msg
+        self._want_software(msg.software, msg.run_id)
+
+    # -- software (``RunConfig.software``) ----------------------------------------------
+
+    def _want_software(self, software: p.Software | None, run_id: int) -> None:
+        """The latest run needs ``software`` (None: the worker's own Python): prepared on
+        the node if it is not, and no task starts until the libraries run it. The newest
+        run's software wins: the manager ships one at a time (a changed module is a new
+        software, and no library runs the old code after that)."""
+        key = None if software is None else software.key
+        if key == self.software_wanted:
+            return
+        self.software_wanted = key
+        if software is None:
+            if not self.own_python:
+                self._no_software(run_id)
+            return
+        if software.key not in self.prepared and software.key not in self.preparing:
+            self.preparing.add(software.key)
+            self._out.append(PrepareSoftware(software))
+
+    def _no_software(self, run_id: int) -> None:
+        self._unfit(
+            "none",
+            f"worker {self.name} has no Python environment of its own (dask is not "
+            f"installed beside it) and run {run_id} ships none: give the manager or get() "
+            "an environment= (docs/environments.md)",
+        )
+
+    def _on_software_prepared(self, ev: SoftwarePrepared, now: float) -> None:
+        self.preparing.discard(ev.key)
+        if ev.error is None:
+            self.prepared.add(ev.key)
+        elif ev.key == self.software_wanted:
+            self._unfit(ev.key, ev.error)
+
+    def _unfit(self, key: str, reason: str) -> None:
+        """The software a run needs cannot run here: the manager hears why (once, as this
+        worker's goodbye) and gives its tasks to others; the worker leaves."""
+        if self.leaving:
+            return
+        if self.register_out:
+            self._out.append(p.Goodbye(reason, key))
+        self._leave(reason, EXIT_UNFIT, logging.ERROR)
+
+    def _switch_software(self) -> None:
+        """Replace the libraries with ones of the wanted software, once it is prepared
+        and no library runs a task (their live results are lost: reported ``Lost``)."""
+        key = self.software_wanted
+        if key is not None and key not in self.prepared:
+            return
+        dispatch = self.dispatch
+        if self.processes or any(lib.sent for lib in dispatch.libraries.values()):
+            return
+        stopped = tuple(dispatch.libraries)
+        lost: list[int] = []
+        for library_id in stopped:
+            dispatch.drop_library(library_id)
+            dispatch.unhome(library_id)
+            lost.extend(self.live_tasks.lose(library_id, self.store))
+            for task_id, wait in self.live_tasks.abandon(library_id):
+                self.live_tasks.answer_peers(task_id, wait.peers, None)
+                for waiter in wait.tasks:
+                    task = self.tasks.get(waiter)
+                    if task is not None:
+                        task.missing.discard(task_id)
+                        self._input_lost(task, task_id)
+        if stopped:
+            self._out.append(StopLibraries(stopped))
+        if lost:
+            self._out.append(p.Lost(tuple(lost)))
+        self.software = key
+        self.software_failures = 0
+        for _ in range(self.library_count):
+            self._start_library()
 
     def _on_function(self, msg: p.Function, now: float) -> None:
         self.dispatch.add_function(msg.function_id, bytes(msg.code))
@@ -592,6 +690,9 @@ class WorkerState:
         (fetched from peers, or computed here)."""
         if msg.task_id in self.tasks:
             return  # re-sent after a cancel while it was running: its result is coming
+        if self.software_wanted is None and not self.own_python:
+            self._no_software(msg.run_id)  # (a run of the defaults sends no ``RunConfig``)
+            return
         if self._holds(msg):
             self.held_answers[msg.task_id] = msg  # answered at the end of the pass
             return
@@ -836,6 +937,15 @@ class WorkerState:
                 "worker %s lost %d results kept live by its library process", self.name, len(lost)
             )
             self._out.append(p.Lost(tuple(lost)))
+        if self.software is not None and not lib.ready:
+            self.software_failures += 1
+            if self.software_failures >= MAX_START_FAILURES:
+                self._unfit(
+                    self.software,
+                    f"worker {self.name}: libraries of the shipped environment could not "
+                    f"start: {self.software_failures} died before they were ready, the last "
+                    f"one {ev.how}",
+                )
         if not self.register_out:
             self.start_failures += 1
             if self.start_failures >= MAX_START_FAILURES:
