@@ -63,6 +63,7 @@ from daskvine_py.report.page import write_report
 from daskvine_py.report.runinfo import RunInfo
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
+from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.wire.serialize import TaskEncoder
 
@@ -167,6 +168,9 @@ class Manager:
         self._run_ids = itertools.count(1)
         #: the most recent ``get`` call that ended (see ``RunInfo``); None before any
         self.last_run: RunInfo | None = None
+        #: what the latest ``get`` shipped (``environment=``): its environment's and code's
+        #: keys and sizes; None when it shipped no software
+        self.last_run_software: p.Software | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._io.run, name="daskvine-manager", daemon=True)
         self._thread.start()
@@ -386,6 +390,7 @@ class Manager:
         progress = default_enabled() if run_options.progress is None else run_options.progress
         watch = progress or hooks is not None
         shipped = self._shipping.resolve(run_options, self.options)
+        self.last_run_software = shipped.software
         stream, run = self._stream(keys, run_options, hooks, watch, started, shipped)
         opened = False
         # A big graph's plan and records are millions of objects, none garbage before the
