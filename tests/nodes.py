@@ -21,9 +21,10 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,9 +73,7 @@ def worker_only_install(directory: Path) -> Path:
         subprocess.run(
             [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
         )
-    site = Path(
-        sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)})
-    )
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     for name in worker_extra():
         for path in _top_level_paths(name):
             target = site / path.name
@@ -100,7 +99,10 @@ def hidden_paths(*more: str | os.PathLike[str]) -> list[str]:
 
 #: Run by ``sh -c`` in the new mount namespace: a tmpfs over each hidden path, then the
 #: worker. ``$1``: how many paths; then the paths; then the command.
-_HIDE = 'n=$1; shift; while [ "$n" -gt 0 ]; do mount -t tmpfs -o size=1m none "$1"; shift; n=$((n-1)); done; exec "$@"'
+_HIDE = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    'mount -t tmpfs -o size=1m none "$1"; shift; n=$((n-1)); done; exec "$@"'
+)
 
 
 def start_node_worker(
@@ -119,9 +121,8 @@ def start_node_worker(
         for key, value in os.environ.items()
         if not key.startswith(("PYTHON", "VIRTUAL_ENV", "DASKVINE_PY_SOFTWARE"))
     }
-    env["PATH"] = os.pathsep.join(
-        p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if not p.startswith(sys.prefix)
-    )
+    path = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(p for p in path if not p.startswith(sys.prefix))
     command = [
         str(python),
         "-m",
