@@ -12,6 +12,7 @@ libraries with that environment's interpreter.
 - ``pack``: the caller's side: environments packed or read, keyed by content;
 - ``code``: the caller's side: the user's modules, archived by content;
 - ``node_cache``: the worker's side: the per-node cache, locked, unpacked atomically, LRU;
+- ``fanout``: the manager's policy of who sends an archive to whom (pure);
 - ``transfer``: archives served and fetched, from the manager's host or peers (fan-out).
 
 Nothing here imports dask: the worker process runs from a small install.
