@@ -75,7 +75,7 @@ class Shipping:
             self.archives[user_code.key] = code_path
         if self.server is None:
             self.server = transfer.ArchiveServer(
-                self.archives.get, self.keys, self.host, fan_out=True
+                self.archives.get, self.keys, manager=True, host=self.host
             )
         logger.debug(
             "software %s: environment %s, code %s (%.3f s)",

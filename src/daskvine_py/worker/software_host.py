@@ -72,7 +72,12 @@ class SoftwareHost:
         """Start preparing ``software`` (``SoftwarePrepared`` comes back through ``drain``)."""
         if self.cache is None:
             self.cache = node_cache.NodeCache(self.cache_root or node_cache.default_root())
-            self.server = transfer.ArchiveServer(self.cache.archive_path, self.keys, self.host)
+            self.server = transfer.ArchiveServer(
+                self.cache.archive_path,
+                self.keys,
+                host=self.host,
+                name=f"worker {self.name}'s archive server",
+            )
             os.makedirs(self.path_dir, exist_ok=True)
             link = os.path.join(self.path_dir, "daskvine_py")
             if not os.path.lexists(link):
