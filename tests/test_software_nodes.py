@@ -238,3 +238,49 @@ def test_the_worker_process_of_the_small_install_imports_no_dask(small_install: 
         "msgpack",
         "zmq",
     }
+
+
+def test_the_coffea_analysis_runs_bit_exact_on_a_node_sharing_no_files(
+    caller: Path, small_install: Path, tmp_path: Path
+) -> None:
+    """The Coffea Dask path (dask-awkward, hist.dask) of ``benchmarks/`` with
+    ``environment="local"``: the analysis module lives in this repository, hidden on the
+    node, so it travels as code. On coffea's real NanoAOD samples when
+    ``DASKVINE_PY_NANOAOD`` names their directory (CI), else on small written ones."""
+    pytest.importorskip("coffea")
+    sys.path[:0] = [str(nodes.REPO / "benchmarks"), str(nodes.REPO / "examples")]
+    try:
+        from coffea import processor
+
+        from bench_coffea_dask import build, write_samples
+        from coffea_analysis import SmallNanoAODSchema, same_output
+
+        samples = os.environ.get("DASKVINE_PY_NANOAOD")
+        schema = None
+        if samples is None:
+            samples = str(tmp_path / "samples")
+            os.mkdir(samples)
+            write_samples(samples)
+            schema = SmallNanoAODSchema
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        graphs = build(samples, 2, 1000, str(scratch), schema)
+        (reference,) = dask.compute(graphs, scheduler="sync")
+        with Manager(environment="local") as manager:
+            node = Node(tmp_path / "node", small_install, manager, nodes.hidden_paths(caller))
+            node.cache.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                node.start("c-0")
+                wait_for_workers(manager, 1, node)
+                (got,) = dask.compute(graphs, scheduler=manager.get)
+            finally:
+                node.close()
+            software = manager.last_run_software
+        assert software is not None and software.code is not None
+        assert "coffea_analysis" in software.code.modules
+        merged = processor.accumulate(got.values())
+        assert same_output(merged, processor.accumulate(reference.values()))
+    finally:
+        del sys.path[:2]
+        for name in ("bench_coffea_dask", "coffea_analysis"):
+            sys.modules.pop(name, None)

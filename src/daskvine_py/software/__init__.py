@@ -16,4 +16,7 @@ libraries with that environment's interpreter.
 - ``transfer``: archives served and fetched, from the manager's host or peers (fan-out).
 
 Nothing here imports dask: the worker process runs from a small install.
+
+May import: ``wire`` (the records, the keys and CurveZMQ), the standard library; never
+dask, numpy, the manager, the scheduler or the worker: both sides use it.
 """

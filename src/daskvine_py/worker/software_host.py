@@ -28,13 +28,15 @@ import queue
 import socket
 import threading
 
-import daskvine_py
 from daskvine_py.software import node_cache, transfer
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
 from daskvine_py.worker.messages import SoftwarePrepared
 
 logger = logging.getLogger("daskvine_py.worker")
+
+#: This worker's ``daskvine_py`` package directory (``worker``'s parent)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class SoftwareHost:
@@ -81,7 +83,7 @@ class SoftwareHost:
             os.makedirs(self.path_dir, exist_ok=True)
             link = os.path.join(self.path_dir, "daskvine_py")
             if not os.path.lexists(link):
-                os.symlink(os.path.dirname(os.path.abspath(daskvine_py.__file__)), link)
+                os.symlink(_PACKAGE, link)
         thread = threading.Thread(
             target=self._prepare, args=(software,), name="daskvine-software", daemon=True
         )
