@@ -232,7 +232,7 @@ def test_the_worker_process_of_the_small_install_imports_no_dask(small_install: 
     )
     assert out.returncode == 0, out.stderr
     imported = {m for m in eval(out.stdout) if not m.startswith(("_cython", "cython_"))}
-    assert imported - {"__main__"} <= {
+    assert imported - {"__main__", "__mp_main__"} <= {
         "daskvine_py",
         "cloudpickle",
         "msgpack",
