@@ -89,6 +89,13 @@ def worker_only_install(directory: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def add_uv(python: Path) -> None:
+    """Put the caller's ``uv`` beside the small install's interpreter (``pip install uv``
+    on a node that builds requirements files)."""
+    found = shutil.which("uv") or str(Path(sys.prefix) / "bin" / "uv")
+    shutil.copy2(found, python.parent / "uv")
+
+
 def hidden_paths(*more: str | os.PathLike[str]) -> list[str]:
     """The caller's environment and code, as a node that shares no files sees them:
     hidden. The venv (``sys.prefix``) and the repository, and ``more``."""
@@ -122,7 +129,8 @@ def start_node_worker(
         if not key.startswith(("PYTHON", "VIRTUAL_ENV", "DASKVINE_PY_SOFTWARE"))
     }
     path = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
-    env["PATH"] = os.pathsep.join(p for p in path if not p.startswith(sys.prefix))
+    path = [p for p in path if not p.startswith(sys.prefix)]
+    env["PATH"] = os.pathsep.join([str(python.parent), *path])  # its install's own bin
     command = [
         str(python),
         "-m",

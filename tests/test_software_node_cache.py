@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import hashlib
+import importlib.metadata
 import io
 import os
 import pickle
@@ -28,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 import cloudpickle
+import msgpack
 import pytest
 
 from daskvine_py.software import node_cache
@@ -99,11 +101,12 @@ def site_packages(prefix: Path) -> Path:
 
 def add_packages(site: Path, dask: bool = True) -> None:
     site.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(
-        Path(cloudpickle.__file__).parent,
-        site / "cloudpickle",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    for module in (cloudpickle, msgpack):
+        shutil.copytree(
+            Path(module.__file__).parent,
+            site / module.__name__,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     if dask:
         (site / "dask").mkdir()
         (site / "dask" / "__init__.py").write_text(DASK_STUB)
@@ -403,7 +406,7 @@ def test_an_environment_without_dask_or_of_another_python_is_refused(tmp_path: P
             cache.prepare(software_of(environment_of(archive, "nodask")), Source(archive))
         assert caught.value.reason == (
             "the environment 'nodask' lacks dask (No module named 'dask'): "
-            "libraries need cloudpickle and dask in it"
+            "libraries need cloudpickle, dask, msgpack in it"
         )
         other = environment_of(archive, "other", python="3.10" if PYTHON != "3.10" else "3.11")
         with pytest.raises(SoftwareUnfit) as caught:
@@ -628,10 +631,11 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if node_cache._find_uv() is None:
         pytest.skip("uv is not installed (pip install uv)")
     directory = tmp_path_factory.mktemp("wheels")
-    version = cloudpickle.__version__
+    msgpack_version = importlib.metadata.version("msgpack")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-         "--dest", str(directory), f"cloudpickle=={version}"],
+         "--dest", str(directory), f"cloudpickle=={cloudpickle.__version__}",
+         f"msgpack=={msgpack_version}"],
         capture_output=True,
         text=True,
     )  # fmt: skip
@@ -660,7 +664,7 @@ def offline(wheels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_requirements_are_built_with_uv_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    environment = requirements("cloudpickle\ndask\n")
+    environment = requirements("cloudpickle\ndask\nmsgpack\n")
     root = tmp_path / "software"
     with NodeCache(str(root)) as cache:
         prepared = cache.prepare(software_of(environment), Source())
@@ -668,7 +672,7 @@ def test_requirements_are_built_with_uv_once(
     assert cache.built == [environment.key]
     assert prepared.python == str(place / "bin" / "python3")
     assert prepared.env == {"VIRTUAL_ENV": str(place)}
-    assert (place / "requirements.txt").read_text() == "cloudpickle\ndask\n"
+    assert (place / "requirements.txt").read_text() == "cloudpickle\ndask\nmsgpack\n"
     done = subprocess.run(
         [prepared.python, "-c", "import cloudpickle; print(cloudpickle.__file__)"],
         env={"PATH": os.environ["PATH"], **prepared.env},
@@ -704,7 +708,7 @@ def test_uv_failing_is_refused_with_its_words(tmp_path: Path) -> None:
 def test_a_pylock_file_is_built_with_uv(tmp_path: Path) -> None:
     uv = node_cache._find_uv()
     assert uv is not None
-    (tmp_path / "requirements.in").write_text("cloudpickle\ndask\n")
+    (tmp_path / "requirements.in").write_text("cloudpickle\ndask\nmsgpack\n")
     done = subprocess.run(
         [uv, "pip", "compile", "requirements.in", "--format", "pylock.toml", "-o", "pylock.toml",
          "--python-version", PYTHON],

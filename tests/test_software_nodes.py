@@ -16,6 +16,7 @@ Needs root and ``unshare``: skipped without them, except under
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -284,3 +285,34 @@ def test_the_coffea_analysis_runs_bit_exact_on_a_node_sharing_no_files(
         del sys.path[:2]
         for name in ("bench_coffea_dask", "coffea_analysis"):
             sys.modules.pop(name, None)
+
+
+def test_a_requirements_file_is_built_with_uv_on_a_node_sharing_no_files(
+    caller: Path, small_install: Path, tmp_path: Path
+) -> None:
+    """The node builds the environment from the file with its own uv (from the package
+    index), once: a second worker of the node finds it built."""
+    versions = {name: importlib.metadata.version(name) for name in ("dask", "cloudpickle")}
+    versions["msgpack"] = importlib.metadata.version("msgpack")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
+    nodes.add_uv(small_install)
+    with Manager(environment=str(requirements)) as manager:
+        node = Node(tmp_path / "node", small_install, manager, nodes.hidden_paths(caller))
+        node.cache.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            node.start("u-0")
+            wait_for_workers(manager, 1, node)
+            (got,) = dask.compute(graph(), scheduler=manager.get)
+            (want,) = dask.compute(graph(), scheduler="sync")
+            assert got == want
+            software = manager.last_run_software
+            built = node.cache / "env" / software.environment.key
+            assert (built / "requirements.txt").read_text() == requirements.read_text()
+            assert served(manager) == software.code.size  # the environment was not sent
+            node.start("u-1")
+            wait_for_workers(manager, 2, node)
+            (got,) = dask.compute(graph(30), scheduler=manager.get)
+            assert got == sum(i * 3 + 1 for i in range(30))
+        finally:
+            node.close()

@@ -93,7 +93,7 @@ DEFAULT_LIMIT = 20 * 2**30
 #: hold its worker forever.
 DEFAULT_TIMEOUT = 1800.0
 #: What a library imports before its first task: an environment without them cannot run one.
-NEEDED = ("cloudpickle", "dask")
+NEEDED = ("cloudpickle", "dask", "msgpack")
 #: The oldest Python daskvine_py's libraries run on.
 MIN_PYTHON = (3, 10)
 
@@ -787,7 +787,7 @@ def _verify(
             missing.append(f"{name} ({message})" if message else name)
     if missing:
         raise SoftwareUnfit(
-            f"the {what} lacks {' and '.join(missing)}: libraries need {' and '.join(NEEDED)} in it"
+            f"the {what} lacks {' and '.join(missing)}: libraries need {', '.join(NEEDED)} in it"
         )
 
 
