@@ -64,6 +64,7 @@ class SoftwareHost:
         self.wake_fd, self._wake_write = os.pipe()
         os.set_blocking(self.wake_fd, False)
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # (preparations run on threads of their own)
         self.files_dir = os.path.join(workdir, "files")
         #: a directory holding only a link to this worker's ``daskvine_py``
         self.path_dir = os.path.join(workdir, "pythonpath")
@@ -72,42 +73,43 @@ class SoftwareHost:
 
     def prepare(self, software: p.Software) -> None:
         """Start preparing ``software`` (``SoftwarePrepared`` comes back through ``drain``)."""
-        if self.cache is None:
-            self.cache = node_cache.NodeCache(self.cache_root or node_cache.default_root())
-            self.server = transfer.ArchiveServer(
-                self.cache.archive_path,
-                self.keys,
-                host=self.host,
-                name=f"worker {self.name}'s archive server",
-            )
-            os.makedirs(self.path_dir, exist_ok=True)
-            link = os.path.join(self.path_dir, "daskvine_py")
-            if not os.path.lexists(link):
-                os.symlink(_PACKAGE, link)
         thread = threading.Thread(
             target=self._prepare, args=(software,), name="daskvine-software", daemon=True
         )
         self._threads.append(thread)
         thread.start()
 
+    def _open(self) -> tuple[node_cache.NodeCache, transfer.ArchiveServer]:
+        """The node's cache and this worker's archive server, made on first use."""
+        with self._lock:
+            if self.cache is None:
+                self.cache = node_cache.NodeCache(self.cache_root or node_cache.default_root())
+            if self.server is None:
+                self.server = transfer.ArchiveServer(
+                    self.cache.archive_path,
+                    self.keys,
+                    host=self.host,
+                    name=f"worker {self.name}'s archive server",
+                )
+            os.makedirs(self.path_dir, exist_ok=True)
+            link = os.path.join(self.path_dir, "daskvine_py")
+            if not os.path.lexists(link):
+                os.symlink(_PACKAGE, link)
+            return self.cache, self.server
+
     def _prepare(self, software: p.Software) -> None:
-        assert self.cache is not None and self.server is not None
-        fetch = functools.partial(
-            transfer.fetch,
-            sources=software.sources,
-            keys=self.keys,
-            own_address=self.server.address,
-        )
         error: str | None = None
+        where = f"worker {self.name} on {socket.gethostname()}"
         try:
-            self.prepared[software.key] = self.cache.prepare(software, fetch)
-        except node_cache.SoftwareUnfit as exc:
-            error = f"worker {self.name} on {socket.gethostname()}: {exc.reason}"
-        except Exception as exc:  # a fetch that failed for good, a full disk...
-            error = (
-                f"worker {self.name} on {socket.gethostname()} could not prepare the "
-                f"software of the run: {type(exc).__name__}: {exc}"
+            cache, server = self._open()
+            fetch = functools.partial(
+                transfer.fetch, sources=software.sources, keys=self.keys, own_address=server.address
             )
+            self.prepared[software.key] = cache.prepare(software, fetch)
+        except node_cache.SoftwareUnfit as exc:
+            error = f"{where}: {exc.reason}"
+        except Exception as exc:  # a cache directory it cannot make, a full disk...
+            error = f"{where} could not prepare the run's software: {type(exc).__name__}: {exc}"
         self._done.put(SoftwarePrepared(software.key, error))
         try:
             os.write(self._wake_write, b"!")
