@@ -185,6 +185,13 @@ SMOKES = [
     ("bench_rewrite", "bench_rewrite.py", ["--smoke"], r"\n\s+4\s+\d+\s+\d+\.\d+", ()),
     ("bench_security", "bench_security.py", ["--smoke"], r"\nnoop-dict\s+on [\d.]+ s", ()),
     (
+        "bench_software",
+        "bench_software.py",
+        ["--smoke"],
+        r"4 workers, archive 2 MiB: the manager's host sent [\d.]+x the archive .* errors 0",
+        (),
+    ),
+    (
         "bench_wire",
         "bench_wire.py",
         ["--smoke"],
