@@ -36,6 +36,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def pack_cache(tmp_path_factory):
+    """The caller's cache of packed environments (``environment="local"``) for the whole
+    session: the caller's environment is packed once, and nothing lands in ~/.cache."""
+    return tmp_path_factory.mktemp("packs")
+
+
+@pytest.fixture(scope="session")
 def shared_manager():
     """One manager with two one-core workers, shared by tests that do not break it."""
     with Manager() as manager:

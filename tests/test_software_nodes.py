@@ -56,12 +56,6 @@ def small_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return nodes.worker_only_install(tmp_path_factory.mktemp("worker-install"))
 
 
-@pytest.fixture(scope="module")
-def pack_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The caller's cache of packed environments, for the module (a pack is made once)."""
-    return tmp_path_factory.mktemp("packs")
-
-
 @pytest.fixture
 def caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path) -> Path:
     """The user's working directory, holding ``analysis.py``, on ``sys.path``."""

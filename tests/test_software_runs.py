@@ -74,10 +74,11 @@ def test_an_environment_no_worker_can_run_fails_the_run_at_once_with_each_nodes_
 
 
 def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tasks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path
 ) -> None:
     """One node unfit (a worker whose cache directory cannot be made) and one fit, both
     given tasks: the unfit one leaves saying why, the other runs them all."""
+    monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
     monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(tmp_path / "software"))
     with Manager(environment="local") as manager:
         manager.start_workers(1, cores=1)
@@ -97,6 +98,26 @@ def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tas
         assert fit.poll() is None  # the fit worker stays
 
 
+def test_tasks_of_task_mode_tasks_run_with_the_shipped_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path
+) -> None:
+    """A fresh interpreter per task (``task_mode="tasks"``) is the environment's too."""
+    monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
+    monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(tmp_path / "software"))
+
+    def where(_: int) -> str:
+        import sys
+
+        return sys.executable
+
+    with Manager(environment="local") as manager:
+        manager.start_workers(1, cores=1)
+        library = manager.get({"w": (where, 1)}, "w")
+        process = manager.get({"w": (where, 2)}, "w", task_mode="tasks")
+    software = tmp_path / "software" / "env"
+    assert library.startswith(str(software)) and process.startswith(str(software))
+
+
 def test_files_reach_the_tasks_private_renewed_and_gone_with_the_worker(
     tmp_path: Path,
 ) -> None:
@@ -111,9 +132,7 @@ def test_files_reach_the_tasks_private_renewed_and_gone_with_the_worker(
     with Manager() as manager:
         manager.start_workers(1, cores=1)
         files = {"X509_USER_PROXY": str(proxy)}
-        (path, content, mode) = manager.get(
-            {"p": (read_proxy, 1)}, "p", env_files=files
-        )
+        (path, content, mode) = manager.get({"p": (read_proxy, 1)}, "p", env_files=files)
         assert content == "proxy one" and mode == 0o600
         assert path != str(proxy)  # a copy in the worker's own directory
         proxy.write_text("proxy two: renewed")
