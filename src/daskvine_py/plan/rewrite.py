@@ -529,10 +529,12 @@ class _Graph:
                 node, top_level = cast(Task, self.nodes[owner]), True  # (a link: ``spine``)
         terms: deque[Any] = deque(node.args)
         for side, other in reversed(steps):
+            # (an inline link of the same function off the spine is its terms, in order:
+            # kept whole, one tree task would read its inputs besides its run's)
             if side == 0:
-                terms.append(other)
+                terms.extend(self._flat(other, func))
             else:
-                terms.appendleft(other)
+                terms.extendleft(reversed(self._flat(other, func)))
 
         def group(new_key: Key, run: Sequence[Any]) -> Task:
             return _fold(new_key, func, run)
@@ -541,6 +543,21 @@ class _Graph:
             return _fold(key, func, partials)
 
         return _Reduction(tuple(terms), len(terms), group, root, tuple(absorbed))
+
+
+    def _flat(self, term: Any, func: Any) -> list[Any]:
+        """``term``'s operands, in order, when it is an inline link of ``func`` (and theirs,
+        without recursion); else ``[term]``."""
+        flat: list[Any] = []
+        stack = [term]
+        while stack:
+            top = stack.pop()
+            if type(top) is Task and _is_link(top, self.known, func):
+                stack.append(top.args[1])
+                stack.append(top.args[0])
+            else:
+                flat.append(top)
+        return flat
 
 
 def _worth_a_tree(reduction: _Reduction | None, arity: int, threshold: int) -> bool:
