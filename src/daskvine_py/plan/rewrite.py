@@ -544,7 +544,6 @@ class _Graph:
 
         return _Reduction(tuple(terms), len(terms), group, root, tuple(absorbed))
 
-
     def _flat(self, term: Any, func: Any) -> list[Any]:
         """``term``'s operands, in order, when it is an inline link of ``func`` (and theirs,
         without recursion); else ``[term]``."""
