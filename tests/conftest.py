@@ -43,6 +43,13 @@ def pack_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def warm_software_cache(tmp_path_factory):
+    """A node's software cache (``--software-cache``) shared by the tests that need a
+    node that has the caller's environment, not a fresh one: it is unpacked once."""
+    return tmp_path_factory.mktemp("node-software")
+
+
+@pytest.fixture(scope="session")
 def shared_manager():
     """One manager with two one-core workers, shared by tests that do not break it."""
     with Manager() as manager:

@@ -85,8 +85,15 @@ def edit(path: Path, text: str) -> None:
 class Node:
     """Workers started on one "node" (one software cache), stopped at the end."""
 
-    def __init__(self, root: Path, python: Path, manager: Manager, hide: list[str]) -> None:
-        self.cache = root / "software"
+    def __init__(
+        self,
+        root: Path,
+        python: Path,
+        manager: Manager,
+        hide: list[str],
+        cache: Path | None = None,
+    ) -> None:
+        self.cache = cache or root / "software"  # (a fresh node's, unless given)
         self.root = root
         self.python = python
         self.manager = manager
@@ -171,7 +178,7 @@ def test_a_node_sharing_no_files_runs_the_callers_code_with_its_local_environmen
 
 
 def test_a_user_built_archive_runs_on_a_node_sharing_no_files(
-    caller: Path, small_install: Path, tmp_path: Path
+    caller: Path, small_install: Path, tmp_path: Path, warm_software_cache: Path
 ) -> None:
     """An archive's path as the environment (here the caller's own packed prefix, copied
     where a user would keep the archive they built)."""
@@ -182,8 +189,9 @@ def test_a_user_built_archive_runs_on_a_node_sharing_no_files(
     archive = tmp_path / "analysis-env.tar.gz"
     archive.symlink_to(path)
     with Manager(environment=str(archive)) as manager:
-        node = Node(tmp_path / "node", small_install, manager, nodes.hidden_paths(caller))
-        node.cache.parent.mkdir(parents=True, exist_ok=True)
+        hide = nodes.hidden_paths(caller)
+        node = Node(tmp_path / "node", small_install, manager, hide, warm_software_cache)
+        (tmp_path / "node").mkdir()
         try:
             node.start("a-0")
             wait_for_workers(manager, 1, node)

@@ -74,12 +74,12 @@ def test_an_environment_no_worker_can_run_fails_the_run_at_once_with_each_nodes_
 
 
 def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tasks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path, warm_software_cache: Path
 ) -> None:
     """One node unfit (a worker whose cache directory cannot be made) and one fit, both
     given tasks: the unfit one leaves saying why, the other runs them all."""
     monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
-    monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(tmp_path / "software"))
+    monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(warm_software_cache))
     with Manager(environment="local") as manager:
         manager.start_workers(1, cores=1)
         blocked = tmp_path / "blocked"
@@ -99,11 +99,11 @@ def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tas
 
 
 def test_tasks_of_task_mode_tasks_run_with_the_shipped_interpreter(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path
+    monkeypatch: pytest.MonkeyPatch, pack_cache: Path, warm_software_cache: Path
 ) -> None:
     """A fresh interpreter per task (``task_mode="tasks"``) is the environment's too."""
     monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
-    monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(tmp_path / "software"))
+    monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(warm_software_cache))
 
     def where(_: int) -> str:
         import sys
@@ -114,7 +114,7 @@ def test_tasks_of_task_mode_tasks_run_with_the_shipped_interpreter(
         manager.start_workers(1, cores=1)
         library = manager.get({"w": (where, 1)}, "w")
         process = manager.get({"w": (where, 2)}, "w", task_mode="tasks")
-    software = tmp_path / "software" / "env"
+    software = warm_software_cache / "env"
     assert library.startswith(str(software)) and process.startswith(str(software))
 
 
