@@ -1,0 +1,322 @@
+"""Inputs cached on workers by content: what a task calls to read a remote file.
+
+A task that reads ``root://`` or ``http(s)://`` inputs reads them from storage every run,
+on every worker that runs one of its chunks. Here a node fetches each input once, keeps it
+in a directory shared by all its workers and libraries (and kept across runs and worker
+restarts), and hands tasks a local path::
+
+    from daskvine_py import inputs
+
+    path = inputs.local_path("root://eosserver//store/nano_dy.root")
+    with inputs.open("https://example.org/calibration.json") as file:
+        ...
+
+- ``local_path(url)``: a local file holding ``url``'s content. A plain path or ``file://``
+  URL is returned as it is (it is local, or on a shared filesystem already).
+- ``open(url, mode="rb")``: ``open(local_path(url), mode)``.
+- ``counters()``: this process's bytes read from storage, bytes served from the cache,
+  files fetched and cache hits (the worker can diff them around a task).
+- ``install()``: the transparent path, for an analysis that is not changed at all (below).
+- ``release()``: let the node evict what this process has used (see "In use").
+
+**Named by content, never stale.** Each call asks the server once what its copy is (an
+XRootD stat: size, modification time, and checksum where the extended stat has one; an
+HTTP HEAD: ``Content-Length``, ``Last-Modified``, ``ETag``) and names the entry by the
+sha256 of the URL with those. A changed copy gets a new name and is fetched afresh; the
+old entry is no longer asked for and ages out. An unchanged one is found by that stat alone
+and read from the node's disk: a cache hit, no byte from the server. The fetch itself checks
+that the server still serves the copy it stated, and that as many bytes arrived as it
+reported: a truncated transfer is never cached. (``store`` describes the directory: one
+fetch per node under a file lock, atomic rename, ``.complete`` marker, LRU.)
+
+**Whole files, not blocks.** A file is fetched whole the first time any task of the node
+asks for it, though uproot may want only a few of its columns. What that buys: one fetch
+per file per node whatever the number of chunk tasks that read it; a second run reads 0
+bytes from the server; and a file is one thing a worker holds, which the manager can
+place tasks beside and which can later move whole from a peer instead of from storage.
+What it costs: the first run reads every byte of a file even when the analysis needs a
+tenth of them (a block cache would read only those, but every run and every worker would
+then depend on which blocks earlier tasks happened to touch, and a peer could not serve a
+file it holds in part).
+
+**Faults.** A server that is down, goes away mid-fetch, times out (``TIMEOUT`` seconds a
+request) or answers a server error is asked again after each of ``RETRY_DELAYS`` (three
+retries: 0.5, 1 and 2 s), each time with a fresh stat; then ``InputUnavailable`` names
+the URL, the worker (``$DASKVINE_PY_WORKER_NAME``, else the host) and the last error. A
+file the server does not have is ``FileNotFoundError`` naming the URL at once.
+
+**In use.** A process holds a shared lock on every entry it has handed out, for the rest
+of its life (or until ``release()``), and no process of the node evicts an entry another
+holds. A path is a promise: a task may keep it, pass it to a library that opens it later,
+or open it twice, and a fetch by a neighbour must not remove it meanwhile. The price: a
+long-lived library process pins every input it ever read, and the cache may then exceed its
+bound (``$DASKVINE_PY_INPUT_CACHE_BYTES``) until those processes end or release; the worker
+can call ``release()`` between tasks, when no task holds a path.
+
+**The transparent path: uproot through fsspec.** uproot 5 opens every path or URL it is
+given as a string with ``uproot.source.fsspec.FSSpecSource`` unless a ``handler=`` is
+passed (``uproot.reading.open.defaults["handler"]`` is None); coffea's processor path
+(``uproot.open`` with its ``timeout``) and its Dask path (dask-awkward's ``from_uproot``,
+whose tasks open each file with uproot's ``ReadOnlyFile``, as ``uproot.open`` does) both
+do so. FSSpecSource asks fsspec for the
+``root`` protocol's filesystem and reads byte ranges from it (``cat_file``,
+``_cat_ranges``). ``install()`` registers, for ``root``, fsspec-xrootd's own
+``XRootDFileSystem`` with its reads served from ``local_path`` (``filesystem``): listing,
+``info`` and everything else still go to the server. So an unchanged analysis, in a process
+that called ``install()``, reads its ``root://`` inputs from the node's cache. Should
+uproot's default handler have been set to one of its XRootD sources, ``install()`` sets it
+back to None (fsspec); a ``handler=`` passed to ``uproot.open`` itself still bypasses the
+cache. HTTP stays off this path: fsspec's HTTP filesystem serves far more than ROOT files
+(``local_path`` and ``open`` serve HTTP inputs).
+
+The cache: ``$DASKVINE_PY_INPUT_CACHE`` (the worker sets it for its libraries), else
+``daskvine_py-UID/inputs`` in the node's temp directory, bounded by
+``$DASKVINE_PY_INPUT_CACHE_BYTES`` (default 10 GiB; the worker passes its ``--disk``).
+
+- ``store``: the node's directory: entries named by content, locked, renamed, LRU;
+- ``remote``: the servers: one stat that names a copy, one fetch (XRootD, HTTP);
+- ``filesystem``: the fsspec filesystem ``install()`` registers (imports fsspec-xrootd).
+
+Nothing here imports dask: libraries import it in their tasks, the worker beside them.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+from daskvine_py.inputs import remote
+from daskvine_py.inputs.store import Identity, Incomplete, InputCache, default_root
+
+__all__ = [
+    "InputUnavailable",
+    "counters",
+    "install",
+    "local_path",
+    "open",
+    "release",
+    "uninstall",
+]
+
+logger = logging.getLogger("daskvine_py.inputs")
+
+#: Seconds before each retry of a failed fetch (a fresh stat and fetch): the first attempt
+#: and three retries, 3.5 s in all. A server that restarts is usually back within it; one
+#: that is gone should fail its task soon, not hold a worker's core.
+RETRY_DELAYS = (0.5, 1.0, 2.0)
+#: Seconds one request may take (a stat, the wait for an HTTP response, an XRootD open or
+#: read of ``remote.CHUNK`` bytes) before the attempt counts as failed. The XRootD client
+#: checks its timeouts every ``XRD_TIMEOUTRESOLUTION`` seconds (15 by default).
+TIMEOUT = 30.0
+#: Seconds a process waits for another process of the node fetching the same input: a
+#: large file over a slow link takes long; one that never arrives should not hold forever.
+LOCK_WAIT = 3600.0
+#: The cache's bound by default, in bytes, when ``$DASKVINE_PY_INPUT_CACHE_BYTES`` is not set.
+DEFAULT_LIMIT = 10 * 2**30
+
+
+class InputUnavailable(OSError):
+    """An input could not be fetched: its server is down, went away or refused.
+
+    The message names the URL, the worker and the last error."""
+
+    def __init__(self, url: str, reason: str, worker: str | None = None) -> None:
+        self.url = url  #: the input
+        self.reason = reason  #: what failed, last
+        #: where: ``$DASKVINE_PY_WORKER_NAME`` (set by the worker), else the host name
+        self.worker = worker if worker is not None else _worker_name()
+        super().__init__(f"input {url} unavailable on worker {self.worker}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # OSError's own would lose the fields
+        return (type(self), (self.url, self.reason, self.worker))
+
+
+# -- the process's state ---------------------------------------------------------------
+
+_lock = threading.Lock()
+#: cache root -> this process's view of it (its ``.use`` locks)
+_caches: dict[str, InputCache] = {}
+_counters = {"bytes_from_storage": 0, "bytes_from_cache": 0, "files_fetched": 0, "cache_hits": 0}
+
+
+def counters() -> dict[str, int]:
+    """This process's totals since it began.
+
+    ``bytes_from_storage``: bytes read from servers (failed attempts' too);
+    ``bytes_from_cache``: the sizes of the files served from the node's cache;
+    ``files_fetched``: files this process fetched into it; ``cache_hits``: files served
+    from it (fetched earlier, or by another process of the node). A plain or ``file://``
+    path counts in none."""
+    with _lock:
+        return dict(_counters)
+
+
+def _add(name: str, amount: int) -> None:
+    with _lock:
+        _counters[name] += amount
+
+
+def _worker_name() -> str:
+    return os.environ.get("DASKVINE_PY_WORKER_NAME") or socket.gethostname()
+
+
+def _cache() -> InputCache:
+    """The cache the environment names now (the worker sets it for its libraries)."""
+    root = default_root()
+    configured = os.environ.get("DASKVINE_PY_INPUT_CACHE_BYTES", "").strip()
+    try:
+        limit = int(configured) if configured else DEFAULT_LIMIT
+    except ValueError:
+        raise ValueError(
+            f"DASKVINE_PY_INPUT_CACHE_BYTES must be a number of bytes, not {configured!r}"
+        ) from None
+    with _lock:
+        cache = _caches.get(root)
+        if cache is None:
+            cache = _caches[root] = InputCache(root, limit)
+        cache.limit = limit
+        return cache
+
+
+# -- the API ---------------------------------------------------------------------------
+
+
+def local_path(url: str) -> str:
+    """A local file holding ``url``'s content, fetched into the node's cache unless it is
+    there already (one stat of the server either way).
+
+    ``url``: a path or ``file://`` URL (returned as it is), ``root://`` or ``http(s)://``.
+    Raises ``FileNotFoundError`` if the server has no such file (at once),
+    ``InputUnavailable`` once the retries are spent, ``ValueError`` for another scheme.
+    """
+    if "://" not in url:
+        return url  # a path (uproot's "file.root:tree" too)
+    parsed = urlsplit(url)
+    scheme = parsed.scheme.lower()
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"a file:// URL of another host cannot be read here: {url}")
+        return urllib.request.url2pathname(parsed.path)
+    if scheme not in remote.SCHEMES:
+        raise ValueError(
+            f"cannot read {url}: daskvine_py.inputs reads paths, file://, root:// and http(s)://"
+        )
+    cache = _cache()
+    attempts = len(RETRY_DELAYS) + 1
+    for attempt in range(attempts):
+        try:
+            return _attempt(cache, url)
+        except (remote.Transient, Incomplete) as exc:
+            if attempt + 1 == attempts:
+                raise InputUnavailable(url, f"{attempts} attempts failed, the last: {exc}") from exc
+            delay = RETRY_DELAYS[attempt]
+            logger.warning("fetching %s failed (%s); again in %g s", url, exc, delay)
+            time.sleep(delay)
+        except remote.Refused as exc:
+            raise InputUnavailable(url, str(exc)) from exc
+        except TimeoutError as exc:  # waiting for another process's fetch
+            raise InputUnavailable(url, str(exc)) from exc
+    raise AssertionError("unreachable")
+
+
+def open(url: str, mode: str = "rb") -> IO[Any]:
+    """``open(local_path(url), mode)``: the input, read from the node's cache."""
+    return builtins.open(local_path(url), mode)
+
+
+def release() -> None:
+    """Let the node evict the inputs this process has used (the paths handed out before
+    may then go): for the worker, between tasks, when no task holds a path."""
+    with _lock:
+        caches = list(_caches.values())
+    for cache in caches:
+        cache.release()
+
+
+def _attempt(cache: InputCache, url: str) -> str:
+    """One stat, and the file from the cache or fetched into it."""
+    identity = remote.identify(url, TIMEOUT)
+    cache.use(identity.key, LOCK_WAIT)
+    path = cache.lookup(identity)
+    fetched = False
+    if path is None:
+        cache.evict(room=identity.size)
+        path, fetched = cache.fill(identity, lambda part: _fetch(url, identity, part), LOCK_WAIT)
+    if fetched:
+        _add("files_fetched", 1)
+        logger.info("fetched %s (%d bytes) into %s", url, identity.size, path)
+    else:
+        _add("cache_hits", 1)
+        _add("bytes_from_cache", identity.size)
+    return path
+
+
+def _fetch(url: str, identity: Identity, part: str) -> None:
+    remote.fetch(url, identity, part, TIMEOUT, lambda size: _add("bytes_from_storage", size))
+
+
+# -- the transparent path --------------------------------------------------------------
+
+#: what ``install`` replaced: the ``root`` protocol's fsspec class, uproot's handler
+_installed: list[Any] = []
+
+
+def install() -> None:
+    """Serve reads of ``root://`` through fsspec (so uproot's and coffea's) from the
+    node's cache, in this process. Needs fsspec and fsspec-xrootd; idempotent."""
+    import fsspec
+
+    from daskvine_py.inputs.filesystem import CachedXRootDFileSystem
+
+    with _lock:
+        if _installed:
+            return
+        previous = fsspec.get_filesystem_class("root")
+        fsspec.register_implementation("root", CachedXRootDFileSystem, clobber=True)
+        handler = _uproot_handler()
+        _installed.extend([previous, handler])
+    logger.info("root:// reads through fsspec come from the input cache in this process")
+
+
+def uninstall() -> None:
+    """Undo ``install()``."""
+    import fsspec
+
+    with _lock:
+        if not _installed:
+            return
+        previous, handler = _installed
+        _installed.clear()
+    fsspec.register_implementation("root", previous, clobber=True)
+    uproot = sys.modules.get("uproot")
+    if handler is not None and uproot is not None:
+        uproot.reading.open.defaults["handler"] = handler
+
+
+def _uproot_handler() -> Any:
+    """Point uproot's default handler back at fsspec if it was set to one of its XRootD
+    sources; what it was (None: left alone). uproot not yet imported has its defaults."""
+    uproot = sys.modules.get("uproot")
+    if uproot is None:
+        return None
+    defaults = uproot.reading.open.defaults
+    handler = defaults.get("handler")
+    xrootd = sys.modules.get("uproot.source.xrootd")
+    if handler is None or xrootd is None:
+        return None
+    if handler in (
+        getattr(xrootd, "XRootDSource", None),
+        getattr(xrootd, "MultithreadedXRootDSource", None),
+    ):
+        defaults["handler"] = None
+        logger.info("uproot's default handler was %s: now fsspec's", handler.__name__)
+        return handler
+    return None

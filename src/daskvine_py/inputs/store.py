@@ -1,0 +1,365 @@
+"""The node's input cache: whole remote files, each named by what identifies its content.
+
+One directory serves every worker and library of a node (node-local: under the temp
+directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them::
+
+    root/
+      entries/<key>/<name>         the input's bytes; <name> is the URL's last part, so
+                                   that its suffix (``.root``) stays for tools that look
+      entries/<key>/<name>.part    one being fetched
+      entries/<key>/.complete      written last (JSON: url, size, version); its mtime is
+                                   the entry's last use
+      locks/<key>.lock             exclusive while one process fetches (or removes) it
+      locks/<key>.use              shared while a process uses it
+
+``key`` is the sha256 of the URL with the size and the version (modification time, ETag,
+checksum) its server reported: a changed copy on the server has another key, so an entry
+never goes stale; it is simply no longer asked for, and ages out.
+
+An entry is complete once ``.complete`` is there: its bytes were fetched to ``.part``,
+found to be as many as the server reported, and renamed into place before the marker
+was written. A process that finds an entry incomplete takes its ``.lock`` and looks again:
+the second library of a node waits there, then finds the first one's fetch done, so a
+node fetches each input once. Under the lock, anything else of that key (a directory
+without its marker) is a leftover of a process that died fetching, and goes.
+
+The directory is kept under ``limit`` bytes: before each fetch, the least recently used
+entries go until the new one fits, but only an entry whose ``.use`` lock can be taken
+exclusively at once. A process takes its shared ``.use`` lock before it looks for an
+entry and keeps it (see ``InputCache.use``), so nothing a process may still read is
+removed. The lock files themselves stay (an empty pair per input ever seen): removing a
+lock file another process waits on would let two processes hold "the" lock.
+
+The same shape as ``daskvine_py.software.node_cache`` (the software's per-node cache),
+for single files rather than unpacked trees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+logger = logging.getLogger("daskvine_py.inputs")
+
+COMPLETE = ".complete"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[^0-9A-Za-z._-]")
+
+
+class Incomplete(OSError):
+    """A fetch wrote other than the size the server reported: a truncated transfer
+    (never cached; worth another attempt)."""
+
+
+class Identity(NamedTuple):
+    """What names an input's content: its URL and what its server reports of it."""
+
+    url: str  #: the URL, as the task spelled it
+    size: int  #: bytes, as the server reports them
+    #: what else the server reports of this copy: its modification time, ETag or checksum
+    version: str
+
+    @property
+    def key(self) -> str:
+        """The entry's name: sha256 of the three."""
+        text = f"{self.url}\0{self.size}\0{self.version}"
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    @property
+    def name(self) -> str:
+        """The file's name inside its entry: the URL's last part, tamed."""
+        last = self.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        tamed = _NAME.sub("_", last)[-100:].lstrip(".")
+        return tamed or "input"
+
+
+#: Writes an input's bytes to the path given, or raises.
+Fetch = Callable[[str], None]
+
+
+class _Entry(NamedTuple):
+    """What the directory holds of one key, for eviction."""
+
+    used: float  #: last use (the marker's mtime; 0.0: no marker, a leftover or one being made)
+    size: int
+
+
+def default_root() -> str:
+    """``$DASKVINE_PY_INPUT_CACHE``, else this user's directory under the node's temp
+    directory (``$TMPDIR``, else /tmp): node-local, so that its locks hold."""
+    configured = os.environ.get("DASKVINE_PY_INPUT_CACHE")
+    return os.path.abspath(configured) if configured else temporary_root()
+
+
+def temporary_root() -> str:
+    return os.path.join(tempfile.gettempdir(), f"daskvine_py-{os.getuid()}", "inputs")
+
+
+class InputCache:
+    """The node's input directory, as one process uses it (thread-safe).
+
+    The shared ``.use`` locks this object takes are kept until ``release`` (or ``close``):
+    a path handed out stays readable, whatever other processes of the node fetch.
+    """
+
+    def __init__(self, root: str, limit: int) -> None:
+        self.root = os.path.abspath(root)
+        self.limit = limit
+        if self.root == temporary_root():  # where anyone may have made it first
+            parent = os.path.dirname(self.root)
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            _check_private(parent)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            _check_private(self.root)
+        for part in ("entries", "locks"):
+            os.makedirs(os.path.join(self.root, part), mode=0o700, exist_ok=True)
+        self._lock = threading.Lock()
+        #: key -> the shared ``.use`` lock (an open descriptor) held on it
+        self._uses: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<InputCache {self.root} {len(self._uses)} in use>"
+
+    def __enter__(self) -> InputCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- a process's calls --------------------------------------------------------------
+
+    def use(self, key: str, wait: float) -> None:
+        """Hold ``key`` in use (a shared ``.use`` lock) until ``release``: take it before
+        looking for the entry, so that it cannot go between the look and the read. Waits
+        only while an eviction removes it."""
+        with self._lock:
+            if key in self._uses:
+                return
+        descriptor = self._lock_file(key, ".use")
+        try:
+            _flock(descriptor, fcntl.LOCK_SH, wait)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        with self._lock:
+            if key not in self._uses:
+                self._uses[key] = descriptor
+                return
+        os.close(descriptor)  # another thread took it meanwhile
+
+    def lookup(self, identity: Identity) -> str | None:
+        """The complete entry's file (now its most recent use), or None."""
+        place = self._place(identity.key)
+        marker = os.path.join(place, COMPLETE)
+        if not os.path.exists(marker):
+            return None
+        now = time.time()  # fine-grained, unlike the kernel's clock for an mtime of "now"
+        with contextlib.suppress(OSError):
+            os.utime(marker, (now, now))
+        return os.path.join(place, identity.name)
+
+    def fill(self, identity: Identity, fetch: Fetch, wait: float) -> tuple[str, bool]:
+        """The entry's file, fetched by ``fetch(part)`` under the entry's lock unless
+        another process did it meanwhile; and whether this call fetched it.
+
+        Raises ``Incomplete`` if what was fetched is not the size the server reported,
+        ``TimeoutError`` after ``wait`` seconds of another process holding the lock, and
+        whatever ``fetch`` raises; nothing of a failed fetch stays."""
+        key = identity.key
+        with self._locked(key, wait):
+            found = self.lookup(identity)
+            if found is not None:
+                return found, False
+            place = self._place(key)
+            _remove_tree(place)  # a leftover of a process that died fetching it
+            os.makedirs(place, mode=0o700)
+            path = os.path.join(place, identity.name)
+            part = path + ".part"
+            try:
+                fetch(part)
+                got = os.path.getsize(part)
+                if got != identity.size:
+                    raise Incomplete(
+                        f"the transfer was incomplete: {got} bytes arrived, "
+                        f"the server reported {identity.size}"
+                    )
+                os.rename(part, path)
+                record = {"url": identity.url, "size": identity.size, "version": identity.version}
+                temporary = os.path.join(place, COMPLETE + ".tmp")
+                with open(temporary, "w", encoding="utf-8") as file:
+                    json.dump(record, file)
+                os.rename(temporary, os.path.join(place, COMPLETE))
+            except BaseException:
+                _remove_tree(place)
+                raise
+        return path, True
+
+    def release(self) -> None:
+        """Release every entry this object holds in use: other processes may evict them."""
+        with self._lock:
+            held = list(self._uses.values())
+            self._uses.clear()
+        for descriptor in held:
+            os.close(descriptor)
+
+    close = release
+
+    def holds(self) -> list[Identity]:
+        """The complete entries of the node (what a worker could tell its manager)."""
+        found = []
+        for key in _listdir(os.path.join(self.root, "entries")):
+            try:
+                with open(os.path.join(self._place(key), COMPLETE), encoding="utf-8") as file:
+                    record = json.load(file)
+                found.append(Identity(record["url"], int(record["size"]), record["version"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def evict(self, room: int = 0) -> list[str]:
+        """Remove the least recently used entries nobody uses until ``room`` more bytes
+        fit under the limit; the keys removed."""
+        entries = self._entries()
+        total = sum(entry.size for entry in entries.values())
+        removed = []
+        for key, entry in sorted(entries.items(), key=lambda item: item[1].used):
+            if total + room <= self.limit:
+                break
+            if self._remove(key):
+                total -= entry.size
+                removed.append(key)
+        if removed:
+            logger.info(
+                "input cache %s: removed %d entries not in use, %d bytes kept",
+                self.root,
+                len(removed),
+                total,
+            )
+        return removed
+
+    # -- the parts ----------------------------------------------------------------------
+
+    def _place(self, key: str) -> str:
+        return os.path.join(self.root, "entries", key)
+
+    def _lock_file(self, key: str, suffix: str) -> int:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"not an input cache key: {key!r}")
+        path = os.path.join(self.root, "locks", key + suffix)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, wait: float) -> Iterator[None]:
+        """The exclusive ``.lock`` of ``key``: one process of the node fetches it."""
+        descriptor = self._lock_file(key, ".lock")
+        try:
+            _flock(descriptor, fcntl.LOCK_EX, wait)
+            yield
+        finally:
+            os.close(descriptor)  # unlocks
+
+    def _entries(self) -> dict[str, _Entry]:
+        """Every key the directory holds something of, with its last use and size."""
+        entries = {}
+        for key in _listdir(os.path.join(self.root, "entries")):
+            if not _KEY.fullmatch(key):
+                continue
+            place = self._place(key)
+            try:
+                used = os.stat(os.path.join(place, COMPLETE)).st_mtime
+            except OSError:
+                used = 0.0  # a leftover (or one being fetched: its lock keeps it)
+            entries[key] = _Entry(used, _bytes(place))
+        return entries
+
+    def _remove(self, key: str) -> bool:
+        """Remove ``key``'s entry if nobody uses or fetches it now; whether it went."""
+        use = self._lock_file(key, ".use")
+        try:
+            try:
+                fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a process reads it
+            lock = self._lock_file(key, ".lock")
+            try:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False  # a process fetches it
+                place = self._place(key)
+                _remove_file(os.path.join(place, COMPLETE))  # first: half removed is incomplete
+                _remove_tree(place)
+                return True
+            finally:
+                os.close(lock)
+        finally:
+            os.close(use)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _check_private(path: str) -> None:
+    """Refuse a directory of the shared temp directory that another user made or may
+    write to: what is found in it is handed to tasks as their inputs."""
+    info = os.stat(path)
+    if info.st_uid != os.getuid() or info.st_mode & stat.S_IWOTH:
+        raise PermissionError(
+            f"the input cache {path} belongs to another user or anyone may write to it: "
+            "set DASKVINE_PY_INPUT_CACHE to a directory of your own"
+        )
+
+
+def _flock(descriptor: int, operation: int, wait: float) -> None:
+    """``flock``, waiting at most ``wait`` seconds (polled: flock itself has no timeout)."""
+    deadline = time.monotonic() + wait
+    delay = 0.01
+    while True:
+        try:
+            fcntl.flock(descriptor, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0.0:
+            raise TimeoutError(f"waited {wait:g} s for another process of this node fetching it")
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.5)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def _bytes(place: str) -> int:
+    """An entry's input bytes (what is being fetched too; not its small marker)."""
+    total = 0
+    for name in _listdir(place):
+        if not name.startswith("."):
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(place, name)).st_size
+    return total
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
