@@ -141,6 +141,12 @@ class RunOptions:
     #: travels encrypted to the workers, which write it with mode 0600 in their directory
     #: (removed when they leave) and set the variable to that path for the tasks.
     env_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
+    #: Tasks read ``root://`` inputs (uproot, coffea: through fsspec) from the node's input
+    #: cache (``daskvine_py.inputs``): each file fetched whole, once per node, named by its
+    #: URL, size and modification time (a changed file is fetched again), kept across
+    #: runs within the worker's ``--disk``. A second run reads nothing from the storage;
+    #: the first reads every byte of each file, even columns it does not use.
+    cache_inputs: bool = False
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
@@ -184,6 +190,8 @@ class RunOptions:
             raise ValueError(
                 f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
             )
+        if not isinstance(self.cache_inputs, bool):
+            raise ValueError(f"cache_inputs must be True or False, not {self.cache_inputs!r}")
         if self.progress is not None and not isinstance(self.progress, bool):
             raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
         if self.cache is not None and not isinstance(self.cache, bool):
@@ -228,6 +236,7 @@ class RunOptions:
             and not self.task_sandbox
             and self.environment is None
             and not self.env_files
+            and not self.cache_inputs
         )
 
 

@@ -139,6 +139,7 @@ def opening_of(
             options.task_sandbox,
             shipped.software,
             shipped.files,
+            options.cache_inputs,
         )
     return s.SubmitRun(
         run_id,

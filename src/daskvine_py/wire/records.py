@@ -259,6 +259,9 @@ class RunConfig(NamedTuple):
     #: (``X509_USER_PROXY``): written with mode 0600 in the worker's directory, removed
     #: when it leaves; a later run's renewed content replaces them
     files: tuple[tuple[str, bytes], ...] = ()
+    #: its tasks read ``root://`` inputs through the node's input cache
+    #: (``daskvine_py.inputs``: whole files, fetched once per node, kept across runs)
+    inputs: bool = False
 
 
 class Function(NamedTuple):

@@ -347,6 +347,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _FLAG,
         _Field((Software, type(None)), _software),
         _Field(tuple, _named_files),
+        _FLAG,
     ),
     Execute: (
         _ID,

@@ -145,6 +145,7 @@ def main(
     """
     _die_with_parent()
     pipe.own_segments(os.getppid())  # the worker: its segments are removed if it dies
+    os.environ["DASKVINE_PY_WORKER_NAME"] = worker_name  # (named in ``inputs``' errors)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the worker
     for module in (*WARM_IMPORTS, *import_modules):
         importlib.import_module(module)
@@ -409,7 +410,10 @@ class Runner:
         if config.run_id not in self._prepared:
             if len(self._prepared) > 1000:
                 self._prepared.clear()  # old runs; their modules stay imported anyway
-            self._prepared[config.run_id] = import_all(config.import_modules, self.worker_name)
+            failed = import_all(config.import_modules, self.worker_name)
+            if failed is None and config.inputs:
+                failed = install_inputs(self.worker_name)
+            self._prepared[config.run_id] = failed
         return self._prepared[config.run_id]
 
     def _direct(self, call: Call, config: RunConfig) -> Reply:
@@ -496,6 +500,24 @@ def import_all(modules: Sequence[str], worker_name: str) -> ImportHoistingError 
             error.__cause__ = exc
             error.__traceback__ = exc.__traceback__
             return error
+    return None
+
+
+def install_inputs(worker_name: str) -> ImportHoistingError | None:
+    """Route ``root://`` reads through the node's input cache (``cache_inputs=True``:
+    ``daskvine_py.inputs.install``); the error naming what failed, or None."""
+    try:
+        from daskvine_py import inputs
+
+        inputs.install()
+    except BaseException as exc:  # fsspec-xrootd not installed in the environment...
+        error = ImportHoistingError(
+            "daskvine_py.inputs (cache_inputs=True needs fsspec and fsspec-xrootd)",
+            worker_name,
+            f"{type(exc).__name__}: {exc}",
+        )
+        error.__cause__ = exc
+        return error
     return None
 
 
