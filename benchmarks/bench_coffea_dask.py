@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -61,20 +62,32 @@ def write_samples(directory: str, events: int = 400) -> None:
     write_nanoaod(os.path.join(directory, "nano_dimuon.root"), events, 2, 0.3, 40.0)
 
 
-def build(samples: str, copies: int, chunksize: int, scratch: str, schema: Any = None) -> Any:
+def build(
+    samples: str | Mapping[str, Sequence[str]],
+    copies: int,
+    chunksize: int,
+    scratch: str,
+    schema: Any = None,
+) -> Any:
+    """The analysis's graphs. ``samples``: the directory of ``nano_dy.root`` and
+    ``nano_dimuon.root``, each linked ``copies`` times into ``scratch``; or a fileset
+    ``{dataset: [path or URL, ...]}`` (``root://`` URLs, say), taken as it is."""
     from coffea.dataset_tools import DataGroupSpec, apply_to_fileset, preprocess
     from coffea.nanoevents import NanoAODSchema
 
     from coffea_analysis import DimuonAnalysis
 
     fileset: dict[str, dict[str, str]] = {}
-    for name in ("nano_dy", "nano_dimuon"):
-        source = os.path.join(samples, f"{name}.root")
-        files = fileset.setdefault(name, {})
-        for i in range(copies):
-            path = os.path.join(scratch, f"{name}_{i}.root")
-            os.symlink(source, path)
-            files[path] = "Events"
+    if isinstance(samples, str):
+        for name in ("nano_dy", "nano_dimuon"):
+            source = os.path.join(samples, f"{name}.root")
+            files = fileset.setdefault(name, {})
+            for i in range(copies):
+                path = os.path.join(scratch, f"{name}_{i}.root")
+                os.symlink(source, path)
+                files[path] = "Events"
+    else:
+        fileset = {name: dict.fromkeys(files, "Events") for name, files in samples.items()}
     spec = DataGroupSpec.model_validate({n: {"files": f} for n, f in fileset.items()})
     available, _ = preprocess(spec, step_size=chunksize, scheduler="sync")
     return apply_to_fileset(DimuonAnalysis(dask=True), available, schema or NanoAODSchema)
