@@ -147,6 +147,13 @@ SMOKES = [
         ("coffea", "distributed"),
     ),
     (
+        "bench_inputs-coffea",
+        "bench_inputs.py",
+        ["--smoke"],
+        r"root://, cache: second\s+\d+\s+[\d.]+\s+0\s+0\.00\s+[\d.]+",
+        ("coffea", "XRootD", "fsspec_xrootd"),
+    ),
+    (
         "bench_flood",
         "bench_flood.py",
         ["--smoke"],

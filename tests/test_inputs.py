@@ -15,12 +15,10 @@ import http.server
 import json
 import os
 import pickle
-import pwd
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -30,9 +28,11 @@ from pathlib import Path
 import pytest
 
 import daskvine_py
+import xrootd
 from daskvine_py import inputs
 from daskvine_py.inputs import remote
 from daskvine_py.inputs.store import Identity, Incomplete, InputCache
+from xrootd import XRootDServer
 
 NANOAOD = Path("/work/nanoaod/nano_dy.root")
 SRC = str(Path(daskvine_py.__file__).resolve().parents[1])
@@ -386,88 +386,28 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class _XRootD:
-    """Debian's xrootd serving a directory on 127.0.0.1.
-    (replace with tests/xrootd.py once merged)"""
+class _Served:
+    """The test server's directory, with URLs by file name."""
 
-    def __init__(self, directory: Path, port: int) -> None:
-        self.directory = directory
-        self.port = port
+    def __init__(self, server: XRootDServer) -> None:
+        self.server = server
+        self.directory = server.directory
 
     def url(self, name: str) -> str:
-        return f"root://127.0.0.1:{self.port}//{name}"
-
-
-def _tail(log: Path) -> str:
-    try:
-        return " / ".join(log.read_text(errors="replace").splitlines()[-5:])
-    except OSError as exc:
-        return f"no log ({exc})"
+        return self.server.url(self.directory / name)
 
 
 @pytest.fixture(scope="module")
-def xrootd_server() -> Iterator[_XRootD]:
-    # replace with tests/xrootd.py once merged
-    if shutil.which("xrootd") is None or shutil.which("xrdfs") is None:
-        pytest.skip("Debian's xrootd-server is not installed")
+def xrootd_server() -> Iterator[_Served]:
+    """Debian's xrootd serving a directory on 127.0.0.1 (``tests/xrootd.py``)."""
+    why = xrootd.unavailable()
+    if why is not None:
+        pytest.skip(why)
     client = pytest.importorskip("XRootD.client")
     client.EnvPutInt("TimeoutResolution", 1)  # timeouts of seconds, not 15 s granules
-    base = Path(tempfile.mkdtemp(prefix="daskvine_py-xrootd-", dir="/tmp"))
-    data, admin = base / "data", base / "admin"
-    data.mkdir()
-    admin.mkdir()
-    os.chmod(base, 0o755)
-    os.chmod(data, 0o755)
-    log = admin / "log"  # where the server may write
-    as_root = os.geteuid() == 0
-    if as_root:  # xrootd will not run as root: it runs as nobody
-        nobody = pwd.getpwnam("nobody")
-        os.chown(admin, nobody.pw_uid, nobody.pw_gid)
-    port = _free_port()
-    config = base / "xrootd.cfg"
-    config.write_text(
-        f"xrd.port {port}\n"
-        "all.export /\n"
-        f"oss.localroot {data}\n"
-        f"all.adminpath {admin}\n"
-        f"all.pidpath {admin}\n"
-    )
-    command = ["xrootd", *(["-R", "nobody"] if as_root else []), "-l", str(log)]
-    server = subprocess.Popen(
-        [*command, "-c", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"xrootd exited ({server.returncode}): {_tail(log)}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    pass
-                answered = subprocess.run(
-                    ["xrdfs", f"root://127.0.0.1:{port}", "ls", "/"],
-                    capture_output=True,
-                    timeout=10,
-                )
-                if answered.returncode == 0:
-                    break
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"xrootd did not answer on port {port}: {_tail(log)}")
-            time.sleep(0.1)
-        yield _XRootD(data, port)
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(base, ignore_errors=True)
+    with XRootDServer() as server:
+        os.chmod(server.directory, 0o777)  # (the tests write files there as root)
+        yield _Served(server)
 
 
 @pytest.mark.integration

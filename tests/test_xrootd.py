@@ -270,3 +270,36 @@ def test_the_coffea_processor_path_over_root_is_bit_exact(
     assert set(got["events"]) == set(DATASETS)
     assert all(n > 0 for n in want["selected"].values())
     assert example.same_output(got, want)
+
+
+def test_with_cache_inputs_each_file_is_read_once_per_node_and_a_second_run_reads_none(
+    server, analysis, filesets, tmp_path, monkeypatch
+):
+    """``cache_inputs=True``: the Dask path's tasks read root:// files through the node's
+    input cache (two workers of one node share it): each file is fetched whole, once,
+    and a second run opens nothing on the server. Bit-exact against local files."""
+    from coffea import processor
+
+    from daskvine_py import Manager
+
+    bench, example, _, schema = analysis
+    remote, local = filesets
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "inputs"))
+    (want,) = dask.compute(bench.build(local, COPIES, 10, "", schema), scheduler="sync")
+    want = processor.accumulate(want.values())
+    files = {path for paths in local.values() for path in paths}
+    with Manager() as manager:
+        manager.start_workers(2, cores=1)  # (they and their libraries take the variable)
+        for run in ("first", "second"):
+            graphs = bench.build(remote, COPIES, 10, "", schema)
+            since = _log_size(server)
+            (got,) = dask.compute(graphs, scheduler=manager.get, cache_inputs=True)
+            opened = _opened(server, since)
+            assert example.same_output(processor.accumulate(got.values()), want), run
+            if run == "first":  # every file, each opened by one process of the node
+                assert set(opened) == files, opened
+                assert all(len(pids) == 1 for pids in opened.values()), opened
+            else:
+                assert opened == {}, opened
+    cached = [p for p in (tmp_path / "inputs").rglob("*.root") if p.is_file()]
+    assert sorted(p.stat().st_size for p in cached) == sorted(os.path.getsize(f) for f in files)
