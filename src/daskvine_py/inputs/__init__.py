@@ -78,6 +78,10 @@ The cache: ``$DASKVINE_PY_INPUT_CACHE`` (the worker sets it for its libraries), 
 - ``filesystem``: the fsspec filesystem ``install()`` registers (imports fsspec-xrootd).
 
 Nothing here imports dask: libraries import it in their tasks, the worker beside them.
+
+May import: the standard library, and fsspec, fsspec-xrootd and the XRootD bindings (lazily,
+in the library processes that read inputs); never dask, nor any package of ours but the
+bottom modules: a task imports it in a library.
 """
 
 from __future__ import annotations
