@@ -603,14 +603,7 @@ class WorkerState:
         for library_id in stopped:
             dispatch.drop_library(library_id)
             dispatch.unhome(library_id)
-            lost.extend(self.live_tasks.lose(library_id, self.store))
-            for task_id, wait in self.live_tasks.abandon(library_id):
-                self.live_tasks.answer_peers(task_id, wait.peers, None)
-                for waiter in wait.tasks:
-                    task = self.tasks.get(waiter)
-                    if task is not None:
-                        task.missing.discard(task_id)
-                        self._input_lost(task, task_id)
+            lost.extend(self._lose_live(library_id))
         if stopped:
             self._out.append(StopLibraries(stopped))
         if lost:
@@ -924,14 +917,7 @@ class WorkerState:
                 self._transition(queued, "queued")  # aborted task, sent again elsewhere)
         lib.sent.clear()
         self.dispatch.unhome(lib.id)
-        lost = self.live_tasks.lose(lib.id, self.store)
-        for task_id, wait in self.live_tasks.abandon(lib.id):
-            self.live_tasks.answer_peers(task_id, wait.peers, None)
-            for waiter in wait.tasks:
-                task = self.tasks.get(waiter)
-                if task is not None:
-                    task.missing.discard(task_id)
-                    self._input_lost(task, task_id)
+        lost = self._lose_live(lib.id)
         if lost:
             logger.warning(
                 "worker %s lost %d results kept live by its library process", self.name, len(lost)
@@ -958,6 +944,19 @@ class WorkerState:
                 )
         if not self.leaving:
             self._start_library()
+
+    def _lose_live(self, library_id: int) -> list[int]:
+        """A library is gone (died, or replaced): the results it kept live are lost (their
+        ids, to report), and exports of them that peers and tasks here waited for fail."""
+        lost = self.live_tasks.lose(library_id, self.store)
+        for task_id, wait in self.live_tasks.abandon(library_id):
+            self.live_tasks.answer_peers(task_id, wait.peers, None)
+            for waiter in wait.tasks:
+                task = self.tasks.get(waiter)
+                if task is not None:
+                    task.missing.discard(task_id)
+                    self._input_lost(task, task_id)
+        return list(lost)
 
     def _on_memory_exceeded(self, ev: MemoryExceeded, now: float) -> None:
         """A task's library was stopped for memory (``kind``: its own use, "memory", or the
