@@ -18,6 +18,9 @@ restarts), and hands tasks a local path::
   files fetched and cache hits (the worker can diff them around a task).
 - ``install()``: the transparent path, for an analysis that is not changed at all (below).
 - ``release()``: let the node evict what this process has used (see "In use").
+- ``take_reads()``: the files obtained since the last call, ``(url, bytes, source)``
+  each: what a worker reports after each task (``TaskDone.inputs``), so that its manager
+  knows which node holds which input and places the next readers there.
 
 **Named by content, never stale.** Each call asks the server once what its copy is (an
 XRootD stat: size, modification time, and checksum where the extended stat has one; an
@@ -94,6 +97,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import deque
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -107,6 +111,7 @@ __all__ = [
     "local_path",
     "open",
     "release",
+    "take_reads",
     "uninstall",
 ]
 
@@ -125,6 +130,11 @@ TIMEOUT = 30.0
 LOCK_WAIT = 3600.0
 #: The cache's bound by default, in bytes, when ``$DASKVINE_PY_INPUT_CACHE_BYTES`` is not set.
 DEFAULT_LIMIT = 10 * 2**30
+#: Where a file handed out came from (``take_reads``; the wire's ``INPUT_FROM_*``):
+#: fetched from its server by this call, found in the node's cache, fetched from a peer.
+FROM_STORAGE, FROM_CACHE, FROM_PEER = 0, 1, 2
+#: Reads kept until taken: a process that never takes them (not a worker's) keeps the last.
+READS_KEPT = 1024
 
 
 class InputUnavailable(OSError):
@@ -149,6 +159,8 @@ _lock = threading.Lock()
 #: cache root -> this process's view of it (its ``.use`` locks)
 _caches: dict[str, InputCache] = {}
 _counters = {"bytes_from_storage": 0, "bytes_from_cache": 0, "files_fetched": 0, "cache_hits": 0}
+#: files handed out since the last ``take_reads``
+_reads: deque[tuple[str, int, int]] = deque(maxlen=READS_KEPT)
 
 
 def counters() -> dict[str, int]:
@@ -161,6 +173,37 @@ def counters() -> dict[str, int]:
     path counts in none."""
     with _lock:
         return dict(_counters)
+
+
+def take_reads() -> tuple[tuple[str, int, int], ...]:
+    """The remote files handed out (``local_path``, ``open``, the installed fsspec path)
+    since the last call, in order, as ``(url, bytes, source)``: source ``FROM_STORAGE``
+    (this process fetched it), ``FROM_CACHE`` (the node had it) or ``FROM_PEER``; a file
+    asked for again (uproot asks once per read) is named once, by where it came from
+    first. A worker takes them after each task."""
+    with _lock:
+        if not _reads:
+            return ()
+        taken = list(_reads)
+        _reads.clear()
+    first: dict[str, tuple[str, int, int]] = {}
+    for read in taken:
+        first.setdefault(read[0], read)
+    return tuple(first.values())
+
+
+def read_again(url: str, path: str) -> None:
+    """``url``, handed out before as ``path``, is read again without a new lookup (the
+    fsspec path's recent lookups): a read from the cache, for ``take_reads``."""
+    with _lock:
+        if _reads and _reads[-1][0] == url:
+            return  # (the usual case: the same file read on; named once anyway)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return
+    with _lock:
+        _reads.append((url, size, FROM_CACHE))
 
 
 def _add(name: str, amount: int) -> None:
@@ -260,6 +303,8 @@ def _attempt(cache: InputCache, url: str) -> str:
     else:
         _add("cache_hits", 1)
         _add("bytes_from_cache", identity.size)
+    with _lock:
+        _reads.append((url, identity.size, FROM_STORAGE if fetched else FROM_CACHE))
     return path
 
 

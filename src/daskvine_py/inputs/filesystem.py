@@ -38,7 +38,7 @@ RECHECK_SECONDS = 10.0
 
 _lock = threading.Lock()
 #: URL -> (its local path, when it was looked up: ``time.monotonic()``)
-_known: dict[str, tuple[str, float]] = {}
+_known: dict[str, tuple[str, float]] = {}  # url -> its local path, when it was looked up
 
 
 class CachedXRootDFileSystem(XRootDFileSystem):
@@ -104,6 +104,7 @@ def _local(url: str, opening: bool) -> str:
     with _lock:
         known = _known.get(url)
     if known is not None and not opening and now - known[1] < RECHECK_SECONDS:
+        inputs.read_again(url, known[0])  # (this task's read, for its worker's report)
         return known[0]
     path = inputs.local_path(url)
     with _lock:

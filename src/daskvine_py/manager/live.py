@@ -46,6 +46,9 @@ CATEGORY_FIELDS = (
     "exhausted",
     "input_bytes",
     "output_bytes",
+    "file_bytes_from_storage",
+    "file_bytes_from_cache",
+    "file_bytes_from_peers",
 )
 
 
@@ -295,6 +298,9 @@ def _add(into: Category, other: Category) -> None:
     into.exhausted += other.exhausted
     into.input_bytes += other.input_bytes
     into.output_bytes += other.output_bytes
+    into.file_bytes_from_storage += other.file_bytes_from_storage
+    into.file_bytes_from_cache += other.file_bytes_from_cache
+    into.file_bytes_from_peers += other.file_bytes_from_peers
     into.peak_memory_mb = max(into.peak_memory_mb, other.peak_memory_mb)
     into.allocated_memory_mb = max(into.allocated_memory_mb, other.allocated_memory_mb)
 

@@ -65,7 +65,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
-from daskvine_py.wire.serialize import TaskEncoder
+from daskvine_py.wire.serialize import TaskEncoder, urls_in
 
 if TYPE_CHECKING:
     from daskvine_py.batch.pool import WorkerPool
@@ -559,6 +559,7 @@ class Manager:
         take_deps = dependencies.__getitem__ if cached is not None else dependencies.pop
         shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
         part: list[s.NewTask] = []
+        find_files = bool(options.cache_inputs)  # the files each task reads: placed by them
         for key in plan.order:
             if key in done:
                 continue
@@ -571,7 +572,10 @@ class Manager:
             readers = None if dependents is None else dependents.get(key, 0)
             prefix = key_split(key)
             prefix = shared.setdefault(prefix, prefix)
-            part.append(s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers))
+            files = urls_in(payload) if find_files else ()
+            part.append(
+                s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers, files)
+            )
             if len(part) >= SUBMIT_PART:
                 self._send_part(run, part, encoder, sent, opening)
                 opening, part = None, []

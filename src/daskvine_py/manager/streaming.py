@@ -31,7 +31,7 @@ from daskvine_py.plan.rewrite import may_reduce
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import RunCache
 from daskvine_py.wire import protocol as p
-from daskvine_py.wire.serialize import TaskEncoder
+from daskvine_py.wire.serialize import TaskEncoder, urls_in
 
 #: Fewest tasks a graph needs for its first tasks to go while it is read: smaller graphs
 #: are read and planned in about a second (10^5 tasks: 1 s to the first task), and keep
@@ -59,6 +59,8 @@ class Stream:
         self._opening: s.SubmitRun | None = opening._replace(arriving=True)
         self._send = send
         self._over = over
+        #: the run reads remote files through the input cache: its tasks are placed by them
+        self._find_files = opening.config is not None and bool(opening.config.inputs)
         #: a task's kind, for duration estimates (``dask.utils.key_split``)
         self._prefix_of = prefix_of
         self.encoder = TaskEncoder()
@@ -97,7 +99,8 @@ class Stream:
             prefix = self._prefix_of(key)
             prefix = self._shared.setdefault(prefix, prefix)
             deps = tuple(dependencies[key])
-            part.append(s.NewTask(key, payload, functions, deps, priority, prefix, None))
+            files = urls_in(payload) if self._find_files else ()
+            part.append(s.NewTask(key, payload, functions, deps, priority, prefix, None, files))
             self.keys.add(key)
         if part:
             self._send(part, self.encoder, self.sent, self._opening)

@@ -45,6 +45,9 @@ _HEAD = (
     "output MB",
     "failed",
 )
+#: The input cache's columns (``cache_inputs``), shown when some category read files.
+_FILES_HEAD = ("files from storage MB", "from cache MB", "from peers MB")
+_FILE_FIELDS = ("file_bytes_from_storage", "file_bytes_from_cache", "file_bytes_from_peers")
 
 
 def categories(summary: Summary) -> str:
@@ -64,18 +67,28 @@ def categories(summary: Summary) -> str:
         "input_bytes": 0,
         "output_bytes": 0,
         "failed": 0,
+        **dict.fromkeys(_FILE_FIELDS, 0),
     }
+    files = any(_number(fields, field) for fields in known.values() for field in _FILE_FIELDS)
     ordered = sorted(known.items(), key=lambda kv: (-_number(kv[1], "wall_s"), kv[0]))
     for name, fields in ordered:
-        rows.append(_row(name, fields))
+        rows.append(_row(name, fields, files=files))
         for field in totals:
             if field == "peak_memory_mb":
                 totals[field] = max(totals[field], _number(fields, field))
             else:
                 totals[field] += _number(fields, field)
     if len(rows) > 1:
-        rows.append(_row(draw.Raw("<b>all categories</b>"), totals, allocated=False))
-    return draw.table(_HEAD, rows) + (
+        rows.append(_row(draw.Raw("<b>all categories</b>"), totals, False, files))
+    head = _HEAD + _FILES_HEAD if files else _HEAD
+    files_note = (
+        " Files: the remote input files the tasks obtained through their nodes' input "
+        "cache (<code>cache_inputs</code>), whole, once per task that read each: fetched "
+        "from their servers, found in the node's cache, or fetched from a peer."
+        if files
+        else ""
+    )
+    return draw.table(head, rows) + (
         "<p class='note'>A category is the prefix of its tasks' keys (dask's "
         "<code>key_split</code>); the figures are <code>manager.last_run.categories</code>. "
         "Wall s: the tasks' calls; CPU s: their processes' CPU time then (above wall: "
@@ -85,13 +98,15 @@ def categories(summary: Summary) -> str:
         "allocated: what each task was allotted (0: no allotment), exhausted: tasks "
         "stopped past it; input: bytes of results the tasks read, output: bytes they "
         "made. A task run twice counts twice; failed: tasks that raised or whose process "
-        "died. MB and MiB: 2<sup>20</sup> bytes.</p>"
+        "died. MB and MiB: 2<sup>20</sup> bytes." + files_note + "</p>"
     )
 
 
-def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any, ...]:
+def _row(
+    name: Any, fields: dict[str, Any], allocated: bool = True, files: bool = False
+) -> tuple[Any, ...]:
     wall, cpu = _number(fields, "wall_s"), _number(fields, "cpu_s")
-    return (
+    row: tuple[Any, ...] = (
         name,
         f"{int(_number(fields, 'tasks')):,}",
         amount(wall),
@@ -104,6 +119,9 @@ def _row(name: Any, fields: dict[str, Any], allocated: bool = True) -> tuple[Any
         amount(_number(fields, "output_bytes") / MB),
         f"{int(_number(fields, 'failed')):,}",
     )
+    if files:
+        row += tuple(amount(_number(fields, field) / MB) for field in _FILE_FIELDS)
+    return row
 
 
 def _peak(fields: dict[str, Any]) -> str:

@@ -46,8 +46,10 @@ class RunInfo:
     #: ``key_split``): ``tasks``, ``wall_s``, ``cpu_s``, ``peak_memory_mb`` (MiB, a float:
     #: the most one task grew its process above its size as the task began; a small task's
     #: is often 0 or a fraction), ``allocated_memory_mb`` and ``exhausted`` (0: no
-    #: allocations yet), ``input_bytes`` and ``output_bytes`` (results read and made), and
-    #: ``failed`` (tasks that raised or crashed); empty like ``run_seconds``. The event
+    #: allocations yet), ``input_bytes`` and ``output_bytes`` (results read and made),
+    #: ``failed`` (tasks that raised or crashed), and ``file_bytes_from_storage``,
+    #: ``_from_cache`` and ``_from_peers`` (the remote files obtained through the nodes'
+    #: input cache, ``cache_inputs``); empty like ``run_seconds``. The event
     #: log's "categories" record and the report's table are these figures
     categories: dict[str, Category] = field(default_factory=dict)
     #: tasks whose result matched, byte for byte, a re-run's on another worker

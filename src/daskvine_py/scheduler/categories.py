@@ -34,6 +34,9 @@ class Category:
         "input_bytes",
         "output_bytes",
         "failed",
+        "file_bytes_from_storage",
+        "file_bytes_from_cache",
+        "file_bytes_from_peers",
     )
 
     def __init__(self) -> None:
@@ -55,6 +58,12 @@ class Category:
         self.output_bytes = 0
         #: its tasks that raised or whose process died (``TaskErred``, ``TaskCrashed``)
         self.failed = 0
+        #: bytes of the remote files its tasks obtained through their nodes' input cache
+        #: (``TaskDone.inputs``; whole files, each counted once per task that read it):
+        #: fetched from their servers, found in the node's cache, fetched from a peer
+        self.file_bytes_from_storage = 0
+        self.file_bytes_from_cache = 0
+        self.file_bytes_from_peers = 0
 
     def allot(self, allocated: int) -> None:
         mb = allocated / _MB
@@ -67,7 +76,16 @@ class Category:
             f"cpu_s={self.cpu_s:.3f}, peak_memory_mb={self.peak_memory_mb:.1f}, "
             f"allocated_memory_mb={self.allocated_memory_mb:.1f}, "
             f"exhausted={self.exhausted}, input_bytes={self.input_bytes}, "
-            f"output_bytes={self.output_bytes})"
+            f"output_bytes={self.output_bytes}"
+            + (
+                f", file_bytes_from_storage={self.file_bytes_from_storage}, "
+                f"file_bytes_from_cache={self.file_bytes_from_cache}, "
+                f"file_bytes_from_peers={self.file_bytes_from_peers})"
+                if self.file_bytes_from_storage
+                or self.file_bytes_from_cache
+                or self.file_bytes_from_peers
+                else ")"
+            )
         )
 
     def fields(self) -> dict[str, float | int]:
@@ -114,6 +132,20 @@ class Categories(dict[str, Category]):
             category.input_bytes += read
         if allocated:
             category.allot(allocated)
+
+    def files(self, name: str, reads: Sequence[tuple[str, int, int]]) -> None:
+        """A task of category ``name`` obtained these input files (``TaskDone.inputs``:
+        ``(url, bytes, source)``; source 0 storage, 1 the node's cache, 2 a peer)."""
+        category = self.get(name)
+        if category is None:
+            category = self[name] = Category()
+        for _, nbytes, source in reads:
+            if source == 0:
+                category.file_bytes_from_storage += nbytes
+            elif source == 1:
+                category.file_bytes_from_cache += nbytes
+            else:
+                category.file_bytes_from_peers += nbytes
 
     def fail(self, name: str) -> None:
         """A task of category ``name`` raised, or its process died."""

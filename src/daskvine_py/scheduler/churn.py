@@ -30,6 +30,7 @@ import math
 from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.constraints import retries_of
+from daskvine_py.scheduler.locality import files_lost
 from daskvine_py.scheduler.messages import WorkerLost
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
@@ -163,6 +164,7 @@ class Churn:
             if not task.who_has and task.state == "memory":
                 lost.append(task)
         worker.has_what.clear()
+        files_lost(worker)
         no_fault = ev.reason.startswith(NO_FAULT)
         for task in list(worker.processing):
             if self.tasks.get(task.id) is not task:

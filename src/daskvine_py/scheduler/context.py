@@ -41,6 +41,7 @@ from daskvine_py.scheduler.messages import Instruction, NewTask, RunCache, Send,
 from daskvine_py.scheduler.records import (
     Drop,
     DurationEstimates,
+    InputFile,
     RunRecord,
     TaskRecord,
     TaskStateName,
@@ -197,6 +198,7 @@ class Context:
         "out",
         "cache_runs",
         "durations",
+        "input_files",
         "heard",
         "now",
         "batch",
@@ -247,6 +249,8 @@ class Context:
         self.cache_runs: dict[int, CacheRun] = {}
         #: task durations per prefix (``Faults`` observes them, ``Saturation`` reads them)
         self.durations = DurationEstimates()
+        #: the remote input files the tasks read, by URL (``InputFile``)
+        self.input_files: dict[str, InputFile] = {}
         #: per worker, the latest ``sent_at`` of a task it reported on: it has read every
         #: record the manager sent it before that, one connection keeping their order
         #: (``Faults`` writes it; ``Faults`` and ``Claims`` judge by it, not by the clock)

@@ -1,11 +1,13 @@
 """Where tasks go for their inputs: locality targets, sending ahead, siblings together.
 
 A component of ``state.SchedulerState``. A ready task is queued for the worker holding most
-of its input bytes (``target``); a task whose inputs are all being computed on one
-worker is sent there before they are done (``send_ahead``), so the worker starts it
-without a manager round trip; and tasks without inputs, which have no locality of their
-own, are queued for the worker that took a sibling (``pull_siblings``), so the inputs of
-one reader meet instead of one of them crossing between workers.
+of its input bytes (``target``): its inputs' results, and the remote files it reads where
+a worker's node holds them in its input cache (``files_held``, from ``TaskDone.inputs``);
+a task whose inputs are all being computed on one worker is sent there before they are
+done (``send_ahead``), so the worker starts it without a manager round trip; and tasks
+without inputs, which have no locality of their own, are queued for the worker that took
+a sibling (``pull_siblings``), so the inputs of one reader meet instead of one of them
+crossing between workers.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.messages import WorkerId
-from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
+from daskvine_py.scheduler.records import InputFile, TaskRecord, WorkerRecord
 
 if TYPE_CHECKING:
     from daskvine_py.scheduler.context import Context
@@ -29,14 +31,42 @@ SIBLING_READERS = 4
 SIBLING_INPUTS = 8
 
 
+def files_held(
+    files: dict[str, InputFile], worker: WorkerRecord, reads: tuple[tuple[str, int, int], ...]
+) -> None:
+    """``worker``'s task obtained these files through its node's input cache
+    (``TaskDone.inputs``): the node holds them now, whatever their source."""
+    for url, nbytes, _ in reads:
+        file = files.get(url)
+        if file is None:  # read though not found in its arguments: its later readers may be
+            file = files[url] = InputFile(url)
+        file.nbytes = nbytes
+        if worker not in file.holders:
+            file.holders.add(worker)
+            worker.files.add(file)
+
+
+def files_lost(worker: WorkerRecord) -> None:
+    """``worker`` left: the files of its node are no longer known there."""
+    for file in worker.files:
+        file.holders.discard(worker)
+    worker.files.clear()
+
+
 def target(task: TaskRecord, full: set[WorkerRecord]) -> WorkerId | None:
-    """The worker holding most of the task's input bytes, if any (not a ``full`` one)."""
-    if not task.deps:
+    """The worker holding most of the task's input bytes, if any (not a ``full`` one):
+    its inputs' results, and the remote files it reads where a node's input cache holds
+    them (``reads``)."""
+    if not task.deps and not task.reads:
         return None
     held: dict[WorkerRecord, int] = {}
     for dep in task.deps:
         size = dep.nbytes + 1
         for holder in dep.who_has:
+            held[holder] = held.get(holder, 0) + size
+    for file in task.reads:
+        size = file.nbytes + 1
+        for holder in file.holders:
             held[holder] = held.get(holder, 0) + size
     if full:
         held = {w: size for w, size in held.items() if not w.full}

@@ -90,6 +90,9 @@ class NewTask(NamedTuple):
     #: dependents in the whole graph, when the run arrives in several parts; None: count
     #: them from the dependencies that arrive in the same event
     dependents: int | None = None
+    #: the URLs of the remote files it reads through the input cache (``cache_inputs``,
+    #: found in its arguments): it is placed where they are held, as for its inputs
+    inputs: tuple[str, ...] = ()
 
 
 class SubmitRun(NamedTuple):

@@ -41,6 +41,7 @@ class WorkerRecord:
         "quarantined",
         "errors",
         "gpus",
+        "files",
     )
 
     def __init__(
@@ -82,9 +83,28 @@ class WorkerRecord:
         #: its tasks' errors and crashes since its last task done: while any, it is no
         #: thief (``stealing``), and retries go elsewhere first (``faults``)
         self.errors = 0
+        #: input files its node's input cache holds, as its tasks reported them
+        self.files: set[InputFile] = set()
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
+
+
+class InputFile:
+    """A remote file tasks read through their nodes' input cache (``cache_inputs``): its
+    bytes, as the last report said (0: unknown yet), and the workers whose node holds it.
+    The readers of a file go where it is (``locality.target``), as readers of a result do.
+    """
+
+    __slots__ = ("url", "nbytes", "holders")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.nbytes = 0
+        self.holders: set[WorkerRecord] = set()
+
+    def __repr__(self) -> str:
+        return f"<InputFile {self.url} {self.nbytes} bytes on {len(self.holders)}>"
 
 
 class RunRecord:
@@ -210,6 +230,7 @@ class TaskRecord:
         "memory",
         "asks",
         "made_by",
+        "reads",
     )
 
     def __init__(
@@ -277,6 +298,8 @@ class TaskRecord:
         #: failure caused by an input implicates the input's producer); None: not
         #: computed yet, or read from the cache
         self.made_by: WorkerRecord | None = None
+        #: the remote files it reads (``NewTask.inputs``): placed beside them too
+        self.reads: tuple[InputFile, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

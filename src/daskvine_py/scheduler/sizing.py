@@ -162,6 +162,8 @@ class Sizing:
         task.run.categories.done(
             size.name, msg.duration, msg.cpu, peak, msg.nbytes, task.deps, task.memory
         )
+        if msg.inputs:
+            task.run.categories.files(size.name, msg.inputs)
         if size.measured and peak <= size.peak and size.mode == "max":
             size.tasks += 1  # (the common case: nothing changes)
             return

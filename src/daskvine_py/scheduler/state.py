@@ -74,7 +74,13 @@ from daskvine_py.scheduler.copies import Copies
 from daskvine_py.scheduler.dispatch import Dispatch
 from daskvine_py.scheduler.failures import Failures
 from daskvine_py.scheduler.faults import Faults
-from daskvine_py.scheduler.locality import CHAIN_AHEAD, SIBLING_INPUTS, Locality, target
+from daskvine_py.scheduler.locality import (
+    CHAIN_AHEAD,
+    SIBLING_INPUTS,
+    Locality,
+    files_held,
+    target,
+)
 from daskvine_py.scheduler.messages import (
     RUN_PRIORITY_BITS,
     AbortRun,
@@ -376,6 +382,8 @@ class SchedulerState:
         run = task.run
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
+        if msg.inputs:
+            files_held(self.ctx.input_files, worker, msg.inputs)
         run.serialization_seconds += msg.serialization
         for hook in self._done_hooks:  # (sizing, faults: the task is still processing)
             hook(task, worker, msg)

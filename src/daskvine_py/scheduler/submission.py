@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.messages import RUN_PRIORITY_BITS, ExtendRun, NewTask, SubmitRun
-from daskvine_py.scheduler.records import RunRecord, TaskRecord
+from daskvine_py.scheduler.records import InputFile, RunRecord, TaskRecord
 
 if TYPE_CHECKING:
     from daskvine_py.scheduler.context import Context
@@ -23,12 +23,22 @@ if TYPE_CHECKING:
 class Submission:
     """Adds the tasks of runs submitted and extended; see the module docstring.
 
-    It shares the context's ``runs``, ``tasks`` and ``cache_runs`` (tested for
-    emptiness); ``new_id`` gives task ids; ``mark`` (``Constraints.mark``), ``sample``
+    It shares the context's ``runs``, ``tasks``, ``input_files`` and ``cache_runs``
+    (tested for emptiness); ``new_id`` gives task ids; ``mark`` (``Constraints.mark``), ``sample``
     (``Verification.added``) and ``caching`` the other components'.
     """
 
-    __slots__ = ("runs", "tasks", "transition", "new_id", "mark", "sample", "caching", "cache_runs")
+    __slots__ = (
+        "runs",
+        "tasks",
+        "transition",
+        "new_id",
+        "mark",
+        "sample",
+        "caching",
+        "cache_runs",
+        "input_files",
+    )
 
     def __init__(self, ctx: Context) -> None:
         self.runs = ctx.runs
@@ -39,6 +49,18 @@ class Submission:
         self.sample = ctx.verification.added
         self.caching = ctx.caching
         self.cache_runs = ctx.cache_runs
+        self.input_files = ctx.input_files
+
+    def input_files_of(self, urls: tuple[str, ...]) -> tuple[InputFile, ...]:
+        """The records of the files a task reads (made on first sight)."""
+        files = self.input_files
+        found = []
+        for url in urls:
+            file = files.get(url)
+            if file is None:
+                file = files[url] = InputFile(url)
+            found.append(file)
+        return tuple(found)
 
     def on_submit(self, ev: SubmitRun) -> None:
         if ev.run_id in self.runs:
@@ -72,6 +94,8 @@ class Submission:
             if new.dependents is not None:
                 record.waiters = new.dependents
                 record.unread = record.is_output and not new.dependents
+            if new.inputs:
+                record.reads = self.input_files_of(new.inputs)
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))

@@ -47,6 +47,9 @@ from daskvine_py.wire.records import (
     FROM_CLIENT,
     FROM_PEER,
     INLINE_BYTES,
+    INPUT_FROM_CACHE,
+    INPUT_FROM_PEER,
+    INPUT_FROM_STORAGE,
     SPILL_LANE,
     TO_CLIENT,
     TO_MANAGER,
@@ -120,6 +123,9 @@ __all__ = [
     "Bar",
     "Cancel",
     "FETCH_LANE",
+    "INPUT_FROM_CACHE",
+    "INPUT_FROM_PEER",
+    "INPUT_FROM_STORAGE",
     "SPILL_LANE",
     "Data",
     "DepLocation",
@@ -196,7 +202,7 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

@@ -74,6 +74,20 @@ class TaskDone(NamedTuple):
     #: high-water mark while it ran, less its resident size when it began; 0: not measured
     cpu: float = 0.0
     peak_memory: int = 0
+    #: the input files it obtained through the node's input cache (``daskvine_py.inputs``):
+    #: ``(url, bytes, source)``, source one of ``INPUT_FROM_STORAGE``, ``INPUT_FROM_CACHE``,
+    #: ``INPUT_FROM_PEER``. The worker's node holds each of them now: the manager places the
+    #: next readers of those files here (``scheduler.input_files``)
+    inputs: tuple[tuple[str, int, int], ...] = ()
+
+
+#: ``TaskDone.inputs``: where a file came from: fetched from its server by this task, found
+#: in the node's cache (fetched before, or by another process of the node), from a peer.
+INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER = 0, 1, 2
+#: The most files one ``TaskDone`` names (more are dropped by the worker, not sent).
+MAX_INPUT_FILES = 1024
+#: The longest URL of an input file the wire takes.
+MAX_INPUT_URL = 4096
 
 
 class TaskErred(NamedTuple):

@@ -362,6 +362,49 @@ def _imported_by(code: types.CodeType) -> frozenset[str]:
     )
 
 
+#: The URL schemes ``urls_in`` finds: those the input cache fetches (``daskvine_py.inputs``).
+URL_SCHEMES = (b"root://", b"http://", b"https://")
+_SHORT_BINUNICODE, _BINUNICODE = 0x8C, 0x58  # pickle's opcodes for str (1- and 4-byte lengths)
+
+
+def urls_in(payload: bytes, schemes: tuple[bytes, ...] = URL_SCHEMES) -> tuple[str, ...]:
+    """The URLs a task's payload holds as strings of their own (an argument, an item of a
+    tuple or dict argument: how uproot's and coffea's chunk tasks name their file), each
+    once, in order; what a task reads is placed by them (``cache_inputs``).
+
+    Reads the pickle's string opcodes at each scheme found, without unpickling anything:
+    one scan of the payload in C when it names none (``find``), which is the usual case.
+    A URL inside a longer string, or in the function's own bytes (the function table),
+    is not found."""
+    if payload.find(b"://") < 0:
+        return ()
+    found: dict[str, None] = {}
+    for scheme in schemes:
+        start = payload.find(scheme)
+        while start >= 0:
+            url = _string_at(payload, start)
+            if url is not None and len(url) > len(scheme) and len(url.split()) == 1:
+                found[url] = None  # (not a text that begins with a scheme)
+            start = payload.find(scheme, start + len(scheme))
+    return tuple(found)
+
+
+def _string_at(payload: bytes, start: int) -> str | None:
+    """The pickled ``str`` that begins at ``start``, if one does."""
+    if start >= 2 and payload[start - 2] == _SHORT_BINUNICODE:
+        length = payload[start - 1]
+    elif start >= 5 and payload[start - 5] == _BINUNICODE:
+        length = int.from_bytes(payload[start - 4 : start], "little")
+    else:
+        return None
+    if start + length > len(payload):
+        return None
+    try:
+        return payload[start : start + length].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class TaskDecoder:
     """Unpickles task payloads against resident functions, each deserialized once."""
 

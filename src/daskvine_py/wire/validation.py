@@ -17,6 +17,11 @@ from typing import Any, NamedTuple
 from daskvine_py.errors import ProtocolError
 from daskvine_py.options import EXEC_MODES, TASK_MODES
 from daskvine_py.wire.records import (
+    INPUT_FROM_CACHE,
+    INPUT_FROM_PEER,
+    INPUT_FROM_STORAGE,
+    MAX_INPUT_FILES,
+    MAX_INPUT_URL,
     SPILL_LANE,
     Abort,
     Cancel,
@@ -135,6 +140,28 @@ def _texts(values: tuple[object, ...]) -> str | None:
         if type(value) is not str:
             return f"holds a {type(value).__name__}, not a str"
     return None
+
+
+def _input_files(values: tuple[object, ...]) -> str | None:
+    if len(values) > MAX_INPUT_FILES:
+        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
+    for value in values:
+        if not (
+            type(value) is tuple
+            and len(value) == 3
+            and type(value[0]) is str
+            and 0 < len(value[0]) <= MAX_INPUT_URL
+            and value[0].isprintable()
+            and type(value[1]) is int
+            and value[1] >= 0
+            and value[2] in _INPUT_SOURCES
+            and type(value[2]) is int
+        ):
+            return f"holds {shown(value)}, not (url, bytes, source)"
+    return None
+
+
+_INPUT_SOURCES = frozenset((INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER))
 
 
 def _text_pairs(values: tuple[object, ...]) -> str | None:
@@ -319,7 +346,17 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _ID,
         _SIZE,
     ),
-    TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
+    TaskDone: (
+        _ID,
+        _SIZE,
+        _SECONDS,
+        _VALUE,
+        _SECONDS,
+        _SECONDS,
+        _SECONDS,
+        _SIZE,
+        _Field(tuple, _input_files),
+    ),
     TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     TaskCrashed: (_ID, _TEXT),
     TaskExhausted: (_ID, _Field(str, _one_of(("memory", "budget"))), _SIZE, _SIZE),
@@ -395,9 +432,9 @@ _RULES: dict[type, _Rule] = {
 
 
 def _task_done_ok(m: Any) -> bool:
-    if len(m) != 8:
+    if len(m) != 9:
         return False
-    task_id, nbytes, duration, value, finished, serialization, cpu, peak = m
+    task_id, nbytes, duration, value, finished, serialization, cpu, peak, files = m
     return (
         type(task_id) is int
         and type(nbytes) is int
@@ -413,6 +450,7 @@ def _task_done_ok(m: Any) -> bool:
         and type(peak) is int
         and peak >= 0
         and (value is None or _serialized(value) is None)
+        and (files == () or (type(files) is tuple and _input_files(files) is None))
     )
 
 

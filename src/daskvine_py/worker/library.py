@@ -510,15 +510,23 @@ def install_inputs(worker_name: str) -> ImportHoistingError | None:
         from daskvine_py import inputs
 
         inputs.install()
-    except BaseException as exc:  # fsspec-xrootd not installed in the environment...
-        error = ImportHoistingError(
-            "daskvine_py.inputs (cache_inputs=True needs fsspec and fsspec-xrootd)",
-            worker_name,
-            f"{type(exc).__name__}: {exc}",
-        )
-        error.__cause__ = exc
-        return error
+    except ModuleNotFoundError as exc:
+        if exc.name in ("fsspec", "fsspec_xrootd"):
+            return None  # no fsspec root:// here to route: the API (local_path) still works
+        return _inputs_failed(exc, worker_name)
+    except BaseException as exc:  # the bindings broken in the environment...
+        return _inputs_failed(exc, worker_name)
     return None
+
+
+def _inputs_failed(exc: BaseException, worker_name: str) -> ImportHoistingError:
+    error = ImportHoistingError(
+        "daskvine_py.inputs (cache_inputs=True: its fsspec path needs fsspec-xrootd)",
+        worker_name,
+        f"{type(exc).__name__}: {exc}",
+    )
+    error.__cause__ = exc
+    return error
 
 
 def describe_exit(code: int | None) -> str:
@@ -564,9 +572,11 @@ def run(
     try:
         result = node(values)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from user code too
+        _files_read()  # (not the next task's)
         return _erred(task_id, exc, None)
     ended = time.perf_counter()
     cpu, peak = end(begun)
+    files = _files_read()
     values = None  # type: ignore[assignment]
     unpickling = began - start if unpickled else 0.0  # live inputs cost nothing
     keep_live = keep is True and live is not None  # (None: as False)
@@ -577,22 +587,29 @@ def run(
         if not send_result and (
             nbytes > SEND_SMALL_BYTES or type(result).__module__ not in SIZED_MODULES
         ):
-            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak, files)
     try:
         serialized = dumps(result)
     except Exception as exc:
         if keep_live and not send_result:  # small but unpicklable: it stays here only
-            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak)
+            return Done(task_id, None, ended - began, nbytes, True, unpickling, cpu, peak, files)
         if keep_live:
             live.pop(task_id, None)  # type: ignore[union-attr]
         error = SerializationError(key, "the result", f"{type(exc).__name__}: {exc}")
         return _erred(task_id, error, exc)
     seconds = unpickling + time.perf_counter() - ended
     nbytes = serialized.nbytes
-    return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak)
+    return Done(task_id, serialized, ended - began, nbytes, keep_live, seconds, cpu, peak, files)
 
 
 _ABSENT = object()
+
+
+def _files_read() -> tuple[tuple[str, int, int], ...]:
+    """The input files the task just run obtained through the node's input cache: none
+    unless it (or an earlier task) imported ``daskvine_py.inputs``."""
+    module = sys.modules.get("daskvine_py.inputs")
+    return () if module is None else module.take_reads()
 
 
 def _unpickling_error(key: Hashable, what: str, exc: Exception, worker_name: str) -> Exception:

@@ -94,6 +94,8 @@ class Done(NamedTuple):
     #: resident bytes: the process's peak while it ran less its size when it began
     cpu: float = 0.0
     peak_memory: int = 0
+    #: the input files the call obtained through the node's input cache (``TaskDone.inputs``)
+    inputs: tuple[tuple[str, int, int], ...] = ()
 
 
 class Exported(NamedTuple):

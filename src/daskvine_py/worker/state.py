@@ -978,7 +978,7 @@ class WorkerState:
         self._transition(task, "forgotten")
         out = self._out
         if type(reply) is pipe.Done:
-            task_id, value, duration, nbytes, live, serialization, cpu, peak = reply
+            task_id, value, duration, nbytes, live, serialization, cpu, peak, files = reply
             self.dispatch.recent_duration.observe(duration)
             start = wall - duration - serialization  # (``wall``: ``TaskDone.finished``)
             self.activity.add_task(lib or PROCESS_LANE, task.key, start, wall, serialization)
@@ -996,7 +996,9 @@ class WorkerState:
                 self._input_arrived(task_id, waiters)
             if value is not None and not task.want_result and not p.inlinable(value):
                 value = None
-            out.append(p.TaskDone(task_id, nbytes, duration, value, wall, serialization, cpu, peak))
+            out.append(
+                p.TaskDone(task_id, nbytes, duration, value, wall, serialization, cpu, peak, files)
+            )
         elif type(reply) is pipe.Erred:
             out.append(p.TaskErred(*reply))
         elif type(reply) is pipe.Missing:  # its producer failed: the manager decides

@@ -1,0 +1,198 @@
+"""Locality for input files: the manager learns which worker's node holds which remote file
+(``TaskDone.inputs``) and places the tasks that read it there, as it does for results; the
+report and the dashboard count the files' bytes by where they came from.
+
+The state is driven with literal records; the end-to-end test runs a real manager with
+two local workers, each with an input cache of its own (two "nodes"), reading files
+served over HTTP on 127.0.0.1 through ``daskvine_py.inputs``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import dask
+import pytest
+
+from daskvine_py import Manager, inputs
+from daskvine_py.errors import ProtocolError
+from daskvine_py.scheduler import state as s
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire.records import MAX_INPUT_FILES
+from daskvine_py.wire.serialize import TaskEncoder, dumps, urls_in
+from test_inputs import _Server, _write, http_server  # noqa: F401 (a fixture)
+
+W1, W2 = b"w1", b"w2"
+A = "root://eos.example.org//store/a.root"
+B = "https://data.example.org/b.root"
+
+
+def _joined(worker: bytes) -> s.WorkerJoined:
+    return s.WorkerJoined(worker, worker.decode(), 1, f"tcp://{worker.decode()}:1")
+
+
+def _executes(out: list[s.Instruction]) -> dict[str, bytes]:
+    """Task key -> the worker it was sent to."""
+    return {
+        i.message.key: i.worker for i in out if type(i) is s.Send and type(i.message) is p.Execute
+    }
+
+
+def _reading(run_id: int, files: dict[str, str]) -> s.SubmitRun:
+    """A run of independent tasks, key -> the file it reads, in priority order."""
+    tasks = [
+        s.NewTask(key, b"payload", (), (), priority, "read", 0, (url,))
+        for priority, (key, url) in enumerate(files.items())
+    ]
+    return s.SubmitRun(run_id, tasks, list(files), 0)
+
+
+def test_readers_of_a_file_go_where_a_task_obtained_it_and_bytes_count_by_source():
+    state = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    state.handle([_joined(W1), _joined(W2)])
+    placed = _executes(state.handle([_reading(1, {"r0": A, "r1": B})]))
+    assert sorted(placed.values()) == [W1, W2]
+    holder = {A: placed["r0"], B: placed["r1"]}
+    reads = {A: ((A, 100, p.INPUT_FROM_STORAGE),), B: ((B, 300, p.INPUT_FROM_STORAGE),)}
+    done = []
+    for task_id, (key, url) in enumerate((("r0", A), ("r1", B)), start=1):
+        value = p.TaskDone(task_id, 1, 0.01, None)._replace(inputs=reads[url])
+        done += state.handle([s.FromWorker(holder[url], value._replace(value=dumps(key)))])
+    (finished,) = [i for i in done if type(i) is s.RunDone]
+    (category,) = finished.categories.values()
+    assert category.file_bytes_from_storage == 400
+    assert category.file_bytes_from_cache == category.file_bytes_from_peers == 0
+
+    # The second run lists B's reader first: on its own it would go to the first worker.
+    placed = _executes(state.handle([_reading(2, {"s0": B, "s1": A})]))
+    assert placed == {"s0": holder[B], "s1": holder[A]}
+
+    # A worker that leaves takes its node's files with it: no target there any more.
+    lost = holder[B]
+    state.handle([s.WorkerLost(lost, "gone")])
+    assert not state.ctx.input_files[B].holders
+    assert all(file.holders.isdisjoint({lost}) for file in state.ctx.input_files.values())
+
+
+def test_urls_are_found_in_a_task_payload_as_strings_of_their_own():
+    encoder = TaskEncoder()
+    payload, _ = encoder.encode(
+        (
+            operator.getitem,
+            (A, "Events", 0, 100, False),
+            {"calibration": B},
+            "root:// alone",
+            "see root://x//y",
+        )
+    )
+    assert urls_in(payload) == (A, B)
+    plain, _ = encoder.encode((operator.add, "/store/a.root", 1))
+    assert urls_in(plain) == ()
+    long = "root://eos.example.org//" + "x" * 300 + ".root"  # a 4-byte length
+    payload, _ = encoder.encode((len, long))
+    assert urls_in(payload) == (long,)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ((A, -1, 0),),
+        ((A, 10, 3),),
+        ((A, 10, True),),
+        (("", 10, 0),),
+        ((A + "\n", 10, 0),),
+        ((A, 10),),
+        ((A, 10, 0),) * (MAX_INPUT_FILES + 1),
+    ],
+)
+def test_a_task_done_naming_bad_files_is_refused(files):
+    message = p.TaskDone(1, 1, 0.1, None)._replace(inputs=files)
+    with pytest.raises(ProtocolError, match="TaskDone"):
+        p.check_fields(message)
+    p.check_fields(message._replace(inputs=((A, 10, 0), (B, 0, 2))))
+
+
+def test_take_reads_names_each_file_once_by_its_first_source(
+    tmp_path,
+    monkeypatch,
+    http_server,  # noqa: F811
+):
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(inputs, "_caches", {})
+    _write(http_server.directory / "one.root", b"1" * 1000, 1_700_000_000)
+    _write(http_server.directory / "two.root", b"2" * 20, 1_700_000_000)
+    one, two = http_server.url("one.root"), http_server.url("two.root")
+    inputs.take_reads()
+    try:
+        inputs.local_path(one)
+        inputs.local_path(one)
+        inputs.local_path(two)
+        assert inputs.take_reads() == (
+            (one, 1000, inputs.FROM_STORAGE),
+            (two, 20, inputs.FROM_STORAGE),
+        )
+        assert inputs.take_reads() == ()
+        inputs.local_path(one)
+        assert inputs.take_reads() == ((one, 1000, inputs.FROM_CACHE),)
+        assert (inputs.FROM_STORAGE, inputs.FROM_CACHE, inputs.FROM_PEER) == (
+            p.INPUT_FROM_STORAGE,
+            p.INPUT_FROM_CACHE,
+            p.INPUT_FROM_PEER,
+        )
+    finally:
+        inputs.release()
+
+
+def read_size(url: str) -> int:
+    with inputs.open(url) as file:
+        return len(file.read())
+
+
+@pytest.mark.timeout(120)
+def test_a_second_run_reads_each_file_where_a_node_holds_it(
+    tmp_path,
+    monkeypatch,
+    http_server,  # noqa: F811
+):
+    """Two workers, each with a cache of its own (two nodes). The first run reads four
+    files on each, placed there by annotation; the second, with no annotation and its
+    tasks in another order, reads every file from the cache of the node that holds it:
+    not one byte from the server."""
+    sizes = {f"f{i}.root": 10_000 * (i + 1) for i in range(8)}
+    for name, size in sizes.items():
+        _write(http_server.directory / name, bytes([len(name)]) * size, 1_700_000_000)
+    urls = [http_server.url(name) for name in sizes]
+    total = sum(sizes.values())
+    with Manager() as manager:
+        for i in range(2):  # each worker's libraries inherit its cache
+            monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / f"node{i}"))
+            manager.start_workers(1, cores=2)
+        names = sorted(manager.workers)
+
+        first = []
+        for i, url in enumerate(urls):
+            with dask.annotate(workers=[names[i % 2]]):
+                first.append(dask.delayed(read_size)(url, dask_key_name=f"first-{i}"))
+        got = dask.compute(*first, scheduler=manager.get, cache_inputs=True)
+        assert list(got) == list(sizes.values())
+        (category,) = manager.last_run.categories.values()
+        assert category.file_bytes_from_storage == total
+        assert category.file_bytes_from_cache == 0
+        gets = http_server.count("GET")
+        assert gets == 8
+
+        second = [
+            dask.delayed(read_size)(url, dask_key_name=f"second-{i}")
+            for i, url in reversed(list(enumerate(urls)))
+        ]
+        got = dask.compute(*second, scheduler=manager.get, cache_inputs=True)
+        assert list(got) == list(reversed(sizes.values()))
+        assert http_server.count("GET") == gets  # nothing fetched from the server again
+        (category,) = manager.last_run.categories.values()
+        assert category.file_bytes_from_storage == 0
+        assert category.file_bytes_from_cache == total
+
+        page = tmp_path / "report.html"
+        manager.report(page)
+        assert "files from storage MB" in page.read_text()
+    assert dask.compute(*second, scheduler="sync") == tuple(reversed(sizes.values()))
