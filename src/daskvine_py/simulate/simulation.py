@@ -73,6 +73,12 @@ class Config:
     stall: tuple[float, float] = (0.05, 0.5)
     #: simulated seconds after which an unfinished run is a violation
     horizon: float = 900.0
+    #: tasks that read remote files (``Workload.reads``) are submitted naming them, so
+    #: the manager places them where a node's input cache holds them; False: not named
+    #: (their bytes are still reported and counted), for comparison
+    input_locality: bool = True
+    #: bytes of each node's input cache (0: no bound)
+    node_disk: int = 0
 
 
 @dataclass
@@ -133,6 +139,12 @@ class Simulation:
         self.cached = False
         #: per worker name: the last false claim the scheduler logged about it
         self.said: dict[str, str] = {}
+        #: the remote files a task reads, by key (the workloads'), and each file
+        #: obtained: (time, run, bytes, source: ``p.INPUT_FROM_*``)
+        self.reads: dict[wl.Key, tuple[str, int]] = {}
+        self.file_reads: list[tuple[float, int, int, int]] = []
+        #: the run submitted last (the one whose tasks read files now, runs one by one)
+        self.current_run = 0
 
     # -- the Host of the nodes ----------------------------------------------------------
 
@@ -273,6 +285,9 @@ class Simulation:
 
     # -- workers ----------------------------------------------------------------------------
 
+    def file_read(self, node: WorkerNode, url: str, nbytes: int, source: int) -> None:
+        self.file_reads.append((self.time, self.current_run, nbytes, source))
+
     def add_worker(self) -> WorkerNode:
         rng = self.rng
         name = f"w{self.next_worker}"
@@ -289,6 +304,8 @@ class Simulation:
             self._size,
             Faults(speed, oom, name == self.liar),
             clock,
+            reads=self.reads.get,
+            disk=self.config.node_disk,
         )
         self.workers[name] = node
         self.by_ident[node.identity] = node
@@ -345,6 +362,10 @@ class Simulation:
             # A kind is one function, as in Dask's graphs: the tasks that raise are theirs.
             raises = workload.graph.get(key, (None,))[0] is wl.boom
             prefix = "boom" if raises else _prefix(key)
+            read = workload.reads.get(key)
+            if read is not None:
+                self.reads[key] = read
+            named = (read[0],) if read is not None and self.config.input_locality else ()
             tasks.append(
                 NewTask(
                     key,
@@ -354,6 +375,7 @@ class Simulation:
                     plan.priorities[key],
                     prefix,
                     plan.dependents.get(key, 0),
+                    named,
                 )
             )
             self.durations.setdefault(key, _seconds(key, plan.nodes[key], workload))
@@ -368,6 +390,7 @@ class Simulation:
             run_id, tasks, plan.outputs, self.config.retries, encoder.functions, cache=cache
         )
         self.runs[run_id] = RunRecord(run_id, workload, wl.reference(workload), self.time)
+        self.current_run = run_id
         self.manager.submit(event)
         self._pass("manager")
 

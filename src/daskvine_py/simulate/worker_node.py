@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -91,6 +91,8 @@ class Host(Protocol):
 
     def died(self, node: WorkerNode) -> None: ...
 
+    def file_read(self, node: WorkerNode, url: str, nbytes: int, source: int) -> None: ...
+
 
 @dataclass
 class Faults:
@@ -137,8 +139,17 @@ class WorkerNode:
         clock: tuple[float, float] = (0.0, 1.0),
         manager_timeout: float = 30.0,
         fetch_timeout: float = 10.0,
+        reads: Callable[[Hashable], tuple[str, int] | None] | None = None,
+        disk: int = 0,
     ) -> None:
         self.host = host
+        #: the remote file a task reads, by key (``Workload.reads``), and this node's
+        #: input cache: URL -> bytes, least recently used first, bounded by ``disk``
+        #: (0: no bound), as ``daskvine_py.inputs`` keeps whole files on a node
+        self.reads = reads
+        self.disk = disk
+        self.files: OrderedDict[str, int] = OrderedDict()
+        self.files_bytes = 0
         self.name = name
         self.address = ADDRESS_PREFIX + name
         self.identity = name.encode()
@@ -406,6 +417,22 @@ class WorkerNode:
         if lib.running is None and lib.ready:
             self._next_call(lib)
 
+    def _obtain(self, url: str, nbytes: int) -> tuple[str, int, int]:
+        """A task of this node reads ``url``: from the node's cache, or fetched whole
+        from storage into it (the least recently used go past ``disk``)."""
+        files = self.files
+        if url in files:
+            files.move_to_end(url)
+            source = p.INPUT_FROM_CACHE
+        else:
+            source = p.INPUT_FROM_STORAGE
+            files[url] = nbytes
+            self.files_bytes += nbytes
+            while self.disk and self.files_bytes > self.disk and len(files) > 1:
+                self.files_bytes -= files.popitem(last=False)[1]
+        self.host.file_read(self, url, nbytes, source)
+        return (url, nbytes, source)
+
     def _next_call(self, lib: SimLibrary) -> None:
         if lib.dead or not lib.queue:
             lib.running = None
@@ -426,6 +453,9 @@ class WorkerNode:
             reply = library.run(call, lib.decoder, self.name, lib.live)
         if type(reply) is pipe.Done:  # the simulated time, never this machine's
             reply = reply._replace(duration=seconds, serialization=0.0, cpu=0.0, peak_memory=0)
+            read = self.reads(call.key) if self.reads is not None else None
+            if read is not None:
+                reply = reply._replace(inputs=(self._obtain(*read),))
             nbytes = self.sizes(call.key)
             if reply.value is not None and nbytes > p.INLINE_BYTES:
                 # As large as declared to the manager; a few kB travel, so that it goes

@@ -57,6 +57,9 @@ class Workload:
     durations: dict[Key, float] = field(default_factory=dict)
     #: bytes of each task's result, as reported (the value itself stays small)
     nbytes: dict[Key, int] = field(default_factory=dict)
+    #: the remote file each task reads through its node's input cache, and its bytes
+    #: (``with_inputs``): none, unless given
+    reads: dict[Key, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def raises(self) -> bool:
@@ -93,6 +96,28 @@ def make(shape: str, rng: random.Random, tasks: int, fail: float = 0.0) -> Workl
     for key in workload.graph:
         workload.durations[key] = _duration(rng)
         workload.nbytes[key] = rng.choice((8, 100, 1000, 100_000, 2_000_000))
+    return workload
+
+
+def with_inputs(
+    workload: Workload, total_bytes: int, chunks_per_file: int, rng: random.Random
+) -> Workload:
+    """``workload`` with its tasks that read no other (a DV3's loads) reading remote
+    files: ``chunks_per_file`` consecutive ones, on average, a chunk each of one file (as
+    an analysis splits its files into chunks), the files' sizes summing to about
+    ``total_bytes``."""
+    leaves = [key for key, task in workload.graph.items() if len(task) == 1]
+    files: list[list[Key]] = []
+    at = 0
+    while at < len(leaves):
+        count = max(1, round(rng.uniform(0.5, 1.5) * chunks_per_file))
+        files.append(leaves[at : at + count])
+        at += count
+    per_chunk = total_bytes // max(1, len(leaves))
+    for i, chunks in enumerate(files):
+        url = f"root://storage.example.org//store/file-{i}.root"
+        for key in chunks:
+            workload.reads[key] = (url, per_chunk * len(chunks))
     return workload
 
 
