@@ -205,6 +205,7 @@ Event = (
 ToWorker = (
     p.Execute
     | p.RunConfig
+    | p.RunEnded
     | p.Function
     | p.Release
     | p.Cancel

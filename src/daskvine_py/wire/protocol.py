@@ -81,6 +81,7 @@ from daskvine_py.wire.records import (
     Replicate,
     RetireWorker,
     RunConfig,
+    RunEnded,
     Shutdown,
     Started,
     Status,
@@ -151,6 +152,7 @@ __all__ = [
     "Replicate",
     "RetireWorker",
     "RunConfig",
+    "RunEnded",
     "Software",
     "Environment",
     "Code",
@@ -196,7 +198,7 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; checked when a worker registers.
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 #: How the first frame of a pickled batch begins (a plain one: ``PLAIN_MAGIC``).
 MAGIC = b"dvp"
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from daskvine_py.errors import ProtocolError
-from daskvine_py.options import EXEC_MODES, TASK_MODES
+from daskvine_py.options import EXEC_MODES, INPUT_LIFETIMES, TASK_MODES
 from daskvine_py.wire.records import (
     SPILL_LANE,
     Abort,
@@ -42,6 +42,7 @@ from daskvine_py.wire.records import (
     Replicate,
     RetireWorker,
     RunConfig,
+    RunEnded,
     Shutdown,
     Started,
     Status,
@@ -347,8 +348,9 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _FLAG,
         _Field((Software, type(None)), _software),
         _Field(tuple, _named_files),
-        _FLAG,
+        _Field(str, _one_of(("", *INPUT_LIFETIMES))),
     ),
+    RunEnded: (_ID,),
     Execute: (
         _ID,
         _KEY,
