@@ -1,7 +1,8 @@
 """The node's input cache: whole remote files, each named by what identifies its content.
 
 One directory serves every worker and library of a node (node-local: under the temp
-directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them::
+directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them; what it
+keeps of theirs, and how long, is the claims' (**Lifetimes**, below)::
 
     root/
       entries/<key>/<name>         the input's bytes; <name> is the URL's last part, so
