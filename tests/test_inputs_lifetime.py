@@ -339,3 +339,29 @@ def test_lifetimes_end_to_end(served, tmp_path):
         time.sleep(0.5)
         assert len(_entries(root)) == len(FILES)
     assert len(_entries(root)) == len(FILES)
+
+
+def test_a_worker_stopped_by_a_signal_leaves_nothing(served, tmp_path):
+    """SIGTERM: the worker cleans up as it exits. SIGKILL: it cannot; the next worker of
+    the node drops the dead one's claims as it starts, and what they kept goes."""
+    import signal
+
+    from daskvine_py import Manager
+
+    root = tmp_path / "node"
+    with Manager() as manager:
+        (first,) = manager.start_workers(1, cores=1)
+        assert _run(manager, served, "worker") == len(FILES)
+        assert len(_entries(root)) == len(FILES)
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+        assert _wait_for(lambda: _entries(root) == set()), _entries(root)
+
+        (second,) = manager.start_workers(1, cores=1)
+        assert _run(manager, served, "worker") == len(FILES)
+        second.kill()
+        second.wait(30)
+        time.sleep(0.5)
+        assert len(_entries(root)) == len(FILES)  # nobody to clean up
+        manager.start_workers(1, cores=1)
+        assert _wait_for(lambda: _entries(root) == set()), _entries(root)

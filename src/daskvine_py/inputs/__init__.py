@@ -65,7 +65,9 @@ and no process uses it: it stays as long as the longest lifetime anyone asked fo
 "run" cleanup never removes what another worker keeps for ever or for its life), and one
 still in use is left for a later cleanup (``store``). Outside a run with
 ``cache_inputs`` (a task that calls ``local_path`` itself), a library claims for its
-worker's life; a process that no worker started, for ever.
+worker's life (which the worker holds from its first run with ``cache_inputs`` on; before
+that, the node's next cleanup takes such a claim for a dead worker's); a process that no
+worker started, for ever.
 
 **The transparent path: uproot through fsspec.** uproot 5 opens every path or URL it is
 given as a string with ``uproot.source.fsspec.FSSpecSource`` unless a ``handler=`` is
