@@ -761,7 +761,11 @@ VALID = {
         _TEXTS,
         st.lists(st.tuples(_TEXT, _TEXT), max_size=2).map(tuple),
         st.booleans(),
+        st.none(),
+        st.just(()),
+        st.sampled_from(["", "run", "worker", "forever"]),
     ),
+    p.RunEnded: (_ID,),
     p.Execute: (
         _ID,
         _KEY,

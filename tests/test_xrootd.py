@@ -277,7 +277,8 @@ def test_with_cache_inputs_each_file_is_read_once_per_node_and_a_second_run_read
 ):
     """``cache_inputs=True``: the Dask path's tasks read root:// files through the node's
     input cache (two workers of one node share it): each file is fetched whole, once,
-    and a second run opens nothing on the server. Bit-exact against local files."""
+    and a second run on the same workers opens nothing on the server. Bit-exact against
+    local files. The files go as the workers exit (True is "worker")."""
     from coffea import processor
 
     from daskvine_py import Manager
@@ -301,5 +302,7 @@ def test_with_cache_inputs_each_file_is_read_once_per_node_and_a_second_run_read
                 assert all(len(pids) == 1 for pids in opened.values()), opened
             else:
                 assert opened == {}, opened
-    cached = [p for p in (tmp_path / "inputs").rglob("*.root") if p.is_file()]
-    assert sorted(p.stat().st_size for p in cached) == sorted(os.path.getsize(f) for f in files)
+        cached = [p for p in (tmp_path / "inputs").rglob("*.root") if p.is_file()]
+        assert sorted(p.stat().st_size for p in cached) == sorted(os.path.getsize(f) for f in files)
+    # True is "worker": what they fetched went with them (``test_inputs_lifetime``)
+    assert not [p for p in (tmp_path / "inputs").rglob("*.root") if p.is_file()]

@@ -18,6 +18,9 @@ from typing import Any
 IGNORED_DASK_OPTIONS = frozenset({"num_workers", "chunksize", "pool"})
 
 TASK_MODES = ("function-calls", "tasks")
+#: How long a run's fetched inputs stay on the node (``cache_inputs``), shortest first:
+#: ``daskvine_py.inputs.LIFETIMES``.
+INPUT_LIFETIMES = ("run", "worker", "forever")
 EXEC_MODES = ("direct", "fork")
 #: How a category's memory allocation is chosen from its measured tasks
 #: (``scheduler.sizing``, docs/resources.md "Sizing categories").
@@ -28,6 +31,21 @@ WORKER_SETTINGS = {
     "lib_resources": "it shapes a worker's persistent library processes: pass it to "
     "start_workers(lib_resources=...) or give the worker --lib-cores/--lib-slots",
 }
+
+
+def input_lifetime(value: object) -> str:
+    """``cache_inputs`` as the lifetime's name: True is "worker", False and None are ""
+    (off); a ``ValueError`` naming the option for anything else."""
+    if value is True:
+        return "worker"
+    if value is False or value is None or value == "":
+        return ""
+    if isinstance(value, str) and value in INPUT_LIFETIMES:
+        return value
+    raise ValueError(
+        f"cache_inputs must be one of {INPUT_LIFETIMES} (how long a run's fetched inputs "
+        f'stay on the node), True ("worker"), False or None, not {value!r}'
+    )
 
 
 def check_environment(value: object) -> None:
@@ -143,10 +161,14 @@ class RunOptions:
     env_files: Mapping[str, str | os.PathLike[str]] = field(default_factory=dict)
     #: Tasks read ``root://`` inputs (uproot, coffea: through fsspec) from the node's input
     #: cache (``daskvine_py.inputs``): each file fetched whole, once per node, named by its
-    #: URL, size and modification time (a changed file is fetched again), kept across
-    #: runs within the worker's ``--disk``. A second run reads nothing from the storage;
-    #: the first reads every byte of each file, even columns it does not use.
-    cache_inputs: bool = False
+    #: URL, size and modification time (a changed file is fetched again), within the
+    #: worker's ``--disk``. A later run reads nothing from the storage while the files are
+    #: kept; the first reads every byte of each file, even columns it does not use. How
+    #: long they stay: ``"run"`` (removed as the run ends on each worker), ``"worker"``
+    #: (until the worker that read them exits; what ``True`` means: nothing outlives a
+    #: batch job's pilot), ``"forever"`` (across runs and worker restarts, bounded by size
+    #: only). False or None: off. Read as the lifetime's name ("" when off).
+    cache_inputs: bool | str | None = False
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
@@ -190,8 +212,7 @@ class RunOptions:
             raise ValueError(
                 f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
             )
-        if not isinstance(self.cache_inputs, bool):
-            raise ValueError(f"cache_inputs must be True or False, not {self.cache_inputs!r}")
+        object.__setattr__(self, "cache_inputs", input_lifetime(self.cache_inputs))
         if self.progress is not None and not isinstance(self.progress, bool):
             raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
         if self.cache is not None and not isinstance(self.cache, bool):

@@ -2,8 +2,7 @@
 
 A task that reads ``root://`` or ``http(s)://`` inputs reads them from storage every run,
 on every worker that runs one of its chunks. Here a node fetches each input once, keeps it
-in a directory shared by all its workers and libraries (and kept across runs and worker
-restarts), and hands tasks a local path::
+in a directory shared by all its workers and libraries, and hands tasks a local path::
 
     from daskvine_py import inputs
 
@@ -21,6 +20,7 @@ restarts), and hands tasks a local path::
 - ``take_reads()``: the files obtained since the last call, ``(url, bytes, source)``
   each: what a worker reports after each task (``TaskDone.inputs``), so that its manager
   knows which node holds which input and places the next readers there.
+- ``using(lifetime, run)``: the inputs read meanwhile are kept ``lifetime`` (below).
 
 **Named by content, never stale.** Each call asks the server once what its copy is (an
 XRootD stat: size, modification time, and checksum where the extended stat has one; an
@@ -48,13 +48,29 @@ retries: 0.5, 1 and 2 s), each time with a fresh stat; then ``InputUnavailable``
 the URL, the worker (``$DASKVINE_PY_WORKER_NAME``, else the host) and the last error. A
 file the server does not have is ``FileNotFoundError`` naming the URL at once.
 
-**In use.** A process holds a shared lock on every entry it has handed out, for the rest
-of its life (or until ``release()``), and no process of the node evicts an entry another
-holds. A path is a promise: a task may keep it, pass it to a library that opens it later,
-or open it twice, and a fetch by a neighbour must not remove it meanwhile. The price: a
-long-lived library process pins every input it ever read, and the cache may then exceed its
-bound (``$DASKVINE_PY_INPUT_CACHE_BYTES``) until those processes end or release; the worker
-can call ``release()`` between tasks, when no task holds a path.
+**In use.** A process holds a shared lock on every entry it has handed out, until
+``release()`` (or its end), and no process of the node removes an entry another holds. A
+path is a promise: a task may keep it, pass it to a library that opens it later, or open
+it twice, and a fetch by a neighbour must not remove it meanwhile. A library releases
+whenever none of its tasks of a ``cache_inputs`` run runs (``using``): a task's paths are
+its own while it runs, not after.
+
+**Lifetimes** (``get(cache_inputs=...)``). How long a run's fetched inputs stay on the
+node: ``"run"``, until the run ends on the worker that read them; ``"worker"`` (what
+``True`` means), until that worker exits (on ``Shutdown``, SIGTERM or SIGINT; a worker
+killed with SIGKILL leaves them to the next worker of the node, which removes them as it
+starts); ``"forever"``, kept across runs and worker restarts, bounded only by size
+(least recently used first). The worker names itself to its libraries
+(``$DASKVINE_PY_INPUT_OWNER``); a library's tasks of a run claim each input they read for
+that run's lifetime (``using``), with an empty file in the input's entry. The worker drops
+its claims as the run ends or as it exits, and an entry goes once no claim is left on it
+and no process uses it: it stays as long as the longest lifetime anyone asked for (a
+"run" cleanup never removes what another worker keeps for ever or for its life), and one
+still in use is left for a later cleanup (``store``). Outside a run with
+``cache_inputs`` (a task that calls ``local_path`` itself), a library claims for its
+worker's life (which the worker holds from its first run with ``cache_inputs`` on; before
+that, the node's next cleanup takes such a claim for a dead worker's); a process that no
+worker started, for ever.
 
 **The transparent path: uproot through fsspec.** uproot 5 opens every path or URL it is
 given as a string with ``uproot.source.fsspec.FSSpecSource`` unless a ``handler=`` is
@@ -72,9 +88,10 @@ back to None (fsspec); a ``handler=`` passed to ``uproot.open`` itself still byp
 cache. HTTP stays off this path: fsspec's HTTP filesystem serves far more than ROOT files
 (``local_path`` and ``open`` serve HTTP inputs).
 
-The cache: ``$DASKVINE_PY_INPUT_CACHE`` (the worker sets it for its libraries), else
-``daskvine_py-UID/inputs`` in the node's temp directory, bounded by
-``$DASKVINE_PY_INPUT_CACHE_BYTES`` (default 10 GiB; the worker passes its ``--disk``).
+The cache: ``$DASKVINE_PY_INPUT_CACHE``, else ``daskvine_py-UID/inputs`` in the node's
+temp directory, bounded by ``$DASKVINE_PY_INPUT_CACHE_BYTES`` (default 10 GiB). A worker
+sets both for its libraries and task processes: its ``--input-cache DIR`` (default that
+same temp directory) and its ``--disk`` (when given; else the default).
 
 - ``store``: the node's directory: entries named by content, locked, renamed, LRU;
 - ``remote``: the servers: one stat that names a copy, one fetch (XRootD, HTTP);
@@ -90,6 +107,7 @@ bottom modules: a task imports it in a library.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import os
 import socket
@@ -98,13 +116,22 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Iterator
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from daskvine_py.inputs import remote
-from daskvine_py.inputs.store import Identity, Incomplete, InputCache, default_root
+from daskvine_py.inputs.store import (
+    LIFETIMES,
+    Identity,
+    Incomplete,
+    InputCache,
+    claim,
+    default_root,
+)
 
 __all__ = [
+    "LIFETIMES",
     "InputUnavailable",
     "counters",
     "install",
@@ -113,6 +140,7 @@ __all__ = [
     "release",
     "take_reads",
     "uninstall",
+    "using",
 ]
 
 logger = logging.getLogger("daskvine_py.inputs")
@@ -135,6 +163,9 @@ DEFAULT_LIMIT = 10 * 2**30
 FROM_STORAGE, FROM_CACHE, FROM_PEER = 0, 1, 2
 #: Reads kept until taken: a process that never takes them (not a worker's) keeps the last.
 READS_KEPT = 1024
+#: The variable that names the worker whose library this is, in the claims its tasks
+#: make (``store.claim``): set by the worker for its libraries.
+OWNER_VARIABLE = "DASKVINE_PY_INPUT_OWNER"
 
 
 class InputUnavailable(OSError):
@@ -161,6 +192,8 @@ _caches: dict[str, InputCache] = {}
 _counters = {"bytes_from_storage": 0, "bytes_from_cache": 0, "files_fetched": 0, "cache_hits": 0}
 #: files handed out since the last ``take_reads``
 _reads: deque[tuple[str, int, int]] = deque(maxlen=READS_KEPT)
+#: (lifetime, run) -> calls of that run running now in this process (``using``)
+_using: dict[tuple[str, int], int] = {}
 
 
 def counters() -> dict[str, int]:
@@ -280,12 +313,49 @@ def open(url: str, mode: str = "rb") -> IO[Any]:
 
 
 def release() -> None:
-    """Let the node evict the inputs this process has used (the paths handed out before
-    may then go): for the worker, between tasks, when no task holds a path."""
+    """Let the node remove the inputs this process has used (the paths handed out before
+    may then go): for a library, between tasks, when no task holds a path."""
     with _lock:
         caches = list(_caches.values())
     for cache in caches:
         cache.release()
+    filesystem = sys.modules.get("daskvine_py.inputs.filesystem")
+    if filesystem is not None:  # its paths are looked up (and held) again when read
+        filesystem.forget()
+
+
+@contextlib.contextmanager
+def using(lifetime: str, run: int = 0) -> Iterator[None]:
+    """The inputs read meanwhile (by any thread of this process) are claimed for
+    ``lifetime`` (``LIFETIMES``), of run ``run`` for ``"run"``; once no ``using`` of this
+    process is left, ``release()``. A library wraps each call of a ``cache_inputs`` run
+    in it."""
+    if lifetime not in LIFETIMES:
+        raise ValueError(f"cache_inputs must be one of {LIFETIMES}, not {lifetime!r}")
+    scope = (lifetime, run if lifetime == "run" else 0)
+    with _lock:
+        _using[scope] = _using.get(scope, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            left = _using.pop(scope) - 1
+            if left:
+                _using[scope] = left
+            idle = not _using
+        if idle:
+            release()
+
+
+def _claims() -> list[str]:
+    """What an input read now is claimed for: each run's lifetime ``using`` names (several
+    runs at once: each of theirs), else the worker's life in a library, else for ever."""
+    owner = os.environ.get(OWNER_VARIABLE, "")
+    with _lock:
+        scopes = list(_using) or [("worker", 0)]
+    if not owner:
+        return ["forever"]
+    return [claim(lifetime, owner, run) for lifetime, run in scopes]
 
 
 def _attempt(cache: InputCache, url: str) -> str:
@@ -305,6 +375,7 @@ def _attempt(cache: InputCache, url: str) -> str:
         _add("bytes_from_cache", identity.size)
     with _lock:
         _reads.append((url, identity.size, FROM_STORAGE if fetched else FROM_CACHE))
+    cache.claim(identity.key, _claims())
     return path
 
 

@@ -1,7 +1,8 @@
 """The node's input cache: whole remote files, each named by what identifies its content.
 
 One directory serves every worker and library of a node (node-local: under the temp
-directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them::
+directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them; what it
+keeps of theirs, and how long, is the claims' (**Lifetimes**, below)::
 
     root/
       entries/<key>/<name>         the input's bytes; <name> is the URL's last part, so
@@ -9,8 +10,10 @@ directory unless ``$DASKVINE_PY_INPUT_CACHE`` says otherwise), and outlives them
       entries/<key>/<name>.part    one being fetched
       entries/<key>/.complete      written last (JSON: url, size, version); its mtime is
                                    the entry's last use
+      entries/<key>/.claim.<claim> who wants it kept, and how long (below)
       locks/<key>.lock             exclusive while one process fetches (or removes) it
       locks/<key>.use              shared while a process uses it
+      owners/<owner>.lock          exclusive while the worker ``owner`` lives
 
 ``key`` is the sha256 of the URL with the size and the version (modification time, ETag,
 checksum) its server reported: a changed copy on the server has another key, so an entry
@@ -30,6 +33,20 @@ entry and keeps it (see ``InputCache.use``), so nothing a process may still read
 removed. The lock files themselves stay (an empty pair per input ever seen): removing a
 lock file another process waits on would let two processes hold "the" lock.
 
+**Lifetimes.** Whoever uses an entry claims it, once per lifetime asked for, with an
+empty file in the entry: ``.claim.forever`` (kept across runs and worker restarts),
+``.claim.worker.<owner>`` (until the worker ``owner`` exits) or ``.claim.run.<run>.<owner>``
+(until run ``run`` ends on that worker). A cleanup (``end_run``, ``end_worker``, ``tidy``)
+drops the claims it ends, and those of owners that are dead (their ``owners/`` lock free:
+a worker killed with SIGKILL), then removes each entry that no claim is left on. So an
+entry stays as long as the longest lifetime anyone asked for: a "run" cleanup never
+removes what another worker fetched for ever, or uses for its own life or run. Nor does
+it remove an entry in use (its ``.use`` lock) or being fetched: that entry is spared,
+claimless, and the next cleanup of the node removes it once it is free. An entry with no
+claim at all (spared so, or left by a process that died before it claimed it) goes at
+any cleanup. The size bound (``evict``) ignores claims: it removes the least recently
+used entries nobody uses, whatever was asked of them.
+
 The same shape as ``daskvine_py.software.node_cache`` (the software's per-node cache),
 for single files rather than unpacked trees.
 """
@@ -43,12 +60,13 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 logger = logging.getLogger("daskvine_py.inputs")
@@ -56,6 +74,51 @@ logger = logging.getLogger("daskvine_py.inputs")
 COMPLETE = ".complete"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[^0-9A-Za-z._-]")
+
+#: How long a run's fetched inputs stay on the node, shortest first: until the run ends on
+#: the worker, until the worker exits, or for ever (within the size bound).
+LIFETIMES = ("run", "worker", "forever")
+#: What names a claim's file in its entry: ``.claim.`` + the claim (``claim``).
+CLAIM = ".claim."
+#: A worker's name in claims (``owner``): letters, digits, ``_`` and ``-``.
+_OWNER = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def claim(lifetime: str, owner: str = "", run: int = 0) -> str:
+    """The claim a use with ``lifetime`` makes: ``forever``, ``worker.<owner>`` or
+    ``run.<run>.<owner>``."""
+    if lifetime == "forever":
+        return "forever"
+    if not _OWNER.fullmatch(owner):
+        raise ValueError(f"not an input cache owner: {owner!r}")
+    if lifetime == "worker":
+        return f"worker.{owner}"
+    if lifetime == "run":
+        return f"run.{int(run)}.{owner}"
+    raise ValueError(f"an input's lifetime is one of {LIFETIMES}, not {lifetime!r}")
+
+
+def claim_owner(name: str) -> str | None:
+    """The worker a claim is of (None: ``forever``, or not a claim of ours)."""
+    parts = name.split(".")
+    if len(parts) == 2 and parts[0] == "worker":
+        return parts[1]
+    if len(parts) == 3 and parts[0] == "run":
+        return parts[2]
+    return None
+
+
+def new_owner() -> str:
+    """A name for a worker's claims, unique on the node: its pid and random bits."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+class Cleanup(NamedTuple):
+    """What a cleanup did: the keys it removed, and those it left claimless because a
+    process uses them (the next cleanup removes them once free)."""
+
+    removed: list[str]
+    spared: list[str]
 
 
 class Incomplete(OSError):
@@ -123,11 +186,15 @@ class InputCache:
             _check_private(parent)
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             _check_private(self.root)
-        for part in ("entries", "locks"):
+        for part in ("entries", "locks", "owners"):
             os.makedirs(os.path.join(self.root, part), mode=0o700, exist_ok=True)
         self._lock = threading.Lock()
         #: key -> the shared ``.use`` lock (an open descriptor) held on it
         self._uses: dict[str, int] = {}
+        #: key -> the claims this object made on it (each claim's file made once)
+        self._claimed: dict[str, set[str]] = {}
+        #: the owner whose life this object holds (``own``): (name, its lock's descriptor)
+        self._owner: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"<InputCache {self.root} {len(self._uses)} in use>"
@@ -206,15 +273,118 @@ class InputCache:
                 raise
         return path, True
 
+    def claim(self, key: str, claims: Iterable[str]) -> None:
+        """Claim ``key``'s entry (complete, and held in use: ``use``) for ``claims``
+        (``claim``'s names): it stays until a cleanup ends each of them."""
+        with self._lock:
+            new = set(claims) - self._claimed.get(key, set())
+        if not new:
+            return
+        place = self._place(key)
+        for name in new:
+            if "/" in name or not name:
+                raise ValueError(f"not a claim: {name!r}")
+            descriptor = os.open(
+                os.path.join(place, CLAIM + name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+            os.close(descriptor)
+        with self._lock:
+            self._claimed.setdefault(key, set()).update(new)
+
     def release(self) -> None:
-        """Release every entry this object holds in use: other processes may evict them."""
+        """Release every entry this object holds in use: other processes may evict them
+        (and a cleanup remove those no claim keeps)."""
         with self._lock:
             held = list(self._uses.values())
             self._uses.clear()
+            self._claimed.clear()  # a cleanup may drop them once released: made again
         for descriptor in held:
             os.close(descriptor)
 
-    close = release
+    def close(self) -> None:
+        self.release()
+        self.disown()
+
+    # -- a worker's calls ---------------------------------------------------------------
+
+    def own(self, owner: str) -> None:
+        """Hold ``owner``'s life (its ``owners/`` lock) until ``disown``: its claims are
+        kept while it is held, and dropped by any cleanup of the node once it is not (a
+        worker killed with SIGKILL)."""
+        if not _OWNER.fullmatch(owner):
+            raise ValueError(f"not an input cache owner: {owner!r}")
+        path = os.path.join(self.root, "owners", owner + ".lock")
+        while True:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _same_file(descriptor, path):
+                    break  # (else a cleanup took it for a dead owner's and removed it)
+            except BaseException:
+                os.close(descriptor)
+                raise
+            os.close(descriptor)
+        with self._lock:
+            self._owner, previous = (owner, descriptor), self._owner
+        if previous is not None:
+            os.close(previous[1])
+
+    def disown(self) -> None:
+        """Let go of the owner's life (``own``): its lock file goes too."""
+        with self._lock:
+            owner, self._owner = self._owner, None
+        if owner is not None:
+            _remove_file(os.path.join(self.root, "owners", owner[0] + ".lock"))
+            os.close(owner[1])
+
+    def end_run(self, owner: str, run: int) -> Cleanup:
+        """Run ``run`` ended on the worker ``owner``: drop its claims and remove what no
+        claim keeps (``cleanup``)."""
+        ended = claim("run", owner, run)
+        return self.cleanup(lambda name: name == ended)
+
+    def end_worker(self, owner: str) -> Cleanup:
+        """The worker ``owner`` exits: drop its claims, of its own life and of its runs,
+        and remove what no claim keeps (``cleanup``)."""
+        return self.cleanup(lambda name: claim_owner(name) == owner)
+
+    def tidy(self) -> Cleanup:
+        """Drop the claims of dead owners and remove what no claim keeps (``cleanup``)."""
+        return self.cleanup(lambda name: False)
+
+    def cleanup(self, ends: Callable[[str], bool]) -> Cleanup:
+        """Drop every claim ``ends`` names, and those of dead owners; then remove each
+        entry no claim is left on, unless a process uses or fetches it (spared)."""
+        alive: dict[str, bool] = {}
+        removed: list[str] = []
+        spared: list[str] = []
+        for key in _listdir(os.path.join(self.root, "entries")):
+            if not _KEY.fullmatch(key):
+                continue
+            left = False
+            for name in self._claims(key):
+                owner = claim_owner(name)
+                if ends(name) or (owner is not None and not self._alive(owner, alive)):
+                    _remove_file(os.path.join(self._place(key), CLAIM + name))
+                else:
+                    left = True
+            if left:
+                continue
+            if self._remove(key, unclaimed=True):
+                removed.append(key)
+            elif os.path.isdir(self._place(key)) and not self._claims(key):
+                spared.append(key)
+        with self._lock:  # claims this process made may be gone: made again when used
+            for key in removed:
+                self._claimed.pop(key, None)
+        if removed or spared:
+            logger.info(
+                "input cache %s: removed %d entries no one keeps; %d in use, left for later",
+                self.root,
+                len(removed),
+                len(spared),
+            )
+        return Cleanup(removed, spared)
 
     def holds(self) -> list[Identity]:
         """The complete entries of the node (what a worker could tell its manager)."""
@@ -284,8 +454,45 @@ class InputCache:
             entries[key] = _Entry(used, _bytes(place))
         return entries
 
-    def _remove(self, key: str) -> bool:
-        """Remove ``key``'s entry if nobody uses or fetches it now; whether it went."""
+    def _claims(self, key: str) -> list[str]:
+        """The claims on ``key``'s entry."""
+        return [
+            name[len(CLAIM) :]
+            for name in _listdir(self._place(key))
+            if name.startswith(CLAIM) and len(name) > len(CLAIM)
+        ]
+
+    def _alive(self, owner: str, known: dict[str, bool]) -> bool:
+        """Whether the worker ``owner`` holds its ``owners/`` lock (``known``: the answers
+        of this cleanup so far). A dead one's lock file goes."""
+        if owner in known:
+            return known[owner]
+        with self._lock:
+            if self._owner is not None and self._owner[0] == owner:
+                known[owner] = True
+                return True
+        path = os.path.join(self.root, "owners", owner + ".lock")
+        alive = False
+        if _OWNER.fullmatch(owner):
+            try:
+                descriptor = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                descriptor = -1
+            if descriptor >= 0:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    alive = True
+                else:
+                    _remove_file(path)  # (while locked: its owner is gone for good)
+                finally:
+                    os.close(descriptor)
+        known[owner] = alive
+        return alive
+
+    def _remove(self, key: str, unclaimed: bool = False) -> bool:
+        """Remove ``key``'s entry if nobody uses or fetches it now (and, ``unclaimed``,
+        no claim is on it: one made since the caller looked keeps it); whether it went."""
         use = self._lock_file(key, ".use")
         try:
             try:
@@ -299,6 +506,8 @@ class InputCache:
                 except BlockingIOError:
                     return False  # a process fetches it
                 place = self._place(key)
+                if unclaimed and self._claims(key):
+                    return False  # claimed meanwhile, by a process now done with it
                 _remove_file(os.path.join(place, COMPLETE))  # first: half removed is incomplete
                 _remove_tree(place)
                 return True
@@ -337,6 +546,16 @@ def _flock(descriptor: int, operation: int, wait: float) -> None:
             raise TimeoutError(f"waited {wait:g} s for another process of this node fetching it")
         time.sleep(min(delay, left))
         delay = min(delay * 2, 0.5)
+
+
+def _same_file(descriptor: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``descriptor``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _listdir(path: str) -> list[str]:

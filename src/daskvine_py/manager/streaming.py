@@ -23,7 +23,7 @@ from typing import Any
 
 from daskvine_py.errors import SerializationError
 from daskvine_py.manager.shipping import NOTHING, Shipped
-from daskvine_py.options import RunOptions
+from daskvine_py.options import RunOptions, input_lifetime
 from daskvine_py.plan.annotations import RunSettings
 from daskvine_py.plan.fusion import Chain
 from daskvine_py.plan.graph import Key, LegacyCall, Node, Plan
@@ -142,7 +142,7 @@ def opening_of(
             options.task_sandbox,
             shipped.software,
             shipped.files,
-            options.cache_inputs,
+            input_lifetime(options.cache_inputs),
         )
     return s.SubmitRun(
         run_id,

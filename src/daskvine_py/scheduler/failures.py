@@ -251,8 +251,12 @@ class Failures:
             if worker.id in self.workers:
                 self.send(worker, p.Release(tuple(ids)))
         if run.config is not None:
+            ended = p.RunEnded(run.id) if run.config.inputs == "run" else None
             for worker in self.workers.values():
-                worker.configs.discard(run.id)
+                if run.id in worker.configs:
+                    worker.configs.discard(run.id)
+                    if ended is not None:  # its inputs fetched there go (``cache_inputs``)
+                        self.send(worker, ended)
         self.runs.pop(run.id, None)
 
     # -- the "forgotten" end of every task ----------------------------------------------

@@ -208,6 +208,7 @@ Event = (
 ToWorker = (
     p.Execute
     | p.RunConfig
+    | p.RunEnded
     | p.Function
     | p.Release
     | p.Cancel

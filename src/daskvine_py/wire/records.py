@@ -274,8 +274,18 @@ class RunConfig(NamedTuple):
     #: when it leaves; a later run's renewed content replaces them
     files: tuple[tuple[str, bytes], ...] = ()
     #: its tasks read ``root://`` inputs through the node's input cache
-    #: (``daskvine_py.inputs``: whole files, fetched once per node, kept across runs)
-    inputs: bool = False
+    #: (``daskvine_py.inputs``: whole files, fetched once per node), and how long what
+    #: they fetch stays: "run" (the worker hears ``RunEnded``), "worker" or "forever";
+    #: "": they do not
+    inputs: str = ""
+
+
+class RunEnded(NamedTuple):
+    """The run is over: sent to each worker that was sent its ``RunConfig``, when that
+    asks for something as the run ends (``inputs == "run"``: the inputs its tasks
+    fetched on the worker go)."""
+
+    run_id: int
 
 
 class Function(NamedTuple):
@@ -450,6 +460,7 @@ ToWorker: TypeAlias = (
     | Rejected
     | Function
     | RunConfig
+    | RunEnded
     | Execute
     | Release
     | Cancel
@@ -467,6 +478,7 @@ TO_WORKER: frozenset[type[ToWorker]] = frozenset(
         Rejected,
         Function,
         RunConfig,
+        RunEnded,
         Execute,
         Release,
         Cancel,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from daskvine_py.errors import ProtocolError
-from daskvine_py.options import EXEC_MODES, TASK_MODES
+from daskvine_py.options import EXEC_MODES, INPUT_LIFETIMES, TASK_MODES
 from daskvine_py.wire.records import (
     INPUT_FROM_CACHE,
     INPUT_FROM_PEER,
@@ -47,6 +47,7 @@ from daskvine_py.wire.records import (
     Replicate,
     RetireWorker,
     RunConfig,
+    RunEnded,
     Shutdown,
     Started,
     Status,
@@ -384,8 +385,9 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _FLAG,
         _Field((Software, type(None)), _software),
         _Field(tuple, _named_files),
-        _FLAG,
+        _Field(str, _one_of(("", *INPUT_LIFETIMES))),
     ),
+    RunEnded: (_ID,),
     Execute: (
         _ID,
         _KEY,

@@ -78,7 +78,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=integer(0, MAX_MB),
         default=None,
         metavar="MB",
-        help="disk for results spilled past --memory, in MB (default: no limit)",
+        help="disk for results spilled past --memory, in MB (default: no limit); also the "
+        "bound of the node's input cache as this worker's libraries fill it (default: 10 GiB)",
     )
     parser.add_argument(
         "--workdir",
@@ -94,6 +95,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="where the environments and code that runs ship are kept, shared by the "
         "workers of this node and kept across their restarts (default: "
         "$DASKVINE_PY_SOFTWARE_CACHE, else daskvine_py-UID/software in the system temp dir)",
+    )
+    parser.add_argument(
+        "--input-cache",
+        default=None,
+        metavar="DIR",
+        help="where the remote inputs of runs with cache_inputs are kept, shared by the "
+        "workers of this node (default: $DASKVINE_PY_INPUT_CACHE, else "
+        "daskvine_py-UID/inputs in the system temp dir): node-local, for its file locks",
     )
     parser.add_argument(
         "--lib-cores",

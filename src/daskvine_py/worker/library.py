@@ -360,6 +360,13 @@ class Runner:
         failure = self._prepare(config)
         if failure is not None:
             return _erred(call[0], failure, None)
+        if config.inputs:  # what it reads is kept for the run's lifetime (``inputs.using``)
+            from daskvine_py import inputs
+
+            with inputs.using(config.inputs, config.run_id):
+                if config.exec_mode == "fork":
+                    return self._forked(call, config)
+                return self._direct(call, config)
         if config.exec_mode == "fork":
             return self._forked(call, config)
         return self._direct(call, config)
@@ -504,7 +511,7 @@ def import_all(modules: Sequence[str], worker_name: str) -> ImportHoistingError 
 
 
 def install_inputs(worker_name: str) -> ImportHoistingError | None:
-    """Route ``root://`` reads through the node's input cache (``cache_inputs=True``:
+    """Route ``root://`` reads through the node's input cache (``cache_inputs``:
     ``daskvine_py.inputs.install``); the error naming what failed, or None."""
     try:
         from daskvine_py import inputs

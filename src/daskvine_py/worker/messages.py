@@ -30,6 +30,7 @@ Instructions (what to do), in the order they are to be done:
 - ``StartProcess``, ``KillProcess`` (task processes);
 - ``AskPeer`` (one ``GetData``), ``ClosePeer`` (drop its socket), ``AnswerPeer`` (one
   ``Data`` for a peer that waited for an export);
+- ``EndRunInputs``: a run's inputs leave the node's input cache;
 - ``Leave``: the worker's life is over; ``EventFailed``: an event could not be handled
   (logged, and the worker goes on).
 """
@@ -284,6 +285,14 @@ class Leave(NamedTuple):
     unreachable: bool = False
 
 
+class EndRunInputs(NamedTuple):
+    """Run ``run_id`` ended (``RunEnded``): the inputs its tasks fetched here for it
+    (``cache_inputs="run"``) go from the node's input cache, unless another claim keeps
+    them (``daskvine_py.inputs``)."""
+
+    run_id: int
+
+
 class EventFailed(NamedTuple):
     """Handling ``event`` raised ``error``: logged (rate-limited); nothing else is lost."""
 
@@ -306,5 +315,6 @@ Instruction: TypeAlias = (
     | ClosePeer
     | AnswerPeer
     | Leave
+    | EndRunInputs
     | EventFailed
 )

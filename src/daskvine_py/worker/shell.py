@@ -33,6 +33,10 @@ Data flow::
   environment) is announced once, before its first task; its tasks go to libraries with
   it, or, in ``task_mode="tasks"``, each to a fresh ``python -m daskvine_py.worker.task_process``.
 - Task directories and function files live in ``<workdir>/tasks`` and ``<workdir>/functions``.
+- Runs with ``cache_inputs`` read remote inputs through the node's input cache
+  (``--input-cache``, bounded by ``--disk``), whose variables the worker sets for its
+  libraries; it removes what runs fetched as they end or as it exits, by their lifetimes
+  (``inputs_keeper``).
 - The worker exits when the manager says ``Shutdown`` or stays silent past the timeout,
   counted from when its registration went out (its libraries start first, which takes a
   while on many cores). Only records that pass validation count as hearing from it.
@@ -82,12 +86,14 @@ from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
 from daskvine_py.worker import pipe
 from daskvine_py.worker.args import counted, parse_args
+from daskvine_py.worker.inputs_keeper import InputsKeeper
 from daskvine_py.worker.memory_watch import MemoryWatch
 from daskvine_py.worker.messages import (
     AnswerPeer,
     AskPeer,
     Boot,
     ClosePeer,
+    EndRunInputs,
     Event,
     EventFailed,
     FromLibrary,
@@ -156,6 +162,7 @@ class Worker:
         contact_address: str | None = None,
         gpus: Sequence[str] = (),
         software_cache: str | None = None,
+        input_cache: str | None = None,
     ) -> None:
         split_address(address)  # ValueError for a malformed address, before anything starts
         if cores < 1:
@@ -221,6 +228,8 @@ class Worker:
             self.workdir, self.name, split_address(self.peer_address)[0], keys, software_cache
         )
         self.poller.register(self.software.wake_fd, zmq.POLLIN)
+        #: the node's input cache as this worker keeps it: its claims' lifetimes
+        self.inputs = InputsKeeper(input_cache, disk)
         #: every decision: tasks, fetches, library slots, manager liveness
         self.state = WorkerState(
             self.store,
@@ -272,6 +281,7 @@ class Worker:
                 ClosePeer: self._close_peer,
                 AnswerPeer: self.peers.answer_later,
                 Leave: self._on_leave,
+                EndRunInputs: self.inputs.end_run,
                 EventFailed: self._on_event_failed,
             }
         )
@@ -351,6 +361,7 @@ class Worker:
         self.context.term()
         self.store.close()
         self.watch.close()
+        self.inputs.close()  # (its libraries are gone: what they used is free)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- the loop ---------------------------------------------------------------------
@@ -379,6 +390,7 @@ class Worker:
             events.append(MemoryExceeded(lib.record.id, task.id, peak, limit, kind))
             self._library_died(lib)
         events.append(Tick(time.time()))
+        self.inputs.retry(now)
         if self.stop_reason is not None:
             events.append(Stop(self.stop_reason))
         self._handle(now)
@@ -488,6 +500,8 @@ class Worker:
                 )
                 events.append(Unreadable(message, str(exc)))
                 continue
+            if type(message) is p.RunConfig and message.inputs:
+                self.inputs.own()  # before its tasks claim anything
             if type(message) is p.RunConfig and message.files:
                 try:
                     message = self.software.with_files(message)
@@ -688,4 +702,5 @@ def _make_worker(args: argparse.Namespace) -> Worker:
         contact_address=args.contact_address,
         gpus=args.gpus,
         software_cache=args.software_cache,
+        input_cache=args.input_cache,
     )

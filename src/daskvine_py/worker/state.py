@@ -60,6 +60,7 @@ from daskvine_py.worker.live_tasks import MANAGER_IDENT, LiveTasks
 from daskvine_py.worker.messages import (
     AnswerPeer,
     Boot,
+    EndRunInputs,
     Event,
     EventFailed,
     FromLibrary,
@@ -214,6 +215,7 @@ class WorkerState:
         self._handlers: dict[type, Callable[[Any, float], None]] = {
             p.Execute: self._on_execute,
             p.RunConfig: self._on_run_config,
+            p.RunEnded: self._on_run_ended,
             p.Function: self._on_function,
             p.Release: self._on_release,
             p.Cancel: self._on_cancel,
@@ -547,6 +549,9 @@ class WorkerState:
         self._want_software(msg.software, msg.run_id)
 
     # -- software (``RunConfig.software``) ----------------------------------------------
+
+    def _on_run_ended(self, msg: p.RunEnded, now: float) -> None:
+        self._out.append(EndRunInputs(msg.run_id))
 
     def _want_software(self, software: p.Software | None, run_id: int) -> None:
         """The latest run needs ``software`` (None: the worker's own Python): prepared on
