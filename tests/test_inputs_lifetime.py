@@ -213,8 +213,8 @@ def test_using_claims_for_each_run_running_then_releases(cache_dir, http_server,
         with InputCache(str(cache_dir), 0) as other:  # still held: nothing goes
             assert other.evict() == []
     inputs.local_path(http_server.url("c"))  # in no run: for the worker's life
-    claims = sorted(_claims_on(cache_dir).values(), key=len)
-    assert claims == [{"run.4.111-aaaa"}, {"worker.111-aaaa"}, {"run.4.111-aaaa", "forever"}]
+    claims = sorted(sorted(names) for names in _claims_on(cache_dir).values())
+    assert claims == [["forever", "run.4.111-aaaa"], ["run.4.111-aaaa"], ["worker.111-aaaa"]]
     inputs.release()
     with InputCache(str(cache_dir), 10**6) as worker:
         worker.own(MINE)

@@ -350,7 +350,7 @@ def test_a_taskdone_whose_value_is_not_a_value_is_dropped(insecure_manager, capl
     manager = insecure_manager
     with caplog.at_level(logging.WARNING, logger="daskvine_py.manager"):
         fake = FakeWorker(manager, cores=1)
-        done = (10**6, 1, 0.1, (b"x", (5,)), 0.0, 0.0, 0.0, 0)
+        done = (10**6, 1, 0.1, (b"x", (5,)), 0.0, 0.0, 0.0, 0, ())
         fake.sock.send_multipart(raw_plain((p.TaskDone, done)))
         fake.close()
         wait_until(lambda: "impostor" not in manager.workers)
@@ -367,7 +367,7 @@ def test_a_malformed_report_about_a_task_fails_its_run_naming_it():
         try:
             getter = Background(manager.get, {"a": (inc, 1)}, "a")
             (execute,) = fake.receive(p.Execute, 1)
-            done = (execute.task_id, 8, 0.01, (b"x", (5,)), 0.0, 0.0, 0.0, 0)
+            done = (execute.task_id, 8, 0.01, (b"x", (5,)), 0.0, 0.0, 0.0, 0, ())
             fake.sock.send_multipart(raw_plain((p.TaskDone, done)))
             error = getter.error(30)
         finally:
