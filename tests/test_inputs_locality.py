@@ -10,6 +10,7 @@ served over HTTP on 127.0.0.1 through ``daskvine_py.inputs``.
 from __future__ import annotations
 
 import operator
+import os
 
 import dask
 import pytest
@@ -53,7 +54,10 @@ def test_readers_of_a_file_go_where_a_task_obtained_it_and_bytes_count_by_source
     placed = _executes(state.handle([_reading(1, {"r0": A, "r1": B})]))
     assert sorted(placed.values()) == [W1, W2]
     holder = {A: placed["r0"], B: placed["r1"]}
-    reads = {A: ((A, 100, p.INPUT_FROM_STORAGE),), B: ((B, 300, p.INPUT_FROM_STORAGE),)}
+    reads = {
+        A: ((A, 100, p.INPUT_FROM_STORAGE, "mtime=1"),),
+        B: ((B, 300, p.INPUT_FROM_STORAGE, "etag=x"),),
+    }
     done = []
     for task_id, (key, url) in enumerate((("r0", A), ("r1", B)), start=1):
         value = p.TaskDone(task_id, 1, 0.01, None)._replace(inputs=reads[url])
@@ -96,20 +100,21 @@ def test_urls_are_found_in_a_task_payload_as_strings_of_their_own():
 @pytest.mark.parametrize(
     "files",
     [
-        ((A, -1, 0),),
-        ((A, 10, 3),),
-        ((A, 10, True),),
-        (("", 10, 0),),
-        ((A + "\n", 10, 0),),
-        ((A, 10),),
-        ((A, 10, 0),) * (MAX_INPUT_FILES + 1),
+        ((A, -1, 0, ""),),
+        ((A, 10, 3, ""),),
+        ((A, 10, True, ""),),
+        (("", 10, 0, ""),),
+        ((A + "\n", 10, 0, ""),),
+        ((A, 10, 0, "v\n"),),
+        ((A, 10, 0),),
+        ((A, 10, 0, ""),) * (MAX_INPUT_FILES + 1),
     ],
 )
 def test_a_task_done_naming_bad_files_is_refused(files):
     message = p.TaskDone(1, 1, 0.1, None)._replace(inputs=files)
     with pytest.raises(ProtocolError, match="TaskDone"):
         p.check_fields(message)
-    p.check_fields(message._replace(inputs=((A, 10, 0), (B, 0, 2))))
+    p.check_fields(message._replace(inputs=((A, 10, 0, "mtime=1"), (B, 0, 2, ""))))
 
 
 def test_take_reads_names_each_file_once_by_its_first_source(
@@ -127,13 +132,16 @@ def test_take_reads_names_each_file_once_by_its_first_source(
         inputs.local_path(one)
         inputs.local_path(one)
         inputs.local_path(two)
-        assert inputs.take_reads() == (
+        version = "last-modified=Tue, 14 Nov 2023 22:13:20 GMT"
+        assert [read[:3] for read in inputs.take_reads()] == [
             (one, 1000, inputs.FROM_STORAGE),
             (two, 20, inputs.FROM_STORAGE),
-        )
+        ]
         assert inputs.take_reads() == ()
         inputs.local_path(one)
-        assert inputs.take_reads() == ((one, 1000, inputs.FROM_CACHE),)
+        ((url, size, source, seen),) = inputs.take_reads()
+        assert (url, size, source) == (one, 1000, inputs.FROM_CACHE)
+        assert seen.startswith(version)
         assert (inputs.FROM_STORAGE, inputs.FROM_CACHE, inputs.FROM_PEER) == (
             p.INPUT_FROM_STORAGE,
             p.INPUT_FROM_CACHE,
@@ -196,3 +204,91 @@ def test_a_second_run_reads_each_file_where_a_node_holds_it(
         manager.report(page)
         assert "files from storage MB" in page.read_text()
     assert dask.compute(*second, scheduler="sync") == tuple(reversed(sizes.values()))
+
+
+# -- peers as the source ----------------------------------------------------------------
+
+
+def _second_run_of_two_readers(config: p.RunConfig, other_cache: str) -> list[s.Instruction]:
+    """A first run reads A on one worker (which serves its cache at 10.0.0.1:7); then two
+    readers of A come, and the holder, with one core, takes one: what goes to the other
+    worker (whose cache is ``other_cache``) with the second."""
+    state = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    state.handle([_joined(W1), _joined(W2)])
+    (holder,) = _executes(state.handle([_reading(1, {"r0": A})._replace(config=config)])).values()
+    other = W2 if holder == W1 else W1
+    state.handle([s.FromWorker(holder, p.InputServer("tcp://10.0.0.1:7", "node-a:/cache"))])
+    state.handle([s.FromWorker(other, p.InputServer("tcp://10.0.0.2:7", other_cache))])
+    done = p.TaskDone(1, 1, 0.01, dumps(1))._replace(inputs=((A, 100, 0, "mtime=1"),))
+    state.handle([s.FromWorker(holder, done)])
+    second = _reading(2, {"s0": A, "s1": A})._replace(config=config._replace(run_id=2))
+    out = state.handle([second])
+    assert _executes(out) == {"s0": holder, "s1": other}
+    return [i for i in out if type(i) is s.Send and i.worker == other]
+
+
+def test_a_worker_lacking_a_file_is_sent_its_holders_before_the_task():
+    config = p.RunConfig(1, "function-calls", "direct", (), (), False, inputs="worker")
+    sent = [i.message for i in _second_run_of_two_readers(config, "node-b:/cache")]
+    kinds = [type(m) for m in sent]
+    assert kinds.index(p.FetchInputs) < kinds.index(p.Execute)
+    (fetch,) = [m for m in sent if type(m) is p.FetchInputs]
+    assert fetch == p.FetchInputs(2, "worker", ((A, 100, "mtime=1", ("tcp://10.0.0.1:7",)),))
+    p.check_fields(fetch)
+    # Not where peers are forbidden, nor to a worker that shares the holder's cache.
+    for other, cache in (
+        (config._replace(input_peers=False), "node-b:/cache"),
+        (config, "node-a:/cache"),
+    ):
+        sent = [i.message for i in _second_run_of_two_readers(other, cache)]
+        assert p.FetchInputs not in [type(m) for m in sent]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("peers", [True, False])
+def test_a_node_lacking_a_file_pulls_it_from_a_node_that_holds_it_unless_forbidden(
+    tmp_path,
+    monkeypatch,
+    http_server,  # noqa: F811
+    peers,
+):
+    """Two workers, each with a cache of its own. The first run reads four files on one;
+    the second must run on the other (annotated): with ``input_peers`` it pulls them from
+    the first's input server, not one byte from the storage; without, from the storage."""
+    sizes = {f"p{i}.root": 3_000_000 + i for i in range(4)}  # a transfer of several chunks
+    for name, size in sizes.items():
+        _write(http_server.directory / name, os.urandom(size), 1_700_000_000)
+    urls = [http_server.url(name) for name in sizes]
+    total = sum(sizes.values())
+    with Manager() as manager:
+        for i in range(2):
+            monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / f"node{i}"))
+            manager.start_workers(1, cores=2)
+        first_worker, second_worker = sorted(manager.workers)
+
+        def on(worker: str, tag: str) -> list:
+            with dask.annotate(workers=[worker]):
+                return [
+                    dask.delayed(read_size)(url, dask_key_name=f"{tag}-{i}")
+                    for i, url in enumerate(urls)
+                ]
+
+        options = {"cache_inputs": True, "input_peers": peers}
+        got = dask.compute(*on(first_worker, "first"), scheduler=manager.get, **options)
+        assert list(got) == list(sizes.values())
+        gets = http_server.count("GET")
+        assert gets == 4
+        got = dask.compute(*on(second_worker, "second"), scheduler=manager.get, **options)
+        assert list(got) == list(sizes.values())
+        (category,) = manager.last_run.categories.values()
+        if peers:
+            assert http_server.count("GET") == gets  # none from the storage
+            assert category.file_bytes_from_peers == total
+            assert category.file_bytes_from_storage == 0
+        else:
+            assert http_server.count("GET") == gets + 4
+            assert category.file_bytes_from_storage == total
+            assert category.file_bytes_from_peers == 0
+        for i, name in enumerate(sizes):  # the copies on the second node are the files
+            (copy,) = (tmp_path / "node1" / "entries").glob(f"*/{name}")
+            assert copy.read_bytes() == (http_server.directory / name).read_bytes(), i

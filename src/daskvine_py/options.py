@@ -169,6 +169,12 @@ class RunOptions:
     #: batch job's pilot), ``"forever"`` (across runs and worker restarts, bounded by size
     #: only). False or None: off. Read as the lifetime's name ("" when off).
     cache_inputs: bool | str | None = False
+    #: With ``cache_inputs``: a worker lacking an input file that another worker's node
+    #: holds pulls it from that node (its input server, with the run's keys) rather than
+    #: from the storage; the manager places readers where their files are first, so this
+    #: is for the readers it could not. False: every node reads from the storage (sites
+    #: that forbid traffic between nodes).
+    input_peers: bool = True
 
     def __post_init__(self) -> None:
         check_fast_abort(self.fast_abort)
@@ -213,6 +219,8 @@ class RunOptions:
                 f"reduction_threshold must be an integer >= 2, not {self.reduction_threshold!r}"
             )
         object.__setattr__(self, "cache_inputs", input_lifetime(self.cache_inputs))
+        if not isinstance(self.input_peers, bool):
+            raise ValueError(f"input_peers must be True or False, not {self.input_peers!r}")
         if self.progress is not None and not isinstance(self.progress, bool):
             raise ValueError(f"progress must be True, False or None, not {self.progress!r}")
         if self.cache is not None and not isinstance(self.cache, bool):

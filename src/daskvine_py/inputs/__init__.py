@@ -17,7 +17,7 @@ in a directory shared by all its workers and libraries, and hands tasks a local 
   files fetched and cache hits (the worker can diff them around a task).
 - ``install()``: the transparent path, for an analysis that is not changed at all (below).
 - ``release()``: let the node evict what this process has used (see "In use").
-- ``take_reads()``: the files obtained since the last call, ``(url, bytes, source)``
+- ``take_reads()``: the files obtained since the last call, ``(url, bytes, source, version)``
   each: what a worker reports after each task (``TaskDone.inputs``), so that its manager
   knows which node holds which input and places the next readers there.
 - ``using(lifetime, run)``: the inputs read meanwhile are kept ``lifetime`` (below).
@@ -163,6 +163,8 @@ DEFAULT_LIMIT = 10 * 2**30
 FROM_STORAGE, FROM_CACHE, FROM_PEER = 0, 1, 2
 #: Reads kept until taken: a process that never takes them (not a worker's) keeps the last.
 READS_KEPT = 1024
+#: A file handed out: its URL, bytes, where it came from (``FROM_*``), its server's version.
+Read = tuple[str, int, int, str]
 #: The variable that names the worker whose library this is, in the claims its tasks
 #: make (``store.claim``): set by the worker for its libraries.
 OWNER_VARIABLE = "DASKVINE_PY_INPUT_OWNER"
@@ -191,7 +193,9 @@ _lock = threading.Lock()
 _caches: dict[str, InputCache] = {}
 _counters = {"bytes_from_storage": 0, "bytes_from_cache": 0, "files_fetched": 0, "cache_hits": 0}
 #: files handed out since the last ``take_reads``
-_reads: deque[tuple[str, int, int]] = deque(maxlen=READS_KEPT)
+_reads: deque[Read] = deque(maxlen=READS_KEPT)
+#: path handed out -> what it holds (``read_again``)
+_handed: dict[str, Identity] = {}
 #: (lifetime, run) -> calls of that run running now in this process (``using``)
 _using: dict[tuple[str, int], int] = {}
 
@@ -208,9 +212,9 @@ def counters() -> dict[str, int]:
         return dict(_counters)
 
 
-def take_reads() -> tuple[tuple[str, int, int], ...]:
+def take_reads() -> tuple[Read, ...]:
     """The remote files handed out (``local_path``, ``open``, the installed fsspec path)
-    since the last call, in order, as ``(url, bytes, source)``: source ``FROM_STORAGE``
+    since the last call, in order, as ``(url, bytes, source, version)``: source ``FROM_STORAGE``
     (this process fetched it), ``FROM_CACHE`` (the node had it) or ``FROM_PEER``; a file
     asked for again (uproot asks once per read) is named once, by where it came from
     first. A worker takes them after each task."""
@@ -219,7 +223,7 @@ def take_reads() -> tuple[tuple[str, int, int], ...]:
             return ()
         taken = list(_reads)
         _reads.clear()
-    first: dict[str, tuple[str, int, int]] = {}
+    first: dict[str, Read] = {}
     for read in taken:
         first.setdefault(read[0], read)
     return tuple(first.values())
@@ -231,12 +235,9 @@ def read_again(url: str, path: str) -> None:
     with _lock:
         if _reads and _reads[-1][0] == url:
             return  # (the usual case: the same file read on; named once anyway)
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return
-    with _lock:
-        _reads.append((url, size, FROM_CACHE))
+        identity = _handed.get(path)
+        if identity is not None:
+            _reads.append((url, identity.size, FROM_CACHE, identity.version))
 
 
 def _add(name: str, amount: int) -> None:
@@ -374,7 +375,10 @@ def _attempt(cache: InputCache, url: str) -> str:
         _add("cache_hits", 1)
         _add("bytes_from_cache", identity.size)
     with _lock:
-        _reads.append((url, identity.size, FROM_STORAGE if fetched else FROM_CACHE))
+        _reads.append(
+            (url, identity.size, FROM_STORAGE if fetched else FROM_CACHE, identity.version)
+        )
+        _handed[path] = identity
     cache.claim(identity.key, _claims())
     return path
 

@@ -237,15 +237,30 @@ class InputCache:
             os.utime(marker, (now, now))
         return os.path.join(place, identity.name)
 
-    def fill(self, identity: Identity, fetch: Fetch, wait: float) -> tuple[str, bool]:
+    def reserve(self, key: str) -> int | None:
+        """Take ``key``'s exclusive ``.lock`` now, without waiting (None: another process
+        holds it): for a fill that will run on another thread (``fill(reserved=...)``),
+        so that a library asking for the entry meanwhile waits for it."""
+        descriptor = self._lock_file(key, ".lock")
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            return None
+        return descriptor
+
+    def fill(
+        self, identity: Identity, fetch: Fetch, wait: float, reserved: int | None = None
+    ) -> tuple[str, bool]:
         """The entry's file, fetched by ``fetch(part)`` under the entry's lock unless
-        another process did it meanwhile; and whether this call fetched it.
+        another process did it meanwhile; and whether this call fetched it. ``reserved``:
+        the lock, taken already (``reserve``); closed here.
 
         Raises ``Incomplete`` if what was fetched is not the size the server reported,
         ``TimeoutError`` after ``wait`` seconds of another process holding the lock, and
         whatever ``fetch`` raises; nothing of a failed fetch stays."""
         key = identity.key
-        with self._locked(key, wait):
+        with self._locked(key, wait, reserved):
             found = self.lookup(identity)
             if found is not None:
                 return found, False
@@ -386,6 +401,20 @@ class InputCache:
             )
         return Cleanup(removed, spared)
 
+    def entry_file(self, key: str) -> str | None:
+        """The file of ``key``'s complete entry, or None: what a peer is served
+        (``worker.input_peers``). Its name comes from the entry's own record."""
+        if not _KEY.fullmatch(key):
+            return None
+        place = self._place(key)
+        try:
+            with open(os.path.join(place, COMPLETE), encoding="utf-8") as file:
+                record = json.load(file)
+            identity = Identity(record["url"], int(record["size"]), record["version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return os.path.join(place, identity.name) if identity.key == key else None
+
     def holds(self) -> list[Identity]:
         """The complete entries of the node (what a worker could tell its manager)."""
         found = []
@@ -431,11 +460,12 @@ class InputCache:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     @contextlib.contextmanager
-    def _locked(self, key: str, wait: float) -> Iterator[None]:
+    def _locked(self, key: str, wait: float, reserved: int | None = None) -> Iterator[None]:
         """The exclusive ``.lock`` of ``key``: one process of the node fetches it."""
-        descriptor = self._lock_file(key, ".lock")
+        descriptor = self._lock_file(key, ".lock") if reserved is None else reserved
         try:
-            _flock(descriptor, fcntl.LOCK_EX, wait)
+            if reserved is None:
+                _flock(descriptor, fcntl.LOCK_EX, wait)
             yield
         finally:
             os.close(descriptor)  # unlocks

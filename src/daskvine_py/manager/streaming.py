@@ -143,6 +143,7 @@ def opening_of(
             shipped.software,
             shipped.files,
             input_lifetime(options.cache_inputs),
+            options.input_peers,
         )
     return s.SubmitRun(
         run_id,

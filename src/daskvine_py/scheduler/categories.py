@@ -133,13 +133,13 @@ class Categories(dict[str, Category]):
         if allocated:
             category.allot(allocated)
 
-    def files(self, name: str, reads: Sequence[tuple[str, int, int]]) -> None:
+    def files(self, name: str, reads: Sequence[tuple[str, int, int, str]]) -> None:
         """A task of category ``name`` obtained these input files (``TaskDone.inputs``:
-        ``(url, bytes, source)``; source 0 storage, 1 the node's cache, 2 a peer)."""
+        ``(url, bytes, source, version)``; source 0 storage, 1 the node's cache, 2 a peer)."""
         category = self.get(name)
         if category is None:
             category = self[name] = Category()
-        for _, nbytes, source in reads:
+        for _, nbytes, source, _ in reads:
             if source == 0:
                 category.file_bytes_from_storage += nbytes
             elif source == 1:

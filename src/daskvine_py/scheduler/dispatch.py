@@ -27,7 +27,7 @@ import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from daskvine_py.scheduler.locality import target
+from daskvine_py.scheduler.locality import peer_sources, target
 from daskvine_py.scheduler.messages import (
     BytesInlined,
     Dispatched,
@@ -246,6 +246,11 @@ class Dispatch:
             if fid not in worker.functions:
                 worker.functions.add(fid)
                 send(worker, p.Function(fid, _out_of_band(run.functions[fid])))
+        config = run.config
+        if task.reads and config is not None and config.input_peers:
+            files = peer_sources(task, worker)  # (before its Execute: fetched beside it)
+            if files:
+                send(worker, p.FetchInputs(run.id, config.inputs, files))
         deps = tuple(_location(dep, worker) for dep in task.deps)
         if self.cache_runs:
             deps = self.locations(task, deps)  # results of other runs, by our keys

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 #: Links of a linear chain sent ahead beyond saturation: fewer manager round trips; each
 #: is committed to that worker (a worker lost mid-chain re-runs them elsewhere).
 CHAIN_AHEAD = 256
+#: Peers named to a worker as sources of one input file (``peer_sources``): the first
+#: that answers serves it; more would only be asked after failures.
+PEER_SOURCES = 3
 #: Sibling co-assignment's bounds (``pull_siblings``): readers of the task taken, and
 #: inputs of each reader (``SchedulerState(sibling_inputs=...)``). A combine step of a
 #: tree (8 inputs by default) fits; a shuffle's all-to-all does not, nor would it gain.
@@ -32,18 +35,45 @@ SIBLING_INPUTS = 8
 
 
 def files_held(
-    files: dict[str, InputFile], worker: WorkerRecord, reads: tuple[tuple[str, int, int], ...]
+    files: dict[str, InputFile],
+    worker: WorkerRecord,
+    reads: tuple[tuple[str, int, int, str], ...],
 ) -> None:
     """``worker``'s task obtained these files through its node's input cache
-    (``TaskDone.inputs``): the node holds them now, whatever their source."""
-    for url, nbytes, _ in reads:
+    (``TaskDone.inputs``): the node holds them now, whatever their source. A copy other
+    than the one known (the server's changed) makes this node its only known holder."""
+    for url, nbytes, _, version in reads:
         file = files.get(url)
         if file is None:  # read though not found in its arguments: its later readers may be
             file = files[url] = InputFile(url)
-        file.nbytes = nbytes
+        if file.version != version or file.nbytes != nbytes:
+            for holder in file.holders:
+                holder.files.discard(file)
+            file.holders.clear()
+            file.nbytes, file.version = nbytes, version
         if worker not in file.holders:
             file.holders.add(worker)
             worker.files.add(file)
+
+
+def peer_sources(
+    task: TaskRecord, worker: WorkerRecord, most: int = PEER_SOURCES
+) -> tuple[tuple[str, int, str, tuple[str, ...]], ...]:
+    """The files ``task`` reads that ``worker``'s node lacks and other workers' nodes
+    hold, with where those serve them (``FetchInputs.files``): up to ``most`` sources
+    each, from other caches than the worker's (workers of one node share theirs)."""
+    found = []
+    for file in task.reads:
+        if worker in file.holders or not file.version:
+            continue
+        sources = tuple(
+            holder.file_address
+            for holder in file.holders
+            if holder.file_address and holder.file_cache != worker.file_cache  # ("": unknown)
+        )[:most]
+        if sources:
+            found.append((file.url, file.nbytes, file.version, sources))
+    return tuple(found)
 
 
 def files_lost(worker: WorkerRecord) -> None:

@@ -209,6 +209,7 @@ ToWorker = (
     p.Execute
     | p.RunConfig
     | p.RunEnded
+    | p.FetchInputs
     | p.Function
     | p.Release
     | p.Cancel

@@ -42,6 +42,8 @@ class WorkerRecord:
         "errors",
         "gpus",
         "files",
+        "file_address",
+        "file_cache",
     )
 
     def __init__(
@@ -83,8 +85,12 @@ class WorkerRecord:
         #: its tasks' errors and crashes since its last task done: while any, it is no
         #: thief (``stealing``), and retries go elsewhere first (``faults``)
         self.errors = 0
-        #: input files its node's input cache holds, as its tasks reported them
+        #: input files its node's input cache holds, as its tasks reported them, and
+        #: where it serves them to peers and which cache that is (``InputServer``; "":
+        #: it does not)
         self.files: set[InputFile] = set()
+        self.file_address = ""
+        self.file_cache = ""
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
@@ -92,15 +98,18 @@ class WorkerRecord:
 
 class InputFile:
     """A remote file tasks read through their nodes' input cache (``cache_inputs``): its
-    bytes, as the last report said (0: unknown yet), and the workers whose node holds it.
+    bytes and version, as the last report said (0: unknown yet), and the workers whose
+    node holds it (that copy: a changed copy reported replaces them).
     The readers of a file go where it is (``locality.target``), as readers of a result do.
     """
 
-    __slots__ = ("url", "nbytes", "holders")
+    __slots__ = ("url", "nbytes", "version", "holders")
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.nbytes = 0
+        #: what its server reported of the copy the holders hold (``inputs.store.Identity``)
+        self.version = ""
         self.holders: set[WorkerRecord] = set()
 
     def __repr__(self) -> str:

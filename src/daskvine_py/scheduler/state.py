@@ -242,6 +242,7 @@ class SchedulerState:
             p.Transfers: claims.on_transfers,  # (only those the manager's loop doubts)
             p.DiskFull: dispatch.on_disk_full,
             p.TaskExhausted: self._sizing.on_exhausted,
+            p.InputServer: self._on_input_server,
         }
         self._events: dict[type, Handler] = {
             SubmitRun: submission.on_submit,
@@ -413,6 +414,10 @@ class SchedulerState:
                 )
             )
             self._failures.drop_run(run)
+
+    def _on_input_server(self, worker: WorkerRecord, msg: p.InputServer) -> None:
+        """Where ``worker`` serves its node's input cache to peers (``FetchInputs``)."""
+        worker.file_address, worker.file_cache = msg.address, msg.cache
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)

@@ -417,7 +417,7 @@ class WorkerNode:
         if lib.running is None and lib.ready:
             self._next_call(lib)
 
-    def _obtain(self, url: str, nbytes: int) -> tuple[str, int, int]:
+    def _obtain(self, url: str, nbytes: int) -> tuple[str, int, int, str]:
         """A task of this node reads ``url``: from the node's cache, or fetched whole
         from storage into it (the least recently used go past ``disk``)."""
         files = self.files
@@ -431,7 +431,7 @@ class WorkerNode:
             while self.disk and self.files_bytes > self.disk and len(files) > 1:
                 self.files_bytes -= files.popitem(last=False)[1]
         self.host.file_read(self, url, nbytes, source)
-        return (url, nbytes, source)
+        return (url, nbytes, source, "simulated")
 
     def _next_call(self, lib: SimLibrary) -> None:
         if lib.dead or not lib.queue:

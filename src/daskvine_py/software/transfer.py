@@ -338,6 +338,88 @@ def fetch(
         job.run()
 
 
+def pull_file(
+    address: str,
+    key: str,
+    size: int,
+    dest: str,
+    keys: security.Keys | None,
+    *,
+    reply_timeout: float = REPLY_TIMEOUT,
+    window: int = WINDOW,
+) -> None:
+    """Pull the file a peer's server holds as ``key`` (``size`` bytes) into ``dest``,
+    chunk by chunk with ``window`` requests in flight: no manager, no check of the
+    content beyond its size (an input's key names its URL and version, not its bytes).
+
+    Raises ``TransferError`` naming the peer when it does not serve ``key`` at that size,
+    stops answering for ``reply_timeout`` seconds, or sends what was not asked."""
+    if not connectable(address):
+        raise TransferError(f"{address!r} is not a tcp://HOST:PORT address")
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = _dealer(context, address, None if keys is None else keys.worker_public, keys)
+    try:
+        with open(dest, "wb") as file:
+
+            def answer() -> list[zmq.Frame]:
+                if not sock.poll(math.ceil(reply_timeout * 1000)):
+                    raise TransferError(f"{address} did not answer in {reply_timeout:g} s")
+                return sock.recv_multipart(copy=False)
+
+            sock.send_multipart([WANT, key.encode()])
+            reply = [frame.bytes for frame in answer()]
+            if reply[0] != SERVE or _number(reply) != size:
+                raise TransferError(f"{address} answered {b' '.join(reply)[:80]!r} for {key[:12]}")
+            wanted = list(range(0, size, CHUNK))
+            wanted.reverse()
+            asked: dict[int, int] = {}
+            while wanted or asked:
+                while wanted and len(asked) < max(1, window):
+                    offset = wanted.pop()
+                    length = min(CHUNK, size - offset)
+                    sock.send_multipart([GET, key.encode(), b"%d" % offset, b"%d" % length])
+                    asked[offset] = length
+                frames = answer()
+                verb = frames[0].bytes
+                if verb != PART or len(frames) != 3:
+                    raise TransferError(f"{address} answered {verb[:32]!r} for {key[:12]}")
+                try:
+                    offset = int(frames[1].bytes)
+                except ValueError:
+                    offset = -1
+                data = frames[2].buffer
+                if asked.pop(offset, -1) != len(data):
+                    raise TransferError(
+                        f"{address} sent {len(data)} bytes at {offset}, not what was asked"
+                    )
+                file.seek(offset)
+                file.write(data)
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
+def _dealer(
+    context: zmq.Context[zmq.Socket[bytes]],
+    address: str,
+    server_public: bytes | None,
+    keys: security.Keys | None,
+) -> zmq.Socket[bytes]:
+    """A DEALER to a server at ``address`` (one holding ``server_public``, with ``keys``)."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, CHUNK + 1024)
+    try:
+        if keys is not None:
+            assert server_public is not None
+            security.connect_as_worker(sock, server_public, keys)
+        sock.connect(address)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise TransferError(f"cannot connect to {address}: {exc}") from exc
+    return sock
+
+
 class _SourceFailed(Exception):
     """A source that cannot finish this transfer: it stopped answering, no longer holds
     the archive, or sent what was not asked for (``corrupt``: the bytes so far are
@@ -528,20 +610,15 @@ class _Fetch:
         sock = self.sockets.get(address)
         if sock is None:
             assert self.context is not None
-            sock = self.context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, CHUNK + 1024)
+            server = None
+            if self.keys is not None:  # the manager's servers use its key pair, peers the workers'
+                server = self.keys.manager_public
+                if address not in self.sources:
+                    server = self.keys.worker_public
             try:
-                if self.keys is not None:
-                    # the manager's servers use its key pair, peers the workers'
-                    server = self.keys.manager_public
-                    if address not in self.sources:
-                        server = self.keys.worker_public
-                    security.connect_as_worker(sock, server, self.keys)
-                sock.connect(address)
-            except zmq.ZMQError as exc:
-                sock.close(linger=0)
-                raise _SourceFailed(address, f"cannot connect: {exc}") from exc
+                sock = _dealer(self.context, address, server, self.keys)
+            except TransferError as exc:
+                raise _SourceFailed(address, str(exc)) from exc
             self.sockets[address] = sock
         return sock
 

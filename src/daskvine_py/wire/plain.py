@@ -43,6 +43,7 @@ from daskvine_py.wire.records import (
     Frame,
     GetData,
     Goodbye,
+    InputServer,
     LiveReply,
     LiveRequest,
     Lost,
@@ -96,6 +97,7 @@ KINDS: dict[int, type] = {
     21: Data,
     23: LiveRequest,
     24: LiveReply,
+    25: InputServer,
 }
 CODES: dict[type, int] = {kind: code for code, kind in KINDS.items()}
 PLAIN_KINDS: frozenset[type] = frozenset(CODES)

@@ -75,10 +75,12 @@ class TaskDone(NamedTuple):
     cpu: float = 0.0
     peak_memory: int = 0
     #: the input files it obtained through the node's input cache (``daskvine_py.inputs``):
-    #: ``(url, bytes, source)``, source one of ``INPUT_FROM_STORAGE``, ``INPUT_FROM_CACHE``,
-    #: ``INPUT_FROM_PEER``. The worker's node holds each of them now: the manager places the
-    #: next readers of those files here (``scheduler.input_files``)
-    inputs: tuple[tuple[str, int, int], ...] = ()
+    #: ``(url, bytes, source, version)``, source one of ``INPUT_FROM_STORAGE``,
+    #: ``INPUT_FROM_CACHE``, ``INPUT_FROM_PEER``, version what its server reported of the
+    #: copy (``inputs.store.Identity``). The worker's node holds each of them now: the
+    #: manager places the next readers of those files here (``scheduler.locality``), and
+    #: may send peers to fetch them from here (``FetchInputs``)
+    inputs: tuple[tuple[str, int, int, str], ...] = ()
 
 
 #: ``TaskDone.inputs``: where a file came from: fetched from its server by this task, found
@@ -86,8 +88,19 @@ class TaskDone(NamedTuple):
 INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER = 0, 1, 2
 #: The most files one ``TaskDone`` names (more are dropped by the worker, not sent).
 MAX_INPUT_FILES = 1024
-#: The longest URL of an input file the wire takes.
+#: The longest URL of an input file the wire takes, and the longest version.
 MAX_INPUT_URL = 4096
+MAX_INPUT_VERSION = 1024
+
+
+class InputServer(NamedTuple):
+    """Where this worker serves its node's input cache to peers (``FetchInputs``): sent
+    once, before the first ``TaskDone`` of a run that lets peers serve inputs."""
+
+    address: str
+    #: which cache it is (its host and directory): workers that share one fetch nothing
+    #: from each other
+    cache: str
 
 
 class TaskErred(NamedTuple):
@@ -278,6 +291,23 @@ class RunConfig(NamedTuple):
     #: they fetch stays: "run" (the worker hears ``RunEnded``), "worker" or "forever";
     #: "": they do not
     inputs: str = ""
+    #: a worker lacking an input file another worker's node holds may fetch it from
+    #: there (``FetchInputs``), not from its storage; False: always from storage (sites
+    #: that forbid traffic between nodes)
+    input_peers: bool = True
+
+
+class FetchInputs(NamedTuple):
+    """Fetch these input files from peers into the node's input cache, for tasks of run
+    ``run_id`` that read them (sent before their ``Execute``): each ``(url, bytes,
+    version, sources)``, ``sources`` the ``InputServer`` addresses of workers whose node
+    holds that copy. The worker pulls them beside its work; the task then finds the file
+    in the cache, or, if the pull failed or the server's copy changed since, fetches it
+    from storage as it would have."""
+
+    run_id: int
+    lifetime: str  #: the run's ``RunConfig.inputs``: what the copies are claimed for
+    files: tuple[tuple[str, int, str, tuple[str, ...]], ...]
 
 
 class RunEnded(NamedTuple):
@@ -433,6 +463,7 @@ ToManager: TypeAlias = (
     | Relay
     | Uploaded
     | TaskExhausted
+    | InputServer
 )
 TO_MANAGER: frozenset[type[ToManager]] = frozenset(
     {
@@ -452,6 +483,7 @@ TO_MANAGER: frozenset[type[ToManager]] = frozenset(
         Relay,
         Uploaded,
         TaskExhausted,
+        InputServer,
     }
 )
 #: A record a manager sends its workers.
@@ -461,6 +493,7 @@ ToWorker: TypeAlias = (
     | Function
     | RunConfig
     | RunEnded
+    | FetchInputs
     | Execute
     | Release
     | Cancel
@@ -479,6 +512,7 @@ TO_WORKER: frozenset[type[ToWorker]] = frozenset(
         Function,
         RunConfig,
         RunEnded,
+        FetchInputs,
         Execute,
         Release,
         Cancel,

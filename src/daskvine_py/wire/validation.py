@@ -22,6 +22,7 @@ from daskvine_py.wire.records import (
     INPUT_FROM_STORAGE,
     MAX_INPUT_FILES,
     MAX_INPUT_URL,
+    MAX_INPUT_VERSION,
     SPILL_LANE,
     Abort,
     Cancel,
@@ -30,10 +31,12 @@ from daskvine_py.wire.records import (
     DiskFull,
     Execute,
     FetchFailed,
+    FetchInputs,
     Function,
     GetData,
     Goodbye,
     Heartbeat,
+    InputServer,
     LiveReply,
     LiveRequest,
     Lost,
@@ -149,16 +152,42 @@ def _input_files(values: tuple[object, ...]) -> str | None:
     for value in values:
         if not (
             type(value) is tuple
-            and len(value) == 3
-            and type(value[0]) is str
-            and 0 < len(value[0]) <= MAX_INPUT_URL
-            and value[0].isprintable()
+            and len(value) == 4
+            and _input_url(value[0])
             and type(value[1]) is int
             and value[1] >= 0
             and value[2] in _INPUT_SOURCES
             and type(value[2]) is int
+            and _input_version(value[3])
         ):
-            return f"holds {shown(value)}, not (url, bytes, source)"
+            return f"holds {shown(value)}, not (url, bytes, source, version)"
+    return None
+
+
+def _input_url(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_INPUT_URL and value.isprintable()
+
+
+def _input_version(value: object) -> bool:
+    return type(value) is str and len(value) <= MAX_INPUT_VERSION and value.isprintable()
+
+
+def _input_sources(values: tuple[object, ...]) -> str | None:
+    """``FetchInputs.files``: (url, bytes, version, the addresses of peers holding it)."""
+    if len(values) > MAX_INPUT_FILES:
+        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
+    for value in values:
+        if not (
+            type(value) is tuple
+            and len(value) == 4
+            and _input_url(value[0])
+            and type(value[1]) is int
+            and value[1] >= 0
+            and _input_version(value[2])
+            and type(value[3]) is tuple
+            and all(type(a) is str and connectable(a) for a in value[3])
+        ):
+            return f"holds {shown(value)}, not (url, bytes, version, peer addresses)"
     return None
 
 
@@ -347,6 +376,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _ID,
         _SIZE,
     ),
+    InputServer: (_Field(str, _address), _PRINTABLE),
     TaskDone: (
         _ID,
         _SIZE,
@@ -386,8 +416,10 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _Field((Software, type(None)), _software),
         _Field(tuple, _named_files),
         _Field(str, _one_of(("", *INPUT_LIFETIMES))),
+        _FLAG,
     ),
     RunEnded: (_ID,),
+    FetchInputs: (_ID, _Field(str, _one_of(INPUT_LIFETIMES)), _Field(tuple, _input_sources)),
     Execute: (
         _ID,
         _KEY,

@@ -612,7 +612,7 @@ def run(
 _ABSENT = object()
 
 
-def _files_read() -> tuple[tuple[str, int, int], ...]:
+def _files_read() -> tuple[tuple[str, int, int, str], ...]:
     """The input files the task just run obtained through the node's input cache: none
     unless it (or an earlier task) imported ``daskvine_py.inputs``."""
     module = sys.modules.get("daskvine_py.inputs")

@@ -95,7 +95,7 @@ class Done(NamedTuple):
     cpu: float = 0.0
     peak_memory: int = 0
     #: the input files the call obtained through the node's input cache (``TaskDone.inputs``)
-    inputs: tuple[tuple[str, int, int], ...] = ()
+    inputs: tuple[tuple[str, int, int, str], ...] = ()
 
 
 class Exported(NamedTuple):

@@ -86,6 +86,7 @@ from daskvine_py.wire.transport import has_more, send_batch
 from daskvine_py.worker import host as h
 from daskvine_py.worker import pipe
 from daskvine_py.worker.args import counted, parse_args
+from daskvine_py.worker.input_peers import InputPeers
 from daskvine_py.worker.inputs_keeper import InputsKeeper
 from daskvine_py.worker.memory_watch import MemoryWatch
 from daskvine_py.worker.messages import (
@@ -230,6 +231,8 @@ class Worker:
         self.poller.register(self.software.wake_fd, zmq.POLLIN)
         #: the node's input cache as this worker keeps it: its claims' lifetimes
         self.inputs = InputsKeeper(input_cache, disk)
+        #: that cache served to peers, and files pulled from theirs (``input_peers``)
+        self.input_peers = InputPeers(self.name, split_address(self.peer_address)[0], keys)
         #: every decision: tasks, fetches, library slots, manager liveness
         self.state = WorkerState(
             self.store,
@@ -269,6 +272,7 @@ class Worker:
         self._carriers.update(
             {
                 p.Register: self._send_register,
+                p.TaskDone: self._send_task_done,
                 SendStatus: self._send_status,
                 StartLibrary: self._start_library,
                 PrepareSoftware: self._prepare_software,
@@ -355,6 +359,7 @@ class Worker:
         sharedbuf.remove_owned(os.getpid())  # messages its libraries wrote that none read
         self.peers.close()
         self.software.close()
+        self.input_peers.close()
         self.handshakes.close()
         # A manager that is gone or refused us will not take what is queued for it.
         self.manager.close(linger=0 if self.manager_gone else None)
@@ -500,8 +505,15 @@ class Worker:
                 )
                 events.append(Unreadable(message, str(exc)))
                 continue
+            if type(message) is p.FetchInputs:
+                self.input_peers.fetch(message)  # (beside the work: the state never knows)
+                continue
             if type(message) is p.RunConfig and message.inputs:
                 self.inputs.own()  # before its tasks claim anything
+                if message.input_peers:
+                    served = self.input_peers.serve()
+                    if served is not None:
+                        self.outbox.append(served)
             if type(message) is p.RunConfig and message.files:
                 try:
                     message = self.software.with_files(message)
@@ -663,6 +675,9 @@ class Worker:
 
     def _ask_peer(self, ask: AskPeer) -> None:
         self.peers.ask(ask, self.events)
+
+    def _send_task_done(self, done: p.TaskDone) -> None:
+        self.outbox.append(self.input_peers.relabel(done) if done.inputs else done)
 
     def _close_peer(self, close: ClosePeer) -> None:
         self.peers.reset(close.address)

@@ -1,0 +1,217 @@
+"""Input files between nodes: this node's input cache served to peers, and the files the
+manager names fetched from them (``FetchInputs``) rather than from their storage.
+
+A run with ``cache_inputs`` and ``input_peers`` (the default) makes the worker start an
+``ArchiveServer`` over its node's input cache and tell the manager where it is and which
+cache it serves (``InputServer``). From then on, when the manager sends this worker a
+task reading a file its node lacks and another node holds, a ``FetchInputs`` naming
+those holders comes first: a thread here pulls the file from one of them into the node's
+cache, under the entry's lock, as the libraries fetch from storage (the same key: the
+URL with the size and version its server reported; the same size check; nothing kept of
+a failed pull). The task's library, reading the file, finds it there (or waits on the
+lock while the pull ends) and counts a cache hit, which the worker reports as a read
+from a peer (``relabel``). If every holder fails, or the server's copy has changed since
+(its version differs: another key), the library fetches from storage as it always could.
+
+Nothing here raises into the worker's loop: a failed pull is logged and forgotten.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import NamedTuple
+
+from daskvine_py.inputs import OWNER_VARIABLE
+from daskvine_py.inputs.store import Identity, InputCache, claim, default_root
+from daskvine_py.software import transfer
+from daskvine_py.wire import protocol as p
+from daskvine_py.wire import security
+
+logger = logging.getLogger("daskvine_py.worker")
+
+#: Seconds a pull waits for another process of the node holding the entry's lock (a
+#: library fetching it from storage meanwhile): then it is theirs.
+LOCK_WAIT = 600.0
+#: URLs pulled from peers and not yet reported by a task (``relabel``), at most.
+PEERED_KEPT = 4096
+
+
+class InputPeers:
+    """This worker's side of input files between nodes; see the module docstring."""
+
+    def __init__(self, name: str, host: str, keys: security.Keys | None) -> None:
+        self.name = name
+        self.host = host  #: the interface peers reach this worker on
+        self.keys = keys
+        self.server: transfer.ArchiveServer | None = None
+        self.cache: InputCache | None = None
+        #: URLs pulled from a peer, until a task's report names them (``relabel``)
+        self.peered: dict[str, None] = {}
+        #: bytes pulled from peers, and pulls that failed
+        self.bytes_pulled = 0
+        self.failed = 0
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Pull | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        #: pulls queued or under way, by key: the same file named for many tasks is
+        #: pulled once
+        self._pending: set[str] = set()
+
+    def serve(self) -> p.InputServer | None:
+        """Start serving the node's input cache (once); the record that tells the manager
+        where, or None if it already knows or it cannot be served."""
+        if self.server is not None:
+            return None
+        cache = self._open()
+        if cache is None:
+            return None
+        try:
+            self.server = transfer.ArchiveServer(
+                cache.entry_file,
+                self.keys,
+                host=self.host,
+                name=f"worker {self.name}'s input server",
+            )
+        except Exception as exc:  # no port, a broken context: peers fetch from storage
+            logger.warning("worker %s cannot serve its input cache: %s", self.name, exc)
+            return None
+        return p.InputServer(self.server.address, f"{socket.gethostname()}:{cache.root}")
+
+    def fetch(self, message: p.FetchInputs) -> None:
+        """Pull ``message``'s files beside the work, on a thread of its own. Each entry's
+        lock is taken here first, before the tasks that read it reach a library: one
+        asking for it meanwhile waits for the pull rather than fetch from storage too."""
+        cache = self.cache if self.cache is not None else self._open()
+        if cache is None:
+            return
+        for url, size, version, sources in message.files:
+            identity = Identity(url, size, version)
+            key = identity.key
+            with self._lock:
+                if key in self._pending:
+                    continue  # (named for several tasks: pulled once)
+            try:
+                if cache.lookup(identity) is not None:
+                    continue
+                reserved = cache.reserve(key)
+            except OSError as exc:
+                logger.warning("worker %s cannot pull %s: %s", self.name, url, exc)
+                continue
+            if reserved is None:
+                continue  # a process of the node fetches it now
+            with self._lock:
+                self._pending.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="daskvine-input-peers", daemon=True
+                )
+                self._thread.start()
+            self._queue.put(_Pull(identity, sources, message.lifetime, message.run_id, reserved))
+
+    def relabel(self, done: p.TaskDone) -> p.TaskDone:
+        """``done`` with its reads of files pulled from a peer said to be so (its library
+        found them in the cache, where the pull had put them)."""
+        if not self.peered:
+            return done
+        reads = []
+        with self._lock:
+            for read in done.inputs:
+                if read[2] == p.INPUT_FROM_CACHE and read[0] in self.peered:
+                    del self.peered[read[0]]
+                    read = (read[0], read[1], p.INPUT_FROM_PEER, read[3])
+                reads.append(read)
+        return done._replace(inputs=tuple(reads))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _open(self) -> InputCache | None:
+        if self.cache is None:
+            limit = os.environ.get("DASKVINE_PY_INPUT_CACHE_BYTES", "").strip()
+            try:
+                self.cache = InputCache(default_root(), int(limit) if limit else 10 * 2**30)
+            except (OSError, ValueError) as exc:
+                logger.warning("worker %s cannot use its input cache: %s", self.name, exc)
+        return self.cache
+
+    def _run(self) -> None:
+        while True:
+            pull = self._queue.get()
+            if pull is None:
+                return
+            try:
+                self._pull(pull)
+            except Exception:  # never into the loop: the task reads from storage
+                logger.exception(
+                    "worker %s could not pull %s from a peer", self.name, pull.identity.url
+                )
+            finally:
+                with self._lock:
+                    self._pending.discard(pull.identity.key)
+
+    def _pull(self, pull: _Pull) -> None:
+        cache = self.cache
+        assert cache is not None
+        identity = pull.identity
+        reserved: int | None = pull.reserved
+        try:
+            cache.use(identity.key, LOCK_WAIT)  # (not evicted between the pull and the claim)
+            cache.evict(room=identity.size)
+            for source in pull.sources:
+                fetch = functools.partial(
+                    transfer.pull_file, source, identity.key, identity.size, keys=self.keys
+                )
+                try:
+                    _, pulled = cache.fill(identity, fetch, LOCK_WAIT, reserved)
+                except (OSError, TimeoutError) as exc:
+                    self.failed += 1
+                    logger.warning(
+                        "worker %s could not pull %s from %s: %s",
+                        self.name,
+                        identity.url,
+                        source,
+                        exc,
+                    )
+                    continue
+                finally:
+                    reserved = None  # (``fill`` let go of it: the next source locks anew)
+                owner = os.environ.get(OWNER_VARIABLE, "")
+                if owner:  # kept as the run's own fetches would be (``inputs.using``)
+                    cache.claim(identity.key, [claim(pull.lifetime, owner, pull.run_id)])
+                if pulled:
+                    with self._lock:
+                        self.bytes_pulled += identity.size
+                        self.peered[identity.url] = None
+                        while len(self.peered) > PEERED_KEPT:
+                            del self.peered[next(iter(self.peered))]
+                return
+        finally:
+            if reserved is not None:
+                os.close(reserved)  # (no source tried: the lock goes)
+            cache.release()
+
+
+class _Pull(NamedTuple):
+    """One file to pull (``FetchInputs``), its entry's lock taken (``reserved``)."""
+
+    identity: Identity
+    sources: tuple[str, ...]
+    lifetime: str
+    run_id: int
+    reserved: int
