@@ -399,6 +399,7 @@ def install() -> None:
     with _lock:
         if _installed:
             return
+        remote.configure_xrootd()  # before fsspec-xrootd makes its first client
         previous = fsspec.get_filesystem_class("root")
         fsspec.register_implementation("root", CachedXRootDFileSystem, clobber=True)
         handler = _uproot_handler()
