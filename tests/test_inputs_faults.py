@@ -372,3 +372,34 @@ def test_gsi_end_to_end_the_proxy_travels_with_the_run(gsi_server, tmp_path, mon
     assert digest == hashlib.sha256(data).hexdigest()
     cached = [p for p in (tmp_path / "inputs").rglob("analysis.root") if p.is_file()]
     assert len(cached) == 1 and cached[0].read_bytes() == data
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=PermissionError,
+    reason="the XRootD client reads the X.509 variables once per process: a library that "
+    "first authenticated without a proxy is refused for its life, though a later run "
+    "ships one (the worker would have to start a fresh library when env_files change)",
+)
+def test_gsi_a_proxy_shipped_after_a_run_without_one(gsi_server, tmp_path, monkeypatch):
+    from daskvine_py import Manager
+
+    gsi, started = gsi_server
+    _, url = _serve(started, "later.root", b"later" * 100)
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "inputs"))
+    for name in ("X509_USER_PROXY", "X509_CERT_DIR", xrootd.SERVER_NAMES):
+        monkeypatch.delenv(name, raising=False)
+    env = gsi.client_env(proxy=False)
+    with Manager() as manager:
+        manager.start_workers(1, cores=1)
+        task = dask.delayed(_read_root)(url)
+        with pytest.raises(PermissionError):  # forgot the proxy
+            dask.compute(task, scheduler=manager.get, cache_inputs=True, env_vars=env)
+        (digest,) = dask.compute(
+            task,
+            scheduler=manager.get,
+            cache_inputs=True,
+            env_files={"X509_USER_PROXY": str(gsi.proxy)},
+            env_vars=env,
+        )
+    assert digest == hashlib.sha256(b"later" * 100).hexdigest()

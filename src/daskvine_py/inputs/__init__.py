@@ -68,7 +68,8 @@ ships the caller's proxy to the workers and sets the variable for the tasks;
 ``env_vars=`` sets ``X509_CERT_DIR`` where the nodes' own is elsewhere. The client reads
 these variables once per process, when it first authenticates (measured with the
 bindings 6.2: a process that first asked without a proxy is refused later too, though
-the variable names one by then).
+the variable names one by then; so is a library that served a run without a proxy, when
+a later run ships one).
 
 **In use.** A process holds a shared lock on every entry it has handed out, until
 ``release()`` (or its end), and no process of the node removes an entry another holds. A
