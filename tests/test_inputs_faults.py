@@ -369,9 +369,12 @@ def test_gsi_end_to_end_the_proxy_travels_with_the_run(gsi_server, tmp_path, mon
             env_files={"X509_USER_PROXY": str(proxy)},
             env_vars=env,
         )
+        # (while the worker lives: cache_inputs=True's files go with it)
+        cached = [
+            p.read_bytes() for p in (tmp_path / "inputs").rglob("analysis.root") if p.is_file()
+        ]
     assert digest == hashlib.sha256(data).hexdigest()
-    cached = [p for p in (tmp_path / "inputs").rglob("analysis.root") if p.is_file()]
-    assert len(cached) == 1 and cached[0].read_bytes() == data
+    assert cached == [data]
 
 
 @pytest.mark.xfail(
