@@ -2,8 +2,8 @@
 # A read-only XRootD server on 127.0.0.1, for the tests that read over root:// (Debian's
 # xrootd-server; xrootd-client for the readiness check):
 #
-#   scripts/xrootd-server.sh start DIR PORT [PIDFILE [LOG]]   # serve DIR's files as
-#                       # root://127.0.0.1:PORT//DIR/NAME; wait until they are served
+#   scripts/xrootd-server.sh start DIR PORT [PIDFILE [LOG [EXTRA]]]  # serve DIR's files
+#                       # as root://127.0.0.1:PORT//DIR/NAME; wait until they are served
 #   scripts/xrootd-server.sh stop PIDFILE                      # stop it, wait until gone
 #
 # Loopback only: xrootd 5.5 has no directive that binds its port to one address (it binds
@@ -21,6 +21,11 @@
 # admin socket and the pid paths xrootd writes live in a short-named directory under /tmp
 # (unix socket paths are limited to 108 bytes), named in PIDFILE.state and removed by stop.
 #
+# EXTRA, a file, is appended to the configuration: the tests' GSI mode (tests/xrootd.py)
+# adds its security directives there. The readiness check's xrdfs runs in this script's
+# environment, so a server that demands credentials is checked with the caller's
+# (X509_USER_PROXY, X509_CERT_DIR).
+#
 # Exit status of start: 0 served; 3 PORT is already in use (pick another); 1 any other
 # failure, with the tail of LOG on stderr.
 set -euo pipefail
@@ -28,7 +33,7 @@ set -euo pipefail
 die() { echo "xrootd-server: $*" >&2; exit 1; }
 
 usage() {
-    echo "usage: $0 start DIR PORT [PIDFILE [LOG]] | stop PIDFILE" >&2
+    echo "usage: $0 start DIR PORT [PIDFILE [LOG [EXTRA]]] | stop PIDFILE" >&2
     exit 2
 }
 
@@ -62,8 +67,9 @@ os.execvp(sys.argv[2], sys.argv[2:])
 '
 
 start() {
-    local dir=$1 port=$2
+    local dir=$1 port=$2 extra=${5:-}
     [ -d "$dir" ] || die "no directory $dir"
+    [ -z "$extra" ] || [ -r "$extra" ] || die "cannot read the extra configuration $extra"
     dir=$(cd "$dir" && pwd -P)
     [[ $port =~ ^[0-9]+$ ]] && [ "$port" -gt 0 ] && [ "$port" -lt 65536 ] || die "bad port $port"
     command -v xrootd >/dev/null || die "xrootd is not installed (apt-get install xrootd-server)"
@@ -91,6 +97,7 @@ all.pidpath $state
 xrd.trace off
 ofs.trace open
 CONF
+    [ -z "$extra" ] || cat "$extra" >> "$state/xrootd.cfg"
     : > "$log"
     python3 -c "$HANDOVER" "$port" xrootd "${as[@]}" -s "$state/xrootd.pid" \
         -c "$state/xrootd.cfg" < /dev/null >> "$log" 2>&1 &
@@ -156,7 +163,7 @@ stop() {
 }
 
 case "${1:-}" in
-    start) [ $# -ge 3 ] && [ $# -le 5 ] || usage; start "$2" "$3" "${4:-}" "${5:-}" ;;
+    start) [ $# -ge 3 ] && [ $# -le 6 ] || usage; start "$2" "$3" "${4:-}" "${5:-}" "${6:-}" ;;
     stop) [ $# = 2 ] || usage; stop "$2" ;;
     *) usage ;;
 esac

@@ -46,7 +46,30 @@ file it holds in part).
 request) or answers a server error is asked again after each of ``RETRY_DELAYS`` (three
 retries: 0.5, 1 and 2 s), each time with a fresh stat; then ``InputUnavailable`` names
 the URL, the worker (``$DASKVINE_PY_WORKER_NAME``, else the host) and the last error. A
-file the server does not have is ``FileNotFoundError`` naming the URL at once.
+file the server does not have (never had, or removed since an earlier run: the cached
+copy is not served) is ``FileNotFoundError`` naming the URL at once; one the server
+refuses, or whose server accepts none of the process's credentials (an X.509 proxy
+missing or expired), ``PermissionError`` naming the URL at once. The bounds, with the
+XRootD client as ``remote.configure_xrootd`` sets it (one try to connect, no memory of a
+failed server, timeouts checked every second): a server that is down (the connection
+refused) fails each attempt in milliseconds, so its task fails after the retries' 3.5 s
+(164 s with the client's defaults, measured); a host or server that does not answer
+at all, each attempt within ``min(10, TIMEOUT)`` s plus a second (measured: 47.6 s in all
+against a socket that never answers); a server that stalls mid-transfer, each attempt
+within ``TIMEOUT`` + 1 s a read. A server back
+within the retries (a restart) is read from again. A copy truncated or replaced on the
+server mid-fetch is never cached: its bytes fall short, or its stat changed, and the
+retry fetches the copy the server has then.
+
+**Credentials.** ``root://`` reads authenticate as the XRootD client does, from the
+task's environment: for X.509 (GSI), ``X509_USER_PROXY`` names the proxy and
+``X509_CERT_DIR`` the CAs' certificates. ``get(env_files={"X509_USER_PROXY": path})``
+ships the caller's proxy to the workers and sets the variable for the tasks;
+``env_vars=`` sets ``X509_CERT_DIR`` where the nodes' own is elsewhere. The client reads
+these variables once per process, when it first authenticates (measured with the
+bindings 6.2: a process that first asked without a proxy is refused later too, though
+the variable names one by then; so is a library that served a run without a proxy, when
+a later run ships one).
 
 **In use.** A process holds a shared lock on every entry it has handed out, until
 ``release()`` (or its end), and no process of the node removes an entry another holds. A
@@ -403,6 +426,7 @@ def install() -> None:
     with _lock:
         if _installed:
             return
+        remote.configure_xrootd()  # before fsspec-xrootd makes its first client
         previous = fsspec.get_filesystem_class("root")
         fsspec.register_implementation("root", CachedXRootDFileSystem, clobber=True)
         handler = _uproot_handler()

@@ -5,7 +5,9 @@ Two kinds, each with the maintained client the analyses already use:
 - ``root://``: XRootD, through the ``XRootD.client`` bindings (imported on first use):
   ``FileSystem.stat`` gives the size and modification time (and the checksum, where the
   server's extended stat carries one); the fetch opens the file, checks that the open
-  copy is the one stated, and reads it in ``CHUNK`` pieces.
+  copy is the one stated, and reads it in ``CHUNK`` pieces. Before the process's first
+  client, ``configure_xrootd`` makes the client's own failures quick (``XROOTD_SETTINGS``):
+  our retries, not the client's, decide how long a dead server is waited for.
 - ``http://`` and ``https://``: ``urllib``: a HEAD gives ``Content-Length`` and
   ``Last-Modified`` and/or ``ETag``; the GET's own headers must say the same, or the copy
   changed in between.
@@ -39,6 +41,9 @@ Count = Callable[[int], None]
 
 #: XRootD's own error numbers (XProtocol.hh) for what no retry cures
 _KXR_NOT_AUTHORIZED = 3010
+#: the client's status code (XrdClStatus.hh ``errAuthFailed``): no credentials the
+#: server accepts (no proxy, an expired one, a CA it does not trust)
+_XRDCL_AUTH_FAILED = 204
 _KXR_NOT_FOUND = 3011
 _KXR_IS_DIRECTORY = 3016
 
@@ -145,6 +150,45 @@ def _reason(exc: BaseException) -> str:
 
 # -- XRootD ----------------------------------------------------------------------------
 
+#: The XRootD client's settings this module sets once per process, before its first
+#: client (``XrdCl``'s defaults in brackets). Left alone where the environment sets one
+#: (``XRD_CONNECTIONRETRY`` and so on: the client takes those first).
+#:
+#: - ``ConnectionRetry`` 1 [5] and ``ConnectionWindow`` 10 s [120]: one try to connect,
+#:   of at most 10 s. By default a refused connection is tried again at each of 5 windows
+#:   of 120 s, up to the request's own timeout: a dead server held each attempt for
+#:   ``TIMEOUT`` and more (about 30 to 45 s, four times).
+#: - ``StreamErrorWindow`` 0 s [1800]: by default, for 30 minutes after a connection to a
+#:   server failed, every request to it fails at once with that error, so a server back
+#:   within the retries (a restart) would still not be asked.
+#: - ``TimeoutResolution`` 1 s [15]: how often the client looks for expired requests; a
+#:   timeout of ``TIMEOUT`` seconds ends within a second of it, not up to 15 s late.
+#:
+#: They apply to the whole process, fsspec-xrootd's and uproot's own XRootD requests too
+#: (a library that calls ``install()``): failures come sooner, and the tasks' retries
+#: (``inputs.RETRY_DELAYS``) stand in for the client's.
+XROOTD_SETTINGS = {
+    "ConnectionRetry": 1,
+    "ConnectionWindow": 10,
+    "StreamErrorWindow": 0,
+    "TimeoutResolution": 1,
+}
+_configured: list[bool] = []
+
+
+def configure_xrootd() -> None:
+    """Put ``XROOTD_SETTINGS`` into the XRootD client's environment, once per process
+    (a setting the shell gave, ``XRD_*``, stays). A no-op without the bindings."""
+    if _configured:
+        return
+    try:
+        from XRootD import client
+    except ImportError:
+        return
+    _configured.append(True)
+    for name, value in XROOTD_SETTINGS.items():
+        client.EnvPutInt(name, value)  # False where XRD_<NAME> was set: the user's stays
+
 
 def _client() -> Any:
     try:
@@ -153,6 +197,7 @@ def _client() -> Any:
         raise Refused(
             "reading root:// needs the XRootD client's Python bindings here: pip install xrootd"
         ) from exc
+    configure_xrootd()
     return client
 
 
@@ -211,6 +256,13 @@ def _xrootd_failure(url: str, status: Any, what: str) -> Exception:
         return not_found(url)
     if status.errno == _KXR_NOT_AUTHORIZED:
         return PermissionError(errno.EACCES, f"the server refuses it ({message})", url)
+    if status.code == _XRDCL_AUTH_FAILED:
+        return PermissionError(
+            errno.EACCES,
+            f"the server accepts none of our credentials ({message}; for X.509: "
+            "X509_USER_PROXY names a valid proxy? X509_CERT_DIR holds its CAs?)",
+            url,
+        )
     if status.errno == _KXR_IS_DIRECTORY:
         return IsADirectoryError(errno.EISDIR, "a directory on its server", url)
     return Transient(message)
