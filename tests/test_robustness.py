@@ -702,6 +702,7 @@ _ADDRESS = st.builds(
 )
 _SECONDS = st.floats(0, 1e9)
 _SIZE = st.integers(0, 2**40)
+_URL = st.builds("root://eos//store/{}.root".format, st.integers(0, 99))
 _KEY = st.recursive(
     st.one_of(_TEXT, st.integers(), st.floats(allow_nan=False)),
     lambda inner: st.tuples(inner, inner),
@@ -717,7 +718,18 @@ _DEP = st.builds(
 #: What each field of each record may hold, written apart from protocol.py's own rules.
 VALID = {
     p.Register: (_ID, _PRINTABLE, st.integers(1, 64), _SIZE, _PRINTABLE, _ADDRESS, _ID, _SIZE),
-    p.TaskDone: (_ID, _SIZE, _SECONDS, _VALUE, _SECONDS, _SECONDS, _SECONDS, _SIZE),
+    p.TaskDone: (
+        _ID,
+        _SIZE,
+        _SECONDS,
+        _VALUE,
+        _SECONDS,
+        _SECONDS,
+        _SECONDS,
+        _SIZE,
+        st.lists(st.tuples(_URL, _SIZE, st.integers(0, 2), _PRINTABLE), max_size=2).map(tuple),
+    ),
+    p.InputServer: (_ADDRESS, _PRINTABLE),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
     p.TaskExhausted: (_ID, st.just("memory"), _SIZE, _SIZE),
@@ -766,6 +778,14 @@ VALID = {
         st.sampled_from(["", "run", "worker", "forever"]),
     ),
     p.RunEnded: (_ID,),
+    p.FetchInputs: (
+        _ID,
+        st.sampled_from(["run", "worker", "forever"]),
+        st.lists(
+            st.tuples(_URL, _SIZE, _PRINTABLE, st.lists(_ADDRESS, max_size=2).map(tuple)),
+            max_size=2,
+        ).map(tuple),
+    ),
     p.Execute: (
         _ID,
         _KEY,
