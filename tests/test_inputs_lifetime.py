@@ -231,13 +231,20 @@ def test_using_claims_for_each_run_running_then_releases(cache_dir, http_server,
 # -- the worker's part ------------------------------------------------------------------
 
 
-def test_the_worker_names_the_cache_for_its_libraries(tmp_path, monkeypatch):
+@pytest.fixture
+def keeper_env(monkeypatch):
+    """The variables an ``InputsKeeper`` sets in this process, restored after the test:
+    else the workers later tests start would inherit this one's cache and owner."""
     for name in (
         inputs_keeper.ROOT_VARIABLE,
         inputs_keeper.BYTES_VARIABLE,
         inputs.OWNER_VARIABLE,
     ):
-        monkeypatch.delenv(name, raising=False)  # (restored after the test)
+        monkeypatch.setenv(name, "")  # (so that its absence, if so, is what comes back)
+        monkeypatch.delenv(name)
+
+
+def test_the_worker_names_the_cache_for_its_libraries(tmp_path, keeper_env):
     keeper = InputsKeeper(str(tmp_path / "node"), 5 * 2**20)
     assert os.environ[inputs_keeper.ROOT_VARIABLE] == str(tmp_path / "node")
     assert os.environ[inputs_keeper.BYTES_VARIABLE] == str(5 * 2**20)
@@ -255,7 +262,7 @@ def test_the_worker_names_the_cache_for_its_libraries(tmp_path, monkeypatch):
     assert key != held
 
 
-def test_the_worker_looks_again_at_what_was_in_use(tmp_path, monkeypatch):
+def test_the_worker_looks_again_at_what_was_in_use(tmp_path, monkeypatch, keeper_env):
     monkeypatch.setattr(inputs_keeper, "RETRY_FIRST", 0.0)
     keeper = InputsKeeper(str(tmp_path), None)
     keeper.own()

@@ -164,8 +164,9 @@ def test_a_second_run_reads_each_file_where_a_node_holds_it(
 ):
     """Two workers, each with a cache of its own (two nodes). The first run reads four
     files on each, placed there by annotation; the second, with no annotation and its
-    tasks in another order, reads every file from the cache of the node that holds it:
-    not one byte from the server."""
+    tasks in another order, reads every file from the node that holds it: not one byte
+    from the server (``test_inputs_locality`` without peers: the state's own test above
+    shows the placement itself)."""
     sizes = {f"f{i}.root": 10_000 * (i + 1) for i in range(8)}
     for name, size in sizes.items():
         _write(http_server.directory / name, bytes([len(name)]) * size, 1_700_000_000)
@@ -198,7 +199,8 @@ def test_a_second_run_reads_each_file_where_a_node_holds_it(
         assert http_server.count("GET") == gets  # nothing fetched from the server again
         (category,) = manager.last_run.categories.values()
         assert category.file_bytes_from_storage == 0
-        assert category.file_bytes_from_cache == total
+        # (a task an idle worker took from the other pulls its file from that node)
+        assert category.file_bytes_from_cache + category.file_bytes_from_peers == total
 
         page = tmp_path / "report.html"
         manager.report(page)
