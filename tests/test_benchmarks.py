@@ -181,6 +181,19 @@ SMOKES = [
         r"\ndaskvine_py\s+1,000\s+1,144\s+[\d.]+\s+[\d.]+(.*\n)*sync\s+1,000",
         (),
     ),
+    (
+        # the simulation of issue 40: the script exits 1 unless, at each disk bound, the
+        # second run with locality reads strictly less from storage than without, every
+        # file is read from storage in the first run, a node with no disk bound reads
+        # each file from storage once, and the same seed gives the same numbers
+        "bench_input_locality",
+        "bench_input_locality.py",
+        ["--smoke"],
+        r"\nlocality on, unbounded disk\s+2\s+[\d.]+(.*\n)*locality off, 5 GB disk\s+2\s+"
+        r"(.*\n)*the same seed again \(locality on, unbounded disk\): the same numbers"
+        r"(.*\n)*checks: passed",
+        (),
+    ),
     ("bench_matching", "bench_matching.py", ["--smoke"], r"1,000 random\s+heapq\s+\d", ()),
     (
         "bench_modes",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -193,3 +194,19 @@ def test_the_views_are_compared_only_once_no_news_is_on_its_way():
     while sim.heap:
         sim.heap.pop(0)[2]()
     assert sim.in_flight == 0 and sim._quiet()
+
+
+def test_runs_in_turn_each_submitted_once_the_one_before_ended():
+    """``Config.in_turn``: the given runs go one after another (an analysis iterated), so
+    that the files the second reads are those its nodes' caches kept from the first."""
+    workload = wl.make("dv3", random.Random(3), 200)
+    workload = wl.with_inputs(workload, 10**9, 4, random.Random(4))
+    config = Config(4, preempt=0, leave=0, oom=0, cancel=0, cache=0, fail=0, in_turn=True)
+    sim = Simulation(5, config, workloads=[workload, workload])
+    assert sim.run().violations == []
+    assert sim.runs[2].submitted > sim.ended_at[1] >= sim.runs[1].submitted == 0.0
+    assert sim.ended_at[2] > sim.runs[2].submitted
+    runs = [run for _, run, _, _ in sim.file_reads]
+    assert runs == sorted(runs) and set(runs) == {1, 2}  # each read counted to its run
+    from_cache = [s for _, run, _, s in sim.file_reads if run == 2]
+    assert p.INPUT_FROM_CACHE in from_cache

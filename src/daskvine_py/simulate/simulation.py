@@ -79,6 +79,10 @@ class Config:
     input_locality: bool = True
     #: bytes of each node's input cache (0: no bound)
     node_disk: int = 0
+    #: the given runs (``Simulation(workloads=...)``) go one after another, each
+    #: submitted a moment after the one before it ended (an analysis iterated); False:
+    #: each at a random time in the first 10 s
+    in_turn: bool = False
 
 
 @dataclass
@@ -145,6 +149,10 @@ class Simulation:
         self.file_reads: list[tuple[float, int, int, int]] = []
         #: the run submitted last (the one whose tasks read files now, runs one by one)
         self.current_run = 0
+        #: per run: when it ended (simulated seconds), and the runs submitted in turn
+        #: that wait for the one before them (``Config.in_turn``)
+        self.ended_at: dict[int, float] = {}
+        self.waiting: list[tuple[int, wl.Workload]] = []
 
     # -- the Host of the nodes ----------------------------------------------------------
 
@@ -244,7 +252,11 @@ class Simulation:
         self.checker.output(ev)
 
     def run_ended(self, ev: RunDone | RunFailed) -> None:
+        self.ended_at.setdefault(ev.run_id, self.time)
         self.checker.ended(ev)
+        if self.waiting:  # (``Config.in_turn``) the next one, now
+            run_id, workload = self.waiting.pop(0)
+            self.after(0.001, functools.partial(self.submit, run_id, workload))
 
     def lost(self, worker: bytes, reason: str) -> None:
         self.checker.lost(worker, reason)
@@ -395,8 +407,8 @@ class Simulation:
         self._pass("manager")
 
     def cancel(self, run_id: int) -> None:
-        record = self.runs[run_id]
-        if record.ended is None:
+        record = self.runs.get(run_id)  # (None: waiting for its turn, ``Config.in_turn``)
+        if record is not None and record.ended is None:
             record.cancelled = True
             self.manager.cancel(run_id)
             self._pass("manager")
@@ -462,7 +474,10 @@ class Simulation:
                 if self.cached:  # the same graph again
                     workload = first = workload if first is None else first
             submit_at = 0.0 if run_id == 1 else rng.uniform(0.0, 10.0)
-            self.after(submit_at, functools.partial(self.submit, run_id, workload))
+            if run_id > 1 and given is not None and config.in_turn:
+                self.waiting.append((run_id, workload))
+            else:
+                self.after(submit_at, functools.partial(self.submit, run_id, workload))
             if rng.random() < config.cancel:
                 cancel = functools.partial(self.cancel, run_id)
                 self.after(submit_at + rng.uniform(0.0, 5.0), cancel)
