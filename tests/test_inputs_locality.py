@@ -164,9 +164,9 @@ def test_a_second_run_reads_each_file_where_a_node_holds_it(
 ):
     """Two workers, each with a cache of its own (two nodes). The first run reads four
     files on each, placed there by annotation; the second, with no annotation and its
-    tasks in another order, reads every file from the node that holds it: not one byte
-    from the server (``test_inputs_locality`` without peers: the state's own test above
-    shows the placement itself)."""
+    tasks in another order, reads every file from the node that holds it (its cache, or,
+    for a task an idle worker took from the other, pulled from there): not one byte from
+    the server. The placement itself is the state test's above."""
     sizes = {f"f{i}.root": 10_000 * (i + 1) for i in range(8)}
     for name, size in sizes.items():
         _write(http_server.directory / name, bytes([len(name)]) * size, 1_700_000_000)
