@@ -211,6 +211,27 @@ def test_a_second_run_reads_each_file_where_a_node_holds_it(
 # -- peers as the source ----------------------------------------------------------------
 
 
+def test_the_readers_of_a_file_no_node_holds_go_where_the_first_went():
+    """Read for the first time, a file's chunks are all ready at once: queued where the
+    first went, they are not spread over every worker (each would fetch the whole file)."""
+    state = s.SchedulerState(fixed_extra_tasks_per_core=3)
+    state.handle([_joined(W1), _joined(W2)])
+    chunks = {f"a{i}": A for i in range(4)} | {f"b{i}": B for i in range(4)}
+    placed = _executes(state.handle([_reading(1, dict(sorted(chunks.items())))]))
+    by_file = {url: {placed[k] for k in chunks if chunks[k] == url} for url in (A, B)}
+    assert len(by_file[A]) == len(by_file[B]) == 1, placed
+    assert by_file[A] != by_file[B]  # (the other worker took the first chunk of B)
+    assert not state.ctx.input_files[A].readers and not state.ctx.input_files[B].readers
+
+
+def test_readers_forgotten_unsent_leave_their_files():
+    state = s.SchedulerState()
+    state.handle([_reading(1, {"r0": A, "r1": A})])  # no worker: they wait, ready
+    assert len(state.ctx.input_files[A].readers) == 2
+    state.handle([s.CancelRun(1)])
+    assert not state.ctx.input_files[A].readers
+
+
 def _second_run_of_two_readers(config: p.RunConfig, other_cache: str) -> list[s.Instruction]:
     """A first run reads A on one worker (which serves its cache at 10.0.0.1:7); then two
     readers of A come, and the holder, with one core, takes one: what goes to the other

@@ -7,7 +7,8 @@ a task whose inputs are all being computed on one worker is sent there before th
 done (``send_ahead``), so the worker starts it without a manager round trip; and tasks
 without inputs, which have no locality of their own, are queued for the worker that took
 a sibling (``pull_siblings``), so the inputs of one reader meet instead of one of them
-crossing between workers.
+crossing between workers; and so are the readers of a remote file no node holds yet,
+for the worker that took the first (``pull_readers``).
 """
 
 from __future__ import annotations
@@ -156,6 +157,27 @@ class Locality:
                 ):
                     sibling.pulled = True
                     queue.push(sibling, sibling.priority, worker.id)
+
+    def pull_readers(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """``task``, a reader of remote files, goes to ``worker``: it is no longer waiting
+        for a place, and the other ready readers of each file no node holds yet are queued
+        for ``worker`` too (once per file: the first reader sent decides).
+
+        Readers are targeted when they become ready (``target``), but the readers of a
+        file read for the first time are all ready at once, before any node holds it: each
+        would land on whichever worker asks, and each such node would fetch the whole file
+        from storage. Queued where the first went, they find it there. A soft target like
+        any other: an idle worker still takes them (and fetches the file, or pulls it from
+        that node: ``FetchInputs``)."""
+        queue = self.queue
+        for file in task.reads:
+            file.readers.pop(task, None)
+            if file.holders or file.drawn_to is not None:
+                continue
+            file.drawn_to = worker
+            for reader in file.readers:
+                if reader.state == "ready" and reader.placement is None:
+                    queue.push(reader, reader.priority, worker.id)
 
     def send_ahead(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Send dependents of ``task`` (just given to ``worker``) there now, when every

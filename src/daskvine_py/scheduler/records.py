@@ -103,7 +103,7 @@ class InputFile:
     The readers of a file go where it is (``locality.target``), as readers of a result do.
     """
 
-    __slots__ = ("url", "nbytes", "version", "holders")
+    __slots__ = ("url", "nbytes", "version", "holders", "readers", "drawn_to")
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -111,6 +111,11 @@ class InputFile:
         #: what its server reported of the copy the holders hold (``inputs.store.Identity``)
         self.version = ""
         self.holders: set[WorkerRecord] = set()
+        #: its readers waiting or ready (not yet sent anywhere), and the worker that took
+        #: the first of them while no node held it, where the others are queued too
+        #: (``Locality.pull_readers``)
+        self.readers: dict[TaskRecord, None] = {}
+        self.drawn_to: WorkerRecord | None = None
 
     def __repr__(self) -> str:
         return f"<InputFile {self.url} {self.nbytes} bytes on {len(self.holders)}>"

@@ -216,6 +216,7 @@ class SchedulerState:
         self._assign = dispatch.assign
         self._send_ahead = locality.send_ahead
         self._pull_siblings = locality.pull_siblings
+        self._pull_readers = locality.pull_readers
         self._settled = stealing.settled
         self._remember = claims.remember
         self._tell = claims.send
@@ -478,6 +479,8 @@ class SchedulerState:
     def _ready_to_processing(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         assert worker is not None
         self._assign(task, worker)
+        if task.reads:
+            self._pull_readers(task, worker)
         if not task.deps and len(self.workers) > 1:
             self._pull_siblings(task, worker)
 
@@ -485,10 +488,14 @@ class SchedulerState:
         """Sent ahead: the inputs it misses are being computed on the same worker."""
         assert worker is not None
         self._assign(task, worker)
+        for file in task.reads:
+            file.readers.pop(task, None)
 
     def _processing_to_ready(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         self._remember(self._unassign(task), task.id)  # its reports there are stale
         self._recall_sent_ahead(task)
+        for file in task.reads:
+            file.readers[task] = None
         self._waiting_to_ready(task, None)
 
     def _processing_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
@@ -496,6 +503,13 @@ class SchedulerState:
         if held is not None and held.id in self.workers:
             self._tell(held, p.Cancel((task.id,)))
         self._recall_sent_ahead(task)
+        for file in task.reads:
+            file.readers[task] = None
+
+    def _unread(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
+        """Forgotten before it was sent anywhere: no file waits for it to be read."""
+        for file in task.reads:
+            file.readers.pop(task, None)
 
     def _recall_sent_ahead(self, task: TaskRecord) -> None:
         """Dependents sent ahead to wait for ``task`` there must wait here again."""
@@ -568,8 +582,8 @@ class SchedulerState:
         ("released", "ready"): _waiting_to_ready,
         ("waiting", "released"): _nothing,
         ("waiting", "memory"): _nothing,
-        ("waiting", "forgotten"): _nothing,
-        ("ready", "forgotten"): _nothing,
+        ("waiting", "forgotten"): _unread,
+        ("ready", "forgotten"): _unread,
         ("processing", "forgotten"): _nothing,
         ("memory", "forgotten"): _nothing,
         ("released", "forgotten"): _nothing,

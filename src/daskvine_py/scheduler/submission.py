@@ -95,7 +95,9 @@ class Submission:
                 record.waiters = new.dependents
                 record.unread = record.is_output and not new.dependents
             if new.inputs:
-                record.reads = self.input_files_of(new.inputs)
+                record.reads = reads = self.input_files_of(new.inputs)
+                for file in reads:
+                    file.readers[record] = None
             records[new.key] = record
             self.tasks[record.id] = record
             added.append((new, record))
