@@ -101,7 +101,7 @@ def test_urls_are_found_in_a_task_payload_as_strings_of_their_own():
     "files",
     [
         ((A, -1, 0, ""),),
-        ((A, 10, 3, ""),),
+        ((A, 10, 4, ""),),
         ((A, 10, True, ""),),
         (("", 10, 0, ""),),
         ((A + "\n", 10, 0, ""),),
@@ -315,3 +315,44 @@ def test_a_node_lacking_a_file_pulls_it_from_a_node_that_holds_it_unless_forbidd
         for i, name in enumerate(sizes):  # the copies on the second node are the files
             (copy,) = (tmp_path / "node1" / "entries").glob(f"*/{name}")
             assert copy.read_bytes() == (http_server.directory / name).read_bytes(), i
+
+
+def test_a_file_a_node_let_go_is_no_longer_placed_there():
+    state = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    state.handle([_joined(W1), _joined(W2)])
+    (holder,) = _executes(state.handle([_reading(1, {"r0": A})])).values()
+    done = p.TaskDone(1, 1, 0.01, dumps(1))._replace(inputs=((A, 100, 0, "mtime=1"),))
+    state.handle([s.FromWorker(holder, done)])
+    assert state.ctx.input_files[A].holders == {state.workers[holder]}
+    (worker,) = _executes(state.handle([_reading(2, {"r1": B})])).values()
+    gone = p.TaskDone(2, 1, 0.01, dumps(1))._replace(
+        inputs=((A, 0, p.INPUT_DROPPED, "mtime=1"), (B, 5, 0, "etag=1"))
+    )
+    state.handle([s.FromWorker(worker, gone)])
+    files = state.ctx.input_files
+    assert state.workers[worker] not in files[A].holders
+    assert files[A].holders == ({state.workers[holder]} if worker != holder else set())
+    assert files[B].holders == {state.workers[worker]}
+
+
+def test_an_eviction_is_reported_with_the_reads(tmp_path, monkeypatch, http_server):  # noqa: F811
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE_BYTES", "1500")
+    monkeypatch.setattr(inputs, "_caches", {})
+    _write(http_server.directory / "one.root", b"1" * 1000, 1_700_000_000)
+    _write(http_server.directory / "two.root", b"2" * 1000, 1_700_000_000)
+    one, two = http_server.url("one.root"), http_server.url("two.root")
+    inputs.take_reads()
+    try:
+        inputs.local_path(one)
+        inputs.release()  # (a later task: "one" is no longer in use)
+        inputs.take_reads()
+        inputs.local_path(two)  # 2,000 bytes do not fit in 1,500: "one" goes
+        reads = inputs.take_reads()
+        assert [(url, size, source) for url, size, source, _ in reads] == [
+            (one, 0, inputs.DROPPED),
+            (two, 1000, inputs.FROM_STORAGE),
+        ]
+        assert inputs.DROPPED == p.INPUT_DROPPED
+    finally:
+        inputs.release()

@@ -184,6 +184,8 @@ DEFAULT_LIMIT = 10 * 2**30
 #: Where a file handed out came from (``take_reads``; the wire's ``INPUT_FROM_*``):
 #: fetched from its server by this call, found in the node's cache, fetched from a peer.
 FROM_STORAGE, FROM_CACHE, FROM_PEER = 0, 1, 2
+#: In ``take_reads``: the node's cache let this file go (to make room).
+DROPPED = 3
 #: Reads kept until taken: a process that never takes them (not a worker's) keeps the last.
 READS_KEPT = 1024
 #: A file handed out: its URL, bytes, where it came from (``FROM_*``), its server's version.
@@ -240,16 +242,27 @@ def take_reads() -> tuple[Read, ...]:
     since the last call, in order, as ``(url, bytes, source, version)``: source ``FROM_STORAGE``
     (this process fetched it), ``FROM_CACHE`` (the node had it) or ``FROM_PEER``; a file
     asked for again (uproot asks once per read) is named once, by where it came from
-    first. A worker takes them after each task."""
+    first; and the files an eviction of this process removed (``DROPPED``, 0 bytes).
+    A worker takes them after each task."""
     with _lock:
         if not _reads:
             return ()
         taken = list(_reads)
         _reads.clear()
-    first: dict[str, Read] = {}
+    first: dict[tuple[str, bool], Read] = {}  # (url, dropped) -> the first such read
     for read in taken:
-        first.setdefault(read[0], read)
+        first.setdefault((read[0], read[2] == DROPPED), read)
     return tuple(first.values())
+
+
+def _note_dropped(cache: InputCache) -> None:
+    """What an eviction just removed: reported (``DROPPED``), so that the manager stops
+    placing those files' readers on this node."""
+    dropped, cache.dropped = cache.dropped, []
+    if dropped:
+        with _lock:
+            for gone in dropped:
+                _reads.append((gone.url, 0, DROPPED, gone.version))
 
 
 def read_again(url: str, path: str) -> None:
@@ -390,6 +403,7 @@ def _attempt(cache: InputCache, url: str) -> str:
     fetched = False
     if path is None:
         cache.evict(room=identity.size)
+        _note_dropped(cache)
         path, fetched = cache.fill(identity, lambda part: _fetch(url, identity, part), LOCK_WAIT)
     if fetched:
         _add("files_fetched", 1)

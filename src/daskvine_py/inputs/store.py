@@ -191,6 +191,9 @@ class InputCache:
         self._lock = threading.Lock()
         #: key -> the shared ``.use`` lock (an open descriptor) held on it
         self._uses: dict[str, int] = {}
+        #: what this object's evictions removed, for its owner to take (the process's
+        #: reads report them: ``inputs.take_reads``)
+        self.dropped: list[Identity] = []
         #: key -> the claims this object made on it (each claim's file made once)
         self._claimed: dict[str, set[str]] = {}
         #: the owner whose life this object holds (``own``): (name, its lock's descriptor)
@@ -404,16 +407,19 @@ class InputCache:
     def entry_file(self, key: str) -> str | None:
         """The file of ``key``'s complete entry, or None: what a peer is served
         (``worker.input_peers``). Its name comes from the entry's own record."""
-        if not _KEY.fullmatch(key):
+        identity = self._identity(key) if _KEY.fullmatch(key) else None
+        if identity is None or identity.key != key:
             return None
-        place = self._place(key)
+        return os.path.join(self._place(key), identity.name)
+
+    def _identity(self, key: str) -> Identity | None:
+        """What ``key``'s complete entry holds, as its record says (None: not complete)."""
         try:
-            with open(os.path.join(place, COMPLETE), encoding="utf-8") as file:
+            with open(os.path.join(self._place(key), COMPLETE), encoding="utf-8") as file:
                 record = json.load(file)
-            identity = Identity(record["url"], int(record["size"]), record["version"])
+            return Identity(record["url"], int(record["size"]), record["version"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return os.path.join(place, identity.name) if identity.key == key else None
 
     def holds(self) -> list[Identity]:
         """The complete entries of the node (what a worker could tell its manager)."""
@@ -436,9 +442,12 @@ class InputCache:
         for key, entry in sorted(entries.items(), key=lambda item: item[1].used):
             if total + room <= self.limit:
                 break
+            identity = self._identity(key)
             if self._remove(key):
                 total -= entry.size
                 removed.append(key)
+                if identity is not None:
+                    self.dropped.append(identity)
         if removed:
             logger.info(
                 "input cache %s: removed %d entries not in use, %d bytes kept",

@@ -144,8 +144,8 @@ class Categories(dict[str, Category]):
                 category.file_bytes_from_storage += nbytes
             elif source == 1:
                 category.file_bytes_from_cache += nbytes
-            else:
-                category.file_bytes_from_peers += nbytes
+            elif source == 2:
+                category.file_bytes_from_peers += nbytes  # (3: a file let go, no read)
 
     def fail(self, name: str) -> None:
         """A task of category ``name`` raised, or its process died."""

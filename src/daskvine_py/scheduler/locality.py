@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from daskvine_py.scheduler.messages import WorkerId
 from daskvine_py.scheduler.records import InputFile, TaskRecord, WorkerRecord
+from daskvine_py.wire import protocol as p
 
 if TYPE_CHECKING:
     from daskvine_py.scheduler.context import Context
@@ -41,10 +42,16 @@ def files_held(
     reads: tuple[tuple[str, int, int, str], ...],
 ) -> None:
     """``worker``'s task obtained these files through its node's input cache
-    (``TaskDone.inputs``): the node holds them now, whatever their source. A copy other
+    (``TaskDone.inputs``): the node holds them now, whatever their source; those its
+    cache let go (``INPUT_DROPPED``) it no longer holds. A copy other
     than the one known (the server's changed) makes this node its only known holder."""
-    for url, nbytes, _, version in reads:
+    for url, nbytes, source, version in reads:
         file = files.get(url)
+        if source == p.INPUT_DROPPED:  # (its node's cache let it go)
+            if file is not None and worker in file.holders:
+                file.holders.discard(worker)
+                worker.files.discard(file)
+            continue
         if file is None:  # read though not found in its arguments: its later readers may be
             file = files[url] = InputFile(url)
         if file.version != version or file.nbytes != nbytes:

@@ -417,10 +417,12 @@ class WorkerNode:
         if lib.running is None and lib.ready:
             self._next_call(lib)
 
-    def _obtain(self, url: str, nbytes: int) -> tuple[str, int, int, str]:
+    def _obtain(self, url: str, nbytes: int) -> tuple[tuple[str, int, int, str], ...]:
         """A task of this node reads ``url``: from the node's cache, or fetched whole
-        from storage into it (the least recently used go past ``disk``)."""
+        from storage into it (the least recently used go past ``disk``, and are said to
+        be gone: ``INPUT_DROPPED``)."""
         files = self.files
+        reads = []
         if url in files:
             files.move_to_end(url)
             source = p.INPUT_FROM_CACHE
@@ -429,9 +431,12 @@ class WorkerNode:
             files[url] = nbytes
             self.files_bytes += nbytes
             while self.disk and self.files_bytes > self.disk and len(files) > 1:
-                self.files_bytes -= files.popitem(last=False)[1]
+                gone, size = files.popitem(last=False)
+                self.files_bytes -= size
+                reads.append((gone, 0, p.INPUT_DROPPED, "simulated"))
         self.host.file_read(self, url, nbytes, source)
-        return (url, nbytes, source, "simulated")
+        reads.append((url, nbytes, source, "simulated"))
+        return tuple(reads)
 
     def _next_call(self, lib: SimLibrary) -> None:
         if lib.dead or not lib.queue:
@@ -455,7 +460,7 @@ class WorkerNode:
             reply = reply._replace(duration=seconds, serialization=0.0, cpu=0.0, peak_memory=0)
             read = self.reads(call.key) if self.reads is not None else None
             if read is not None:
-                reply = reply._replace(inputs=(self._obtain(*read),))
+                reply = reply._replace(inputs=self._obtain(*read))
             nbytes = self.sizes(call.key)
             if reply.value is not None and nbytes > p.INLINE_BYTES:
                 # As large as declared to the manager; a few kB travel, so that it goes

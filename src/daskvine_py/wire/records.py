@@ -86,6 +86,9 @@ class TaskDone(NamedTuple):
 #: ``TaskDone.inputs``: where a file came from: fetched from its server by this task, found
 #: in the node's cache (fetched before, or by another process of the node), from a peer.
 INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER = 0, 1, 2
+#: ``TaskDone.inputs``: the node's cache let this file go (least recently used, to make
+#: room): no longer held there, whatever was said before (its bytes: 0).
+INPUT_DROPPED = 3
 #: The most files one ``TaskDone`` names (more are dropped by the worker, not sent).
 MAX_INPUT_FILES = 1024
 #: The longest URL of an input file the wire takes, and the longest version.

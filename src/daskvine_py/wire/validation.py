@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from daskvine_py.errors import ProtocolError
 from daskvine_py.options import EXEC_MODES, INPUT_LIFETIMES, TASK_MODES
 from daskvine_py.wire.records import (
+    INPUT_DROPPED,
     INPUT_FROM_CACHE,
     INPUT_FROM_PEER,
     INPUT_FROM_STORAGE,
@@ -191,7 +192,7 @@ def _input_sources(values: tuple[object, ...]) -> str | None:
     return None
 
 
-_INPUT_SOURCES = frozenset((INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER))
+_INPUT_SOURCES = frozenset((INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER, INPUT_DROPPED))
 
 
 def _text_pairs(values: tuple[object, ...]) -> str | None:

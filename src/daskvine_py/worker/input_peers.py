@@ -52,6 +52,8 @@ class InputPeers:
         self.cache: InputCache | None = None
         #: URLs pulled from a peer, until a task's report names them (``relabel``)
         self.peered: dict[str, None] = {}
+        #: what pulls evicted to make room, said with the next ``TaskDone`` (``relabel``)
+        self.drops: list[Identity] = []
         #: bytes pulled from peers, and pulls that failed
         self.bytes_pulled = 0
         self.failed = 0
@@ -115,8 +117,8 @@ class InputPeers:
 
     def relabel(self, done: p.TaskDone) -> p.TaskDone:
         """``done`` with its reads of files pulled from a peer said to be so (its library
-        found them in the cache, where the pull had put them)."""
-        if not self.peered:
+        found them in the cache, where the pull had put them), and what pulls evicted."""
+        if not (self.peered and done.inputs) and not self.drops:
             return done
         reads = []
         with self._lock:
@@ -125,6 +127,10 @@ class InputPeers:
                     del self.peered[read[0]]
                     read = (read[0], read[1], p.INPUT_FROM_PEER, read[3])
                 reads.append(read)
+            room = p.MAX_INPUT_FILES - len(reads)
+            for gone in self.drops[:room]:
+                reads.insert(0, (gone.url, 0, p.INPUT_DROPPED, gone.version))
+            del self.drops[:room]
         return done._replace(inputs=tuple(reads))
 
     def close(self) -> None:
@@ -173,6 +179,9 @@ class InputPeers:
         try:
             cache.use(identity.key, LOCK_WAIT)  # (not evicted between the pull and the claim)
             cache.evict(room=identity.size)
+            dropped, cache.dropped = cache.dropped, []
+            with self._lock:
+                self.drops.extend(dropped)
             for source in pull.sources:
                 fetch = functools.partial(
                     transfer.pull_file, source, identity.key, identity.size, keys=self.keys

@@ -677,7 +677,8 @@ class Worker:
         self.peers.ask(ask, self.events)
 
     def _send_task_done(self, done: p.TaskDone) -> None:
-        self.outbox.append(self.input_peers.relabel(done) if done.inputs else done)
+        peers = self.input_peers
+        self.outbox.append(peers.relabel(done) if done.inputs or peers.drops else done)
 
     def _close_peer(self, close: ClosePeer) -> None:
         self.peers.reset(close.address)
