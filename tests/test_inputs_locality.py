@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import os
+import time
 
 import dask
 import pytest
@@ -356,3 +357,31 @@ def test_an_eviction_is_reported_with_the_reads(tmp_path, monkeypatch, http_serv
         assert inputs.DROPPED == p.INPUT_DROPPED
     finally:
         inputs.release()
+
+
+def test_what_a_node_holds_as_its_worker_joins_places_the_first_readers():
+    state = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    state.handle([_joined(W1), _joined(W2)])
+    held = p.InputServer("", "node-2:/cache", ((A, 100, "mtime=1"),))
+    p.check_fields(held)
+    state.handle([s.FromWorker(W2, held)])
+    assert _executes(state.handle([_reading(1, {"r0": A})])) == {"r0": W2}
+
+
+@pytest.mark.timeout(120)
+def test_a_joining_worker_tells_what_its_node_holds(tmp_path, monkeypatch, http_server):  # noqa: F811
+    """A node's cache kept from before (``"forever"``) is known as its worker joins."""
+    _write(http_server.directory / "kept.root", b"k" * 5000, 1_700_000_000)
+    url = http_server.url("kept.root")
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "node"))
+    monkeypatch.setattr(inputs, "_caches", {})
+    with inputs.using("forever"):  # (as a run of an earlier manager left it)
+        inputs.local_path(url)
+    with Manager() as manager:
+        manager.start_workers(1)
+        deadline = time.monotonic() + 30
+        while not manager._state.ctx.input_files and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the state takes it in the I/O thread)
+        (file,) = manager._state.ctx.input_files.values()
+        assert (file.url, file.nbytes) == (url, 5000)
+        assert [w.name for w in file.holders] == list(manager.workers)

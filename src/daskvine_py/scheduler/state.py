@@ -417,8 +417,14 @@ class SchedulerState:
             self._failures.drop_run(run)
 
     def _on_input_server(self, worker: WorkerRecord, msg: p.InputServer) -> None:
-        """Where ``worker`` serves its node's input cache to peers (``FetchInputs``)."""
+        """What ``worker``'s node's input cache holds, and where it serves it to peers
+        (``FetchInputs``; "": it does not)."""
         worker.file_address, worker.file_cache = msg.address, msg.cache
+        if msg.files:
+            held = tuple(
+                (url, size, p.INPUT_FROM_CACHE, version) for url, size, version in msg.files
+            )
+            files_held(self.ctx.input_files, worker, held)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)

@@ -97,13 +97,17 @@ MAX_INPUT_VERSION = 1024
 
 
 class InputServer(NamedTuple):
-    """Where this worker serves its node's input cache to peers (``FetchInputs``): sent
-    once, before the first ``TaskDone`` of a run that lets peers serve inputs."""
+    """This worker's node's input cache: sent as its first run with ``cache_inputs``
+    arrives (and again once it serves it, should a later run let peers in)."""
 
+    #: where it serves the cache to peers (``FetchInputs``); "": it does not
     address: str
     #: which cache it is (its host and directory): workers that share one fetch nothing
     #: from each other
     cache: str
+    #: what the cache holds already (earlier runs, other workers of the node, a worker
+    #: before a restart): ``(url, bytes, version)``, at most ``MAX_INPUT_FILES``
+    files: tuple[tuple[str, int, str], ...] = ()
 
 
 class TaskErred(NamedTuple):

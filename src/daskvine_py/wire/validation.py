@@ -173,6 +173,27 @@ def _input_version(value: object) -> bool:
     return type(value) is str and len(value) <= MAX_INPUT_VERSION and value.isprintable()
 
 
+def _held_files(values: tuple[object, ...]) -> str | None:
+    """``InputServer.files``: (url, bytes, version)."""
+    if len(values) > MAX_INPUT_FILES:
+        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
+    for value in values:
+        if not (
+            type(value) is tuple
+            and len(value) == 3
+            and _input_url(value[0])
+            and type(value[1]) is int
+            and value[1] >= 0
+            and _input_version(value[2])
+        ):
+            return f"holds {shown(value)}, not (url, bytes, version)"
+    return None
+
+
+def _no_address_or_one(value: str) -> str | None:
+    return None if value == "" else _address(value)
+
+
 def _input_sources(values: tuple[object, ...]) -> str | None:
     """``FetchInputs.files``: (url, bytes, version, the addresses of peers holding it)."""
     if len(values) > MAX_INPUT_FILES:
@@ -377,7 +398,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _ID,
         _SIZE,
     ),
-    InputServer: (_Field(str, _address), _PRINTABLE),
+    InputServer: (_Field(str, _no_address_or_one), _PRINTABLE, _Field(tuple, _held_files)),
     TaskDone: (
         _ID,
         _SIZE,

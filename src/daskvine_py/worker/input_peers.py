@@ -1,17 +1,21 @@
 """Input files between nodes: this node's input cache served to peers, and the files the
 manager names fetched from them (``FetchInputs``) rather than from their storage.
 
-A run with ``cache_inputs`` and ``input_peers`` (the default) makes the worker start an
-``ArchiveServer`` over its node's input cache and tell the manager where it is and which
-cache it serves (``InputServer``). From then on, when the manager sends this worker a
-task reading a file its node lacks and another node holds, a ``FetchInputs`` naming
-those holders comes first: a thread here pulls the file from one of them into the node's
-cache, under the entry's lock, as the libraries fetch from storage (the same key: the
-URL with the size and version its server reported; the same size check; nothing kept of
-a failed pull). The task's library, reading the file, finds it there (or waits on the
-lock while the pull ends) and counts a cache hit, which the worker reports as a read
-from a peer (``relabel``). If every holder fails, or the server's copy has changed since
-(its version differs: another key), the library fetches from storage as it always could.
+As it joins (where the node has a cache) or with its first run with ``cache_inputs``,
+the worker tells the manager what its node's cache holds already (``InputServer``: files
+of earlier runs, of other workers of the node, of a worker before a restart, for the
+manager's placement); with ``input_peers`` (the default) it also starts an
+``ArchiveServer`` over that cache and says where. From then on, when the manager sends
+this worker a task reading a file its node lacks and another node holds, a
+``FetchInputs`` naming those holders comes first: a thread here pulls the file from one
+of them into the node's cache, under the entry's lock, as the libraries fetch from
+storage (the same key: the URL with the size and version its server reported; the same
+size check; nothing kept of a failed pull). The entry's lock is taken as the
+``FetchInputs`` arrives, before the task reaches a library: the task's library, reading
+the file, waits on that lock while the pull ends, then finds the file there and counts a
+cache hit, which the worker reports as a read from a peer (``relabel``). If every holder
+fails, or the server's copy has changed since (its version differs: another key), the
+library fetches from storage as it always could.
 
 Nothing here raises into the worker's loop: a failed pull is logged and forgotten.
 """
@@ -49,6 +53,8 @@ class InputPeers:
         self.host = host  #: the interface peers reach this worker on
         self.keys = keys
         self.server: transfer.ArchiveServer | None = None
+        #: the manager was told what the cache holds (``announce``)
+        self.announced = False
         self.cache: InputCache | None = None
         #: URLs pulled from a peer, until a task's report names them (``relabel``)
         self.peered: dict[str, None] = {}
@@ -64,14 +70,33 @@ class InputPeers:
         #: pulled once
         self._pending: set[str] = set()
 
-    def serve(self) -> p.InputServer | None:
-        """Start serving the node's input cache (once); the record that tells the manager
-        where, or None if it already knows or it cannot be served."""
-        if self.server is not None:
-            return None
+    def announce(self, peers: bool | None) -> p.InputServer | None:
+        """The record that tells the manager what the node's cache holds (the first
+        time) and where this worker serves it (once it does); None when there is no news.
+        ``peers``: a run with ``cache_inputs`` arrived that lets peers serve inputs, or
+        not; None: the worker just joined (news only if the node has a cache already)."""
+        if peers is None and not os.path.isdir(os.path.join(default_root(), "entries")):
+            return None  # (nothing made on a node that never cached an input)
         cache = self._open()
         if cache is None:
             return None
+        started = bool(peers) and self.server is None and self._serve(cache)
+        if self.announced and not started:
+            return None
+        held: tuple[tuple[str, int, str], ...] = ()
+        if not self.announced:
+            try:
+                found = cache.holds()
+            except OSError as exc:
+                logger.warning("worker %s cannot list its input cache: %s", self.name, exc)
+                found = []
+            held = tuple((i.url, i.size, i.version) for i in found[: p.MAX_INPUT_FILES])
+        self.announced = True
+        address = self.server.address if self.server is not None else ""
+        return p.InputServer(address, f"{socket.gethostname()}:{cache.root}", held)
+
+    def _serve(self, cache: InputCache) -> bool:
+        """Start serving the node's input cache to peers; whether it could."""
         try:
             self.server = transfer.ArchiveServer(
                 cache.entry_file,
@@ -81,8 +106,8 @@ class InputPeers:
             )
         except Exception as exc:  # no port, a broken context: peers fetch from storage
             logger.warning("worker %s cannot serve its input cache: %s", self.name, exc)
-            return None
-        return p.InputServer(self.server.address, f"{socket.gethostname()}:{cache.root}")
+            return False
+        return True
 
     def fetch(self, message: p.FetchInputs) -> None:
         """Pull ``message``'s files beside the work, on a thread of its own. Each entry's

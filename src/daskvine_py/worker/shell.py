@@ -510,10 +510,9 @@ class Worker:
                 continue
             if type(message) is p.RunConfig and message.inputs:
                 self.inputs.own()  # before its tasks claim anything
-                if message.input_peers:
-                    served = self.input_peers.serve()
-                    if served is not None:
-                        self.outbox.append(served)
+                announced = self.input_peers.announce(message.input_peers)
+                if announced is not None:
+                    self.outbox.append(announced)
             if type(message) is p.RunConfig and message.files:
                 try:
                     message = self.software.with_files(message)
@@ -521,6 +520,9 @@ class Worker:
                     logger.error("worker %s cannot write a run's files: %s", self.name, exc)
             events.append(message)
             if type(message) is p.Welcome:
+                held = self.input_peers.announce(None)  # (its node's cache, for placement)
+                if held is not None:
+                    self.outbox.append(held)
                 logger.info(
                     "worker joined %s as %s with %s (%s, %s at once)",
                     self.address,
