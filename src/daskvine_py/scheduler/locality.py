@@ -51,6 +51,8 @@ def files_held(
             if file is not None and worker in file.holders:
                 file.holders.discard(worker)
                 worker.files.discard(file)
+                if not file.holders:
+                    file.drawn_to = None  # (its next readers may gather again)
             continue
         if file is None:  # read though not found in its arguments: its later readers may be
             file = files[url] = InputFile(url)
@@ -88,6 +90,8 @@ def files_lost(worker: WorkerRecord) -> None:
     """``worker`` left: the files of its node are no longer known there."""
     for file in worker.files:
         file.holders.discard(worker)
+        if not file.holders:
+            file.drawn_to = None
     worker.files.clear()
 
 
