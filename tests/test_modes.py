@@ -76,7 +76,7 @@ def modes_manager():
 
 def _collections():
     dd = pytest.importorskip("dask.dataframe")
-    x = da.arange(40, chunks=10).reshape(4, 10)
+    x = da.arange(40, chunks=20).reshape(4, 10)
     array = (x + x.T.sum(axis=0)[:4, None]).mean(axis=1)
     bag = db.from_sequence(range(30), npartitions=3).map(inc).filter(lambda v: v % 3).sum()
     pdf = pd.DataFrame({"k": np.arange(30) % 4, "v": np.arange(30.0)})
