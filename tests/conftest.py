@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -45,8 +46,36 @@ def pack_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def warm_software_cache(tmp_path_factory):
     """A node's software cache (``--software-cache``) shared by the tests that need a
-    node that has the caller's environment, not a fresh one: it is unpacked once."""
+    node that has the shipped environment (``small_local``'s), not a fresh one: it is
+    unpacked once."""
     return tmp_path_factory.mktemp("node-software")
+
+
+@pytest.fixture(scope="session")
+def small_environment(tmp_path_factory):
+    """A venv holding only what libraries need (cloudpickle, dask, msgpack and what they
+    require), made once per session: its prefix and site-packages directory."""
+    import nodes
+
+    return nodes.small_environment(tmp_path_factory.mktemp("small-environment"))
+
+
+@pytest.fixture
+def small_local(monkeypatch, small_environment, pack_cache):
+    """``environment="local"`` packs ``small_environment``, as if the caller ran from it
+    (into ``pack_cache``, once per session). The caller's own environment (hundreds of MB
+    with the test tools) is packed, shipped and unpacked by one test only
+    (``test_software_nodes``'s first); the others ship this one, in seconds."""
+    from daskvine_py.software import pack
+
+    prefix, site_dir = small_environment
+
+    def local_environment(cache_dir=None):
+        return pack.pack_environment(str(prefix), sys.base_prefix, [str(site_dir)], cache_dir)
+
+    monkeypatch.setattr(pack, "local_environment", local_environment)
+    monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
+    return prefix
 
 
 @pytest.fixture(scope="session")

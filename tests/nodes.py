@@ -6,7 +6,9 @@ venv, the repository (an editable install's source), the directory of the user's
 modules. It runs from a small install (``worker_only_install``): a venv holding only
 daskvine_py and the packages of pyproject's ``worker`` extra, copied from the caller's
 install (no index is needed, and the copy is what ``pip install --no-deps`` would lay
-down), so anything a task needs must come from the software the run ships.
+down), so anything a task needs must come from the software the run ships. What most
+tests ship is ``small_environment``: a venv holding only what libraries need, copied the
+same way, which packs and unpacks in seconds.
 
 Needs root and ``unshare`` (util-linux); ``unavailable()`` says why not.
 """
@@ -65,22 +67,61 @@ def _top_level_paths(distribution: str) -> list[Path]:
     return [root / top for top in sorted(tops) if (root / top).exists()]
 
 
-def worker_only_install(directory: Path) -> Path:
-    """A venv in ``directory`` holding daskvine_py (a copy of this checkout's package) and
-    the ``worker`` extra's packages only; its interpreter's path."""
-    venv = directory / "venv"
+def _venv_with(venv: Path, distributions: Sequence[str]) -> Path:
+    """A venv at ``venv`` (made unless it is there) holding copies of the caller's installs
+    of ``distributions``; its site-packages directory."""
     if not (venv / "bin" / "python").exists():
         subprocess.run(
             [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
         )
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-    for name in worker_extra():
+    for name in distributions:
         for path in _top_level_paths(name):
             target = site / path.name
             if path.is_dir():
                 shutil.copytree(path, target, dirs_exist_ok=True)
             else:
                 shutil.copy2(path, target)
+    return site
+
+
+def requirement_closure(names: Sequence[str]) -> list[str]:
+    """The installed distributions ``names`` and everything they require (without extras,
+    markers evaluated here), by name."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        found.add(name)
+        for text in importlib.metadata.requires(name) or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return sorted(found)
+
+
+def small_environment(directory: Path) -> tuple[Path, Path]:
+    """A venv in ``directory`` holding only what a library needs to run tasks
+    (``node_cache.NEEDED``: cloudpickle, dask, msgpack) and what those require, copied
+    from the caller's install: an environment to ship that packs and unpacks in seconds,
+    where the caller's own (numpy, pandas, the test tools...) takes tens of seconds.
+    Its prefix and its site-packages directory."""
+    from daskvine_py.software.node_cache import NEEDED
+
+    venv = directory / "venv"
+    return venv, _venv_with(venv, requirement_closure(NEEDED))
+
+
+def worker_only_install(directory: Path) -> Path:
+    """A venv in ``directory`` holding daskvine_py (a copy of this checkout's package) and
+    the ``worker`` extra's packages only; its interpreter's path."""
+    venv = directory / "venv"
+    site = _venv_with(venv, worker_extra())
     package = site / "daskvine_py"
     shutil.rmtree(package, ignore_errors=True)
     shutil.copytree(

@@ -15,9 +15,8 @@ from daskvine_py import Manager
 from daskvine_py.plan.graph import LegacyCall
 from daskvine_py.wire.serialize import TaskEncoder
 from daskvine_py.worker import library, measure, pipe
-
-MB = 2**20
-HUNGRY_MB = 200
+from measure_tasks import HUNGRY_MB, MB, hungry, spin, tiny, total
+from measure_tasks import touched as _touched
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
 
@@ -26,33 +25,6 @@ def _trim() -> None:
     """Hand the C heap's free pages back to the system: a block allocated next must
     fault in pages of its own, not reuse ones still resident from an earlier test."""
     ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-
-
-def _touched(megabytes: int) -> bytearray:
-    """``megabytes`` resident: every page written (a fresh mapping is not resident)."""
-    block = bytearray(megabytes * MB)
-    block[::4096] = b"\1" * len(range(0, len(block), 4096))
-    return block
-
-
-def hungry(i: int) -> int:
-    block = _touched(HUNGRY_MB)
-    return i + block[4096]
-
-
-def tiny(i: int) -> int:
-    return i + 1
-
-
-def spin(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i % 7
-    return total
-
-
-def total(*parts: int) -> int:
-    return sum(parts)
 
 
 @linux

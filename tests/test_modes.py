@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -24,47 +23,13 @@ import pytest
 from daskvine_py import Manager, TaskFailed
 from daskvine_py.errors import ImportHoistingError, WorkerImportError
 from daskvine_py.manager.launch import spawn
+from mode_tasks import getenv, hard_exit, inc, leave_behind, module_loaded, pid, segfault
 
 pytestmark = pytest.mark.integration
 
 #: (task_mode, exec_mode) of every way a task can run
 MODES = [("function-calls", "direct"), ("function-calls", "fork"), ("tasks", "direct")]
 MODE_IDS = ["direct", "fork", "tasks"]
-
-
-def inc(x):
-    return x + 1
-
-
-def pid(_):
-    return os.getpid()
-
-
-def getenv(name):
-    return os.environ.get(name)
-
-
-def leave_behind(i):
-    """Write into the current directory and the temp dir; say where they were."""
-    with open("scratch.txt", "w") as file:
-        file.write("x")
-    handle, path = tempfile.mkstemp()
-    os.close(handle)
-    return os.getcwd(), path
-
-
-def hard_exit(x):
-    os._exit(7)
-
-
-def segfault(x):
-    import ctypes
-
-    return ctypes.string_at(0)
-
-
-def module_loaded(name):
-    return name in sys.modules
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +41,7 @@ def modes_manager():
 
 def _collections():
     dd = pytest.importorskip("dask.dataframe")
-    x = da.arange(40, chunks=10).reshape(4, 10)
+    x = da.arange(40, chunks=20).reshape(4, 10)
     array = (x + x.T.sum(axis=0)[:4, None]).mean(axis=1)
     bag = db.from_sequence(range(30), npartitions=3).map(inc).filter(lambda v: v % 3).sum()
     pdf = pd.DataFrame({"k": np.arange(30) % 4, "v": np.arange(30.0)})

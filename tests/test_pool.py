@@ -3,6 +3,7 @@ single-node Slurm where one runs (``scripts/slurm-single-node.sh start``, as CI 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ def slow_inc(x, seconds=0.02):
     return x + 1
 
 
+@functools.cache
 def _slurm_available() -> str | None:
-    """Why Slurm cannot be used here, or None."""
+    """Why Slurm cannot be used here, or None (asked once per session: without a
+    controller, ``sinfo`` takes seconds to give up)."""
     if shutil.which("sbatch") is None or shutil.which("squeue") is None:
         return "no Slurm commands (scripts/slurm-single-node.sh start installs and starts one)"
     try:

@@ -9,6 +9,10 @@ archive's path), and the user's own module, which travels by content: editing it
 between two runs changes the second run's results. Every result is compared with Dask's
 synchronous scheduler in the caller.
 
+The caller's own environment (this venv: hundreds of MB) is packed and unpacked on a
+fresh node by the first test only; the others that ship an archive ship a small venv
+(``small_local``: what libraries need), which packs and unpacks in seconds.
+
 Needs root and ``unshare``: skipped without them, except under
 ``DASKVINE_PY_REQUIRE_NETNS=1`` (CI), where it must run.
 """
@@ -136,8 +140,15 @@ def served(manager: Manager) -> int:
 def test_a_node_sharing_no_files_runs_the_callers_code_with_its_local_environment(
     caller: Path, small_install: Path, tmp_path: Path
 ) -> None:
-    """The first hour on a cluster that shares nothing: environment="local", a module
-    edited between two runs, two workers of one node, a worker restarted there."""
+    """The first hour on a cluster that shares nothing: environment="local" (the caller's
+    whole environment, numpy's C extensions among it), a module edited between two runs,
+    two workers of one node, a worker restarted there."""
+
+    def numpy_total(n: int) -> int:
+        import numpy
+
+        return int(numpy.arange(n).sum())
+
     with Manager(environment="local") as manager:
         node = Node(tmp_path / "node", small_install, manager, nodes.hidden_paths(caller))
         node.cache.parent.mkdir(parents=True, exist_ok=True)
@@ -148,6 +159,7 @@ def test_a_node_sharing_no_files_runs_the_callers_code_with_its_local_environmen
             (got,) = dask.compute(graph(), scheduler=manager.get)
             (want,) = dask.compute(graph(), scheduler="sync")
             assert got == want == sum(i * 3 + 1 for i in range(20))
+            assert manager.get({"n": (numpy_total, 100)}, "n") == sum(range(100))
             software = manager.last_run_software
             archives = software.environment.size + software.code.size
             assert served(manager) == archives, node.log()  # once for the node, not twice
@@ -177,11 +189,12 @@ def test_a_node_sharing_no_files_runs_the_callers_code_with_its_local_environmen
             node.close()
 
 
+@pytest.mark.usefixtures("small_local")
 def test_a_user_built_archive_runs_on_a_node_sharing_no_files(
     caller: Path, small_install: Path, tmp_path: Path, warm_software_cache: Path
 ) -> None:
-    """An archive's path as the environment (here the caller's own packed prefix, copied
-    where a user would keep the archive they built)."""
+    """An archive's path as the environment (here a small venv packed as "local" packs,
+    linked where a user would keep the archive they built)."""
     from daskvine_py.software import pack
 
     env, path = pack.environment_of("local")

@@ -4,7 +4,8 @@ nothing for the feature.
 
 The nodes that share no files with the caller are ``test_software_nodes``'s; here the
 workers share them, which is enough for what is checked: a worker prepares a shipped
-environment the same way wherever it runs.
+environment the same way wherever it runs. ``environment="local"`` ships a small venv
+here (``small_local``: what libraries need, no more), as the caller's own would be.
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ def test_an_environment_no_worker_can_run_fails_the_run_at_once_with_each_nodes_
         assert wait_exited(manager) == [EXIT_UNFIT, EXIT_UNFIT]
 
 
+@pytest.mark.usefixtures("small_local")
 def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tasks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_cache: Path, warm_software_cache: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm_software_cache: Path
 ) -> None:
     """One node unfit (a worker whose cache directory cannot be made) and one fit, both
     given tasks: the unfit one leaves saying why, the other runs them all."""
-    monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
     monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(warm_software_cache))
     with Manager(environment="local") as manager:
         manager.start_workers(1, cores=1)
@@ -98,11 +99,11 @@ def test_a_worker_that_cannot_run_the_software_leaves_and_the_others_run_the_tas
         assert fit.poll() is None  # the fit worker stays
 
 
+@pytest.mark.usefixtures("small_local")
 def test_tasks_of_task_mode_tasks_run_with_the_shipped_interpreter(
-    monkeypatch: pytest.MonkeyPatch, pack_cache: Path, warm_software_cache: Path
+    monkeypatch: pytest.MonkeyPatch, warm_software_cache: Path
 ) -> None:
     """A fresh interpreter per task (``task_mode="tasks"``) is the environment's too."""
-    monkeypatch.setenv("DASKVINE_PY_CACHE_DIR", str(pack_cache))
     monkeypatch.setenv("DASKVINE_PY_SOFTWARE_CACHE", str(warm_software_cache))
 
     def where(_: int) -> str:

@@ -78,12 +78,21 @@ CALLER = textwrap.dedent(
     """
 )
 
+#: The workers' ``--manager-timeout`` in ``DOOMED`` (the default is 30 s): long enough
+#: past the manager's heartbeat (1 s), short enough not to wait half a minute.
+DOOMED_TIMEOUT = 3.0
+
 #: A manager with one local worker that says its pid and waits to be killed.
 DOOMED = textwrap.dedent(
-    """
-    import time
+    f"""
+    import dataclasses, time
     from daskvine_py import Manager
+    from daskvine_py.manager import launch
 
+    made = launch.worker_command
+    launch.worker_command = lambda *args: dataclasses.replace(
+        made(*args), manager_timeout={DOOMED_TIMEOUT}
+    )
     manager = Manager()
     procs = manager.start_workers(1)
     print("WORKERS", *(proc.pid for proc in procs), flush=True)
@@ -185,7 +194,8 @@ def test_ctrl_c_in_a_terminal_cancels_the_run_and_spares_the_local_workers(tmp_p
 @pytest.mark.timeout(120)
 def test_local_workers_leave_a_manager_killed_outright(tmp_path):
     """A manager killed with SIGKILL tells nobody: its local workers, in sessions of their
-    own, leave by themselves once it is silent past their ``--manager-timeout`` (30 s)."""
+    own, leave by themselves once it is silent past their ``--manager-timeout`` (30 s by
+    default, ``DOOMED_TIMEOUT`` here), and not before: a live manager keeps them."""
     script = tmp_path / "doomed.py"
     script.write_text(DOOMED)
     child = subprocess.Popen(
@@ -198,6 +208,8 @@ def test_local_workers_leave_a_manager_killed_outright(tmp_path):
         output.until("\n", 60)
         workers = [int(pid) for pid in output.line("WORKERS")]
         assert workers and all(map(_alive, workers))
+        time.sleep(DOOMED_TIMEOUT + 1.0)  # past the timeout: the manager's heartbeats count
+        assert all(map(_alive, workers)), "a worker left a manager that is alive"
         child.kill()
         child.wait()
         killed = time.monotonic()
