@@ -376,6 +376,25 @@ class Dispatch:
             self.call(task, lib.id, frozenset((producer_id,)))
         )
 
+    def unchain(self, task: WorkerTask) -> bool:
+        """Take ``task``'s call back if it is still in ``chained``, not yet written to its
+        library's pipe (``follow`` made it running in the pass it arrived in): whether it
+        was. A ``Cancel`` in the same pass may then drop it, before a ``Release`` of an
+        input it names goes to the library ahead of it."""
+        calls = self.chained.get(task.lib) if task.lib is not None else None
+        if not calls:
+            return False
+        for i, call in enumerate(calls):
+            if call.task_id == task.id:
+                del calls[i]
+                if not calls:
+                    del self.chained[task.lib]  # type: ignore[arg-type]
+                lib = self.libraries.get(task.lib)  # type: ignore[arg-type]
+                if lib is not None and task.id in lib.sent:
+                    lib.sent.remove(task.id)
+                return True
+        return False
+
     def _chain(self, lib: LibraryRecord, batch: list[WorkerTask], calls: list[pipe.Call]) -> None:
         """Send along the tasks that wait here only for a task of this request: the
         library runs them right after it, on its live result, without waiting for us

@@ -745,12 +745,18 @@ class WorkerState:
             self._out.append(p.TaskDone(task_id, nbytes, 0.0, value))
 
     def _cancel(self, task_id: int) -> bool:
-        """Drop a task that has not started; whether it was dropped."""
+        """Drop a task that has not started (nor been written to a library's pipe);
+        whether it was dropped."""
         task = self.tasks.get(task_id)
-        if task is not None and task.state != "running":
-            self._transition(task, "forgotten")
-            return True
-        return False
+        if task is None:
+            return False
+        if task.state == "running":
+            if not self.dispatch.unchain(task):
+                return False
+            if task in self.started:  # (never written: it did not start)
+                self.started.remove(task)
+        self._transition(task, "forgotten")
+        return True
 
     def _on_abort(self, msg: p.Abort, now: float) -> None:
         """Stop these tasks with no report (the manager gave them to another worker):
