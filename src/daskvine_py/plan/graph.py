@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Callable, Container, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import dask
 from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
+from dask.highlevelgraph import HighLevelGraph
 from dask.order import order
 from dask.typing import Key as DaskKey
 
@@ -157,6 +160,39 @@ def as_mapping(dsk: Any) -> Mapping[Key, Any]:
     return as_mapping(graph())
 
 
+_UNKNOWN = object()
+
+
+def skip_delayed_cull(dsk: Any) -> None:
+    """Give the expression ``dask.compute`` hands over for ``dask.delayed`` objects its
+    optimized graph without their optimizer's cull, which ``read`` does once anyway.
+
+    ``dask.delayed.optimize`` culls the graph of each group of delayed objects layer by
+    layer, each layer against all the keys asked for: with one layer per object,
+    10,000 objects cost about 4.3 s on the development machine (0.002 s without), the most
+    of such a ``compute`` and of Dask's own schedulers' too. Only that optimizer is
+    skipped, and only while ``optimization.fuse.delayed`` is off (its only other step);
+    any other collection's optimizer runs as Dask would run it. An expression of another
+    shape (another version of Dask) is left alone."""
+    if type(dsk).__name__ != "_HLGExprSequence" or "_optimized_dsk" in vars(dsk):
+        return
+    delayed = sys.modules.get("dask.delayed")
+    cull_only = getattr(delayed, "optimize", None)
+    if cull_only is None or dask.config.get("optimization.fuse.delayed", False):
+        return
+    graphs = []
+    for group in getattr(dsk, "operands", ()):
+        hlg = getattr(group, "hlg", None)
+        optimizer = getattr(group, "low_level_optimizer", _UNKNOWN)
+        if not isinstance(hlg, HighLevelGraph) or optimizer is _UNKNOWN:
+            return
+        if optimizer is not None and optimizer is not cull_only:
+            hlg = optimizer(hlg, group.__dask_keys__())
+        graphs.append(hlg)
+    if graphs:
+        vars(dsk)["_optimized_dsk"] = HighLevelGraph.merge(*graphs)  # (a cached property)
+
+
 def flatten_keys(keys: Any) -> list[Key]:
     """Flatten nested lists of keys; tuples are keys themselves (``("x", 0)``)."""
     if not isinstance(keys, list):
@@ -194,6 +230,7 @@ def read(dsk: Any, keys: Any, early: Early | None = None) -> Plan:
     that nothing produces, and ``GraphCycleError`` naming the keys of a cycle (after
     ``early`` saw the keys found before it, if it was given; see ``Early``).
     """
+    skip_delayed_cull(dsk)
     found = read_annotations(dsk)  # before the mapping: a HighLevelGraph's layers
     mapping = as_mapping(dsk)
     outputs = list(dict.fromkeys(flatten_keys(keys)))
