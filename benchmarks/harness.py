@@ -16,7 +16,7 @@ workload's own metric, and how many times faster daskvine_py is than each system
 with ``--json`` writes every run, the machine and the versions.
 
 Workloads (``--only`` takes names or prefixes of names, e.g. ``noop``, ``sleep``, ``latency``):
-``noop-dict noop-bag chain sleep1ms sleep100ms tree10k array dataframe latency-compute
+``noop-dict noop-bag noop-delayed chain sleep1ms sleep100ms tree10k array dataframe latency-compute
 latency-get`` on ``--workers`` one-core workers; ``biggraph`` (one child process per
 system, ``biggraph.py``); ``wide`` (50 one-core workers per system, started for it);
 ``matching`` (``bench_matching.py``, the ready-task structure alone).

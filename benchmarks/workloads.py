@@ -269,6 +269,9 @@ def workloads(profile: str = "full") -> dict[str, Workload]:
     def one_task() -> Any:
         return dask.delayed(inc)(1)
 
+    def delayed_noop() -> Any:
+        return [dask.delayed(noop)(i) for i in range(n_noop)]
+
     serial = "serial: its efficiency is at most 1 / cores"
     all_workloads = [
         Workload(
@@ -281,6 +284,12 @@ def workloads(profile: str = "full") -> dict[str, Workload]:
             "noop-bag",
             f"a bag of {n_noop:,} one-element partitions mapped with noop, via dask.compute",
             bag_noop,
+            _compute,
+        ),
+        Workload(
+            "noop-delayed",
+            f"{n_noop:,} dask.delayed objects (a layer each) in one dask.compute",
+            delayed_noop,
             _compute,
         ),
         Workload(
