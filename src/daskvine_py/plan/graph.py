@@ -183,7 +183,7 @@ def skip_delayed_cull(dsk: Any) -> None:
     graphs = []
     for group in getattr(dsk, "operands", ()):
         hlg = getattr(group, "hlg", None)
-        optimizer = getattr(group, "low_level_optimizer", _UNKNOWN)
+        optimizer: Any = getattr(group, "low_level_optimizer", _UNKNOWN)
         if not isinstance(hlg, HighLevelGraph) or optimizer is _UNKNOWN:
             return
         if optimizer is not None and optimizer is not cull_only:
