@@ -377,14 +377,10 @@ def test_gsi_end_to_end_the_proxy_travels_with_the_run(gsi_server, tmp_path, mon
     assert cached == [data]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=PermissionError,
-    reason="the XRootD client reads the X.509 variables once per process: a library that "
-    "first authenticated without a proxy is refused for its life, though a later run "
-    "ships one (the worker would have to start a fresh library when env_files change)",
-)
 def test_gsi_a_proxy_shipped_after_a_run_without_one(gsi_server, tmp_path, monkeypatch):
+    """The XRootD client reads the X.509 variables once per process: a library that
+    authenticated without a proxy would be refused for its life. A run that ships files
+    (``env_files``) other than those the libraries started with has them replaced."""
     from daskvine_py import Manager
 
     gsi, started = gsi_server

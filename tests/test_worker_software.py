@@ -11,6 +11,7 @@ from daskvine_py.wire.exits import EXIT_UNFIT
 from daskvine_py.worker import pipe
 from daskvine_py.worker.messages import (
     Boot,
+    FilesShipped,
     FromLibrary,
     Leave,
     LibraryDied,
@@ -143,3 +144,21 @@ def test_libraries_of_the_software_that_never_start_make_the_node_unfit():
         library = max(state.dispatch.libraries, default=library) if not of(Leave, out) else 0
     (goodbye,) = of(p.Goodbye, out)
     assert goodbye.unfit == "s1" and "could not start" in goodbye.reason
+
+
+def test_libraries_are_replaced_when_a_run_ships_other_files():
+    """A client reading its credentials once per process (XRootD's X.509 proxy) must not
+    keep running on what it read before a run shipped, or renewed, the proxy."""
+    state = boot()
+    out = state.handle([execute(1, 0)], 0.0)  # the worker's libraries, with no files
+    assert of(ToLibrary, out)
+    files = config(2, None)._replace(env_vars=(("X509_USER_PROXY", "/w/files/X509"),))
+    state.handle([FilesShipped("d1"), files, execute(2, 2)], 0.0)
+    done = pipe.Done(1, None, 0.01, 0, False, 0.0, 0.0, 0)
+    out = state.handle([FromLibrary(1, done, 0.0)], 0.0)  # idle now: replaced
+    assert of(StopLibraries, out) == [StopLibraries((1, 2))]
+    assert of(StartLibrary, out) == [StartLibrary(3, 1), StartLibrary(4, 1)]
+    (request,) = of(ToLibrary, out)  # task 2 goes to a new library only
+    assert request.library_id in (3, 4)
+    out = state.handle([FilesShipped("d1"), config(3, None), execute(3, 3)], 0.0)
+    assert not of(StopLibraries, out)  # the same files again: nothing to replace

@@ -67,6 +67,15 @@ class SoftwarePrepared(NamedTuple):
     error: str | None = None
 
 
+class FilesShipped(NamedTuple):
+    """A run shipped files its tasks read (``RunConfig.files``: an X.509 proxy, a token),
+    now written on the node; ``digest`` names their names and contents. Libraries started
+    before them are replaced once idle: a client that reads its credentials once per
+    process (the XRootD client) would not see a proxy given, or renewed, after that."""
+
+    digest: str
+
+
 class Tick(NamedTuple):
     """A loop pass's timers: the manager's silence, heartbeats, fetches past their
     deadline. ``wall``: the wall clock now (the heartbeat's bars are on it)."""
@@ -187,6 +196,7 @@ Event: TypeAlias = (
     | PeerUnreachable
     | PeerAsked
     | SoftwarePrepared
+    | FilesShipped
 )
 
 # -- instructions ---------------------------------------------------------------------

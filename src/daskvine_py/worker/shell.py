@@ -97,6 +97,7 @@ from daskvine_py.worker.messages import (
     EndRunInputs,
     Event,
     EventFailed,
+    FilesShipped,
     FromLibrary,
     KillLibrary,
     KillProcess,
@@ -119,7 +120,7 @@ from daskvine_py.worker.messages import (
     Unreadable,
 )
 from daskvine_py.worker.peers import DRAIN_LIMIT, PeerLinks
-from daskvine_py.worker.software_host import SoftwareHost, own_python
+from daskvine_py.worker.software_host import SoftwareHost, files_digest, own_python
 from daskvine_py.worker.state import WorkerState
 from daskvine_py.worker.store import Store
 from daskvine_py.worker.threads import task_cores
@@ -514,10 +515,13 @@ class Worker:
                 if announced is not None:
                     self.outbox.append(announced)
             if type(message) is p.RunConfig and message.files:
+                digest = files_digest(message.files)
                 try:
                     message = self.software.with_files(message)
                 except OSError as exc:  # its tasks would fail reading them: say so now
                     logger.error("worker %s cannot write a run's files: %s", self.name, exc)
+                else:  # (libraries that started without them are replaced)
+                    events.append(FilesShipped(digest))
             events.append(message)
             if type(message) is p.Welcome:
                 held = self.input_peers.announce(None)  # (its node's cache, for placement)

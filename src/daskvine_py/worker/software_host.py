@@ -22,6 +22,7 @@ and named to the tasks by their variable; the directory goes with the worker.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import queue
@@ -37,6 +38,15 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: This worker's ``daskvine_py`` package directory (``worker``'s parent)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def files_digest(files: tuple[tuple[str, bytes], ...]) -> str:
+    """What names a run's files (``RunConfig.files``): their variables and contents."""
+    digest = hashlib.sha256()
+    for variable, content in sorted(files):
+        digest.update(b"%d:%s\0%d:" % (len(variable), variable.encode(), len(content)))
+        digest.update(content)
+    return digest.hexdigest()
 
 
 class SoftwareHost:

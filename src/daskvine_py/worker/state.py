@@ -63,6 +63,7 @@ from daskvine_py.worker.messages import (
     EndRunInputs,
     Event,
     EventFailed,
+    FilesShipped,
     FromLibrary,
     Instruction,
     KillLibrary,
@@ -244,6 +245,7 @@ class WorkerState:
             PeerUnreachable: self._on_peer_unreachable,
             PeerAsked: self._on_peer_asked,
             SoftwarePrepared: self._on_software_prepared,
+            FilesShipped: self._on_files_shipped,
         }
         #: the records that show the manager is there (``last_contact``)
         self._from_manager = p.TO_WORKER
@@ -283,6 +285,11 @@ class WorkerState:
         self.preparing: set[str] = set()
         #: libraries of the shipped software that died before they were ready
         self.software_failures = 0
+        #: the files the libraries started with (``FilesShipped.digest``; "": none) and
+        #: those the latest run shipped: while they differ, the libraries are replaced
+        #: as software is (``_switch_software``)
+        self.files = ""
+        self.files_wanted = ""
 
     @property
     def functions(self) -> dict[bytes, bytes]:
@@ -338,9 +345,9 @@ class WorkerState:
         dispatch = self.dispatch
         if self.held_answers:
             self._answer_held(now)
-        if self.software_wanted != self.software and not self.leaving:
+        if self._replacing() and not self.leaving:
             self._switch_software()
-        if not self.leaving and self.software_wanted == self.software:
+        if not self.leaving and not self._replacing():
             for record, request in dispatch.start_runnable():
                 out.append(ToLibrary(record.id, request))
             gpus = dispatch.gpus
@@ -578,6 +585,9 @@ class WorkerState:
             "an environment= (docs/environments.md)",
         )
 
+    def _on_files_shipped(self, ev: FilesShipped, now: float) -> None:
+        self.files_wanted = ev.digest
+
     def _on_software_prepared(self, ev: SoftwarePrepared, now: float) -> None:
         self.preparing.discard(ev.key)
         if ev.error is None:
@@ -594,9 +604,15 @@ class WorkerState:
             self._out.append(p.Goodbye(reason, key))
         self._leave(reason, EXIT_UNFIT, logging.ERROR)
 
+    def _replacing(self) -> bool:
+        """Whether the libraries are to be replaced (another software, other files): no
+        task starts meanwhile."""
+        return self.software_wanted != self.software or self.files_wanted != self.files
+
     def _switch_software(self) -> None:
-        """Replace the libraries with ones of the wanted software, once it is prepared
-        and no library runs a task (their live results are lost: reported ``Lost``)."""
+        """Replace the libraries with ones of the wanted software (and files), once it is
+        prepared and no library runs a task (their live results are lost: reported
+        ``Lost``)."""
         key = self.software_wanted
         if key is not None and key not in self.prepared:
             return
@@ -614,6 +630,7 @@ class WorkerState:
         if lost:
             self._out.append(p.Lost(tuple(lost)))
         self.software = key
+        self.files = self.files_wanted
         self.software_failures = 0
         for _ in range(self.library_count):
             self._start_library()
