@@ -385,3 +385,38 @@ def test_a_joining_worker_tells_what_its_node_holds(tmp_path, monkeypatch, http_
         (file,) = manager._state.ctx.input_files.values()
         assert (file.url, file.nbytes) == (url, 5000)
         assert [w.name for w in file.holders] == list(manager.workers)
+
+
+@pytest.mark.timeout(120)
+def test_files_a_run_s_lifetime_removed_are_no_longer_placed(
+    tmp_path,
+    monkeypatch,
+    http_server,  # noqa: F811
+):
+    """``cache_inputs="run"``: as the run ends its files go from the node, and the worker
+    says so (``InputsDropped``): the manager no longer counts it a holder."""
+    _write(http_server.directory / "brief.root", b"b" * 4000, 1_700_000_000)
+    url = http_server.url("brief.root")
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "node"))
+    with Manager() as manager:
+        manager.start_workers(1)
+        task = dask.delayed(read_size)(url)
+        assert dask.compute(task, scheduler=manager.get, cache_inputs="run") == (4000,)
+        files = manager._state.ctx.input_files
+        deadline = time.monotonic() + 30
+        while (url not in files or files[url].holders) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the cleanup, then its report, follow the run's end)
+        assert url in files and not files[url].holders
+        assert not list((tmp_path / "node" / "entries").glob("*/brief.root"))
+
+
+def test_a_cleanup_records_what_it_removed(tmp_path):
+    from daskvine_py.inputs.store import Identity, InputCache
+
+    with InputCache(str(tmp_path), 10**6) as cache:
+        identity = Identity("root://eos//a.root", 3, "mtime=1")
+        cache.fill(identity, lambda part: open(part, "wb").write(b"abc"), 5.0)
+        cache.release()
+        cleanup = cache.cleanup(lambda claim: True)
+        assert cleanup.removed == [identity.key]
+        assert cache.dropped == [identity]

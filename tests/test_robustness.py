@@ -730,6 +730,7 @@ VALID = {
         st.lists(st.tuples(_URL, _SIZE, st.integers(0, 2), _PRINTABLE), max_size=2).map(tuple),
     ),
     p.InputServer: (_ADDRESS, _PRINTABLE),
+    p.InputsDropped: (st.lists(st.tuples(_URL, _PRINTABLE), max_size=2).map(tuple),),
     p.TaskErred: (_ID, _VALUE, _TEXT, _TEXT, _TEXT),
     p.TaskCrashed: (_ID, _TEXT),
     p.TaskExhausted: (_ID, st.just("memory"), _SIZE, _SIZE),

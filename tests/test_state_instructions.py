@@ -178,6 +178,7 @@ def test_reports_are_routed_by_the_table_and_an_unknown_one_is_dropped():
         p.Transfers,
         p.TaskExhausted,
         p.InputServer,
+        p.InputsDropped,
     }
     (dropped,) = st_.handle([s.FromWorker(W1, p.Heartbeat())])
     assert type(dropped) is s.EventDropped and isinstance(dropped.error, TypeError)

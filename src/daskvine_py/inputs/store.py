@@ -191,8 +191,8 @@ class InputCache:
         self._lock = threading.Lock()
         #: key -> the shared ``.use`` lock (an open descriptor) held on it
         self._uses: dict[str, int] = {}
-        #: what this object's evictions removed, for its owner to take (the process's
-        #: reads report them: ``inputs.take_reads``)
+        #: what this object's evictions and cleanups removed, for its owner to take (a
+        #: library's reads report them, ``inputs.take_reads``; a worker's, ``InputsDropped``)
         self.dropped: list[Identity] = []
         #: key -> the claims this object made on it (each claim's file made once)
         self._claimed: dict[str, set[str]] = {}
@@ -388,8 +388,11 @@ class InputCache:
                     left = True
             if left:
                 continue
+            identity = self._identity(key)
             if self._remove(key, unclaimed=True):
                 removed.append(key)
+                if identity is not None:
+                    self.dropped.append(identity)
             elif os.path.isdir(self._place(key)) and not self._claims(key):
                 spared.append(key)
         with self._lock:  # claims this process made may be gone: made again when used

@@ -244,6 +244,7 @@ class SchedulerState:
             p.DiskFull: dispatch.on_disk_full,
             p.TaskExhausted: self._sizing.on_exhausted,
             p.InputServer: self._on_input_server,
+            p.InputsDropped: self._on_inputs_dropped,
         }
         self._events: dict[type, Handler] = {
             SubmitRun: submission.on_submit,
@@ -425,6 +426,11 @@ class SchedulerState:
                 (url, size, p.INPUT_FROM_CACHE, version) for url, size, version in msg.files
             )
             files_held(self.ctx.input_files, worker, held)
+
+    def _on_inputs_dropped(self, worker: WorkerRecord, msg: p.InputsDropped) -> None:
+        """Files ``worker``'s node let go as their lifetimes ended: no longer held there."""
+        gone = tuple((url, 0, p.INPUT_DROPPED, version) for url, version in msg.files)
+        files_held(self.ctx.input_files, worker, gone)
 
     def _on_task_erred(self, worker: WorkerRecord, msg: p.TaskErred) -> None:
         task = self._held(msg.task_id, worker)

@@ -43,6 +43,7 @@ from daskvine_py.wire.records import (
     Frame,
     GetData,
     Goodbye,
+    InputsDropped,
     InputServer,
     LiveReply,
     LiveRequest,
@@ -98,6 +99,7 @@ KINDS: dict[int, type] = {
     23: LiveRequest,
     24: LiveReply,
     25: InputServer,
+    26: InputsDropped,
 }
 CODES: dict[type, int] = {kind: code for code, kind in KINDS.items()}
 PLAIN_KINDS: frozenset[type] = frozenset(CODES)

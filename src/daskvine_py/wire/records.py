@@ -304,6 +304,14 @@ class RunConfig(NamedTuple):
     input_peers: bool = True
 
 
+class InputsDropped(NamedTuple):
+    """Files the node's input cache no longer holds: removed as their lifetimes ended
+    (``cache_inputs="run"``), ``(url, version)`` each. The manager stops placing their
+    readers on this worker."""
+
+    files: tuple[tuple[str, str], ...]
+
+
 class FetchInputs(NamedTuple):
     """Fetch these input files from peers into the node's input cache, for tasks of run
     ``run_id`` that read them (sent before their ``Execute``): each ``(url, bytes,
@@ -471,6 +479,7 @@ ToManager: TypeAlias = (
     | Uploaded
     | TaskExhausted
     | InputServer
+    | InputsDropped
 )
 TO_MANAGER: frozenset[type[ToManager]] = frozenset(
     {
@@ -491,6 +500,7 @@ TO_MANAGER: frozenset[type[ToManager]] = frozenset(
         Uploaded,
         TaskExhausted,
         InputServer,
+        InputsDropped,
     }
 )
 #: A record a manager sends its workers.

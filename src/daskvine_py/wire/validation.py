@@ -37,6 +37,7 @@ from daskvine_py.wire.records import (
     GetData,
     Goodbye,
     Heartbeat,
+    InputsDropped,
     InputServer,
     LiveReply,
     LiveRequest,
@@ -187,6 +188,21 @@ def _held_files(values: tuple[object, ...]) -> str | None:
             and _input_version(value[2])
         ):
             return f"holds {shown(value)}, not (url, bytes, version)"
+    return None
+
+
+def _dropped_files(values: tuple[object, ...]) -> str | None:
+    """``InputsDropped.files``: (url, version)."""
+    if len(values) > MAX_INPUT_FILES:
+        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
+    for value in values:
+        if not (
+            type(value) is tuple
+            and len(value) == 2
+            and _input_url(value[0])
+            and _input_version(value[1])
+        ):
+            return f"holds {shown(value)}, not (url, version)"
     return None
 
 
@@ -399,6 +415,7 @@ _FIELDS: dict[type, tuple[_Field, ...]] = {
         _SIZE,
     ),
     InputServer: (_Field(str, _no_address_or_one), _PRINTABLE, _Field(tuple, _held_files)),
+    InputsDropped: (_Field(tuple, _dropped_files),),
     TaskDone: (
         _ID,
         _SIZE,

@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable
 
 from daskvine_py.inputs import OWNER_VARIABLE
-from daskvine_py.inputs.store import Cleanup, InputCache, default_root, new_owner
+from daskvine_py.inputs.store import Cleanup, Identity, InputCache, default_root, new_owner
+from daskvine_py.wire import protocol as p
 from daskvine_py.worker.messages import EndRunInputs
 
 logger = logging.getLogger("daskvine_py.worker")
@@ -57,6 +58,8 @@ class InputsKeeper:
         self.owner = new_owner()
         os.environ[OWNER_VARIABLE] = self.owner
         self.cache: InputCache | None = None
+        #: what cleanups removed, until the worker tells its manager (``take_dropped``)
+        self.dropped: list[Identity] = []
         self.owned = False  #: it holds its owner lock (``own``)
         #: (when to look again at spared entries: ``time.monotonic()``, the delay after)
         self._retry: tuple[float, float] | None = None
@@ -82,6 +85,14 @@ class InputsKeeper:
         claim keeps it."""
         if self.owned:
             self._clean(lambda cache: cache.end_run(self.owner, end.run_id))
+
+    def take_dropped(self) -> p.InputsDropped | None:
+        """What the cleanups removed since the last call, as the record for the manager."""
+        if not self.dropped:
+            return None
+        files = tuple((i.url, i.version) for i in self.dropped[: p.MAX_INPUT_FILES])
+        del self.dropped[: p.MAX_INPUT_FILES]
+        return p.InputsDropped(files)
 
     def retry(self, now: float) -> None:
         """Look again at entries spared in use, when it is time (the loop calls it)."""
@@ -115,6 +126,8 @@ class InputsKeeper:
         except OSError as exc:
             logger.warning("worker could not clean input cache %s: %s", self.root, exc)
             return
+        self.dropped.extend(cache.dropped)  # (said to the manager: ``take_dropped``)
+        cache.dropped.clear()
         if not cleanup.spared:
             self._retry = None
             return

@@ -400,6 +400,9 @@ class Worker:
         if self.stop_reason is not None:
             events.append(Stop(self.stop_reason))
         self._handle(now)
+        dropped = self.inputs.take_dropped()  # (its runs' cleanups: the manager hears)
+        if dropped is not None:
+            self.outbox.append(dropped)
         self._flush()
 
     def _handle(self, now: float) -> None:
