@@ -285,16 +285,22 @@ def _worker_name() -> str:
     return os.environ.get("DASKVINE_PY_WORKER_NAME") or socket.gethostname()
 
 
-def _cache() -> InputCache:
-    """The cache the environment names now (the worker sets it for its libraries)."""
-    root = default_root()
+def cache_limit() -> int:
+    """The cache's bound the environment names: ``$DASKVINE_PY_INPUT_CACHE_BYTES`` (the
+    worker's ``--disk``), else ``DEFAULT_LIMIT``."""
     configured = os.environ.get("DASKVINE_PY_INPUT_CACHE_BYTES", "").strip()
     try:
-        limit = int(configured) if configured else DEFAULT_LIMIT
+        return int(configured) if configured else DEFAULT_LIMIT
     except ValueError:
         raise ValueError(
             f"DASKVINE_PY_INPUT_CACHE_BYTES must be a number of bytes, not {configured!r}"
         ) from None
+
+
+def _cache() -> InputCache:
+    """The cache the environment names now (the worker sets it for its libraries)."""
+    root = default_root()
+    limit = cache_limit()
     with _lock:
         cache = _caches.get(root)
         if cache is None:

@@ -148,24 +148,6 @@ def _texts(values: tuple[object, ...]) -> str | None:
     return None
 
 
-def _input_files(values: tuple[object, ...]) -> str | None:
-    if len(values) > MAX_INPUT_FILES:
-        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
-    for value in values:
-        if not (
-            type(value) is tuple
-            and len(value) == 4
-            and _input_url(value[0])
-            and type(value[1]) is int
-            and value[1] >= 0
-            and value[2] in _INPUT_SOURCES
-            and type(value[2]) is int
-            and _input_version(value[3])
-        ):
-            return f"holds {shown(value)}, not (url, bytes, source, version)"
-    return None
-
-
 def _input_url(value: object) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_INPUT_URL and value.isprintable()
 
@@ -174,59 +156,54 @@ def _input_version(value: object) -> bool:
     return type(value) is str and len(value) <= MAX_INPUT_VERSION and value.isprintable()
 
 
-def _held_files(values: tuple[object, ...]) -> str | None:
-    """``InputServer.files``: (url, bytes, version)."""
-    if len(values) > MAX_INPUT_FILES:
-        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
-    for value in values:
-        if not (
-            type(value) is tuple
-            and len(value) == 3
-            and _input_url(value[0])
-            and type(value[1]) is int
-            and value[1] >= 0
-            and _input_version(value[2])
-        ):
-            return f"holds {shown(value)}, not (url, bytes, version)"
-    return None
+def _input_bytes(value: object) -> bool:
+    return type(value) is int and value >= 0
 
 
-def _dropped_files(values: tuple[object, ...]) -> str | None:
-    """``InputsDropped.files``: (url, version)."""
-    if len(values) > MAX_INPUT_FILES:
-        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
-    for value in values:
-        if not (
-            type(value) is tuple
-            and len(value) == 2
-            and _input_url(value[0])
-            and _input_version(value[1])
-        ):
-            return f"holds {shown(value)}, not (url, version)"
-    return None
+def _input_source(value: object) -> bool:
+    return type(value) is int and value in _INPUT_SOURCES
+
+
+def _peer_addresses(value: object) -> bool:
+    return type(value) is tuple and all(type(a) is str and connectable(a) for a in value)
+
+
+def _file_records(what: str, *fields: Callable[[object], bool]) -> Callable[[Any], str | None]:
+    """The check of a tuple of input-file records, at most ``MAX_INPUT_FILES``, each a
+    tuple whose items pass ``fields`` in turn (``what`` names them in the error)."""
+
+    def check(values: tuple[object, ...]) -> str | None:
+        if len(values) > MAX_INPUT_FILES:
+            return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
+        for value in values:
+            if not (
+                type(value) is tuple
+                and len(value) == len(fields)
+                and all(ok(item) for ok, item in zip(fields, value, strict=True))
+            ):
+                return f"holds {shown(value)}, not ({what})"
+        return None
+
+    return check
+
+
+#: ``TaskDone.inputs``, ``InputServer.files``, ``InputsDropped.files``, ``FetchInputs.files``
+_input_files = _file_records(
+    "url, bytes, source, version", _input_url, _input_bytes, _input_source, _input_version
+)
+_held_files = _file_records("url, bytes, version", _input_url, _input_bytes, _input_version)
+_dropped_files = _file_records("url, version", _input_url, _input_version)
+_input_sources = _file_records(
+    "url, bytes, version, peer addresses",
+    _input_url,
+    _input_bytes,
+    _input_version,
+    _peer_addresses,
+)
 
 
 def _no_address_or_one(value: str) -> str | None:
     return None if value == "" else _address(value)
-
-
-def _input_sources(values: tuple[object, ...]) -> str | None:
-    """``FetchInputs.files``: (url, bytes, version, the addresses of peers holding it)."""
-    if len(values) > MAX_INPUT_FILES:
-        return f"names {len(values)} files, more than {MAX_INPUT_FILES}"
-    for value in values:
-        if not (
-            type(value) is tuple
-            and len(value) == 4
-            and _input_url(value[0])
-            and type(value[1]) is int
-            and value[1] >= 0
-            and _input_version(value[2])
-            and type(value[3]) is tuple
-            and all(type(a) is str and connectable(a) for a in value[3])
-        ):
-            return f"holds {shown(value)}, not (url, bytes, version, peer addresses)"
-    return None
 
 
 _INPUT_SOURCES = frozenset((INPUT_FROM_STORAGE, INPUT_FROM_CACHE, INPUT_FROM_PEER, INPUT_DROPPED))

@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import NamedTuple
 
-from daskvine_py.inputs import OWNER_VARIABLE
+from daskvine_py.inputs import OWNER_VARIABLE, cache_limit
 from daskvine_py.inputs.store import Identity, InputCache, claim, default_root
 from daskvine_py.software import transfer
 from daskvine_py.wire import protocol as p
@@ -174,9 +174,8 @@ class InputPeers:
 
     def _open(self) -> InputCache | None:
         if self.cache is None:
-            limit = os.environ.get("DASKVINE_PY_INPUT_CACHE_BYTES", "").strip()
             try:
-                self.cache = InputCache(default_root(), int(limit) if limit else 10 * 2**30)
+                self.cache = InputCache(default_root(), cache_limit())
             except (OSError, ValueError) as exc:
                 logger.warning("worker %s cannot use its input cache: %s", self.name, exc)
         return self.cache
