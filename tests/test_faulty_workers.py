@@ -124,6 +124,13 @@ def test_a_black_hole_is_quarantined_and_runs_end_right(tmp_path, caplog):
             dsk, keys = graph(seed=1000)
             assert manager.get(dsk, keys) == dask.get(dsk, keys)
             assert sum(type(r) is p.Execute for r in hole.received) == executes  # nothing new
+        # The hole's goodbye is handled on the manager's thread: wait for it, then no honest
+        # worker may have been quarantined beside it.
+        deadline = time.monotonic() + 20
+        while named(manager, "hole") is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert named(manager, "hole") is None
+        assert len(manager.workers) == 2
         assert all(info["quarantined"] is None for info in manager.workers.values())
 
 
