@@ -26,18 +26,20 @@ sockets closed at once, as a killed process's are); a replacement joins
 
 Timing: ``--jitter S`` adds a random delay of up to S seconds to each simulated task
 (drawn from the process's seeded generator), so that completions, ``Started`` records
-and fetches interleave in orders a fixed duration never gives. An input a call lacks
-(the worker's state sent it ahead of its input) fails that task with the missing ids
-named and is counted (``missing_inputs``), as is every ``Shutdown`` that ejects one of
-these honest workers (``ejected``): both are the scheduler's bugs, reported, never a
-crash of the process and its hundreds of workers.
+(the worker's state sends them as a reply frees a library slot for the next call, as a
+real worker's does) and fetches interleave in orders a fixed duration never gives. An
+input a call lacks (the worker's state sent it ahead of its input) fails that task with
+the missing ids named and is counted (``missing_inputs``), as is every ``Shutdown`` that
+ejects one of these honest workers (``ejected``): both are the scheduler's bugs,
+reported, never a crash of the process and its hundreds of workers.
 
 Faulty workers (issue 29): ``--black-holes F`` and ``--stragglers F`` (``swarm_faults``).
-Every simulated worker tells the manager when a task begins on its library slot
-(``Started``) and honours ``Abort``. Its heartbeats carry the bars of what it ran and
-fetched (``Status.activity``, merged by the worker's own ``Activity`` as a real worker's
-are: about one bar per library slot per heartbeat while tasks of one prefix run back to
-back), so that the manager's cost of the live task stream is measured with the rest.
+Every simulated worker runs the real worker's state, which tells the manager when a
+task begins on its library slot (``Started``), and honours ``Abort``. Its heartbeats
+carry the bars of what it ran and fetched (``Status.activity``, merged by the worker's
+own ``Activity`` as a real worker's are: about one bar per library slot per heartbeat
+while tasks of one prefix run back to back), so that the manager's cost of the live
+task stream is measured with the rest.
 
 The process measures itself: how late each simulated completion is delivered
 (``lag``: the delivery time less the time it was due), so that a swarm too slow for
@@ -153,8 +155,6 @@ class Swarm:
         self.decoder = TaskDecoder()
         #: (due, sequence, worker, library id, reply) of the simulated calls in flight
         self.completions: list[tuple[float, int, SimWorker, int, Any]] = []
-        #: (due, sequence, worker, task id): when a simulated call begins (``Started``)
-        self.starts: list[tuple[float, int, SimWorker, int]] = []
         self.sequence = 0
         self.workers: list[SimWorker] = []
         self.drops = p.DropLog(logger)
@@ -206,10 +206,12 @@ class Swarm:
     def own(self, sock: Any, worker: SimWorker, kind: str) -> None:
         self.owners[sock] = (worker, kind)
 
-    def schedule(self, worker: SimWorker, lib: int, due: float, reply: Any, started: float) -> None:
+    def schedule(self, worker: SimWorker, lib: int, due: float, reply: Any) -> None:
+        """A simulated call's reply, due when its slot's earlier calls and its own
+        duration have passed. Its ``Started`` is the worker state's, sent as the reply
+        before it frees the slot (a second one here would count each start twice)."""
         self.sequence += 1
         heapq.heappush(self.completions, (due, self.sequence, worker, lib, reply))
-        heapq.heappush(self.starts, (started, self.sequence, worker, reply.task_id))
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -222,8 +224,6 @@ class Swarm:
                 timeout = min(timeout, max(0.0, self.completions[0][0] - now))
             if self.preemptions:
                 timeout = min(timeout, max(0.0, self.preemptions[0][0] - now))
-            if self.starts:
-                timeout = min(timeout, max(0.0, self.starts[0][0] - now))
             dirty: set[SimWorker] = set()
             for sock, _ in self.poller.poll(int(timeout * 1000)):
                 owner = self.owners.get(sock)
@@ -242,12 +242,6 @@ class Swarm:
             now = time.monotonic()
             wall = time.time()
             completions = self.completions
-            starts = self.starts
-            while starts and starts[0][0] <= now:
-                _, _, worker, task_id = heapq.heappop(starts)
-                if worker.alive and task_id in worker.running and task_id not in worker.killed:
-                    worker.outbox.append(p.Started((task_id,)))
-                    dirty.add(worker)
             while completions and completions[0][0] <= now:
                 due, _, worker, lib, done = heapq.heappop(completions)
                 if not worker.alive:
@@ -510,7 +504,7 @@ class SimWorker:
             missing = [d for _, d, v in call.inputs if v is None and d not in chained]
             if missing:  # the worker's state sent a call ahead of its input: a bug report
                 message = self.missing_inputs(call.task_id, missing)
-                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message), start)
+                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message))
                 continue
             values = {}
             for dep_key, dep_id, value in call.inputs:
@@ -521,13 +515,10 @@ class SimWorker:
                 seconds += swarm.random.uniform(0.0, jitter)
             chained[call.task_id] = result
             self.running.add(call.task_id)
-            begins = start
             if self.black_hole:
                 start += swarm_faults.BLACK_HOLE_SECONDS
                 message = "RuntimeError: a black hole (a simulated broken install)"
-                swarm.schedule(
-                    self, lib, start, pipe.Erred(call.task_id, None, "", message), begins
-                )
+                swarm.schedule(self, lib, start, pipe.Erred(call.task_id, None, "", message))
                 continue
             scaled = int(nbytes * scale)
             header = pickle.dumps(result, protocol=5)
@@ -535,7 +526,7 @@ class SimWorker:
             swarm.declared_bytes += nbytes
             start += seconds
             done = pipe.Done(call.task_id, serialized, seconds, nbytes or serialized.nbytes)
-            swarm.schedule(self, lib, start, done, begins)
+            swarm.schedule(self, lib, start, done)
         self.free_at[lib] = start
 
     def missing_inputs(self, task_id: int, missing: list[int]) -> str:
