@@ -215,7 +215,9 @@ SMOKES = [
         "bench_wire",
         "bench_wire.py",
         ["--smoke"],
-        r"\nmsgpack\s+[\d.]+\s+[\d.]+\s+[\d.]+\npickle\s+[\d.]+(.*\n)*msgpack/pickle\s+\d",
+        r"\nmsgpack\s+[\d.]+\s+[\d.]+\s+[\d.]+\npickle\s+[\d.]+(.*\n)*msgpack/pickle\s+\d"
+        r"(.*\n)*per record type(.*\n)*Execute\s+pickle\s+[\d.]+"
+        r"(.*\n)*typical batch\s+msgpack\s+\d",
         (),
     ),
     (
