@@ -217,7 +217,7 @@ def test_a_half_applied_transition_still_drops_its_run_cleanly():
     task = st_.tasks[ids["a"]]
 
     def half(self, task, worker):  # records the copy, then fails before the rest
-        task.who_has.add(worker)
+        task.hold(worker)
         worker.has_what.add(task)
         raise OSError("disk on fire")
 

@@ -13,7 +13,8 @@ RUN = RunRecord(0, 0, ())
 def result(id: int, nbytes: int, *holders: WorkerRecord) -> TaskRecord:
     record = TaskRecord(id, f"r{id}", RUN, b"", (), id, "r")
     record.nbytes = nbytes
-    record.who_has.update(holders)
+    for holder in holders:
+        record.hold(holder)
     return record
 
 

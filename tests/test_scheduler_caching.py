@@ -86,7 +86,7 @@ def test_a_provider_outlives_its_run_until_the_cache_is_cleared():
     record = host.submit(1, "c", info)
     assert host.caching.index.providers == {b"kc": record} and record.waiters == 1
     record.state, record.nbytes = "memory", 100
-    record.who_has.add(host.worker)
+    record.hold(host.worker)
     host.caching.done(record, p.TaskDone(10, 100, 0.5, None), host.worker)
     assert host.caching.index.seconds == {b"kc": 0.5}
     host.caching.drop(record.run)

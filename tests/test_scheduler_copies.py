@@ -39,7 +39,7 @@ def chain(tasks, run, *states):
         t = TaskRecord(i, f"x{i}", run, b"code", (), i, "x")
         t.state = state
         if records:
-            t.deps.append(records[-1])
+            t.deps = (records[-1],)
             records[-1].dependents.append(t)
         tasks[i] = t
         records.append(t)
@@ -51,7 +51,7 @@ def test_replicas_go_to_the_least_loaded_other_workers_and_copies_are_recorded()
     run = RunRecord(1, 0, (), replicas=2)
     (x,) = chain(tasks, run, "memory")
     a, b, c = workers.values()
-    x.who_has.add(a)
+    x.hold(a)
     b.has_what.add(TaskRecord(9, "other", run, b"", (), 9, "o"))  # b holds more
     copies.replicate(x, a)
     assert sent == [("c", p.Replicate(1, ("tcp://a:1",)))]
@@ -65,7 +65,7 @@ def test_a_lost_last_copy_that_is_still_read_is_computed_again_from_its_lineage(
     run = RunRecord(1, 0, ())
     x1, x2, x3 = chain(tasks, run, "released", "memory", "waiting")
     a = workers[b"a"]
-    x2.who_has.add(a)
+    x2.hold(a)
     a.has_what.add(x2)
     x2.waiters = 1  # x3 reads it
     copies.on_lost(a, p.Lost((2,)))
@@ -79,7 +79,8 @@ def test_a_task_that_fails_on_a_worker_said_to_hold_it_loses_that_copy():
     run = RunRecord(1, 0, ())
     (x,) = chain(tasks, run, "memory")
     a, b = workers[b"a"], workers[b"b"]
-    x.who_has.update((a, b))
+    x.hold(a)
+    x.hold(b)
     copies.not_held(1, a)
     assert x.who_has == {b} and moves == []  # another copy remains
     copies.not_held(1, b)

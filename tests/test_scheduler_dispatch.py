@@ -68,7 +68,7 @@ def test_an_execute_carries_the_config_and_functions_once_and_small_inputs_inlin
     a = TaskRecord(1, "a", run, b"", (), 0, "a")
     a.state, a.value = "memory", dumps(5)  # small, held at the manager
     b = TaskRecord(2, "b", run, b"payload", (b"f",), 1, "b")
-    b.deps.append(a)
+    b.deps = (a,)
     b.is_output = True
     dispatch.ctx.now = 12.5
     dispatch.assign(b, w)

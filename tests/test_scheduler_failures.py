@@ -42,7 +42,7 @@ def make():
     a, b = workers[b"a"], workers[b"b"]
     x = TaskRecord(1, "x", run, b"", (), 0, "x")  # in memory on b
     x.state = "memory"
-    x.who_has.add(b)
+    x.hold(b)
     b.has_what.add(x)
     y = TaskRecord(2, "y", run, b"", (), 1, "y")  # running on a
     y.state, y.worker = "processing", a

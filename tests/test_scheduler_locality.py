@@ -16,8 +16,8 @@ def worker(name: str, cores: int = 1) -> WorkerRecord:
 def task(run: RunRecord, id: int, *deps: TaskRecord, state: str = "waiting") -> TaskRecord:
     record = TaskRecord(id, f"t{id}", run, b"", (), id, "t")
     record.state = state  # type: ignore[assignment]
+    record.deps = deps
     for dep in deps:
-        record.deps.append(dep)
         dep.dependents.append(record)
     return record
 
@@ -45,8 +45,9 @@ def test_the_target_is_the_holder_of_most_input_bytes_and_never_a_full_worker():
     a, b = worker("a"), worker("b")
     small, big = task(run, 1, state="memory"), task(run, 2, state="memory")
     small.nbytes, big.nbytes = 10, 1000
-    small.who_has.add(a)
-    big.who_has.update((a, b))
+    small.hold(a)
+    big.hold(a)
+    big.hold(b)
     reader = task(run, 3, small, big)
     assert target(reader, set()) == b"a"  # a holds both
     a.full = True

@@ -23,7 +23,7 @@ def test_one_holder_uploads_once_for_every_reader_and_each_gets_the_value(caplog
     h, r1, r2 = ctx.workers.values()
     dep = TaskRecord(1, "x", RunRecord(3, 0, ()), b"", (), 0, "x")
     dep.state = "memory"
-    dep.who_has.add(h)
+    dep.hold(h)
     ctx.tasks[1] = dep
     out = ctx.out
     relays = Relays(ctx)

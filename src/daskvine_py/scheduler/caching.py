@@ -246,7 +246,7 @@ class Caching:
             return
         self.awaiting[provider.id] = waiting
         if worker in provider.who_has:  # it is not there after all
-            provider.who_has.discard(worker)
+            provider.unhold(worker)
             worker.has_what.discard(provider)
         if provider.who_has:
             self._upload(provider)
@@ -402,7 +402,7 @@ class Caching:
         """``record`` (to run) reads the providers its run's hits among its inputs stand
         for; ``count``: move its ``waiters`` and ``missing`` counts along (not when
         ``recompute`` counts next). Whether it reads any."""
-        deps = record.deps
+        deps = list(record.deps)
         any_read = False
         for i, dep in enumerate(deps):
             provider = crun.link.get(dep)
@@ -413,6 +413,7 @@ class Caching:
                 self._revive(dep)
                 continue
             deps[i] = provider
+            record.deps = tuple(deps)
             if provider.key != dep.key:
                 crun.read_as[record.id, i] = dep.key
             provider.dependents.append(record)
@@ -533,10 +534,7 @@ class Caching:
             if own is None:  # of the provider's own run: the state's lineage
                 kept.append(reader)
                 continue
-            deps = reader.deps
-            for i, dep in enumerate(deps):
-                if dep is provider:
-                    deps[i] = own
+            reader.deps = tuple(own if dep is provider else dep for dep in reader.deps)
             own.dependents.append(reader)
             if reader.state in ACTIVE:
                 own.waiters += 1
@@ -560,7 +558,7 @@ class Caching:
         """A provider outlives its run: owned by the cache, without lineage."""
         del run.tasks[record.key]
         record.run = self.owner
-        record.deps = []
+        record.deps = ()
         if record.dependents:  # readers in other runs still going
             record.dependents = [
                 d for d in record.dependents if d.run is not run and d.state != "forgotten"
@@ -599,7 +597,7 @@ class Caching:
         return record.waiters > 1 or record.id in self.awaiting
 
     def _release_copy(self, record: TaskRecord, worker: WorkerRecord) -> None:
-        record.who_has.discard(worker)
+        record.unhold(worker)
         worker.has_what.discard(record)
         self.send(worker, p.Release((record.id,)))
 

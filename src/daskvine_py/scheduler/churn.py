@@ -160,7 +160,7 @@ class Churn:
         self.full.discard(worker)
         lost = []
         for task in worker.has_what:
-            task.who_has.discard(worker)
+            task.unhold(worker)
             if not task.who_has and task.state == "memory":
                 lost.append(task)
         worker.has_what.clear()

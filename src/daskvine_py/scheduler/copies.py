@@ -74,7 +74,7 @@ class Copies:
         for task_id in msg.task_ids:
             task = self.tasks.get(task_id)
             if task is not None and task.state == "memory":
-                task.who_has.add(worker)
+                task.hold(worker)
                 worker.has_what.add(task)
             else:
                 self.send(worker, p.Release((task_id,)))
@@ -88,7 +88,7 @@ class Copies:
             task = self.tasks.get(task_id)
             if task is None or worker not in task.who_has:
                 continue
-            task.who_has.discard(worker)
+            task.unhold(worker)
             worker.has_what.discard(task)
             if not task.who_has and task.state == "memory":
                 lost.append(task)
@@ -102,7 +102,7 @@ class Copies:
         task = self.tasks.get(task_id)
         if task is None or task.state != "memory" or worker not in task.who_has:
             return
-        task.who_has.discard(worker)
+        task.unhold(worker)
         worker.has_what.discard(task)
         if not task.who_has:
             self.lose([task])
@@ -122,7 +122,7 @@ class Copies:
         # Whoever could not serve it has lost it (or is unreachable): forget that copy.
         failed = [w for w in dep.who_has if w.peer_address in msg.peers]
         for holder in failed:
-            dep.who_has.discard(holder)
+            dep.unhold(holder)
             holder.has_what.discard(dep)
             self.send(holder, p.Release((dep.id,)))
         if dep.state == "memory" and not dep.who_has:

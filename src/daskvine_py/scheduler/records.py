@@ -7,8 +7,8 @@ by ``Faults`` and read by ``Saturation``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Hashable, Sequence, Set
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from daskvine_py.ema import Ema
 from daskvine_py.plan.annotations import Placement, RunSettings
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from daskvine_py.scheduler.category_size import Size
 
 TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", "forgotten"]
+
+#: ``TaskRecord.who_has`` of a result held nowhere: one shared empty set, not an empty
+#: ``set()`` (216 B) per task of every run; ``hold`` makes a task's own set.
+NOWHERE: frozenset[WorkerRecord] = frozenset()
 
 
 class WorkerRecord:
@@ -271,14 +275,16 @@ class TaskRecord:
         #: not processing. A lost worker costs a retry only to tasks started there; the
         #: fault watch times stragglers from it.
         self.started_at: float | None = None
-        self.deps: list[TaskRecord] = []
+        #: its inputs, in the order of its graph's node (set once, at submission)
+        self.deps: tuple[TaskRecord, ...] = ()
         self.dependents: list[TaskRecord] = []
         self.state: TaskStateName = "waiting"
         #: inputs not in memory
         self.missing = 0
         #: dependents in waiting, ready or processing: they still need this result
         self.waiters = 0
-        self.who_has: set[WorkerRecord] = set()
+        #: the workers holding its result (read-only here: ``hold``, ``unhold``, ``unheld``)
+        self.who_has: Set[WorkerRecord] = NOWHERE
         self.nbytes = 0
         #: the result itself while in memory, when small (``protocol.inlinable``): tasks
         #: on other workers get it inside their ``Execute`` instead of fetching it
@@ -317,6 +323,26 @@ class TaskRecord:
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
+
+    def hold(self, worker: WorkerRecord) -> None:
+        """``worker`` holds its result."""
+        if self.who_has is NOWHERE:
+            self.who_has = {worker}
+        else:
+            cast("set[WorkerRecord]", self.who_has).add(worker)
+
+    def unhold(self, worker: WorkerRecord) -> None:
+        """``worker`` no longer holds its result (nothing if it did not)."""
+        holders = self.who_has
+        if worker in holders:
+            if len(holders) == 1:
+                self.who_has = NOWHERE
+            else:
+                cast("set[WorkerRecord]", holders).discard(worker)
+
+    def unheld(self) -> None:
+        """No worker holds its result."""
+        self.who_has = NOWHERE
 
     def allotted(self) -> int:
         """The memory it holds where it is processing: its allocation, or, sent with

@@ -541,7 +541,7 @@ class SchedulerState:
         assert worker is not None
         self._unassign(task)
         if not task.unread:  # an unread output is not kept: nothing to release later
-            task.who_has.add(worker)
+            task.hold(worker)
             worker.has_what.add(task)
         for dependent in task.dependents:
             dependent.missing -= 1
@@ -569,7 +569,7 @@ class SchedulerState:
             holder.has_what.discard(task)
             if holder.id in self.workers:
                 self._send(holder, p.Release((task.id,)))
-        task.who_has.clear()
+        task.unheld()
         for dependent in task.dependents:
             if dependent.state in ("waiting", "ready", "processing"):
                 dependent.missing += 1

@@ -104,10 +104,11 @@ class Submission:
         if run.settings is not None:
             self.mark(run, added)  # annotated runs only
         for new, record in added:
+            if not new.dependencies:
+                continue  # (``missing`` is 0 and ``deps`` the shared empty tuple)
             missing = 0
-            for dep_key in new.dependencies:
-                dep = records[dep_key]
-                record.deps.append(dep)
+            record.deps = deps = tuple([records[dep_key] for dep_key in new.dependencies])
+            for dep in deps:
                 dep.dependents.append(record)
                 if new.dependents is None:
                     dep.waiters += 1
