@@ -727,3 +727,28 @@ def test_work_is_taken_back_only_once_its_worker_gave_it_up_unstarted():
     out = st_.handle([s.FromWorker(W1, p.TaskDone(3, 8, 0.1, value))])
     assert not sends(out, p.Execute) and any(type(i) is s.RunOutput for i in out)
     assert sends(out, p.Withdraw) == [p.Withdraw((2,))]  # W2 is still idle: ask for the next
+
+
+def test_the_pace_follows_the_shortest_recent_task_and_stops_with_the_runs():
+    """The loop lets reports gather for 1% of the shortest recent task's time, at most
+    5 ms; one shorter task brings it down at once, longer ones raise it slowly; tasks
+    under 50 ms, and no runs, mean none."""
+    st_ = s.SchedulerState()
+    tasks = [s.NewTask(f"t{i}", b"p", (), (), i) for i in range(6)]
+    st_.handle([joined(W1, cores=6), s.SubmitRun(1, tasks, [f"t{i}" for i in range(6)], 0)])
+    assert st_.pace == 0.0  # nothing finished yet
+
+    def done(task_id: int, seconds: float) -> float:
+        st_.handle([s.FromWorker(W1, p.TaskDone(task_id, 8, seconds, dumps(task_id)))])
+        return st_.pace
+
+    assert done(1, 2.0) == s.PACE_MAX
+    assert done(2, 0.1) == pytest.approx(0.001)
+    assert done(3, 0.01) == 0.0  # under PACE_MIN: a sleep would cost more
+    assert done(4, 2.0) == pytest.approx(s.PACE_FRACTION * (0.01 + s.PACE_RISE * 1.99))
+    st_.handle([s.FromWorker(W1, p.Started((5,)))])  # no task finished: as it was
+    assert st_.pace == pytest.approx(0.00209)
+    done(5, 2.0)
+    assert st_.pace > 0.00209
+    done(6, 2.0)
+    assert not st_.runs and st_.pace == 0.0

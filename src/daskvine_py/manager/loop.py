@@ -250,9 +250,17 @@ class IOLoop:
 
     def _iterate(self, poller: zmq.Poller) -> None:
         next_timer = 0.0
+        last_pass = 0.0
         running = True
+        state = self.state
         while running:
             busy = self.outboxes or self.events
+            if not busy and state.pace:
+                # Tasks finishing one by one: let reports gather for a moment (a fraction
+                # of a task's time, ``SchedulerState.pace``), handled in one pass.
+                wait = last_pass + state.pace - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             timeout = 0 if busy else max(0.0, next_timer - time.monotonic())
             # Whole milliseconds, rounded up: a fraction would be cut to 0 and spin.
             for sock, _ in poller.poll(math.ceil(timeout * 1000)):
@@ -269,7 +277,9 @@ class IOLoop:
                 except Exception as exc:
                     self._loop_error(exc, "checking the workers' timers")
                 next_timer = now + TIMER_PERIOD
-            self._apply_events()
+            if self.events:
+                last_pass = now
+                self._apply_events()
             if self.watching.watched:
                 try:
                     self.watching.sample_due(time.monotonic())

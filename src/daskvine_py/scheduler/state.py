@@ -59,6 +59,7 @@ again, whatever its run's reports of tasks done add up to.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar
@@ -148,6 +149,19 @@ __all__ = [
     "WorkerRecord",
 ]
 
+#: The pace (``SchedulerState.pace``): the loop lets reports gather after a pass for this
+#: fraction of the shortest recent task's duration, and never longer than ``PACE_MAX``
+#: seconds. Tasks that finish one by one (a long DV3's) cost a pass each otherwise, and a
+#: pass has fixed costs (a dispatch round, a poll, a send per worker); 1% of a task's time
+#: is what waiting may add to it.
+PACE_FRACTION = 0.01
+PACE_MAX = 0.005
+#: A shorter pace is none: a sleep takes some 60 µs however short it is asked to be, and
+#: tasks under 50 ms come in batches large enough already.
+PACE_MIN = 0.0005
+#: How fast the basis of the pace follows longer tasks (a shorter one sets it at once).
+PACE_RISE = 0.1
+
 #: A step of the transition table: (state, task, the worker it goes to, if it does).
 Step = Callable[["SchedulerState", TaskRecord, "WorkerRecord | None"], None]
 #: A report's handler (the worker, the report) or an event's; one signature per type.
@@ -181,6 +195,12 @@ class SchedulerState:
         #: tasks of ``tasks`` past "waiting" and not forgotten, kept by ``_transition``
         #: (every task is made waiting, with no transition): ``waiting`` is the rest
         self._past_waiting = 0
+        #: seconds the loop may let reports gather after a pass before the next (``pace``)
+        self.pace = 0.0
+        #: the shortest task of this pass (inf: none finished), and what the pace follows:
+        #: the shortest recent duration, rising slowly as longer tasks finish
+        self._shortest = math.inf
+        self._pace_basis: float | None = None
         ctx = self.ctx = Context(self._transition)
         # The parts, in the order of ``Context.PARTS``: each may bind, as it is built,
         # what the parts above it offer; the order is also the order in which they hear
@@ -295,6 +315,7 @@ class SchedulerState:
             dispatch.everyone = True
             if not self.runs:
                 self._sizing.idle()
+        self._set_pace()
         try:
             dispatch.dispatch()
         except Exception as exc:  # outside any one task: no telling which runs it spared
@@ -304,6 +325,24 @@ class SchedulerState:
         instructions = out.copy()
         out.clear()
         return instructions
+
+    def _set_pace(self) -> None:
+        """The pace after this pass: none without runs; else a fraction of the shortest
+        recent task's duration (one shorter task brings it down at once)."""
+        shortest, self._shortest = self._shortest, math.inf
+        if not self.runs:
+            self.pace, self._pace_basis = 0.0, None
+            return
+        if shortest == math.inf:
+            return  # no task finished: as it was
+        basis = self._pace_basis
+        if basis is None or shortest < basis:
+            basis = shortest
+        else:
+            basis += PACE_RISE * (shortest - basis)
+        self._pace_basis = basis
+        pace = min(PACE_MAX, PACE_FRACTION * basis)
+        self.pace = pace if pace >= PACE_MIN else 0.0
 
     # -- the parts the manager and tools reach ---------------------------------------------
 
@@ -385,6 +424,8 @@ class SchedulerState:
         run = task.run
         if run.watched:
             self._out.append(TaskFinished(run.id, task.key, worker.name, msg))
+        if msg.duration < self._shortest:
+            self._shortest = msg.duration
         if msg.inputs:
             files_held(self.ctx.input_files, worker, msg.inputs)
         run.serialization_seconds += msg.serialization
