@@ -70,6 +70,13 @@ SMOKES = [
         ("distributed",),
     ),
     (
+        "bench_state",
+        "bench_state.py",
+        ["--smoke"],
+        r"2,000 tasks on 20 x 12, batches of 64: \d+\.\d+ us of CPU per task",
+        (),
+    ),
+    (
         "bench_measure",
         "bench_measure.py",
         ["--smoke"],
