@@ -132,6 +132,26 @@ def test_a_task_done_with_its_serialization_takes_the_fast_check():
         p.check_fields(done._replace(serialization=-1.0))
 
 
+def test_started_and_status_as_workers_send_them_take_the_fast_check():
+    started = p.Started((1, 2, 3))
+    bars = ((0, "inc", 1769000000.5, 1769000001.0, 0.01, 12), (p.FETCH_LANE, "", 1.0, 2.0, 0.0, 0))
+    status = p.Status(10, 20, 30, 0, 50, bars)
+    assert validation._started_ok(started) and validation._status_ok(status)
+    p.check_fields(started)
+    p.check_fields(status)
+    # What the fast checks refuse, the rules judge (and explain)
+    assert not validation._status_ok(status._replace(stored_bytes=True))
+    p.check_fields(status._replace(stored_bytes=True))  # a bool is an int to the rules
+    with pytest.raises(ProtocolError, match="Status.activity"):
+        p.check_fields(status._replace(activity=((0, "inc", float("nan"), 1.0, 0.0, 1),)))
+    with pytest.raises(ProtocolError, match="Status.activity"):
+        p.check_fields(status._replace(activity=((-3, "inc", 1.0, 1.0, 0.0, 1),)))
+    with pytest.raises(ProtocolError, match="Status.peak_memory"):
+        p.check_fields(status._replace(peak_memory=-1))
+    with pytest.raises(ProtocolError, match="Started.task_ids"):
+        p.check_fields(p.Started((1, "2")))
+
+
 def test_exceptions_travel_with_their_traceback():
     try:
         {}["missing"]

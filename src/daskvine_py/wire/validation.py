@@ -551,7 +551,61 @@ def _execute_ok(m: Any) -> bool:
     return True
 
 
-_FAST: dict[type, Callable[[Any], bool]] = {TaskDone: _task_done_ok, Execute: _execute_ok}
+def _started_ok(m: Any) -> bool:
+    if len(m) != 1 or type(m[0]) is not tuple:
+        return False
+    for task_id in m[0]:
+        if type(task_id) is not int:
+            return False
+    return True
+
+
+def _status_ok(m: Any) -> bool:
+    """A heartbeat: five sizes and its bars of activity, seconds as floats."""
+    if len(m) != 6:
+        return False
+    stored, peak, library_peak, spilled, resident, activity = m
+    if not (
+        type(stored) is int
+        and stored >= 0
+        and type(peak) is int
+        and peak >= 0
+        and type(library_peak) is int
+        and library_peak >= 0
+        and type(spilled) is int
+        and spilled >= 0
+        and type(resident) is int
+        and resident >= 0
+        and type(activity) is tuple
+    ):
+        return False
+    for bar in activity:
+        if type(bar) is not tuple or len(bar) != 6:
+            return False
+        lane, prefix, start, end, seconds, tasks = bar
+        if not (
+            type(lane) is int
+            and lane >= SPILL_LANE
+            and type(prefix) is str
+            and type(start) is float
+            and 0.0 <= start < _INF
+            and type(end) is float
+            and 0.0 <= end < _INF
+            and type(seconds) is float
+            and 0.0 <= seconds < _INF
+            and type(tasks) is int
+            and tasks >= 0
+        ):
+            return False
+    return True
+
+
+_FAST: dict[type, Callable[[Any], bool]] = {
+    TaskDone: _task_done_ok,
+    Execute: _execute_ok,
+    Started: _started_ok,
+    Status: _status_ok,
+}
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -580,11 +634,12 @@ def connectable(address: str) -> bool:
 def check_fields(message: Record) -> None:
     """``ProtocolError`` unless ``message`` is a record of ours with valid fields.
 
-    The most frequent records (``TaskDone``, ``Execute``) first go through a predicate
-    written out by hand for speed; a record it does not accept, and every other kind, is
-    checked rule by rule, which also says what is wrong. Measured with timeit on the
-    development machine: 0.4 µs for a ``TaskDone``, 0.3 µs for an ``Execute`` with no
-    inputs and 1 µs with three (unpickling them costs 0.35 and 0.4 µs).
+    The most frequent records (``TaskDone``, ``Execute``, ``Started``, ``Status``) first
+    go through a predicate written out by hand for speed; a record it does not accept,
+    and every other kind, is checked rule by rule, which also says what is wrong.
+    Measured with timeit on the development machine: 0.4 µs for a ``TaskDone``, 0.3 µs
+    for an ``Execute`` with no inputs and 1 µs with three (unpickling them costs 0.35
+    and 0.4 µs).
     """
     fast = _FAST.get(type(message))
     if fast is not None and fast(message):
