@@ -146,6 +146,12 @@ class ReadyQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._ticket_of)
 
+    def shrink(self) -> None:
+        """Free what an empty queue's tables still hold of their largest size."""
+        if not self._ticket_of:
+            self._ticket_of.clear()
+            self._item_of.clear()
+
     def __contains__(self, item: T) -> bool:
         return item in self._ticket_of
 

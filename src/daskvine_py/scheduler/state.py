@@ -315,6 +315,7 @@ class SchedulerState:
             dispatch.everyone = True
             if not self.runs:
                 self._sizing.idle()
+                self._shrink()
         self._set_pace()
         try:
             dispatch.dispatch()
@@ -325,6 +326,17 @@ class SchedulerState:
         instructions = out.copy()
         out.clear()
         return instructions
+
+    def _shrink(self) -> None:
+        """No run is left: give back the tables a big run grew (a dict keeps its size
+        once emptied; ``clear`` frees it): 92 B per task of the largest run so far."""
+        ctx = self.ctx
+        if not ctx.tasks:
+            ctx.tasks.clear()
+        self.queue.shrink()
+        for worker in self.workers.values():
+            if not worker.has_what:
+                worker.has_what.clear()
 
     def _set_pace(self) -> None:
         """The pace after this pass: none without runs; else a fraction of the shortest
@@ -407,10 +419,12 @@ class SchedulerState:
         worker = self.workers.get(ev.worker)
         if worker is None:
             return  # a message that was in flight when the worker was declared lost
-        handler = self._reports.get(type(ev.message))
+        kind = type(ev.message)
+        handler = self._reports.get(kind)
         if handler is None:
             raise TypeError(f"not a worker report: {ev.message!r}")
-        self._dispatch.touch(worker)
+        if kind is not p.Started:  # (a task it holds began: no room made, no bound raised)
+            self._dispatch.touch(worker)
         handler(worker, ev.message)
 
     # -- a task's result: the state's records, then the parts that subscribe ------------
