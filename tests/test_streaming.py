@@ -4,6 +4,8 @@ raises what it raised, and runs the passes on the rest."""
 
 from __future__ import annotations
 
+import time
+
 import dask
 import pytest
 
@@ -132,3 +134,51 @@ def test_a_cycle_found_after_the_first_tasks_went_cancels_the_run(small_streams,
     assert manager.last_run.outcome == "cancelled"
     dsk, root = tree(1000)
     assert manager.get(dsk, root) == sum(range(1000))
+
+
+def _inc(x: int) -> int:
+    return x + 1
+
+
+def _total(*parts: int) -> int:
+    return sum(parts)
+
+
+def test_the_caller_runs_at_most_parts_ahead_parts_before_the_io_thread(
+    shared_manager, monkeypatch
+):
+    """A graph read faster than the state takes it waits in the caller, not in the queue
+    between them (``watching.PARTS_AHEAD``)."""
+    from daskvine_py.manager import loop as loop_module
+    from daskvine_py.manager import manager as manager_module
+    from daskvine_py.manager import watching
+    from daskvine_py.manager.commands import Extend
+
+    monkeypatch.setattr(manager_module, "SUBMIT_PART", 2)
+    queued = []
+    take = loop_module.IOLoop._COMMAND_HANDLERS[Extend]
+
+    def slow_take(loop, command):  # an I/O thread far slower than the caller
+        queued.append(loop.commands.qsize())
+        time.sleep(0.005)
+        take(loop, command)
+
+    monkeypatch.setitem(loop_module.IOLoop._COMMAND_HANDLERS, Extend, slow_take)
+    dsk = {("leaf", i): (_inc, i) for i in range(200)}
+    dsk["total"] = (_total, *[("leaf", i) for i in range(200)])
+    got = shared_manager.get(dsk, "total", fuse=False)
+    assert got == dask.get(dsk, "total") == sum(range(1, 201))
+    assert len(queued) >= 90  # (the parts after the first)
+    assert max(queued) <= watching.PARTS_AHEAD
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["x", "inc-1f2e", ("sum-aggregate-a1b2c3d4", 3), (("nested-1", 2), 3), b"bytes-key-1"],
+)
+def test_prefix_of_names_keys_as_dask_does(key):
+    from dask.utils import key_split
+
+    from daskvine_py.manager.manager import prefix_of
+
+    assert prefix_of(key) == key_split(key)

@@ -342,8 +342,11 @@ class IOLoop:
             command = self.commands.get()
             if type(command) is Close:
                 return False
+            kind = type(command)
+            if isinstance(command, (Submit, Extend)):
+                command.run.parts_ahead.release()  # (the caller may send its next part)
             try:
-                handlers[type(command)](self, command)
+                handlers[kind](self, command)
             except Exception as exc:
                 run = getattr(command, "run", None)
                 run_ids = () if run is None else (run.id,)

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -76,6 +76,9 @@ logger = logging.getLogger("daskvine_py.manager")
 #: the caller's thread prepares the next. Smaller starts sooner; larger wakes the I/O
 #: thread less often.
 SUBMIT_PART = 4096
+#: Seconds between looks, while waiting to send a part, at whether the run or the manager
+#: ended meanwhile.
+PART_WAIT = 0.1
 
 #: What a deferred task (``RunCache.deferred``) is submitted with: no payload, no functions.
 _DEFERRED: tuple[bytes, tuple[bytes, ...]] = (b"", ())
@@ -467,7 +470,7 @@ class Manager:
         outputs = list(dict.fromkeys(graph.flatten_keys(keys)))
         opening = opening_of(run.id, outputs, options, watch, shipped=shipped)
         send = functools.partial(self._send_part, run)
-        return Stream(opening, send, run.done.is_set, key_split), run
+        return Stream(opening, send, run.done.is_set, prefix_of), run
 
     def _open_run(
         self, run: Run, plan: Plan, options: RunOptions, started: tuple[float, float]
@@ -554,9 +557,14 @@ class Manager:
         done = frozenset() if stream is None else stream.keys
         if arriving:
             opening = None
-        # Without the cache nothing reads the plan after this: it shrinks as the state grows.
-        take = nodes.__getitem__ if cached is not None else nodes.pop
-        take_deps = dependencies.__getitem__ if cached is not None else dependencies.pop
+        # Without the cache nothing reads the plan after this: it shrinks as the state grows
+        # (its tables are compacted as they halve: a dict keeps its size as it empties).
+        keep = cached is not None
+        take = nodes.__getitem__ if keep else nodes.pop
+        take_deps = dependencies.__getitem__ if keep else dependencies.pop
+        take_priority = priorities.__getitem__ if keep else priorities.pop
+        tables = () if keep else (nodes, dependencies, priorities, plan.dependents)
+        compact_at = len(nodes) // 2
         shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
         part: list[s.NewTask] = []
         find_files = bool(options.cache_inputs)  # the files each task reads: placed by them
@@ -570,17 +578,22 @@ class Manager:
             functions = shared.setdefault(functions, functions)
             deps = tuple(take_deps(key))
             readers = None if dependents is None else dependents.get(key, 0)
-            prefix = key_split(key)
+            if not keep and readers:
+                del dependents[key]  # type: ignore[union-attr]
+            prefix = prefix_of(key)
             prefix = shared.setdefault(prefix, prefix)
             files = urls_in(payload) if find_files else ()
             part.append(
-                s.NewTask(key, payload, functions, deps, priorities[key], prefix, readers, files)
+                s.NewTask(key, payload, functions, deps, take_priority(key), prefix, readers, files)
             )
             if len(part) >= SUBMIT_PART:
                 self._send_part(run, part, encoder, sent, opening)
                 opening, part = None, []
                 if run.done.is_set():
                     return  # it failed already: stop preparing the rest
+                if tables and len(nodes) < compact_at:
+                    _compact(tables)
+                    compact_at = len(nodes) // 2
         if cached is None:  # the plan's tables go before the state has built every record
             for table in (nodes, dependencies, priorities, plan.dependents, plan.order):
                 table.clear()
@@ -605,6 +618,11 @@ class Manager:
             annotated.get(t.key, t.prefix) if annotated else t.prefix for t in part
         ).items():
             planned[name] = planned.get(name, 0) + count
+        # Wait for the I/O thread to take an earlier part (``Run.parts_ahead``); a dead
+        # thread or a run that ended already takes none, and ``_command`` says why.
+        while not run.parts_ahead.acquire(timeout=PART_WAIT):
+            if run.done.is_set() or self._io.error is not None or self._closed:
+                break
         if opening is not None:
             event = opening._replace(tasks=part, functions=functions)
             self._command(Submit(run, event, event.watched))
@@ -682,6 +700,22 @@ class Manager:
     def _raise_if_dead(self) -> None:
         if self._io.error is not None:
             raise self._io.dead_error()
+
+
+def _compact(tables: Iterable[dict[Any, Any]]) -> None:
+    """Each table rebuilt at the size of what it holds now, in place."""
+    for table in tables:
+        held = dict(table)
+        table.clear()  # (frees the table it grew to)
+        table.update(held)
+
+
+def prefix_of(key: Any) -> str:
+    """A task's category, as ``dask.utils.key_split`` names it. A tuple key is named from
+    its first element: dask's cache of names (100,000 entries) then holds a few names, not
+    every key of a big graph (14 MB kept after a 10^5-leaf tree, and a miss per task)."""
+    prefix: str = key_split(key[0] if type(key) is tuple and key else key)
+    return prefix
 
 
 def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:

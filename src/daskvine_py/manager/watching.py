@@ -64,6 +64,12 @@ class TaskReported:
 FeedItem = TaskSent | TaskReported
 
 
+#: Parts of a run (``manager.SUBMIT_PART`` tasks each) the caller may have sent ahead of
+#: the I/O thread. Enough to keep the state busy while the caller reads the next one; a
+#: 10^5-leaf tree had its whole graph queued without a bound (137 B a task at the peak).
+PARTS_AHEAD = 4
+
+
 class Run:
     """What a caller of ``get`` waits on; filled by the I/O thread."""
 
@@ -82,10 +88,16 @@ class Run:
         "planned",
         "annotated",
         "shipped",
+        "parts_ahead",
     )
 
     def __init__(self, run_id: int) -> None:
         self.id = run_id
+        #: parts of it sent and not yet taken by the I/O thread: the caller waits for a
+        #: slot before each (``Manager._send_part``), the I/O thread frees one per part it
+        #: takes, so a graph read faster than the state builds its records does not pile
+        #: up in the queue between them (``PARTS_AHEAD``)
+        self.parts_ahead = threading.Semaphore(PARTS_AHEAD)
         self.info: RunInfo  # set by ``get`` with the run's options and size
         #: the manager's transfer counts when the run started (I/O thread only)
         self.transfers_before: dict[tuple[str, str], int] = {}
