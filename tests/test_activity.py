@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from daskvine_py.manager.live import ask_dashboard
 from daskvine_py.wire import protocol as p
+from daskvine_py.wire.keys import key_prefix
 from daskvine_py.wire.serialize import dumps
 from daskvine_py.worker import pipe
 from daskvine_py.worker.activity import (
@@ -20,7 +21,6 @@ from daskvine_py.worker.activity import (
     PROCESS_LANE,
     RESOLUTION,
     Activity,
-    key_prefix,
 )
 from daskvine_py.worker.messages import (
     AskPeer,

@@ -170,15 +170,3 @@ def test_the_caller_runs_at_most_parts_ahead_parts_before_the_io_thread(
     assert got == dask.get(dsk, "total") == sum(range(1, 201))
     assert len(queued) >= 90  # (the parts after the first)
     assert max(queued) <= watching.PARTS_AHEAD
-
-
-@pytest.mark.parametrize(
-    "key",
-    ["x", "inc-1f2e", ("sum-aggregate-a1b2c3d4", 3), (("nested-1", 2), 3), b"bytes-key-1"],
-)
-def test_prefix_of_names_keys_as_dask_does(key):
-    from dask.utils import key_split
-
-    from daskvine_py.manager.manager import prefix_of
-
-    assert prefix_of(key) == key_split(key)

@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
-from dask.utils import key_split
 
 from daskvine_py import config
 from daskvine_py.batch.planner import Demand
@@ -65,6 +64,7 @@ from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.messages import CacheWrite
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire import security
+from daskvine_py.wire.keys import key_prefix
 from daskvine_py.wire.serialize import TaskEncoder, urls_in
 
 if TYPE_CHECKING:
@@ -470,7 +470,7 @@ class Manager:
         outputs = list(dict.fromkeys(graph.flatten_keys(keys)))
         opening = opening_of(run.id, outputs, options, watch, shipped=shipped)
         send = functools.partial(self._send_part, run)
-        return Stream(opening, send, run.done.is_set, prefix_of), run
+        return Stream(opening, send, run.done.is_set, key_prefix), run
 
     def _open_run(
         self, run: Run, plan: Plan, options: RunOptions, started: tuple[float, float]
@@ -566,6 +566,7 @@ class Manager:
         tables = () if keep else (nodes, dependencies, priorities, plan.dependents)
         compact_at = len(nodes) // 2
         shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
+        prefixes: dict[Any, str] = {}  # a tuple key's name -> its prefix
         part: list[s.NewTask] = []
         find_files = bool(options.cache_inputs)  # the files each task reads: placed by them
         for key in plan.order:
@@ -580,8 +581,13 @@ class Manager:
             readers = None if dependents is None else dependents.get(key, 0)
             if not keep and readers:
                 del dependents[key]  # type: ignore[union-attr]
-            prefix = prefix_of(key)
-            prefix = shared.setdefault(prefix, prefix)
+            name = key[0] if type(key) is tuple and key else None  # (shared by a collection)
+            prefix = None if name is None else prefixes.get(name)
+            if prefix is None:
+                prefix = key_prefix(key)
+                prefix = shared.setdefault(prefix, prefix)
+                if name is not None:
+                    prefixes[name] = prefix
             files = urls_in(payload) if find_files else ()
             part.append(
                 s.NewTask(key, payload, functions, deps, take_priority(key), prefix, readers, files)
@@ -708,14 +714,6 @@ def _compact(tables: Iterable[dict[Any, Any]]) -> None:
         held = dict(table)
         table.clear()  # (frees the table it grew to)
         table.update(held)
-
-
-def prefix_of(key: Any) -> str:
-    """A task's category, as ``dask.utils.key_split`` names it. A tuple key is named from
-    its first element: dask's cache of names (100,000 entries) then holds a few names, not
-    every key of a big graph (14 MB kept after a 10^5-leaf tree, and a miss per task)."""
-    prefix: str = key_split(key[0] if type(key) is tuple and key else key)
-    return prefix
 
 
 def _uses_cache(run: RunOptions, manager: ManagerOptions) -> bool:
