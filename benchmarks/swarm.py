@@ -16,6 +16,10 @@ own). The JSON then also gives ``black_holes``, ``stragglers`` (their names),
 ``quarantined`` (the workers the manager quarantined, by the end), ``tasks_failed`` (the
 black holes' errors) and ``tasks_killed`` (straggling calls aborted while running).
 
+``--sizing MODE`` sets the manager's sizing mode (docs/resources.md; default "max", in
+which a worker holds one task of a category not measured yet, so the first wave of each
+category runs one task a worker); "fixed" sizes nothing, to tell that wave's cost apart.
+
 ``--system distributed`` runs the same graph, with tasks that really sleep, on
 dask.distributed with in-process workers (``swarm_distributed``); ``both`` runs the two in
 turn and prints their makespans side by side.
@@ -281,6 +285,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             port=0,
             worker_timeout=args.worker_timeout,
             heartbeat_interval=1.0,
+            sizing=args.sizing,
             **faults,
         )
         swarm: list[tuple[subprocess.Popen[bytes], str]] = []
@@ -501,6 +506,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--system", default="daskvine_py", choices=["daskvine_py", "distributed", "both"]
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sizing",
+        default="max",
+        help="the manager's sizing mode (docs/resources.md); 'fixed': no category waits "
+        "for its first measurement",
+    )
     parser.add_argument(
         "--gc-threshold",
         type=int,
