@@ -312,6 +312,8 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
                 options: dict[str, Any] = {"progress": False}
                 if args.report:
                     options["report"] = args.report
+                if args.event_log:
+                    options["event_log"] = args.event_log
                 with gc_clock:
                     value = manager.get(workload.graph, workload.keys, **options)
             except Exception as exc:
@@ -520,6 +522,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the garbage collector's thresholds for this run (experiments)",
     )
     parser.add_argument("--report", default=None, help="write the run's HTML report here")
+    parser.add_argument("--event-log", default=None, help="write the run's event log here")
     parser.add_argument(
         "--dashboard",
         action="store_true",

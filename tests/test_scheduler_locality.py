@@ -73,6 +73,30 @@ def test_input_less_siblings_are_queued_for_the_worker_that_took_one():
     assert not v.pulled
 
 
+def test_only_as_many_siblings_are_pulled_as_the_worker_has_room_for_now():
+    """A worker whose cores are taken would hold its pulls until they free, while other
+    workers ran later tasks first: what it has no room for stays shared."""
+    run = RunRecord(1, 0, ())
+    queue: ReadyQueue[TaskRecord] = ReadyQueue()
+    w = worker("w", cores=3)
+    x = task(run, 1, state="processing")
+    w.processing[x] = None
+    siblings = [task(run, i, state="ready") for i in range(2, 6)]
+    task(run, 6, x, *siblings)  # one reader of all five
+    for sibling in siblings:
+        queue.push(sibling, sibling.priority)
+    locality = make(Moves(), queue)
+    locality.pull_siblings(x, w)
+    assert [s.pulled for s in siblings] == [True, True, False, False]  # room for two
+    assert queue.peek_for(b"other", False) is siblings[2]  # the rest: anyone's
+    busy = worker("busy", cores=1)
+    z, v = task(run, 7, state="processing"), task(run, 8, state="ready")
+    busy.processing[z] = None
+    task(run, 9, z, v)
+    locality.pull_siblings(z, busy)
+    assert not v.pulled  # its one core is taken
+
+
 def test_a_chain_is_sent_ahead_to_the_worker_computing_its_head_up_to_the_bound():
     run = RunRecord(1, 0, ())
     head = task(run, 1, state="processing")

@@ -142,7 +142,7 @@ class Constraints:
         if worker.quarantined is not None:
             return 0
         held = self.held_back(worker) if worker.holding else 0
-        return worker.cores - len(worker.processing) - held
+        return worker.cores - worker.startable() - held
 
     # -- dispatch ---------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 A component of ``state.SchedulerState``. Each ``handle`` call ends with a round
 (``dispatch``): annotated tasks first (``Constraints``), then every worker below its
-saturation (``Saturation.extra``) takes the best task for it from the ready queue, one per
+saturation (``Saturation.extra``; tasks sent ahead of their inputs hold no core and do not
+count: ``WorkerRecord.ahead``) takes the best task for it from the ready queue, one per
 worker in turn, and the links behind it are sent ahead (``Locality``); when the queue runs
 dry, idle cores ask busy workers for queued tasks back (``Stealing``). A task given to a
 worker goes as an ``Execute`` (``assign``), preceded, once per worker, by its run's
@@ -188,7 +189,7 @@ class Dispatch:
                     if task is None:
                         continue
                     limit = worker.cores + extra(worker, task)
-                    if len(worker.processing) >= limit:
+                    if worker.startable() >= limit:
                         saturated.add(worker)
                         continue
                     size = task.size or size_of(task)
@@ -225,7 +226,7 @@ class Dispatch:
         category it already runs one unmeasured task of): the first of the next
         ``LOOK_PAST`` that fits, taken from the queue; those passed over go back."""
         queue, sizing, extra = self.queue, self.sizing, self.extra
-        held = len(worker.processing)
+        held = worker.startable()
         passed = [queue.pop_for(worker.id, steal)]
         found = None
         for _ in range(LOOK_PAST):
@@ -249,7 +250,7 @@ class Dispatch:
         task.worker = worker
         task.sent_at = self.ctx.now
         # Only tasks that can start at once measure the round trip.
-        task.sent_idle = task.missing == 0 and len(worker.processing) < worker.cores
+        task.sent_idle = task.missing == 0 and worker.startable() < worker.cores
         worker.processing[task] = None
         run = task.run
         send = self.send

@@ -240,6 +240,7 @@ class Failures:
             for worker in self.workers.values():
                 for task in [t for t in worker.processing if t.run is run]:
                     del worker.processing[task]
+                    worker.ahead.discard(task)
                     cancel.setdefault(worker, []).append(task.id)
                 for task in [t for t in worker.has_what if t.run is run]:
                     worker.has_what.discard(task)
@@ -270,6 +271,7 @@ class Failures:
         worker = task.worker
         if worker is not None and (was_processing or drop.sweep):
             listed = worker.processing.pop(task, False) is None
+            worker.ahead.discard(task)
             if (listed or was_processing) and task is not drop.spared:
                 drop.cancel.setdefault(worker, []).append(task.id)
             task.worker = None

@@ -149,10 +149,18 @@ class Locality:
         copies one of them across. Queued for the same worker they meet there. It is a
         target like any other: an idle worker still takes them (soft targeting). Bounded
         to tasks read by few with few inputs, so an all-to-all step costs nothing here.
+
+        Only as many as the worker has room for now: one whose cores are all taken would
+        hold the rest in its lane until they free, while other workers ran later tasks
+        first (``dv3-large``: groups started 8 s after their turn, then long tasks in a
+        tail of their own). Siblings it has no room for stay where any worker takes them.
         """
         dependents = task.dependents
         limit = self.sibling_inputs
         if len(dependents) > SIBLING_READERS or not limit:
+            return
+        room = worker.cores + self.extra(worker, task) - worker.startable()
+        if room <= 0:
             return
         queue = self.queue
         for dependent in dependents:
@@ -168,6 +176,9 @@ class Locality:
                 ):
                     sibling.pulled = True
                     queue.push(sibling, sibling.priority, worker.id)
+                    room -= 1
+                    if not room:
+                        return
 
     def pull_readers(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """``task``, a reader of remote files, goes to ``worker``: it is no longer waiting
@@ -198,8 +209,10 @@ class Locality:
 
         The worker starts them the moment their inputs are ready, without a round trip to
         the manager: a chain of small tasks runs at the worker's pace. Bounded by the
-        worker's saturation. A strictly linear chain goes further (``chain_ahead`` more):
-        it runs in order anyway, so handing it to one worker whole costs no parallelism.
+        worker's saturation, counting every task it holds (the round's bound counts only
+        those that can start: ``WorkerRecord.ahead``). A strictly linear chain goes
+        further (``chain_ahead`` more): it runs in order anyway, so handing it to one
+        worker whole costs no parallelism.
         """
         if worker.full:
             return

@@ -34,6 +34,7 @@ class WorkerRecord:
         "cores",
         "peer_address",
         "processing",
+        "ahead",
         "has_what",
         "round_trip",
         "functions",
@@ -74,6 +75,9 @@ class WorkerRecord:
         self.holding: dict[TaskRecord, None] = {}
         #: tasks sent to this worker and not finished, oldest first (a dict as ordered set)
         self.processing: dict[TaskRecord, None] = {}
+        #: those of them sent ahead of inputs still being computed here (``missing``
+        #: > 0): they hold no core yet, so no saturation bound counts them
+        self.ahead: set[TaskRecord] = set()
         #: overhead of a task beyond its run time, measured on tasks that found a free core
         self.round_trip = Ema()
         #: ids of the functions this worker has been sent: each travels once
@@ -98,6 +102,10 @@ class WorkerRecord:
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} processing={len(self.processing)}>"
+
+    def startable(self) -> int:
+        """Tasks it holds that can run now or run already: not waiting for inputs."""
+        return len(self.processing) - len(self.ahead)
 
 
 class InputFile:

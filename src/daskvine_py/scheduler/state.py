@@ -555,6 +555,7 @@ class SchedulerState:
         """Sent ahead: the inputs it misses are being computed on the same worker."""
         assert worker is not None
         self._assign(task, worker)
+        worker.ahead.add(task)
         for file in task.reads:
             file.readers.pop(task, None)
 
@@ -589,6 +590,7 @@ class SchedulerState:
         worker = task.worker
         if worker is not None:
             worker.processing.pop(task, None)
+            worker.ahead.discard(task)
         task.worker = task.started_at = None
         return worker
 
@@ -605,6 +607,7 @@ class SchedulerState:
                     self._transition(dependent, "ready")
                 elif dependent.state == "processing" and dependent.worker is not None:
                     # It was sent ahead and starts now: extend the chain behind it.
+                    dependent.worker.ahead.discard(dependent)
                     self._send_ahead(dependent, dependent.worker)
         for dep in task.deps:
             dep.waiters -= 1

@@ -396,10 +396,12 @@ class WorkerNode:
     def _accept(self, lib: SimLibrary, run: pipe.Run) -> None:
         """A request written to the library's pipe. Every input it names (live, no value)
         must be live there or made by a call before it there: else the call would run
-        without an input the worker said it had."""
+        without an input the worker said it had. A call there that failed counts as one
+        that made it: its reply may still be on the pipe as the worker chains a reader on
+        it, and the library answers that reader ``Missing``, as ``_next_call`` allows."""
         if run.functions:
             lib.decoder.add_functions(run.functions)
-        made = set(lib.live) | {call.task_id for call in lib.queue}
+        made = set(lib.live) | lib.failed | {call.task_id for call in lib.queue}
         if lib.running is not None:
             made.add(lib.running)
         for call in run.calls:
