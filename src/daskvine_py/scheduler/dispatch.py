@@ -189,7 +189,7 @@ class Dispatch:
                     if task is None:
                         continue
                     limit = worker.cores + extra(worker, task)
-                    if worker.startable() >= limit:
+                    if len(worker.processing) - len(worker.ahead) >= limit:  # (startable)
                         saturated.add(worker)
                         continue
                     size = task.size or size_of(task)

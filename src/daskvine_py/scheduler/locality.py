@@ -159,9 +159,7 @@ class Locality:
         limit = self.sibling_inputs
         if len(dependents) > SIBLING_READERS or not limit:
             return
-        room = worker.cores + self.extra(worker, task) - worker.startable()
-        if room <= 0:
-            return
+        room = None  # (found at the first sibling: most tasks have none)
         queue = self.queue
         for dependent in dependents:
             deps = dependent.deps
@@ -174,6 +172,10 @@ class Locality:
                     and not sibling.deps
                     and sibling.placement is None
                 ):
+                    if room is None:
+                        room = worker.cores + self.extra(worker, task) - worker.startable()
+                    if room <= 0:
+                        return
                     sibling.pulled = True
                     queue.push(sibling, sibling.priority, worker.id)
                     room -= 1

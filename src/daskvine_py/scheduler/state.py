@@ -590,7 +590,8 @@ class SchedulerState:
         worker = task.worker
         if worker is not None:
             worker.processing.pop(task, None)
-            worker.ahead.discard(task)
+            if worker.ahead:
+                worker.ahead.discard(task)
         task.worker = task.started_at = None
         return worker
 
