@@ -41,7 +41,6 @@ def test_the_modules_that_import_dask_are_the_ones_the_architecture_lists():
         "cache.keys",
         "config",
         "manager.callbacks",
-        "manager.manager",
         "demo",
         "__main__",
         "worker.measure",
