@@ -156,13 +156,23 @@ def test_the_caller_runs_at_most_parts_ahead_parts_before_the_io_thread(
 
     monkeypatch.setattr(manager_module, "SUBMIT_PART", 2)
     queued = []
+    sent = taken = 0
     take = loop_module.IOLoop._COMMAND_HANDLERS[Extend]
+    command = loop_module.IOLoop.command
 
-    def slow_take(loop, command):  # an I/O thread far slower than the caller
-        queued.append(loop.commands.qsize())
+    def counted(loop, what):  # (any thread)
+        nonlocal sent
+        sent += type(what) is Extend
+        command(loop, what)
+
+    def slow_take(loop, what):  # an I/O thread far slower than the caller
+        nonlocal taken
+        taken += 1
+        queued.append(sent - taken)  # parts sent and not yet taken
         time.sleep(0.005)
-        take(loop, command)
+        take(loop, what)
 
+    monkeypatch.setattr(loop_module.IOLoop, "command", counted)
     monkeypatch.setitem(loop_module.IOLoop._COMMAND_HANDLERS, Extend, slow_take)
     dsk = {("leaf", i): (_inc, i) for i in range(200)}
     dsk["total"] = (_total, *[("leaf", i) for i in range(200)])
