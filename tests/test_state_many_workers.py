@@ -60,13 +60,20 @@ def executes(cluster: SimulatedCluster) -> int:
     return sum(len(q) for q in cluster.queued.values())
 
 
-def test_a_round_visits_the_workers_that_reported_not_the_whole_cluster():
+def saturated_and_watched() -> tuple[SimulatedCluster, list]:
+    """Every worker saturated by a wide run, many tasks left here, and the list the
+    round's saturation checks append each visited worker to."""
     cluster = cluster_of(WORKERS)
+    calls: list = []
+    extra = cluster.state.ctx.dispatch.extra
+    cluster.state.ctx.dispatch.extra = lambda w, t: calls.append(w) or extra(w, t)
+    cluster.apply([wide_run(1, 20 * WORKERS)])
+    return cluster, calls
+
+
+def test_a_round_visits_the_workers_that_reported_not_the_whole_cluster():
+    cluster, calls = saturated_and_watched()
     state = cluster.state
-    calls = []
-    extra = state.ctx.dispatch.extra
-    state.ctx.dispatch.extra = lambda w, t: calls.append(w) or extra(w, t)
-    cluster.apply([wide_run(1, 20 * WORKERS)])  # every worker saturated, many left here
     assert len(state.queue) > 0 and executes(cluster) >= 2 * WORKERS
     for _ in range(3):  # (past the round that follows the submission, which visits all)
         worker = next(w for w, q in cluster.queued.items() if q)
@@ -107,12 +114,7 @@ def test_a_worker_lost_or_joined_between_rounds_is_never_sent_to_twice(lose):
 
 
 def test_a_started_report_alone_does_not_put_its_worker_back_in_the_round():
-    cluster = cluster_of(WORKERS)
-    state = cluster.state
-    calls = []
-    extra = state.ctx.dispatch.extra
-    state.ctx.dispatch.extra = lambda w, t: calls.append(w) or extra(w, t)
-    cluster.apply([wide_run(1, 20 * WORKERS)])  # every worker saturated, many left here
+    cluster, calls = saturated_and_watched()
     worker = next(w for w, q in cluster.queued.items() if q)
     calls.clear()
     started = cluster.queued[worker][0].task_id

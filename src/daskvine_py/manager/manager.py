@@ -563,6 +563,7 @@ class Manager:
         take = nodes.__getitem__ if keep else nodes.pop
         take_deps = dependencies.__getitem__ if keep else dependencies.pop
         take_priority = priorities.__getitem__ if keep else priorities.pop
+        take_readers = None if dependents is None else dependents.get if keep else dependents.pop
         tables = () if keep else (nodes, dependencies, priorities, plan.dependents)
         compact_at = len(nodes) // 2
         shared: dict[Any, Any] = {}  # one prefix string, one function tuple per kind of task
@@ -578,9 +579,7 @@ class Manager:
             payload, functions = _DEFERRED if key in deferred else encode_task(encoder, key, node)
             functions = shared.setdefault(functions, functions)
             deps = tuple(take_deps(key))
-            readers = None if dependents is None else dependents.get(key, 0)
-            if not keep and readers:
-                del dependents[key]  # type: ignore[union-attr]
+            readers = None if take_readers is None else take_readers(key, 0)
             name = key[0] if type(key) is tuple and key else None  # (shared by a collection)
             prefix = None if name is None else prefixes.get(name)
             if prefix is None:
@@ -600,7 +599,7 @@ class Manager:
                 if tables and len(nodes) < compact_at:
                     _compact(tables)
                     compact_at = len(nodes) // 2
-        if cached is None:  # the plan's tables go before the state has built every record
+        if not keep:  # the plan's tables go before the state has built every record
             for table in (nodes, dependencies, priorities, plan.dependents, plan.order):
                 table.clear()
         self._send_part(run, part, encoder, sent, opening, last=arriving)
