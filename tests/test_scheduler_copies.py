@@ -40,7 +40,7 @@ def chain(tasks, run, *states):
         t.state = state
         if records:
             t.deps = (records[-1],)
-            records[-1].dependents.append(t)
+            records[-1].add_dependent(t)
         tasks[i] = t
         records.append(t)
     return records

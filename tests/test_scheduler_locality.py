@@ -18,7 +18,7 @@ def task(run: RunRecord, id: int, *deps: TaskRecord, state: str = "waiting") -> 
     record.state = state  # type: ignore[assignment]
     record.deps = deps
     for dep in deps:
-        dep.dependents.append(record)
+        dep.add_dependent(record)
     return record
 
 

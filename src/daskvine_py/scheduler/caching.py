@@ -416,7 +416,7 @@ class Caching:
             record.deps = tuple(deps)
             if provider.key != dep.key:
                 crun.read_as[record.id, i] = dep.key
-            provider.dependents.append(record)
+            provider.add_dependent(record)
             crun.read.add(provider)
             touched[dep] = None
             any_read = True
@@ -535,7 +535,7 @@ class Caching:
                 kept.append(reader)
                 continue
             reader.deps = tuple(own if dep is provider else dep for dep in reader.deps)
-            own.dependents.append(reader)
+            own.add_dependent(reader)
             if reader.state in ACTIVE:
                 own.waiters += 1
                 provider.waiters -= 1

@@ -110,7 +110,9 @@ class Constraints:
             return
         placements = run.settings.placements
         for _, record in added:
-            record.placement = placements.get(record.key)
+            placement = placements.get(record.key)
+            if placement is not None:  # (a rare field: written where it differs)
+                record.placement = placement
         if run not in self.unchecked:
             self.unchecked.append(run)
 

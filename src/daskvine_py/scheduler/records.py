@@ -25,6 +25,8 @@ TaskStateName = Literal["waiting", "ready", "processing", "memory", "released", 
 #: ``TaskRecord.who_has`` of a result held nowhere: one shared empty set, not an empty
 #: ``set()`` (216 B) per task of every run; ``hold`` makes a task's own set.
 NOWHERE: frozenset[WorkerRecord] = frozenset()
+#: The readers of a task that has none yet (``TaskRecord.add_dependent``).
+NO_DEPENDENTS: tuple[TaskRecord, ...] = ()
 
 
 class WorkerRecord:
@@ -225,6 +227,10 @@ class RunRecord:
 
 
 class TaskRecord:
+    # What most tasks set has a slot; what few set is a class attribute below, the
+    # default, which a task overrides in its ``__dict__``, made at its first such write
+    # (none for most tasks: 8 bytes each instead of a slot per field, on graphs of 10^6).
+    # Write those only where they differ from the default.
     __slots__ = (
         "id",
         "key",
@@ -239,25 +245,40 @@ class TaskRecord:
         "who_has",
         "nbytes",
         "worker",
-        "is_output",
-        "unread",
-        "delivered",
-        "attempts",
         "value",
         "prefix",
         "sent_at",
         "sent_idle",
         "functions",
-        "placement",
-        "pulled",
-        "echo",
         "started_at",
         "size",
         "memory",
-        "asks",
         "made_by",
-        "reads",
+        "__dict__",
     )
+
+    #: a result its run asked for
+    is_output: bool = False
+    #: an output no task of its run reads: its worker sends the value and keeps no
+    #: copy; None (an output the cache keeps): its worker keeps it only when it is too
+    #: large to travel inline, else the manager holds it (settled in ``TaskDone``)
+    unread: bool | None = False
+    #: the value reached the manager (outputs only)
+    delivered: bool = False
+    #: runs that ended in a crash or a lost worker
+    attempts: int = 0
+    #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
+    placement: Placement | None = None
+    #: an input-less task queued for the worker that took a sibling (one that feeds
+    #: the same task): see ``Locality.pull_siblings``
+    pulled: bool = False
+    #: its worker sends its value back: to compare with a re-run (``verify``)
+    echo: bool = False
+    #: what it asks for itself, its category's allocation aside: annotated memory, or
+    #: more after it ran out (0: its category's)
+    asks: int = 0
+    #: the remote files it reads (``NewTask.inputs``): placed beside them too
+    reads: tuple[InputFile, ...] = ()
 
     def __init__(
         self,
@@ -285,7 +306,8 @@ class TaskRecord:
         self.started_at: float | None = None
         #: its inputs, in the order of its graph's node (set once, at submission)
         self.deps: tuple[TaskRecord, ...] = ()
-        self.dependents: list[TaskRecord] = []
+        #: its readers (``add_dependent``); the shared empty tuple until the first
+        self.dependents: Sequence[TaskRecord] = NO_DEPENDENTS
         self.state: TaskStateName = "waiting"
         #: inputs not in memory
         self.missing = 0
@@ -299,38 +321,25 @@ class TaskRecord:
         self.value: Serialized | None = None
         #: the worker it is processing on
         self.worker: WorkerRecord | None = None
-        self.is_output = False
-        #: an output no task of its run reads: its worker sends the value and keeps no
-        #: copy; None (an output the cache keeps): its worker keeps it only when it is too
-        #: large to travel inline, else the manager holds it (settled in ``TaskDone``)
-        self.unread: bool | None = False
-        #: the value reached the manager (outputs only)
-        self.delivered = False
-        #: runs that ended in a crash or a lost worker
-        self.attempts = 0
-        #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
-        self.placement: Placement | None = None
-        #: an input-less task queued for the worker that took a sibling (one that feeds
-        #: the same task): see ``Locality.pull_siblings``
-        self.pulled = False
-        #: its worker sends its value back: to compare with a re-run (``verify``)
-        self.echo = False
-        #: its category's sizing (``sizing.Size``, found at its first dispatch); the bytes
-        #: of memory allotted where it is processing (``Execute.memory``: 0, none); and
-        #: what it asks for itself, its category's allocation aside: annotated memory,
-        #: or more after it ran out (0: its category's)
+        #: its category's sizing (``sizing.Size``, found at its first dispatch), and the
+        #: bytes of memory allotted where it is processing (``Execute.memory``: 0, none)
         self.size: Size | None = None
         self.memory = 0
-        self.asks = 0
         #: the worker that computed the result it holds (its last run's; ``faults``: a
         #: failure caused by an input implicates the input's producer); None: not
         #: computed yet, or read from the cache
         self.made_by: WorkerRecord | None = None
-        #: the remote files it reads (``NewTask.inputs``): placed beside them too
-        self.reads: tuple[InputFile, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
+
+    def add_dependent(self, reader: TaskRecord) -> None:
+        """``reader`` reads its result."""
+        dependents = self.dependents
+        if dependents is NO_DEPENDENTS:
+            self.dependents = [reader]  # (a list of one: most tasks have one reader)
+        else:
+            cast("list[TaskRecord]", dependents).append(reader)
 
     def hold(self, worker: WorkerRecord) -> None:
         """``worker`` holds its result."""

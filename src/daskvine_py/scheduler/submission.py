@@ -90,10 +90,12 @@ class Submission:
             record = TaskRecord(
                 new_id(), new.key, run, new.payload, new.functions, priority, new.prefix
             )
-            record.is_output = new.key in run.outputs
+            if new.key in run.outputs:  # (rare fields: written where they differ)
+                record.is_output = True
+                if new.dependents == 0:
+                    record.unread = True
             if new.dependents is not None:
                 record.waiters = new.dependents
-                record.unread = record.is_output and not new.dependents
             if new.inputs:
                 record.reads = reads = self.input_files_of(new.inputs)
                 for file in reads:
@@ -109,7 +111,7 @@ class Submission:
             missing = 0
             record.deps = deps = tuple([records[dep_key] for dep_key in new.dependencies])
             for dep in deps:
-                dep.dependents.append(record)
+                dep.add_dependent(record)
                 if new.dependents is None:
                     dep.waiters += 1
                 if dep.state != "memory":

@@ -174,7 +174,7 @@ class Verification:
         )
         shadow.deps = task.deps  # their ``waiters`` already count it (``added``)
         for dep in task.deps:  # a lost input is recomputed for it as for any reader
-            dep.dependents.append(shadow)
+            dep.add_dependent(shadow)
             if hold:
                 dep.waiters += 1
         shadow.missing = sum(1 for dep in task.deps if dep.state != "memory")
