@@ -53,6 +53,11 @@ _LAZY = {
     "Manager": ".manager.manager",
     "associative": ".plan.rewrite",
     "uncached": ".cache.keys",
+    # What every task's payload names (a pickle writes a global's module and name in
+    # full): named here, each is ``daskvine_py`` once and its name, instead of dozens of
+    # bytes per task of a graph of 10^6 (``wire.serialize.PAYLOAD_MODULE``).
+    "LegacyCall": ".plan.legacy",
+    "resident": ".wire.serialize",
 }
 
 

@@ -147,6 +147,12 @@ def resident(fid: FunctionId) -> Any:
     raise pickle.UnpicklingError(f"function {fid.hex()} outside a task decoder")
 
 
+#: The module payloads name ``resident`` and ``LegacyCall`` by: the package itself, which
+#: gives both lazily, rather than their own modules' longer names.
+PAYLOAD_MODULE = "daskvine_py"
+resident.__module__ = PAYLOAD_MODULE
+
+
 def _into_table(
     encoder: TaskEncoder, obj: Any
 ) -> tuple[Callable[[FunctionId], Any], tuple[FunctionId]] | None:
@@ -180,7 +186,8 @@ def _tabled_type(kind: type) -> bool:
     if not isinstance(call, types.FunctionType):
         return False  # not callable, or C callables (itemgetter, ufuncs): small, often per task
     module = getattr(kind, "__module__", "") or ""
-    return not module.startswith(_TASK_MODULES) and not issubclass(kind, type)
+    ours = module == PAYLOAD_MODULE or module.startswith(_TASK_MODULES)  # (``LegacyCall``)
+    return not ours and not issubclass(kind, type)
 
 
 class _FastPickler(pickle.Pickler):
@@ -442,6 +449,6 @@ class _TaskUnpickler(pickle.Unpickler):
     decoder: TaskDecoder
 
     def find_class(self, module: str, name: str) -> Any:
-        if name == "resident" and module == __name__:
+        if name == "resident" and module == PAYLOAD_MODULE:
             return self.decoder.function
         return super().find_class(module, name)
