@@ -159,3 +159,52 @@ def test_a_steal_always_takes_the_best_task_of_any_lane(ops):
             expected = min(model, key=lambda k: model[k][:2]) if model else None
             assert got == expected
             model.pop(got, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 12),
+            st.integers(0, 4),
+            st.sampled_from(["w1", "w2", None]),
+            st.sampled_from(["push", "push", "pop", "steal", "remove"]),
+        ),
+        max_size=400,
+    )
+)
+def test_tickets_renumbered_while_the_queue_never_empties_keep_every_order(ops):
+    """With almost no slack, re-pushes renumber the tickets and rebuild the lanes again
+    and again: every pop still takes the model's best (priority, then push order), and
+    the list of tickets stays within twice the live items."""
+    import daskvine_py.scheduler.matching as matching
+
+    old, matching.STALE_SLACK = matching.STALE_SLACK, 2
+    try:
+        q = ReadyQueue()
+        q.push("anchor", 99, "w3")  # never taken by w1 or w2 while anything else is left
+        model: dict = {"anchor": (99, -1, "w3")}
+        for n, (item, prio, target, op) in enumerate(ops):
+            if op == "push":
+                q.push(item, prio, target)
+                model[item] = (prio, n, target)
+            elif op == "remove" and item in model and item != "anchor":
+                q.remove(item)
+                del model[item]
+            elif op in ("pop", "steal"):
+                steal = op == "steal"
+                mine = [k for k, v in model.items() if v[2] in ("w1", None)]
+                if steal and not mine:
+                    mine = list(model)
+                got = q.pop_for("w1", steal=steal)
+                expected = min(mine, key=lambda k: model[k][:2]) if mine else None
+                assert got == expected
+                model.pop(got, None)
+            assert len(q) == len(model)
+            assert len(q._items) <= 2 * len(q) + matching.STALE_SLACK + 1
+        rest = []
+        while (got := q.pop_for("w3")) is not None:
+            rest.append(got)
+        assert sorted(map(str, rest)) == sorted(map(str, model))
+    finally:
+        matching.STALE_SLACK = old

@@ -7,7 +7,9 @@ another worker (soft targeting), so no worker idles while work is queued. Target
 are also in one more lane of all of them, so that taking one is O(1) however many workers
 there are. Removal is lazy:
 each push stamps the item with a fresh ticket, and entries whose ticket is stale are
-skipped when they reach the front.
+skipped when they reach the front. A ticket indexes a list of the items it was given to
+(``None`` once stale): 8 bytes per push, not a dict entry; the list restarts whenever the
+queue empties and is renumbered when stale tickets outnumber live ones.
 
 An entry is one integer, ``priority << TICKET_BITS | ticket``: it compares in C, and the
 ticket breaks ties in push order. A lane is a list of sorted chunks of at most
@@ -22,18 +24,19 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Iterator
-from itertools import count
 from typing import Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
 
-#: Bits of an entry that hold the ticket: 2^40 pushes before tickets would reach the
-#: priority bits.
+#: Bits of an entry that hold the ticket (tickets are renumbered long before 2^40).
 TICKET_BITS = 40
 _TICKET_MASK = (1 << TICKET_BITS) - 1
 #: Entries per chunk of a lane (split at twice this). Larger chunks mean fewer bounds to
 #: search but longer insertions; around a thousand both stay well under a microsecond.
 CHUNK = 1000
+#: Stale entries a lane or the list of tickets may hold beyond twice the live items,
+#: before they are rebuilt without them.
+STALE_SLACK = 4096
 
 
 class Lane:
@@ -129,7 +132,7 @@ class Lane:
 class ReadyQueue(Generic[T]):
     """Priority queue of ready items with optional per-worker targets."""
 
-    __slots__ = ("_shared", "_targeted", "_all", "_ticket_of", "_item_of", "_tickets")
+    __slots__ = ("_shared", "_targeted", "_all", "_ticket_of", "_items")
 
     def __init__(self) -> None:
         self._shared = Lane()
@@ -140,8 +143,8 @@ class ReadyQueue(Generic[T]):
         #: steal do not push twice.
         self._all: Lane | None = None
         self._ticket_of: dict[T, int] = {}  #: live items and their current ticket
-        self._item_of: dict[int, T] = {}  #: the same, the other way round
-        self._tickets = count()
+        #: by ticket, the item it was given to; None: stale (taken, removed, re-pushed)
+        self._items: list[T | None] = []
 
     def __len__(self) -> int:
         return len(self._ticket_of)
@@ -150,7 +153,7 @@ class ReadyQueue(Generic[T]):
         """Free what an empty queue's tables still hold of their largest size."""
         if not self._ticket_of:
             self._ticket_of.clear()
-            self._item_of.clear()
+            self._restart()
 
     def __contains__(self, item: T) -> bool:
         return item in self._ticket_of
@@ -158,40 +161,70 @@ class ReadyQueue(Generic[T]):
     def push(self, item: T, priority: int, target: Hashable | None = None) -> None:
         """Queue ``item``; a lower ``priority`` (an int >= 0) pops first; equal ones in push
         order. Re-pushing replaces the old entry."""
-        ticket = next(self._tickets)
+        items = self._items
+        ticket = len(items)
         old = self._ticket_of.get(item)
         if old is not None:
-            del self._item_of[old]
+            items[old] = None
         self._ticket_of[item] = ticket
-        self._item_of[ticket] = item
+        items.append(item)
         entry = priority << TICKET_BITS | ticket
         if target is None:
             self._shared.push(entry)
-            return
-        lane = self._targeted.get(target)
-        if lane is None:
-            lane = self._targeted[target] = Lane()
-        lane.push(entry)
-        steal = self._all
-        if steal is not None:
-            steal.push(entry)
-            if steal.size > 2 * len(self._item_of) + 4096:
-                self._compact_steal_lane()
+        else:
+            lane = self._targeted.get(target)
+            if lane is None:
+                lane = self._targeted[target] = Lane()
+            lane.push(entry)
+            steal = self._all
+            if steal is not None:
+                steal.push(entry)
+                if steal.size > 2 * len(self._ticket_of) + STALE_SLACK:
+                    self._compact_steal_lane()
+        if ticket > 2 * len(self._ticket_of) + STALE_SLACK:
+            self._renumber()
 
     def remove(self, item: T) -> None:
         """Forget ``item`` (no-op if absent); its entry is dropped lazily."""
         ticket = self._ticket_of.pop(item, None)
         if ticket is not None:
-            del self._item_of[ticket]
+            self._items[ticket] = None
+            if not self._ticket_of:
+                self._restart()
+
+    def _restart(self) -> None:
+        """Tickets from 0 again: with no item left, every entry of every lane is stale."""
+        self._items = []
+        self._shared = Lane()
+        self._targeted.clear()
+        self._all = None
+
+    def _renumber(self) -> None:
+        """Tickets 0, 1, ... for the live items, in their order: the list of items stays
+        within twice their number while the queue never empties."""
+        items = self._items
+        new_ticket: dict[int, int] = {}
+        renumbered: list[T | None] = []
+        ticket_of = self._ticket_of
+        for ticket, item in enumerate(items):
+            if item is not None:
+                new_ticket[ticket] = ticket_of[item] = len(renumbered)
+                renumbered.append(item)
+        self._items = renumbered
+        mask = _TICKET_MASK
+        self._shared = _relabelled(self._shared, new_ticket, mask)
+        for target, lane in self._targeted.items():
+            self._targeted[target] = _relabelled(lane, new_ticket, mask)
+        self._all = None  # (rebuilt from the targeted lanes at the next steal)
 
     def forget_target(self, target: Hashable) -> None:
         """Move tasks targeted at ``target`` (a lost worker) to the shared lane."""
         lane = self._targeted.pop(target, None)
         if lane is None:
             return
-        item_of = self._item_of
+        items = self._items
         for entry in lane:
-            if entry & _TICKET_MASK in item_of:
+            if items[entry & _TICKET_MASK] is not None:
                 self._shared.push(entry)
 
     def pop_for(self, worker: Hashable, steal: bool = True) -> T | None:
@@ -199,14 +232,19 @@ class ReadyQueue(Generic[T]):
         lane = self._lane_for(worker, steal)
         if lane is None:
             return None
-        item = self._item_of.pop(lane.pop() & _TICKET_MASK)
-        del self._ticket_of[item]
+        ticket = lane.pop() & _TICKET_MASK
+        items = self._items
+        item = items[ticket]
+        items[ticket] = None
+        del self._ticket_of[item]  # type: ignore[arg-type]  # (live: not None)
+        if not self._ticket_of:
+            self._restart()
         return item
 
     def peek_for(self, worker: Hashable, steal: bool = True) -> T | None:
         """What ``pop_for(worker, steal)`` would return, left in the queue."""
         lane = self._lane_for(worker, steal)  # (whose front is live: not empty)
-        return None if lane is None else self._item_of[-lane.chunks[-1][-1] & _TICKET_MASK]
+        return None if lane is None else self._items[-lane.chunks[-1][-1] & _TICKET_MASK]
 
     def _lane_for(self, worker: Hashable, steal: bool = True) -> Lane | None:
         """The lane whose live front is the best item for ``worker``, if any."""
@@ -233,22 +271,32 @@ class ReadyQueue(Generic[T]):
 
     def _compact_steal_lane(self) -> Lane:
         """(Re)build the steal lane from the live targeted entries."""
-        item_of = self._item_of
+        items = self._items
         live = Lane()
         lanes = self._targeted.values() if self._all is None else (self._all,)
         for lane in lanes:
             for entry in lane:
-                if entry & _TICKET_MASK in item_of:
+                if items[entry & _TICKET_MASK] is not None:
                     live.push(entry)
         self._all = live
         return live
 
     def _front(self, lane: Lane) -> int | None:
         """The live front entry of ``lane``, discarding stale ones."""
-        item_of = self._item_of
+        items = self._items
         while lane.size:
             entry = -lane.chunks[-1][-1]
-            if entry & _TICKET_MASK in item_of:
+            if items[entry & _TICKET_MASK] is not None:
                 return entry
             lane.pop()
         return None
+
+
+def _relabelled(lane: Lane, new_ticket: dict[int, int], mask: int) -> Lane:
+    """``lane``'s live entries (those ``new_ticket`` maps) with their new tickets."""
+    fresh = Lane()
+    for entry in lane:
+        ticket = new_ticket.get(entry & mask)
+        if ticket is not None:
+            fresh.push(entry & ~mask | ticket)
+    return fresh
