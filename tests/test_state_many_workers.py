@@ -113,42 +113,6 @@ def test_a_worker_lost_or_joined_between_rounds_is_never_sent_to_twice(lose):
     assert max(cluster.runs_of.values()) == 1 or lose
 
 
-def test_a_started_report_alone_does_not_put_its_worker_back_in_the_round():
-    cluster, calls = saturated_and_watched()
-    worker = next(w for w, q in cluster.queued.items() if q)
-    calls.clear()
-    started = cluster.queued[worker][0].task_id
-    cluster.apply([s.FromWorker(worker, p.Started((started,)))])
-    assert worker not in {w.id for w in calls}  # (it holds as many as before)
-    message = cluster.queued[worker].pop(0)
-    cluster.apply([s.FromWorker(worker, p.TaskDone(message.task_id, 8, 0.01, dumps(0)))])
-    assert worker in {w.id for w in calls}  # a task ended there: it may take another
-
-
-def test_rounds_over_every_worker_are_spaced_in_time_as_well_as_in_rounds():
-    cluster = cluster_of(WORKERS)
-    state = cluster.state
-    dispatch = state.ctx.dispatch
-    cluster.apply([wide_run(1, 20 * WORKERS)])
-    full = []
-
-    def report(now: float) -> None:
-        worker = next(w for w, q in cluster.queued.items() if q)
-        message = cluster.queued[worker].pop(0)
-        before = dispatch.full_round
-        state.handle([s.FromWorker(worker, p.TaskDone(message.task_id, 8, 0.01, dumps(0)))], now)
-        full.append(dispatch.full_round != before)
-
-    start = dispatch.full_at
-    for i in range(3 * d.FULL_ROUND_EVERY):  # rounds enough, all within FULL_ROUND_SECONDS
-        report(start + i * d.FULL_ROUND_SECONDS / (4 * d.FULL_ROUND_EVERY))
-    assert not any(full)
-    for _ in range(d.FULL_ROUND_EVERY):
-        report(start + 2 * d.FULL_ROUND_SECONDS)
-    assert full.count(True) == 1  # at once, then not again for FULL_ROUND_EVERY rounds
-    assert full[3 * d.FULL_ROUND_EVERY]
-
-
 def test_the_tables_a_big_run_grew_are_given_back_when_no_run_is_left():
     cluster = cluster_of(4)
     state = cluster.state

@@ -15,13 +15,14 @@ few tasks that do not for one that does (``LOOK_PAST``); the ``Execute`` carries
 task's allocation: cores and GPUs (its placement) and memory.
 
 A round visits the workers that may have room, not all of them: a worker found at its
-saturation bound is set aside until it reports something that may take a task off it
-(``touch``; not a ``Started``, which only says a task it holds began) or joins; all are
+saturation bound is set aside until it reports something (``touch``) or joins; all are
 visited after any event but a worker's report (a run submitted, cancelled or failed frees
-or needs every worker) and every ``FULL_ROUND_EVERY`` rounds, at most every
-``FULL_ROUND_SECONDS`` (a category's durations, hence every bound, change without any one
-worker's report). On hundreds of workers the round's cost follows the workers that
-changed, not the cluster.
+or needs every worker) and every ``FULL_ROUND_EVERY`` rounds (a category's durations,
+hence every bound, change without any one worker's report). On hundreds of workers the
+round's cost follows the workers that changed, not the cluster. Spacing the full rounds
+in time as well (0.25 s) and not touching a worker for a ``Started`` saved 2% of the
+I/O thread's time on ``dv3-large`` (2 cores) but cost 20-40% more CPU per task on
+``flat`` with 2,000 workers on 16 cores (docs/benchmarks.md, fourth pass): not kept.
 """
 
 from __future__ import annotations
@@ -53,11 +54,6 @@ FULL_ROUND_WORKERS = 64
 #: Past it, every this many rounds visit them all; the others visit only the workers that
 #: may have room. Stealing, which looks at every worker, runs on those rounds only.
 FULL_ROUND_EVERY = 32
-#: ... and no sooner than this many seconds after the last full round: while tasks finish
-#: one by one, rounds come every few ms (the state's pace), and a full round over hundreds
-#: of saturated workers cost more than all the others together (``dv3-large``: 47,000 of
-#: 157,000 visits). A bound that rose waits at most this long for its worker's next report.
-FULL_ROUND_SECONDS = 0.25
 #: Tasks a worker looks past, when the best one for it does not fit its memory now, for
 #: one that does (those passed over are queued again): smaller tasks fill the cores that
 #: larger ones leave idle, at a bounded cost per round.
@@ -93,8 +89,6 @@ class Dispatch:
         "inlined",
         "open",
         "rounds",
-        "full_round",
-        "full_at",
         "everyone",
         "sizing",
     )
@@ -121,9 +115,6 @@ class Dispatch:
         self.open: dict[WorkerRecord, None] = {}
         #: rounds since the start: every ``FULL_ROUND_EVERY``-th visits every worker
         self.rounds = 0
-        #: the last round that visited every worker, and when it ran (the context's clock)
-        self.full_round = 0
-        self.full_at = -FULL_ROUND_SECONDS
         #: the next round visits every worker (set by the state after other events)
         self.everyone = True
 
@@ -157,19 +148,14 @@ class Dispatch:
             self.constraints.dispatch()
         self.rounds += 1
         sizing = self.sizing
-        now = self.ctx.now
         every = (
             self.everyone
             or sizing.changed
             or len(self.workers) <= FULL_ROUND_WORKERS
-            or (
-                self.rounds - self.full_round >= FULL_ROUND_EVERY
-                and now - self.full_at >= FULL_ROUND_SECONDS
-            )
+            or self.rounds % FULL_ROUND_EVERY == 0
         )
         self.everyone = sizing.changed = False
         if every:
-            self.full_round, self.full_at = self.rounds, now
             workers = list(self.workers.values())
         else:
             known = self.workers

@@ -419,12 +419,10 @@ class SchedulerState:
         worker = self.workers.get(ev.worker)
         if worker is None:
             return  # a message that was in flight when the worker was declared lost
-        kind = type(ev.message)
-        handler = self._reports.get(kind)
+        handler = self._reports.get(type(ev.message))
         if handler is None:
             raise TypeError(f"not a worker report: {ev.message!r}")
-        if kind is not p.Started:  # (a task it holds began: no room made, no bound raised)
-            self._dispatch.touch(worker)
+        self._dispatch.touch(worker)
         handler(worker, ev.message)
 
     # -- a task's result: the state's records, then the parts that subscribe ------------
