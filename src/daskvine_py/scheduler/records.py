@@ -254,6 +254,7 @@ class TaskRecord:
         "size",
         "memory",
         "made_by",
+        "pulled",
         "__dict__",
     )
 
@@ -269,9 +270,6 @@ class TaskRecord:
     attempts: int = 0
     #: where it may run and what it holds there (annotations); None: anywhere, 1 slot
     placement: Placement | None = None
-    #: an input-less task queued for the worker that took a sibling (one that feeds
-    #: the same task): see ``Locality.pull_siblings``
-    pulled: bool = False
     #: its worker sends its value back: to compare with a re-run (``verify``)
     echo: bool = False
     #: what it asks for itself, its category's allocation aside: annotated memory, or
@@ -329,6 +327,10 @@ class TaskRecord:
         #: failure caused by an input implicates the input's producer); None: not
         #: computed yet, or read from the cache
         self.made_by: WorkerRecord | None = None
+        #: an input-less task queued for the worker that took a sibling (one that feeds
+        #: the same task): see ``Locality.pull_siblings`` (a slot: set on many tasks of
+        #: a reduction)
+        self.pulled = False
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

@@ -534,8 +534,7 @@ class SchedulerState:
         placement = task.placement
         if placement is not None:
             return self._push_placed(task, placement)
-        if task.pulled:  # (a rare field: written where it differs)
-            task.pulled = False
+        task.pulled = False
         self.queue.push(task, task.priority, target(task, self.full))
 
     def _ready_to_waiting(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
