@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import daskvine_py.scheduler.matching as matching
 from daskvine_py.scheduler.matching import ReadyQueue
 
 
@@ -121,8 +126,10 @@ def test_stealing_takes_the_best_of_all_targets_and_its_lane_stays_bounded():
         q.push("x", 5, target="w1")
         assert q.pop_for("w1") in ("x", ("w", 91), ("w", 81), ("w", 71))
     assert q._all is None or len(q._all) < 2 * len(q) + 4096 + 1
+    assert len(q._items) <= 2 * len(q) + matching.STALE_SLACK + 1
 
 
+@pytest.mark.parametrize("slack", [matching.STALE_SLACK, 2])
 @settings(max_examples=100, deadline=None)
 @given(
     ops=st.lists(
@@ -135,77 +142,55 @@ def test_stealing_takes_the_best_of_all_targets_and_its_lane_stays_bounded():
         max_size=300,
     )
 )
-def test_a_steal_always_takes_the_best_task_of_any_lane(ops):
+def test_a_steal_always_takes_the_best_task_of_any_lane(slack, ops):
     """Against a model: a worker with nothing of its own or shared takes the task of
-    lowest priority (then oldest) among everyone's targeted work."""
+    lowest priority (then oldest) among everyone's targeted work. With almost no slack
+    (2), re-pushes renumber the tickets and rebuild the lanes again and again, and the
+    list of tickets stays within twice the live items at each push (where it grows)."""
     q = ReadyQueue()
     model: dict = {}  # item -> (priority, push order, target)
-    for n, (item, prio, target, op) in enumerate(ops):
-        if op == "push":
-            q.push(item, prio, target)
-            model[item] = (prio, n, target)
-        elif op == "remove" and model:
-            gone = sorted(model)[item % len(model)]
-            q.remove(gone)
-            del model[gone]
-        elif op == "pop":  # w1 takes its own or shared work, if any
-            mine = [k for k, v in model.items() if v[2] in ("w1", None)]
-            got = q.pop_for("w1", steal=False)
-            expected = min(mine, key=lambda k: model[k][:2]) if mine else None
-            assert got == expected
-            model.pop(got, None)
-        elif op == "steal" and not any(v[2] in ("idle", None) for v in model.values()):
-            got = q.pop_for("idle")
-            expected = min(model, key=lambda k: model[k][:2]) if model else None
-            assert got == expected
-            model.pop(got, None)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(
-            st.integers(0, 12),
-            st.integers(0, 4),
-            st.sampled_from(["w1", "w2", None]),
-            st.sampled_from(["push", "push", "pop", "steal", "remove"]),
-        ),
-        max_size=400,
-    )
-)
-def test_tickets_renumbered_while_the_queue_never_empties_keep_every_order(ops):
-    """With almost no slack, re-pushes renumber the tickets and rebuild the lanes again
-    and again: every pop still takes the model's best (priority, then push order), and
-    the list of tickets stays within twice the live items."""
-    import daskvine_py.scheduler.matching as matching
-
-    old, matching.STALE_SLACK = matching.STALE_SLACK, 2
-    try:
-        q = ReadyQueue()
-        q.push("anchor", 99, "w3")  # never taken by w1 or w2 while anything else is left
-        model: dict = {"anchor": (99, -1, "w3")}
+    with patched(matching, STALE_SLACK=slack):
         for n, (item, prio, target, op) in enumerate(ops):
-            if op == "push":
-                q.push(item, prio, target)
-                model[item] = (prio, n, target)
-                # (the list grows on pushes only: bounded by the live items at the last)
-                assert len(q._items) <= 2 * len(q) + matching.STALE_SLACK + 1
-            elif op == "remove" and item in model and item != "anchor":
-                q.remove(item)
-                del model[item]
-            elif op in ("pop", "steal"):
-                steal = op == "steal"
-                mine = [k for k, v in model.items() if v[2] in ("w1", None)]
-                if steal and not mine:
-                    mine = list(model)
-                got = q.pop_for("w1", steal=steal)
-                expected = min(mine, key=lambda k: model[k][:2]) if mine else None
-                assert got == expected
-                model.pop(got, None)
+            _apply(q, model, n, item, prio, target, op)
             assert len(q) == len(model)
         rest = []
-        while (got := q.pop_for("w3")) is not None:
+        while (got := q.pop_for("idle")) is not None:
             rest.append(got)
         assert sorted(map(str, rest)) == sorted(map(str, model))
+
+
+def _apply(q: ReadyQueue, model: dict, n: int, item, prio, target, op) -> None:
+    """One operation on the queue and on its model; pops checked against the model."""
+    if op == "push":
+        q.push(item, prio, target)
+        model[item] = (prio, n, target)
+        assert len(q._items) <= 2 * len(q) + matching.STALE_SLACK + 1
+    elif op == "remove" and model:
+        gone = sorted(model)[item % len(model)]
+        q.remove(gone)
+        del model[gone]
+    elif op == "pop":  # w1 takes its own or shared work, if any
+        mine = [k for k, v in model.items() if v[2] in ("w1", None)]
+        got = q.pop_for("w1", steal=False)
+        expected = min(mine, key=lambda k: model[k][:2]) if mine else None
+        assert got == expected
+        model.pop(got, None)
+    elif op == "steal" and not any(v[2] in ("idle", None) for v in model.values()):
+        got = q.pop_for("idle")
+        expected = min(model, key=lambda k: model[k][:2]) if model else None
+        assert got == expected
+        model.pop(got, None)
+
+
+@contextlib.contextmanager
+def patched(module: Any, **values: Any) -> Iterator[None]:
+    """``module``'s constants set to ``values`` meanwhile (hypothesis runs many examples in
+    one test call: a fixture would patch them once for all)."""
+    old = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
     finally:
-        matching.STALE_SLACK = old
+        for name, value in old.items():
+            setattr(module, name, value)

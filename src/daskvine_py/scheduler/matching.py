@@ -8,8 +8,9 @@ are also in one more lane of all of them, so that taking one is O(1) however man
 there are. Removal is lazy:
 each push stamps the item with a fresh ticket, and entries whose ticket is stale are
 skipped when they reach the front. A ticket indexes a list of the items it was given to
-(``None`` once stale): 8 bytes per push, not a dict entry; the list restarts whenever the
-queue empties and is renumbered when stale tickets outnumber live ones.
+(``None`` once stale): 8 bytes per push, not a dict entry; the list and the lanes are
+renumbered when stale tickets outnumber live ones (``STALE_SLACK``), and emptied with the
+queue's other tables when no run is left (``shrink``).
 
 An entry is one integer, ``priority << TICKET_BITS | ticket``: it compares in C, and the
 ticket breaks ties in push order. A lane is a list of sorted chunks of at most
@@ -189,8 +190,6 @@ class ReadyQueue(Generic[T]):
         ticket = self._ticket_of.pop(item, None)
         if ticket is not None:
             self._items[ticket] = None
-            if not self._ticket_of:
-                self._restart()
 
     def _restart(self) -> None:
         """Tickets from 0 again: with no item left, every entry of every lane is stale."""
@@ -237,8 +236,6 @@ class ReadyQueue(Generic[T]):
         item = items[ticket]
         items[ticket] = None
         del self._ticket_of[item]  # type: ignore[arg-type]  # (live: not None)
-        if not self._ticket_of:
-            self._restart()
         return item
 
     def peek_for(self, worker: Hashable, steal: bool = True) -> T | None:

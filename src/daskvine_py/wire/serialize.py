@@ -170,8 +170,8 @@ def _into_table(
     return (resident, (encoder.function_id(obj),)) if tabled else None
 
 
-#: Modules whose callable objects are tasks themselves, not what tasks call.
-_TASK_MODULES = ("dask._task_spec", "daskvine_py.")
+#: Packages whose callable objects are tasks themselves, not what tasks call.
+_TASK_PACKAGES = ("dask._task_spec", "daskvine_py")
 
 
 def _tabled_type(kind: type) -> bool:
@@ -186,7 +186,7 @@ def _tabled_type(kind: type) -> bool:
     if not isinstance(call, types.FunctionType):
         return False  # not callable, or C callables (itemgetter, ufuncs): small, often per task
     module = getattr(kind, "__module__", "") or ""
-    ours = module == PAYLOAD_MODULE or module.startswith(_TASK_MODULES)  # (``LegacyCall``)
+    ours = any(module == name or module.startswith(name + ".") for name in _TASK_PACKAGES)
     return not ours and not issubclass(kind, type)
 
 
