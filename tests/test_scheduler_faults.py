@@ -433,6 +433,28 @@ def test_a_worker_fetching_an_input_from_silent_holders_is_not_ejected_as_stuck(
     assert eject.worker == W1
 
 
+def test_a_silent_worker_holding_a_chain_sent_ahead_gets_no_fetch_allowance():
+    """A reader sent ahead waits for an input its own worker computes: nothing is fetched
+    for it. The probe of issue 29 (it takes tasks and never answers) held such chains and
+    was given 10 s of fetch allowance on top of the stall for inputs it was to make."""
+    st_ = s.SchedulerState(fixed_extra_tasks_per_core=0)
+    st_.faults.stall = 5.0
+    tasks = [
+        s.NewTask("a", b"", (), (), 0, "t"),
+        s.NewTask("b", b"", (), ("a",), 1, "t"),
+        s.NewTask("c", b"", (), ("b",), 2, "t"),
+    ]
+    st_.handle([joined(W2), flat(1, run_id=2)], 0.0)
+    finish(st_, W2, 0.5, seconds=0.1)  # the kind's duration is known
+    st_.handle([s.FromWorker(W2, p.DiskFull(True)), joined(W1)], 1.0)  # W2 takes no more
+    st_.handle([s.SubmitRun(1, tasks, ["c"], 3)], 1.0)
+    a, b, c = (st_.tasks[t.id] for t in st_.workers[W1].processing)
+    assert (a.key, b.key, c.key) == ("a", "b", "c")  # the chain, all sent ahead to W1
+    assert of(st_.handle([Tick()], 1.0 + 5.0 - 0.5), Eject) == []
+    (eject,) = of(st_.handle([Tick()], 1.0 + 5.0 + 0.5), Eject)
+    assert eject.worker == W1 and "no progress" in eject.reason
+
+
 def test_a_worker_asking_the_manager_to_relay_an_input_is_not_stuck():
     """The swarm at 600 x 12, its clock three times faster: a worker whose fetches from
     peers failed asked the manager to relay the input (``Relay``) and was ejected as

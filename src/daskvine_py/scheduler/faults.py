@@ -835,6 +835,12 @@ def _fetching(worker: WorkerRecord, processing: dict[TaskRecord, None]) -> float
     longest = 0
     for task in processing:
         for dep in task.deps:
-            if dep.value is None and worker not in dep.who_has:
+            if dep.value is None and worker not in dep.who_has and not _made_on(dep, worker):
                 longest = max(longest, len(dep.who_has) + 1)
     return FETCH_ALLOWANCE * longest
+
+
+def _made_on(dep: TaskRecord, worker: WorkerRecord) -> bool:
+    """Whether ``dep`` is being computed on ``worker`` itself (its reader was sent ahead):
+    nothing is fetched for it, and its own progress is what the stall check watches."""
+    return dep.state == "processing" and dep.worker is worker
