@@ -420,3 +420,42 @@ def test_a_cleanup_records_what_it_removed(tmp_path):
         cleanup = cache.cleanup(lambda claim: True)
         assert cleanup.removed == [identity.key]
         assert cache.dropped == [identity]
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_closing_while_it_pulls_from_a_silent_peer_stops_the_pull_at_once(
+    tmp_path, monkeypatch
+):
+    """A peer that takes the request and never answers held a closing worker 5 s (its
+    join's limit; the pull itself waits 30 s): the pull stops, the queued one is let go,
+    and both entries' locks are free for the node's other processes."""
+    import zmq
+
+    from daskvine_py.inputs.store import Identity, InputCache, default_root
+    from daskvine_py.worker.input_peers import InputPeers
+
+    monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "node"))
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    peers = InputPeers("w", "127.0.0.1", None)
+    try:
+        files = tuple((url, 10, "mtime=1", (f"tcp://127.0.0.1:{port}",)) for url in (A, B))
+        peers.fetch(p.FetchInputs(1, "worker", files))
+        assert silent.poll(10_000)  # the first pull asked, and waits for an answer
+        start = time.monotonic()
+        peers.close()
+        assert time.monotonic() - start < 1.0
+        assert peers.failed == 0  # stopped, not failed
+        cache = InputCache(default_root(), 10**6)
+        try:
+            for url in (A, B):
+                descriptor = cache.reserve(Identity(url, 10, "mtime=1").key)
+                assert descriptor is not None, url  # its lock was let go
+                os.close(descriptor)
+        finally:
+            cache.close()
+    finally:
+        silent.close()
+        context.term()

@@ -57,6 +57,8 @@ WINDOW = 8
 REPLY_TIMEOUT = 30.0
 #: Seconds a fetch waits for the manager to take a ``done`` or ``have`` report.
 REPORT_TIMEOUT = 5.0
+#: Seconds between a pull's looks at its ``stop`` event while it waits for its peer.
+STOP_POLL = 0.1
 #: Longest wait a fetch takes from a ``wait`` answer before it asks again.
 MAX_WAIT = 10.0
 #: Largest request a server reads (requests are a verb, a key, numbers, an address).
@@ -347,13 +349,15 @@ def pull_file(
     *,
     reply_timeout: float = REPLY_TIMEOUT,
     window: int = WINDOW,
+    stop: threading.Event | None = None,
 ) -> None:
     """Pull the file a peer's server holds as ``key`` (``size`` bytes) into ``dest``,
     chunk by chunk with ``window`` requests in flight: no manager, no check of the
     content beyond its size (an input's key names its URL and version, not its bytes).
 
     Raises ``TransferError`` naming the peer when it does not serve ``key`` at that size,
-    stops answering for ``reply_timeout`` seconds, or sends what was not asked."""
+    stops answering for ``reply_timeout`` seconds, or sends what was not asked; and
+    within ``STOP_POLL`` seconds of ``stop`` being set (its worker is closing)."""
     if not connectable(address):
         raise TransferError(f"{address!r} is not a tcp://HOST:PORT address")
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -362,9 +366,16 @@ def pull_file(
         with open(dest, "wb") as file:
 
             def answer() -> list[zmq.Frame]:
-                if not sock.poll(math.ceil(reply_timeout * 1000)):
-                    raise TransferError(f"{address} did not answer in {reply_timeout:g} s")
-                return sock.recv_multipart(copy=False)
+                deadline = time.monotonic() + reply_timeout
+                while True:
+                    if stop is not None and stop.is_set():
+                        raise TransferError(f"pull from {address} stopped: its worker closes")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TransferError(f"{address} did not answer in {reply_timeout:g} s")
+                    wait = left if stop is None else min(left, STOP_POLL)
+                    if sock.poll(math.ceil(wait * 1000)):
+                        return sock.recv_multipart(copy=False)
 
             sock.send_multipart([WANT, key.encode()])
             reply = [frame.bytes for frame in answer()]

@@ -66,6 +66,8 @@ class InputPeers:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Pull | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        #: set when the worker closes: pulls queued are let go, the one under way stops
+        self._stop = threading.Event()
         #: pulls queued or under way, by key: the same file named for many tasks is
         #: pulled once
         self._pending: set[str] = set()
@@ -160,6 +162,7 @@ class InputPeers:
 
     def close(self) -> None:
         if self._thread is not None:
+            self._stop.set()  # (a pull waiting on a silent peer would hold it 30 s)
             self._queue.put(None)
             self._thread.join(timeout=5.0)
             self._thread = None
@@ -185,6 +188,11 @@ class InputPeers:
             pull = self._queue.get()
             if pull is None:
                 return
+            if self._stop.is_set():  # closing: its tasks' libraries are gone too
+                os.close(pull.reserved)
+                with self._lock:
+                    self._pending.discard(pull.identity.key)
+                continue
             try:
                 self._pull(pull)
             except Exception:  # never into the loop: the task reads from storage
@@ -207,12 +215,21 @@ class InputPeers:
             with self._lock:
                 self.drops.extend(dropped)
             for source in pull.sources:
+                if self._stop.is_set():
+                    return
                 fetch = functools.partial(
-                    transfer.pull_file, source, identity.key, identity.size, keys=self.keys
+                    transfer.pull_file,
+                    source,
+                    identity.key,
+                    identity.size,
+                    keys=self.keys,
+                    stop=self._stop,
                 )
                 try:
                     _, pulled = cache.fill(identity, fetch, LOCK_WAIT, reserved)
                 except (OSError, TimeoutError) as exc:
+                    if self._stop.is_set():
+                        return  # (stopped, not failed: the worker closes)
                     self.failed += 1
                     logger.warning(
                         "worker %s could not pull %s from %s: %s",
