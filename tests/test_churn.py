@@ -317,13 +317,14 @@ def add_all(parts, address):
     return sum(parts)
 
 
-def probe_shape(n: int, address, fan_in: int = 8) -> tuple[dict, object]:
+def probe_shape(n: int, address, fan_in: int = 8, seconds: float = 0.01) -> tuple[dict, object]:
     """The churn probe's shape, small: two stages of maps (each second-stage task reads
-    two first-stage results) and a tree of sums."""
-    dsk: dict = {("a", i): (step, i, 0.01, address) for i in range(n)}
+    two first-stage results) and a tree of sums. ``seconds`` 0: the same graph for Dask's
+    scheduler, without the naps."""
+    dsk: dict = {("a", i): (step, i, seconds, address) for i in range(n)}
     dsk.update(
         {
-            ("b", i): (step, (add_all, [("a", i), ("a", (i + 1) % n)], None), 0.01, address)
+            ("b", i): (step, (add_all, [("a", i), ("a", (i + 1) % n)], None), seconds, address)
             for i in range(n)
         }
     )
@@ -364,7 +365,7 @@ def test_the_worker_holding_the_most_killed_six_times_with_default_retries():
         assert not thread.is_alive()
         assert len(killed) == kills, killed
         assert "v" in result, result
-        assert result["v"] == dask.get(probe_shape(150, None)[0], total)
+        assert result["v"] == dask.get(probe_shape(150, None, seconds=0)[0], total)
         assert manager._state.recomputed > 0
 
 

@@ -45,16 +45,17 @@ def slow_inc_pinging(x, seconds, address):
     return y
 
 
-def _two_stages(n, address):
-    dsk = {f"a{i}": (slow_inc_pinging, i, 0.05, address) for i in range(n)}
-    dsk.update({f"b{i}": (slow_inc_pinging, f"a{i}", 0.05, address) for i in range(n)})
+def _two_stages(n, address, seconds=0.05):
+    """``seconds`` 0: the same graph for Dask's scheduler, without the naps (4 s here)."""
+    dsk = {f"a{i}": (slow_inc_pinging, i, seconds, address) for i in range(n)}
+    dsk.update({f"b{i}": (slow_inc_pinging, f"a{i}", seconds, address) for i in range(n)})
     dsk["total"] = (sum, [f"b{i}" for i in range(n)])
     return dsk
 
 
-def _chain(n, address):
+def _chain(n, address, seconds=0.02):
     return {"x0": 0} | {
-        f"x{i}": (slow_inc_pinging, f"x{i - 1}", 0.02, address) for i in range(1, n)
+        f"x{i}": (slow_inc_pinging, f"x{i - 1}", seconds, address) for i in range(1, n)
     }
 
 
@@ -87,7 +88,7 @@ def test_sigkill_a_worker_mid_graph(manager):
         os.kill(victim, signal.SIGKILL)
         thread.join(60)
     assert not thread.is_alive()
-    assert result["v"] == dask.get(_two_stages(n, None), "total")
+    assert result["v"] == dask.get(_two_stages(n, None, 0), "total")
     assert list(manager.workers) == ["local-1"]
 
 
@@ -102,7 +103,7 @@ def test_lost_results_are_recomputed_from_lineage(manager):
         assert holder in {w["pid"] for w in manager.workers.values()}
         os.kill(holder, signal.SIGKILL)
         thread.join(60)
-    assert result["v"] == dask.get(_chain(60, None), "x59") == 59
+    assert result["v"] == dask.get(_chain(60, None, 0), "x59") == 59
 
 
 def test_graph_waits_for_workers_to_join():
