@@ -329,3 +329,28 @@ def test_module_functions_are_pickled_once_per_process_closures_every_time(monke
         decoder.add_functions(encoder.functions)
         assert decoder.function(fid)(10) == 10 + n
     assert len(calls) == 3
+
+
+def test_adjacent_releases_travel_as_one_and_nothing_moves_past_another_record():
+    execute = p.Execute(9, "k", b"payload", (), False)
+    batch = [
+        p.Release((1,)),
+        p.Release((2, 3)),
+        p.Release((4,)),
+        execute,
+        p.Release((9,)),  # after the Execute of 9: never merged into the ones before it
+        p.Heartbeat(),
+        p.Release((5,)),
+        p.Release((6,)),
+    ]
+    merged = p.coalesce_releases(batch)
+    assert merged == [
+        p.Release((1, 2, 3, 4)),
+        execute,
+        p.Release((9,)),
+        p.Heartbeat(),
+        p.Release((5, 6)),
+    ]
+    assert p.decode(p.encode(merged), p.TO_WORKER) == merged  # still valid on the wire
+    assert p.coalesce_releases([execute]) == [execute]
+    assert p.coalesce_releases([]) == []

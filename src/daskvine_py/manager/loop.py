@@ -656,6 +656,8 @@ class IOLoop:
                 self.liveness.sent(ident, now)
 
     def _send_now(self, ident: bytes, messages: list[p.FromManager]) -> bool:
+        if len(messages) > 1:
+            messages = p.coalesce_releases(messages)
         try:
             frames = p.encode(messages)
         except Exception:

@@ -231,6 +231,34 @@ def encode(messages: Sequence[Record]) -> list[Frame]:
     return encode_pickled(messages)
 
 
+def coalesce_releases(messages: list[FromManager]) -> list[FromManager]:
+    """``messages`` with each run of adjacent ``Release`` records made one, in order.
+
+    A tree's results are released one by one as their readers finish: one record per
+    task, which the worker turns into one pipe write to its library each (measured on
+    a 50,000-leaf tree: 16,925 ``Release`` records for as many tasks on one worker, each
+    write waking the library). Only adjacent ones are merged: a ``Release`` moved past
+    an ``Execute`` of the same task (released and made anew in one batch) would drop
+    the new result.
+    """
+    out: list[FromManager] = []
+    ids: list[int] | None = None
+    for message in messages:
+        if type(message) is Release:
+            if ids is None:
+                ids = list(message.task_ids)
+            else:
+                ids.extend(message.task_ids)
+            continue
+        if ids is not None:
+            out.append(Release(tuple(ids)))
+            ids = None
+        out.append(message)
+    if ids is not None:
+        out.append(Release(tuple(ids)))
+    return out
+
+
 def encode_pickled(messages: Sequence[Record]) -> list[Frame]:
     """Frames of one batch as a pickle, whatever its records (``encode`` picks)."""
     buffers: list[pickle.PickleBuffer] = []
