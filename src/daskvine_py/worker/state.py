@@ -96,6 +96,9 @@ logger = logging.getLogger("daskvine_py.worker")
 
 #: Run configurations kept for runs that may still send tasks; older ones are forgotten.
 MAX_RUN_CONFIGS = 256
+#: Reports that end a task which ran to its end: its ``Started`` earlier in the same
+#: pass tells the manager nothing these do not (``_drop_started_ended_after``).
+_RAN_TO_ITS_END = (p.TaskDone, p.TaskErred)
 #: A worker connected to its manager (the connection up, the handshake done) waits this
 #: many ``manager_timeout``s for the answer to its registration (10 minutes by default):
 #: a manager busy welcoming a storm of workers is not a dead one. Unconnected, it gives
@@ -175,6 +178,8 @@ class WorkerState:
         out = self._out
         #: tasks that went running since the last ``Started`` (one record per pass)
         self.started: list[WorkerTask] = []
+        #: a ``Started`` is among this pass's instructions (``_drop_started_ended_after``)
+        self._started_sent = False
         #: tasks sent to a library behind the ones its slots run: reported ``Started`` when
         #: a reply frees a slot for them (the manager times a task from its ``Started``)
         self.behind: set[int] = set()
@@ -326,6 +331,9 @@ class WorkerState:
             self._end_pass(now)
         except Exception as exc:  # (a bug: said, and the worker goes on)
             out.append(EventFailed(None, exc))
+        if self._started_sent:
+            self._started_sent = False
+            _drop_started_ended_after(out)
         instructions = out.copy()
         out.clear()  # (the list is shared with the components: emptied, never replaced)
         return instructions
@@ -1116,6 +1124,7 @@ class WorkerState:
         started.clear()
         if ids:
             self._out.append(p.Started(tuple(ids)))
+            self._started_sent = True
 
     def leaks(self) -> Iterator[str]:
         """Containers that still hold something: names, for tests of a quiet worker."""
@@ -1142,3 +1151,26 @@ def _sent_to(task: WorkerTask, lib: LibraryRecord) -> bool:
 
 def _nothing(event: object, now: float) -> None:
     """A record that says only that the manager is there (``Heartbeat``)."""
+
+
+def _drop_started_ended_after(out: list[Instruction]) -> None:
+    """Take out of each ``Started`` in ``out`` the tasks whose ``TaskDone`` or
+    ``TaskErred`` comes after it in ``out``: they reach the manager in one batch, and the
+    report says the task ran. Tiny tasks queued in a library start as the one before
+    them ends, so each had a ``Started`` of its own before the report of the one before
+    (measured on a 50,000-leaf tree: about as many ``Started`` records as tasks), each
+    one more record for the manager to check and handle. A task started again after
+    its report (made anew) keeps its ``Started``: only ends after it count."""
+    ended: set[int] = set()
+    for index in range(len(out) - 1, -1, -1):
+        instruction = out[index]
+        kind = type(instruction)
+        if kind in _RAN_TO_ITS_END:
+            ended.add(instruction.task_id)  # type: ignore[union-attr]
+        elif kind is p.Started and ended:
+            ids = instruction.task_ids  # type: ignore[union-attr]
+            kept = tuple(task_id for task_id in ids if task_id not in ended)
+            if not kept:
+                del out[index]
+            elif len(kept) < len(ids):
+                out[index] = p.Started(kept)
