@@ -15,7 +15,9 @@ is checked against the closed form (``sum(range(leaves))``). Per system:
   task to a worker (``systems.FirstDispatch``, which costs nothing per task);
 - ``cpu_s``: the CPU time of the process that called ``get`` meanwhile (all its threads:
   the manager's caller and I/O threads, a local scheduler, distributed's scheduler), which
-  others' load on the machine changes less than the wall time;
+  others' load on the machine changes less than the wall time; for daskvine_py also
+  ``worker_cpu_s`` and ``library_cpu_s``, that of its local workers' main processes and
+  of their libraries (printed per task below the table);
 - ``rss_growth_mb`` and ``bytes_per_task``: the peak resident memory of the process that
   called ``get`` (``VmHWM``, reset just before the call) minus its resident memory just
   before it (the user's graph built already), per task of the graph: the manager, the
@@ -80,6 +82,30 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
+def _helper_cpu(since: dict[int, tuple[str, float]] | None = None) -> Any:
+    """This process's local workers' and their libraries' CPU seconds, by pid (None): or,
+    given those, the CPU each kind used since, summed ("worker", "library")."""
+    import psutil
+
+    now: dict[int, tuple[str, float]] = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            command = " ".join(proc.cmdline())
+            times = proc.cpu_times()
+        except psutil.Error:  # (gone meanwhile)
+            continue
+        if "-m daskvine_py.worker" in command:
+            now[proc.pid] = ("worker", times.user + times.system)
+        elif "spawn_main" in command:  # (a library: multiprocessing's spawn of a worker)
+            now[proc.pid] = ("library", times.user + times.system)
+    if since is None:
+        return now
+    used: dict[str, float] = {}
+    for pid, (kind, seconds) in now.items():
+        used[kind] = used.get(kind, 0.0) + seconds - since.get(pid, (kind, 0.0))[1]
+    return used
+
+
 def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
     """One system, one run, in this (fresh) process."""
     from systems import FirstDispatch, start
@@ -100,10 +126,13 @@ def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
         before = _status_kb("VmRSS")
         if probe is not None:
             probe.reset()
+        helpers = _helper_cpu()
         begun, cpu = time.perf_counter(), time.process_time()
         got = running.get(dsk, root)
         out["seconds"] = time.perf_counter() - begun
         out["cpu_s"] = time.process_time() - cpu
+        for kind, seconds in _helper_cpu(helpers).items():
+            out[f"{kind}_cpu_s"] = seconds
         peak = _status_kb("VmHWM")
         if got != sum(range(leaves)):
             raise AssertionError(f"{system} computed {got!r}, not {sum(range(leaves))}")
@@ -209,6 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(run_child(system, size, args.workers))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(table(results))
+    for r in results:  # where daskvine_py's CPU went: its workers' relay is a share of it
+        if "worker_cpu_s" in r:
+            print(
+                f"{r['system']} {r['leaves']:,} leaves, CPU per task: caller's process "
+                f"{r['cpu_s'] / r['tasks'] * 1e6:.0f} µs, workers' main processes "
+                f"{r['worker_cpu_s'] / r['tasks'] * 1e6:.0f} µs, their libraries "
+                f"{r.get('library_cpu_s', 0.0) / r['tasks'] * 1e6:.0f} µs"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
