@@ -144,10 +144,15 @@ def test_an_aborted_task_process_is_killed_and_the_worker_goes_on():
         manager.send(p.RunConfig(5, "tasks", "direct", (), (), True))
         manager.execute(1, Task("sleepy", time.sleep, 30), run_id=5)
         manager.wait_for(lambda r: type(r) is p.Started and 1 in r.task_ids)
-        # (Started is sent after the process was started: it is there to be found)
-        (process,) = [
-            pid for pid, cmd in procfs.children(proc.pid).items() if "task_process" in cmd
-        ]
+
+        # Started is sent after the process was started: it is there to be found, though
+        # its command line may read empty for a moment (the kernel still setting up the
+        # new program after the exec that Popen waited for; seen under load).
+        def task_processes() -> list[int]:
+            return [pid for pid, cmd in procfs.children(proc.pid).items() if "task_process" in cmd]
+
+        _wait_until(task_processes)
+        (process,) = task_processes()
         manager.send(p.Abort((1,), "a straggler"))
         _wait_until(lambda: not procfs.alive(process))
         _the_next_task_runs_right(manager, 2, run_id=5)
