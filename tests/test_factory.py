@@ -34,7 +34,8 @@ from test_pool import _slurm_available, _wait
 
 pytest.importorskip("parsl.providers")
 
-pytestmark = pytest.mark.integration
+# One Slurm node: its jobs of two tests at once would wait for each other's cores.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

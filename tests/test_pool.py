@@ -17,7 +17,8 @@ from daskvine_py import Manager
 parsl_providers = pytest.importorskip("parsl.providers")
 from parsl.launchers import SimpleLauncher  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# One Slurm node: its jobs of two tests at once would wait for each other's cores.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
 
 
 def slow_inc(x, seconds=0.02):
