@@ -82,12 +82,12 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def _helper_cpu(since: dict[int, tuple[str, float]] | None = None) -> Any:
-    """This process's local workers' and their libraries' CPU seconds, by pid (None): or,
-    given those, the CPU each kind used since, summed ("worker", "library")."""
+def _helper_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process's local workers ("worker") and their libraries
+    ("library"), by pid."""
     import psutil
 
-    now: dict[int, tuple[str, float]] = {}
+    found: dict[int, tuple[str, float]] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             command = " ".join(proc.cmdline())
@@ -95,14 +95,19 @@ def _helper_cpu(since: dict[int, tuple[str, float]] | None = None) -> Any:
         except psutil.Error:  # (gone meanwhile)
             continue
         if "-m daskvine_py.worker" in command:
-            now[proc.pid] = ("worker", times.user + times.system)
+            found[proc.pid] = ("worker", times.user + times.system)
         elif "spawn_main" in command:  # (a library: multiprocessing's spawn of a worker)
-            now[proc.pid] = ("library", times.user + times.system)
-    if since is None:
-        return now
+            found[proc.pid] = ("library", times.user + times.system)
+    return found
+
+
+def _cpu_used(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds each kind of helper used between two ``_helper_cpu`` readings."""
     used: dict[str, float] = {}
-    for pid, (kind, seconds) in now.items():
-        used[kind] = used.get(kind, 0.0) + seconds - since.get(pid, (kind, 0.0))[1]
+    for pid, (kind, seconds) in after.items():
+        used[kind] = used.get(kind, 0.0) + seconds - before.get(pid, (kind, 0.0))[1]
     return used
 
 
@@ -131,7 +136,7 @@ def child(system: str, leaves: int, workers: int) -> dict[str, Any]:
         got = running.get(dsk, root)
         out["seconds"] = time.perf_counter() - begun
         out["cpu_s"] = time.process_time() - cpu
-        for kind, seconds in _helper_cpu(helpers).items():
+        for kind, seconds in _cpu_used(helpers, _helper_cpu()).items():
             out[f"{kind}_cpu_s"] = seconds
         peak = _status_kb("VmHWM")
         if got != sum(range(leaves)):

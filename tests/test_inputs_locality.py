@@ -15,13 +15,16 @@ import time
 
 import dask
 import pytest
+import zmq
 
 from daskvine_py import Manager, inputs
 from daskvine_py.errors import ProtocolError
+from daskvine_py.inputs.store import Identity, InputCache, default_root
 from daskvine_py.scheduler import state as s
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.records import MAX_INPUT_FILES
 from daskvine_py.wire.serialize import TaskEncoder, dumps, urls_in
+from daskvine_py.worker.input_peers import InputPeers
 from test_inputs import _Server, _write, http_server  # noqa: F401 (a fixture)
 
 W1, W2 = b"w1", b"w2"
@@ -429,11 +432,6 @@ def test_a_worker_closing_while_it_pulls_from_a_silent_peer_stops_the_pull_at_on
     """A peer that takes the request and never answers held a closing worker 5 s (its
     join's limit; the pull itself waits 30 s): the pull stops, the queued one is let go,
     and both entries' locks are free for the node's other processes."""
-    import zmq
-
-    from daskvine_py.inputs.store import Identity, InputCache, default_root
-    from daskvine_py.worker.input_peers import InputPeers
-
     monkeypatch.setenv("DASKVINE_PY_INPUT_CACHE", str(tmp_path / "node"))
     context = zmq.Context()
     silent = context.socket(zmq.ROUTER)

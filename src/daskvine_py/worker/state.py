@@ -1164,11 +1164,10 @@ def _drop_started_ended_after(out: list[Instruction]) -> None:
     ended: set[int] = set()
     for index in range(len(out) - 1, -1, -1):
         instruction = out[index]
-        kind = type(instruction)
-        if kind in _RAN_TO_ITS_END:
-            ended.add(instruction.task_id)  # type: ignore[union-attr]
-        elif kind is p.Started and ended:
-            ids = instruction.task_ids  # type: ignore[union-attr]
+        if isinstance(instruction, _RAN_TO_ITS_END):
+            ended.add(instruction.task_id)
+        elif ended and isinstance(instruction, p.Started):
+            ids = instruction.task_ids
             kept = tuple(task_id for task_id in ids if task_id not in ended)
             if not kept:
                 del out[index]
