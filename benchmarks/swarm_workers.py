@@ -155,6 +155,9 @@ class Swarm:
         self.decoder = TaskDecoder()
         #: (due, sequence, worker, library id, reply) of the simulated calls in flight
         self.completions: list[tuple[float, int, SimWorker, int, Any]] = []
+        #: workers holding a ``Started`` for company, and when it falls due (as a real
+        #: worker's poll wakes for it: the liveness sweep every 0.25 s would send it late)
+        self.holding: dict[SimWorker, float] = {}
         self.sequence = 0
         self.workers: list[SimWorker] = []
         self.drops = p.DropLog(logger)
@@ -224,6 +227,8 @@ class Swarm:
                 timeout = min(timeout, max(0.0, self.completions[0][0] - now))
             if self.preemptions:
                 timeout = min(timeout, max(0.0, self.preemptions[0][0] - now))
+            if self.holding:
+                timeout = min(timeout, max(0.0, min(self.holding.values()) - now))
             dirty: set[SimWorker] = set()
             for sock, _ in self.poller.poll(int(timeout * 1000)):
                 owner = self.owners.get(sock)
@@ -279,9 +284,20 @@ class Swarm:
                 for worker in self.workers:
                     if worker.alive and worker.check_timers(now):
                         dirty.add(worker)
+            holding = self.holding
+            if holding:
+                for worker, due in list(holding.items()):
+                    if due <= now:
+                        del holding[worker]
+                        if worker.alive and worker.check_timers(now):
+                            dirty.add(worker)
             for worker in dirty:
                 if worker.alive:
                     worker.pass_end(now)
+                    if worker.state.held_started:
+                        holding[worker] = worker.state.started_due
+                    else:
+                        holding.pop(worker, None)
 
     def vanish(self, worker: SimWorker, now: float) -> None:
         """A registered worker is preempted: gone without a word; one joins later."""

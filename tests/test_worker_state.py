@@ -48,7 +48,7 @@ from daskvine_py.worker.messages import (
     ToLibrary,
     Unreadable,
 )
-from daskvine_py.worker.state import WorkerState, _drop_started_ended_after
+from daskvine_py.worker.state import STARTED_HOLD, WorkerState, _drop_started_ended_after
 from daskvine_py.worker.store import Store
 
 ME = "tcp://me:1"
@@ -56,7 +56,11 @@ REGISTER = p.Register(p.PROTOCOL_VERSION, "w", 1, 0, "host", ME, 1)
 
 
 def make(libraries=1, slots=1, ready=True, store=None, **kwargs):
-    """A worker booted with ``libraries`` libraries (ids from 1), ready unless not."""
+    """A worker booted with ``libraries`` libraries (ids from 1), ready unless not.
+
+    Each pass's ``Started`` goes out with it unless ``started_hold`` is given: the tests of
+    what is reported in which order read it there; the hold has tests of its own."""
+    kwargs.setdefault("started_hold", 0.0)
     state = WorkerState(Store() if store is None else store, name="w", peer_address=ME, **kwargs)
     out = state.handle([Boot(REGISTER, libraries, slots)], 0.0)
     assert out == [StartLibrary(i, slots) for i in range(1, libraries + 1)]
@@ -140,6 +144,41 @@ def test_a_task_with_no_inputs_runs_and_is_reported_done():
     assert type(report) is p.TaskDone and report.task_id == 1 and report.finished == 100.0
     assert loads(report.value) == 42 and loads(state.store.get(1)) == 42
     assert not state.tasks and not lib.sent and not list(state.leaks())
+
+
+def test_a_started_that_would_go_alone_waits_for_the_report_of_its_task():
+    """A one-task ``compute``: the manager hears one batch (the report), not two."""
+    state, (lib,) = make(started_hold=STARTED_HOLD)
+    out = state.handle([execute(1)], 5.0)
+    assert runs(out) == [(lib.id, [1])] and not [r for r in out if type(r) in p.TO_MANAGER]
+    assert state.poll_timeout(5.0) == pytest.approx(STARTED_HOLD)  # the shell wakes for it
+    (report,) = state.handle([reply(lib, done(1))], 5.0 + STARTED_HOLD / 2)
+    assert type(report) is p.TaskDone and report.task_id == 1
+    assert not state.held_started and state.poll_timeout(6.0) > 0.5
+
+
+def test_a_held_started_goes_alone_once_due_and_first_with_other_reports():
+    state, (lib, other) = make(libraries=2, started_hold=STARTED_HOLD)
+    state.handle([execute(1)], 0.0)
+    assert state.handle([Tick(0.0)], STARTED_HOLD / 2) == []  # not due yet
+    assert state.handle([Tick(0.0)], STARTED_HOLD) == [p.Started((1,))]  # due: alone
+    state.handle([execute(2)], 1.0)  # (to the other library: the first one's slot is taken)
+    # A report of another task goes now, and the held Started before it (its task began
+    # before anything of this pass): a crash after a start counts against retries.
+    out = state.handle([LibraryDied(other.id, "killed by signal SIGKILL")], 1.0)
+    reports = [r for r in out if type(r) in p.TO_MANAGER]
+    assert [type(r) for r in reports[:2]] == [p.Started, p.TaskCrashed]
+    assert reports[0] == p.Started((2,)) and reports[1].task_id == 2
+    assert not state.held_started
+
+
+def test_a_started_with_company_in_its_pass_is_not_held():
+    state, (lib,) = make(slots=2, started_hold=STARTED_HOLD)
+    state.handle([execute(1)], 0.0)
+    state.handle([Tick(0.0)], STARTED_HOLD)  # (its Started is out)
+    out = state.handle([execute(2), reply(lib, done(1))], 1.0)
+    reports = [type(r) for r in out if type(r) in p.TO_MANAGER]
+    assert reports == [p.TaskDone, p.Started] and not state.held_started
 
 
 def test_an_output_nothing_reads_is_not_kept():
@@ -886,8 +925,10 @@ class SimulatedWorker:
     once and cancels the tasks sent ahead of an input that will not come: a shell of
     events in and instructions out, with no sockets and no processes."""
 
-    def __init__(self, graph, slots):
-        self.state, libs = make(libraries=2, slots=slots, fetch_timeout=1.0)
+    def __init__(self, graph, slots, started_hold=0.0):
+        self.state, libs = make(
+            libraries=2, slots=slots, fetch_timeout=1.0, started_hold=started_hold
+        )
         self.slots = slots
         self.graph = graph  #: task id -> [("local", task id) | ("peer", id, peers) | ("inline",)]
         self.now = 0.0
@@ -904,8 +945,11 @@ class SimulatedWorker:
         self.executed: dict[int, int] = {}
         self.reports: dict[int, list] = {}
         self.cancelled: set[int] = set()
-        #: tasks the worker said began running (``Started``)
+        #: tasks the worker said began running (``Started``), or ran (their report)
         self.started: set[int] = set()
+        #: tasks reported done or erred since the manager last sent them: no ``Started``
+        #: of them may follow
+        self.ended: set[int] = set()
         #: tasks the manager aborted: nothing is reported of them
         self.aborted: set[int] = set()
 
@@ -944,10 +988,12 @@ class SimulatedWorker:
     def _report(self, message):
         kind = type(message)
         if kind is p.Started:
+            assert not self.ended.intersection(message.task_ids), (message, self.ended)
             self.started.update(message.task_ids)
         elif kind in (p.TaskDone, p.TaskErred, p.TaskCrashed, p.FetchFailed):
-            if kind in (p.TaskDone, p.TaskErred):  # it ran: said so first
-                assert message.task_id in self.started, message
+            if kind in (p.TaskDone, p.TaskErred):  # it ran (a Started before it may be left out)
+                self.started.add(message.task_id)
+                self.ended.add(message.task_id)
             self.reports.setdefault(message.task_id, []).append(message)
             if kind is not p.TaskDone:
                 self._recall_dependents(message.task_id)
@@ -1126,6 +1172,7 @@ class SimulatedWorker:
             elif self.state.fetcher.fetches:
                 self.tick()
             else:
+                self.tick()  # (a held Started goes out)
                 return
         raise AssertionError("the simulated worker did not settle")
 
@@ -1184,6 +1231,7 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
     steps=st.lists(actions, min_size=5, max_size=60),
     slots=st.integers(1, 2),
     recent=st.sampled_from([None, 0.0005, 0.01]),
+    hold=st.sampled_from([0.0, STARTED_HOLD]),
 )
 @example(  # a second peer asks for a result the first one's ask exported to the store
     graph={1: [], 2: []},
@@ -1199,9 +1247,10 @@ SIM_EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "300"))
     ],
     slots=1,
     recent=None,
+    hold=STARTED_HOLD,
 )
-def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent):
-    sim = SimulatedWorker(graph, slots)
+def test_simulated_worker_runs_each_task_once_and_leaks_nothing(graph, steps, slots, recent, hold):
+    sim = SimulatedWorker(graph, slots, hold)
     if recent is not None:  # tiny tasks go in batches, short ones one queued behind
         sim.state.dispatch.recent_duration.observe(recent)
     for action, *args in steps:
