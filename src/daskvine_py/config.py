@@ -34,7 +34,10 @@ with open(DEFAULTS_FILE) as _file:
 dask.config.update_defaults(DEFAULTS)
 
 _SECTIONS = {"get": RunOptions, "manager": ManagerOptions}
-_RUN_NAMES = {f.name for f in fields(RunOptions)}
+_NAMES = {name: frozenset(f.name for f in fields(kind)) for name, kind in _SECTIONS.items()}
+_RUN_NAMES = _NAMES["get"]
+#: ``daskvine_py.get`` as shipped: a config equal to it needs no check, name by name
+_GET = DEFAULTS["daskvine_py"]["get"]
 
 
 def section(name: str) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def section(name: str) -> dict[str, Any]:
     found = top.get(name) or {}
     if not isinstance(found, Mapping):
         raise ValueError(f"dask.config 'daskvine_py.{name}' must be a mapping, not {found!r}")
-    known = {f.name for f in fields(_SECTIONS[name])}
+    known = _NAMES[name]
     values = {}
     for key, value in found.items():
         option = str(key).replace("-", "_")
@@ -66,9 +69,12 @@ def section(name: str) -> dict[str, Any]:
 
 def run_options(kwargs: Mapping[str, Any]) -> RunOptions:
     """The options of one ``get``: its arguments, else ``daskvine_py.get``."""
-    configured = section("get")
-    if configured == DEFAULTS["daskvine_py"]["get"]:
+    top = dask.config.get("daskvine_py", default=None)
+    if isinstance(top, Mapping) and top.keys() <= _SECTIONS.keys() and top.get("get") == _GET:
         return RunOptions.from_kwargs(kwargs)  # nothing set: the records' own defaults
+    configured = section("get")
+    if configured == _GET:
+        return RunOptions.from_kwargs(kwargs)
     try:
         defaults = RunOptions(**configured)
     except (TypeError, ValueError) as exc:

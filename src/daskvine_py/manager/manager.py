@@ -533,9 +533,10 @@ class Manager:
         """
         cached: CachedRun | None = plan.cache
         arriving = stream is not None and stream.opened
-        encoder = TaskEncoder() if cached is None else cached.encoder
         if stream is not None:
             encoder = stream.encoder
+        else:
+            encoder = TaskEncoder() if cached is None else cached.encoder
         add_key = cached.add_key if cached is not None and cached.keyed_on_submission else None
         deferred = frozenset() if cached is None else cached.info.deferred
         if cached is not None and deferred:  # hits' payloads: made only if lineage needs them

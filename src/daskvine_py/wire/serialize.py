@@ -164,10 +164,20 @@ def _into_table(
         kind is type and obj.__module__ == "__main__"
     ):
         return resident, (encoder.function_id(obj),)
-    tabled = encoder.tabled_types.get(kind)
+    tabled = _TABLED_TYPES.get(kind)
     if tabled is None:
-        tabled = encoder.tabled_types[kind] = _tabled_type(kind)
+        if len(_TABLED_TYPES) >= _TABLED_TYPES_LIMIT:
+            _TABLED_TYPES.clear()
+        tabled = _TABLED_TYPES[kind] = _tabled_type(kind)
     return (resident, (encoder.function_id(obj),)) if tabled else None
+
+
+#: type -> whether its objects go into the function table (``_tabled_type``), for the
+#: process's life: a ``get`` of one task met three types and paid ``getattr_static`` on
+#: each (some 10 µs) when this was the encoder's own. A class does not gain or lose its
+#: ``__call__`` in practice; bounded for graphs that make classes on the fly.
+_TABLED_TYPES: dict[type, bool] = {}
+_TABLED_TYPES_LIMIT = 4096
 
 
 #: Packages whose callable objects are tasks themselves, not what tasks call.
@@ -265,8 +275,6 @@ class TaskEncoder:
         self._used: dict[FunctionId, None] = {}
         #: third-party top-level modules the functions come from or use (hoisting candidates)
         self.modules: set[str] = set()
-        #: type -> whether its objects go into the function table (``_tabled_type``)
-        self.tabled_types: dict[type, bool] = {}
         self._buffer = io.BytesIO()
         self._fast = _FastPickler(self._buffer, self)
         self._pickler: _FunctionExtractingPickler | None = None  # made when first needed
