@@ -7,7 +7,7 @@ import pytest
 
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.faults import FETCH_ALLOWANCE, MAX_ABORTS
-from daskvine_py.scheduler.messages import Eject, Quarantined, Tick
+from daskvine_py.scheduler.messages import Eject, Quarantined, RunOutput, Tick
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.serialize import dumps
 
@@ -553,3 +553,36 @@ def test_fast_abort_goes_from_the_options_to_the_state():
         assert manager._state.faults.factor == 5.0
     with Manager(fast_abort=None) as manager:
         assert manager._state.faults.factor == 0.0
+
+
+def test_a_result_whose_report_quarantines_its_worker_stands_and_its_moved_copy_is_cancelled():
+    """Found by the simulator (hypothesis, seed 2504): the report that proved a worker
+    slow was itself a task's result. Quarantined, the worker had what it held taken back
+    (that task too, sent elsewhere), and the result was then taken all the same. The
+    worker it was moved to ran it again, and its ``Started`` of it was judged a false
+    claim: it is now told to cancel it, and what it says of it is stale."""
+    st_, now = warmed((W1, W2, W3))
+    for _ in range(3):  # as above: three tasks aborted on W1 ran faster elsewhere
+        (task_id,) = holding(st_, W1)
+        st_.handle([s.FromWorker(W1, p.Started((task_id,)))], now)
+        now += 10.0
+        st_.handle([Tick()], now)
+        elsewhere = st_.tasks[task_id].worker.id
+        st_.handle([s.FromWorker(elsewhere, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+    (task_id,) = holding(st_, W1)
+    out = st_.handle([s.FromWorker(W1, p.TaskDone(task_id, 8, 1.0, VALUE))], now)
+    assert [q.worker for q in of(out, Quarantined)] == [W1]
+    task = st_.tasks[task_id]
+    assert task.state != "processing" and task.worker is None  # the result stands:
+    assert [o.key for o in of(out, RunOutput)] == [task.key]  # delivered, once
+    (moved,) = [
+        i.worker
+        for i in out
+        if type(i) is s.Send and type(i.message) is p.Execute and i.message.task_id == task_id
+    ]
+    assert moved != W1
+    cancels = [i.worker for i in out if type(i) is s.Send and type(i.message) is p.Cancel]
+    assert cancels == [moved] and task_id not in holding(st_, moved)
+    for late in (p.Started((task_id,)), p.TaskDone(task_id, 8, 1.0, VALUE)):
+        st_.handle([s.FromWorker(moved, late)], now)
+    assert st_.ctx.claims.told[st_.workers[moved]].false == 0

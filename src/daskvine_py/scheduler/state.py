@@ -595,7 +595,13 @@ class SchedulerState:
 
     def _processing_to_memory(self, task: TaskRecord, worker: WorkerRecord | None) -> None:
         assert worker is not None
-        self._unassign(task)
+        held = self._unassign(task)
+        if held is not None and held is not worker and held.id in self.workers:
+            # Done where it ran before it was taken back (a copy the report of which
+            # crossed the move): the worker it was moved to need not run it, and what
+            # it says of it is stale, not false (seen in the simulator: a Started of it
+            # judged a false claim).
+            self._tell(held, p.Cancel((task.id,)))
         if not task.unread:  # an unread output is not kept: nothing to release later
             task.hold(worker)
             worker.has_what.add(task)
