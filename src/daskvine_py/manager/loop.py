@@ -70,6 +70,7 @@ from daskvine_py.report.runinfo import MANAGER
 from daskvine_py.scheduler import state as s
 from daskvine_py.scheduler.liveness import Liveness
 from daskvine_py.scheduler.messages import BytesRelayed, Eject, Quarantined
+from daskvine_py.scheduler.outbox import ReleaseHold
 from daskvine_py.wire import protocol as p
 from daskvine_py.wire.transport import has_more, send_batch
 
@@ -144,6 +145,8 @@ class IOLoop:
         self.watching = Watching(state.load)
         self.liveness = Liveness(options.worker_timeout, options.heartbeat_interval)
         self.outboxes: dict[bytes, list[p.FromManager]] = {}
+        #: batches of only ``Release`` records waiting for company (``outbox``)
+        self.release_hold: ReleaseHold[bytes, p.FromManager] = ReleaseHold()
         self.registry = Registry(
             self._post,
             self._drops,
@@ -506,6 +509,7 @@ class IOLoop:
         self.liveness.left(ident)
         self.watching.worker_lost(time.monotonic(), info.name, reason)
         self.outboxes.pop(ident, None)
+        self.release_hold.drop(ident)
         self.events.append(s.WorkerLost(ident, reason))
 
     def _on_unfit(self, host: str, goodbye: p.Goodbye) -> None:
@@ -651,9 +655,15 @@ class IOLoop:
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
         now = time.monotonic()
+        hold = self.release_hold
         for ident, messages in outboxes.items():
-            if self._send_now(ident, messages):
+            messages = hold.take(ident, messages, now)
+            if messages and self._send_now(ident, messages):
                 self.liveness.sent(ident, now)
+        if hold:
+            for ident, messages in hold.due(now):
+                if self._send_now(ident, messages):
+                    self.liveness.sent(ident, now)
 
     def _send_now(self, ident: bytes, messages: list[p.FromManager]) -> bool:
         if len(messages) > 1:

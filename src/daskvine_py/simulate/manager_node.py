@@ -37,6 +37,7 @@ from daskvine_py.scheduler.messages import (
     SubmitRun,
     Tick,
 )
+from daskvine_py.scheduler.outbox import ReleaseHold
 from daskvine_py.scheduler.records import TaskRecord, WorkerRecord
 from daskvine_py.wire import protocol as p
 
@@ -112,6 +113,8 @@ class ManagerNode:
         self.closed: set[bytes] = set()
         self.events: list[s.Event] = []
         self.outboxes: dict[bytes, list[p.ToWorker]] = {}
+        #: batches of only ``Release`` records waiting for company, as the loop's
+        self.release_hold: ReleaseHold[bytes, p.ToWorker] = ReleaseHold()
         self.next_tick = 0.0
         self.ejected: list[tuple[bytes, str]] = []
         self.quarantined: list[Quarantined] = []
@@ -234,7 +237,13 @@ class ManagerNode:
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
         now = self.now()
-        for ident, messages in outboxes.items():
+        hold = self.release_hold
+        sending = [(ident, hold.take(ident, messages, now)) for ident, messages in outboxes.items()]
+        if hold:
+            sending.extend(hold.due(now))
+        for ident, messages in sending:
+            if not messages:
+                continue
             if ident in self.closed:
                 self._lose(ident, "unreachable (its connection closed)")
                 continue
@@ -253,6 +262,7 @@ class ManagerNode:
         self.closed.add(ident)  # (a lost identity is never welcomed again)
         self.liveness.left(ident)
         self.outboxes.pop(ident, None)
+        self.release_hold.drop(ident)
         self.events.append(s.WorkerLost(ident, reason))
         self.listener.lost(ident, reason)
 
@@ -275,7 +285,9 @@ class ManagerNode:
 
     def busy(self) -> bool:
         """Runs, tasks or events still in the state."""
-        return bool(self.state.runs or self.state.tasks or self.events or self.outboxes)
+        return bool(
+            self.state.runs or self.state.tasks or self.events or self.outboxes or self.release_hold
+        )
 
     def held_by(self) -> dict[str, set[int]]:
         """Per worker name: the results the state believes it holds."""
