@@ -31,6 +31,7 @@ completions beyond one per task: what preemption cost), ``result_ok``, ``makespa
 of total work / cores and the critical path), ``busy_fraction`` (task-seconds run ÷
 (cores × makespan)), ``manager_cpu_us_per_task`` (this process's CPU time during ``get``
 ÷ tasks: the manager's I/O thread and the caller's graph conversion),
+``manager_batches_per_task`` (batches it sent workers during ``get`` ÷ tasks),
 ``manager_rss_mb``, and ``dashboard`` (with ``--dashboard``: what the page poller
 asked), ``swarm_lag_s`` (the 99th percentile of how late the swarm delivered its
 simulated completions; ``swarm_lag_max_s`` the worst): a lag near the makespan's excess
@@ -305,6 +306,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
                 time.sleep(1.5)
             cpu0, t0 = _cpu(), time.monotonic()
             io0 = _thread_cpu("daskvine-manager")
+            batches0 = getattr(manager, "sent_batches", None)  # (None: an older checkout)
             error = None
             value: Any = None
             gc_clock = _GcClock()
@@ -321,6 +323,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
             makespan = time.monotonic() - t0
             cpu = _cpu() - cpu0
             io_cpu = _thread_cpu("daskvine-manager") - io0
+            batches = None if batches0 is None else manager.sent_batches - batches0
             run = manager.last_run
             rss = _rss_mb()
             quarantined = sorted(n for n, info in manager.workers.items() if info["quarantined"])
@@ -352,6 +355,7 @@ def run_daskvine(workload: swarm_workloads.Workload, args: argparse.Namespace) -
         busy_fraction=round(task_seconds / (cores * makespan), 4) if makespan > 0 else None,
         manager_cpu_us_per_task=round(cpu / max(1, tasks) * 1e6, 2),
         manager_io_cpu_us_per_task=round(io_cpu / max(1, tasks) * 1e6, 2),
+        manager_batches_per_task=None if batches is None else round(batches / max(1, tasks), 3),
         manager_rss_mb=round(rss, 1),
         manager_gc_s=round(gc_clock.seconds, 3),
         manager_gc_full=gc_clock.full,

@@ -167,6 +167,8 @@ class IOLoop:
         self.received_bytes = 0
         #: bytes of every message sent to workers: tasks, functions, control
         self.sent_bytes = 0
+        #: batches sent to workers (one send each: what holding releases saves)
+        self.sent_batches = 0
         #: what killed the loop, once it has died (see ``ManagerDied``)
         self.error: BaseException | None = None
         #: what to do with instructions of other kinds (``messages.CacheWrite``), by kind:
@@ -677,6 +679,7 @@ class IOLoop:
             frames = some
         try:
             self.sent_bytes += sum(memoryview(frame).nbytes for frame in frames)
+            self.sent_batches += 1
             send_batch(self.router, frames, ident)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: its connection is gone

@@ -245,6 +245,11 @@ class Manager:
         """Bytes of every message this manager sent workers: tasks, functions, control."""
         return self._io.sent_bytes
 
+    @property
+    def sent_batches(self) -> int:
+        """Batches this manager sent workers (each one send, however many records)."""
+        return self._io.sent_batches
+
     # For tests and tools: the loop's records (read them only while it is quiet).
     @property
     def _watched(self) -> dict[int, Run]:
