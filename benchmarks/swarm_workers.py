@@ -294,7 +294,7 @@ class Swarm:
             for worker in dirty:
                 if worker.alive:
                     worker.pass_end(now)
-                    if worker.state.held_started:
+                    if getattr(worker.state, "held_started", None):  # (None: an older checkout)
                         holding[worker] = worker.state.started_due
                     else:
                         holding.pop(worker, None)
