@@ -182,6 +182,14 @@ SMOKES = [
         (),
     ),
     (
+        "bench_latency",
+        "bench_latency.py",
+        ["--smoke"],
+        r"\nget\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+x\ncompute\s+[\d.]+ ms(.*\n)*"
+        r"\s+manager's I/O thread\s+[\d.]+(.*\n)*\s+all of them\s+[\d.]+",
+        (),
+    ),
+    (
         "bench_million",
         "bench_million.py",
         ["--smoke", "--systems", "daskvine_py,sync"],
