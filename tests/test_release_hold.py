@@ -46,3 +46,13 @@ def test_a_batch_with_anything_but_releases_goes_at_once_and_a_lost_worker_gets_
 def test_no_hold_sends_every_batch_at_once():
     hold: ReleaseHold[bytes, p.FromManager] = ReleaseHold(0.0)
     assert hold.take(b"w1", [p.Release((1,))], 0.0) == [p.Release((1,))]
+
+
+def test_batches_are_the_outboxes_after_what_was_held_then_what_fell_due():
+    hold: ReleaseHold[bytes, p.FromManager] = ReleaseHold()
+    hold.take(b"w1", [p.Release((1,))], 0.0)
+    hold.take(b"w2", [p.Release((2,))], 0.0)
+    outboxes = {b"w1": [EXECUTE], b"w3": [p.Release((3,))]}
+    assert hold.batches(outboxes, RELEASE_HOLD / 2) == [(b"w1", [p.Release((1,)), EXECUTE])]
+    assert hold.batches({}, RELEASE_HOLD) == [(b"w2", [p.Release((2,))])]  # w3's: not yet
+    assert hold.batches({}, 2 * RELEASE_HOLD) == [(b"w3", [p.Release((3,))])] and not hold

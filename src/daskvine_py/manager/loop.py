@@ -657,15 +657,9 @@ class IOLoop:
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
         now = time.monotonic()
-        hold = self.release_hold
-        for ident, messages in outboxes.items():
-            messages = hold.take(ident, messages, now)
-            if messages and self._send_now(ident, messages):
+        for ident, messages in self.release_hold.batches(outboxes, now):
+            if self._send_now(ident, messages):
                 self.liveness.sent(ident, now)
-        if hold:
-            for ident, messages in hold.due(now):
-                if self._send_now(ident, messages):
-                    self.liveness.sent(ident, now)
 
     def _send_now(self, ident: bytes, messages: list[p.FromManager]) -> bool:
         if len(messages) > 1:

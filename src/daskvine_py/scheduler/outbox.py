@@ -14,7 +14,7 @@ Pure bookkeeping, used by the manager's loop and by the simulator's manager node
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from daskvine_py.wire import protocol as p
@@ -62,11 +62,27 @@ class ReleaseHold(Generic[Ident, Message]):
             return []
         return messages
 
-    def due(self, now: float) -> Iterator[tuple[Ident, list[Message]]]:
+    def batches(
+        self, outboxes: Mapping[Ident, list[Message]], now: float
+    ) -> list[tuple[Ident, list[Message]]]:
+        """What to send now: each outbox after what was held for its worker (unless it
+        is held in turn), then the held batches due by ``now``, all taken out of the
+        hold (sending may lose a worker, which drops what is held for it)."""
+        sending = []
+        for ident, messages in outboxes.items():
+            messages = self.take(ident, messages, now)
+            if messages:
+                sending.append((ident, messages))
+        if self.held:
+            sending.extend(self.due(now))
+        return sending
+
+    def due(self, now: float) -> list[tuple[Ident, list[Message]]]:
         """Held batches due by ``now``, taken out of the hold."""
         held = self.held
-        for ident in [i for i, (due, _) in held.items() if due <= now]:
-            yield ident, held.pop(ident)[1]
+        return [
+            (ident, held.pop(ident)[1]) for ident in [i for i, (d, _) in held.items() if d <= now]
+        ]
 
     def drop(self, ident: Ident) -> None:
         """A worker gone: what was held for it goes nowhere."""

@@ -237,13 +237,7 @@ class ManagerNode:
     def _flush(self) -> None:
         outboxes, self.outboxes = self.outboxes, {}
         now = self.now()
-        hold = self.release_hold
-        sending = [(ident, hold.take(ident, messages, now)) for ident, messages in outboxes.items()]
-        if hold:
-            sending.extend(hold.due(now))
-        for ident, messages in sending:
-            if not messages:
-                continue
+        for ident, messages in self.release_hold.batches(outboxes, now):
             if ident in self.closed:
                 self._lose(ident, "unreachable (its connection closed)")
                 continue
